@@ -1,0 +1,36 @@
+# Two commands do all set-up on a fresh machine with Python 3.11+ and make:
+#   make demo   -> creates .venv, installs cardbus, runs the demo pipeline
+#   make test   -> creates .venv, installs cardbus[dev], runs lint, types and the whole suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test check lint bench clean install
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/cardbus demo
+
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: check
+	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python bench/eventstore_bench.py
+
+clean:
+	rm -rf $(VENV) cardbus.db cardbus.db-wal cardbus.db-shm

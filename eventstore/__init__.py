@@ -1,0 +1,73 @@
+"""cardbus event log: envelope, event catalogue, state machine and the EventStore backends."""
+
+from __future__ import annotations
+
+from . import events
+from .envelope import DEFAULT_MAX_EVENT_BYTES, ChainProblem, Envelope, NewEvent, decode_body
+from .errors import (
+    AccessDenied,
+    BusError,
+    CardbusError,
+    ConcurrencyError,
+    DecodeError,
+    IdempotencyError,
+    IllegalTransition,
+    InvalidPlan,
+    PayloadTooLarge,
+    StoreError,
+    StoreUnavailable,
+    StreamNotFound,
+    UnknownEventType,
+    ValidationError,
+)
+from .ids import id_time, new_id
+from .memory import MemoryEventStore
+from .sqlite import SqliteEventStore
+from .states import A2A_STATE, TERMINAL, TaskState, fold_state, transition
+from .store import EventStore
+
+__all__ = [
+    "A2A_STATE",
+    "DEFAULT_MAX_EVENT_BYTES",
+    "TERMINAL",
+    "AccessDenied",
+    "BusError",
+    "CardbusError",
+    "ChainProblem",
+    "ConcurrencyError",
+    "DecodeError",
+    "Envelope",
+    "EventStore",
+    "IdempotencyError",
+    "IllegalTransition",
+    "InvalidPlan",
+    "MemoryEventStore",
+    "NewEvent",
+    "PayloadTooLarge",
+    "SqliteEventStore",
+    "StoreError",
+    "StoreUnavailable",
+    "StreamNotFound",
+    "TaskState",
+    "UnknownEventType",
+    "ValidationError",
+    "decode_body",
+    "events",
+    "fold_state",
+    "id_time",
+    "new_id",
+    "open_store",
+    "transition",
+]
+
+
+async def open_store(url: str, **options: object) -> EventStore:
+    """Open a store by URL: ``memory:``, ``sqlite:PATH`` (or a bare path), ``nats://HOST:PORT``."""
+    if url == "memory:":
+        return MemoryEventStore(**options)  # type: ignore[arg-type]
+    if url.startswith(("nats://", "tls://")):
+        from .nats import NatsEventStore  # type: ignore[import-not-found,unused-ignore]  # imported lazily: nats-py is only needed here
+
+        return await NatsEventStore.connect(url, **options)  # type: ignore[arg-type,unused-ignore]
+    path = url.removeprefix("sqlite://").removeprefix("sqlite:")
+    return await SqliteEventStore.open(path, **options)  # type: ignore[arg-type]

@@ -1,0 +1,90 @@
+"""Backend-neutral checks and sealing of one ``append`` call.
+
+Every backend runs new events through ``seal_batch`` so the rules live in one
+place: the expected version must match, each event must encode, decode back
+(nothing unreadable is ever stored) and fit the size limit, and the hash chain
+continues from the stream's last hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from .envelope import DEFAULT_MAX_EVENT_BYTES, Envelope, NewEvent, decode_body, seal
+from .errors import (
+    ConcurrencyError,
+    DecodeError,
+    IdempotencyError,
+    PayloadTooLarge,
+    ValidationError,
+)
+from .events import EVENT_TYPES
+
+__all__ = ["check_append_args", "check_replay", "seal_batch"]
+
+_KNOWN = frozenset(EVENT_TYPES)
+
+
+def check_append_args(stream: object, events: object, expected_version: object) -> None:
+    if not isinstance(stream, str) or not stream or len(stream) > 512:
+        raise ValidationError(f"stream must be a non-empty string of at most 512 chars: {stream!r}")
+    if isinstance(expected_version, bool) or not isinstance(expected_version, int):
+        raise ValidationError(f"expected_version must be an int: {expected_version!r}")
+    if expected_version < 0:
+        raise ValidationError(f"expected_version must be >= 0: {expected_version}")
+    if not isinstance(events, Sequence) or not events:
+        raise ValidationError("append needs a non-empty sequence of NewEvent")
+    for ev in events:
+        if not isinstance(ev, NewEvent):
+            raise ValidationError(f"append takes NewEvent, got {type(ev).__name__}")
+        if type(ev.data) not in _KNOWN:
+            raise ValidationError(f"not a cardbus event type: {type(ev.data).__name__}")
+    ids = [ev.event_id for ev in events]
+    if len(set(ids)) != len(ids):
+        raise IdempotencyError("the same event id appears twice in one append")
+
+
+def seal_batch(
+    stream: str,
+    events: Sequence[NewEvent],
+    expected_version: int,
+    actual_version: int,
+    last_hash: str,
+    max_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+) -> list[tuple[Envelope, bytes]]:
+    """Seal events for the end of ``stream`` or raise; nothing is stored here."""
+    if expected_version != actual_version:
+        raise ConcurrencyError(stream, expected_version, actual_version)
+    sealed: list[tuple[Envelope, bytes]] = []
+    prev = last_hash
+    for i, new in enumerate(events):
+        try:
+            env, body = seal(new, stream, expected_version + 1 + i, prev)
+        except (msgspec.EncodeError, TypeError, OverflowError) as e:
+            raise ValidationError(f"event {new.event_id} cannot be encoded: {e}") from e
+        if len(body) > max_bytes:
+            raise PayloadTooLarge(len(body), max_bytes)
+        try:
+            back = decode_body(body, max_bytes=max_bytes)
+        except DecodeError as e:
+            raise ValidationError(f"event {new.event_id} would not decode back: {e}") from e
+        if back.data != new.data:
+            raise ValidationError(
+                f"event {new.event_id} does not survive encoding (NaN or a non-JSON value?)"
+            )
+        sealed.append((env, body))
+        prev = env.hash
+    return sealed
+
+
+def check_replay(stored: Sequence[Envelope], events: Sequence[NewEvent], stream: str) -> None:
+    """An append of already-stored ids must be the same events (a retry), or it is refused."""
+    if len(stored) != len(events):
+        raise IdempotencyError(
+            f"{len(stored)} of {len(events)} event ids are already stored: partial re-append"
+        )
+    for old, new in zip(stored, events, strict=True):
+        if old.event_id != new.event_id or old.stream != stream or old.data != new.data:
+            raise IdempotencyError(f"event id {new.event_id} is already stored with other content")

@@ -1,0 +1,181 @@
+"""The event envelope, its codec and the per-stream hash chain.
+
+The bytes a store keeps for an event (its *body*) are the envelope encoded
+without ``position`` and ``hash``: the position is assigned by the store (on
+NATS it is the stream sequence, known only after the publish), and the hash is
+``sha256(body)``. Because the body contains ``prev_hash``, each event commits
+to its predecessor in the same stream, so an edit, deletion, insertion or
+reordering breaks the chain and ``verify`` names the event where it breaks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from .errors import DecodeError, PayloadTooLarge, UnknownEventType
+from .events import Event, tag_of
+from .ids import new_id
+
+__all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "GENESIS_HASH",
+    "Envelope",
+    "NewEvent",
+    "ChainProblem",
+    "decode_body",
+    "encode_body",
+    "seal",
+    "verify_chain",
+]
+
+DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
+GENESIS_HASH = "0" * 64
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One stored event. ``type`` is the tag of ``data``."""
+
+    event_id: str
+    stream: str
+    version: int
+    recorded_at: float
+    correlation_id: str
+    causation_id: str | None = None
+    actor: str = ""
+    traceparent: str | None = None
+    data: Event
+    prev_hash: str = GENESIS_HASH
+    # Not part of the body: set by the store when read back.
+    position: int = 0
+    hash: str = ""
+
+    @property
+    def type(self) -> str:
+        return tag_of(self.data)
+
+
+class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """What a writer hands to ``EventStore.append``; the store adds the rest."""
+
+    data: Event
+    correlation_id: str
+    causation_id: str | None = None
+    actor: str = ""
+    traceparent: str | None = None
+    event_id: str = msgspec.field(default_factory=new_id)
+    recorded_at: float = msgspec.field(default_factory=time.time)
+
+    @property
+    def type(self) -> str:
+        return tag_of(self.data)
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Envelope)
+
+
+def seal(new: NewEvent, stream: str, version: int, prev_hash: str) -> tuple[Envelope, bytes]:
+    """Give a new event its place in a stream: the envelope (hash set) and its body."""
+    env = Envelope(
+        event_id=new.event_id,
+        stream=stream,
+        version=version,
+        recorded_at=new.recorded_at,
+        correlation_id=new.correlation_id,
+        causation_id=new.causation_id,
+        actor=new.actor,
+        traceparent=new.traceparent,
+        data=new.data,
+        prev_hash=prev_hash,
+    )
+    body = _encoder.encode(env)
+    return msgspec.structs.replace(env, hash=hashlib.sha256(body).hexdigest()), body
+
+
+def encode_body(env: Envelope) -> bytes:
+    """The body bytes of an envelope (position and hash left out)."""
+    return _encoder.encode(msgspec.structs.replace(env, position=0, hash=""))
+
+
+def decode_body(
+    body: bytes | bytearray | memoryview,
+    position: int = 0,
+    hash: str = "",
+    max_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+) -> Envelope:
+    """Decode stored body bytes; every failure is a typed ``DecodeError``."""
+    if len(body) > max_bytes:
+        raise PayloadTooLarge(len(body), max_bytes)
+    try:
+        env = _decoder.decode(body)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        if "`$.data.type`" in msg and "Invalid value" in msg:
+            tag = _find_tag(body)
+            raise UnknownEventType(tag) from e
+        raise DecodeError(f"invalid event: {msg}") from e
+    except msgspec.DecodeError as e:
+        raise DecodeError(f"malformed event bytes: {e}") from e
+    if position or hash:
+        env = msgspec.structs.replace(env, position=position, hash=hash)
+    return env
+
+
+def _find_tag(body: bytes | bytearray | memoryview) -> str:
+    try:
+        raw: Any = msgspec.json.decode(body)
+        return str(raw["data"]["type"])
+    except Exception:
+        return "?"
+
+
+class ChainProblem(msgspec.Struct, frozen=True):
+    """One event where a stream's hash chain breaks, and why."""
+
+    stream: str
+    position: int
+    event_id: str
+    version: int
+    problem: str
+
+
+def verify_chain(rows: Iterable[tuple[int, bytes, str]], stream: str) -> list[ChainProblem]:
+    """Check one stream's chain from its stored rows ``(position, body, hash)``.
+
+    Rows must be given in store order. Finds edited bodies (hash mismatch),
+    deleted or inserted events (version gaps, broken prev_hash links) and
+    reordering (versions out of order).
+    """
+    problems: list[ChainProblem] = []
+    expected_version = 1
+    prev_hash = GENESIS_HASH
+    for position, body, stored_hash in rows:
+        try:
+            env = decode_body(body, max_bytes=1 << 62)
+        except DecodeError as e:
+            problems.append(ChainProblem(stream, position, "?", 0, f"undecodable: {e}"))
+            continue
+        where = (stream, position, env.event_id, env.version)
+        if hashlib.sha256(body).hexdigest() != stored_hash:
+            problems.append(ChainProblem(*where, "content does not match its hash (edited)"))
+        if env.stream != stream:
+            problems.append(ChainProblem(*where, f"belongs to stream {env.stream!r}"))
+        if env.version != expected_version:
+            kind = (
+                "missing predecessor (deleted?)"
+                if env.version > expected_version
+                else ("out of order or duplicated (reordered/inserted?)")
+            )
+            problems.append(
+                ChainProblem(*where, f"version {env.version}, expected {expected_version}: {kind}")
+            )
+        if env.prev_hash != prev_hash:
+            problems.append(ChainProblem(*where, "prev_hash does not link to the previous event"))
+        expected_version = env.version + 1
+        prev_hash = stored_hash
+    return problems

@@ -1,0 +1,114 @@
+"""The one exception tree of cardbus.
+
+Every error the library raises on purpose is a ``CardbusError``; backend
+errors (sqlite3, nats, msgspec) are translated at the boundary with
+``raise ... from e`` so callers never have to catch a third-party type::
+
+    CardbusError
+    ├── DecodeError               bytes that are not a valid event, card or plan
+    │   ├── UnknownEventType      a well-formed envelope whose type tag we do not know
+    │   └── PayloadTooLarge       over the configured size limit
+    ├── StoreError                the event store could not do what was asked
+    │   ├── ConcurrencyError      expected version != actual version of the stream
+    │   ├── IdempotencyError      an event id re-used for different content
+    │   ├── StreamNotFound        reading a stream that has no events
+    │   └── StoreUnavailable      the backend (file, server) cannot be reached
+    ├── IllegalTransition         the task state machine refuses (state, event)
+    ├── ValidationError           a card, plan or agent output breaks its schema
+    │   └── InvalidPlan           a plan refused before anything runs
+    ├── BusError                  the bus could not deliver or receive
+    └── AccessDenied              an agent asked for something outside its card
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessDenied",
+    "BusError",
+    "CardbusError",
+    "ConcurrencyError",
+    "DecodeError",
+    "IdempotencyError",
+    "IllegalTransition",
+    "InvalidPlan",
+    "PayloadTooLarge",
+    "StoreError",
+    "StoreUnavailable",
+    "StreamNotFound",
+    "UnknownEventType",
+    "ValidationError",
+]
+
+
+class CardbusError(Exception):
+    """Root of every error cardbus raises on purpose."""
+
+
+class DecodeError(CardbusError):
+    """Input bytes are not a valid cardbus object."""
+
+
+class UnknownEventType(DecodeError):
+    def __init__(self, tag: str) -> None:
+        super().__init__(f"unknown event type {tag!r}")
+        self.tag = tag
+
+
+class PayloadTooLarge(DecodeError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"payload of {size} bytes is over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class StoreError(CardbusError):
+    """The event store could not do what was asked."""
+
+
+class ConcurrencyError(StoreError):
+    """An append's expected version did not match the stream's actual version."""
+
+    def __init__(self, stream: str, expected: int, actual: int) -> None:
+        super().__init__(f"stream {stream!r}: expected version {expected}, actual version {actual}")
+        self.stream = stream
+        self.expected = expected
+        self.actual = actual
+
+
+class IdempotencyError(StoreError):
+    """An event id that is already stored was sent again with different content."""
+
+
+class StreamNotFound(StoreError):
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"no events for {stream!r}")
+        self.stream = stream
+
+
+class StoreUnavailable(StoreError):
+    """The backend cannot be reached (missing file, server down)."""
+
+
+class IllegalTransition(CardbusError):
+    """The task state machine refuses an event in the current state."""
+
+    def __init__(self, state: str, event_type: str) -> None:
+        super().__init__(f"event {event_type!r} is not allowed in state {state!r}")
+        self.state = state
+        self.event_type = event_type
+
+
+class ValidationError(CardbusError):
+    """A card, plan or agent output does not match its schema."""
+
+
+class InvalidPlan(ValidationError):
+    """A plan refused before anything runs; the message names the problem."""
+
+
+class BusError(CardbusError):
+    """The bus could not deliver or receive a card."""
+
+
+class AccessDenied(CardbusError):
+    """An agent asked for data or a tool outside what its card allows."""

@@ -1,0 +1,395 @@
+"""The event catalogue: every lifecycle fact is a frozen, tagged msgspec Struct.
+
+Tags are stable strings such as ``task.dispatched.v1``, never class paths. A
+new optional field gets a default; a changed meaning gets a new tag (``.v2``)
+and the old class stays in ``EVENT_TYPES`` so the decoder keeps reading it.
+
+Streams: a task's events live in the stream named by its task id; a run's
+own facts (``run.*``) in the stream named by its root id; agent registrations
+in ``agent-<agent_id>``; plan submissions in ``plan-<plan_id>``; long-term
+memory in ``memory``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "EVENT_TYPES",
+    "TASK_EVENT_TYPES",
+    "AccessRefused",
+    "AgentDeregistered",
+    "AgentRegistered",
+    "ApprovalDenied",
+    "ApprovalGranted",
+    "ApprovalRequested",
+    "Candidate",
+    "ContextTrimmed",
+    "Event",
+    "InputProvided",
+    "MemoryForgotten",
+    "MemoryRead",
+    "MemoryWritten",
+    "NeedsInput",
+    "PlanSubmitted",
+    "ReviewIssue",
+    "RevisionRequested",
+    "RunCompleted",
+    "RunFailed",
+    "RunHalted",
+    "RunStarted",
+    "TaskCancelled",
+    "TaskCompleted",
+    "TaskCreated",
+    "TaskDispatched",
+    "TaskFailed",
+    "TaskHalted",
+    "TaskRejected",
+    "TaskResultIgnored",
+    "TaskResultSubmitted",
+    "TaskRetryScheduled",
+    "TaskNeedsInput",
+    "TaskStarted",
+    "TaskTimedOut",
+    "ToolCalled",
+    "Usage",
+    "tag_of",
+]
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event payload; the tag is written as ``data.type``."""
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ReviewIssue(msgspec.Struct, frozen=True, kw_only=True):
+    issue_type: str
+    section: str
+    severity: str  # "low" | "medium" | "high"
+    suggestion: str
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """One agent considered by selection, with the parts of its hybrid score."""
+
+    agent_id: str
+    score: float
+    similarity: float = 0.0
+    success_rate: float = 0.0
+    speed: float = 0.0
+
+
+# --- task lifecycle -----------------------------------------------------------
+
+
+class TaskCreated(_Event, frozen=True, kw_only=True, tag="task.created.v1"):
+    """A task card entered the system; the fields are the TaskCard's."""
+
+    root_id: str
+    parent_id: str | None = None
+    capability: str
+    goal: str = ""
+    inputs: dict[str, Any] = {}
+    constraints: dict[str, Any] = {}
+    deps: list[str] = []
+    timeout_s: float = 30.0
+    max_attempts: int = 3
+    budget_tokens: int | None = None
+    requires_approval: bool = False
+    fanout: int = 1
+    review_by: str | None = None  # capability of the reviewer, if any
+    max_review_rounds: int = 3
+    plan_id: str | None = None
+    forked_from: str | None = None  # event id this task's history was taken from
+
+
+class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"):
+    attempt: int
+    agent_id: str
+    score: float = 0.0
+    candidates: list[Candidate] = []
+    deadline: float = 0.0  # unix seconds after which the attempt times out
+    inputs_digest: str = ""  # sha256 of exactly what the agent was sent
+
+
+class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
+    attempt: int
+    agent_id: str
+
+
+class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_submitted.v1"):
+    """A ResultCard arrived; the orchestrator decides what it means next."""
+
+    attempt: int
+    agent_id: str
+    status: str  # "completed" | "failed" | "needs_input" | "rejected"
+    output: Any = None
+    confidence: float = 0.0
+    needs_retry: bool = False
+    notes: str = ""
+    error: str | None = None
+    usage: Usage = Usage()
+    duration_s: float = 0.0
+
+
+class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_ignored.v1"):
+    """A result for an attempt already settled (duplicate delivery) or unknown."""
+
+    attempt: int
+    agent_id: str
+    reason: str  # "duplicate" | "stale_attempt"
+
+
+class TaskRejected(_Event, frozen=True, kw_only=True, tag="task.rejected.v1"):
+    attempt: int
+    agent_id: str
+    reason: str  # input_schema_mismatch | out_of_capability | over_constraint | ...
+    detail: str = ""
+
+
+class TaskNeedsInput(_Event, frozen=True, kw_only=True, tag="task.needs_input.v1"):
+    attempt: int
+    agent_id: str
+    missing: str
+    supplementary_task_id: str | None = None
+
+
+NeedsInput = TaskNeedsInput
+
+
+class InputProvided(_Event, frozen=True, kw_only=True, tag="task.input_provided.v1"):
+    supplementary_task_id: str
+    output: Any = None
+
+
+class RevisionRequested(_Event, frozen=True, kw_only=True, tag="task.revision_requested.v1"):
+    round: int
+    reviewer_task_id: str
+    issues: list[ReviewIssue] = []
+
+
+class TaskRetryScheduled(_Event, frozen=True, kw_only=True, tag="task.retry_scheduled.v1"):
+    attempt: int  # the attempt that will run next
+    delay_s: float
+    reason: str
+    not_before: float = 0.0
+
+
+class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
+    attempt: int
+    agent_id: str
+    deadline: float
+
+
+class TaskCompleted(_Event, frozen=True, kw_only=True, tag="task.completed.v1"):
+    attempt: int
+    agent_id: str
+    output: Any = None
+    confidence: float = 0.0
+    quality_met: bool = True
+    open_issues: list[ReviewIssue] = []
+    reused_from: str | None = None  # event id of a forked-from completion
+
+
+class TaskFailed(_Event, frozen=True, kw_only=True, tag="task.failed.v1"):
+    reason: str
+    error: str = ""
+    attempts: int = 0
+
+
+class TaskCancelled(_Event, frozen=True, kw_only=True, tag="task.cancelled.v1"):
+    reason: str
+    cause_task_id: str | None = None
+
+
+class TaskHalted(_Event, frozen=True, kw_only=True, tag="task.halted.v1"):
+    reason: str  # loop_detected | budget_exceeded
+    detail: str = ""
+
+
+class ApprovalRequested(_Event, frozen=True, kw_only=True, tag="task.approval_requested.v1"):
+    reason: str
+    proposed_output: Any = None
+
+
+class ApprovalGranted(_Event, frozen=True, kw_only=True, tag="task.approval_granted.v1"):
+    by: str
+    resume: str = "pending"  # the state the task returns to
+    note: str = ""
+
+
+class ApprovalDenied(_Event, frozen=True, kw_only=True, tag="task.approval_denied.v1"):
+    by: str
+    note: str = ""
+
+
+# --- runs, plans, agents ------------------------------------------------------
+
+
+class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
+    goal: str
+    plan_id: str
+    task_ids: list[str] = []
+    budget_tokens: int | None = None
+    forked_from: str | None = None  # "<root_id>@<event_id>"
+    session: dict[str, Any] = {}  # session memory: what the user asked
+
+
+class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
+    outputs: dict[str, Any] = {}
+
+
+class RunFailed(_Event, frozen=True, kw_only=True, tag="run.failed.v1"):
+    reason: str
+    failed_tasks: list[str] = []
+
+
+class RunHalted(_Event, frozen=True, kw_only=True, tag="run.halted.v1"):
+    reason: str  # loop_detected | budget_exceeded
+    detail: str = ""
+
+
+class PlanSubmitted(_Event, frozen=True, kw_only=True, tag="plan.submitted.v1"):
+    plan_id: str
+    root_id: str
+
+
+class AgentRegistered(_Event, frozen=True, kw_only=True, tag="agent.registered.v1"):
+    agent_id: str
+    card: dict[str, Any]  # the AgentCard as JSON
+
+
+class AgentDeregistered(_Event, frozen=True, kw_only=True, tag="agent.deregistered.v1"):
+    agent_id: str
+    reason: str = ""
+
+
+# --- memory, tools and access (issue 7) ---------------------------------------
+
+
+class MemoryWritten(_Event, frozen=True, kw_only=True, tag="memory.written.v1"):
+    key: str
+    value: Any
+    text: str = ""
+    tags: list[str] = []
+    source_task_id: str | None = None
+
+
+class MemoryForgotten(_Event, frozen=True, kw_only=True, tag="memory.forgotten.v1"):
+    key: str
+    reason: str = ""
+
+
+class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
+    task_id: str
+    query: str
+    keys: list[str] = []
+
+
+class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
+    task_id: str
+    agent_id: str
+    tool: str
+    arguments: Any = None
+    result: Any = None
+    error: str | None = None
+    duration_s: float = 0.0
+
+
+class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
+    task_id: str
+    agent_id: str
+    action: str
+    target: str
+    reason: str
+
+
+class ContextTrimmed(_Event, frozen=True, kw_only=True, tag="context.trimmed.v1"):
+    task_id: str
+    policy: str
+    original_bytes: int
+    final_bytes: int
+
+
+EVENT_TYPES: tuple[type[_Event], ...] = (
+    TaskCreated,
+    TaskDispatched,
+    TaskStarted,
+    TaskResultSubmitted,
+    TaskResultIgnored,
+    TaskRejected,
+    TaskNeedsInput,
+    InputProvided,
+    RevisionRequested,
+    TaskRetryScheduled,
+    TaskTimedOut,
+    TaskCompleted,
+    TaskFailed,
+    TaskCancelled,
+    TaskHalted,
+    ApprovalRequested,
+    ApprovalGranted,
+    ApprovalDenied,
+    RunStarted,
+    RunCompleted,
+    RunFailed,
+    RunHalted,
+    PlanSubmitted,
+    AgentRegistered,
+    AgentDeregistered,
+    MemoryWritten,
+    MemoryForgotten,
+    MemoryRead,
+    ToolCalled,
+    AccessRefused,
+    ContextTrimmed,
+)
+
+TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
+    t for t in EVENT_TYPES if str(t.__struct_config__.tag).startswith("task.")
+)
+
+Event = (
+    TaskCreated
+    | TaskDispatched
+    | TaskStarted
+    | TaskResultSubmitted
+    | TaskResultIgnored
+    | TaskRejected
+    | TaskNeedsInput
+    | InputProvided
+    | RevisionRequested
+    | TaskRetryScheduled
+    | TaskTimedOut
+    | TaskCompleted
+    | TaskFailed
+    | TaskCancelled
+    | TaskHalted
+    | ApprovalRequested
+    | ApprovalGranted
+    | ApprovalDenied
+    | RunStarted
+    | RunCompleted
+    | RunFailed
+    | RunHalted
+    | PlanSubmitted
+    | AgentRegistered
+    | AgentDeregistered
+    | MemoryWritten
+    | MemoryForgotten
+    | MemoryRead
+    | ToolCalled
+    | AccessRefused
+    | ContextTrimmed
+)
+
+
+def tag_of(event: _Event | type[_Event]) -> str:
+    """The stable type tag of an event or event class, e.g. ``task.created.v1``."""
+    return str(event.__struct_config__.tag)

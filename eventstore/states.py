@@ -1,0 +1,130 @@
+"""The task state machine: one pure function ``transition(state, event) -> state``.
+
+It lives beside the event catalogue because it is a fact about task events,
+not an orchestrator policy: projections and the orchestrator both fold task
+streams with it, and an event it refuses is an ``IllegalTransition``.
+
+``None`` is the state of a task that does not exist yet. Events that only
+record a fact without moving the task (a result arriving, a duplicate result
+being ignored, a backoff being scheduled while pending) map a state to itself.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from .errors import IllegalTransition
+from .events import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalRequested,
+    InputProvided,
+    RevisionRequested,
+    TaskCancelled,
+    TaskCompleted,
+    TaskCreated,
+    TaskDispatched,
+    TaskFailed,
+    TaskHalted,
+    TaskNeedsInput,
+    TaskRejected,
+    TaskResultIgnored,
+    TaskResultSubmitted,
+    TaskRetryScheduled,
+    TaskStarted,
+    TaskTimedOut,
+    tag_of,
+)
+
+__all__ = ["A2A_STATE", "TERMINAL", "TRANSITIONS", "TaskState", "fold_state", "transition"]
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    NEEDS_INPUT = "needs_input"
+    NEEDS_REVISION = "needs_revision"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    HALTED = "halted"
+
+
+S = TaskState
+TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.HALTED})
+_LIVE = frozenset(S) - TERMINAL
+
+# Each state's A2A TaskState (a2a-protocol TaskState values).
+A2A_STATE: dict[TaskState, str] = {
+    S.PENDING: "submitted",
+    S.DISPATCHED: "submitted",
+    S.RUNNING: "working",
+    S.NEEDS_INPUT: "input-required",
+    S.NEEDS_REVISION: "working",
+    S.AWAITING_APPROVAL: "auth-required",
+    S.COMPLETED: "completed",
+    S.FAILED: "failed",
+    S.CANCELLED: "canceled",
+    S.HALTED: "failed",
+}
+
+# event type -> {from state: to state}; the one table the README prints.
+TRANSITIONS: dict[type, dict[TaskState | None, TaskState]] = {
+    TaskCreated: {None: S.PENDING},
+    TaskDispatched: {
+        S.PENDING: S.DISPATCHED,
+        S.NEEDS_REVISION: S.DISPATCHED,
+        S.DISPATCHED: S.DISPATCHED,  # fan-out: one attempt sent to k candidates
+    },
+    TaskStarted: {S.DISPATCHED: S.RUNNING, S.RUNNING: S.RUNNING},
+    TaskResultSubmitted: {S.DISPATCHED: S.DISPATCHED, S.RUNNING: S.RUNNING},
+    TaskResultIgnored: {s: s for s in S},
+    TaskRejected: {S.DISPATCHED: S.PENDING, S.RUNNING: S.PENDING},
+    TaskTimedOut: {S.DISPATCHED: S.PENDING, S.RUNNING: S.PENDING},
+    TaskRetryScheduled: {S.DISPATCHED: S.PENDING, S.RUNNING: S.PENDING, S.PENDING: S.PENDING},
+    TaskNeedsInput: {S.DISPATCHED: S.NEEDS_INPUT, S.RUNNING: S.NEEDS_INPUT},
+    InputProvided: {S.NEEDS_INPUT: S.PENDING},
+    RevisionRequested: {S.DISPATCHED: S.NEEDS_REVISION, S.RUNNING: S.NEEDS_REVISION},
+    ApprovalRequested: {S.PENDING: S.AWAITING_APPROVAL, S.RUNNING: S.AWAITING_APPROVAL},
+    ApprovalDenied: {S.AWAITING_APPROVAL: S.CANCELLED},
+    TaskCompleted: {
+        S.DISPATCHED: S.COMPLETED,
+        S.RUNNING: S.COMPLETED,
+        S.PENDING: S.COMPLETED,  # a result reused from a forked-from run
+        S.AWAITING_APPROVAL: S.COMPLETED,
+    },
+    TaskFailed: {s: S.FAILED for s in _LIVE},
+    TaskCancelled: {s: S.CANCELLED for s in _LIVE},
+    TaskHalted: {s: S.HALTED for s in _LIVE},
+}
+
+
+def transition(state: TaskState | None, event: object) -> TaskState:
+    """The state a task is in after ``event``; refuses what the table does not allow."""
+    if isinstance(event, ApprovalGranted):
+        if state is not S.AWAITING_APPROVAL:
+            raise IllegalTransition(str(state), tag_of(event))
+        try:
+            resume = TaskState(event.resume)
+        except ValueError:
+            raise IllegalTransition(
+                str(state), f"{tag_of(event)}(resume={event.resume!r})"
+            ) from None
+        if resume not in (S.PENDING, S.RUNNING):
+            raise IllegalTransition(str(state), f"{tag_of(event)}(resume={event.resume!r})")
+        return resume
+    moves = TRANSITIONS.get(type(event))
+    if moves is None or state not in moves:
+        tag = str(getattr(getattr(event, "__struct_config__", None), "tag", type(event).__name__))
+        raise IllegalTransition(str(state), tag)
+    return moves[state]
+
+
+def fold_state(events: list[object]) -> TaskState | None:
+    """Fold a whole task stream's event payloads into its current state."""
+    state: TaskState | None = None
+    for event in events:
+        state = transition(state, event)
+    return state

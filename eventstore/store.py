@@ -1,0 +1,84 @@
+"""The ``EventStore`` interface: the contract every backend keeps.
+
+Backends are sibling modules (``sqlite``, ``memory``, ``nats``) and all pass
+``tests/contract/test_eventstore_contract.py``. The contract:
+
+* ``append(stream, events, expected_version)`` is atomic per call: all of the
+  events are stored, in order, with versions ``expected_version + 1 ...``, or
+  none is. ``expected_version`` is the version of the stream's last event
+  (0 for a new stream); any other actual version raises ``ConcurrencyError``
+  carrying stream, expected and actual, and changes nothing.
+* Appends are idempotent by event id: re-appending events that are already
+  stored (a retry after a lost reply) is a no-op that returns the originally
+  stored envelopes, whatever ``expected_version`` says. Reusing an id for
+  different content raises ``IdempotencyError``.
+* ``append`` returns only once the events are durable, with their positions.
+  Positions are global, strictly increasing, and assigned in commit order.
+* ``read_stream`` returns a stream's events in version order;
+  ``read_all(from_position, limit)`` the log in position order, from the
+  first event whose position is >= ``from_position``;
+  ``read_correlation(root_id)`` every event of a root task and its subtasks,
+  in position order.
+* ``subscribe(from_position)`` yields every event with position >=
+  ``from_position``: first the stored ones (catch-up), then new ones as they
+  are appended (live), in position order, with no gap and no duplicate.
+* ``verify(stream=None)`` re-checks hash chains and names every event where a
+  chain breaks.
+* Bad input never changes the log: it raises a ``CardbusError`` subclass.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+
+from .envelope import ChainProblem, Envelope, NewEvent
+
+__all__ = ["EventStore"]
+
+
+class EventStore(abc.ABC):
+    """Append-only, per-stream versioned, globally ordered event log."""
+
+    @abc.abstractmethod
+    async def append(
+        self, stream: str, events: Sequence[NewEvent], expected_version: int
+    ) -> list[Envelope]:
+        """Store ``events`` at the end of ``stream``; see the module docstring."""
+
+    @abc.abstractmethod
+    async def read_stream(self, stream: str, from_version: int = 1) -> list[Envelope]:
+        """Events of one stream with version >= ``from_version`` (empty if none)."""
+
+    @abc.abstractmethod
+    async def read_all(self, from_position: int = 0, limit: int = 1000) -> list[Envelope]:
+        """At most ``limit`` events with position >= ``from_position``."""
+
+    @abc.abstractmethod
+    async def read_correlation(self, correlation_id: str) -> list[Envelope]:
+        """Every event of a root task and its subtasks, in position order."""
+
+    @abc.abstractmethod
+    def subscribe(self, from_position: int = 0) -> AsyncIterator[Envelope]:
+        """Catch-up then live events, in order, no gap, no duplicate."""
+
+    @abc.abstractmethod
+    async def stream_version(self, stream: str) -> int:
+        """Version of the stream's last event, 0 if the stream has none."""
+
+    @abc.abstractmethod
+    async def last_position(self) -> int:
+        """Position of the newest event, 0 for an empty log."""
+
+    @abc.abstractmethod
+    async def verify(self, stream: str | None = None) -> list[ChainProblem]:
+        """Every broken link of one stream's hash chain, or of the whole log."""
+
+    async def close(self) -> None:  # noqa: B027 - optional for backends with nothing to close
+        """Release connections; the store is unusable afterwards."""
+
+    async def __aenter__(self) -> EventStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,1 @@
+"""The ``cardbus`` command line: thin click commands over the library."""
