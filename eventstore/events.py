@@ -116,6 +116,7 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     candidates: list[Candidate] = []
     deadline: float = 0.0  # unix seconds after which the attempt times out
     inputs_digest: str = ""  # sha256 of exactly what the agent was sent
+    loop_hash: str = ""  # hash of (capability, normalized inputs): loop detection counts it
 
 
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
