@@ -8,6 +8,7 @@ continues from the stream's last hash.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import msgspec
@@ -41,9 +42,30 @@ def check_append_args(stream: object, events: object, expected_version: object) 
             raise ValidationError(f"append takes NewEvent, got {type(ev).__name__}")
         if type(ev.data) not in _KNOWN:
             raise ValidationError(f"not a cardbus event type: {type(ev.data).__name__}")
+        _check_metadata(ev)
     ids = [ev.event_id for ev in events]
     if len(set(ids)) != len(ids):
         raise IdempotencyError("the same event id appears twice in one append")
+
+
+def _check_metadata(ev: NewEvent) -> None:
+    """The envelope fields a writer sets must have their declared types (cheap checks)."""
+    event_id = ev.event_id
+    if type(event_id) is not str or not event_id or len(event_id) > 200:
+        raise ValidationError(
+            f"event_id must be a non-empty string of at most 200 chars: {event_id!r}"
+        )
+    if type(ev.correlation_id) is not str:
+        raise ValidationError(f"correlation_id must be a string: {ev.correlation_id!r}")
+    if type(ev.actor) is not str:
+        raise ValidationError(f"actor must be a string: {ev.actor!r}")
+    for name in ("causation_id", "traceparent"):
+        value = getattr(ev, name)
+        if value is not None and type(value) is not str:
+            raise ValidationError(f"{name} must be a string or None: {value!r}")
+    t = ev.recorded_at
+    if type(t) not in (float, int) or not math.isfinite(t):
+        raise ValidationError(f"recorded_at must be a finite number: {t!r}")
 
 
 def seal_batch(
