@@ -1,0 +1,63 @@
+"""Projections: pure folds over the event log, kept current by a runner.
+
+Public API::
+
+    runner = ProjectionRunner.open(store, projection_path("cardbus.db"))  # or ":memory:"
+    await runner.catch_up()                 # or: asyncio.create_task(runner.follow())
+    TaskTable().list(runner.conn, status="failed")
+    LoopHashes().count(runner.conn, root_id, loop_hash)
+    AgentStats().get(runner.conn, agent_id, capability) -> AgentStat
+    Cost().list(runner.conn, "root"); Quality().list(runner.conn)
+    await runner.rebuild(["tasks"])
+
+    # without SQLite (the orchestrator folds the log itself):
+    stats = AgentStatsFold(); loops = LoopCounter()
+    for env in events: stats.apply(env); loops.apply(env)
+    stats.get(agent_id, capability); loops.count(root_id, loop_hash)
+
+    # time travel and replay
+    old = await build_as_of(store, AsOf.parse("2026-11-29T23:00:00Z"))
+    timeline = await replay(store, task_or_root_id, as_of=AsOf(position=120))
+"""
+
+from __future__ import annotations
+
+from .agent_stats import AgentStat, AgentStats, AgentStatsFold, percentile
+from .base import Projection
+from .cost import Cost
+from .loops import LoopCounter, LoopHashes
+from .model import MemoryTable, Model, SqliteTable, TableSpec
+from .quality import Quality
+from .runner import ProjectionError, ProjectionRunner, dump_tables, projection_path
+from .tasks import TaskTable, event_reason
+from .timetravel import AsOf, build_as_of
+
+__all__ = [
+    "AgentStat",
+    "AgentStats",
+    "AgentStatsFold",
+    "AsOf",
+    "Cost",
+    "LoopCounter",
+    "LoopHashes",
+    "MemoryTable",
+    "Model",
+    "Projection",
+    "ProjectionError",
+    "ProjectionRunner",
+    "Quality",
+    "SqliteTable",
+    "TableSpec",
+    "TaskTable",
+    "all_projections",
+    "build_as_of",
+    "dump_tables",
+    "event_reason",
+    "percentile",
+    "projection_path",
+]
+
+
+def all_projections() -> list[Projection]:
+    """One instance of every built-in projection, in a stable order."""
+    return [TaskTable(), LoopHashes(), AgentStats(), Cost(), Quality()]

@@ -1,0 +1,309 @@
+"""Agent statistics per (agent, capability): outcomes, rejections and latency.
+
+Counting rules (one *attempt* = one dispatch of a task to one agent):
+
+* success - the attempt ended in ``TaskCompleted`` naming the agent (a result
+  reused from a forked-from run does not count), or in ``RevisionRequested``
+  (the agent delivered; how good it was is the quality projection's business);
+* failure - the attempt ended in ``TaskTimedOut`` (also counted in
+  ``timeouts``), or in ``TaskRetryScheduled`` / ``TaskFailed`` while it was
+  still open (a failed result, an output-schema mismatch, ...);
+* rejection - ``TaskRejected`` by the agent: not a run;
+* ``runs = successes + failures``; ``success_rate = successes / runs``;
+* latency - dispatch to the agent's first ``TaskResultSubmitted`` of that
+  attempt (``recorded_at`` difference); p50/p95 by linear interpolation.
+
+Attempts ending in needs-input, halt or cancellation count nowhere.
+
+Two ways to read it, with the same numbers:
+
+* ``AgentStats().get(conn, agent_id, capability)`` on a runner's read model;
+* :class:`AgentStatsFold`, the same fold in plain dicts with no SQLite, for
+  the orchestrator's selection: ``fold.apply(env)`` every event, then
+  ``fold.get(agent_id, capability) -> AgentStat``.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from eventstore import events as ev
+from eventstore.envelope import Envelope
+
+from .base import Projection
+from .model import MemoryTable, Model, Row, TableSpec
+
+__all__ = ["AgentStat", "AgentStats", "AgentStatsFold", "percentile"]
+
+STATS = TableSpec(
+    "proj_agent_stats",
+    (
+        ("agent_id", "TEXT"),
+        ("capability", "TEXT"),
+        ("successes", "INTEGER"),
+        ("failures", "INTEGER"),
+        ("timeouts", "INTEGER"),
+        ("rejections", "INTEGER"),
+        ("results", "INTEGER"),
+    ),
+    key=("agent_id", "capability"),
+)
+LATENCY = TableSpec(
+    "proj_agent_latency",
+    (("agent_id", "TEXT"), ("capability", "TEXT"), ("latency_s", "REAL")),
+    indexes=(("agent_id", "capability", "latency_s"),),
+)
+# Per task: its capability and its open attempts {agent_id: [dispatched_at, result_at]}.
+CONTEXT = TableSpec(
+    "proj_agent_ctx",
+    (("task_id", "TEXT"), ("capability", "TEXT"), ("open", "JSON")),
+    key=("task_id",),
+)
+
+
+class AgentStat(msgspec.Struct, frozen=True):
+    """What selection needs to know about one agent for one capability."""
+
+    runs: int = 0
+    success_rate: float = 0.0  # 0.0 while runs == 0
+    rejections: int = 0
+    p50_s: float | None = None  # None while no latency sample exists
+    p95_s: float | None = None
+    successes: int = 0
+    failures: int = 0
+    timeouts: int = 0
+    results: int = 0
+    agent_id: str = ""
+    capability: str = ""
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float | None:
+    """Linear-interpolated percentile ``p`` in [0, 1] of already sorted values."""
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    k = (n - 1) * p
+    lo = math.floor(k)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def _stat(agent_id: str, capability: str, row: Row | None, latencies: list[float]) -> AgentStat:
+    if row is None:
+        row = {"successes": 0, "failures": 0, "timeouts": 0, "rejections": 0, "results": 0}
+    runs = row["successes"] + row["failures"]
+    latencies = sorted(latencies)
+    return AgentStat(
+        runs=runs,
+        success_rate=row["successes"] / runs if runs else 0.0,
+        rejections=row["rejections"],
+        p50_s=percentile(latencies, 0.5),
+        p95_s=percentile(latencies, 0.95),
+        successes=row["successes"],
+        failures=row["failures"],
+        timeouts=row["timeouts"],
+        results=row["results"],
+        agent_id=agent_id,
+        capability=capability,
+    )
+
+
+def _sum_rows(rows: Iterable[Row]) -> Row | None:
+    total: Row | None = None
+    for r in rows:
+        if total is None:
+            total = {k: 0 for k in ("successes", "failures", "timeouts", "rejections", "results")}
+        for k in total:
+            total[k] += r[k]
+    return total
+
+
+_HANDLES = frozenset(
+    {
+        ev.TaskCreated,
+        ev.TaskDispatched,
+        ev.TaskResultSubmitted,
+        ev.TaskCompleted,
+        ev.RevisionRequested,
+        ev.TaskRejected,
+        ev.TaskTimedOut,
+        ev.TaskRetryScheduled,
+        ev.TaskFailed,
+        ev.TaskHalted,
+        ev.TaskCancelled,
+        ev.TaskNeedsInput,
+    }
+)
+
+
+def _fold(model: Model, env: Envelope) -> None:
+    data = env.data
+    ctx_table = model["proj_agent_ctx"]
+    key = (env.stream,)
+    if type(data) is ev.TaskCreated:
+        ctx_table.put(key, {"task_id": env.stream, "capability": data.capability, "open": {}})
+        return
+    ctx = ctx_table.get(key)
+    if ctx is None:
+        return  # no TaskCreated: nothing to attribute to
+    capability: str = ctx["capability"]
+    open_: dict[str, list[float | None]] = ctx["open"]
+    stats = model["proj_agent_stats"]
+
+    def bump(agent_id: str, column: str, column2: str | None = None) -> None:
+        k = (agent_id, capability)
+        row = stats.get(k)
+        if row is None:
+            row = {
+                "agent_id": agent_id,
+                "capability": capability,
+                "successes": 0,
+                "failures": 0,
+                "timeouts": 0,
+                "rejections": 0,
+                "results": 0,
+            }
+        row[column] += 1
+        if column2 is not None:
+            row[column2] += 1
+        stats.put(k, row)
+
+    match data:
+        case ev.TaskDispatched():
+            open_[data.agent_id] = [env.recorded_at, None]
+        case ev.TaskResultSubmitted():
+            bump(data.agent_id, "results")
+            attempt = open_.get(data.agent_id)
+            if attempt is not None and attempt[1] is None:
+                attempt[1] = env.recorded_at
+                start = attempt[0] or 0.0
+                model["proj_agent_latency"].add(
+                    (data.agent_id, capability, max(0.0, env.recorded_at - start))
+                )
+        case ev.TaskCompleted():
+            if data.reused_from is None:
+                bump(data.agent_id, "successes")
+            open_.clear()
+        case ev.RevisionRequested():
+            for agent_id, (_, result_at) in list(open_.items()):
+                if result_at is not None:
+                    bump(agent_id, "successes")
+            open_.clear()
+        case ev.TaskRejected():
+            bump(data.agent_id, "rejections")
+            open_.pop(data.agent_id, None)
+        case ev.TaskTimedOut():
+            if open_.pop(data.agent_id, None) is not None:
+                bump(data.agent_id, "failures", "timeouts")
+        case ev.TaskRetryScheduled() | ev.TaskFailed():
+            for agent_id in list(open_):
+                bump(agent_id, "failures")
+            open_.clear()
+        case _:  # halted, cancelled, needs input: the attempt ends without an outcome
+            open_.clear()
+    ctx_table.put(key, ctx)
+
+
+class AgentStats(Projection):
+    """``proj_agent_stats`` + ``proj_agent_latency``; see the module docstring."""
+
+    name = "agent_stats"
+    version = 1
+    tables = (STATS, LATENCY, CONTEXT)
+    handles = _HANDLES
+
+    def apply(self, model: Model, env: Envelope) -> None:
+        _fold(model, env)
+
+    def get(
+        self, conn: sqlite3.Connection, agent_id: str, capability: str | None = None
+    ) -> AgentStat:
+        """One agent's statistics for one capability (or all its capabilities)."""
+        if capability is None:
+            rows = self.query(
+                conn, "SELECT * FROM proj_agent_stats WHERE agent_id = ?", (agent_id,)
+            )
+            lat = conn.execute(
+                "SELECT latency_s FROM proj_agent_latency WHERE agent_id = ?", (agent_id,)
+            ).fetchall()
+            return _stat(agent_id, "", _sum_rows(rows), [x for (x,) in lat])
+        rows = self.query(
+            conn,
+            "SELECT * FROM proj_agent_stats WHERE agent_id = ? AND capability = ?",
+            (agent_id, capability),
+        )
+        lat = conn.execute(
+            "SELECT latency_s FROM proj_agent_latency WHERE agent_id = ? AND capability = ?",
+            (agent_id, capability),
+        ).fetchall()
+        return _stat(agent_id, capability, rows[0] if rows else None, [x for (x,) in lat])
+
+    def all(self, conn: sqlite3.Connection) -> list[AgentStat]:
+        latencies: dict[tuple[str, str], list[float]] = {}
+        for a, c, x in conn.execute(
+            "SELECT agent_id, capability, latency_s FROM proj_agent_latency"
+        ):
+            latencies.setdefault((a, c), []).append(x)
+        return [
+            _stat(
+                r["agent_id"],
+                r["capability"],
+                r,
+                latencies.get((r["agent_id"], r["capability"]), []),
+            )
+            for r in self.query(
+                conn, "SELECT * FROM proj_agent_stats ORDER BY agent_id, capability"
+            )
+        ]
+
+
+class AgentStatsFold:
+    """Agent statistics folded in memory, no SQLite: for the orchestrator's selection.
+
+    ``apply(env)`` each event of the log in position order (it ignores the
+    ones it does not need), then ``get(agent_id, capability)``.
+    """
+
+    handles = _HANDLES
+
+    def __init__(self) -> None:
+        self.model = Model.in_memory(AgentStats.tables)
+        self._latency: dict[tuple[str, str], list[float]] = {}
+        latency: MemoryTable = self.model["proj_agent_latency"]
+        self._samples = latency.samples
+        self._seen = 0
+
+    def apply(self, env: Envelope) -> None:
+        if type(env.data) in _HANDLES:
+            _fold(self.model, env)
+
+    def _index(self) -> None:
+        for a, c, x in self._samples[self._seen :]:
+            self._latency.setdefault((a, c), []).append(x)
+        self._seen = len(self._samples)
+
+    def get(self, agent_id: str, capability: str | None = None) -> AgentStat:
+        self._index()
+        stats: MemoryTable = self.model["proj_agent_stats"]
+        if capability is None:
+            rows = [r for (a, _), r in stats.data.items() if a == agent_id]
+            lat = [x for (a, _), xs in self._latency.items() if a == agent_id for x in xs]
+            return _stat(agent_id, "", _sum_rows(rows), lat)
+        return _stat(
+            agent_id,
+            capability,
+            stats.get((agent_id, capability)),
+            self._latency.get((agent_id, capability), []),
+        )
+
+    def all(self) -> list[AgentStat]:
+        self._index()
+        stats: MemoryTable = self.model["proj_agent_stats"]
+        return [
+            _stat(a, c, r, self._latency.get((a, c), []))
+            for (a, c), r in sorted(stats.data.items())
+        ]

@@ -1,0 +1,50 @@
+"""The projection contract.
+
+A projection is a pure fold: ``apply(model, envelope)`` reads and writes rows
+of its own tables (declared in ``tables``) through a :class:`~projections.model.Model`
+and does nothing else - no I/O, no clock, no randomness - so folding the same
+events always gives the same model, which is what makes a rebuild from
+position zero equal to the incrementally built model.
+
+``handles`` lists the event payload types the projection reads; the runner
+skips the others without calling ``apply``. ``version`` is bumped when the
+fold or the tables change: a read model stored under another version is
+dropped and rebuilt the next time a runner opens it.
+"""
+
+from __future__ import annotations
+
+import abc
+import sqlite3
+from typing import Any, ClassVar
+
+from eventstore.envelope import Envelope
+
+from .model import Model, TableSpec
+
+__all__ = ["Projection"]
+
+
+class Projection(abc.ABC):
+    name: ClassVar[str]
+    version: ClassVar[int] = 1
+    tables: ClassVar[tuple[TableSpec, ...]]
+    handles: ClassVar[frozenset[type]]
+
+    @abc.abstractmethod
+    def apply(self, model: Model, env: Envelope) -> None:
+        """Fold one event into ``model``; must not raise on any stored event."""
+
+    # -- helpers shared by the query methods ---------------------------------
+
+    def table_names(self) -> list[str]:
+        return [t.name for t in self.tables]
+
+    @staticmethod
+    def query(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Row]:
+        cur = conn.execute(sql, args)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+Row = dict[str, Any]

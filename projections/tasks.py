@@ -1,0 +1,192 @@
+"""The task table: one row per task, folded with the state machine.
+
+``status`` comes from :func:`eventstore.states.transition`. An event the state
+machine refuses (only possible in a tampered or buggy log) leaves the status
+where it was and is recorded in ``reason`` as ``illegal transition: ...``;
+the fold never raises on it.
+
+``reason`` holds the latest explanation of where the task is: a rejection,
+retry, time-out, failure, halt, cancellation, revision request or missing
+input; it is cleared when the task completes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import msgspec
+
+from eventstore import events as ev
+from eventstore.envelope import Envelope
+from eventstore.errors import IllegalTransition
+from eventstore.states import TaskState, transition
+
+from .base import Projection
+from .model import Model, Row, TableSpec
+
+__all__ = ["TaskTable", "event_reason"]
+
+_STATE = {s.value: s for s in TaskState}
+_json = msgspec.json.Encoder().encode
+
+TASKS = TableSpec(
+    "proj_tasks",
+    (
+        ("task_id", "TEXT"),
+        ("parent_task_id", "TEXT"),
+        ("root_id", "TEXT"),
+        ("agent_id", "TEXT"),
+        ("capability", "TEXT"),
+        ("status", "TEXT"),
+        ("attempts", "INTEGER"),
+        ("input", "TEXT"),
+        ("output", "TEXT"),
+        ("reason", "TEXT"),
+        ("created_at", "REAL"),
+        ("updated_at", "REAL"),
+        ("goal", "TEXT"),
+        ("version", "INTEGER"),
+    ),
+    key=("task_id",),
+    indexes=(("root_id",), ("status",), ("agent_id",), ("capability",)),
+)
+
+
+def _issues(issues: list[ev.ReviewIssue]) -> str:
+    return "; ".join(f"[{i.severity}] {i.section}: {i.suggestion}" for i in issues)
+
+
+def event_reason(data: Any) -> str | None:
+    """The human reason an event carries, if it is one that explains a state change."""
+    match data:
+        case ev.TaskRejected():
+            r = f"rejected by {data.agent_id}: {data.reason}"
+            return f"{r} ({data.detail})" if data.detail else r
+        case ev.TaskRetryScheduled():
+            return f"retry as attempt {data.attempt} in {data.delay_s:g}s: {data.reason}"
+        case ev.TaskTimedOut():
+            return f"attempt {data.attempt} by {data.agent_id} timed out"
+        case ev.TaskFailed():
+            return f"failed: {data.reason}" + (f" ({data.error})" if data.error else "")
+        case ev.TaskHalted():
+            return f"halted: {data.reason}" + (f" ({data.detail})" if data.detail else "")
+        case ev.TaskCancelled():
+            return f"cancelled: {data.reason}"
+        case ev.RevisionRequested():
+            r = f"revision requested (round {data.round})"
+            return f"{r}: {_issues(data.issues)}" if data.issues else r
+        case ev.TaskNeedsInput():
+            return f"needs input: {data.missing}"
+        case ev.ApprovalRequested():
+            return f"awaiting approval: {data.reason}"
+        case ev.ApprovalDenied():
+            return f"approval denied by {data.by}" + (f": {data.note}" if data.note else "")
+        case ev.TaskResultIgnored():
+            return f"result of attempt {data.attempt} by {data.agent_id} ignored: {data.reason}"
+        case ev.TaskResultSubmitted() if data.error:
+            return f"result {data.status}: {data.error}"
+        case ev.RunFailed() | ev.RunHalted():
+            return data.reason
+    return None
+
+
+class TaskTable(Projection):
+    """``proj_tasks``: the columns of the source designs, plus ``goal`` and stream ``version``."""
+
+    name = "tasks"
+    version = 1
+    tables = (TASKS,)
+    handles = frozenset(ev.TASK_EVENT_TYPES)
+
+    def apply(self, model: Model, env: Envelope) -> None:
+        tasks = model["proj_tasks"]
+        key = (env.stream,)
+        data = env.data
+        row: Row | None = tasks.get(key)
+        if row is None:
+            row = {
+                "task_id": env.stream,
+                "parent_task_id": None,
+                "root_id": env.correlation_id,
+                "agent_id": None,
+                "capability": None,
+                "status": None,
+                "attempts": 0,
+                "input": None,
+                "output": None,
+                "reason": None,
+                "created_at": env.recorded_at,
+                "updated_at": env.recorded_at,
+                "goal": None,
+                "version": 0,
+            }
+            if type(data) is ev.TaskCreated:
+                row["parent_task_id"] = data.parent_id
+                row["root_id"] = data.root_id
+                row["capability"] = data.capability
+                row["goal"] = data.goal
+                row["input"] = _json(data.inputs).decode()
+        status = row["status"]
+        try:
+            row["status"] = transition(_STATE[status] if status else None, data).value
+        except IllegalTransition as e:
+            row["reason"] = f"illegal transition: {e} (event {env.event_id})"
+        else:
+            t = type(data)
+            if t is ev.TaskDispatched or t is ev.TaskStarted:
+                row["agent_id"] = data.agent_id  # type: ignore[union-attr]
+                if data.attempt > row["attempts"]:  # type: ignore[union-attr]
+                    row["attempts"] = data.attempt  # type: ignore[union-attr]
+            elif t is ev.TaskResultSubmitted:
+                if data.output is not None:  # type: ignore[union-attr]
+                    row["output"] = _json(data.output).decode()  # type: ignore[union-attr]
+                if data.error:  # type: ignore[union-attr]
+                    row["reason"] = event_reason(data)
+            elif t is ev.TaskCompleted:
+                row["agent_id"] = data.agent_id  # type: ignore[union-attr]
+                row["output"] = _json(data.output).decode()  # type: ignore[union-attr]
+                row["reason"] = None
+            elif t is ev.InputProvided or t is ev.ApprovalGranted:
+                row["reason"] = None
+            elif t is not ev.TaskCreated:
+                reason = event_reason(data)
+                if reason is not None:
+                    row["reason"] = reason
+        row["updated_at"] = env.recorded_at
+        row["version"] = env.version
+        tasks.put(key, row)
+
+    # -- queries -------------------------------------------------------------
+
+    def list(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        root: str | None = None,
+        capability: str | None = None,
+        limit: int | None = None,
+    ) -> list[Row]:
+        where, args = [], []
+        for col, value in (
+            ("status", status),
+            ("agent_id", agent),
+            ("root_id", root),
+            ("capability", capability),
+        ):
+            if value is not None:
+                where.append(f"{col} = ?")
+                args.append(value)
+        sql = "SELECT * FROM proj_tasks"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at, task_id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return self.query(conn, sql, tuple(args))
+
+    def get(self, conn: sqlite3.Connection, task_id: str) -> Row | None:
+        rows = self.query(conn, "SELECT * FROM proj_tasks WHERE task_id = ?", (task_id,))
+        return rows[0] if rows else None
