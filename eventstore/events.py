@@ -107,6 +107,7 @@ class TaskCreated(_Event, frozen=True, kw_only=True, tag="task.created.v1"):
     max_review_rounds: int = 3
     plan_id: str | None = None
     forked_from: str | None = None  # event id this task's history was taken from
+    role: str = ""  # "" for plan tasks, "review" or "supplement" for tasks the orchestrator adds
 
 
 class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"):

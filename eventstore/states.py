@@ -87,7 +87,11 @@ TRANSITIONS: dict[type, dict[TaskState | None, TaskState]] = {
     TaskNeedsInput: {S.DISPATCHED: S.NEEDS_INPUT, S.RUNNING: S.NEEDS_INPUT},
     InputProvided: {S.NEEDS_INPUT: S.PENDING},
     RevisionRequested: {S.DISPATCHED: S.NEEDS_REVISION, S.RUNNING: S.NEEDS_REVISION},
-    ApprovalRequested: {S.PENDING: S.AWAITING_APPROVAL, S.RUNNING: S.AWAITING_APPROVAL},
+    ApprovalRequested: {
+        S.PENDING: S.AWAITING_APPROVAL,
+        S.DISPATCHED: S.AWAITING_APPROVAL,
+        S.RUNNING: S.AWAITING_APPROVAL,
+    },
     ApprovalDenied: {S.AWAITING_APPROVAL: S.CANCELLED},
     TaskCompleted: {
         S.DISPATCHED: S.COMPLETED,

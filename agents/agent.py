@@ -1,0 +1,188 @@
+"""The ``Agent`` base class: what a user writes to put an agent on the bus.
+
+A subclass declares its card (``agent_id``, ``description``, one or more
+``Capability(name, InputStruct, OutputStruct)``) and implements one async
+``handle(task, inputs, ctx)`` that turns typed inputs into a typed output.
+The base class does the rest in ``run``:
+
+* self-check before work: the capability is offered, the inputs decode into
+  the input type, the task's constraints are within the agent's limits; a
+  failure is a standard rejection (``rejected`` ResultCard with the reason);
+* a fresh agent instance and ``TaskContext`` per task, so no state leaks
+  between tasks;
+* ``raise NeedsInput(...)`` asks for more input, ``raise Reject(...)``
+  declines; any other exception becomes a ``failed`` ResultCard with the error;
+* usage (tokens) and confidence are reported from the context.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import msgspec
+
+from eventstore.events import Usage
+
+from .cards import AgentCard, AgentConstraints, CapabilitySpec, ResultCard, TaskCard
+from .llm import LLM, MockLLM
+from .selection import constraint_problem
+
+__all__ = ["Agent", "Capability", "NeedsInput", "Reject", "TaskContext"]
+
+
+class Capability:
+    """One thing an agent can do, with typed input and output."""
+
+    def __init__(
+        self,
+        name: str,
+        input_type: type,
+        output_type: type,
+        description: str = "",
+        tags: Sequence[str] = (),
+        examples: Sequence[str] = (),
+    ) -> None:
+        self.name = name
+        self.input_type = input_type
+        self.output_type = output_type
+        self.description = description
+        self.tags = list(tags)
+        self.examples = list(examples)
+
+    def spec(self) -> CapabilitySpec:
+        return CapabilitySpec(
+            name=self.name,
+            description=self.description,
+            input_schema=msgspec.json.schema(self.input_type),
+            output_schema=msgspec.json.schema(self.output_type),
+            tags=self.tags,
+            examples=self.examples,
+        )
+
+
+class NeedsInput(Exception):
+    """Raised by a handler that cannot go on without more input."""
+
+    def __init__(
+        self, missing: str, capability: str | None = None, inputs: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(missing)
+        self.missing = missing
+        self.capability = capability
+        self.inputs = inputs or {}
+
+
+class Reject(Exception):
+    """Raised by a handler that declines the task after looking at it."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class TaskContext:
+    """Per-task scratch space handed to ``handle``; made fresh for every task."""
+
+    def __init__(self, task: TaskCard, agent_id: str, llm: LLM) -> None:
+        self.task = task
+        self.agent_id = agent_id
+        self.llm = llm
+        self.confidence = 1.0
+        self.notes = ""
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    def usage(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+
+    async def complete(self, prompt: str, system: str = "") -> str:
+        """Ask the LLM; its token usage is added to this task's usage."""
+        result = await self.llm.complete(prompt, system=system)
+        self.usage(result.input_tokens, result.output_tokens)
+        return result.text
+
+
+class Agent:
+    """Base class of every agent. Subclass it; see the module docstring."""
+
+    agent_id: ClassVar[str]
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    version: ClassVar[str] = "0.1.0"
+    capabilities: ClassVar[Sequence[Capability]] = ()
+    constraints: ClassVar[AgentConstraints] = AgentConstraints()
+
+    async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def card(cls) -> AgentCard:
+        return AgentCard(
+            agent_id=cls.agent_id,
+            name=cls.name or cls.agent_id,
+            description=cls.description,
+            version=cls.version,
+            capabilities=[c.spec() for c in cls.capabilities],
+            constraints=cls.constraints,
+        )
+
+    @classmethod
+    def capability_for(cls, name: str) -> Capability | None:
+        return next((c for c in cls.capabilities if c.name == name), None)
+
+    @classmethod
+    async def run(cls, task: TaskCard, llm: LLM | None = None) -> ResultCard:
+        """Self-check, then handle ``task`` on a fresh instance; never raises."""
+        start = time.monotonic()
+        base: dict[str, Any] = {
+            "task_id": task.task_id,
+            "attempt": task.attempt,
+            "agent_id": cls.agent_id,
+        }
+
+        def reject(reason: str, detail: str) -> ResultCard:
+            return ResultCard(**base, status="rejected", reason=reason, notes=detail)
+
+        cap = cls.capability_for(task.capability)
+        if cap is None:
+            return reject("out_of_capability", f"{cls.agent_id} does not offer {task.capability!r}")
+        try:
+            inputs: Any = msgspec.convert(task.inputs, cap.input_type)
+        except msgspec.ValidationError as e:
+            return reject("input_schema_mismatch", str(e))
+        size = len(msgspec.json.encode(task.inputs))
+        problem = constraint_problem(cls.constraints, task.constraints, task.timeout_s, size)
+        if problem:
+            return reject("over_constraint", problem)
+
+        ctx = TaskContext(task, cls.agent_id, llm or MockLLM())
+        try:
+            output = await cls().handle(task, inputs, ctx)
+            payload = msgspec.to_builtins(output)
+            status: Any = "completed"
+            extra: dict[str, Any] = {"output": payload}
+        except NeedsInput as e:
+            status = "needs_input"
+            extra = {
+                "missing": e.missing,
+                "supplement_capability": e.capability,
+                "supplement_inputs": e.inputs,
+            }
+        except Reject as e:
+            return reject(e.reason, e.detail)
+        except Exception as e:  # the agent's bug becomes a failed result, not a crash
+            status = "failed"
+            extra = {"error": f"{type(e).__name__}: {e}"}
+        return ResultCard(
+            **base,
+            status=status,
+            confidence=min(1.0, max(0.0, float(ctx.confidence))),
+            notes=ctx.notes,
+            usage=Usage(input_tokens=ctx.input_tokens, output_tokens=ctx.output_tokens),
+            duration_s=time.monotonic() - start,
+            **extra,
+        )

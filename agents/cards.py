@@ -1,0 +1,238 @@
+"""The three cards: what a task is, what an agent answers, and what an agent can do.
+
+All are frozen msgspec Structs, validated on decode (``decode_task_card`` and
+friends raise ``DecodeError`` with the reason) and each exports a JSON Schema
+(``TaskCard.json_schema()``). ``AgentCard`` converts to and from the A2A
+AgentCard JSON without losing our fields (they ride in ``x-cardbus``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from eventstore.errors import DecodeError
+from eventstore.events import ReviewIssue, Usage
+
+__all__ = [
+    "A2A_PROTOCOL_VERSION",
+    "AgentCard",
+    "Announce",
+    "Reply",
+    "AgentConstraints",
+    "CapabilitySpec",
+    "Review",
+    "ResultCard",
+    "ResultStatus",
+    "Started",
+    "TaskCard",
+    "decode_agent_card",
+    "decode_reply",
+    "decode_task_card",
+    "encode",
+]
+
+A2A_PROTOCOL_VERSION = "0.3.0"
+ResultStatus = Literal["completed", "failed", "needs_input", "rejected"]
+
+
+class _Card(msgspec.Struct, frozen=True, kw_only=True):
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        return msgspec.json.schema(cls)
+
+
+class TaskCard(_Card, frozen=True, kw_only=True, tag="task_card"):
+    """One unit of work, exactly as an agent receives it.
+
+    ``inputs`` holds the task's own inputs with references to its declared
+    dependencies already resolved; nothing else reaches the agent. ``review``
+    is set when the task is re-run after a review, ``supplement`` when it is
+    re-run with input it asked for.
+    """
+
+    task_id: str
+    root_id: str
+    parent_id: str | None = None
+    capability: str
+    goal: str = ""
+    inputs: dict[str, Any] = {}
+    constraints: dict[str, Any] = {}
+    deps: list[str] = []
+    timeout_s: float = 30.0
+    max_attempts: int = 3
+    budget_tokens: int | None = None
+    attempt: int = 1
+    review: list[ReviewIssue] = []
+    supplement: Any = None
+    traceparent: str | None = None
+
+
+class ResultCard(_Card, frozen=True, kw_only=True, tag="result_card"):
+    task_id: str
+    attempt: int
+    agent_id: str
+    status: ResultStatus
+    output: Any = None
+    confidence: float = msgspec.field(default=1.0)
+    needs_retry: bool = False
+    notes: str = ""
+    error: str | None = None
+    reason: str | None = None  # rejection reason: input_schema_mismatch, out_of_capability, ...
+    missing: str | None = None  # needs_input: what is missing
+    supplement_capability: str | None = None  # needs_input: who could supply it
+    supplement_inputs: dict[str, Any] = {}
+    usage: Usage = Usage()
+    duration_s: float = 0.0
+
+
+class Started(_Card, frozen=True, kw_only=True, tag="started"):
+    """An agent picked up a card (the orchestrator records task.started)."""
+
+    task_id: str
+    attempt: int
+    agent_id: str
+
+
+class Review(msgspec.Struct, frozen=True, kw_only=True):
+    """What a reviewer capability returns."""
+
+    passed: bool
+    issues: list[ReviewIssue] = []
+
+
+class CapabilitySpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = {}
+    output_schema: dict[str, Any] = {}
+    tags: list[str] = []
+    examples: list[str] = []
+
+
+class AgentConstraints(msgspec.Struct, frozen=True, kw_only=True):
+    """Limits an agent declares; task constraints are matched against ``limits``."""
+
+    max_timeout_s: float | None = None
+    max_input_bytes: int | None = None
+    max_concurrency: int = 1
+    limits: dict[str, Any] = {}  # e.g. {"languages": ["en", "fr"], "max_words": 2000}
+    tools: list[str] = []  # tool allow-list
+
+
+class AgentCard(_Card, frozen=True, kw_only=True):
+    agent_id: str
+    name: str
+    description: str = ""
+    version: str = "0.1.0"
+    capabilities: list[CapabilitySpec] = []
+    constraints: AgentConstraints = AgentConstraints()
+    provider: str = "cardbus"
+    url: str = ""
+
+    A2A_EXTENSION: ClassVar[str] = "x-cardbus"
+
+    def capability(self, name: str) -> CapabilitySpec | None:
+        return next((c for c in self.capabilities if c.name == name), None)
+
+    def to_a2a(self) -> dict[str, Any]:
+        """The A2A AgentCard JSON; our own fields ride in ``x-cardbus``."""
+        return {
+            "protocolVersion": A2A_PROTOCOL_VERSION,
+            "name": self.name,
+            "description": self.description,
+            "url": self.url,
+            "version": self.version,
+            "provider": {"organization": self.provider, "url": self.url},
+            "capabilities": {"streaming": False, "pushNotifications": False},
+            "defaultInputModes": ["application/json"],
+            "defaultOutputModes": ["application/json"],
+            "skills": [
+                {
+                    "id": c.name,
+                    "name": c.name,
+                    "description": c.description,
+                    "tags": list(c.tags),
+                    "examples": list(c.examples),
+                    "inputModes": ["application/json"],
+                    "outputModes": ["application/json"],
+                }
+                for c in self.capabilities
+            ],
+            self.A2A_EXTENSION: {
+                "agent_id": self.agent_id,
+                "constraints": msgspec.to_builtins(self.constraints),
+                "schemas": {
+                    c.name: {"input": c.input_schema, "output": c.output_schema}
+                    for c in self.capabilities
+                },
+            },
+        }
+
+    @classmethod
+    def from_a2a(cls, doc: dict[str, Any]) -> AgentCard:
+        """Read an A2A AgentCard; cards from other systems get defaults for our fields."""
+        try:
+            ext = doc.get(cls.A2A_EXTENSION, {})
+            schemas = ext.get("schemas", {})
+            caps = [
+                CapabilitySpec(
+                    name=s["id"],
+                    description=s.get("description", ""),
+                    tags=list(s.get("tags", [])),
+                    examples=list(s.get("examples", [])),
+                    input_schema=schemas.get(s["id"], {}).get("input", {}),
+                    output_schema=schemas.get(s["id"], {}).get("output", {}),
+                )
+                for s in doc.get("skills", [])
+            ]
+            return cls(
+                agent_id=ext.get("agent_id") or doc["name"],
+                name=doc["name"],
+                description=doc.get("description", ""),
+                version=doc.get("version", "0.1.0"),
+                capabilities=caps,
+                constraints=msgspec.convert(ext.get("constraints", {}), AgentConstraints),
+                provider=(doc.get("provider") or {}).get("organization", ""),
+                url=doc.get("url", ""),
+            )
+        except (KeyError, TypeError, AttributeError, msgspec.ValidationError) as e:
+            raise DecodeError(f"not an A2A AgentCard: {e!r}") from e
+
+
+class Announce(_Card, frozen=True, kw_only=True, tag="announce"):
+    """An agent coming online (or leaving); the orchestrator records it as an event."""
+
+    card: AgentCard
+    online: bool = True
+
+
+_task_decoder = msgspec.json.Decoder(TaskCard)
+_agent_decoder = msgspec.json.Decoder(AgentCard)
+Reply = ResultCard | Started | Announce
+_reply_decoder = msgspec.json.Decoder(Reply)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(card: msgspec.Struct) -> bytes:
+    return _encoder.encode(card)
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], data: bytes, what: str) -> Any:
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"invalid {what}: {e}") from e
+
+
+def decode_task_card(data: bytes) -> TaskCard:
+    return _decode(_task_decoder, data, "task card")
+
+
+def decode_agent_card(data: bytes) -> AgentCard:
+    return _decode(_agent_decoder, data, "agent card")
+
+
+def decode_reply(data: bytes) -> Reply:
+    return _decode(_reply_decoder, data, "agent reply")

@@ -1,0 +1,496 @@
+"""What the orchestrator decides next, given the state folded from the log.
+
+``Decider`` reads a ``RunState`` and writes into ``Decisions``: the events to
+append per stream and the cards to send once those appends are durable
+(invariant 2: the decision is logged, then it takes effect). It performs no
+I/O, so every policy can be tested from a state and a clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from agents.cards import Reply, ResultCard, Review, Started, TaskCard
+from agents.schema import schema_errors
+from agents.selection import Embedder, rank
+from eventstore import TaskState
+from eventstore import events as ev
+
+from .plan import resolve_inputs
+from .policy import Policy
+from .runstate import RunState, RunView, TaskView
+
+__all__ = ["Decider", "Decisions", "loop_hash"]
+
+S = TaskState
+
+
+@dataclass
+class Decisions:
+    events: dict[str, list[ev.Event]] = field(default_factory=dict)  # stream -> new events
+    sends: dict[str, list[tuple[str, TaskCard]]] = field(default_factory=dict)  # stream -> cards
+    deferred: list[Reply] = field(default_factory=list)  # replies for a task already touched
+
+    def add(self, stream: str, *events: ev.Event) -> None:
+        self.events.setdefault(stream, []).extend(events)
+
+    def touched(self, stream: str) -> bool:
+        return stream in self.events
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+
+def loop_hash(capability: str, inputs: Any) -> str:
+    """Hash of (capability, normalized inputs): keys sorted, whitespace and case folded."""
+    canon = msgspec.json.encode(_normalize(inputs), order="sorted")
+    return hashlib.sha256(capability.encode() + b"\0" + canon).hexdigest()[:32]
+
+
+def _normalize(value: Any) -> Any:
+    if isinstance(value, str):
+        return re.sub(r"\s+", " ", value.strip().lower())
+    if isinstance(value, dict):
+        return {str(k): _normalize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalize(v) for v in value]
+    return value
+
+
+class Decider:
+    def __init__(
+        self,
+        state: RunState,
+        policy: Policy,
+        now: float,
+        embedder: Embedder | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self.now = now
+        self.embedder = embedder
+        self.rng = rng or random.Random()
+        self.d = Decisions()
+
+    # -- replies from agents -------------------------------------------------
+
+    def on_reply(self, reply: Reply) -> None:
+        if isinstance(reply, Started):
+            task = self.state.tasks.get(reply.task_id)
+            if (
+                task is not None
+                and task.state is S.DISPATCHED
+                and reply.attempt == task.attempt
+                and reply.agent_id in task.dispatched_to
+                and not self.d.touched(task.task_id)
+            ):
+                self.d.add(
+                    task.task_id, ev.TaskStarted(attempt=reply.attempt, agent_id=reply.agent_id)
+                )
+            return
+        if not isinstance(reply, ResultCard):
+            return
+        task = self.state.tasks.get(reply.task_id)
+        if task is None:
+            return  # no stream to record it in; the bus reports it as a bad message
+        if self.d.touched(task.task_id):
+            self.d.deferred.append(reply)
+            return
+        if (
+            task.terminal
+            or reply.attempt != task.attempt
+            or reply.attempt in task.settled
+            or reply.agent_id not in task.dispatched_to
+            or reply.agent_id in task.results
+            or task.state not in (S.DISPATCHED, S.RUNNING)
+        ):
+            reason = "duplicate" if reply.attempt <= task.attempt else "stale_attempt"
+            self.d.add(
+                task.task_id,
+                ev.TaskResultIgnored(attempt=reply.attempt, agent_id=reply.agent_id, reason=reason),
+            )
+            return
+        submitted = ev.TaskResultSubmitted(
+            attempt=reply.attempt,
+            agent_id=reply.agent_id,
+            status=reply.status,
+            output=reply.output,
+            confidence=reply.confidence,
+            needs_retry=reply.needs_retry,
+            notes=reply.notes,
+            error=reply.error,
+            usage=reply.usage,
+            duration_s=reply.duration_s,
+        )
+        self.d.add(task.task_id, submitted)
+        results = {**task.results, reply.agent_id: submitted}
+        match reply.status:
+            case "rejected":
+                self.d.add(
+                    task.task_id,
+                    ev.TaskRejected(
+                        attempt=reply.attempt,
+                        agent_id=reply.agent_id,
+                        reason=reply.reason or "rejected",
+                        detail=reply.notes,
+                    ),
+                )
+            case "failed":
+                if len(task.dispatched_to) > 1:
+                    if len(results) == len(task.dispatched_to):
+                        self._settle_fanout(task, results)
+                    return
+                self._fail_attempt(task, "agent_error", reply.error or "")
+            case "needs_input":
+                self._needs_input(task, reply)
+            case _:
+                if len(task.dispatched_to) > 1:
+                    if len(results) == len(task.dispatched_to):
+                        self._settle_fanout(task, results)
+                    return
+                self._accept_output(task, reply.agent_id, reply.output, reply.confidence)
+
+    def _accept_output(self, task: TaskView, agent_id: str, output: Any, confidence: float) -> None:
+        problem = self._output_problem(task, agent_id, output)
+        if problem:
+            self._fail_attempt(task, "output_schema_mismatch", problem)
+            return
+        created = task.created
+        if created.review_by:
+            review_id = f"{task.task_id}~review{task.review_round + 1}"
+            self.d.add(
+                review_id,
+                ev.TaskCreated(
+                    root_id=created.root_id,
+                    parent_id=task.task_id,
+                    capability=created.review_by,
+                    goal=f"Review the output of: {created.goal or created.capability}",
+                    inputs={"draft": output, "goal": created.goal},
+                    timeout_s=created.timeout_s,
+                    max_attempts=created.max_attempts,
+                    role="review",
+                ),
+            )
+            return
+        self.d.add(
+            task.task_id,
+            ev.TaskCompleted(
+                attempt=task.attempt, agent_id=agent_id, output=output, confidence=confidence
+            ),
+        )
+
+    def _output_problem(self, task: TaskView, agent_id: str, output: Any) -> str:
+        card = self.state.agents.get(agent_id)
+        spec = card.capability(task.created.capability) if card else None
+        if spec is None or not spec.output_schema:
+            return ""
+        return "; ".join(schema_errors(output, spec.output_schema)[:5])
+
+    def _settle_fanout(self, task: TaskView, results: dict[str, ev.TaskResultSubmitted]) -> None:
+        good = []
+        for r in results.values():
+            if r.status == "completed" and not self._output_problem(task, r.agent_id, r.output):
+                good.append(r)
+        if not good:
+            self._fail_attempt(task, "all_candidates_failed", "")
+            return
+        good.sort(key=lambda r: -r.confidence)
+        best = good[0]
+        if len(good) > 1 and abs(good[1].confidence - best.confidence) < 1e-9:
+            if self.policy.tie_policy == "approval":
+                self.d.add(
+                    task.task_id,
+                    ev.ApprovalRequested(reason="conflict_tie", proposed_output=best.output),
+                )
+            else:
+                self._fail_attempt(task, "conflict_tie", f"{len(good)} results tied")
+            return
+        self._accept_output(task, best.agent_id, best.output, best.confidence)
+
+    def _needs_input(self, task: TaskView, reply: ResultCard) -> None:
+        if task.needs_input_rounds >= self.policy.max_needs_input_rounds:
+            self._fail(task, "needs_input_unanswered", reply.missing or "")
+            return
+        capability = reply.supplement_capability
+        if not capability:
+            self._fail(task, "needs_input_unanswered", f"no capability named for {reply.missing}")
+            return
+        supp_id = f"{task.task_id}~input{task.needs_input_rounds + 1}"
+        self.d.add(
+            task.task_id,
+            ev.TaskNeedsInput(
+                attempt=reply.attempt,
+                agent_id=reply.agent_id,
+                missing=reply.missing or "",
+                supplementary_task_id=supp_id,
+            ),
+        )
+        self.d.add(
+            supp_id,
+            ev.TaskCreated(
+                root_id=task.created.root_id,
+                parent_id=task.task_id,
+                capability=capability,
+                goal=reply.missing or "",
+                inputs=dict(reply.supplement_inputs),
+                timeout_s=task.created.timeout_s,
+                max_attempts=task.created.max_attempts,
+                role="supplement",
+            ),
+        )
+
+    def _fail_attempt(self, task: TaskView, reason: str, error: str) -> None:
+        failures = task.failures + 1
+        if failures >= task.created.max_attempts:
+            self._fail(task, reason, error)
+            return
+        delay = min(self.policy.backoff_max_s, self.policy.backoff_base_s * 2 ** (failures - 1))
+        delay *= 1 + self.policy.jitter * self.rng.random()
+        self.d.add(
+            task.task_id,
+            ev.TaskRetryScheduled(
+                attempt=task.attempt + 1,
+                delay_s=round(delay, 4),
+                reason=f"{reason}: {error}" if error else reason,
+                not_before=self.now + delay,
+            ),
+        )
+
+    def _fail(self, task: TaskView, reason: str, error: str) -> None:
+        self.d.add(task.task_id, ev.TaskFailed(reason=reason, error=error, attempts=task.attempt))
+
+    # -- advancing runs ------------------------------------------------------
+
+    def advance(self, run: RunView) -> None:
+        if run.finished is not None:
+            return
+        budget = run.started.budget_tokens
+        if budget is not None and run.tokens > budget:
+            self._halt(run, "budget_exceeded", f"{run.tokens} tokens used of {budget}")
+            return
+        for task_id in list(run.tasks):
+            task = self.state.tasks[task_id]
+            if task.terminal or self.d.touched(task_id):
+                continue
+            self._advance_task(run, task)
+            if run.finished is not None or self._halting(run):
+                return
+        self._maybe_finish(run)
+
+    def _halting(self, run: RunView) -> bool:
+        return any(isinstance(e, ev.RunHalted) for e in self.d.events.get(run.root_id, []))
+
+    def _advance_task(self, run: RunView, task: TaskView) -> None:
+        match task.state:
+            case S.PENDING:
+                blocker = self._blocking_dep(task)
+                if blocker is not None:
+                    dep = self.state.tasks[blocker]
+                    self.d.add(
+                        task.task_id,
+                        ev.TaskCancelled(reason=f"dependency_{dep.state}", cause_task_id=blocker),
+                    )
+                    return
+                if not self._deps_done(task) or self.now < task.not_before:
+                    return
+                if task.created.requires_approval and not task.approved:
+                    self.d.add(task.task_id, ev.ApprovalRequested(reason="requires_approval"))
+                    return
+                self._dispatch(run, task)
+            case S.NEEDS_REVISION:
+                self._dispatch(run, task)
+            case S.NEEDS_INPUT:
+                supp = self.state.tasks.get(task.waiting_for or "")
+                if supp is None or not supp.terminal:
+                    return
+                if supp.state is S.COMPLETED:
+                    self.d.add(
+                        task.task_id,
+                        ev.InputProvided(supplementary_task_id=supp.task_id, output=supp.output),
+                    )
+                else:
+                    self._fail(task, "supplementary_task_failed", supp.reason)
+            case S.DISPATCHED | S.RUNNING:
+                if task.under_review:
+                    self._after_review(task)
+                elif task.approved and task.proposed_output is not None:
+                    self.d.add(
+                        task.task_id,
+                        ev.TaskCompleted(
+                            attempt=task.attempt,
+                            agent_id=task.proposed_agent or "approval",
+                            output=task.proposed_output,
+                        ),
+                    )
+                elif task.attempt not in task.settled and not task.results:
+                    self._check_deadline(task)
+            case _:
+                pass
+
+    def _after_review(self, task: TaskView) -> None:
+        reviewer = self.state.tasks.get(task.under_review or "")
+        if reviewer is None or not reviewer.terminal:
+            return
+        agent_id = next(iter(task.dispatched_to), "")
+        output = task.output_in_review
+        if reviewer.state is not S.COMPLETED:
+            self.d.add(
+                task.task_id,
+                ev.TaskCompleted(
+                    attempt=task.attempt, agent_id=agent_id, output=output, quality_met=False
+                ),
+            )
+            return
+        try:
+            review = msgspec.convert(reviewer.output, Review)
+        except msgspec.ValidationError:
+            review = Review(passed=False)
+        if review.passed:
+            self.d.add(
+                task.task_id,
+                ev.TaskCompleted(attempt=task.attempt, agent_id=agent_id, output=output),
+            )
+        elif task.review_round < task.created.max_review_rounds:
+            self.d.add(
+                task.task_id,
+                ev.RevisionRequested(
+                    round=task.review_round + 1,
+                    reviewer_task_id=reviewer.task_id,
+                    issues=list(review.issues),
+                ),
+            )
+        else:
+            self.d.add(
+                task.task_id,
+                ev.TaskCompleted(
+                    attempt=task.attempt,
+                    agent_id=agent_id,
+                    output=output,
+                    quality_met=False,
+                    open_issues=list(review.issues),
+                ),
+            )
+
+    def _check_deadline(self, task: TaskView) -> None:
+        overdue = [a for a, deadline in task.dispatched_to.items() if deadline <= self.now]
+        if not overdue or len(overdue) < len(task.dispatched_to):
+            return
+        agent = overdue[0]
+        self.d.add(
+            task.task_id,
+            ev.TaskTimedOut(
+                attempt=task.attempt, agent_id=agent, deadline=task.dispatched_to[agent]
+            ),
+        )
+        self._fail_attempt(task, "timeout", f"no result from {agent} by the deadline")
+
+    def _deps(self, task: TaskView) -> list[TaskView]:
+        return [self.state.tasks[d] for d in task.created.deps if d in self.state.tasks]
+
+    def _deps_done(self, task: TaskView) -> bool:
+        deps = self._deps(task)
+        return len(deps) == len(task.created.deps) and all(d.state is S.COMPLETED for d in deps)
+
+    def _blocking_dep(self, task: TaskView) -> str | None:
+        for d in self._deps(task):
+            if d.terminal and d.state is not S.COMPLETED:
+                return d.task_id
+        return None
+
+    def card_for(self, task: TaskView, attempt: int) -> TaskCard:
+        """Exactly what the agent sees: its inputs, with only its declared deps resolved."""
+        outputs = {d.task_id: d.output for d in self._deps(task)}
+        inputs = resolve_inputs(task.created.inputs, outputs, {})
+        c = task.created
+        return TaskCard(
+            task_id=task.task_id,
+            root_id=c.root_id,
+            parent_id=c.parent_id,
+            capability=c.capability,
+            goal=c.goal,
+            inputs=inputs,
+            constraints=c.constraints,
+            deps=list(c.deps),
+            timeout_s=c.timeout_s,
+            max_attempts=c.max_attempts,
+            budget_tokens=c.budget_tokens,
+            attempt=attempt,
+            review=list(task.review) if task.state is S.NEEDS_REVISION else [],
+            supplement=task.supplement,
+        )
+
+    def _dispatch(self, run: RunView, task: TaskView) -> None:
+        attempt = task.attempt + 1
+        card = self.card_for(task, attempt)
+        c = task.created
+        candidates = rank(
+            self.state.agents.values(),
+            c.capability,
+            c.goal,
+            card.inputs,
+            c.constraints,
+            c.timeout_s,
+            stats=self.state,
+            embedder=self.embedder,
+            weights=self.policy.weights,
+            exclude=frozenset(task.excluded),
+        )
+        if not candidates:
+            self._fail(task, "no_capable_agent", f"no agent left for {c.capability!r}")
+            return
+        h = loop_hash(
+            c.capability, [card.inputs, card.supplement, msgspec.to_builtins(card.review)]
+        )
+        if (h, task.task_id) not in run.loop_seen and run.loop_counts[
+            h
+        ] + 1 > self.policy.loop_threshold:
+            self._halt(
+                run,
+                "loop_detected",
+                f"{c.capability} with the same inputs on {run.loop_counts[h] + 1} tasks",
+            )
+            return
+        digest = hashlib.sha256(msgspec.json.encode(card.inputs, order="sorted")).hexdigest()
+        deadline = self.now + c.timeout_s
+        for i, chosen in enumerate(candidates[: max(1, c.fanout)]):
+            self.d.add(
+                task.task_id,
+                ev.TaskDispatched(
+                    attempt=attempt,
+                    agent_id=chosen.agent_id,
+                    score=chosen.score,
+                    candidates=candidates[:5],
+                    deadline=deadline,
+                    inputs_digest=digest,
+                    loop_hash=h if i == 0 else "",
+                ),
+            )
+            self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))
+
+    def _halt(self, run: RunView, reason: str, detail: str) -> None:
+        for task_id in run.tasks:
+            task = self.state.tasks[task_id]
+            if not task.terminal:
+                self.d.events.pop(task_id, None)
+                self.d.sends.pop(task_id, None)
+                self.d.add(task_id, ev.TaskHalted(reason=reason, detail=detail))
+        self.d.add(run.root_id, ev.RunHalted(reason=reason, detail=detail))
+
+    def _maybe_finish(self, run: RunView) -> None:
+        tasks = [self.state.tasks[t] for t in run.tasks]
+        if not tasks or any(not t.terminal for t in tasks) or self.d.touched(run.root_id):
+            return
+        plan_tasks = {name: self.state.tasks[tid] for name, tid in run.names.items()}
+        failed = sorted(t.task_id for t in plan_tasks.values() if t.state is not S.COMPLETED)
+        if failed:
+            self.d.add(run.root_id, ev.RunFailed(reason="tasks_not_completed", failed_tasks=failed))
+        else:
+            outputs = {name: t.output for name, t in plan_tasks.items()}
+            self.d.add(run.root_id, ev.RunCompleted(outputs=outputs))

@@ -1,0 +1,97 @@
+"""In-process ``Bus``: asyncio queues of encoded cards; the embedded default."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator
+
+from agents.cards import Reply, TaskCard, decode_reply, decode_task_card, encode
+from eventstore.errors import BusError, DecodeError
+
+from .interface import Bus, CardHandler
+
+__all__ = ["InProcessBus"]
+
+log = logging.getLogger(__name__)
+
+
+class InProcessBus(Bus):
+    def __init__(self, max_deliver: int = 5) -> None:
+        self.max_deliver = max_deliver
+        self._inboxes: dict[str, asyncio.Queue[tuple[bytes, int]]] = {}
+        self._replies: asyncio.Queue[bytes] = asyncio.Queue()
+        self._consumers: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    def _inbox(self, agent_id: str) -> asyncio.Queue[tuple[bytes, int]]:
+        return self._inboxes.setdefault(agent_id, asyncio.Queue())
+
+    async def consume(self, agent_id: str, handler: CardHandler) -> None:
+        inbox = self._inbox(agent_id)
+        task = asyncio.create_task(self._run_consumer(agent_id, inbox, handler))
+        self._consumers.append(task)
+
+    async def _run_consumer(
+        self, agent_id: str, inbox: asyncio.Queue[tuple[bytes, int]], handler: CardHandler
+    ) -> None:
+        subject = f"cardbus.agent.{agent_id}"
+        while True:
+            data, delivered = await inbox.get()
+            try:
+                card = decode_task_card(data)
+            except DecodeError as e:
+                await self._bad(subject, data, str(e))
+                continue
+            try:
+                await handler(card)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # at least once: give the card to a replica again
+                if delivered + 1 < self.max_deliver:
+                    inbox.put_nowait((data, delivered + 1))
+                else:
+                    await self._bad(subject, data, f"handler failed {delivered + 1} times: {e!r}")
+
+    async def send_task(self, agent_id: str, card: TaskCard) -> None:
+        if self._closed:
+            raise BusError("the bus is closed")
+        self._inbox(agent_id).put_nowait((encode(card), 0))
+
+    async def send_raw(self, agent_id: str, data: bytes) -> None:
+        """Put raw bytes in an inbox (for tests of malformed messages)."""
+        self._inbox(agent_id).put_nowait((data, 0))
+
+    async def reply(self, message: Reply) -> None:
+        if self._closed:
+            raise BusError("the bus is closed")
+        self._replies.put_nowait(encode(message))
+
+    async def reply_raw(self, data: bytes) -> None:
+        self._replies.put_nowait(data)
+
+    async def replies(self) -> AsyncIterator[Reply]:
+        while True:
+            data = await self._replies.get()
+            try:
+                yield decode_reply(data)
+            except DecodeError as e:
+                await self._bad("cardbus.reply", data, str(e))
+
+    async def _bad(self, subject: str, data: bytes, reason: str) -> None:
+        log.warning("bad message on %s: %s", subject, reason)
+        if self.on_bad_message is not None:
+            result = self.on_bad_message(subject, data, reason)
+            if inspect.isawaitable(result):
+                await result
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._consumers:
+            task.cancel()
+        for task in self._consumers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._consumers.clear()

@@ -1,0 +1,63 @@
+"""The ``Bus`` interface: how cards move between the orchestrator and agents.
+
+Backends are sibling modules (``inprocess`` = the embedded default, ``nats``)
+and pass ``tests/contract/test_bus_contract.py``. The contract:
+
+* ``consume(agent_id, handler)`` subscribes one consumer (a replica) to an
+  agent's inbox; all replicas of an agent id share the inbox, so each card
+  goes to one of them. A handler that raises gets the card again (at least
+  once, up to ``max_deliver`` times); handlers must be idempotent by
+  ``(task_id, attempt)``.
+* ``send_task(agent_id, card)`` puts a card in an agent's inbox; it returns
+  once the bus has accepted it (on NATS: persisted).
+* ``reply(message)`` sends an agent's answer (``Started``, ``ResultCard``,
+  ``Announce``) to the orchestrator; ``replies()`` yields them, in order of
+  arrival, at least once. Replies are persisted where the backend can, so a
+  result survives an orchestrator that is down.
+* Everything crossing the bus is encoded bytes (``agents.cards.encode``), even
+  in-process, so the in-process bus exercises the same codec; undecodable
+  bytes are reported through ``on_bad_message`` and never crash the bus.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from agents.cards import Reply, TaskCard
+
+__all__ = ["BadMessage", "Bus", "CardHandler"]
+
+CardHandler = Callable[[TaskCard], Awaitable[None]]
+BadMessage = Callable[[str, bytes, str], Awaitable[None] | None]  # (subject, data, reason)
+
+
+class Bus(abc.ABC):
+    #: called with (subject, raw bytes, reason) for every undecodable message
+    on_bad_message: BadMessage | None = None
+
+    @abc.abstractmethod
+    async def consume(self, agent_id: str, handler: CardHandler) -> None:
+        """Start one consumer of ``agent_id``'s inbox (one replica)."""
+
+    @abc.abstractmethod
+    async def send_task(self, agent_id: str, card: TaskCard) -> None:
+        """Deliver ``card`` to one replica of ``agent_id``, at least once."""
+
+    @abc.abstractmethod
+    async def reply(self, message: Reply) -> None:
+        """Send an agent's answer to the orchestrator."""
+
+    @abc.abstractmethod
+    def replies(self) -> AsyncIterator[Reply]:
+        """Every reply, in arrival order, at least once."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop consumers and release the transport."""
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,351 @@
+"""The orchestrator: the only component that decides.
+
+One decision loop owns the state. It takes, in order of arrival, events from
+the log (its own and anyone else's, e.g. ``cardbus approve`` in another
+process), replies from agents and clock ticks; folds them into ``RunState``;
+asks ``Decider`` what follows; appends those events (streams in parallel, so
+the store's group commit batches them) and only then sends the cards.
+
+On start it replays the log, so a restarted orchestrator resumes in-flight
+runs: pending tasks are dispatched, attempts whose deadline passed while it
+was down time out and are retried, finished work is not redone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from agents.cards import AgentCard, Announce
+from agents.selection import Embedder
+from eventstore import ConcurrencyError, Envelope, EventStore, NewEvent, TaskState, new_id
+from eventstore import events as ev
+from eventstore.errors import CardbusError, InvalidPlan
+
+from .decisions import Decider, Decisions
+from .interface import Bus
+from .plan import Plan, validate_plan
+from .policy import Policy
+from .runstate import RunState
+
+__all__ = ["Orchestrator", "RunResult", "answer_approval"]
+
+log = logging.getLogger(__name__)
+_TICK = object()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    root_id: str
+    status: str  # completed | failed | halted
+    outputs: dict[str, Any]
+    reason: str = ""
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        store: EventStore,
+        bus: Bus,
+        policy: Policy | None = None,
+        embedder: Embedder | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.policy = policy or Policy()
+        self.embedder = embedder
+        self.rng = rng or random.Random()
+        self.state = RunState()
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._loops: list[asyncio.Task[None]] = []
+        self._waiters: dict[str, list[asyncio.Future[RunResult]]] = {}
+        self.bad_messages: list[tuple[str, str]] = []
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Rebuild state from the log, then follow the log, the bus and the clock."""
+        while True:
+            page = await self.store.read_all(self.state.position + 1, 5000)
+            for env in page:
+                self.state.apply(env)
+            if len(page) < 5000:
+                break
+        self.bus.on_bad_message = self._on_bad_message
+        self._loops = [
+            asyncio.create_task(self._follow_log(), name="orchestrator-log"),
+            asyncio.create_task(self._pump_replies(), name="orchestrator-replies"),
+            asyncio.create_task(self._tick(), name="orchestrator-clock"),
+            asyncio.create_task(self._decide_loop(), name="orchestrator-decide"),
+        ]
+
+    async def stop(self) -> None:
+        for t in self._loops:
+            t.cancel()
+        for t in self._loops:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._loops = []
+
+    async def __aenter__(self) -> Orchestrator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- public API ----------------------------------------------------------
+
+    async def register(self, card: AgentCard) -> None:
+        """Record an agent's card in the log (a no-op if the same card is there)."""
+        if self.state.agents.get(card.agent_id) == card:
+            return
+        stream = f"agent-{card.agent_id}"
+        data = ev.AgentRegistered(agent_id=card.agent_id, card=msgspec.to_builtins(card))
+        await self._append_retrying(stream, [data], correlation_id=stream)
+
+    async def submit(self, plan: Plan) -> str:
+        """Start a run of ``plan``; returns its root id. The same plan id runs once."""
+        validate_plan(plan, self.state.agents.values())
+        plan_id = plan.plan_id or new_id()
+        if plan_id in self.state.plans:
+            return self.state.plans[plan_id]
+        root_id = new_id()
+        stream = f"plan-{plan_id}"
+        try:
+            await self._append(
+                stream, [ev.PlanSubmitted(plan_id=plan_id, root_id=root_id)], 0, root_id
+            )
+        except ConcurrencyError:
+            for env in await self.store.read_stream(stream):
+                self.state.apply(env)
+            return self.state.plans[plan_id]
+        ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
+        await self._append(
+            root_id,
+            [
+                ev.RunStarted(
+                    goal=plan.goal,
+                    plan_id=plan_id,
+                    task_ids=list(ids.values()),
+                    budget_tokens=plan.budget_tokens,
+                    session=plan.session,
+                )
+            ],
+            0,
+            root_id,
+        )
+        created = [
+            self._append(
+                ids[t.id],
+                [
+                    ev.TaskCreated(
+                        root_id=root_id,
+                        capability=t.capability,
+                        goal=t.goal,
+                        inputs=_rename_refs(t.inputs, ids),
+                        constraints=t.constraints,
+                        deps=[ids[d] for d in t.deps],
+                        timeout_s=t.timeout_s,
+                        max_attempts=t.max_attempts,
+                        requires_approval=t.requires_approval,
+                        fanout=t.fanout,
+                        review_by=t.review_by,
+                        max_review_rounds=t.max_review_rounds,
+                        plan_id=t.id,
+                    )
+                ],
+                0,
+                root_id,
+            )
+            for t in plan.tasks
+        ]
+        await asyncio.gather(*created)
+        self._queue.put_nowait(_TICK)
+        return root_id
+
+    async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
+        """Wait until the run finishes; its outputs by plan task id."""
+        done = self._result(root_id)
+        if done is not None:
+            return done
+        future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(root_id, []).append(future)
+        return await asyncio.wait_for(future, timeout)
+
+    async def run(self, plan: Plan, timeout: float | None = None) -> RunResult:
+        return await self.wait(await self.submit(plan), timeout)
+
+    async def approve(self, task_id: str, by: str = "api", note: str = "") -> None:
+        await answer_approval(self.store, task_id, True, by, note)
+
+    async def deny(self, task_id: str, by: str = "api", note: str = "") -> None:
+        await answer_approval(self.store, task_id, False, by, note)
+
+    # -- the loops -----------------------------------------------------------
+
+    async def _follow_log(self) -> None:
+        async for env in self.store.subscribe(self.state.position + 1):
+            self._queue.put_nowait(env)
+
+    async def _pump_replies(self) -> None:
+        async for reply in self.bus.replies():
+            self._queue.put_nowait(reply)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.tick_s)
+            if self.state.open_runs():
+                self._queue.put_nowait(_TICK)
+
+    async def _decide_loop(self) -> None:
+        while True:
+            items = [await self._queue.get()]
+            while not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            try:
+                await self._step(items)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one step must not stop every run
+                log.exception("orchestrator step failed")
+
+    async def _step(self, items: list[object]) -> None:
+        decider = Decider(self.state, self.policy, time.time(), self.embedder, self.rng)
+        for item in items:
+            if item is _TICK:
+                continue
+            if isinstance(item, Envelope):
+                self._apply(item)
+            elif isinstance(item, Announce):
+                await self.register(item.card)
+            else:
+                decider.on_reply(item)  # type: ignore[arg-type]
+        for run in self.state.open_runs():
+            decider.advance(run)
+        d = decider.d
+        if d:
+            await self._commit(d)
+        for reply in d.deferred:
+            self._queue.put_nowait(reply)
+        if d or d.deferred:
+            self._queue.put_nowait(_TICK)
+
+    async def _commit(self, d: Decisions) -> None:
+        """Append every stream's new events in parallel, then send the logged cards."""
+        streams = list(d.events)
+        results = await asyncio.gather(
+            *(self._append_decided(s, d.events[s]) for s in streams), return_exceptions=True
+        )
+        sends = []
+        for stream, result in zip(streams, results, strict=True):
+            if isinstance(result, ConcurrencyError):
+                for env in await self.store.read_stream(
+                    stream, self.state.versions.get(stream, 0) + 1
+                ):
+                    self._apply(env)
+                continue
+            if isinstance(result, BaseException):
+                log.error("append to %s failed: %r", stream, result)
+                continue
+            for agent_id, card in d.sends.get(stream, []):
+                sends.append(self.bus.send_task(agent_id, card))
+        for outcome in await asyncio.gather(*sends, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                log.warning("send failed, the attempt will time out and retry: %r", outcome)
+
+    async def _append_decided(self, stream: str, data: list[ev.Event]) -> None:
+        task = self.state.tasks.get(stream)
+        root = task.created.root_id if task else stream
+        if isinstance(data[0], ev.TaskCreated):
+            root = data[0].root_id
+        await self._append(stream, data, self.state.versions.get(stream, 0), root)
+
+    async def _append(
+        self, stream: str, data: Iterable[ev.Event], expected: int, root: str
+    ) -> list[Envelope]:
+        new = [NewEvent(data=x, correlation_id=root, actor=self.policy.actor) for x in data]
+        stored = await self.store.append(stream, new, expected)
+        for env in stored:
+            self._apply(env)
+        return stored
+
+    async def _append_retrying(
+        self, stream: str, data: list[ev.Event], correlation_id: str
+    ) -> None:
+        for _ in range(5):
+            try:
+                await self._append(
+                    stream, data, await self.store.stream_version(stream), correlation_id
+                )
+                return
+            except ConcurrencyError:
+                continue
+
+    def _apply(self, env: Envelope) -> None:
+        if not self.state.apply(env):
+            return
+        if isinstance(env.data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
+            result = self._result(env.stream)
+            for future in self._waiters.pop(env.stream, []):
+                if result is not None and not future.done():
+                    future.set_result(result)
+
+    def _result(self, root_id: str) -> RunResult | None:
+        run = self.state.runs.get(root_id)
+        if run is None or run.finished is None:
+            return None
+        data = run.finish_event
+        outputs = (
+            data.outputs
+            if isinstance(data, ev.RunCompleted)
+            else {name: self.state.tasks[tid].output for name, tid in run.names.items()}
+        )
+        reason = getattr(data, "reason", "")
+        return RunResult(root_id, run.finished, outputs, reason)
+
+    def _on_bad_message(self, subject: str, data: bytes, reason: str) -> None:
+        self.bad_messages.append((subject, reason))
+
+
+def _rename_refs(value: Any, ids: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        if "$dep" in value:
+            return {**value, "$dep": ids.get(str(value["$dep"]), value["$dep"])}
+        return {k: _rename_refs(v, ids) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rename_refs(v, ids) for v in value]
+    return value
+
+
+async def answer_approval(
+    store: EventStore, task_id: str, granted: bool, by: str, note: str = ""
+) -> None:
+    """Grant or deny a task waiting for approval (the API behind ``cardbus approve``)."""
+    events = await store.read_stream(task_id)
+    if not events:
+        raise InvalidPlan(f"no task {task_id!r} in the log")
+    state = RunState()
+    for env in events:
+        state.apply(env)
+    task = state.tasks.get(task_id)
+    if task is None or task.state is not TaskState.AWAITING_APPROVAL:
+        current = task.state if task else "unknown"
+        raise CardbusError(f"task {task_id!r} is not awaiting approval (it is {current})")
+    data: ev.Event
+    if granted:
+        resume = "running" if task.proposed_output is not None else "pending"
+        data = ev.ApprovalGranted(by=by, resume=resume, note=note)
+    else:
+        data = ev.ApprovalDenied(by=by, note=note)
+    root = events[0].correlation_id
+    await store.append(task_id, [NewEvent(data=data, correlation_id=root, actor=by)], len(events))

@@ -1,0 +1,134 @@
+"""Plans: a DAG of task cards, checked before anything runs.
+
+A plan names its tasks locally (``"research"``, ``"draft"``); an input value
+``{"$dep": "research", "path": "facts"}`` is replaced at dispatch by that
+field of the named dependency's output, and may only name a declared
+dependency: that is how context isolation is spelled in a plan.
+``validate_plan`` refuses a cycle, an unknown dependency, an unknown
+capability or inputs no agent accepts with ``InvalidPlan`` naming the problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from agents.cards import AgentCard
+from agents.selection import hard_filter
+from eventstore.errors import InvalidPlan
+
+__all__ = ["Plan", "PlanTask", "decode_plan", "dep_refs", "resolve_inputs", "validate_plan"]
+
+
+class PlanTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    id: str
+    capability: str
+    goal: str = ""
+    inputs: dict[str, Any] = {}
+    constraints: dict[str, Any] = {}
+    deps: list[str] = []
+    timeout_s: float = 30.0
+    max_attempts: int = 3
+    requires_approval: bool = False
+    fanout: int = 1
+    review_by: str | None = None
+    max_review_rounds: int = 3
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    goal: str
+    tasks: list[PlanTask]
+    plan_id: str | None = None  # submitting the same plan id twice runs it once
+    budget_tokens: int | None = None
+    session: dict[str, Any] = {}  # what the user asked; agents never see it whole
+    agents: list[str] = []  # import paths "module:Class", used by `cardbus run`
+
+
+def decode_plan(data: bytes) -> Plan:
+    try:
+        return msgspec.json.decode(data, type=Plan)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise InvalidPlan(f"plan is not valid JSON of the plan format: {e}") from e
+
+
+def dep_refs(value: Any) -> Iterable[str]:
+    """Every dependency named by a ``{"$dep": ...}`` placeholder inside ``value``."""
+    if isinstance(value, dict):
+        if "$dep" in value:
+            yield str(value["$dep"])
+        else:
+            for v in value.values():
+                yield from dep_refs(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from dep_refs(v)
+
+
+def resolve_inputs(value: Any, outputs: dict[str, Any], rename: dict[str, str]) -> Any:
+    """Replace placeholders with dependency outputs; ``rename`` maps plan ids to task ids."""
+    if isinstance(value, dict):
+        if "$dep" in value:
+            out = outputs.get(rename.get(str(value["$dep"]), str(value["$dep"])))
+            for key in filter(None, str(value.get("path", "")).split(".")):
+                out = out.get(key) if isinstance(out, dict) else None
+            return out
+        return {k: resolve_inputs(v, outputs, rename) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_inputs(v, outputs, rename) for v in value]
+    return value
+
+
+def validate_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None:
+    """Raise ``InvalidPlan`` naming the first problem; ``agents`` enables capability checks."""
+    if not plan.tasks:
+        raise InvalidPlan("plan has no tasks")
+    seen: set[str] = set()
+    for t in plan.tasks:
+        if not t.id or any(c in t.id for c in " .*>~\t\n"):
+            raise InvalidPlan(f"task id {t.id!r} must be non-empty without spaces or . * > ~")
+        if t.id in seen:
+            raise InvalidPlan(f"task id {t.id!r} appears twice")
+        seen.add(t.id)
+        if t.max_attempts < 1 or t.fanout < 1 or t.timeout_s <= 0 or t.max_review_rounds < 0:
+            raise InvalidPlan(f"task {t.id!r}: max_attempts, fanout and timeout_s must be positive")
+    for t in plan.tasks:
+        for d in t.deps:
+            if d not in seen:
+                raise InvalidPlan(f"task {t.id!r} depends on unknown task {d!r}")
+        for ref in dep_refs(t.inputs):
+            if ref not in t.deps:
+                raise InvalidPlan(
+                    f"task {t.id!r} reads the output of {ref!r} without declaring it in deps"
+                )
+    _check_acyclic(plan)
+    if agents is None:
+        return
+    cards = list(agents)
+    for t in plan.tasks:
+        for cap in filter(None, [t.capability, t.review_by]):
+            offering = [c for c in cards if c.capability(cap) is not None]
+            if not offering:
+                raise InvalidPlan(f"task {t.id!r}: no registered agent offers capability {cap!r}")
+        reasons = {
+            c.agent_id: hard_filter(
+                c, t.capability, t.inputs, t.constraints, t.timeout_s, partial_inputs=True
+            )
+            for c in cards
+            if c.capability(t.capability) is not None
+        }
+        if all(reasons.values()):
+            detail = ", ".join(f"{a}: {r}" for a, r in sorted(reasons.items()))
+            raise InvalidPlan(f"task {t.id!r}: no agent accepts its inputs ({detail})")
+
+
+def _check_acyclic(plan: Plan) -> None:
+    deps = {t.id: set(t.deps) for t in plan.tasks}
+    done: set[str] = set()
+    while len(done) < len(deps):
+        ready = [t for t, ds in deps.items() if t not in done and ds <= done]
+        if not ready:
+            cycle = sorted(t for t in deps if t not in done)
+            raise InvalidPlan(f"plan has a dependency cycle among {cycle}")
+        done.update(ready)

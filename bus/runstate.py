@@ -1,0 +1,224 @@
+"""The orchestrator's working state: a fold over the log, nothing more.
+
+``RunState.apply(envelope)`` is the only way it changes, so restarting the
+orchestrator and replaying the log gives back exactly the state it had; the
+version of every stream it has applied makes ``apply`` idempotent (an event
+seen twice, once from our own append and once from the log, counts once).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from agents.cards import AgentCard
+from agents.selection import AgentStat
+from eventstore import Envelope, TaskState, transition
+from eventstore import events as ev
+from eventstore.errors import IllegalTransition
+from eventstore.states import TERMINAL
+
+__all__ = ["RunState", "RunView", "TaskView"]
+
+
+@dataclass
+class TaskView:
+    task_id: str
+    created: ev.TaskCreated
+    state: TaskState | None = None
+    attempt: int = 0  # number of the latest dispatched attempt
+    failures: int = 0  # attempts that failed, timed out or broke the output schema
+    dispatched_to: dict[str, float] = field(default_factory=dict)  # agent -> deadline (current)
+    dispatched_at: float = 0.0
+    results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
+    settled: set[int] = field(default_factory=set)  # attempts already decided
+    excluded: set[str] = field(default_factory=set)  # agents that rejected this task
+    not_before: float = 0.0
+    output: Any = None
+    reason: str = ""
+    review_round: int = 0
+    review: list[ev.ReviewIssue] = field(default_factory=list)
+    under_review: str | None = None  # reviewer task id while a review runs
+    output_in_review: Any = None
+    supplement: Any = None
+    waiting_for: str | None = None  # supplementary task id while it runs
+    needs_input_rounds: int = 0
+    approved: bool = False
+    proposed_output: Any = None
+    proposed_agent: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass
+class RunView:
+    root_id: str
+    started: ev.RunStarted
+    tasks: list[str] = field(default_factory=list)  # task ids in creation order
+    names: dict[str, str] = field(default_factory=dict)  # plan task id -> task id
+    tokens: int = 0
+    loop_counts: Counter[str] = field(default_factory=Counter)  # hash -> distinct tasks
+    loop_seen: set[tuple[str, str]] = field(default_factory=set)
+    finished: str | None = None  # "completed" | "failed" | "halted"
+    finish_event: Any = None
+
+
+@dataclass
+class _Stat:
+    runs: int = 0
+    ok: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+
+class RunState:
+    """Runs, tasks, agents and per-agent statistics, as folded from the log."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunView] = {}
+        self.tasks: dict[str, TaskView] = {}
+        self.agents: dict[str, AgentCard] = {}
+        self.plans: dict[str, str] = {}  # plan id -> root id
+        self.versions: dict[str, int] = {}
+        self.position = 0
+        self._stats: dict[tuple[str, str], _Stat] = {}
+        self.anomalies: list[str] = []
+
+    # -- statistics read by selection ---------------------------------------
+
+    def get(self, agent_id: str, capability: str) -> AgentStat:
+        s = self._stats.get((agent_id, capability))
+        if s is None or s.runs == 0:
+            return AgentStat()
+        lat = sorted(s.latencies[-200:])
+        return AgentStat(runs=s.runs, success_rate=s.ok / s.runs, p50_s=lat[len(lat) // 2])
+
+    # -- the fold ------------------------------------------------------------
+
+    def apply(self, env: Envelope) -> bool:
+        """Apply one event; False if it was already applied (idempotent)."""
+        if env.version <= self.versions.get(env.stream, 0):
+            return False
+        self.versions[env.stream] = env.version
+        self.position = max(self.position, env.position)
+        data = env.data
+        if isinstance(data, ev.RunStarted):
+            self.runs[env.stream] = RunView(env.stream, data, tasks=[])
+        elif isinstance(data, ev.PlanSubmitted):
+            self.plans[data.plan_id] = data.root_id
+        elif isinstance(data, ev.AgentRegistered):
+            try:
+                self.agents[data.agent_id] = msgspec.convert(data.card, AgentCard)
+            except Exception as e:  # a bad card in the log must not stop the orchestrator
+                self.anomalies.append(f"{env.event_id}: unreadable agent card: {e}")
+        elif isinstance(data, ev.AgentDeregistered):
+            self.agents.pop(data.agent_id, None)
+        elif isinstance(data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
+            run = self.runs.get(env.stream)
+            if run is not None:
+                run.finished = _finish(data)
+                run.finish_event = data
+        elif type(data) in _TASK_TYPES:
+            self._apply_task(env)
+        return True
+
+    def _apply_task(self, env: Envelope) -> None:
+        data = env.data
+        task = self.tasks.get(env.stream)
+        if isinstance(data, ev.TaskCreated):
+            task = TaskView(env.stream, data)
+            self.tasks[env.stream] = task
+            run = self.runs.get(data.root_id)
+            if run is not None:
+                run.tasks.append(env.stream)
+                if data.plan_id:
+                    run.names[data.plan_id] = env.stream
+            parent = self.tasks.get(data.parent_id or "")
+            if parent is not None and data.role == "review":
+                parent.under_review = env.stream
+                parent.output_in_review = data.inputs.get("draft")
+            elif parent is not None and data.role == "supplement":
+                parent.waiting_for = env.stream
+        if task is None:
+            self.anomalies.append(f"{env.event_id}: event for unknown task {env.stream}")
+            return
+        try:
+            task.state = transition(task.state, data)
+        except IllegalTransition as e:
+            self.anomalies.append(f"{env.event_id}: {e}")
+            return
+        run = self.runs.get(task.created.root_id)
+        match data:
+            case ev.TaskDispatched():
+                if data.attempt != task.attempt:
+                    task.attempt = data.attempt
+                    task.dispatched_to = {}
+                    task.results = {}
+                task.dispatched_to[data.agent_id] = data.deadline
+                task.dispatched_at = env.recorded_at
+                key = (data.loop_hash, env.stream)
+                if run is not None and data.loop_hash and key not in run.loop_seen:
+                    run.loop_seen.add(key)
+                    run.loop_counts[data.loop_hash] += 1
+            case ev.TaskResultSubmitted():
+                if data.attempt == task.attempt:
+                    task.results[data.agent_id] = data
+                if run is not None:
+                    run.tokens += data.usage.input_tokens + data.usage.output_tokens
+                stat = self._stats.setdefault((data.agent_id, task.created.capability), _Stat())
+                stat.runs += 1
+                stat.ok += data.status == "completed"
+                stat.latencies.append(max(0.0, env.recorded_at - task.dispatched_at))
+            case ev.TaskRejected():
+                task.excluded.add(data.agent_id)
+                task.settled.add(data.attempt)
+            case ev.TaskRetryScheduled():
+                task.settled.add(task.attempt)
+                task.failures += 1
+                task.not_before = data.not_before
+                task.reason = data.reason
+            case ev.TaskTimedOut():
+                task.settled.add(data.attempt)
+            case ev.TaskNeedsInput():
+                task.settled.add(data.attempt)
+                task.waiting_for = data.supplementary_task_id
+                task.needs_input_rounds += 1
+            case ev.InputProvided():
+                task.waiting_for = None
+                task.supplement = data.output
+            case ev.RevisionRequested():
+                task.settled.add(task.attempt)
+                task.review_round = data.round
+                task.review = list(data.issues)
+                task.under_review = None
+            case ev.ApprovalRequested():
+                task.proposed_output = data.proposed_output
+            case ev.ApprovalGranted():
+                task.approved = True
+            case ev.TaskCompleted():
+                task.settled.add(task.attempt)
+                task.output = data.output
+                task.under_review = None
+            case ev.TaskFailed() | ev.TaskCancelled() | ev.TaskHalted():
+                task.settled.add(task.attempt)
+                task.reason = data.reason
+            case _:
+                pass
+
+    def open_runs(self) -> list[RunView]:
+        return [r for r in self.runs.values() if r.finished is None]
+
+
+def _finish(data: object) -> str:
+    if isinstance(data, ev.RunCompleted):
+        return "completed"
+    if isinstance(data, ev.RunHalted):
+        return "halted"
+    return "failed"
+
+
+_TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)

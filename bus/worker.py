@@ -1,0 +1,68 @@
+"""``AgentWorker``: serves an ``Agent`` class on any ``Bus``.
+
+It announces the agent's card, then for every card: replies ``Started``,
+runs the agent (self-check, handler, error capture: ``Agent.run``) and
+replies with the ``ResultCard``. A redelivered card for a ``(task_id,
+attempt)`` it already answered gets the same answer again, not a second run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from agents.agent import Agent
+from agents.cards import Announce, ResultCard, Started, TaskCard
+from agents.llm import LLM
+
+from .interface import Bus
+
+__all__ = ["AgentWorker"]
+
+
+class AgentWorker:
+    def __init__(
+        self, bus: Bus, agent: type[Agent], llm: LLM | None = None, concurrency: int = 1
+    ) -> None:
+        self.bus = bus
+        self.agent = agent
+        self.llm = llm
+        self.concurrency = concurrency
+        self.handled = 0
+        self._answers: OrderedDict[tuple[str, int], ResultCard] = OrderedDict()
+        self._running: dict[tuple[str, int], asyncio.Future[ResultCard]] = {}
+
+    async def start(self) -> None:
+        await self.bus.reply(Announce(card=self.agent.card()))
+        for _ in range(self.concurrency):
+            await self.bus.consume(self.agent.agent_id, self._on_card)
+
+    async def _on_card(self, card: TaskCard) -> None:
+        key = (card.task_id, card.attempt)
+        answer = self._answers.get(key)
+        if answer is None:
+            running = self._running.get(key)
+            if running is not None:
+                answer = await asyncio.shield(running)
+            else:
+                answer = await self._run(card, key)
+        await self.bus.reply(answer)
+
+    async def _run(self, card: TaskCard, key: tuple[str, int]) -> ResultCard:
+        future: asyncio.Future[ResultCard] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        try:
+            await self.bus.reply(
+                Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)
+            )
+            answer = await self.agent.run(card, self.llm)
+            self.handled += 1
+            self._answers[key] = answer
+            if len(self._answers) > 10_000:
+                self._answers.popitem(last=False)
+            future.set_result(answer)
+            return answer
+        finally:
+            self._running.pop(key, None)
+            if not future.done():
+                future.cancel()
