@@ -1,40 +1,79 @@
-"""``cardbus demo``: a small demo of the log (the agent pipeline replaces it)."""
+"""``cardbus demo``: the report pipeline on the embedded default, with its timeline."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 import click
 
-from eventstore import NewEvent, SqliteEventStore, new_id
-from eventstore import events as ev
+from agents.demo import DEMO_AGENTS
+from bus.demo import EmbeddedRuntime, parallel_plan, report_plan
+from eventstore import SqliteEventStore
+from projections.replay import Timeline, replay
 
 from .cli import cli
 
 
-async def _demo(db: str) -> None:
+def report_text(draft: Any) -> str:
+    """The writer's draft as readable text."""
+    if not isinstance(draft, dict):
+        return str(draft)
+    lines = [f"# {draft.get('title', '')}", ""]
+    for section in draft.get("sections", []):
+        lines += [f"## {section.get('heading', '')}", str(section.get("text", "")), ""]
+    return "\n".join(lines).rstrip()
+
+
+def timeline_text(timeline: Timeline) -> str:
+    """A compact tree: each task with status, agent, attempts and duration, then its steps."""
+    lines = []
+    for depth, node in timeline.walk():
+        pad = "  " * depth
+        lines.append(
+            f"{pad}{node.task_id}  [{node.capability}]  {node.status}  agent={node.agent_id}"
+            f"  attempts={node.attempts}  {node.duration_s * 1000:.0f} ms"
+        )
+        for step in node.steps:
+            offset = (step.time - timeline.start) * 1000
+            extra = "  ".join(
+                x
+                for x in (
+                    f"#{step.attempt}" if step.attempt else "",
+                    step.agent_id or "",
+                    f"reason={step.reason}" if step.reason else "",
+                    step.detail or "",
+                )
+                if x
+            )
+            lines.append(f"{pad}  +{offset:7.1f} ms  {step.kind:<18} {extra}".rstrip())
+    return "\n".join(lines)
+
+
+async def _demo(db: str, parallel: bool, topic: str) -> int:
     store = await SqliteEventStore.open(db)
     try:
-        root = new_id()
-        for capability in ("research", "write"):
-            task = new_id()
-            lifecycle: list[ev.Event] = [
-                ev.TaskCreated(root_id=root, capability=capability, goal=f"{capability} demo"),
-                ev.TaskDispatched(attempt=1, agent_id=f"{capability}-agent"),
-                ev.TaskStarted(attempt=1, agent_id=f"{capability}-agent"),
-                ev.TaskCompleted(attempt=1, agent_id=f"{capability}-agent", output="ok"),
-            ]
-            await store.append(
-                task, [NewEvent(data=d, correlation_id=root, actor="demo") for d in lifecycle], 0
-            )
-        for env in await store.read_correlation(root):
-            click.echo(f"{env.position:>6}  {env.stream[:8]}  v{env.version}  {env.type}")
+        plan = parallel_plan(topic) if parallel else report_plan(topic)
+        started = time.perf_counter()
+        async with EmbeddedRuntime(store, DEMO_AGENTS) as rt:
+            result = await rt.run(plan, timeout=60)
+        elapsed = time.perf_counter() - started
+        click.echo(report_text(result.outputs.get("draft")))
+        click.echo("")
+        click.echo(f"Timeline of run {result.root_id} ({result.status}, {elapsed:.2f} s):")
+        click.echo(timeline_text(await replay(store, result.root_id)))
+        click.echo("")
+        click.echo(f"The log is in {db}. Try: cardbus replay {result.root_id} --db {db}")
+        return 0 if result.status == "completed" else 1
     finally:
         await store.close()
 
 
 @cli.command()
 @click.option("--db", default="cardbus.db", show_default=True, help="SQLite event store file.")
-def demo(db: str) -> None:
-    """Run the demo pipeline on the embedded default (SQLite + in-process bus)."""
-    asyncio.run(_demo(db))
+@click.option("--parallel", is_flag=True, help="Research three subtopics in parallel, then merge.")
+@click.option("--topic", default="ocean tides", show_default=True)
+def demo(db: str, parallel: bool, topic: str) -> None:
+    """Run the demo report pipeline on the embedded default (SQLite + in-process bus)."""
+    raise SystemExit(asyncio.run(_demo(db, parallel, topic)))

@@ -1,0 +1,27 @@
+"""Load user code named by import path (``package.module:ClassName``)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from agents.agent import Agent
+from eventstore.errors import ValidationError
+
+__all__ = ["load_agent"]
+
+
+def load_agent(path: str) -> type[Agent]:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValidationError(f"agent path {path!r} must look like 'package.module:ClassName'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # let users name agents in their working directory
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValidationError(f"cannot load agent {path!r}: {e}") from e
+    if not (isinstance(obj, type) and issubclass(obj, Agent)):
+        raise ValidationError(f"{path!r} is not an Agent subclass")
+    return obj
