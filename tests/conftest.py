@@ -20,3 +20,51 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteEventStore]:
 @pytest.fixture
 async def memory_store() -> AsyncIterator[MemoryEventStore]:
     yield MemoryEventStore()
+
+
+# -- NATS JetStream: a real nats-server per test (tests/natsserver.py) ----------
+# Never mocked, never skipped: a missing nats-server binary fails the test.
+# Every server picks its own free loopback port (safe under xdist) and keeps its
+# JetStream store in the test's tmp_path.
+
+from collections.abc import Iterator  # noqa: E402
+
+from natsserver import NatsCluster, NatsServer  # noqa: E402
+
+from eventstore.nats import NatsEventStore  # noqa: E402
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A private nats-server with JetStream; the test may stop, kill or restart it."""
+    server = NatsServer(tmp_path / "nats").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    """``nats://127.0.0.1:<port>`` of this test's ``nats_server``."""
+    return nats_server.url
+
+
+@pytest.fixture
+async def nats_store(nats_url: str) -> AsyncIterator[NatsEventStore]:
+    """A fresh NatsEventStore (stream CARDBUS_EVENTS) on this test's own server."""
+    store = await NatsEventStore.connect(nats_url, request_timeout=10.0)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """Three JetStream nodes routed on loopback (for R3 streams); ``.url`` lists them all."""
+    cluster = NatsCluster(tmp_path / "cluster").start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -13,7 +13,7 @@ import pytest
 
 from eventstore import EventStore
 
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "nats"]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,0 +1,1001 @@
+"""NATS JetStream ``EventStore``: the distributed backend.
+
+Same contract as the SQLite and in-memory backends (``store.py``); open it with
+``await NatsEventStore.connect("nats://host:4222", ...)`` or
+``open_store("nats://...")``.
+
+Subjects
+--------
+Every event is one message in the JetStream stream ``CARDBUS_EVENTS`` (the
+name and the ``cardbus.evt`` prefix are options), on the subject::
+
+    cardbus.evt.<root>.<task>.<kind>
+
+* ``<root>`` is the event's ``correlation_id`` (its root task),
+* ``<task>`` is the cardbus stream name (the task id),
+* ``<kind>`` is the event's type tag with ``.`` replaced by ``_``
+  (``task.dispatched.v1`` -> ``task_dispatched_v1``), for humans and for
+  subscribers that filter by kind; the type itself is read from the body.
+
+Ids may contain characters that cannot appear in a subject token (``.``,
+``*``, ``>``, spaces, anything non-ASCII), so ``<root>`` and ``<task>`` are
+encoded reversibly by :func:`encode_token`: ``A-Z a-z 0-9 -`` stay as they
+are, every other byte of the UTF-8 form becomes ``_`` + two lowercase hex
+digits (``r1.a`` -> ``r1_2ea``, ``_`` -> ``_5f``), and the empty string is
+the lone token ``_``. UUIDs and ids like ``agent-x`` therefore read as
+themselves. A subject longer than ``MAX_SUBJECT_LEN`` is refused with
+``ValidationError``.
+
+Reads are subject filters: one stream is ``cardbus.evt.*.<task>.>`` (the
+root token is a wildcard so a stream stays one stream even if its events
+carry different correlation ids, e.g. ``agent-<id>`` or ``memory``), one
+root task's tree is ``cardbus.evt.<root>.>``, the whole log ``cardbus.evt.>``.
+
+What is stored
+--------------
+The message payload is exactly the envelope *body* (``envelope.seal`` via
+``batch.seal_batch``: the envelope without position and hash, with
+``prev_hash`` inside). The body's sha256 travels in the header
+``Cardbus-Hash``; the position is the JetStream stream sequence. ``verify``
+recomputes every hash and chain link from the stored bodies.
+
+Appends
+-------
+* Per-task optimistic concurrency: the first message of an append carries
+  ``Nats-Expected-Last-Subject-Sequence: <seq>`` with
+  ``Nats-Expected-Last-Subject-Sequence-Subject: cardbus.evt.*.<task>.>``,
+  where ``<seq>`` is the stream sequence of the task's last event (0 for a
+  new task). The store keeps the (version, sequence, hash) of each task's
+  last event it has seen in a small cache and looks it up from the stream
+  leader (``STREAM.MSG.GET last_by_subj``) when the cache does not match the
+  caller's expected version. The server is the judge: a stale cache only
+  costs a rejected publish. A "wrong last sequence" (10071) from the server
+  becomes ``ConcurrencyError(stream, expected, actual)`` with the actual
+  version looked up.
+* Atomic multi-event appends use JetStream atomic batch publish (nats-server
+  2.12+, ADR-50; the stream is created with ``allow_atomic``): messages carry
+  ``Nats-Batch-Id`` / ``Nats-Batch-Sequence`` and the last one
+  ``Nats-Batch-Commit: 1``. Only the commit is a request; the other messages
+  are published without waiting for anything (pipelined in one flush), and
+  the server checks the expected sequence against the stream as it was
+  before the batch, under its lock, and stores all or nothing. A batch holds
+  at most ``max_batch`` (1000, the server's limit) events; longer appends are
+  refused with ``ValidationError``. On a server without atomic batches
+  (< 2.12) multi-event appends fall back to one publish per event, each
+  expecting the sequence of the one before: every event is still checked,
+  but an append interrupted half way leaves its first events stored (not
+  atomic); ``atomic`` is then ``False`` on the store.
+* Idempotency: ``Nats-Msg-Id`` = event id, and the stream's duplicate window
+  (24 h by default). A duplicate single publish is acked with the original's
+  sequence, which we read back; a batch containing a stored id is refused by
+  the server (10201) and, like any version mismatch, sends us to read the
+  task's events and return the originals (``batch.check_replay``). Beyond the
+  duplicate window, a retry with a stale expected version is still caught by
+  that read; only a re-append of old ids whose expected version happens to
+  equal the stream's current version would be stored again.
+* A timeout waiting for the ack raises ``StoreUnavailable``: the append may
+  or may not have been stored; retrying it with the same events is safe.
+
+Reading and following
+---------------------
+``read_stream``, ``read_correlation``, ``read_all`` and ``verify`` create an
+ephemeral pull consumer (AckNone, memory, R1, served by the stream leader so
+a read sees every acknowledged append) on the subject filter, pull its
+messages in batches and delete it. ``subscribe`` is the same consumer kept
+open with long-poll pulls and idle heartbeats: catch-up then live, in stream
+sequence order. It tracks the consumer sequence; on a gap, a missing
+heartbeat, a deleted consumer or a reconnect it recreates the consumer from
+the position after the last event it yielded, so there is no gap and no
+duplicate.
+
+Errors from nats-py are translated here to ``eventstore.errors``
+(``StoreUnavailable``, ``ConcurrencyError``, ``IdempotencyError``,
+``PayloadTooLarge``, ``StoreError``) with ``raise ... from e``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from .batch import check_append_args, check_replay, seal_batch
+from .envelope import (
+    DEFAULT_MAX_EVENT_BYTES,
+    GENESIS_HASH,
+    ChainProblem,
+    Envelope,
+    NewEvent,
+    decode_body,
+    verify_chain,
+)
+from .errors import (
+    CardbusError,
+    ConcurrencyError,
+    IdempotencyError,
+    PayloadTooLarge,
+    StoreError,
+    StoreUnavailable,
+    ValidationError,
+)
+from .store import EventStore
+
+__all__ = [
+    "DEFAULT_STREAM",
+    "DEFAULT_SUBJECT_PREFIX",
+    "HASH_HEADER",
+    "MAX_SUBJECT_LEN",
+    "NatsEventStore",
+    "decode_token",
+    "encode_token",
+    "event_subject",
+    "kind_token",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STREAM = "CARDBUS_EVENTS"
+DEFAULT_SUBJECT_PREFIX = "cardbus.evt"
+HASH_HEADER = "Cardbus-Hash"
+MAX_SUBJECT_LEN = 2048
+
+# JetStream API error codes we act on.
+_ERR_WRONG_LAST_SEQUENCE = 10071
+_ERR_NO_MESSAGE_FOUND = 10037
+_ERR_STREAM_NOT_FOUND = 10059
+_ERR_BATCH_DUPLICATE_MSG_ID = 10201
+_ERR_BATCH_TOO_MANY_INFLIGHT = 10210
+
+_H_MSG_ID = "Nats-Msg-Id"
+_H_EXPECTED_SEQ = "Nats-Expected-Last-Subject-Sequence"
+_H_EXPECTED_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+_H_BATCH_ID = "Nats-Batch-Id"
+_H_BATCH_SEQ = "Nats-Batch-Sequence"
+_H_BATCH_COMMIT = "Nats-Batch-Commit"
+
+_SAFE = re.compile(r"[A-Za-z0-9-]+")
+_ESCAPED = re.compile(r"_([0-9a-f]{2})")
+_KIND_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+_NATS_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.Error,
+    nats.js.errors.Error,
+    OSError,
+    asyncio.TimeoutError,
+)
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (*_NATS_ERRORS, ssl.SSLError)
+
+
+# -- subjects ------------------------------------------------------------------
+
+
+def encode_token(value: str) -> str:
+    """A reversible, subject-safe form of an id: one NATS subject token."""
+    if not value:
+        return "_"
+    if _SAFE.fullmatch(value):
+        return value
+    out: list[str] = []
+    for ch in value:
+        if ch.isascii() and (ch.isalnum() or ch == "-"):
+            out.append(ch)
+        else:
+            out.extend(f"_{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+    return "".join(out)
+
+
+def decode_token(token: str) -> str:
+    """Inverse of :func:`encode_token`."""
+    if token == "_":
+        return ""
+    if "_" not in token:
+        return token
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        m = _ESCAPED.match(token, i)
+        if m:
+            raw.append(int(m.group(1), 16))
+            i = m.end()
+        else:
+            raw.extend(token[i].encode())
+            i += 1
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def kind_token(tag: str) -> str:
+    """``task.dispatched.v1`` -> ``task_dispatched_v1`` (not reversible; the body has the tag)."""
+    return _KIND_UNSAFE.sub("-", tag.replace(".", "_")) or "_"
+
+
+def event_subject(prefix: str, root: str, stream: str, tag: str) -> str:
+    """``<prefix>.<root>.<task>.<kind>`` for one event."""
+    return f"{prefix}.{encode_token(root)}.{encode_token(stream)}.{kind_token(tag)}"
+
+
+def _checked(subject: str) -> str:
+    if len(subject) > MAX_SUBJECT_LEN:
+        raise ValidationError(
+            f"subject of {len(subject)} chars is over {MAX_SUBJECT_LEN}: ids too long for NATS"
+        )
+    return subject
+
+
+@dataclass(frozen=True)
+class _Head:
+    """A task's last event: its version, stream sequence and hash."""
+
+    version: int
+    seq: int
+    hash: str
+
+
+_EMPTY_HEAD = _Head(0, 0, GENESIS_HASH)
+
+
+class _ReaderBroken(Exception):
+    """The consumer behind a reader is gone or lost messages: recreate it."""
+
+
+_FOLLOW_ERRORS: tuple[type[BaseException], ...] = (_ReaderBroken, *_NATS_ERRORS)
+
+
+# -- the store -----------------------------------------------------------------
+
+
+class NatsEventStore(EventStore):
+    """Open with ``await NatsEventStore.connect(url, ...)``; close with ``await store.close()``."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        stream_name: str = DEFAULT_STREAM,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        request_timeout: float = 5.0,
+        atomic: bool = True,
+        max_batch: int = 1000,
+        owns_connection: bool = True,
+        read_batch: int = 256,
+        heartbeat: float = 1.0,
+    ) -> None:
+        self.nc = nc
+        self.stream_name = stream_name
+        self.subject_prefix = subject_prefix
+        self.max_event_bytes = max_event_bytes
+        self.request_timeout = request_timeout
+        self.atomic = atomic
+        self.max_batch = max_batch
+        self.read_batch = read_batch
+        self.heartbeat = heartbeat
+        self._js: JetStreamContext = nc.jetstream(timeout=request_timeout)
+        self._owns_connection = owns_connection
+        self._heads: dict[str, _Head] = {}
+        self._closed = False
+        self._readers: set[_Reader] = set()
+
+    # -- opening ---------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | Sequence[str] = "nats://127.0.0.1:4222",
+        *,
+        stream_name: str = DEFAULT_STREAM,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+        create_stream: bool = True,
+        replicas: int = 1,
+        storage: str = "file",
+        duplicate_window: float = 24 * 3600.0,
+        deny_delete: bool = True,
+        atomic: bool | None = None,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        request_timeout: float = 5.0,
+        token: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        nkeys_seed: str | None = None,
+        user_credentials: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_hostname: str | None = None,
+        connect_timeout: float = 5.0,
+        max_reconnect_attempts: int = -1,
+        reconnect_time_wait: float = 0.25,
+        reconnect_max_wait: float = 5.0,
+        name: str = "cardbus-eventstore",
+        **nats_options: Any,
+    ) -> NatsEventStore:
+        """Connect, make sure the JetStream stream exists, and return the store.
+
+        ``url`` is one URL, a comma-separated list or a sequence of URLs (a
+        cluster). Authentication: ``token``, ``user``/``password``,
+        ``nkeys_seed`` (path of an nkey seed file) or ``user_credentials``
+        (a ``.creds`` file). TLS: ``tls_ca`` (CA bundle), ``tls_cert`` and
+        ``tls_key`` (client certificate), or a ``tls://`` URL for the system
+        CAs. Reconnects retry forever by default with exponential backoff from
+        ``reconnect_time_wait`` up to ``reconnect_max_wait`` seconds, with
+        jitter. The stream is created when missing (``create_stream``) with
+        ``replicas``, ``storage`` (``file``/``memory``), ``duplicate_window``
+        (seconds) and, unless ``deny_delete=False``, with deletes and purges
+        denied. ``atomic=None`` uses atomic batches when the server has them.
+        Any other keyword goes to ``nats.connect``.
+        """
+        servers = _server_list(url)
+        options: dict[str, Any] = {
+            "servers": servers,
+            "name": name,
+            "connect_timeout": connect_timeout,
+            "max_reconnect_attempts": max_reconnect_attempts,
+            "reconnect_time_wait": reconnect_time_wait,
+            "reconnect_to_server_handler": _backoff_handler(
+                reconnect_time_wait, reconnect_max_wait
+            ),
+            "error_cb": _log_error,
+        }
+        if token is not None:
+            options["token"] = token
+        if user is not None:
+            options["user"] = user
+        if password is not None:
+            options["password"] = password
+        if nkeys_seed is not None:
+            options["nkeys_seed"] = nkeys_seed
+        if user_credentials is not None:
+            options["user_credentials"] = user_credentials
+        tls = _tls_context(tls_ca, tls_cert, tls_key)
+        if tls is not None:
+            options["tls"] = tls
+        if tls_hostname is not None:
+            options["tls_hostname"] = tls_hostname
+        options.update(nats_options)
+        try:
+            nc = await nats.connect(**options)
+        except _CONNECT_ERRORS as e:
+            raise StoreUnavailable(f"cannot connect to NATS at {', '.join(servers)}: {e!r}") from e
+        try:
+            store = cls(
+                nc,
+                stream_name=stream_name,
+                subject_prefix=subject_prefix,
+                max_event_bytes=max_event_bytes,
+                request_timeout=request_timeout,
+            )
+            await store._ensure_stream(
+                create=create_stream,
+                replicas=replicas,
+                storage=storage,
+                duplicate_window=duplicate_window,
+                deny_delete=deny_delete,
+                atomic=atomic,
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise
+        return store
+
+    @classmethod
+    async def from_connection(
+        cls, nc: NatsClient, *, create_stream: bool = True, **options: Any
+    ) -> NatsEventStore:
+        """A store on an existing connection (shared with a bus); ``close`` leaves it open."""
+        setup = {
+            k: options.pop(k)
+            for k in ("replicas", "storage", "duplicate_window", "deny_delete", "atomic")
+            if k in options
+        }
+        store = cls(nc, owns_connection=False, **options)
+        await store._ensure_stream(create=create_stream, **setup)
+        return store
+
+    async def _ensure_stream(
+        self,
+        *,
+        create: bool = True,
+        replicas: int = 1,
+        storage: str = "file",
+        duplicate_window: float = 24 * 3600.0,
+        deny_delete: bool = True,
+        atomic: bool | None = None,
+    ) -> None:
+        server_has_atomic = _version_at_least(self.nc.connected_server_version, 2, 12)
+        want_atomic = server_has_atomic if atomic is None else (atomic and server_has_atomic)
+        if atomic and not server_has_atomic:
+            log.warning("nats-server < 2.12 has no atomic batch publish: appends are not atomic")
+        try:
+            try:
+                info = await self._js.stream_info(self.stream_name)
+            except nats.js.errors.NotFoundError:
+                if not create:
+                    raise StoreUnavailable(
+                        f"JetStream stream {self.stream_name!r} does not exist"
+                    ) from None
+                config = js_api.StreamConfig(
+                    name=self.stream_name,
+                    description="cardbus event log",
+                    subjects=[f"{self.subject_prefix}.>"],
+                    retention=js_api.RetentionPolicy.LIMITS,
+                    storage=js_api.StorageType(storage),
+                    num_replicas=replicas,
+                    duplicate_window=duplicate_window,
+                    allow_direct=True,
+                    deny_delete=deny_delete,
+                    deny_purge=deny_delete,
+                    allow_atomic=want_atomic or None,
+                )
+                try:
+                    info = await self._js.add_stream(config)
+                except nats.js.errors.BadRequestError:
+                    # Created concurrently by another process? Then it is there now.
+                    info = await self._js.stream_info(self.stream_name)
+            if want_atomic and not info.config.allow_atomic:
+                try:
+                    info.config.allow_atomic = True
+                    info = await self._js.update_stream(info.config)
+                except nats.js.errors.APIError as e:
+                    log.warning("cannot enable atomic batches on %s: %s", self.stream_name, e)
+            self.atomic = bool(info.config.allow_atomic)
+            subjects = info.config.subjects or []
+            if f"{self.subject_prefix}.>" not in subjects and ">" not in subjects:
+                raise StoreError(
+                    f"stream {self.stream_name!r} does not capture {self.subject_prefix}.>"
+                    f" (its subjects: {subjects})"
+                )
+        except CardbusError:
+            raise
+        except nats.js.errors.ServiceUnavailableError as e:
+            raise StoreUnavailable(f"JetStream is not available: {e!r}") from e
+        except _NATS_ERRORS as e:
+            raise StoreUnavailable(f"cannot set up stream {self.stream_name!r}: {e!r}") from e
+
+    # -- subjects --------------------------------------------------------------
+
+    def _stream_filter(self, stream: str) -> str:
+        return _checked(f"{self.subject_prefix}.*.{encode_token(stream)}.>")
+
+    def _correlation_filter(self, root: str) -> str:
+        return _checked(f"{self.subject_prefix}.{encode_token(root)}.>")
+
+    @property
+    def _all_filter(self) -> str:
+        return f"{self.subject_prefix}.>"
+
+    def _stream_of_subject(self, subject: str) -> str:
+        tokens = subject[len(self.subject_prefix) + 1 :].split(".")
+        return decode_token(tokens[1]) if len(tokens) >= 2 else subject
+
+    # -- writing ---------------------------------------------------------------
+
+    async def append(
+        self, stream: str, events: Sequence[NewEvent], expected_version: int
+    ) -> list[Envelope]:
+        check_append_args(stream, events, expected_version)
+        self._check_open()
+        events = list(events)
+        if len(events) > self.max_batch:
+            raise ValidationError(
+                f"{len(events)} events in one append: at most {self.max_batch} on NATS"
+            )
+        filt = self._stream_filter(stream)
+        subjects = [
+            _checked(event_subject(self.subject_prefix, e.correlation_id, stream, e.type))
+            for e in events
+        ]
+        for attempt in range(8):
+            head = self._heads.get(stream)
+            if head is None or head.version != expected_version:
+                head = await self._lookup_head(stream)
+            if head.version != expected_version:
+                return await self._replay_or_conflict(stream, events, expected_version, head)
+            sealed = seal_batch(
+                stream, events, expected_version, head.version, head.hash, self.max_event_bytes
+            )
+            try:
+                if len(sealed) == 1:
+                    return await self._publish_one(
+                        stream, events, sealed[0], subjects[0], filt, head
+                    )
+                if self.atomic:
+                    return await self._publish_batch(stream, sealed, subjects, filt, head)
+                return await self._publish_sequential(stream, sealed, subjects, filt, head)
+            except nats.js.errors.APIError as e:
+                code = e.err_code
+                if code == _ERR_WRONG_LAST_SEQUENCE:
+                    self._heads.pop(stream, None)
+                    actual = await self._lookup_head(stream)
+                    if actual.version == expected_version and attempt < 7:
+                        continue  # our cached head was stale, not the caller: try again
+                    return await self._replay_or_conflict(
+                        stream, events, expected_version, actual, cause=e
+                    )
+                if code == _ERR_BATCH_DUPLICATE_MSG_ID:
+                    stored = await self._stored_copies(stream, events)
+                    if not stored:
+                        raise IdempotencyError(
+                            "an event id of this append is already stored in another stream"
+                        ) from e
+                    check_replay(stored, events, stream)
+                    return stored
+                if code == _ERR_BATCH_TOO_MANY_INFLIGHT and attempt < 7:
+                    await asyncio.sleep(0.01 * 2**attempt * (1 + random.random()))
+                    continue
+                if isinstance(e, nats.js.errors.ServiceUnavailableError):
+                    raise StoreUnavailable(f"JetStream unavailable: {e!r}") from e
+                raise StoreError(f"append to {stream!r} refused by JetStream: {e!r}") from e
+            except nats.errors.MaxPayloadError as e:
+                size = max(len(body) for _, body in sealed)
+                raise PayloadTooLarge(size, self.nc.max_payload) from e
+            except _NATS_ERRORS as e:
+                raise StoreUnavailable(
+                    f"append to {stream!r} not confirmed (it may or may not be stored;"
+                    f" retrying it is safe): {e!r}"
+                ) from e
+        raise StoreUnavailable(f"append to {stream!r}: JetStream kept refusing, try again")
+
+    def _headers(self, env: Envelope, first: bool, filt: str, head: _Head) -> dict[str, str]:
+        h = {_H_MSG_ID: env.event_id, HASH_HEADER: env.hash}
+        if first:
+            h[_H_EXPECTED_SEQ] = str(head.seq)
+            h[_H_EXPECTED_SUBJECT] = filt
+        return h
+
+    def _check_size(self, body: bytes, headers: dict[str, str], subject: str) -> None:
+        overhead = 12 + sum(len(k) + len(v) + 4 for k, v in headers.items())
+        limit = self.nc.max_payload
+        if len(body) + overhead > limit:
+            raise PayloadTooLarge(len(body), max(limit - overhead, 0))
+
+    async def _request(self, subject: str, body: bytes, headers: dict[str, str]) -> js_api.PubAck:
+        try:
+            msg = await self.nc.request(
+                subject, body, timeout=self.request_timeout, headers=headers
+            )
+        except nats.errors.NoRespondersError as e:
+            raise StoreUnavailable(f"no JetStream stream answers on {subject!r}") from e
+        resp = msgspec.json.decode(msg.data)
+        if "error" in resp:
+            raise nats.js.errors.APIError.from_error(resp["error"])
+        return js_api.PubAck.from_response(resp)
+
+    async def _publish_one(
+        self,
+        stream: str,
+        events: list[NewEvent],
+        sealed: tuple[Envelope, bytes],
+        subject: str,
+        filt: str,
+        head: _Head,
+    ) -> list[Envelope]:
+        env, body = sealed
+        headers = self._headers(env, True, filt, head)
+        self._check_size(body, headers, subject)
+        ack = await self._request(subject, body, headers)
+        if ack.duplicate:  # stored before (a retry): hand back the original
+            original = await self._get_by_seq(ack.seq)
+            check_replay([original], events, stream)
+            return [original]
+        placed = msgspec.structs.replace(env, position=ack.seq)
+        self._remember(stream, _Head(env.version, ack.seq, env.hash))
+        return [placed]
+
+    async def _publish_batch(
+        self,
+        stream: str,
+        sealed: list[tuple[Envelope, bytes]],
+        subjects: list[str],
+        filt: str,
+        head: _Head,
+    ) -> list[Envelope]:
+        batch_id = uuid.uuid4().hex
+        n = len(sealed)
+        all_headers = []
+        for i, (env, body) in enumerate(sealed, 1):
+            h = self._headers(env, i == 1, filt, head)
+            h[_H_BATCH_ID] = batch_id
+            h[_H_BATCH_SEQ] = str(i)
+            if i == n:
+                h[_H_BATCH_COMMIT] = "1"
+            self._check_size(body, h, subjects[i - 1])
+            all_headers.append(h)
+        # Pipelined: nothing is awaited but the commit's ack; one flush sends them all.
+        for i in range(n - 1):
+            await self.nc.publish(subjects[i], sealed[i][1], headers=all_headers[i])
+        ack = await self._request(subjects[-1], sealed[-1][1], all_headers[-1])
+        first = ack.seq - n + 1
+        out = [
+            msgspec.structs.replace(env, position=first + i) for i, (env, _) in enumerate(sealed)
+        ]
+        last = out[-1]
+        self._remember(stream, _Head(last.version, last.position, last.hash))
+        return out
+
+    async def _publish_sequential(
+        self,
+        stream: str,
+        sealed: list[tuple[Envelope, bytes]],
+        subjects: list[str],
+        filt: str,
+        head: _Head,
+    ) -> list[Envelope]:
+        """Fallback without atomic batches: each event expects the one before (not atomic)."""
+        out: list[Envelope] = []
+        seq = head.seq
+        for (env, body), subject in zip(sealed, subjects, strict=True):
+            h = self._headers(env, True, filt, _Head(0, seq, ""))
+            self._check_size(body, h, subject)
+            ack = await self._request(subject, body, h)
+            if ack.duplicate:
+                raise IdempotencyError(f"event id {env.event_id} is already stored")
+            seq = ack.seq
+            out.append(msgspec.structs.replace(env, position=seq))
+            self._remember(stream, _Head(env.version, seq, env.hash))
+        return out
+
+    async def _replay_or_conflict(
+        self,
+        stream: str,
+        events: list[NewEvent],
+        expected_version: int,
+        actual: _Head,
+        cause: BaseException | None = None,
+    ) -> list[Envelope]:
+        """A version mismatch: a retry of stored events returns them, anything else conflicts."""
+        if actual.version > 0:
+            stored = await self._stored_copies(stream, events)
+            if stored:
+                check_replay(stored, events, stream)
+                return stored
+        raise ConcurrencyError(stream, expected_version, actual.version) from cause
+
+    async def _stored_copies(self, stream: str, events: list[NewEvent]) -> list[Envelope]:
+        """The stored envelopes of this stream carrying any of the events' ids, in order."""
+        ids = {e.event_id for e in events}
+        found = {env.event_id: env for env in await self.read_stream(stream) if env.event_id in ids}
+        return [found[e.event_id] for e in events if e.event_id in found]
+
+    def _remember(self, stream: str, head: _Head) -> None:
+        old = self._heads.get(stream)
+        if old is None or head.version >= old.version:
+            if len(self._heads) >= 100_000:
+                self._heads.clear()
+            self._heads[stream] = head
+
+    async def _lookup_head(self, stream: str) -> _Head:
+        """The task's last event, read from the stream leader."""
+        try:
+            raw = await self._js.get_msg(self.stream_name, subject=self._stream_filter(stream))
+        except nats.js.errors.NotFoundError as e:
+            if e.err_code == _ERR_STREAM_NOT_FOUND:
+                raise StoreUnavailable(f"stream {self.stream_name!r} is gone") from e
+            self._heads.pop(stream, None)
+            return _EMPTY_HEAD
+        except _NATS_ERRORS as e:
+            raise StoreUnavailable(f"cannot read the head of {stream!r}: {e!r}") from e
+        body = raw.data or b""
+        env = decode_body(body, max_bytes=1 << 62)
+        stored_hash = (raw.headers or {}).get(HASH_HEADER, "")
+        head = _Head(env.version, raw.seq or 0, stored_hash)
+        self._remember(stream, head)
+        return head
+
+    async def _get_by_seq(self, seq: int) -> Envelope:
+        try:
+            raw = await self._js.get_msg(self.stream_name, seq=seq)
+        except _NATS_ERRORS as e:
+            raise StoreUnavailable(f"cannot read position {seq}: {e!r}") from e
+        return decode_body(
+            raw.data or b"",
+            position=seq,
+            hash=(raw.headers or {}).get(HASH_HEADER, ""),
+            max_bytes=1 << 62,
+        )
+
+    # -- reading ---------------------------------------------------------------
+
+    def _envelope(self, msg: Msg) -> Envelope:
+        seq = msg.metadata.sequence.stream
+        stored_hash = (msg.headers or {}).get(HASH_HEADER, "")
+        return decode_body(msg.data, position=seq, hash=stored_hash, max_bytes=1 << 62)
+
+    async def _read(self, filt: str, start: int = 1, limit: int | None = None) -> list[Msg]:
+        """Messages matching ``filt`` from stream sequence ``start``: a consistent bounded read."""
+        self._check_open()
+        if limit is not None and limit <= 0:
+            return []
+        reader = _Reader(self, filt, start)
+        try:
+            pending = await reader.open()
+            want = pending if limit is None else min(pending, limit)
+            out: list[Msg] = []
+            while len(out) < want:
+                got = await reader.pull_now(min(want - len(out), 1000))
+                if not got:
+                    break
+                out.extend(got)
+                if got[-1].metadata.num_pending == 0:
+                    break
+            return out[:want] if limit is not None else out
+        except _ReaderBroken as e:
+            raise StoreUnavailable(f"read of {filt!r} interrupted: {e}") from e
+        except _NATS_ERRORS as e:
+            raise StoreUnavailable(f"cannot read {filt!r}: {e!r}") from e
+        finally:
+            await reader.close()
+
+    async def read_stream(self, stream: str, from_version: int = 1) -> list[Envelope]:
+        if not isinstance(stream, str) or not stream:
+            return []
+        envs = [self._envelope(m) for m in await self._read(self._stream_filter(stream))]
+        return [e for e in envs if e.version >= from_version]
+
+    async def read_all(self, from_position: int = 0, limit: int = 1000) -> list[Envelope]:
+        msgs = await self._read(self._all_filter, max(from_position, 1), limit)
+        return [self._envelope(m) for m in msgs]
+
+    async def read_correlation(self, correlation_id: str) -> list[Envelope]:
+        msgs = await self._read(self._correlation_filter(correlation_id))
+        return [e for e in map(self._envelope, msgs) if e.correlation_id == correlation_id]
+
+    async def stream_version(self, stream: str) -> int:
+        self._check_open()
+        return (await self._lookup_head(stream)).version
+
+    async def last_position(self) -> int:
+        self._check_open()
+        try:
+            info = await self._js.stream_info(self.stream_name)
+        except _NATS_ERRORS as e:
+            raise StoreUnavailable(f"cannot read stream info: {e!r}") from e
+        return int(info.state.last_seq or 0) if info.state.messages else 0
+
+    async def subscribe(self, from_position: int = 0) -> AsyncIterator[Envelope]:
+        next_position = max(from_position, 1)
+        failures = 0
+        while True:
+            self._check_open()
+            reader = _Reader(self, self._all_filter, next_position)
+            try:
+                await reader.open()
+                async for msg in reader.follow(self.read_batch, self.heartbeat):
+                    failures = 0
+                    seq = msg.metadata.sequence.stream
+                    if seq < next_position:
+                        continue  # already yielded (defensive: consumers restart at next)
+                    env = self._envelope(msg)
+                    next_position = seq + 1
+                    yield env
+            except _FOLLOW_ERRORS as e:
+                failures += 1
+                log.debug("subscription consumer lost (%r); recreating at %d", e, next_position)
+            finally:
+                await reader.close()
+            if self._closed:
+                return
+            await asyncio.sleep(min(0.02 * 2 ** min(failures, 7), 2.0) * (1 + random.random() / 4))
+
+    async def verify(self, stream: str | None = None) -> list[ChainProblem]:
+        filt = self._all_filter if stream is None else self._stream_filter(stream)
+        by_stream: dict[str, list[tuple[int, bytes, str]]] = {}
+        for m in await self._read(filt):
+            key = stream if stream is not None else self._stream_of_subject(m.subject)
+            row = (
+                m.metadata.sequence.stream,
+                bytes(m.data),
+                (m.headers or {}).get(HASH_HEADER, ""),
+            )
+            by_stream.setdefault(key, []).append(row)
+        problems: list[ChainProblem] = []
+        for s, rows in by_stream.items():
+            problems.extend(verify_chain(rows, s))
+        return sorted(problems, key=lambda p: p.position)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the event store is closed")
+        if self.nc.is_closed:
+            raise StoreUnavailable("the NATS connection is closed")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for reader in list(self._readers):
+            await reader.close()
+        if self._owns_connection:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+
+class _Reader:
+    """One ephemeral pull consumer (AckNone, memory, R1) on a subject filter."""
+
+    def __init__(self, store: NatsEventStore, filt: str, start: int) -> None:
+        self.store = store
+        self.filt = filt
+        self.start = max(start, 1)
+        self.consumer: str | None = None
+        self.sub: Any = None
+        self.inbox = ""
+        self.last_dseq = 0
+        self.closed = False
+
+    async def open(self) -> int:
+        """Create the consumer; the number of messages it has to deliver now."""
+        store = self.store
+        nc = store.nc
+        self.inbox = nc.new_inbox()
+        store._readers.add(self)
+        self.sub = await nc.subscribe(
+            self.inbox, pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30
+        )
+        config = js_api.ConsumerConfig(
+            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=self.start,
+            ack_policy=js_api.AckPolicy.NONE,
+            filter_subject=self.filt,
+            mem_storage=True,
+            num_replicas=1,
+            inactive_threshold=max(10.0, store.heartbeat * 10),
+            max_waiting=4,
+        )
+        info = await store._js.add_consumer(store.stream_name, config)
+        self.consumer = info.name
+        return int(info.num_pending or 0)
+
+    async def _next_request(self, batch: int, **extra: Any) -> None:
+        if self.consumer is None:
+            raise _ReaderBroken("no consumer")
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.store.stream_name}.{self.consumer}"
+        await self.store.nc.publish(
+            subject, msgspec.json.encode({"batch": batch, **extra}), reply=self.inbox
+        )
+
+    def _check_data(self, msg: Msg) -> None:
+        dseq = msg.metadata.sequence.consumer
+        if self.last_dseq and dseq != self.last_dseq + 1:
+            raise _ReaderBroken(f"consumer sequence gap: {self.last_dseq} -> {dseq}")
+        self.last_dseq = dseq
+
+    async def pull_now(self, batch: int) -> list[Msg]:
+        """Whatever is available now, up to ``batch`` messages."""
+        await self._next_request(batch, no_wait=True)
+        out: list[Msg] = []
+        timeout = self.store.request_timeout
+        while len(out) < batch:
+            try:
+                msg = await self.sub.next_msg(timeout=timeout)
+            except nats.errors.TimeoutError as e:
+                raise _ReaderBroken("no answer to a pull request") from e
+            status = _status(msg)
+            if status is None:
+                self._check_data(msg)
+                out.append(msg)
+            elif status == "100":
+                continue
+            elif status in ("404", "408"):
+                break
+            else:
+                raise _ReaderBroken(f"pull refused: {status} {_description(msg)}")
+        return out
+
+    async def follow(self, batch: int, heartbeat: float) -> AsyncIterator[Msg]:
+        """Every message, forever: long-poll pulls with idle heartbeats."""
+        expires = max(heartbeat * 5, 1.0)
+        while True:
+            await self._next_request(
+                batch,
+                expires=int(expires * 1e9),
+                idle_heartbeat=int(heartbeat * 1e9),
+            )
+            remaining = batch
+            while remaining > 0:
+                try:
+                    msg = await self.sub.next_msg(timeout=heartbeat * 3)
+                except nats.errors.TimeoutError as e:
+                    raise _ReaderBroken("missed heartbeats") from e
+                status = _status(msg)
+                if status is None:
+                    self._check_data(msg)
+                    remaining -= 1
+                    yield msg
+                elif status == "100":
+                    continue
+                elif status in ("404", "408") or "Exceeded" in _description(msg):
+                    break  # this pull request is over; the next one follows
+                else:
+                    raise _ReaderBroken(f"pull ended: {status} {_description(msg)}")
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.store._readers.discard(self)
+        nc = self.store.nc
+        if self.sub is not None:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+        if self.consumer is not None and not nc.is_closed:
+            # Fire and forget: the consumer also expires by itself when inactive.
+            with contextlib.suppress(Exception):
+                await nc.publish(
+                    f"$JS.API.CONSUMER.DELETE.{self.store.stream_name}.{self.consumer}", b""
+                )
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _status(msg: Msg) -> str | None:
+    if msg.headers and not msg.data:
+        return msg.headers.get("Status")
+    return None
+
+
+def _description(msg: Msg) -> str:
+    return (msg.headers or {}).get("Description", "")
+
+
+def _server_list(url: str | Sequence[str]) -> list[str]:
+    urls = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+    urls = [u for u in urls if u]
+    if not urls:
+        raise ValidationError("no NATS server URL given")
+    return urls
+
+
+def _tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if ca is None and cert is None:
+        return None
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        if cert is not None:
+            ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise StoreUnavailable(f"cannot load TLS files: {e}") from e
+    return ctx
+
+
+def _backoff_handler(base: float, cap: float) -> Any:
+    """nats-py reconnect hook: round-robin over servers, exponential backoff with jitter."""
+
+    def choose(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+        server = min(servers, key=lambda s: s.reconnects)
+        attempts = server.reconnects
+        if attempts == 0:
+            return server, 0.0
+        delay = min(cap, base * 2 ** min(attempts - 1, 16))
+        return server, delay * (0.8 + random.random() * 0.4)
+
+    return choose
+
+
+async def _log_error(e: Exception) -> None:
+    log.debug("nats: %r", e)
+
+
+def _version_at_least(version: Any, major: int, minor: int) -> bool:
+    try:
+        return (int(version.major), int(version.minor)) >= (major, minor)
+    except (AttributeError, TypeError, ValueError):
+        return False
