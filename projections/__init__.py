@@ -28,6 +28,8 @@ from .cost import Cost
 from .loops import LoopCounter, LoopHashes
 from .model import MemoryTable, Model, SqliteTable, TableSpec
 from .quality import Quality
+from .replay import AttemptSpan, Step, TaskNode, Timeline, build_timeline, replay
+from .replay_html import render_html
 from .runner import ProjectionError, ProjectionRunner, dump_tables, projection_path
 from .tasks import TaskTable, event_reason
 from .timetravel import AsOf, build_as_of
@@ -37,6 +39,7 @@ __all__ = [
     "AgentStats",
     "AgentStatsFold",
     "AsOf",
+    "AttemptSpan",
     "Cost",
     "LoopCounter",
     "LoopHashes",
@@ -47,14 +50,20 @@ __all__ = [
     "ProjectionRunner",
     "Quality",
     "SqliteTable",
+    "Step",
     "TableSpec",
+    "TaskNode",
     "TaskTable",
+    "Timeline",
     "all_projections",
     "build_as_of",
+    "build_timeline",
     "dump_tables",
     "event_reason",
     "percentile",
     "projection_path",
+    "render_html",
+    "replay",
 ]
 
 

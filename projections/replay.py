@@ -1,0 +1,311 @@
+"""Replay: the timeline of a task (or a whole run) and all its subtasks, from the log alone.
+
+:func:`replay` reads the events of the task's root (``read_correlation``),
+links tasks to parents with ``TaskCreated.parent_id`` and folds each task's
+events into a :class:`TaskNode`: its steps (time, duration until the task's
+next step, agent, attempt, status after the step, and the reason of every
+rejection, retry, time-out, failure, halt, cancellation and revision) and its
+attempt spans (dispatch to outcome, one per agent per attempt) for a Gantt
+chart. :func:`build_timeline` is the pure part, from a list of envelopes.
+
+Given a root id, the timeline holds every task of the run plus the run's own
+events (``run.*``); given a task id, that task and its subtasks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from eventstore import events as ev
+from eventstore.envelope import Envelope
+from eventstore.errors import IllegalTransition, StreamNotFound
+from eventstore.states import TaskState, transition
+from eventstore.store import EventStore
+
+from .tasks import event_reason
+from .timetravel import AsOf
+
+__all__ = ["AttemptSpan", "Step", "TaskNode", "Timeline", "build_timeline", "replay"]
+
+_STATE = {s.value: s for s in TaskState}
+_TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
+
+
+class Step(msgspec.Struct, kw_only=True):
+    """One event of a task (or of the run), as the timeline shows it."""
+
+    position: int
+    event_id: str
+    time: float
+    at: str  # ISO 8601, UTC
+    type: str
+    kind: str  # the tag without "task." and ".v1": "dispatched", "rejected", ...
+    actor: str = ""
+    attempt: int | None = None
+    agent_id: str | None = None
+    status: str | None = None  # the task's status after this step
+    reason: str | None = None
+    detail: str | None = None
+    duration_s: float | None = None  # until the next step of the same task
+
+
+class AttemptSpan(msgspec.Struct, kw_only=True):
+    """One attempt of one agent: from dispatch to its outcome (``end`` None while open)."""
+
+    attempt: int
+    agent_id: str
+    start: float
+    end: float | None = None
+    outcome: str = "open"
+    reason: str | None = None
+    latency_s: float | None = None  # dispatch -> result submitted
+
+
+class TaskNode(msgspec.Struct, kw_only=True):
+    task_id: str
+    parent_id: str | None = None
+    capability: str | None = None
+    goal: str = ""
+    status: str | None = None
+    agent_id: str | None = None
+    attempts: int = 0
+    reason: str | None = None
+    start: float = 0.0
+    end: float = 0.0
+    duration_s: float = 0.0
+    steps: list[Step] = []
+    spans: list[AttemptSpan] = []
+    children: list[TaskNode] = []
+
+
+class Timeline(msgspec.Struct, kw_only=True):
+    id: str  # what was asked for: a task id or a root id
+    root_id: str
+    as_of: str | None = None
+    start: float = 0.0
+    end: float = 0.0
+    duration_s: float = 0.0
+    events: int = 0
+    run: list[Step] = []  # the run's own events (run.*, plan.*), when replaying a root
+    tasks: list[TaskNode] = []
+
+    def walk(self) -> list[tuple[int, TaskNode]]:
+        """Every task node with its depth, parents before children."""
+        out: list[tuple[int, TaskNode]] = []
+
+        def visit(n: TaskNode, depth: int) -> None:
+            out.append((depth, n))
+            for c in n.children:
+                visit(c, depth + 1)
+
+        for t in self.tasks:
+            visit(t, 0)
+        return out
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _kind(tag: str) -> str:
+    head, _, rest = tag.partition(".")
+    name = rest.rsplit(".", 1)[0] if rest else head
+    return name if head == "task" else f"{head}.{name}"
+
+
+def _detail(data: Any) -> str | None:
+    match data:
+        case ev.TaskCreated():
+            d = f"capability {data.capability}"
+            if data.goal:
+                d += f": {data.goal}"
+            return d
+        case ev.TaskDispatched():
+            d = f"to {data.agent_id}"
+            if data.score:
+                d += f" (score {data.score:.2f})"
+            return d
+        case ev.TaskResultSubmitted():
+            u = data.usage
+            return f"result {data.status}, {u.input_tokens}+{u.output_tokens} tokens"
+        case ev.TaskCompleted() if data.reused_from:
+            return f"reused from {data.reused_from}"
+        case ev.InputProvided():
+            return f"input from {data.supplementary_task_id}"
+        case ev.ApprovalGranted():
+            return f"approved by {data.by}"
+        case ev.ToolCalled():
+            return f"tool {data.tool}" + (f" failed: {data.error}" if data.error else "")
+        case ev.RunStarted():
+            d = f"goal: {data.goal}"
+            return d + (f" (forked from {data.forked_from})" if data.forked_from else "")
+    return None
+
+
+def _step(env: Envelope) -> Step:
+    data = env.data
+    tag = env.type
+    return Step(
+        position=env.position,
+        event_id=env.event_id,
+        time=env.recorded_at,
+        at=_iso(env.recorded_at),
+        type=tag,
+        kind=_kind(tag),
+        actor=env.actor,
+        attempt=getattr(data, "attempt", None),
+        agent_id=getattr(data, "agent_id", None),
+        reason=event_reason(data),
+        detail=_detail(data),
+    )
+
+
+_CLOSE_ALL = {
+    ev.RevisionRequested: "revision",
+    ev.TaskRetryScheduled: "retry",
+    ev.TaskFailed: "failed",
+    ev.TaskHalted: "halted",
+    ev.TaskCancelled: "cancelled",
+    ev.TaskNeedsInput: "needs_input",
+    ev.ApprovalRequested: "awaiting_approval",
+}
+
+
+def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
+    node = TaskNode(task_id=task_id, steps=[], spans=[], children=[])
+    state: TaskState | None = None
+    open_spans: dict[str, AttemptSpan] = {}
+    for env in events:
+        data = env.data
+        step = _step(env)
+        if type(data) in _TASK_TYPES:
+            try:
+                state = transition(state, data)
+            except IllegalTransition as e:
+                step.reason = f"illegal transition: {e}"
+            step.status = state.value if state else None
+        node.steps.append(step)
+        if step.reason:
+            node.reason = step.reason
+        t = env.recorded_at
+        match data:
+            case ev.TaskCreated():
+                node.parent_id = data.parent_id
+                node.capability = data.capability
+                node.goal = data.goal
+            case ev.TaskDispatched():
+                node.attempts = max(node.attempts, data.attempt)
+                node.agent_id = data.agent_id
+                span = AttemptSpan(attempt=data.attempt, agent_id=data.agent_id, start=t)
+                open_spans[data.agent_id] = span
+                node.spans.append(span)
+            case ev.TaskResultSubmitted():
+                s = open_spans.get(data.agent_id)
+                if s is not None and s.latency_s is None:
+                    s.latency_s = t - s.start
+            case ev.TaskCompleted():
+                node.agent_id = data.agent_id
+                node.reason = None
+                for agent, s in open_spans.items():
+                    s.end, s.outcome = t, ("completed" if agent == data.agent_id else "superseded")
+                open_spans.clear()
+            case ev.TaskRejected() | ev.TaskTimedOut():
+                s = open_spans.pop(data.agent_id, None)
+                if s is not None:
+                    s.end = t
+                    s.outcome = "rejected" if isinstance(data, ev.TaskRejected) else "timed_out"
+                    s.reason = step.reason
+            case _:
+                outcome = _CLOSE_ALL.get(type(data))
+                if outcome is not None:
+                    for s in open_spans.values():
+                        s.end, s.outcome, s.reason = t, outcome, step.reason
+                    open_spans.clear()
+    for a, b in itertools.pairwise(node.steps):
+        a.duration_s = b.time - a.time
+    node.status = state.value if state else None
+    if node.steps:
+        node.start = node.steps[0].time
+        node.end = node.steps[-1].time
+        node.duration_s = node.end - node.start
+    return node
+
+
+def build_timeline(
+    events: Sequence[Envelope], id: str, root_id: str, as_of: str | None = None
+) -> Timeline:
+    """The timeline of ``id`` (a task or the root) from its root's events, in position order."""
+    by_task: dict[str, list[Envelope]] = {}
+    run: list[Step] = []
+    for env in events:
+        if type(env.data) in _TASK_TYPES:
+            by_task.setdefault(env.stream, []).append(env)
+        else:
+            owner = getattr(env.data, "task_id", None)
+            if isinstance(owner, str) and owner in by_task:
+                by_task[owner].append(env)  # tool calls, memory reads, ... of a task
+            else:
+                run.append(_step(env))
+    nodes = {tid: _fold_task(tid, evs) for tid, evs in by_task.items()}
+    tops: list[TaskNode] = []
+    for n in nodes.values():
+        parent = nodes.get(n.parent_id) if n.parent_id else None
+        if parent is not None and parent is not n:
+            parent.children.append(n)
+        else:
+            tops.append(n)
+    for n in nodes.values():
+        n.children.sort(key=lambda c: (c.start, c.task_id))
+    tops.sort(key=lambda c: (c.start, c.task_id))
+    if id in nodes:
+        chosen = [nodes[id]]
+        run = []
+    else:
+        chosen = tops
+    for a, b in itertools.pairwise(run):
+        a.duration_s = b.time - a.time
+    times = [s.time for s in run]
+
+    def collect(n: TaskNode) -> None:
+        times.extend(s.time for s in n.steps)
+        for c in n.children:
+            collect(c)
+
+    for n in chosen:
+        collect(n)
+    count = len(times)
+    start, end = (min(times), max(times)) if times else (0.0, 0.0)
+    return Timeline(
+        id=id,
+        root_id=root_id,
+        as_of=as_of,
+        start=start,
+        end=end,
+        duration_s=end - start,
+        events=count,
+        run=run,
+        tasks=chosen,
+    )
+
+
+async def replay(store: EventStore, id: str, as_of: AsOf | None = None) -> Timeline:
+    """The timeline of a task id or a root id; ``StreamNotFound`` if the log has neither."""
+    own = await store.read_stream(id)
+    root_id = own[0].correlation_id if own else id
+    events = await store.read_correlation(root_id)
+    if as_of is not None:
+        events = [e for e in events if as_of.includes(e)]
+    if not events or (root_id != id and not any(e.stream == id for e in events)):
+        if as_of is not None and (own or events):
+            raise StreamNotFound(f"{id} (as of {as_of.describe()})")
+        raise StreamNotFound(id)
+    return build_timeline(events, id, root_id, as_of.describe() if as_of else None)
+
+
+def to_json(timeline: Timeline) -> bytes:
+    return msgspec.json.encode(timeline)

@@ -1,0 +1,135 @@
+"""``cardbus replay --html``: the page renders in headless Chromium; its script draws the timeline.
+
+Chromium is installed by ``.ci/run`` (Debian package ``chromium``). Without it
+the test fails when ``CI`` is set and is skipped (with the reason shown)
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from lifecycle_log import RunIds
+
+from tools.cli import cli
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    message = (
+        "headless Chromium is needed to check the replay HTML: install the Debian package"
+        " 'chromium' (apt-get install -y chromium; .ci/run does it)"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def render(html_file: Path, profile: Path) -> str:
+    result = subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            html_file.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+@pytest.mark.timeout(180)
+def test_replay_html_renders_in_chromium(run_db: tuple[str, RunIds], tmp_path: Path) -> None:
+    db, ids = run_db
+    page = tmp_path / "timeline.html"
+    r = CliRunner().invoke(cli, ["replay", ids.root, "--db", db, "--html", str(page)])
+    assert r.exit_code == 0, r.output
+    source = page.read_text()
+    assert "<script src" not in source and "http" not in source.split("<body", 1)[1]
+    dom = render(page, tmp_path / "profile")
+    # everything below exists only once the page's script has run
+    assert 'data-rendered="yes"' in dom
+    assert f'<h1 id="title">Replay of run {ids.root}</h1>' in dom
+    summary = re.search(r'<div id="summary">(.*?)</div>', dom)
+    assert summary is not None
+    assert summary.group(1).startswith("5 tasks · 42 events · 75.00 s · 2 failed or halted")
+    # one Gantt row per task, subtasks included, plus the run row
+    rows = re.findall(r'<div class="row (task|run)" data-task="([^"]+)"', dom)
+    assert [t for _, t in rows] == [
+        ids.root,
+        ids.research,
+        ids.write,
+        ids.review,
+        ids.code,
+        ids.loop,
+    ]
+    # attempt bars coloured by outcome, labelled with attempt and agent
+    spans = re.findall(r'<div class="span (\w+)"[^>]*>#(\d+) ([\w-]+)</div>', dom)
+    assert ("rejected", "1", "writer-1") in spans
+    assert ("revision", "2", "writer-2") in spans
+    assert ("completed", "3", "writer-2") in spans
+    assert ("timed_out", "2", "coder") in spans
+    assert ("halted", "3", "planner") in spans
+    # the step tables carry every reason
+    for reason in (
+        "rejected by writer-1: out_of_capability (no prose)",
+        "revision requested (round 1): [high] intro: shorter",
+        "retry as attempt 2 in 1s: output_schema_mismatch",
+        "halted: loop_detected (h-loop seen 3 times)",
+    ):
+        assert f'<td class="reason">{reason}</td>' in dom, reason
+
+
+def test_replay_html_escapes_log_content(tmp_path: Path) -> None:
+    """A goal containing markup is shown as text, never parsed as HTML."""
+    import asyncio
+
+    from eventstore import NewEvent, SqliteEventStore
+    from eventstore import events as ev
+
+    db = tmp_path / "x.db"
+
+    async def populate() -> None:
+        store = await SqliteEventStore.open(db)
+        evil = "</script><script>document.body.dataset.pwned='1'</script><b>x</b>"
+        await store.append(
+            "t1",
+            [
+                NewEvent(
+                    data=ev.TaskCreated(root_id="r1", capability="c", goal=evil),
+                    correlation_id="r1",
+                )
+            ],
+            0,
+        )
+        await store.close()
+
+    asyncio.run(populate())
+    page = tmp_path / "evil.html"
+    r = CliRunner().invoke(cli, ["replay", "r1", "--db", str(db), "--html", str(page)])
+    assert r.exit_code == 0, r.output
+    dom = render(page, tmp_path / "profile")
+    assert 'data-rendered="yes"' in dom
+    assert "data-pwned" not in dom  # the injected script never ran
+    assert "&lt;/script&gt;&lt;b&gt;x&lt;/b&gt;</td>" in dom  # shown as text

@@ -1,0 +1,590 @@
+"""Inspection commands: ``tasks``, ``tail``, ``verify``, ``stats``, ``rebuild``.
+
+Shared options live here too (``--db``, ``--json``, ``--as-of``) and are
+used by ``cmd_replay``. Commands are thin: the read models, time travel and
+chain checks are in ``projections`` and ``eventstore``.
+
+The projections' read model is kept in ``<db>.proj`` (see
+``projections.runner``); each command brings it up to date before reading.
+With ``--as-of`` a throw-away in-memory model is folded up to that point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import sqlite3
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from eventstore import Envelope, SqliteEventStore
+from eventstore.errors import StreamNotFound
+from projections import (
+    AgentStats,
+    AsOf,
+    Cost,
+    LoopHashes,
+    ProjectionRunner,
+    Quality,
+    TaskTable,
+    all_projections,
+    build_as_of,
+    event_reason,
+    projection_path,
+)
+
+from .cli import cli
+
+__all__ = [
+    "as_of_option",
+    "db_option",
+    "echo_json",
+    "fmt_duration",
+    "fmt_time",
+    "json_option",
+    "open_store",
+    "print_rich",
+    "read_model",
+    "run",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+db_option = click.option(
+    "--db",
+    default="cardbus.db",
+    envvar="CARDBUS_DB",
+    show_default=True,
+    show_envvar=True,
+    help="SQLite event store file.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+as_of_option = click.option(
+    "--as-of",
+    "as_of",
+    default=None,
+    metavar="POSITION|ISO-TIME",
+    help="Show the state as it was at a global position or a moment (ISO 8601, UTC if naive).",
+)
+
+_encoder = msgspec.json.Encoder()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def open_store(db: str) -> SqliteEventStore:
+    """The event store at ``db``; a missing file is ``StoreUnavailable`` (one line, exit 1)."""
+    return await SqliteEventStore.open(db, create=False)
+
+
+@asynccontextmanager
+async def read_model(
+    db: str, as_of: AsOf | None
+) -> AsyncIterator[tuple[SqliteEventStore, ProjectionRunner]]:
+    """The store and an up-to-date (or ``as_of``) projection runner over it."""
+    store = await open_store(db)
+    runner: ProjectionRunner | None = None
+    try:
+        if as_of is not None:
+            runner = await build_as_of(store, as_of)
+        else:
+            try:
+                runner = ProjectionRunner.open(store, projection_path(db))
+            except sqlite3.Error:  # read-only directory: fold into memory instead
+                runner = ProjectionRunner.open(store, ":memory:")
+            await runner.catch_up()
+        yield store, runner
+    finally:
+        if runner is not None:
+            runner.close()
+        await store.close()
+
+
+def parse_as_of(value: str | None) -> AsOf | None:
+    return AsOf.parse(value) if value else None
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(_encoder.encode(obj).decode())
+
+
+def print_rich(*renderables: Any) -> None:
+    """Render tables to stdout: colours on a terminal, plain and wide otherwise."""
+    tty = sys.stdout.isatty()
+    buf = io.StringIO()
+    width = shutil.get_terminal_size((200, 40)).columns if tty else 200
+    console = Console(file=buf, force_terminal=tty, width=width, highlight=False, soft_wrap=False)
+    for r in renderables:
+        console.print(r)
+    click.echo(buf.getvalue(), nl=False)
+
+
+def fmt_time(t: float | None) -> str:
+    if t is None:
+        return ""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return ""
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 120:
+        return f"{s:.2f}s"
+    return f"{s / 60:.1f}min"
+
+
+def _rate(x: float | None) -> str:
+    return "" if x is None else f"{x * 100:.0f}%"
+
+
+_STATUS_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "halted": "magenta",
+    "cancelled": "dim",
+    "needs_revision": "magenta",
+    "needs_input": "blue",
+    "pending": "yellow",
+    "dispatched": "cyan",
+    "running": "cyan",
+}
+
+
+def styled_status(status: str | None) -> str:
+    if not status:
+        return "?"
+    style = _STATUS_STYLE.get(status)
+    return f"[{style}]{status}[/]" if style else status
+
+
+# --- tasks --------------------------------------------------------------------
+
+
+@cli.command()
+@db_option
+@json_option
+@as_of_option
+@click.option("--status", default=None, help="Only tasks in this status (completed, failed, ...).")
+@click.option("--agent", default=None, help="Only tasks last handled by this agent.")
+@click.option("--root", default=None, help="Only tasks of this run (root id).")
+@click.option("--capability", default=None, help="Only tasks needing this capability.")
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="At most this many rows.")
+def tasks(
+    db: str,
+    as_json: bool,
+    as_of: str | None,
+    status: str | None,
+    agent: str | None,
+    root: str | None,
+    capability: str | None,
+    limit: int | None,
+) -> None:
+    """The task table (a projection of the log), filterable."""
+    point = parse_as_of(as_of)
+
+    async def go() -> list[dict[str, Any]]:
+        async with read_model(db, point) as (_, runner):
+            return TaskTable().list(
+                runner.conn,
+                status=status,
+                agent=agent,
+                root=root,
+                capability=capability,
+                limit=limit,
+            )
+
+    rows = run(go())
+    if as_json:
+        for r in rows:
+            for col in ("input", "output"):
+                if r[col] is not None:
+                    r[col] = msgspec.json.decode(r[col])
+        echo_json(rows)
+        return
+    title = f"{len(rows)} task{'s' if len(rows) != 1 else ''}"
+    if point is not None:
+        title += f" as of {point.describe()}"
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for col in ("task", "root", "capability", "agent", "status", "att", "updated", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r["task_id"],
+            (r["root_id"] or "")[:13],
+            r["capability"] or "",
+            r["agent_id"] or "",
+            styled_status(r["status"]),
+            str(r["attempts"]),
+            fmt_time(r["updated_at"]),
+            r["reason"] or "",
+        )
+    print_rich(table)
+
+
+# --- tail ---------------------------------------------------------------------
+
+
+def _summary(env: Envelope) -> str:
+    data = env.data
+    reason = event_reason(data)
+    agent = getattr(data, "agent_id", None)
+    attempt = getattr(data, "attempt", None)
+    parts = []
+    if attempt is not None:
+        parts.append(f"#{attempt}")
+    if agent:
+        parts.append(str(agent))
+    if reason:
+        parts.append(reason)
+    return " ".join(parts)
+
+
+def _matcher(
+    type_prefix: Sequence[str], task: str | None, root: str | None, agent: str | None
+) -> Callable[[Envelope], bool]:
+    def match(env: Envelope) -> bool:
+        if type_prefix and not any(env.type.startswith(p) for p in type_prefix):
+            return False
+        if task is not None and env.stream != task:
+            return False
+        if root is not None and env.correlation_id != root:
+            return False
+        return not (
+            agent is not None
+            and getattr(env.data, "agent_id", None) != agent
+            and env.actor != agent
+        )
+
+    return match
+
+
+def _echo_event(env: Envelope, as_json: bool) -> None:
+    if as_json:
+        echo_json(env)
+        return
+    click.echo(
+        f"{env.position:>8}  {fmt_time(env.recorded_at)}  {env.stream[:13]:<13} v{env.version:<3}"
+        f" {env.type:<28} {_summary(env)}".rstrip()
+    )
+
+
+@cli.command()
+@db_option
+@json_option
+@click.option(
+    "-n", "--last", default=20, show_default=True, help="Start with the last N matching events."
+)
+@click.option(
+    "--from", "from_position", default=None, type=int, help="Start at this position instead."
+)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events as they are appended.")
+@click.option(
+    "--limit", default=None, type=click.IntRange(min=1), help="Stop after printing N events."
+)
+@click.option(
+    "--timeout", default=None, type=float, help="With --follow: stop after this many seconds."
+)
+@click.option(
+    "--type", "type_prefix", multiple=True, help="Only event types starting with this (repeatable)."
+)
+@click.option("--task", default=None, help="Only events of this task (stream).")
+@click.option("--root", default=None, help="Only events of this run (correlation id).")
+@click.option("--agent", default=None, help="Only events naming this agent (or written by it).")
+def tail(
+    db: str,
+    as_json: bool,
+    last: int,
+    from_position: int | None,
+    follow: bool,
+    limit: int | None,
+    timeout: float | None,
+    type_prefix: tuple[str, ...],
+    task: str | None,
+    root: str | None,
+    agent: str | None,
+) -> None:
+    """Print the newest events of the log (one line each, or JSON lines), optionally live."""
+    match = _matcher(type_prefix, task, root, agent)
+
+    async def go() -> None:
+        store = await open_store(db)
+        printed = 0
+        try:
+            head = await store.last_position()
+            if from_position is not None:
+                backlog: list[Envelope] = []
+                pos = from_position
+                while True:
+                    page = await store.read_all(pos, 1000)
+                    backlog.extend(e for e in page if match(e))
+                    if len(page) < 1000 or page[-1].position >= head:
+                        break
+                    pos = page[-1].position + 1
+                backlog = [e for e in backlog if e.position <= head]
+            else:
+                if task is not None:
+                    candidates = await store.read_stream(task)
+                elif root is not None:
+                    candidates = await store.read_correlation(root)
+                elif not (type_prefix or agent):
+                    candidates = await store.read_all(max(1, head - last + 1), last)
+                else:
+                    window: deque[Envelope] = deque(maxlen=max(last, 0))
+                    pos = 1
+                    while pos <= head:
+                        page = await store.read_all(pos, 5000)
+                        if not page:
+                            break
+                        window.extend(e for e in page if match(e))
+                        pos = page[-1].position + 1
+                    candidates = list(window)
+                backlog = [e for e in candidates if match(e) and e.position <= head]
+                backlog = backlog[-last:] if last > 0 else []
+            for env in backlog:
+                if limit is not None and printed >= limit:
+                    return
+                _echo_event(env, as_json)
+                printed += 1
+            if not follow:
+                return
+            deadline = None if timeout is None else time.monotonic() + timeout
+            events = store.subscribe(head + 1)
+            try:
+                while limit is None or printed < limit:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return
+                    try:
+                        env = await asyncio.wait_for(anext(events), remaining)
+                    except TimeoutError:
+                        return
+                    if match(env):
+                        _echo_event(env, as_json)
+                        sys.stdout.flush()
+                        printed += 1
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+        finally:
+            await store.close()
+
+    try:
+        run(go())
+    except KeyboardInterrupt:
+        pass
+
+
+# --- verify -------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("task_id", required=False)
+@db_option
+@json_option
+def verify(task_id: str | None, db: str, as_json: bool) -> None:
+    """Check the hash chains of one task (or run), or of the whole log.
+
+    Exits 1 and names every event where a chain breaks (edited, deleted,
+    inserted or reordered events).
+    """
+
+    async def go() -> tuple[list[str], list[Any], int]:
+        store = await open_store(db)
+        try:
+            if task_id is None:
+                return ["*"], await store.verify(), await store.last_position()
+            own = await store.read_stream(task_id)
+            related = await store.read_correlation(task_id)  # a root id: the whole run
+            if related:
+                streams = sorted({e.stream for e in related} | ({task_id} if own else set()))
+                count = len({e.position for e in [*own, *related]})
+            elif own:
+                streams = [task_id]
+                count = len(own)
+            else:
+                raise StreamNotFound(task_id)
+            problems = []
+            for s in streams:
+                problems.extend(await store.verify(s))
+            return streams, sorted(problems, key=lambda p: p.position), count
+        finally:
+            await store.close()
+
+    streams, problems, count = run(go())
+    scope = "the whole log" if streams == ["*"] else f"{len(streams)} stream(s) of {task_id}"
+    if as_json:
+        echo_json(
+            {
+                "ok": not problems,
+                "scope": "log" if streams == ["*"] else task_id,
+                "streams": None if streams == ["*"] else streams,
+                "events": count,
+                "problems": problems,
+            }
+        )
+    elif not problems:
+        click.echo(f"OK: hash chains intact in {scope} ({count} events)")
+    else:
+        for p in problems:
+            click.echo(
+                f"BAD event {p.event_id} at position {p.position}"
+                f" (stream {p.stream}, version {p.version}): {p.problem}"
+            )
+    if problems:
+        click.echo(f"verify failed: {len(problems)} broken link(s) in {scope}", err=True)
+        sys.exit(1)
+
+
+# --- stats --------------------------------------------------------------------
+
+
+@cli.command()
+@db_option
+@json_option
+@as_of_option
+@click.option("--agent", default=None, help="Only this agent.")
+@click.option("--capability", default=None, help="Only this capability.")
+def stats(
+    db: str, as_json: bool, as_of: str | None, agent: str | None, capability: str | None
+) -> None:
+    """Agent statistics, cost and quality tables (projections of the log)."""
+    point = parse_as_of(as_of)
+
+    def keep(a: str, c: str) -> bool:
+        return (agent is None or a == agent) and (capability is None or c == capability)
+
+    async def go() -> tuple[list[Any], list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+        async with read_model(db, point) as (_, runner):
+            agents = [s for s in AgentStats().all(runner.conn) if keep(s.agent_id, s.capability)]
+            cost = [
+                r
+                for r in Cost().list(runner.conn)
+                if (agent is None or r["scope"] != "agent" or r["key"] == agent)
+                and (capability is None or r["scope"] != "capability" or r["key"] == capability)
+            ]
+            quality = [
+                q for q in Quality().list(runner.conn) if keep(q["agent_id"], q["capability"])
+            ]
+            loops = [r for r in LoopHashes().list(runner.conn) if r["count"] > 1]
+            return agents, cost, quality, loops
+
+    agents, cost, quality, loops = run(go())
+    if as_json:
+        echo_json({"agents": agents, "cost": cost, "quality": quality, "loops": loops})
+        return
+    suffix = f" as of {point.describe()}" if point else ""
+    t1 = Table(title="Agents" + suffix, title_justify="left", header_style="bold")
+    for col in ("agent", "capability", "runs", "success", "ok", "fail", "timeouts", "rejected"):
+        t1.add_column(col, justify="left" if col in ("agent", "capability") else "right")
+    t1.add_column("p50", justify="right")
+    t1.add_column("p95", justify="right")
+    for s in agents:
+        t1.add_row(
+            s.agent_id,
+            s.capability,
+            str(s.runs),
+            _rate(s.success_rate) if s.runs else "",
+            str(s.successes),
+            str(s.failures),
+            str(s.timeouts),
+            str(s.rejections),
+            fmt_duration(s.p50_s),
+            fmt_duration(s.p95_s),
+        )
+    t2 = Table(title="Cost (tokens)" + suffix, title_justify="left", header_style="bold")
+    for col in ("scope", "key", "input", "output", "total", "results"):
+        t2.add_column(col, justify="left" if col in ("scope", "key") else "right")
+    for r in cost:
+        t2.add_row(
+            r["scope"],
+            r["key"],
+            f"{r['input_tokens']:,}",
+            f"{r['output_tokens']:,}",
+            f"{r['input_tokens'] + r['output_tokens']:,}",
+            str(r["results"]),
+        )
+    t3 = Table(title="Quality" + suffix, title_justify="left", header_style="bold")
+    for col in ("agent", "capability", "results", "completed", "first pass", "revisions"):
+        t3.add_column(col, justify="left" if col in ("agent", "capability") else "right")
+    t3.add_column("schema ok", justify="right")
+    for q in quality:
+        t3.add_row(
+            q["agent_id"],
+            q["capability"],
+            str(q["results"]),
+            str(q["completions"]),
+            _rate(q["first_pass_rate"]),
+            _rate(q["revision_rate"]),
+            _rate(q["schema_compliance"]),
+        )
+    renderables: list[Any] = [t1, t2, t3]
+    if loops:
+        t4 = Table(title="Repeated loop hashes" + suffix, title_justify="left", header_style="bold")
+        for col in ("root", "loop hash", "count", "first seen", "last seen"):
+            t4.add_column(col)
+        for r in loops:
+            t4.add_row(
+                r["root_id"],
+                r["loop_hash"][:16],
+                str(r["count"]),
+                fmt_time(r["first_seen"]),
+                fmt_time(r["last_seen"]),
+            )
+        renderables.append(t4)
+    print_rich(*renderables)
+
+
+# --- rebuild ------------------------------------------------------------------
+
+_NAMES = [p.name for p in all_projections()]
+
+
+@cli.command()
+@click.argument("names", nargs=-1, type=click.Choice(_NAMES))
+@db_option
+@json_option
+def rebuild(names: tuple[str, ...], db: str, as_json: bool) -> None:
+    """Drop projections' read models (all by default) and fold the whole log again."""
+
+    async def go() -> tuple[int, float]:
+        store = await open_store(db)
+        try:
+            with ProjectionRunner.open(store, projection_path(db)) as runner:
+                t0 = time.perf_counter()
+                position = await runner.rebuild(list(names) or None)
+                return position, time.perf_counter() - t0
+        finally:
+            await store.close()
+
+    position, elapsed = run(go())
+    chosen = list(names) or _NAMES
+    rate = position / elapsed if elapsed > 0 else 0.0
+    if as_json:
+        echo_json(
+            {
+                "projections": chosen,
+                "position": position,
+                "seconds": elapsed,
+                "events_per_s": rate,
+                "path": projection_path(db),
+            }
+        )
+        return
+    click.echo(
+        f"rebuilt {', '.join(chosen)} from {position} events in {elapsed:.2f}s"
+        f" ({rate:,.0f} events/s) into {projection_path(db)}"
+    )

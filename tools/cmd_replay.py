@@ -1,0 +1,112 @@
+"""``cardbus replay``: the timeline of a task or a run, from the log alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.text import Text
+from rich.tree import Tree
+
+from projections import AsOf, Step, TaskNode, Timeline, render_html, replay
+
+from .cli import cli
+from .cmd_inspect import (
+    as_of_option,
+    db_option,
+    echo_json,
+    fmt_duration,
+    fmt_time,
+    json_option,
+    open_store,
+    print_rich,
+    run,
+    styled_status,
+)
+
+
+def _step_line(step: Step, start: float) -> Text:
+    line = Text()
+    line.append(fmt_time(step.time)[11:], style="dim")
+    line.append(f" +{fmt_duration(step.time - start):<9}", style="dim")
+    line.append(f"{fmt_duration(step.duration_s):>8}  ", style="dim")
+    line.append(f"{step.kind:<18}", style="bold")
+    if step.attempt is not None:
+        line.append(f" #{step.attempt}")
+    if step.agent_id:
+        line.append(f" {step.agent_id}", style="cyan")
+    if step.status:
+        line.append(f" -> {step.status}")
+    if step.reason:
+        line.append(f"  {step.reason}", style="red")
+    elif step.detail:
+        line.append(f"  {step.detail}", style="dim")
+    return line
+
+
+def _task_label(n: TaskNode) -> str:
+    label = f"[bold]{n.capability or '?'}[/] {n.task_id}  {styled_status(n.status)}"
+    if n.agent_id:
+        label += f"  agent [cyan]{n.agent_id}[/]"
+    label += f"  attempts {n.attempts}  {fmt_duration(n.duration_s)}"
+    return label
+
+
+def render_tree(t: Timeline) -> Tree:
+    kind = "run" if t.id == t.root_id else "task"
+    head = (
+        f"[bold]replay of {kind} {t.id}[/]  root {t.root_id}  {t.events} events"
+        f"  {fmt_time(t.start)} .. {fmt_time(t.end)[11:]} ({fmt_duration(t.duration_s)})"
+    )
+    if t.as_of:
+        head += f"  [yellow]as of {t.as_of}[/]"
+    tree = Tree(head)
+    for s in t.run:
+        tree.add(_step_line(s, t.start))
+
+    def add(parent: Tree, n: TaskNode) -> None:
+        branch = parent.add(_task_label(n))
+        for s in n.steps:
+            branch.add(_step_line(s, t.start))
+        for c in n.children:
+            add(branch, c)
+
+    for n in t.tasks:
+        add(tree, n)
+    return tree
+
+
+@cli.command("replay")
+@click.argument("task_id")
+@db_option
+@json_option
+@as_of_option
+@click.option(
+    "--html",
+    "html_path",
+    default=None,
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Also write a self-contained HTML page with a Gantt timeline to this file.",
+)
+def replay_cmd(
+    task_id: str, db: str, as_json: bool, as_of: str | None, html_path: Path | None
+) -> None:
+    """Timeline of a task (or a run, by root id) and all its subtasks, from the log."""
+    point = AsOf.parse(as_of) if as_of else None
+
+    async def go() -> Timeline:
+        store = await open_store(db)
+        try:
+            return await replay(store, task_id, point)
+        finally:
+            await store.close()
+
+    timeline = run(go())
+    if html_path is not None:
+        html_path.write_text(render_html(timeline), encoding="utf-8")
+    if as_json:
+        echo_json(timeline)
+    else:
+        print_rich(render_tree(timeline))
+        if html_path is not None:
+            click.echo(f"wrote {html_path}")
