@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ import msgspec
 
 from agents.cards import Reply, ResultCard, Review, Started, TaskCard
 from agents.schema import schema_errors
-from agents.selection import Embedder, rank
+from agents.selection import Embedder, HashingEmbedder, rank
 from eventstore import TaskState
 from eventstore import events as ev
 
@@ -36,15 +37,37 @@ class Decisions:
     events: dict[str, list[ev.Event]] = field(default_factory=dict)  # stream -> new events
     sends: dict[str, list[tuple[str, TaskCard]]] = field(default_factory=dict)  # stream -> cards
     deferred: list[Reply] = field(default_factory=list)  # replies for a task already touched
+    busy: frozenset[str] = frozenset()  # streams with an append still in flight
 
     def add(self, stream: str, *events: ev.Event) -> None:
         self.events.setdefault(stream, []).extend(events)
 
     def touched(self, stream: str) -> bool:
-        return stream in self.events
+        """A stream decided on in this step, or still being written: decide nothing more."""
+        return stream in self.events or stream in self.busy
 
     def __bool__(self) -> bool:
         return bool(self.events)
+
+
+class CachingEmbedder:
+    """Remembers embeddings: goals and capability descriptions repeat across dispatches."""
+
+    def __init__(self, inner: Embedder, size: int = 4096) -> None:
+        self.inner = inner
+        self.size = size
+        self._cache: dict[str, list[float]] = {}
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if missing:
+            if len(self._cache) + len(missing) > self.size:
+                self._cache.clear()
+            self._cache.update(zip(missing, self.inner.embed(missing), strict=True))
+        return [self._cache[t] for t in texts]
+
+
+_DEFAULT_EMBEDDER = CachingEmbedder(HashingEmbedder())
 
 
 def loop_hash(capability: str, inputs: Any) -> str:
@@ -71,13 +94,14 @@ class Decider:
         now: float,
         embedder: Embedder | None = None,
         rng: random.Random | None = None,
+        busy: frozenset[str] = frozenset(),
     ) -> None:
         self.state = state
         self.policy = policy
         self.now = now
-        self.embedder = embedder
+        self.embedder = embedder or _DEFAULT_EMBEDDER
         self.rng = rng or random.Random()
-        self.d = Decisions()
+        self.d = Decisions(busy=busy)
 
     # -- replies from agents -------------------------------------------------
 

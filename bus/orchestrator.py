@@ -68,6 +68,9 @@ class Orchestrator:
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._loops: list[asyncio.Task[None]] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = {}
+        self._busy: set[str] = set()  # streams with an append in flight
+        self._parked: list[object] = []  # replies waiting for a busy stream
+        self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []
 
     # -- lifecycle -----------------------------------------------------------
@@ -89,6 +92,8 @@ class Orchestrator:
         ]
 
     async def stop(self) -> None:
+        if self._commits:  # let decisions already made finish their writes
+            await asyncio.gather(*self._commits, return_exceptions=True)
         for t in self._loops:
             t.cancel()
         for t in self._loops:
@@ -220,48 +225,66 @@ class Orchestrator:
                 log.exception("orchestrator step failed")
 
     async def _step(self, items: list[object]) -> None:
-        decider = Decider(self.state, self.policy, time.time(), self.embedder, self.rng)
+        decider = Decider(
+            self.state, self.policy, time.time(), self.embedder, self.rng, frozenset(self._busy)
+        )
+        dirty: set[str] = set()  # roots something happened to; a tick looks at every run
         for item in items:
             if item is _TICK:
-                continue
-            if isinstance(item, Envelope):
+                dirty.update(self.state.open)
+            elif isinstance(item, Envelope):
                 self._apply(item)
+                dirty.add(item.correlation_id)
             elif isinstance(item, Announce):
                 await self.register(item.card)
             else:
                 decider.on_reply(item)  # type: ignore[arg-type]
-        for run in self.state.open_runs():
-            decider.advance(run)
+                task = self.state.tasks.get(getattr(item, "task_id", ""))
+                if task is not None:
+                    dirty.add(task.created.root_id)
+        for root in dirty:
+            run = self.state.open.get(root)
+            if run is not None:
+                decider.advance(run)
         d = decider.d
+        self._parked.extend(d.deferred)
         if d:
-            await self._commit(d)
-        for reply in d.deferred:
-            self._queue.put_nowait(reply)
-        if d or d.deferred:
-            self._queue.put_nowait(_TICK)
+            # Commits run in the background so the next step can decide on other
+            # streams meanwhile (their appends then share a group commit); a stream
+            # stays busy, and decided on no further, until its append is settled.
+            self._busy.update(d.events)
+            commit = asyncio.create_task(self._commit(d))
+            self._commits.add(commit)
+            commit.add_done_callback(self._commits.discard)
 
     async def _commit(self, d: Decisions) -> None:
         """Append every stream's new events in parallel, then send the logged cards."""
         streams = list(d.events)
-        results = await asyncio.gather(
-            *(self._append_decided(s, d.events[s]) for s in streams), return_exceptions=True
-        )
-        sends = []
-        for stream, result in zip(streams, results, strict=True):
-            if isinstance(result, ConcurrencyError):
-                for env in await self.store.read_stream(
-                    stream, self.state.versions.get(stream, 0) + 1
-                ):
-                    self._apply(env)
-                continue
-            if isinstance(result, BaseException):
-                log.error("append to %s failed: %r", stream, result)
-                continue
-            for agent_id, card in d.sends.get(stream, []):
-                sends.append(self.bus.send_task(agent_id, card))
-        for outcome in await asyncio.gather(*sends, return_exceptions=True):
-            if isinstance(outcome, BaseException):
-                log.warning("send failed, the attempt will time out and retry: %r", outcome)
+        try:
+            results = await asyncio.gather(
+                *(self._append_decided(s, d.events[s]) for s in streams), return_exceptions=True
+            )
+            sends = []
+            for stream, result in zip(streams, results, strict=True):
+                if isinstance(result, ConcurrencyError):
+                    since = self.state.versions.get(stream, 0) + 1
+                    for env in await self.store.read_stream(stream, since):
+                        self._apply(env)
+                    continue
+                if isinstance(result, BaseException):
+                    log.error("append to %s failed: %r", stream, result)
+                    continue
+                for agent_id, card in d.sends.get(stream, []):
+                    sends.append(self.bus.send_task(agent_id, card))
+            for outcome in await asyncio.gather(*sends, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    log.warning("send failed, the attempt will time out and retry: %r", outcome)
+        finally:
+            self._busy.difference_update(streams)
+            parked, self._parked = self._parked, []
+            for reply in parked:
+                self._queue.put_nowait(reply)
+            self._queue.put_nowait(_TICK)
 
     async def _append_decided(self, stream: str, data: list[ev.Event]) -> None:
         task = self.state.tasks.get(stream)

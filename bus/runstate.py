@@ -80,6 +80,7 @@ class RunState:
 
     def __init__(self) -> None:
         self.runs: dict[str, RunView] = {}
+        self.open: dict[str, RunView] = {}  # runs not finished yet, in start order
         self.tasks: dict[str, TaskView] = {}
         self.agents: dict[str, AgentCard] = {}
         self.plans: dict[str, str] = {}  # plan id -> root id
@@ -107,7 +108,7 @@ class RunState:
         self.position = max(self.position, env.position)
         data = env.data
         if isinstance(data, ev.RunStarted):
-            self.runs[env.stream] = RunView(env.stream, data, tasks=[])
+            self.runs[env.stream] = self.open[env.stream] = RunView(env.stream, data, tasks=[])
         elif isinstance(data, ev.PlanSubmitted):
             self.plans[data.plan_id] = data.root_id
         elif isinstance(data, ev.AgentRegistered):
@@ -122,6 +123,7 @@ class RunState:
             if run is not None:
                 run.finished = _finish(data)
                 run.finish_event = data
+                self.open.pop(env.stream, None)
         elif type(data) in _TASK_TYPES:
             self._apply_task(env)
         return True
@@ -210,7 +212,7 @@ class RunState:
                 pass
 
     def open_runs(self) -> list[RunView]:
-        return [r for r in self.runs.values() if r.finished is None]
+        return list(self.open.values())
 
 
 def _finish(data: object) -> str:

@@ -35,7 +35,8 @@ def new_id() -> str:
         counter = _counter
     rand = int.from_bytes(os.urandom(8), "big") & 0x3FFF_FFFF_FFFF_FFFF
     value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand
-    return str(uuid.UUID(int=value))
+    h = f"{value:032x}"  # formatting by hand: uuid.UUID(...) costs twice as much
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def id_time(event_id: str) -> float:
