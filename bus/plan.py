@@ -72,7 +72,12 @@ def resolve_inputs(value: Any, outputs: dict[str, Any], rename: dict[str, str]) 
         if "$dep" in value:
             out = outputs.get(rename.get(str(value["$dep"]), str(value["$dep"])))
             for key in filter(None, str(value.get("path", "")).split(".")):
-                out = out.get(key) if isinstance(out, dict) else None
+                if isinstance(out, dict):
+                    out = out.get(key)
+                elif isinstance(out, list) and key.isdigit() and int(key) < len(out):
+                    out = out[int(key)]
+                else:
+                    out = None
             return out
         return {k: resolve_inputs(v, outputs, rename) for k, v in value.items()}
     if isinstance(value, list):

@@ -1,0 +1,39 @@
+"""The README's agent example and plan run as written."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from bus.demo import EmbeddedRuntime
+from bus.plan import decode_plan
+from eventstore import SqliteEventStore
+from tools.loading import load_agent
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), re.S)
+
+
+async def test_readme_agent_and_plan_run(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    agent_code = next(b for b in _blocks("python") if "class Summarizer" in b)
+    assert len(agent_code.strip().splitlines()) <= 25  # "an agent in about twenty lines"
+    (tmp_path / "my_agents.py").write_text(agent_code)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plan = decode_plan(next(b for b in _blocks("json") if '"plan_id"' in b).encode())
+    agents = [load_agent(p) for p in plan.agents]
+    store = await SqliteEventStore.open(tmp_path / "readme.db")
+    try:
+        async with EmbeddedRuntime(store, agents) as rt:
+            result = await rt.run(plan, timeout=30)
+    finally:
+        await store.close()
+    assert result.status == "completed", result
+    summary = result.outputs["sum"]
+    assert summary["summary"].startswith("tides: overview fact 1")
+    assert summary["words"] == len(summary["summary"].rstrip(".").split())
+    json.dumps(result.outputs)  # outputs are plain JSON
