@@ -135,7 +135,9 @@ class Decider:
             or reply.agent_id in task.results
             or task.state not in (S.DISPATCHED, S.RUNNING)
         ):
-            reason = "duplicate" if reply.attempt <= task.attempt else "stale_attempt"
+            # the current attempt answered again: a duplicate; any other attempt (an
+            # earlier one that timed out, or one never dispatched): stale
+            reason = "duplicate" if reply.attempt == task.attempt else "stale_attempt"
             self.d.add(
                 task.task_id,
                 ev.TaskResultIgnored(attempt=reply.attempt, agent_id=reply.agent_id, reason=reason),
@@ -446,7 +448,8 @@ class Decider:
             max_attempts=c.max_attempts,
             budget_tokens=c.budget_tokens,
             attempt=attempt,
-            review=list(task.review) if task.state is S.NEEDS_REVISION else [],
+            # the latest review rides on every attempt of the revision, retries included
+            review=list(task.review),
             supplement=task.supplement,
         )
 

@@ -20,6 +20,7 @@ from eventstore import Envelope, TaskState, transition
 from eventstore import events as ev
 from eventstore.errors import IllegalTransition
 from eventstore.states import TERMINAL
+from projections.agent_stats import AgentStatsFold
 
 __all__ = ["RunState", "RunView", "TaskView"]
 
@@ -68,13 +69,6 @@ class RunView:
     finish_event: Any = None
 
 
-@dataclass
-class _Stat:
-    runs: int = 0
-    ok: int = 0
-    latencies: list[float] = field(default_factory=list)
-
-
 class RunState:
     """Runs, tasks, agents and per-agent statistics, as folded from the log."""
 
@@ -86,17 +80,18 @@ class RunState:
         self.plans: dict[str, str] = {}  # plan id -> root id
         self.versions: dict[str, int] = {}
         self.position = 0
-        self._stats: dict[tuple[str, str], _Stat] = {}
+        # the agent-statistics projection's counting rules: a timeout or an
+        # output-schema mismatch is a failure, a rejection is not a run
+        self._stats = AgentStatsFold()
         self.anomalies: list[str] = []
 
     # -- statistics read by selection ---------------------------------------
 
     def get(self, agent_id: str, capability: str) -> AgentStat:
-        s = self._stats.get((agent_id, capability))
-        if s is None or s.runs == 0:
-            return AgentStat()
-        lat = sorted(s.latencies[-200:])
-        return AgentStat(runs=s.runs, success_rate=s.ok / s.runs, p50_s=lat[len(lat) // 2])
+        s = self._stats.get(agent_id, capability)
+        if s.runs == 0:  # no outcome yet: selection's prior, with any latency seen
+            return AgentStat(p50_s=s.p50_s)
+        return AgentStat(runs=s.runs, success_rate=s.success_rate, p50_s=s.p50_s)
 
     # -- the fold ------------------------------------------------------------
 
@@ -106,6 +101,7 @@ class RunState:
             return False
         self.versions[env.stream] = env.version
         self.position = max(self.position, env.position)
+        self._stats.apply(env)
         data = env.data
         if isinstance(data, ev.RunStarted):
             self.runs[env.stream] = self.open[env.stream] = RunView(env.stream, data, tasks=[])
@@ -170,11 +166,8 @@ class RunState:
                 if data.attempt == task.attempt:
                     task.results[data.agent_id] = data
                 if run is not None:
-                    run.tokens += data.usage.input_tokens + data.usage.output_tokens
-                stat = self._stats.setdefault((data.agent_id, task.created.capability), _Stat())
-                stat.runs += 1
-                stat.ok += data.status == "completed"
-                stat.latencies.append(max(0.0, env.recorded_at - task.dispatched_at))
+                    # a negative count from a broken agent must not buy budget back
+                    run.tokens += max(0, data.usage.input_tokens) + max(0, data.usage.output_tokens)
             case ev.TaskRejected():
                 task.excluded.add(data.agent_id)
                 task.settled.add(data.attempt)

@@ -1,0 +1,68 @@
+"""Timeouts: an attempt still running past its deadline times out and is retried."""
+
+from __future__ import annotations
+
+import asyncio
+
+from orchkit import TableEmbedder, TextOut, ev, make_agent, plan, run_log, task, tid
+
+
+async def _hang(t, i, c):  # type: ignore[no-untyped-def]
+    await asyncio.sleep(3600)
+
+
+async def test_a_hanging_agent_times_out_and_another_agent_completes(make_runtime, store):
+    emb = TableEmbedder({"hanger": 0.9, "steady": 0.7})
+    rt = await make_runtime(
+        [
+            make_agent("hanger", handler=_hang, description="hanger"),
+            make_agent("steady", description="steady"),
+        ],
+        embedder=emb,
+    )
+    r = await rt.run(plan(task("t", timeout_s=0.3)))
+    assert r.status == "completed"
+    log = await run_log(store, r.root_id)
+    t = tid(r.root_id, "t")
+    first = log.first(ev.TaskDispatched, t)
+    timed_out = log.first(ev.TaskTimedOut, t)
+    assert (timed_out.data.attempt, timed_out.data.agent_id) == (1, "hanger")
+    assert timed_out.data.deadline == first.data.deadline
+    assert timed_out.recorded_at >= first.data.deadline
+    retry = log.first(ev.TaskRetryScheduled, t).data
+    assert retry.attempt == 2 and retry.reason.startswith("timeout")
+    second = log.of(ev.TaskDispatched, t)[1]
+    assert second.agent_id == "steady"  # the timeout counted against the hanging agent
+    assert log.first(ev.TaskCompleted, t).data.agent_id == "steady"
+
+
+async def test_a_later_attempt_completes_and_the_late_answer_is_ignored(make_runtime, store):
+    async def slow_first(t, i, c):  # type: ignore[no-untyped-def]
+        if t.attempt == 1:
+            await asyncio.sleep(0.6)
+            return TextOut(text="late")
+        return TextOut(text="on time")
+
+    rt = await make_runtime([make_agent("sometimes", handler=slow_first)], concurrency=2)
+    r = await rt.run(plan(task("t", timeout_s=0.3)))
+    assert r.outputs["t"] == {"text": "on time"}
+    t = tid(r.root_id, "t")
+    await asyncio.sleep(0.5)  # let the late answer of attempt 1 arrive
+    log = await run_log(store, r.root_id)
+    assert [x.attempt for x in log.of(ev.TaskTimedOut, t)] == [1]
+    assert [x.attempt for x in log.of(ev.TaskDispatched, t)] == [1, 2]
+    ignored = log.first(ev.TaskResultIgnored, t).data
+    assert ignored.attempt == 1 and ignored.reason == "stale_attempt"
+    assert len(log.of(ev.TaskCompleted, t)) == 1
+    assert [x.attempt for x in log.of(ev.TaskResultSubmitted, t)] == [2]
+
+
+async def test_every_attempt_hanging_fails_with_timeout(make_runtime, store):
+    rt = await make_runtime([make_agent("hanger", handler=_hang)], concurrency=3)
+    r = await rt.run(plan(task("t", timeout_s=0.2, max_attempts=2)))
+    assert r.status == "failed"
+    log = await run_log(store, r.root_id)
+    t = tid(r.root_id, "t")
+    assert [x.attempt for x in log.of(ev.TaskTimedOut, t)] == [1, 2]
+    failed = log.first(ev.TaskFailed, t).data
+    assert failed.reason == "timeout" and failed.attempts == 2
