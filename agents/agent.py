@@ -17,6 +17,7 @@ The base class does the rest in ``run``:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -25,7 +26,15 @@ import msgspec
 
 from eventstore.events import Usage
 
-from .cards import AgentCard, AgentConstraints, CapabilitySpec, ResultCard, TaskCard
+from .cards import (
+    AgentCard,
+    AgentConstraints,
+    CapabilitySpec,
+    ResultCard,
+    TaskCard,
+    decode_result_card,
+    encode,
+)
 from .llm import LLM, MockLLM
 from .selection import constraint_problem
 
@@ -136,7 +145,13 @@ class Agent:
 
     @classmethod
     async def run(cls, task: TaskCard, llm: LLM | None = None) -> ResultCard:
-        """Self-check, then handle ``task`` on a fresh instance; never raises."""
+        """Self-check, then handle ``task`` on a fresh instance; never raises.
+
+        Whatever the handler does (raises, returns something that cannot be
+        serialised, leaves junk in ``ctx``), the answer is a ResultCard that
+        encodes and decodes cleanly. Only ``asyncio.CancelledError`` (and
+        other ``BaseException``s) propagate.
+        """
         start = time.monotonic()
         base: dict[str, Any] = {
             "task_id": task.task_id,
@@ -152,37 +167,83 @@ class Agent:
             return reject("out_of_capability", f"{cls.agent_id} does not offer {task.capability!r}")
         try:
             inputs: Any = msgspec.convert(task.inputs, cap.input_type)
-        except msgspec.ValidationError as e:
-            return reject("input_schema_mismatch", str(e))
-        size = len(msgspec.json.encode(task.inputs))
-        problem = constraint_problem(cls.constraints, task.constraints, task.timeout_s, size)
+        except Exception as e:  # ValidationError, or inputs of a type msgspec refuses
+            return reject("input_schema_mismatch", _text(e))
+        try:
+            size = len(msgspec.json.encode(task.inputs))
+            problem = constraint_problem(cls.constraints, task.constraints, task.timeout_s, size)
+        except Exception as e:  # inputs or constraints that cannot even be measured
+            problem = f"constraints cannot be checked: {_text(e)}"
         if problem:
             return reject("over_constraint", problem)
 
         ctx = TaskContext(task, cls.agent_id, llm or MockLLM())
+        extra: dict[str, Any]
         try:
             output = await cls().handle(task, inputs, ctx)
             payload = msgspec.to_builtins(output)
+            msgspec.json.encode(payload)  # must cross the bus
             status: Any = "completed"
-            extra: dict[str, Any] = {"output": payload}
+            extra = {"output": payload}
         except NeedsInput as e:
             status = "needs_input"
             extra = {
-                "missing": e.missing,
-                "supplement_capability": e.capability,
+                "missing": _text(e.missing),
+                "supplement_capability": None if e.capability is None else _text(e.capability),
                 "supplement_inputs": e.inputs,
             }
         except Reject as e:
-            return reject(e.reason, e.detail)
+            status = "rejected"
+            extra = {"reason": _text(e.reason)}
+            ctx.notes = e.detail
         except Exception as e:  # the agent's bug becomes a failed result, not a crash
             status = "failed"
-            extra = {"error": f"{type(e).__name__}: {e}"}
-        return ResultCard(
+            extra = {"error": f"{type(e).__name__}: {_text(e)}"}
+        result = ResultCard(
             **base,
             status=status,
-            confidence=min(1.0, max(0.0, float(ctx.confidence))),
-            notes=ctx.notes,
-            usage=Usage(input_tokens=ctx.input_tokens, output_tokens=ctx.output_tokens),
+            confidence=_confidence(ctx.confidence),
+            notes=_text(ctx.notes),
+            usage=_usage(ctx),
             duration_s=time.monotonic() - start,
             **extra,
         )
+        try:  # the answer must survive the trip across the bus
+            return decode_result_card(encode(result))
+        except Exception as e:
+            return ResultCard(
+                **base,
+                status="failed",
+                error=f"unserializable result: {_text(e)}",
+                usage=result.usage,
+                duration_s=result.duration_s,
+            )
+
+
+def _text(value: Any) -> str:
+    """``str(value)`` that never raises (a broken ``__str__`` is the agent's bug)."""
+    try:
+        return value if isinstance(value, str) else str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
+def _confidence(value: Any) -> float:
+    """Clamp to 0..1; NaN and non-numbers count as no confidence (0.0)."""
+    try:
+        c = float(value)
+    except Exception:
+        return 0.0
+    if math.isnan(c):
+        return 0.0
+    return min(1.0, max(0.0, c))
+
+
+def _usage(ctx: TaskContext) -> Usage:
+    def tokens(v: Any) -> int:
+        try:
+            return max(0, int(v))
+        except Exception:
+            return 0
+
+    return Usage(input_tokens=tokens(ctx.input_tokens), output_tokens=tokens(ctx.output_tokens))

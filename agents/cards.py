@@ -8,7 +8,7 @@ AgentCard JSON without losing our fields (they ride in ``x-cardbus``).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
@@ -29,12 +29,15 @@ __all__ = [
     "TaskCard",
     "decode_agent_card",
     "decode_reply",
+    "decode_result_card",
     "decode_task_card",
     "encode",
 ]
 
 A2A_PROTOCOL_VERSION = "0.3.0"
 ResultStatus = Literal["completed", "failed", "needs_input", "rejected"]
+#: a confidence is a probability: decoding anything outside 0..1 is an error
+Confidence = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
 
 class _Card(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,7 +78,7 @@ class ResultCard(_Card, frozen=True, kw_only=True, tag="result_card"):
     agent_id: str
     status: ResultStatus
     output: Any = None
-    confidence: float = msgspec.field(default=1.0)
+    confidence: Confidence = 1.0
     needs_retry: bool = False
     notes: str = ""
     error: str | None = None
@@ -171,33 +174,57 @@ class AgentCard(_Card, frozen=True, kw_only=True):
         }
 
     @classmethod
-    def from_a2a(cls, doc: dict[str, Any]) -> AgentCard:
-        """Read an A2A AgentCard; cards from other systems get defaults for our fields."""
+    def from_a2a(cls, doc: dict[str, Any] | bytes | str) -> AgentCard:
+        """Read an A2A AgentCard (a dict, or its JSON text).
+
+        Cards from other systems (no ``x-cardbus``) get defaults for our
+        fields: ``agent_id`` is the card's name, schemas are empty (accept
+        anything), constraints are the defaults. Anything that is not an A2A
+        AgentCard, or whose fields have the wrong types, is a ``DecodeError``.
+        """
         try:
-            ext = doc.get(cls.A2A_EXTENSION, {})
-            schemas = ext.get("schemas", {})
-            caps = [
-                CapabilitySpec(
-                    name=s["id"],
-                    description=s.get("description", ""),
-                    tags=list(s.get("tags", [])),
-                    examples=list(s.get("examples", [])),
-                    input_schema=schemas.get(s["id"], {}).get("input", {}),
-                    output_schema=schemas.get(s["id"], {}).get("output", {}),
+            if isinstance(doc, (bytes, str)):
+                doc = msgspec.json.decode(doc)
+            if not isinstance(doc, dict):
+                raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
+            ext = doc.get(cls.A2A_EXTENSION) or {}
+            schemas = ext.get("schemas") or {}
+            skills = doc.get("skills") or []
+            if not isinstance(skills, list):
+                raise TypeError(f"skills must be a list, got {type(skills).__name__}")
+            caps = []
+            for s in skills:
+                own = schemas.get(s["id"]) or {}
+                caps.append(
+                    {
+                        "name": s["id"],
+                        "description": s.get("description", ""),
+                        "tags": s.get("tags") or [],
+                        "examples": s.get("examples") or [],
+                        "input_schema": own.get("input") or {},
+                        "output_schema": own.get("output") or {},
+                    }
                 )
-                for s in doc.get("skills", [])
-            ]
-            return cls(
-                agent_id=ext.get("agent_id") or doc["name"],
-                name=doc["name"],
-                description=doc.get("description", ""),
-                version=doc.get("version", "0.1.0"),
-                capabilities=caps,
-                constraints=msgspec.convert(ext.get("constraints", {}), AgentConstraints),
-                provider=(doc.get("provider") or {}).get("organization", ""),
-                url=doc.get("url", ""),
-            )
-        except (KeyError, TypeError, AttributeError, msgspec.ValidationError) as e:
+            provider = doc.get("provider") or {}
+            fields: dict[str, Any] = {
+                "agent_id": ext.get("agent_id") or doc["name"],
+                "name": doc["name"],
+                "description": doc.get("description") or "",
+                "version": doc.get("version") or "0.1.0",
+                "capabilities": caps,
+                "constraints": ext.get("constraints") or {},
+                "provider": provider.get("organization") or "",
+                "url": doc.get("url") or "",
+            }
+            # convert, not the constructor: every field is type-checked
+            return msgspec.convert(fields, cls)
+        except (
+            KeyError,
+            TypeError,
+            AttributeError,
+            msgspec.ValidationError,
+            msgspec.DecodeError,
+        ) as e:
             raise DecodeError(f"not an A2A AgentCard: {e!r}") from e
 
 
@@ -212,6 +239,7 @@ _task_decoder = msgspec.json.Decoder(TaskCard)
 _agent_decoder = msgspec.json.Decoder(AgentCard)
 Reply = ResultCard | Started | Announce
 _reply_decoder = msgspec.json.Decoder(Reply)
+_result_decoder = msgspec.json.Decoder(ResultCard)
 _encoder = msgspec.json.Encoder()
 
 
@@ -232,6 +260,10 @@ def decode_task_card(data: bytes) -> TaskCard:
 
 def decode_agent_card(data: bytes) -> AgentCard:
     return _decode(_agent_decoder, data, "agent card")
+
+
+def decode_result_card(data: bytes) -> ResultCard:
+    return _decode(_result_decoder, data, "result card")
 
 
 def decode_reply(data: bytes) -> Reply:

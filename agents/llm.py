@@ -38,6 +38,13 @@ def _tokens(text: str) -> int:
     return max(1, len(text.split())) if text else 0
 
 
+def _count(value: Any) -> int:
+    """A token count from a response; anything but a non-negative integer is an error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"bad token count {value!r}")
+    return value
+
+
 class MockLLM:
     """Deterministic: ``respond(prompt)`` if given, else a stable echo of the prompt."""
 
@@ -89,21 +96,36 @@ class OpenAIChatLLM:
         try:
             resp = await self._client.post("/chat/completions", json=body)
             resp.raise_for_status()
-            doc: Any = resp.json()
+        except httpx.HTTPError as e:  # connection, timeout, 4xx/5xx
+            raise LLMError(f"chat completion failed: {e}") from e
+        try:
+            doc: Any = msgspec.json.decode(resp.content)
             text = doc["choices"][0]["message"]["content"]
             usage = doc.get("usage") or {}
-        except httpx.HTTPError as e:
-            raise LLMError(f"chat completion failed: {e}") from e
-        except (KeyError, IndexError, TypeError, ValueError) as e:
+            completion = Completion(
+                text,
+                _count(usage.get("prompt_tokens", 0)),
+                _count(usage.get("completion_tokens", 0)),
+                str(doc.get("model") or self.model),
+            )
+        except (
+            msgspec.DecodeError,  # not JSON
+            KeyError,  # no choices / message / content
+            IndexError,  # empty choices
+            TypeError,  # a field of the wrong type
+            AttributeError,  # "usage" or the document is not an object
+            ValueError,  # a bad token count
+        ) as e:
             raise LLMError(f"unexpected chat completion response: {e!r}") from e
         if not isinstance(text, str):
             raise LLMError("chat completion content is not text")
-        return Completion(
-            text,
-            int(usage.get("prompt_tokens", 0)),
-            int(usage.get("completion_tokens", 0)),
-            str(doc.get("model", self.model)),
-        )
+        return completion
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def __aenter__(self) -> OpenAIChatLLM:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -4,11 +4,18 @@ Agent capabilities declare input and output schemas as JSON Schema (so an
 AgentCard travels over NATS and converts to A2A). The orchestrator checks
 plans and outputs against them without importing the agent's code. This
 covers the subset ``msgspec.json.schema`` emits: type, properties, required,
-items, enum, const, anyOf, $ref/$defs, minimum/maximum, min/maxLength.
+additionalProperties, items/prefixItems, min/maxItems, enum, const, anyOf,
+$ref/$defs, minimum/maximum (and exclusive), multipleOf, min/maxLength,
+pattern, min/maxProperties. Types follow msgspec's decoder, so a value passes
+here exactly when an agent's ``msgspec.convert`` of it would (a float such as
+``2.0`` is not an ``integer``; a bool is not a number). ``format`` is not
+checked.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 __all__ = ["schema_errors"]
@@ -70,29 +77,96 @@ def _check(
             errors.append(f"{path}: expected {'/'.join(kinds)}, got {type(value).__name__}")
             return
     if isinstance(value, dict):
-        props = schema.get("properties", {})
-        if not partial:
-            for name in schema.get("required", []):
-                if name not in value:
-                    errors.append(f"{path}.{name}: required field missing")
-        for name, sub in value.items():
-            if name in props:
-                _check(sub, props[name], defs, f"{path}.{name}", partial, errors)
-            elif schema.get("additionalProperties") is False:
-                errors.append(f"{path}.{name}: unexpected field")
-    elif isinstance(value, (list, tuple)) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            _check(item, schema["items"], defs, f"{path}[{i}]", partial, errors)
+        _check_object(value, schema, defs, path, partial, errors)
+    elif isinstance(value, (list, tuple)):
+        _check_array(value, schema, defs, path, partial, errors)
     elif isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
             errors.append(f"{path}: shorter than {schema['minLength']}")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(f"{path}: longer than {schema['maxLength']}")
+        pattern = schema.get("pattern")
+        if isinstance(pattern, str) and _search(pattern, value) is False:
+            errors.append(f"{path}: does not match {pattern!r}")
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
+        if "minimum" in schema and not value >= schema["minimum"]:
             errors.append(f"{path}: below {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
+        if "maximum" in schema and not value <= schema["maximum"]:
             errors.append(f"{path}: above {schema['maximum']}")
+        if "exclusiveMinimum" in schema and not value > schema["exclusiveMinimum"]:
+            errors.append(f"{path}: not above {schema['exclusiveMinimum']}")
+        if "exclusiveMaximum" in schema and not value < schema["exclusiveMaximum"]:
+            errors.append(f"{path}: not below {schema['exclusiveMaximum']}")
+        step = schema.get("multipleOf")
+        if isinstance(step, (int, float)) and step > 0 and not _is_multiple(value, step):
+            errors.append(f"{path}: not a multiple of {step}")
+
+
+def _check_object(
+    value: dict[Any, Any],
+    schema: dict[str, Any],
+    defs: dict[str, Any],
+    path: str,
+    partial: bool,
+    errors: list[str],
+) -> None:
+    props = schema.get("properties", {})
+    extra = schema.get("additionalProperties")
+    if not partial:
+        for name in schema.get("required", []):
+            if name not in value:
+                errors.append(f"{path}.{name}: required field missing")
+    if "minProperties" in schema and len(value) < schema["minProperties"]:
+        errors.append(f"{path}: fewer than {schema['minProperties']} properties")
+    if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+        errors.append(f"{path}: more than {schema['maxProperties']} properties")
+    for name, sub in value.items():
+        if not isinstance(name, str):
+            errors.append(f"{path}: key {name!r} is not a string")
+        elif name in props:
+            _check(sub, props[name], defs, f"{path}.{name}", partial, errors)
+        elif extra is False:
+            errors.append(f"{path}.{name}: unexpected field")
+        elif isinstance(extra, dict):
+            _check(sub, extra, defs, f"{path}.{name}", partial, errors)
+
+
+def _check_array(
+    value: list[Any] | tuple[Any, ...],
+    schema: dict[str, Any],
+    defs: dict[str, Any],
+    path: str,
+    partial: bool,
+    errors: list[str],
+) -> None:
+    if "minItems" in schema and len(value) < schema["minItems"]:
+        errors.append(f"{path}: fewer than {schema['minItems']} items")
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        errors.append(f"{path}: more than {schema['maxItems']} items")
+    prefix = schema.get("prefixItems")
+    head = prefix if isinstance(prefix, list) else []
+    for i, (item, sub) in enumerate(zip(value, head, strict=False)):
+        _check(item, sub, defs, f"{path}[{i}]", partial, errors)
+    items = schema.get("items")
+    rest = value[len(head) :]
+    if items is False and rest:
+        errors.append(f"{path}: more than {len(head)} items")
+    elif isinstance(items, dict):
+        for i, item in enumerate(rest, start=len(head)):
+            _check(item, items, defs, f"{path}[{i}]", partial, errors)
+
+
+def _search(pattern: str, value: str) -> bool | None:
+    """Whether ``pattern`` matches somewhere in ``value``; None if it is not a valid regex."""
+    try:
+        return re.search(pattern, value) is not None
+    except re.error:
+        return None
+
+
+def _is_multiple(value: float, step: float) -> bool:
+    q = value / step
+    return math.isfinite(q) and abs(q - round(q)) < 1e-9
 
 
 def _errs(
@@ -104,8 +178,7 @@ def _errs(
 
 
 def _is(value: Any, kind: str) -> bool:
+    # as msgspec decodes: a bool is not a number and a float (even 2.0) is not an integer
     if kind in ("integer", "number") and isinstance(value, bool):
         return False
-    if kind == "integer" and isinstance(value, float):
-        return value.is_integer()
     return isinstance(value, _TYPES.get(kind, (object,)))
