@@ -355,7 +355,7 @@ class Decider:
                             output=task.proposed_output,
                         ),
                     )
-                elif task.attempt not in task.settled and not task.results:
+                elif task.attempt not in task.settled:
                     self._check_deadline(task)
             case _:
                 pass
@@ -405,6 +405,13 @@ class Decider:
             )
 
     def _check_deadline(self, task: TaskView) -> None:
+        if task.results:
+            # fan-out with some answers in: at the deadline, settle with those
+            # (the attempt did not time out; the silent candidates were late)
+            waiting = [d for a, d in task.dispatched_to.items() if a not in task.results]
+            if waiting and all(d <= self.now for d in waiting):
+                self._settle_fanout(task, task.results)
+            return
         overdue = [a for a, deadline in task.dispatched_to.items() if deadline <= self.now]
         if not overdue or len(overdue) < len(task.dispatched_to):
             return
