@@ -90,6 +90,12 @@ class MemoryTable:
     def discard(self) -> None:
         pass
 
+    def evict(self) -> None:
+        pass
+
+    def mark_empty(self) -> None:
+        pass
+
 
 class SqliteTable:
     """A write-behind cache over one SQLite table; see the module docstring."""
@@ -104,6 +110,9 @@ class SqliteTable:
         self._json = [i for i, (_, t) in enumerate(spec.columns) if t == "JSON"]
         self._cache: dict[Key, Row | None] = {}
         self._dirty: set[Key] = set()
+        # Every key the table holds, when known exactly (a table folded from empty by
+        # this object): a cache miss on an unknown key is then a new row, no SELECT.
+        self._known: set[Key] | None = None
         self._added: list[tuple[Any, ...]] = []
         where = " AND ".join(f"{k} = ?" for k in spec.key)
         self._select = f"SELECT {', '.join(names)} FROM {spec.name} WHERE {where}"
@@ -118,6 +127,9 @@ class SqliteTable:
             return self._cache[key]
         except KeyError:
             pass
+        if self._known is not None and key not in self._known:
+            self._cache[key] = None
+            return None
         found = self.conn.execute(self._select, key).fetchone()
         row: Row | None = None
         if found is not None:
@@ -132,6 +144,8 @@ class SqliteTable:
     def put(self, key: Key, row: Row) -> None:
         self._cache[key] = row
         self._dirty.add(key)
+        if self._known is not None:
+            self._known.add(key)
 
     def delete(self, key: Key) -> None:
         self._cache[key] = None
@@ -139,6 +153,21 @@ class SqliteTable:
 
     def add(self, row: tuple[Any, ...]) -> None:
         self._added.append(row)
+
+    def mark_empty(self) -> None:
+        """The table is empty now: remember every key written from here on."""
+        if (
+            self.spec.key
+            and self.conn.execute(f"SELECT 1 FROM {self.spec.name} LIMIT 1").fetchone() is None
+        ):
+            self._known = set()
+
+    def evict(self) -> None:
+        """Drop cached rows to bound memory (after a flush); keep knowing which keys exist."""
+        if not self._dirty and not self._added:
+            self._cache.clear()
+            if self._known is not None and len(self._known) > 5_000_000:
+                self._known = None
 
     def flush(self) -> None:
         """Write changed rows; the caller owns the transaction."""
@@ -175,6 +204,7 @@ class SqliteTable:
         self._cache.clear()
         self._dirty.clear()
         self._added.clear()
+        self._known = None
 
     def cached(self) -> int:
         return len(self._cache)
@@ -204,6 +234,14 @@ class Model:
     def discard(self) -> None:
         for t in self.tables.values():
             t.discard()
+
+    def evict(self) -> None:
+        for t in self.tables.values():
+            t.evict()
+
+    def mark_empty(self) -> None:
+        for t in self.tables.values():
+            t.mark_empty()
 
     def cached(self) -> int:
         return sum(t.cached() for t in self.tables.values() if isinstance(t, SqliteTable))

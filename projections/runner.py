@@ -23,6 +23,7 @@ either: the slower one notices, drops its cache and continues from there.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -150,6 +151,9 @@ class ProjectionRunner:
             c.execute("ROLLBACK")
             raise
         self._checkpoints = self._read_checkpoints()
+        for p in self.projections:
+            if self._checkpoints[p.name] == 0:
+                self._models[p.name].mark_empty()
 
     def _drop(self, p: Projection) -> None:
         for spec in p.tables:
@@ -192,19 +196,43 @@ class ProjectionRunner:
         on a throw-away model).
         """
         next_position = self.position + 1
-        while until_position is None or next_position <= until_position:
-            page = await self.store.read_all(next_position, self.batch_size)
-            full = len(page) == self.batch_size
-            if until_position is not None and page and page[-1].position > until_position:
-                page = [e for e in page if e.position <= until_position]
-                full = False
-            if not page:
-                break
-            self.apply_batch(page, until_time=until_time)
-            next_position = page[-1].position + 1
-            if not full:
-                break
-            await asyncio.sleep(0)  # let other tasks run during a long rebuild
+        if until_position is not None and next_position > until_position:
+            return self.position
+        # Read the next page while folding this one: the store's I/O overlaps the fold.
+        pending = asyncio.ensure_future(self.store.read_all(next_position, self.batch_size))
+        gc_paused = False
+        try:
+            while True:
+                page = await pending
+                full = len(page) == self.batch_size
+                if full and not gc_paused and gc.isenabled():
+                    # A long catch-up (a rebuild) allocates millions of short-lived
+                    # envelopes: the cyclic collector only slows it down.
+                    gc.disable()
+                    gc_paused = True
+                if until_position is not None and page and page[-1].position >= until_position:
+                    page = [e for e in page if e.position <= until_position]
+                    full = False
+                if not page:
+                    break
+                next_position = page[-1].position + 1
+                if full:
+                    pending = asyncio.ensure_future(
+                        self.store.read_all(next_position, self.batch_size)
+                    )
+                self.apply_batch(page, until_time=until_time)
+                if not full:
+                    break
+                await asyncio.sleep(0)  # let other tasks run during a long rebuild
+        finally:
+            if gc_paused:
+                gc.enable()
+            if not pending.done():
+                pending.cancel()
+                try:
+                    await pending
+                except (asyncio.CancelledError, Exception):
+                    pass
         return self.position
 
     async def follow(self) -> None:
@@ -255,6 +283,21 @@ class ProjectionRunner:
         if not events:
             return
         conn = self.conn
+        # The fold allocates many long-lived rows; the cyclic GC would rescan them on
+        # every few thousand allocations. Nothing else runs during this synchronous
+        # batch, so pause the collector for it (reference counting still frees).
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._apply_batch(conn, events, until_time)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        self._notify()
+
+    def _apply_batch(
+        self, conn: sqlite3.Connection, events: list[Envelope], until_time: float | None
+    ) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             stored = self._read_checkpoints()
@@ -269,17 +312,19 @@ class ProjectionRunner:
                 if self._checkpoints[p.name] < last
             ]
             for p, apply, handles, model, cp in active:
-                for env in events:
-                    if env.position <= cp or type(env.data) not in handles:
-                        continue
-                    if until_time is not None and env.recorded_at > until_time:
-                        continue
-                    try:
-                        apply(model, env)
-                    except Exception as e:  # a fold bug must not wedge the runner
-                        self.errors.append(
-                            ProjectionError(p.name, env.position, env.event_id, repr(e))
-                        )
+                todo = events
+                if cp >= events[0].position:
+                    todo = [e for e in events if e.position > cp]
+                if until_time is not None:
+                    todo = [e for e in todo if e.recorded_at <= until_time]
+                for env in todo:
+                    if type(env.data) in handles:
+                        try:
+                            apply(model, env)
+                        except Exception as e:  # a fold bug must not wedge the runner
+                            self.errors.append(
+                                ProjectionError(p.name, env.position, env.event_id, repr(e))
+                            )
             for p, _, _, model, _ in active:
                 model.flush()
                 conn.execute(
@@ -299,8 +344,7 @@ class ProjectionRunner:
             self._checkpoints[p.name] = last
         for m in self._models.values():
             if m.cached() > self.max_cached_rows:
-                m.discard()
-        self._notify()
+                m.evict()
 
     def _notify(self) -> None:
         async def wake() -> None:
@@ -330,6 +374,7 @@ class ProjectionRunner:
             raise
         for p in chosen:
             self._models[p.name].discard()
+            self._models[p.name].mark_empty()
         self._checkpoints = self._read_checkpoints()
         return await self.catch_up()
 

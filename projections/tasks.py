@@ -13,6 +13,7 @@ input; it is cleared when the task completes.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -20,7 +21,7 @@ import msgspec
 from eventstore import events as ev
 from eventstore.envelope import Envelope
 from eventstore.errors import IllegalTransition
-from eventstore.states import TaskState, transition
+from eventstore.states import TRANSITIONS, TaskState, transition
 
 from .base import Projection
 from .model import Model, Row, TableSpec
@@ -49,7 +50,7 @@ TASKS = TableSpec(
         ("version", "INTEGER"),
     ),
     key=("task_id",),
-    indexes=(("root_id",), ("status",), ("agent_id",), ("capability",)),
+    indexes=(("root_id",),),
 )
 
 
@@ -91,6 +92,58 @@ def event_reason(data: Any) -> str | None:
     return None
 
 
+# (status, event type) -> status: the state machine's plain table, flattened for speed.
+_NEXT: dict[tuple[str | None, type], str] = {
+    (frm.value if frm is not None else None, etype): to.value
+    for etype, moves in TRANSITIONS.items()
+    for frm, to in moves.items()
+}
+
+
+def _on_attempt(row: Row, data: Any) -> None:
+    row["agent_id"] = data.agent_id
+    if data.attempt > row["attempts"]:
+        row["attempts"] = data.attempt
+
+
+def _on_result(row: Row, data: Any) -> None:
+    if data.output is not None:
+        row["output"] = _json(data.output).decode()
+    if data.error:
+        row["reason"] = event_reason(data)
+
+
+def _on_completed(row: Row, data: Any) -> None:
+    row["agent_id"] = data.agent_id
+    row["output"] = _json(data.output).decode()
+    row["reason"] = None
+
+
+def _clear_reason(row: Row, data: Any) -> None:
+    row["reason"] = None
+
+
+def _set_reason(row: Row, data: Any) -> None:
+    reason = event_reason(data)
+    if reason is not None:
+        row["reason"] = reason
+
+
+_UPDATES: dict[type, Callable[[Row, Any], None]] = {
+    t: _set_reason for t in ev.TASK_EVENT_TYPES if t is not ev.TaskCreated
+}
+_UPDATES.update(
+    {
+        ev.TaskDispatched: _on_attempt,
+        ev.TaskStarted: _on_attempt,
+        ev.TaskResultSubmitted: _on_result,
+        ev.TaskCompleted: _on_completed,
+        ev.InputProvided: _clear_reason,
+        ev.ApprovalGranted: _clear_reason,
+    }
+)
+
+
 class TaskTable(Projection):
     """``proj_tasks``: the columns of the source designs, plus ``goal`` and stream ``version``."""
 
@@ -100,9 +153,10 @@ class TaskTable(Projection):
     handles = frozenset(ev.TASK_EVENT_TYPES)
 
     def apply(self, model: Model, env: Envelope) -> None:
-        tasks = model["proj_tasks"]
+        tasks = model.tables["proj_tasks"]
         key = (env.stream,)
         data = env.data
+        t = type(data)
         row: Row | None = tasks.get(key)
         if row is None:
             row = {
@@ -121,38 +175,25 @@ class TaskTable(Projection):
                 "goal": None,
                 "version": 0,
             }
-            if type(data) is ev.TaskCreated:
+            if t is ev.TaskCreated:
+                assert isinstance(data, ev.TaskCreated)
                 row["parent_task_id"] = data.parent_id
                 row["root_id"] = data.root_id
                 row["capability"] = data.capability
                 row["goal"] = data.goal
                 row["input"] = _json(data.inputs).decode()
         status = row["status"]
-        try:
-            row["status"] = transition(_STATE[status] if status else None, data).value
-        except IllegalTransition as e:
-            row["reason"] = f"illegal transition: {e} (event {env.event_id})"
-        else:
-            t = type(data)
-            if t is ev.TaskDispatched or t is ev.TaskStarted:
-                row["agent_id"] = data.agent_id  # type: ignore[union-attr]
-                if data.attempt > row["attempts"]:  # type: ignore[union-attr]
-                    row["attempts"] = data.attempt  # type: ignore[union-attr]
-            elif t is ev.TaskResultSubmitted:
-                if data.output is not None:  # type: ignore[union-attr]
-                    row["output"] = _json(data.output).decode()  # type: ignore[union-attr]
-                if data.error:  # type: ignore[union-attr]
-                    row["reason"] = event_reason(data)
-            elif t is ev.TaskCompleted:
-                row["agent_id"] = data.agent_id  # type: ignore[union-attr]
-                row["output"] = _json(data.output).decode()  # type: ignore[union-attr]
-                row["reason"] = None
-            elif t is ev.InputProvided or t is ev.ApprovalGranted:
-                row["reason"] = None
-            elif t is not ev.TaskCreated:
-                reason = event_reason(data)
-                if reason is not None:
-                    row["reason"] = reason
+        new_status = _NEXT.get((status, t))
+        if new_status is None:  # not in the plain table: approval, or refused
+            try:
+                new_status = transition(_STATE[status] if status else None, data).value
+            except IllegalTransition as e:
+                row["reason"] = f"illegal transition: {e} (event {env.event_id})"
+        if new_status is not None:
+            row["status"] = new_status
+            update = _UPDATES.get(t)
+            if update is not None:
+                update(row, data)
         row["updated_at"] = env.recorded_at
         row["version"] = env.version
         tasks.put(key, row)
