@@ -1,0 +1,552 @@
+"""NATS JetStream ``Bus``: agents in other processes and hosts, replicas sharing work.
+
+Open it with ``await NatsBus.connect(NatsOptions(url=...))`` (options shared
+with the event store, ``bus/natsconn.py``) or on an existing connection with
+``NatsBus(nc)`` + ``await bus.ensure_streams()``.
+
+Subjects and streams
+--------------------
+* ``cardbus.agent.<agent>`` -- an agent's inbox, in the work-queue stream
+  ``CARDBUS_INBOX``. Each agent id has one durable pull consumer
+  ``agent-<agent>`` filtered on its inbox and shared by all its replicas
+  (every ``consume`` call is one pull loop on it), so each card goes to one
+  replica. ``AckWait`` (``ack_wait``) bounds how long a replica may hold a
+  card silently: while the handler works the replica sends in-progress acks
+  (``+WPI``) every third of it, so a long task keeps its card and a crashed
+  replica loses it to another after ``ack_wait``. A handler that raises
+  naks the card with a growing delay (``retry_delay`` doubling); after
+  ``max_deliver`` deliveries the card is terminated and reported. Redeliveries
+  after a silent replica use the consumer's ``BackOff`` (``ack_wait`` doubling).
+  The orchestrator's own task timeout still decides retries of a lost attempt.
+* ``cardbus.reply.<task>`` (``Started``, ``ResultCard``) and
+  ``cardbus.announce.<agent>`` (``Announce``) -- answers to the orchestrator,
+  in the work-queue stream ``CARDBUS_REPLIES``, read by the durable pull
+  consumer ``cardbus-orchestrator`` (shared by every orchestrator on the same
+  log). They stay stored while no orchestrator runs. A reply is acked once the
+  orchestrator has taken it from ``replies()`` (i.e. put it into its decide
+  loop: the ack is sent when the iterator is asked for the next one), so an
+  orchestrator killed before that gets it again; a reply seen twice is
+  harmless (it is recorded once, or as ``task.result_ignored``).
+* ``cardbus.dead.<kind>`` -- dead letters, in the stream ``CARDBUS_DEAD``
+  (limits retention, 7 days): every malformed, oversized or undeliverable
+  message is republished there with headers ``Cardbus-Reason`` and
+  ``Cardbus-Subject`` (and reported to ``on_bad_message`` and the log), so
+  nothing bad is lost silently and nothing is redelivered forever.
+
+Ids are encoded into subject tokens with ``eventstore.nats.encode_token``
+(``A-Z a-z 0-9 -`` as is, anything else ``_hh``), the same scheme as the log.
+
+Headers
+-------
+``Nats-Msg-Id`` is a digest of the message bytes, so a publish retried after a
+lost ack is stored once (the streams' duplicate window is 2 minutes).
+``traceparent`` (W3C) travels in a header: ``send_task`` sets it from the
+card; a consumer reads it case-insensitively and fills the card's field when
+the body lacks it; replies sent while a handler works carry its card's
+``traceparent``.
+
+Sizes
+-----
+Messages above ``max_message_bytes`` (1 MiB) are refused when sent
+(``PayloadTooLarge``) and dead-lettered when received. A ``ResultCard`` too
+large to send is replaced by a ``failed`` one saying so, so the orchestrator
+records a failure event instead of waiting for a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import hashlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from agents.cards import (
+    Announce,
+    Reply,
+    ResultCard,
+    TaskCard,
+    decode_reply,
+    decode_task_card,
+    encode,
+)
+from eventstore.errors import BusError, DecodeError, PayloadTooLarge
+from eventstore.nats import encode_token
+
+from .interface import Bus, CardHandler
+from .natsconn import NatsOptions
+
+__all__ = [
+    "ANNOUNCE_PREFIX",
+    "DEAD_PREFIX",
+    "DEAD_STREAM",
+    "INBOX_PREFIX",
+    "INBOX_STREAM",
+    "NatsBus",
+    "ORCHESTRATOR_DURABLE",
+    "REPLY_PREFIX",
+    "REPLY_STREAM",
+    "TRACE_HEADER",
+    "consumer_name",
+    "header",
+    "inbox_subject",
+    "reply_subject",
+]
+
+log = logging.getLogger(__name__)
+
+INBOX_STREAM = "CARDBUS_INBOX"
+REPLY_STREAM = "CARDBUS_REPLIES"
+DEAD_STREAM = "CARDBUS_DEAD"
+INBOX_PREFIX = "cardbus.agent"
+REPLY_PREFIX = "cardbus.reply"
+ANNOUNCE_PREFIX = "cardbus.announce"
+DEAD_PREFIX = "cardbus.dead"
+ORCHESTRATOR_DURABLE = "cardbus-orchestrator"
+TRACE_HEADER = "traceparent"
+REASON_HEADER = "Cardbus-Reason"
+SUBJECT_HEADER = "Cardbus-Subject"
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+
+_NATS_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.Error,
+    nats.js.errors.Error,
+    OSError,
+    asyncio.TimeoutError,
+)
+_trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("cardbus_trace", default=None)
+T = TypeVar("T")
+
+
+def inbox_subject(agent_id: str) -> str:
+    return f"{INBOX_PREFIX}.{encode_token(agent_id)}"
+
+
+def consumer_name(agent_id: str) -> str:
+    """The durable consumer shared by an agent's replicas."""
+    return f"agent-{encode_token(agent_id)}"
+
+
+def reply_subject(message: Reply) -> str:
+    if isinstance(message, Announce):
+        return f"{ANNOUNCE_PREFIX}.{encode_token(message.card.agent_id)}"
+    return f"{REPLY_PREFIX}.{encode_token(message.task_id)}"
+
+
+def header(msg: Msg, name: str) -> str | None:
+    """A header's value, the name matched case-insensitively."""
+    headers = msg.headers or {}
+    value = headers.get(name)
+    if value is not None:
+        return value
+    lname = name.lower()
+    return next((v for k, v in headers.items() if k.lower() == lname), None)
+
+
+def _msg_id(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class NatsBus(Bus):
+    """The ``Bus`` on JetStream; see the module docstring for subjects and semantics."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        owns_connection: bool = False,
+        ack_wait: float = 30.0,
+        max_deliver: int = 5,
+        retry_delay: float = 0.5,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        request_timeout: float = 5.0,
+        publish_retry_s: float = 30.0,
+        replicas: int = 1,
+        fetch_wait: float = 2.0,
+        reply_batch: int = 256,
+        reply_ack_wait: float = 30.0,
+        reply_durable: str = ORCHESTRATOR_DURABLE,
+    ) -> None:
+        if max_deliver < 2:
+            raise ValueError("max_deliver must be at least 2")
+        self.nc = nc
+        self.ack_wait = ack_wait
+        self.max_deliver = max_deliver
+        self.retry_delay = retry_delay
+        self.max_message_bytes = max_message_bytes
+        self.request_timeout = request_timeout
+        self.publish_retry_s = publish_retry_s
+        self.replicas = replicas
+        self.fetch_wait = fetch_wait
+        self.reply_batch = reply_batch
+        self.reply_ack_wait = reply_ack_wait
+        self.reply_durable = reply_durable
+        self._js: JetStreamContext = nc.jetstream(timeout=request_timeout)
+        self._owns = owns_connection
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._subs: list[Any] = []
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        options: NatsOptions | str = "nats://127.0.0.1:4222",
+        *,
+        name: str = "cardbus-bus",
+        create_streams: bool = True,
+        **bus_options: Any,
+    ) -> NatsBus:
+        """Connect with ``options`` (a ``NatsOptions`` or a URL) and check the streams."""
+        opts = NatsOptions(url=options) if isinstance(options, str) else options
+        nc = await opts.connect(name)
+        bus = cls(nc, owns_connection=True, **bus_options)
+        try:
+            await bus.ensure_streams(create=create_streams)
+        except BaseException:
+            await bus.close()
+            raise
+        return bus
+
+    # -- set-up ----------------------------------------------------------------
+
+    async def ensure_streams(self, create: bool = True) -> None:
+        """Look up (and unless ``create=False`` create) the inbox, reply and dead streams."""
+        specs = [
+            (INBOX_STREAM, [f"{INBOX_PREFIX}.>"], js_api.RetentionPolicy.WORK_QUEUE, None),
+            (
+                REPLY_STREAM,
+                [f"{REPLY_PREFIX}.>", f"{ANNOUNCE_PREFIX}.>"],
+                js_api.RetentionPolicy.WORK_QUEUE,
+                None,
+            ),
+            (DEAD_STREAM, [f"{DEAD_PREFIX}.>"], js_api.RetentionPolicy.LIMITS, 7 * 86400.0),
+        ]
+        for name, subjects, retention, max_age in specs:
+            try:
+                await self._js.stream_info(name)
+                continue
+            except nats.js.errors.NotFoundError:
+                if not create:
+                    raise BusError(f"JetStream stream {name!r} does not exist") from None
+            except _NATS_ERRORS as e:
+                raise BusError(f"cannot look up stream {name!r}: {e!r}") from e
+            config = js_api.StreamConfig(
+                name=name,
+                subjects=subjects,
+                retention=retention,
+                storage=js_api.StorageType.FILE,
+                num_replicas=self.replicas,
+                duplicate_window=120.0,
+                max_age=max_age,
+                max_msg_size=-1,
+            )
+            try:
+                await self._js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await self._js.stream_info(name)  # created meanwhile by another process
+            except _NATS_ERRORS as e:
+                raise BusError(f"cannot create stream {name!r}: {e!r}") from e
+
+    def _backoff(self) -> list[float]:
+        return [self.ack_wait * 2**i for i in range(min(self.max_deliver - 1, 6))]
+
+    async def _bind(
+        self, stream: str, durable: str, config: js_api.ConsumerConfig
+    ) -> JetStreamContext.PullSubscription:
+        """Bind to a durable consumer, creating it when it does not exist yet."""
+        try:
+            await self._js.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            try:
+                await self._js.add_consumer(stream, config)
+            except nats.js.errors.BadRequestError as e:
+                # created meanwhile by another replica, possibly with other settings
+                log.debug("consumer %s exists: %s", durable, e)
+        return await self._js.pull_subscribe_bind(durable=durable, stream=stream)
+
+    # -- agents' side ----------------------------------------------------------
+
+    async def consume(self, agent_id: str, handler: CardHandler) -> None:
+        if self._closed:
+            raise BusError("the bus is closed")
+        durable = consumer_name(agent_id)
+        config = js_api.ConsumerConfig(
+            name=durable,
+            durable_name=durable,
+            filter_subject=inbox_subject(agent_id),
+            deliver_policy=js_api.DeliverPolicy.ALL,
+            ack_policy=js_api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver,
+            backoff=self._backoff(),
+            max_ack_pending=10_000,
+            max_waiting=4096,
+        )
+        try:
+            sub = await self._bind(INBOX_STREAM, durable, config)
+        except _NATS_ERRORS as e:
+            raise BusError(f"cannot consume the inbox of {agent_id!r}: {e!r}") from e
+        self._subs.append(sub)
+        self._spawn(self._serve(sub, handler, inbox_subject(agent_id)), f"inbox-{agent_id}")
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(
+        self, sub: JetStreamContext.PullSubscription, handler: CardHandler, subject: str
+    ) -> None:
+        pause = 0.05
+        while not self._closed:
+            try:
+                msgs = await sub.fetch(1, timeout=self.fetch_wait)
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError:
+                continue
+            except _NATS_ERRORS as e:  # disconnected, reconnecting, consumer leader moving
+                log.debug("fetch on %s failed: %r", subject, e)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+                continue
+            pause = 0.05
+            for msg in msgs:
+                await self._deliver(msg, handler)
+
+    async def _deliver(self, msg: Msg, handler: CardHandler) -> None:
+        if len(msg.data) > self.max_message_bytes:
+            await self._reject(msg, f"card too large: {len(msg.data)} bytes")
+            return
+        try:
+            card = decode_task_card(msg.data)
+        except DecodeError as e:
+            await self._reject(msg, str(e))
+            return
+        trace = header(msg, TRACE_HEADER)
+        if card.traceparent is None and trace:
+            card = msgspec.structs.replace(card, traceparent=trace)
+        beat = asyncio.ensure_future(self._keep_alive(msg))
+        token = _trace.set(card.traceparent)
+        try:
+            await handler(card)
+        except asyncio.CancelledError:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await msg.nak()  # let another replica have it now
+            raise
+        except Exception as e:
+            delivered = _delivered(msg)
+            if delivered >= self.max_deliver:
+                await self._reject(msg, f"handler failed {delivered} times: {e!r}")
+            else:
+                log.info("handler failed on %s (delivery %d): %r", msg.subject, delivered, e)
+                with contextlib.suppress(*_NATS_ERRORS):
+                    await msg.nak(delay=self.retry_delay * 2 ** (delivered - 1))
+        else:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await msg.ack()
+        finally:
+            _trace.reset(token)
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        """In-progress acks while the handler works, so ``ack_wait`` does not expire."""
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            with contextlib.suppress(*_NATS_ERRORS):
+                await msg.in_progress()
+
+    async def send_task(self, agent_id: str, card: TaskCard) -> None:
+        data = encode(card)
+        if len(data) > self.max_message_bytes:
+            raise PayloadTooLarge(len(data), self.max_message_bytes)
+        headers = {"Nats-Msg-Id": _msg_id(data)}
+        if card.traceparent:
+            headers[TRACE_HEADER] = card.traceparent
+        await self._publish(inbox_subject(agent_id), data, headers, INBOX_STREAM)
+
+    async def send_raw(self, agent_id: str, data: bytes) -> None:
+        """Put raw bytes in an inbox (for tests of malformed messages)."""
+        await self._publish(inbox_subject(agent_id), data, {}, INBOX_STREAM)
+
+    async def reply(self, message: Reply) -> None:
+        data = encode(message)
+        if len(data) > self.max_message_bytes and isinstance(message, ResultCard):
+            size = len(data)
+            log.warning("result of %s is %d bytes: sent as failed", message.task_id, size)
+            message = msgspec.structs.replace(
+                message,
+                status="failed",
+                output=None,
+                supplement_inputs={},
+                notes="",
+                error=f"result too large for the bus: {size} bytes > {self.max_message_bytes}",
+            )
+            data = encode(message)
+        if len(data) > self.max_message_bytes:
+            raise PayloadTooLarge(len(data), self.max_message_bytes)
+        headers = {"Nats-Msg-Id": _msg_id(data)}
+        trace = _trace.get()
+        if trace:
+            headers[TRACE_HEADER] = trace
+        await self._publish(reply_subject(message), data, headers, REPLY_STREAM)
+
+    async def reply_raw(self, data: bytes, subject: str = f"{REPLY_PREFIX}.raw") -> None:
+        """Publish raw bytes as a reply (for tests of malformed messages)."""
+        await self._publish(subject, data, {}, REPLY_STREAM)
+
+    async def _publish(
+        self, subject: str, data: bytes, headers: dict[str, str], stream: str
+    ) -> None:
+        """Publish to JetStream and wait for the ack, retrying through reconnects."""
+        if self._closed:
+            raise BusError("the bus is closed")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.publish_retry_s
+        pause = 0.05
+        while True:
+            try:
+                await self._js.publish(
+                    subject, data, timeout=self.request_timeout, stream=stream, headers=headers
+                )
+                return
+            except nats.errors.MaxPayloadError as e:
+                raise PayloadTooLarge(len(data), self.nc.max_payload) from e
+            except nats.js.errors.APIError as e:
+                if e.err_code == 10054:  # message size exceeds the stream's maximum
+                    raise PayloadTooLarge(len(data), self.nc.max_payload) from e
+                err: BaseException = e
+            except _NATS_ERRORS as e:
+                err = e
+            if self._closed or loop.time() + pause > deadline:
+                raise BusError(f"cannot publish to {subject}: {err!r}") from err
+            log.debug("publish to %s failed, retrying: %r", subject, err)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    # -- orchestrator's side ---------------------------------------------------
+
+    async def _reply_sub(self) -> JetStreamContext.PullSubscription:
+        config = js_api.ConsumerConfig(
+            name=self.reply_durable,
+            durable_name=self.reply_durable,
+            deliver_policy=js_api.DeliverPolicy.ALL,
+            ack_policy=js_api.AckPolicy.EXPLICIT,
+            ack_wait=self.reply_ack_wait,
+            max_deliver=-1,
+            max_ack_pending=20_000,
+            max_waiting=4096,
+        )
+        return await self._bind(REPLY_STREAM, self.reply_durable, config)
+
+    async def replies(self) -> AsyncIterator[Reply]:
+        sub = await _retrying(self._reply_sub, lambda: self._closed)
+        self._subs.append(sub)
+        pause = 0.05
+        while not self._closed:
+            try:
+                msgs = await sub.fetch(self.reply_batch, timeout=self.fetch_wait)
+            except TimeoutError:
+                continue
+            except _NATS_ERRORS as e:
+                log.debug("fetch of replies failed: %r", e)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+                continue
+            pause = 0.05
+            for msg in msgs:
+                if len(msg.data) > self.max_message_bytes:
+                    await self._reject(msg, f"reply too large: {len(msg.data)} bytes")
+                    continue
+                try:
+                    reply = decode_reply(msg.data)
+                except DecodeError as e:
+                    await self._reject(msg, str(e))
+                    continue
+                yield reply
+                with contextlib.suppress(*_NATS_ERRORS):
+                    await msg.ack()  # taken by the orchestrator: do not redeliver
+
+    # -- bad messages ------------------------------------------------------------
+
+    async def _reject(self, msg: Msg, reason: str) -> None:
+        """Dead-letter ``msg``, report it, and stop its redelivery."""
+        await self._bad(msg.subject, msg.data, reason)
+        with contextlib.suppress(*_NATS_ERRORS):
+            await msg.term()
+
+    async def _bad(self, subject: str, data: bytes, reason: str) -> None:
+        log.warning("bad message on %s: %s", subject, reason)
+        kind = subject.split(".")[1] if subject.count(".") >= 1 else "other"
+        headers = {REASON_HEADER: reason[:1000], SUBJECT_HEADER: subject}
+        try:
+            await self._publish(
+                f"{DEAD_PREFIX}.{encode_token(kind)}",
+                data[: self.max_message_bytes],
+                headers,
+                DEAD_STREAM,
+            )
+        except Exception as e:  # never let a report crash the bus
+            log.error("cannot dead-letter a bad message from %s: %r", subject, e)
+        if self.on_bad_message is not None:
+            try:
+                result = self.on_bad_message(subject, data, reason)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("on_bad_message failed")
+
+    # -- closing -------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        if self._owns:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+
+def _delivered(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:
+        return 1
+
+
+async def _retrying(make: Callable[[], Awaitable[T]], stop: Callable[[], bool]) -> T:
+    pause = 0.05
+    while True:
+        try:
+            return await make()
+        except _NATS_ERRORS as e:
+            if stop():
+                raise BusError("the bus is closed") from e
+            log.debug("retrying after %r", e)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
