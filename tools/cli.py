@@ -20,6 +20,7 @@ __all__ = ["cli", "main"]
 # Command modules; each defines its commands with @cli.command().
 COMMAND_MODULES = [
     "tools.cmd_demo",
+    "tools.cmd_export",
     "tools.cmd_inspect",
     "tools.cmd_replay",
     "tools.cmd_run",
