@@ -1,0 +1,94 @@
+"""Telemetry fixtures: a demo run in an SQLite file, and an OTLP/HTTP receiver on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[2]
+for p in (str(_ROOT), str(_ROOT / "tests" / "projections")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from agents.demo import DEMO_AGENTS  # noqa: E402
+from bus.demo import EmbeddedRuntime, report_plan  # noqa: E402
+from eventstore import SqliteEventStore  # noqa: E402
+
+
+async def _run_demo(path: Path) -> str:
+    store = await SqliteEventStore.open(path)
+    try:
+        async with EmbeddedRuntime(store, DEMO_AGENTS) as rt:
+            result = await rt.run(report_plan("ocean tides"), timeout=30)
+        assert result.status == "completed"
+        return result.root_id
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(db path, root id) of one finished demo run."""
+    path = tmp_path_factory.mktemp("demo") / "cardbus.db"
+    root_id = asyncio.run(_run_demo(path))
+    return str(path), root_id
+
+
+@dataclass
+class Received:
+    """What the receiver got: (path, content type, body) per request."""
+
+    requests: list[tuple[str, str, bytes]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def requests_to(self, path: str) -> list[tuple[str, str, bytes]]:
+        with self.lock:
+            return [r for r in self.requests if r[0] == path]
+
+
+@dataclass
+class Receiver:
+    url: str
+    received: Received
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[Receiver]:
+    """A real OTLP/HTTP endpoint on 127.0.0.1 (free port) that keeps every request body."""
+    received = Received()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            with received.lock:
+                received.requests.append((self.path, self.headers.get("Content-Type", ""), body))
+            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+            reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Receiver(f"http://127.0.0.1:{server.server_address[1]}", received)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
