@@ -367,10 +367,29 @@ class NatsEventStore(EventStore):
         if tls_hostname is not None:
             options["tls_hostname"] = tls_hostname
         options.update(nats_options)
+        # nats-py retries a failing first connect forever; we give it ``connect_timeout``
+        # in all, and report the last error it saw (refused, authorization, TLS...).
+        last_error: list[Exception] = []
+
+        connecting = True
+
+        async def on_error(e: Exception) -> None:
+            last_error[:] = [e]
+            await _log_error(e)
+            if connecting and _is_auth_error(e):
+                raise e  # a wrong credential does not get better by retrying: fail now
+
+        options["error_cb"] = on_error
+        options["connect_timeout"] = min(connect_timeout, 2.0)
+        nc = NatsClient()
         try:
-            nc = await nats.connect(**options)
+            await asyncio.wait_for(nc.connect(**options), connect_timeout)
         except _CONNECT_ERRORS as e:
-            raise StoreUnavailable(f"cannot connect to NATS at {', '.join(servers)}: {e!r}") from e
+            with contextlib.suppress(Exception):
+                await nc.close()
+            why = repr(last_error[0]) if last_error else repr(e)
+            raise StoreUnavailable(f"cannot connect to NATS at {', '.join(servers)}: {why}") from e
+        connecting = False
         try:
             store = cls(
                 nc,
@@ -988,6 +1007,11 @@ def _backoff_handler(base: float, cap: float) -> Any:
         return server, delay * (0.8 + random.random() * 0.4)
 
     return choose
+
+
+def _is_auth_error(e: Exception) -> bool:
+    text = str(e).lower()
+    return isinstance(e, nats.errors.AuthorizationError) or "authorization" in text
 
 
 async def _log_error(e: Exception) -> None:

@@ -1,0 +1,449 @@
+"""What is particular to the NATS JetStream event store, against a real nats-server.
+
+The shared contract (tests/contract) already runs against ``nats``; these tests
+pin the subject scheme, the stored bytes and headers, atomic batches,
+idempotency across connections, server restarts and crashes, connection
+options, tamper detection and a replicated 3-node cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from natsserver import NatsCluster, NatsServer, free_port, nats_server_binary
+
+from eventstore import (
+    CardbusError,
+    ConcurrencyError,
+    DecodeError,
+    IdempotencyError,
+    NewEvent,
+    StoreUnavailable,
+    ValidationError,
+    open_store,
+)
+from eventstore import events as ev
+from eventstore.envelope import encode_body
+from eventstore.nats import (
+    HASH_HEADER,
+    NatsEventStore,
+    decode_token,
+    encode_token,
+    event_subject,
+    kind_token,
+)
+
+
+def created(root: str = "root") -> NewEvent:
+    return NewEvent(data=ev.TaskCreated(root_id=root, capability="echo"), correlation_id=root)
+
+
+def started(root: str = "root", attempt: int = 1) -> NewEvent:
+    return NewEvent(data=ev.TaskStarted(attempt=attempt, agent_id="a1"), correlation_id=root)
+
+
+async def raw_messages(url: str, filt: str = "cardbus.evt.>") -> list[Any]:
+    """Every stored message matching ``filt``, read with plain nats-py (not our store)."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info("CARDBUS_EVENTS")
+        out = []
+        for seq in range(1, (info.state.last_seq or 0) + 1):
+            try:
+                msg = await js.get_msg("CARDBUS_EVENTS", seq=seq)
+            except nats.js.errors.NotFoundError:
+                continue
+            if nats_subject_matches(filt, msg.subject or ""):
+                out.append(msg)
+        return out
+    finally:
+        await nc.close()
+
+
+def nats_subject_matches(filt: str, subject: str) -> bool:
+    f, s = filt.split("."), subject.split(".")
+    for i, tok in enumerate(f):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(f) == len(s)
+
+
+# -- the subject scheme -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "token"),
+    [
+        ("t1", "t1"),
+        ("0192f0c4-7b1a-7c3e-9d2f-1a2b3c4d5e6f", "0192f0c4-7b1a-7c3e-9d2f-1a2b3c4d5e6f"),
+        ("agent-x", "agent-x"),
+        ("r1.a", "r1_2ea"),
+        ("a_b", "a_5fb"),
+        ("a b*>", "a_20b_2a_3e"),
+        ("é", "_c3_a9"),
+        ("", "_"),
+    ],
+)
+def test_tokens_are_readable_and_reversible(value: str, token: str) -> None:
+    assert encode_token(value) == token
+    assert decode_token(token) == value
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_id_encodes_to_one_valid_token(value: str) -> None:
+    token = encode_token(value)
+    assert token
+    assert all(c.isascii() and (c.isalnum() or c in "-_") for c in token)
+    assert decode_token(token) == value
+
+
+def test_subject_layout() -> None:
+    assert kind_token("task.dispatched.v1") == "task_dispatched_v1"
+    assert (
+        event_subject("cardbus.evt", "root 1", "r1.a", "task.created.v1")
+        == "cardbus.evt.root_201.r1_2ea.task_created_v1"
+    )
+
+
+# -- what is stored -----------------------------------------------------------------
+
+
+async def test_stored_message_is_the_envelope_body_on_the_documented_subject(
+    nats_store: NatsEventStore, nats_url: str
+) -> None:
+    out = await nats_store.append("r1.a", [created("r1"), started("r1")], 0)
+    msgs = await raw_messages(nats_url)
+    assert [m.seq for m in msgs] == [e.position for e in out] == [1, 2]
+    for env, msg in zip(out, msgs, strict=True):
+        assert msg.subject == f"cardbus.evt.r1.r1_2ea.{kind_token(env.type)}"
+        assert msg.data == encode_body(env)
+        assert msg.headers[HASH_HEADER] == env.hash == hashlib.sha256(msg.data).hexdigest()
+        assert msg.headers["Nats-Msg-Id"] == env.event_id
+    # Only the first message of an append carries the per-task expectation.
+    assert msgs[0].headers["Nats-Expected-Last-Subject-Sequence"] == "0"
+    assert msgs[0].headers["Nats-Expected-Last-Subject-Sequence-Subject"] == (
+        "cardbus.evt.*.r1_2ea.>"
+    )
+    assert "Nats-Expected-Last-Subject-Sequence" not in msgs[1].headers
+
+
+async def test_stream_config(nats_store: NatsEventStore) -> None:
+    info = await nats_store._js.stream_info("CARDBUS_EVENTS")
+    assert info.config.subjects == ["cardbus.evt.>"]
+    assert info.config.allow_atomic is True
+    assert info.config.deny_delete is True
+    assert info.config.deny_purge is True
+    assert nats_store.atomic is True
+
+
+async def test_custom_stream_name_and_prefix(nats_url: str) -> None:
+    async with await NatsEventStore.connect(
+        nats_url, stream_name="OTHER_LOG", subject_prefix="acme.log"
+    ) as store:
+        [env] = await store.append("t", [created()], 0)
+        assert (await store.read_all()) == [env]
+        nc = await nats.connect(nats_url)
+        try:
+            msg = await nc.jetstream().get_msg("OTHER_LOG", seq=1)
+            assert msg.subject == "acme.log.root.t.task_created_v1"
+        finally:
+            await nc.close()
+
+
+async def test_open_store_by_url(nats_url: str) -> None:
+    store = await open_store(nats_url)
+    try:
+        assert isinstance(store, NatsEventStore)
+        await store.append("t", [created()], 0)
+        assert await store.stream_version("t") == 1
+    finally:
+        await store.close()
+
+
+# -- atomic batches and concurrency ---------------------------------------------
+
+
+async def test_server_side_conflict_on_a_stale_head_changes_nothing(nats_url: str) -> None:
+    """Store A's cached head is stale; the server refuses A's whole batch."""
+    async with (
+        await NatsEventStore.connect(nats_url) as a,
+        await NatsEventStore.connect(nats_url) as b,
+    ):
+        await a.append("t", [created()], 0)  # A caches version 1
+        await b.append("t", [started()], 1)  # B moves the task to version 2
+        before = await a.read_all()
+        with pytest.raises(ConcurrencyError) as info:
+            await a.append("t", [started(attempt=2), started(attempt=3), started(attempt=4)], 1)
+        assert (info.value.stream, info.value.expected, info.value.actual) == ("t", 1, 2)
+        assert isinstance(info.value.__cause__, nats.js.errors.APIError)
+        assert await a.read_all() == before
+        # A's cache is now right again.
+        out = await a.append("t", [started(attempt=2), started(attempt=3)], 2)
+        assert [e.version for e in out] == [3, 4]
+        assert await a.verify() == []
+
+
+async def test_large_batches_are_atomic_and_bounded(nats_store: NatsEventStore) -> None:
+    out = await nats_store.append("t", [started(attempt=i) for i in range(1000)], 0)
+    assert [e.position for e in out] == list(range(1, 1001))
+    with pytest.raises(ValidationError):
+        await nats_store.append("t", [started() for _ in range(1001)], 1000)
+    bad = [started() for _ in range(999)] + [
+        NewEvent(data=ev.TaskCompleted(attempt=1, agent_id="a", confidence=math.nan),
+                 correlation_id="root")
+    ]  # fmt: skip
+    with pytest.raises(ValidationError):
+        await nats_store.append("t", bad, 1000)
+    assert await nats_store.last_position() == 1000
+    # Reads page through more than one pull batch.
+    assert len(await nats_store.read_all(0, 10_000)) == 1000
+    assert [e.position for e in await nats_store.read_all(990, 5)] == list(range(990, 995))
+    assert len(await nats_store.read_stream("t", 400)) == 601
+    assert await nats_store.verify("t") == []
+
+
+async def test_many_concurrent_batches_from_two_connections(nats_url: str) -> None:
+    async with (
+        await NatsEventStore.connect(nats_url) as a,
+        await NatsEventStore.connect(nats_url) as b,
+    ):
+
+        async def writer(store: NatsEventStore, name: str) -> None:
+            version = 0
+            for i in range(10):
+                out = await store.append(name, [started(attempt=i), started(attempt=i)], version)
+                version = out[-1].version
+
+        await asyncio.gather(*(writer(a if i % 2 else b, f"w{i}") for i in range(30)))
+        everything = await a.read_all(0, 100_000)
+        assert [e.position for e in everything] == list(range(1, 601))
+        assert await b.verify() == []
+
+
+# -- idempotency beyond one connection ---------------------------------------------
+
+
+async def test_retry_from_another_connection_returns_the_originals(nats_url: str) -> None:
+    single, batch = [created("r")], [started("r"), started("r", 2)]
+    async with await NatsEventStore.connect(nats_url) as a:
+        first = await a.append("t", single, 0)
+        second = await a.append("t", batch, 1)
+    # A new process retries both appends, with the expected versions they had then.
+    async with await NatsEventStore.connect(nats_url) as b:
+        assert await b.append("t", single, 0) == first
+        assert await b.append("t", batch, 1) == second
+        # ... and at the current version (the server's dedup answers).
+        assert await b.append("t", single, 3) == first
+        assert await b.append("t", batch, 3) == second
+        assert await b.last_position() == 3
+        with pytest.raises(IdempotencyError):
+            await b.append("elsewhere", batch, 0)
+        assert await b.last_position() == 3
+
+
+# -- faults ------------------------------------------------------------------------
+
+
+async def test_down_server_is_store_unavailable_then_recovers(nats_server: NatsServer) -> None:
+    store = await NatsEventStore.connect(nats_server.url, request_timeout=1.0)
+    try:
+        await store.append("t", [created()], 0)
+        nats_server.stop()
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await store.append("t", [started()], 1)
+        with pytest.raises(StoreUnavailable):
+            await store.read_all()
+        assert time.monotonic() - t0 < 5
+        nats_server.start()
+        for _ in range(100):  # the client reconnects with backoff
+            if store.nc.is_connected:
+                break
+            await asyncio.sleep(0.05)
+        [env] = await store.append("t", [started()], 1)
+        assert (env.version, env.position) == (2, 2)
+    finally:
+        await store.close()
+
+
+async def test_acked_events_survive_a_server_crash(nats_server: NatsServer) -> None:
+    async with await NatsEventStore.connect(nats_server.url) as store:
+        written = []
+        for i in range(20):
+            written += await store.append(f"t{i % 3}", [started(attempt=i)], i // 3)
+    nats_server.kill()  # SIGKILL: no flush, no goodbye
+    nats_server.start()
+    async with await NatsEventStore.connect(nats_server.url) as store:
+        assert await store.read_all() == written
+        assert await store.verify() == []
+
+
+async def test_subscription_survives_a_server_restart_without_gap_or_duplicate(
+    nats_server: NatsServer,
+) -> None:
+    store = await NatsEventStore.connect(nats_server.url, request_timeout=1.0)
+    store.heartbeat = 0.2
+    seen: list[int] = []
+    try:
+        await store.append("t", [created()], 0)
+
+        async def follow() -> None:
+            async for env in store.subscribe():
+                seen.append(env.position)
+                if len(seen) == 30:
+                    return
+
+        task = asyncio.ensure_future(follow())
+        version = 1
+        for i in range(10):
+            await store.append("t", [started(attempt=i)], version)
+            version += 1
+        nats_server.restart()
+        for i in range(19):
+            for _ in range(200):
+                try:
+                    await store.append("t", [started(attempt=100 + i)], version)
+                    break
+                except StoreUnavailable:
+                    await asyncio.sleep(0.05)
+            version += 1
+        await asyncio.wait_for(task, 20)
+        assert seen == list(range(1, 31))
+    finally:
+        await store.close()
+
+
+async def test_unreachable_server_is_store_unavailable() -> None:
+    with pytest.raises(StoreUnavailable):
+        await NatsEventStore.connect(f"nats://127.0.0.1:{free_port()}", connect_timeout=0.5)
+
+
+async def test_closed_store_refuses_work(nats_store: NatsEventStore) -> None:
+    await nats_store.close()
+    with pytest.raises(StoreUnavailable):
+        await nats_store.append("t", [created()], 0)
+    with pytest.raises(StoreUnavailable):
+        await nats_store.read_all()
+
+
+# -- tampering and garbage on the log subjects ---------------------------------------
+
+
+async def test_verify_names_deleted_and_forged_events(tmp_path: Path) -> None:
+    with NatsServer(tmp_path / "nats") as server:
+        async with await NatsEventStore.connect(server.url, deny_delete=False) as store:
+            out = await store.append("t", [created(), started(), started(attempt=2)], 0)
+            await store.append("u", [created()], 0)
+            nc = await nats.connect(server.url)
+            try:
+                js = nc.jetstream()
+                await js.delete_msg("CARDBUS_EVENTS", out[1].position)
+                forged = msgspec.structs.replace(out[0], actor="mallory")
+                await js.publish(
+                    f"cardbus.evt.root.t.{kind_token(forged.type)}",
+                    encode_body(forged),
+                    headers={HASH_HEADER: out[0].hash},
+                )
+                await nc.publish("cardbus.evt.root.t.x", b"\xff not json")
+                await nc.flush()
+            finally:
+                await nc.close()
+            problems = await store.verify()
+            where = [(p.stream, p.position) for p in problems]
+            assert ("t", 3) in where  # its predecessor was deleted
+            assert ("t", 5) in where  # forged: edited content under an old hash
+            assert ("t", 6) in where  # undecodable
+            assert all(p.stream == "t" for p in problems)
+            assert await store.verify("u") == []
+            # Garbage is a clear, typed error when read, never a silent skip.
+            with pytest.raises(DecodeError):
+                await store.read_stream("t")
+
+
+async def test_bad_ids_are_refused_before_anything_is_sent(nats_store: NatsEventStore) -> None:
+    with pytest.raises(ValidationError):
+        await nats_store.append("t", [created(root="r" * 5000)], 0)
+    with pytest.raises(CardbusError):
+        await nats_store.append("t" * 600, [created()], 0)
+    assert await nats_store.last_position() == 0
+
+
+# -- connection options ----------------------------------------------------------------
+
+
+async def test_token_and_user_password_auth(tmp_path: Path) -> None:
+    with NatsServer(tmp_path / "tok", extra_config='authorization { token: "s3cret" }') as server:
+        with pytest.raises(StoreUnavailable):
+            await NatsEventStore.connect(server.url, token="wrong", connect_timeout=1.0)
+        async with await NatsEventStore.connect(server.url, token="s3cret") as store:
+            await store.append("t", [created()], 0)
+    users = 'authorization { users: [ { user: "orch", password: "pw" } ] }'
+    with NatsServer(tmp_path / "users", extra_config=users) as server:
+        with pytest.raises(StoreUnavailable):
+            await NatsEventStore.connect(
+                server.url, user="orch", password="nope", connect_timeout=1.0
+            )
+        async with await NatsEventStore.connect(server.url, user="orch", password="pw") as store:
+            await store.append("t", [created()], 0)
+
+
+async def test_missing_tls_files_are_store_unavailable(nats_url: str, tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailable):
+        await NatsEventStore.connect(nats_url, tls_ca=str(tmp_path / "missing-ca.pem"))
+
+
+# -- the fixtures themselves ------------------------------------------------------------
+
+
+def test_binary_is_found_and_servers_do_not_collide(tmp_path: Path) -> None:
+    assert Path(nats_server_binary()).is_file()
+    with NatsServer(tmp_path / "a") as a, NatsServer(tmp_path / "b") as b:
+        assert a.port != b.port
+        port = a.port
+        a.kill()
+        assert not a.running
+        a.start()
+        assert a.port == port
+
+
+async def test_replicated_stream_on_a_three_node_cluster_loses_nothing(
+    nats_cluster: NatsCluster,
+) -> None:
+    store = await NatsEventStore.connect(nats_cluster.url, replicas=3, request_timeout=5.0)
+    try:
+        info = await store._js.stream_info("CARDBUS_EVENTS")
+        assert info.config.num_replicas == 3
+        written = []
+        for i in range(10):
+            written += await store.append("t", [started(attempt=i)], i)
+        leader = info.cluster.leader if info.cluster else None
+        victim = next(n for n in nats_cluster.nodes if n.name == leader)
+        victim.stop()
+        version = 10
+        deadline = time.monotonic() + 20
+        while version < 20 and time.monotonic() < deadline:
+            try:
+                written += await store.append("t", [started(attempt=version)], version)
+                version += 1
+            except StoreUnavailable:  # a new stream leader is being elected
+                await asyncio.sleep(0.1)
+        assert version == 20
+        assert await store.read_all() == written
+        victim.start()
+        assert await store.verify() == []
+    finally:
+        await store.close()
