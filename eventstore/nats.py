@@ -903,7 +903,7 @@ class _Reader:
         timeout = self.store.request_timeout
         while len(out) < batch:
             try:
-                msg = await self.sub.next_msg(timeout=timeout)
+                msg = await _next_msg(self.sub, timeout)
             except nats.errors.TimeoutError as e:
                 raise _ReaderBroken("no answer to a pull request") from e
             status = _status(msg)
@@ -930,7 +930,7 @@ class _Reader:
             remaining = batch
             while remaining > 0:
                 try:
-                    msg = await self.sub.next_msg(timeout=heartbeat * 3)
+                    msg = await _next_msg(self.sub, heartbeat * 3)
                 except nats.errors.TimeoutError as e:
                     raise _ReaderBroken("missed heartbeats") from e
                 status = _status(msg)
@@ -963,6 +963,21 @@ class _Reader:
 
 
 # -- helpers -------------------------------------------------------------------
+
+
+async def _next_msg(sub: Any, timeout: float) -> Msg:
+    """``sub.next_msg`` without its per-call task when a message is already queued."""
+    queue = getattr(sub, "_pending_queue", None)
+    if queue is not None and not sub._conn.is_closed:
+        try:
+            msg: Msg = queue.get_nowait()
+        except asyncio.QueueEmpty:
+            pass
+        else:
+            sub._pending_size -= len(msg.data)
+            queue.task_done()
+            return msg
+    return await sub.next_msg(timeout=timeout)
 
 
 def _status(msg: Msg) -> str | None:
