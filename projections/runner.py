@@ -76,7 +76,7 @@ class ProjectionRunner:
         conn: sqlite3.Connection,
         projections: Sequence[Projection],
         *,
-        batch_size: int = 5000,
+        batch_size: int = 2000,
         max_cached_rows: int = 200_000,
     ) -> None:
         if not projections:
@@ -112,6 +112,7 @@ class ProjectionRunner:
         if path != ":memory:":
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # the model is rebuildable from the log
+        conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: rebuilds touch the whole table
         return cls(store, conn, projections or all_projections(), **options)
 
     def close(self) -> None:
