@@ -276,11 +276,15 @@ class AgentDeregistered(_Event, frozen=True, kw_only=True, tag="agent.deregister
 
 
 class MemoryWritten(_Event, frozen=True, kw_only=True, tag="memory.written.v1"):
+    """A long-term memory record (stream ``memory``); a later write of a key replaces it."""
+
     key: str
     value: Any
-    text: str = ""
+    text: str = ""  # what semantic search embeds
     tags: list[str] = []
     source_task_id: str | None = None
+    kind: str = "record"  # "record" | "preference" | "failure"
+    policy: str = ""  # the write policy that marked it reusable
 
 
 class MemoryForgotten(_Event, frozen=True, kw_only=True, tag="memory.forgotten.v1"):
@@ -289,9 +293,15 @@ class MemoryForgotten(_Event, frozen=True, kw_only=True, tag="memory.forgotten.v
 
 
 class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
+    """An agent read memory through the orchestrator (on the reading task's stream)."""
+
     task_id: str
     query: str
-    keys: list[str] = []
+    keys: list[str] = []  # what was returned: memory keys, or the task ids read
+    agent_id: str = ""
+    attempt: int = 0
+    mode: str = "search"  # "get" | "list" | "search" (long-term) | "output" (task memory)
+    duration_s: float = 0.0
 
 
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
@@ -302,6 +312,11 @@ class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     result: Any = None
     error: str | None = None
     duration_s: float = 0.0
+    attempt: int = 0
+    error_type: str | None = None  # timeout | result_too_large | invalid_input | tool_error
+    arguments_digest: str = ""  # sha256 of the arguments (always; ``arguments`` per policy)
+    result_digest: str = ""
+    result_bytes: int = 0
 
 
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
@@ -310,6 +325,7 @@ class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
     action: str
     target: str
     reason: str
+    attempt: int = 0
 
 
 class ContextTrimmed(_Event, frozen=True, kw_only=True, tag="context.trimmed.v1"):
@@ -317,6 +333,9 @@ class ContextTrimmed(_Event, frozen=True, kw_only=True, tag="context.trimmed.v1"
     policy: str
     original_bytes: int
     final_bytes: int
+    limit_bytes: int = 0
+    attempt: int = 0
+    fields: list[str] = []  # input fields that were cut
 
 
 EVENT_TYPES: tuple[type[_Event], ...] = (

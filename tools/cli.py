@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "tools.cmd_demo",
     "tools.cmd_export",
     "tools.cmd_inspect",
+    "tools.cmd_memory",
     "tools.cmd_replay",
     "tools.cmd_run",
 ]

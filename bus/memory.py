@@ -1,0 +1,339 @@
+"""Long-term memory: the write policy, the keeper that applies it, and the API.
+
+Three layers of memory, three owners:
+
+* **session memory** is the run's ``RunStarted.session`` (``Plan.session``):
+  what the user asked. Only the orchestrator has it; an agent gets only the
+  fields a plan puts into its card.
+* **task memory** is the outputs of tasks, in the log. An agent reads the
+  outputs of its declared dependencies (in its card, or on request through
+  ``ctx.read_output``); the orchestrator refuses anything else.
+* **long-term memory** outlives runs. It is the stream ``memory`` of the log
+  (see ``projections.memory``), written here and nowhere else.
+
+What gets written is decided by a :class:`MemoryPolicy`, never by an agent:
+the default :class:`ReusablePolicy` writes, **when a run completes**, the
+entries of its session's ``preferences`` (``{"report_format": "markdown"}``
+becomes the record ``pref/<user>/report_format``); and, since selection
+learns from them, the reason of every failed attempt and failed task
+(``failure/<task>/<attempt>``, kind ``failure``). Nothing of a failed run
+is stored as reusable.
+
+:class:`MemoryKeeper` applies the policy to the log: ``settle(root_id)`` after
+a run, ``follow()`` to keep up continuously. It is idempotent: each memory
+event's id is derived from the event that caused it and the key, so
+processing the same log twice (a restart, two keepers) writes nothing twice.
+:class:`LongTermMemory` is the API for reads, search, explicit writes and
+``forget`` (an event too), used by the orchestrator and ``cardbus memory``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agents.selection import Embedder, HashingEmbedder
+from eventstore import ConcurrencyError, Envelope, EventStore, IdempotencyError, NewEvent
+from eventstore import events as ev
+from projections.memory import MEMORY_STREAM, MemoryFold, MemoryHit, MemoryRecord, build_memory
+
+__all__ = [
+    "MEMORY_STREAM",
+    "LongTermMemory",
+    "MemoryKeeper",
+    "MemoryPolicy",
+    "ReusablePolicy",
+    "derived_id",
+]
+
+log = logging.getLogger(__name__)
+
+
+def derived_id(seed: str, at: float) -> str:
+    """A UUIDv7-shaped id made from ``seed``: the same seed always gives the same id."""
+    ms = int(at * 1000) & 0xFFFF_FFFF_FFFF
+    h = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:10], "big")
+    value = (
+        ms << 80 | 0x7 << 76 | (h >> 68 & 0xFFF) << 64 | 0b10 << 62 | (h & 0x3FFF_FFFF_FFFF_FFFF)
+    )
+    x = f"{value:032x}"
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+class MemoryPolicy(Protocol):
+    """Decides what of a finished run (or a failure) is worth keeping."""
+
+    @property
+    def name(self) -> str: ...
+
+    def on_run_completed(
+        self, root_id: str, started: ev.RunStarted, outputs: dict[str, Any]
+    ) -> list[ev.MemoryWritten]: ...
+
+    def on_failure(
+        self, task_id: str, created: ev.TaskCreated, agent_id: str, attempt: int, reason: str
+    ) -> list[ev.MemoryWritten]: ...
+
+
+@dataclass(frozen=True)
+class ReusablePolicy:
+    """Stores a user's preferences from session memory on success, and failure reasons.
+
+    ``session_keys`` names the session fields whose entries are reusable
+    (each a dict of preference name -> value); ``user_key`` the session field
+    naming the user (``"default"`` if absent).
+    """
+
+    name: str = "reusable.v1"
+    session_keys: tuple[str, ...] = ("preferences",)
+    user_key: str = "user"
+    record_failures: bool = True
+
+    def on_run_completed(
+        self, root_id: str, started: ev.RunStarted, outputs: dict[str, Any]
+    ) -> list[ev.MemoryWritten]:
+        session = started.session if isinstance(started.session, dict) else {}
+        user = str(session.get(self.user_key) or "default")
+        out = []
+        for field in self.session_keys:
+            prefs = session.get(field)
+            if not isinstance(prefs, dict):
+                continue
+            for name, value in sorted(prefs.items()):
+                label = str(name).replace("_", " ")
+                out.append(
+                    ev.MemoryWritten(
+                        key=f"pref/{user}/{name}",
+                        value=value,
+                        text=f"{user} prefers {label}: {value}",
+                        tags=["preference", f"user:{user}", str(name)],
+                        kind="preference",
+                        policy=self.name,
+                    )
+                )
+        return out
+
+    def on_failure(
+        self, task_id: str, created: ev.TaskCreated, agent_id: str, attempt: int, reason: str
+    ) -> list[ev.MemoryWritten]:
+        if not self.record_failures:
+            return []
+        value = {
+            "task_id": task_id,
+            "root_id": created.root_id,
+            "capability": created.capability,
+            "agent_id": agent_id,
+            "attempt": attempt,
+            "reason": reason,
+            "goal": created.goal,
+        }
+        return [
+            ev.MemoryWritten(
+                key=f"failure/{task_id}/{attempt}",
+                value=value,
+                text=f"{created.capability} by {agent_id or 'no agent'} failed: {reason}. "
+                f"Goal: {created.goal}",
+                tags=["failure", f"capability:{created.capability}", f"agent:{agent_id}"],
+                source_task_id=task_id,
+                kind="failure",
+                policy=self.name,
+            )
+        ]
+
+
+class LongTermMemory:
+    """Reads, search, writes and forgets of long-term memory, over an ``EventStore``.
+
+    Reads refresh the fold from the ``memory`` stream first, so they see
+    every write in the log, including other processes'.
+    """
+
+    def __init__(
+        self, store: EventStore, embedder: Embedder | None = None, actor: str = "memory"
+    ) -> None:
+        self.store = store
+        self.embedder: Embedder = embedder or HashingEmbedder()
+        self.actor = actor
+        self.fold = MemoryFold()
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> MemoryFold:
+        async with self._lock:
+            await build_memory(self.store, self.fold)
+        return self.fold
+
+    async def get(self, key: str) -> MemoryRecord | None:
+        return (await self.refresh()).get(key)
+
+    async def list(
+        self,
+        *,
+        tags: Sequence[str] = (),
+        kind: str | None = None,
+        prefix: str = "",
+        where: dict[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[MemoryRecord]:
+        fold = await self.refresh()
+        return fold.list(tags=tags, kind=kind, prefix=prefix, where=where, limit=limit)
+
+    async def search(
+        self,
+        text: str,
+        *,
+        k: int = 5,
+        tags: Sequence[str] = (),
+        kind: str | None = None,
+        min_score: float = 0.0,
+    ) -> builtins.list[MemoryHit]:
+        fold = await self.refresh()
+        return fold.search(text, self.embedder, k=k, tags=tags, kind=kind, min_score=min_score)
+
+    async def remember(
+        self,
+        key: str,
+        value: Any,
+        *,
+        text: str = "",
+        tags: Iterable[str] = (),
+        kind: str = "record",
+        policy: str = "explicit",
+        correlation_id: str = MEMORY_STREAM,
+        actor: str | None = None,
+    ) -> Envelope:
+        """Write one record (an explicit write, e.g. by an operator)."""
+        data = ev.MemoryWritten(
+            key=key, value=value, text=text, tags=list(tags), kind=kind, policy=policy
+        )
+        (env,) = await self.append(
+            [NewEvent(data=data, correlation_id=correlation_id, actor=actor or self.actor)]
+        )
+        return env
+
+    async def forget(self, key: str, reason: str = "", actor: str | None = None) -> bool:
+        """Forget ``key`` (a ``memory.forgotten`` event); False if there is no such record."""
+        if await self.get(key) is None:
+            return False
+        data = ev.MemoryForgotten(key=key, reason=reason)
+        await self.append([NewEvent(data=data, correlation_id=MEMORY_STREAM, actor=actor or "cli")])
+        return True
+
+    async def append(self, events: Sequence[NewEvent]) -> builtins.list[Envelope]:
+        """Append to the memory stream at its current version, retrying on a race."""
+        for _ in range(20):
+            version = await self.store.stream_version(MEMORY_STREAM)
+            try:
+                stored = await self.store.append(MEMORY_STREAM, events, version)
+            except ConcurrencyError:
+                await asyncio.sleep(0)
+                continue
+            await self.refresh()
+            return stored
+        raise ConcurrencyError(MEMORY_STREAM, -1, await self.store.stream_version(MEMORY_STREAM))
+
+
+@dataclass
+class _TaskFacts:
+    created: ev.TaskCreated
+    agent_id: str = ""
+    attempt: int = 0
+
+
+class MemoryKeeper:
+    """Applies a :class:`MemoryPolicy` to the log and writes what it marks reusable."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        policy: MemoryPolicy | None = None,
+        memory: LongTermMemory | None = None,
+    ) -> None:
+        self.store = store
+        self.policy: MemoryPolicy = policy or ReusablePolicy()
+        self.memory = memory or LongTermMemory(store)
+        self.position = 0
+        self._runs: dict[str, ev.RunStarted] = {}
+        self._tasks: dict[str, _TaskFacts] = {}
+
+    def decide(self, env: Envelope) -> list[NewEvent]:
+        """The memory events one log event calls for (pure but for the keeper's fold)."""
+        data = env.data
+        pending: list[ev.MemoryWritten] = []
+        match data:
+            case ev.RunStarted():
+                self._runs[env.stream] = data
+            case ev.TaskCreated():
+                self._tasks[env.stream] = _TaskFacts(data)
+            case ev.TaskDispatched():
+                facts = self._tasks.get(env.stream)
+                if facts is not None:
+                    facts.agent_id, facts.attempt = data.agent_id, data.attempt
+            case ev.RunCompleted():
+                started = self._runs.get(env.stream)
+                if started is not None:
+                    pending = self.policy.on_run_completed(env.stream, started, data.outputs)
+            case ev.TaskRetryScheduled() | ev.TaskFailed():
+                facts = self._tasks.get(env.stream)
+                if facts is not None:
+                    error = getattr(data, "error", "")
+                    reason = f"{data.reason}: {error}" if error else data.reason
+                    attempt = facts.attempt
+                    pending = self.policy.on_failure(
+                        env.stream, facts.created, facts.agent_id, attempt, reason
+                    )
+            case _:
+                pass
+        return [
+            NewEvent(
+                data=m,
+                correlation_id=env.correlation_id,
+                causation_id=env.event_id,
+                actor=f"memory-policy:{self.policy.name}",
+                event_id=derived_id(f"{env.event_id}|{m.key}", env.recorded_at),
+            )
+            for m in pending
+        ]
+
+    async def process(self, events: Iterable[Envelope]) -> builtins.list[Envelope]:
+        """Fold ``events`` and append the memory events they call for (idempotent).
+
+        The events one log event calls for are appended together, so each
+        group is stored whole or not at all and a re-run re-appends exactly
+        the same group (a no-op by event id).
+        """
+        written: builtins.list[Envelope] = []
+        for env in events:
+            if env.stream == MEMORY_STREAM:
+                continue
+            self.position = max(self.position, env.position)
+            group = self.decide(env)
+            if not group:
+                continue
+            try:
+                written += await self.memory.append(group)
+            except IdempotencyError as e:  # the policy changed since: keep what is stored
+                log.warning("memory events for %s already stored differently: %s", env.event_id, e)
+        return written
+
+    async def settle(self, root_id: str) -> builtins.list[Envelope]:
+        """Apply the policy to one run (call it when the run has finished)."""
+        return await self.process(await self.store.read_correlation(root_id))
+
+    async def catch_up(self) -> builtins.list[Envelope]:
+        """Apply the policy to everything in the log after ``position``."""
+        written: builtins.list[Envelope] = []
+        while True:
+            page = await self.store.read_all(self.position + 1, 5000)
+            written += await self.process(page)
+            if len(page) < 5000:
+                return written
+
+    async def follow(self) -> None:
+        """Keep applying the policy to new events until cancelled."""
+        async for env in self.store.subscribe(self.position + 1):
+            await self.process([env])
