@@ -258,24 +258,28 @@ class Orchestrator:
             commit.add_done_callback(self._commits.discard)
 
     async def _commit(self, d: Decisions) -> None:
-        """Append every stream's new events in parallel, then send the logged cards."""
+        """Append every stream's new events, then send the logged cards.
+
+        Streams a decision creates (a review or supplementary task) go first,
+        the rest after, each group in parallel: a parent's events name its new
+        child (``TaskNeedsInput``, the result a review is about), so a crash or
+        a failed append between the two must never leave a parent pointing at
+        a child that does not exist. If a child cannot be created, its
+        parent's events are not written either: the reply is dropped and the
+        attempt times out and is retried, rather than waiting forever.
+        """
         streams = list(d.events)
         try:
-            results = await asyncio.gather(
-                *(self._append_decided(s, d.events[s]) for s in streams), return_exceptions=True
-            )
-            sends = []
-            for stream, result in zip(streams, results, strict=True):
-                if isinstance(result, ConcurrencyError):
-                    since = self.state.versions.get(stream, 0) + 1
-                    for env in await self.store.read_stream(stream, since):
-                        self._apply(env)
-                    continue
-                if isinstance(result, BaseException):
-                    log.error("append to %s failed: %r", stream, result)
-                    continue
-                for agent_id, card in d.sends.get(stream, []):
-                    sends.append(self.bus.send_task(agent_id, card))
+            children = [s for s in streams if isinstance(d.events[s][0], ev.TaskCreated)]
+            blocked: set[str] = set()
+            for stream, result in await self._append_streams(d, children):
+                if result is not None and not isinstance(result, ConcurrencyError):
+                    created = d.events[stream][0]
+                    if isinstance(created, ev.TaskCreated) and created.parent_id:
+                        blocked.add(created.parent_id)
+            rest = [s for s in streams if s not in children and s not in blocked]
+            done = [s for s, r in await self._append_streams(d, rest) if r is None]
+            sends = [self.bus.send_task(a, card) for s in done for a, card in d.sends.get(s, [])]
             for outcome in await asyncio.gather(*sends, return_exceptions=True):
                 if isinstance(outcome, BaseException):
                     log.warning("send failed, the attempt will time out and retry: %r", outcome)
@@ -285,6 +289,25 @@ class Orchestrator:
             for reply in parked:
                 self._queue.put_nowait(reply)
             self._queue.put_nowait(_TICK)
+
+    async def _append_streams(
+        self, d: Decisions, streams: list[str]
+    ) -> list[tuple[str, BaseException | None]]:
+        """Append each stream's decided events in parallel; the error of each, or None."""
+        results = await asyncio.gather(
+            *(self._append_decided(s, d.events[s]) for s in streams), return_exceptions=True
+        )
+        out: list[tuple[str, BaseException | None]] = []
+        for stream, result in zip(streams, results, strict=True):
+            if isinstance(result, ConcurrencyError):
+                for env in await self.store.read_stream(
+                    stream, self.state.versions.get(stream, 0) + 1
+                ):
+                    self._apply(env)
+            elif isinstance(result, BaseException):
+                log.error("append to %s failed: %r", stream, result)
+            out.append((stream, result if isinstance(result, BaseException) else None))
+        return out
 
     async def _append_decided(self, stream: str, data: list[ev.Event]) -> None:
         task = self.state.tasks.get(stream)
