@@ -20,13 +20,19 @@ Subjects and streams
   The orchestrator's own task timeout still decides retries of a lost attempt.
 * ``cardbus.reply.<task>`` (``Started``, ``ResultCard``) and
   ``cardbus.announce.<agent>`` (``Announce``) -- answers to the orchestrator,
-  in the work-queue stream ``CARDBUS_REPLIES``, read by the durable pull
-  consumer ``cardbus-orchestrator`` (shared by every orchestrator on the same
-  log). They stay stored while no orchestrator runs. A reply is acked once the
-  orchestrator has taken it from ``replies()`` (i.e. put it into its decide
-  loop: the ack is sent when the iterator is asked for the next one), so an
-  orchestrator killed before that gets it again; a reply seen twice is
-  harmless (it is recorded once, or as ``task.result_ignored``).
+  in the interest-retention stream ``CARDBUS_REPLIES``. Each orchestrator
+  reads them with its own durable pull consumer (``reply_durable``; the
+  default ``cardbus-orchestrator`` is created with the stream, so replies and
+  announcements are kept while no orchestrator runs, and a restarted
+  orchestrator with the same name gets what its predecessor had not taken).
+  Every orchestrator on the same log sees every reply: one whose state lags
+  cannot lose a result the others need; the log's optimistic concurrency
+  makes sure each is recorded once. A reply is acked once the orchestrator
+  has taken it from ``replies()`` (put it into its decide loop: the ack is
+  sent when the iterator is asked for the next one), so an orchestrator
+  killed before that gets it again; a reply seen twice is harmless (it is
+  recorded once, or as ``task.result_ignored``). A second orchestrator's
+  consumer (any other name) starts with the replies sent after it is made.
 * ``cardbus.dead.<kind>`` -- dead letters, in the stream ``CARDBUS_DEAD``
   (limits retention, 7 days): every malformed, oversized or undeliverable
   message is republished there with headers ``Cardbus-Reason`` and
@@ -227,8 +233,8 @@ class NatsBus(Bus):
             (
                 REPLY_STREAM,
                 [f"{REPLY_PREFIX}.>", f"{ANNOUNCE_PREFIX}.>"],
-                js_api.RetentionPolicy.WORK_QUEUE,
-                None,
+                js_api.RetentionPolicy.INTEREST,
+                7 * 86400.0,
             ),
             (DEAD_STREAM, [f"{DEAD_PREFIX}.>"], js_api.RetentionPolicy.LIMITS, 7 * 86400.0),
         ]
@@ -253,6 +259,12 @@ class NatsBus(Bus):
             )
             try:
                 await self._js.add_stream(config)
+                if name == REPLY_STREAM:
+                    # the default orchestrator's consumer exists from the start, so replies
+                    # (and agents' announcements) are kept until an orchestrator takes them
+                    await self._js.add_consumer(
+                        REPLY_STREAM, self._reply_config(ORCHESTRATOR_DURABLE)
+                    )
             except nats.js.errors.BadRequestError:
                 await self._js.stream_info(name)  # created meanwhile by another process
             except _NATS_ERRORS as e:
@@ -440,18 +452,27 @@ class NatsBus(Bus):
 
     # -- orchestrator's side ---------------------------------------------------
 
-    async def _reply_sub(self) -> JetStreamContext.PullSubscription:
-        config = js_api.ConsumerConfig(
-            name=self.reply_durable,
-            durable_name=self.reply_durable,
-            deliver_policy=js_api.DeliverPolicy.ALL,
+    def _reply_config(self, durable: str) -> js_api.ConsumerConfig:
+        return js_api.ConsumerConfig(
+            name=durable,
+            durable_name=durable,
+            # the default consumer is made with the stream; another orchestrator's own
+            # consumer starts with the replies sent from then on
+            deliver_policy=js_api.DeliverPolicy.ALL
+            if durable == ORCHESTRATOR_DURABLE
+            else js_api.DeliverPolicy.NEW,
             ack_policy=js_api.AckPolicy.EXPLICIT,
             ack_wait=self.reply_ack_wait,
             max_deliver=-1,
             max_ack_pending=20_000,
             max_waiting=4096,
+            # other orchestrators' consumers go away an hour after their last pull
+            inactive_threshold=None if durable == ORCHESTRATOR_DURABLE else 3600.0,
         )
-        return await self._bind(REPLY_STREAM, self.reply_durable, config)
+
+    async def _reply_sub(self) -> JetStreamContext.PullSubscription:
+        durable = self.reply_durable
+        return await self._bind(REPLY_STREAM, durable, self._reply_config(durable))
 
     async def replies(self) -> AsyncIterator[Reply]:
         sub = await _retrying(self._reply_sub, lambda: self._closed)

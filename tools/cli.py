@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "tools.cmd_export",
     "tools.cmd_inspect",
     "tools.cmd_memory",
+    "tools.cmd_nats",
     "tools.cmd_replay",
     "tools.cmd_run",
 ]
@@ -40,6 +41,9 @@ class _Group(click.Group):
 @click.version_option(package_name="cardbus")
 def cli() -> None:
     """cardbus: an event-sourced message bus for multi-agent work."""
+    from .telemetry_setup import configure_tracing
+
+    configure_tracing()  # an OpenTelemetry SDK, only if OTEL_* env vars ask for one
 
 
 def main() -> None:

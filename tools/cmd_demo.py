@@ -74,6 +74,27 @@ async def _demo(db: str, parallel: bool, topic: str) -> int:
 @click.option("--db", default="cardbus.db", show_default=True, help="SQLite event store file.")
 @click.option("--parallel", is_flag=True, help="Research three subtopics in parallel, then merge.")
 @click.option("--topic", default="ocean tides", show_default=True)
-def demo(db: str, parallel: bool, topic: str) -> None:
-    """Run the demo report pipeline on the embedded default (SQLite + in-process bus)."""
+@click.option("--nats", "nats_url", default=None, help="Run across NATS at this URL instead.")
+@click.option("--start-nats", is_flag=True, help="Start a local nats-server for the run.")
+@click.option(
+    "--external-agents", is_flag=True, help="With --nats: agents come from `agent serve`."
+)
+def demo(
+    db: str,
+    parallel: bool,
+    topic: str,
+    nats_url: str | None = None,
+    start_nats: bool = False,
+    external_agents: bool = False,
+) -> None:
+    """Run the demo report pipeline on the embedded default (SQLite + in-process bus).
+
+    With --nats URL (or --start-nats) it runs on NATS JetStream instead: the
+    orchestrator in this process, the agents in this process too unless
+    --external-agents (then `cardbus agent serve` processes do the work).
+    """
+    if nats_url or start_nats:
+        from .cmd_nats import demo_on_nats
+
+        raise SystemExit(demo_on_nats(nats_url, start_nats, parallel, topic, external_agents))
     raise SystemExit(asyncio.run(_demo(db, parallel, topic)))

