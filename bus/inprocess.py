@@ -8,10 +8,11 @@ import inspect
 import logging
 from collections.abc import AsyncIterator
 
+from agents import requests as rq
 from agents.cards import Reply, TaskCard, decode_reply, decode_task_card, encode
 from eventstore.errors import BusError, DecodeError
 
-from .interface import Bus, CardHandler
+from .interface import Bus, CardHandler, RequestHandler
 
 __all__ = ["InProcessBus"]
 
@@ -25,6 +26,7 @@ class InProcessBus(Bus):
         self._replies: asyncio.Queue[bytes] = asyncio.Queue()
         self._consumers: list[asyncio.Task[None]] = []
         self._closed = False
+        self._request_handler: RequestHandler | None = None
 
     def _inbox(self, agent_id: str) -> asyncio.Queue[tuple[bytes, int]]:
         return self._inboxes.setdefault(agent_id, asyncio.Queue())
@@ -80,6 +82,33 @@ class InProcessBus(Bus):
             except DecodeError as e:
                 await self._bad("cardbus.reply", data, str(e))
 
+    async def serve_requests(self, handler: RequestHandler) -> None:
+        self._request_handler = handler
+
+    async def request(self, request: rq.AgentRequest, timeout: float = 30.0) -> rq.AgentResponse:
+        """Both directions cross the codec, as they would cross the network."""
+        handler = self._request_handler
+        if self._closed or handler is None:
+            raise BusError("no orchestrator serves agent requests on this bus")
+        subject = f"cardbus.req.{request.agent_id}"
+        try:
+            decoded = rq.decode_request(rq.encode(request))
+        except DecodeError as e:
+            await self._bad(subject, b"", str(e))
+            raise BusError(f"request cannot be sent: {e}") from e
+        try:
+            response = await asyncio.wait_for(handler(decoded), timeout)
+        except TimeoutError as e:
+            raise BusError(f"no answer to request {request.request_id} in {timeout:g}s") from e
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the server's bug reaches the agent as a bus error
+            raise BusError(f"request {request.request_id} failed on the server: {e!r}") from e
+        try:
+            return rq.decode_response(rq.encode(response))
+        except DecodeError as e:
+            raise BusError(f"bad answer to request {request.request_id}: {e}") from e
+
     async def _bad(self, subject: str, data: bytes, reason: str) -> None:
         log.warning("bad message on %s: %s", subject, reason)
         if self.on_bad_message is not None:
@@ -89,6 +118,7 @@ class InProcessBus(Bus):
 
     async def close(self) -> None:
         self._closed = True
+        self._request_handler = None
         for task in self._consumers:
             task.cancel()
         for task in self._consumers:

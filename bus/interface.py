@@ -17,6 +17,15 @@ and pass ``tests/contract/test_bus_contract.py``. The contract:
 * Everything crossing the bus is encoded bytes (``agents.cards.encode``), even
   in-process, so the in-process bus exercises the same codec; undecodable
   bytes are reported through ``on_bad_message`` and never crash the bus.
+* Optional (the defaults raise ``BusError``): the agent -> orchestrator
+  request path. ``request(req, timeout)`` sends an ``AgentRequest`` from an
+  agent and returns the orchestrator's ``AgentResponse`` (``BusError`` when
+  no answer comes within ``timeout`` or nobody serves requests);
+  ``serve_requests(handler)`` makes ``handler`` answer every request (one
+  server per bus; requests of many agents are served concurrently). On NATS:
+  core request/reply on ``cardbus.req.<agent_id>``, served by a queue-group
+  subscription on ``cardbus.req.>``; not persisted (a request nobody answers
+  times out and the agent sees ``BusError``).
 """
 
 from __future__ import annotations
@@ -25,10 +34,13 @@ import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agents.cards import Reply, TaskCard
+from agents.requests import AgentRequest, AgentResponse
+from eventstore.errors import BusError
 
-__all__ = ["BadMessage", "Bus", "CardHandler"]
+__all__ = ["BadMessage", "Bus", "CardHandler", "RequestHandler"]
 
 CardHandler = Callable[[TaskCard], Awaitable[None]]
+RequestHandler = Callable[[AgentRequest], Awaitable[AgentResponse]]
 BadMessage = Callable[[str, bytes, str], Awaitable[None] | None]  # (subject, data, reason)
 
 
@@ -51,6 +63,14 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     def replies(self) -> AsyncIterator[Reply]:
         """Every reply, in arrival order, at least once."""
+
+    async def request(self, request: AgentRequest, timeout: float = 30.0) -> AgentResponse:
+        """Agent side: ask the orchestrator and wait for its answer (optional)."""
+        raise BusError(f"{type(self).__name__} does not carry agent requests")
+
+    async def serve_requests(self, handler: RequestHandler) -> None:
+        """Orchestrator side: answer every agent request with ``handler`` (optional)."""
+        raise BusError(f"{type(self).__name__} does not carry agent requests")
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -1,0 +1,241 @@
+"""Agent -> orchestrator requests: how an agent pulls more than its card, on purpose.
+
+An agent sees only its card (invariant 5). When it needs more - the output
+of a task it depends on, a tool call, long-term memory - it asks the
+orchestrator with an :class:`AgentRequest` and gets one :class:`AgentResponse`.
+The orchestrator checks the request against the task's card and the agent's
+registered card, does the work, records it as events on the task's stream,
+and only then answers. Handlers use it through ``TaskContext``::
+
+    facts = await ctx.read_output(task.deps[0])       # a declared dependency only
+    page = await ctx.tool("http_fetch", url="http://…")  # on the agent's allow-list only
+    prefs = await ctx.memory.search("preferred report format")
+    record = await ctx.memory.get("pref/ann/report_format")
+
+A refusal raises ``AccessDenied``; a tool that fails raises its typed error
+(``ToolTimeout``, ``ToolResultTooLarge``, ... from ``agents.tools``); a bus
+that cannot carry requests, or no answer in time, raises ``BusError``.
+
+On the wire both are JSON (``encode``/``decode_request``/``decode_response``);
+``request_id`` pairs them. Request kinds and their ``target``/``args``:
+
+=================  ===============  =================================================
+kind               target           args
+=================  ===============  =================================================
+``read_output``    a task id        -
+``write_output``   a task id        ``value``
+``tool``           a tool name      the tool's arguments
+``memory.get``     a memory key     -
+``memory.list``    -                ``tags``, ``kind``, ``prefix``, ``where``, ``limit``
+``memory.search``  -                ``text``, ``k``, ``tags``, ``kind``
+=================  ===============  =================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextvars
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from eventstore.errors import AccessDenied, BusError, CardbusError, DecodeError, ValidationError
+from eventstore.ids import new_id
+
+from .tools import TOOL_ERRORS
+
+if TYPE_CHECKING:
+    from .cards import TaskCard
+
+__all__ = [
+    "REQUESTER",
+    "REQUEST_KINDS",
+    "AgentRequest",
+    "AgentResponse",
+    "MemoryClient",
+    "Requester",
+    "TaskServices",
+    "decode_request",
+    "decode_response",
+    "encode",
+    "error_for",
+]
+
+RequestKind = Literal[
+    "read_output", "write_output", "tool", "memory.get", "memory.list", "memory.search"
+]
+REQUEST_KINDS: tuple[str, ...] = (
+    "read_output",
+    "write_output",
+    "tool",
+    "memory.get",
+    "memory.list",
+    "memory.search",
+)
+
+
+class AgentRequest(msgspec.Struct, frozen=True, kw_only=True, tag="agent_request"):
+    request_id: str
+    task_id: str
+    attempt: int
+    agent_id: str
+    kind: RequestKind
+    target: str = ""
+    args: dict[str, Any] = {}
+    traceparent: str | None = None
+
+
+class AgentResponse(msgspec.Struct, frozen=True, kw_only=True, tag="agent_response"):
+    request_id: str
+    ok: bool
+    result: Any = None
+    error: str | None = None
+    #: access_denied | not_found | invalid_input | timeout | result_too_large | tool_error
+    #: | bad_request | unavailable
+    error_type: str | None = None
+    duration_s: float = 0.0
+
+
+_encoder = msgspec.json.Encoder()
+_req_decoder = msgspec.json.Decoder(AgentRequest)
+_resp_decoder = msgspec.json.Decoder(AgentResponse)
+
+
+def encode(message: AgentRequest | AgentResponse) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_request(data: bytes) -> AgentRequest:
+    try:
+        return _req_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"invalid agent request: {e}") from e
+
+
+def decode_response(data: bytes) -> AgentResponse:
+    try:
+        return _resp_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"invalid agent response: {e}") from e
+
+
+def error_for(response: AgentResponse) -> CardbusError:
+    """The typed error a failed response stands for."""
+    message = response.error or response.error_type or "request failed"
+    kind = response.error_type or ""
+    if kind == "access_denied":
+        return AccessDenied(message)
+    if kind in TOOL_ERRORS:
+        return TOOL_ERRORS[kind](message)
+    if kind == "bad_request":
+        return ValidationError(message)
+    return BusError(message)
+
+
+Requester = Callable[[AgentRequest], Awaitable[AgentResponse]]
+
+#: The requester of the agent worker running the current task (set by ``AgentWorker``).
+REQUESTER: contextvars.ContextVar[Requester | None] = contextvars.ContextVar(
+    "cardbus_requester", default=None
+)
+
+
+class MemoryClient:
+    """``ctx.memory``: long-term memory reads, each checked and recorded by the orchestrator."""
+
+    def __init__(self, services: TaskServices) -> None:
+        self._services = services
+
+    async def get(self, key: str) -> dict[str, Any] | None:
+        """The record under ``key`` (a dict: key, value, text, tags, kind, ...) or None."""
+        result: dict[str, Any] | None = await self._services.request("memory.get", key)
+        return result
+
+    async def list(
+        self,
+        *,
+        tags: Sequence[str] = (),
+        kind: str | None = None,
+        prefix: str = "",
+        where: dict[str, Any] | None = None,
+        limit: int | None = 20,
+    ) -> list[dict[str, Any]]:
+        args = {
+            "tags": list(tags),
+            "kind": kind,
+            "prefix": prefix,
+            "where": where or {},
+            "limit": limit,
+        }
+        result: list[dict[str, Any]] = await self._services.request("memory.list", "", args)
+        return result
+
+    async def search(
+        self, text: str, *, k: int = 5, tags: Sequence[str] = (), kind: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """Hits, best first: ``{"record": {...}, "score": float}``."""
+        args = {"text": text, "k": k, "tags": list(tags), "kind": kind}
+        result: builtins.list[dict[str, Any]] = await self._services.request(
+            "memory.search", "", args
+        )
+        return result
+
+
+class TaskServices:
+    """What ``TaskContext`` offers beyond the card: requests to the orchestrator.
+
+    The requester is the one given to the context, else the one the agent
+    worker set for the current task (:data:`REQUESTER`).
+    """
+
+    task: TaskCard
+    agent_id: str
+    requester: Requester | None = None
+
+    @property
+    def memory(self) -> MemoryClient:
+        return MemoryClient(self)
+
+    async def request(
+        self, kind: RequestKind, target: str = "", args: dict[str, Any] | None = None
+    ) -> Any:
+        """Send one request; its result, or the typed error it failed with."""
+        requester = self.requester or REQUESTER.get()
+        if requester is None:
+            raise BusError("no orchestrator to ask: this task runs without a request path")
+        req = AgentRequest(
+            request_id=new_id(),
+            task_id=self.task.task_id,
+            attempt=self.task.attempt,
+            agent_id=self.agent_id,
+            kind=kind,
+            target=target,
+            args=args or {},
+            traceparent=self.task.traceparent,
+        )
+        try:
+            resp = await asyncio.wait_for(requester(req), max(1.0, self.task.timeout_s))
+        except TimeoutError as e:
+            raise BusError(f"no answer to {kind} {target!r} in time") from e
+        if not resp.ok:
+            raise error_for(resp)
+        return resp.result
+
+    async def tool(self, name: str, /, **args: Any) -> Any:
+        """Call a tool on this agent's allow-list; its result (JSON builtins)."""
+        return await self.request("tool", name, args)
+
+    async def read_output(self, task_id: str) -> Any:
+        """The output of ``task_id``, which must be one of this task's declared deps."""
+        return await self.request("read_output", task_id)
+
+    async def write_output(self, task_id: str, value: Any) -> None:
+        """Write a task's output: allowed for this agent's own task only.
+
+        The own task's output travels in the ResultCard (what ``handle``
+        returns); this request exists so that a write anywhere else is
+        refused and recorded.
+        """
+        await self.request("write_output", task_id, {"value": value})

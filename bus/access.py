@@ -1,0 +1,323 @@
+"""The orchestrator's side of agent requests: check, do, record, then answer.
+
+:class:`RequestBroker` serves ``AgentRequest``s (``agents.requests``) for the
+orchestrator. For each one it
+
+1. checks it with :func:`access_problem`, a pure function of the state folded
+   from the log: the asking agent must be working on the task right now (a
+   dispatched agent of the current attempt); ``read_output`` may name only a
+   task the card declares as a dependency, ``write_output`` only the task
+   itself; ``tool`` only a tool on the agent's allow-list as registered in the
+   log (``AgentConstraints.tools``, not what the request claims); memory reads
+   are allowed unless the policy turns them off;
+2. on a refusal records ``access.refused`` and answers ``access_denied``
+   (the agent gets ``AccessDenied``);
+3. otherwise does the work - reads the dependency's output, calls the tool
+   through the ``ToolRegistry`` (time-out, size limit, schemas), reads
+   long-term memory - and records what happened: ``memory.read`` (mode
+   ``output`` for task memory, ``get``/``list``/``search`` for long-term
+   memory) or ``tool.called`` with the arguments (or only their digest, per
+   :class:`AccessPolicy`), the result (inline when small, else its digest and
+   size), the error and its type, and the duration;
+4. answers only once those events are durable (``record`` returns after the
+   append): the log knows of every effect before the agent does.
+
+Events go on the task's own stream, appended by the orchestrator's one
+decision loop (``record``), so their versions never race the task's
+lifecycle events; folds that understand only ``task.*`` skip them. A request
+for a task the log does not know is recorded on the agent's stream
+(``agent-<id>``) if the agent is registered, and only refused otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from agents.requests import AgentRequest, AgentResponse
+from agents.tools import ToolError, ToolRegistry
+from eventstore import TaskState
+from eventstore import events as ev
+from eventstore.errors import AccessDenied
+
+from .memory import LongTermMemory
+from .runstate import RunState
+
+__all__ = ["AccessPolicy", "Record", "RequestBroker", "access_problem", "digest"]
+
+log = logging.getLogger(__name__)
+
+Record = Callable[[str, list[ev.Event]], Awaitable[None]]
+_WORKING = (TaskState.DISPATCHED, TaskState.RUNNING)
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    arguments: str = "full"  # "full" | "digest": what tool.called keeps of the arguments
+    max_inline_bytes: int = 4096  # larger arguments / results are recorded as digest + size
+    memory_reads: bool = True  # may agents read long-term memory at all
+    max_memory_results: int = 20
+
+
+def digest(value: Any) -> str:
+    try:
+        data = msgspec.json.encode(value, order="sorted")
+    except Exception:
+        data = repr(value).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _size(value: Any) -> int:
+    try:
+        return len(msgspec.json.encode(value))
+    except Exception:
+        return 1 << 62
+
+
+def access_problem(
+    state: RunState, req: AgentRequest, policy: AccessPolicy = AccessPolicy()
+) -> str | None:
+    """Why ``req`` is refused, or None when it is allowed."""
+    task = state.tasks.get(req.task_id)
+    if task is None:
+        return "unknown_task"
+    if (
+        req.agent_id not in task.dispatched_to
+        or req.attempt != task.attempt
+        or task.state not in _WORKING
+    ):
+        return "not_assigned"  # not (or no longer) this agent's task
+    match req.kind:
+        case "read_output":
+            if req.target not in task.created.deps:
+                return "not_a_dependency"
+            dep = state.tasks.get(req.target)
+            if dep is None or dep.state is not TaskState.COMPLETED:
+                return "dependency_not_completed"
+        case "write_output":
+            if req.target != req.task_id:
+                return "not_own_task"
+        case "tool":
+            card = state.agents.get(req.agent_id)
+            if card is None or req.target not in card.constraints.tools:
+                return "tool_not_allowed"
+        case "memory.get" | "memory.list" | "memory.search":
+            if not policy.memory_reads:
+                return "memory_not_allowed"
+        case _:
+            return "unknown_request"
+    return None
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class RequestBroker:
+    def __init__(
+        self,
+        state: RunState,
+        record: Record,
+        tools: ToolRegistry | None = None,
+        memory: LongTermMemory | None = None,
+        policy: AccessPolicy | None = None,
+    ) -> None:
+        self.state = state
+        self.record = record
+        self.tools = tools or ToolRegistry()
+        self.memory = memory
+        self.policy = policy or AccessPolicy()
+
+    async def handle(self, req: AgentRequest) -> AgentResponse:
+        """Check, do, record, answer; never raises for a bad or refused request."""
+        start = time.monotonic()
+        try:
+            return await self._handle(req, start)
+        except _BadRequest as e:
+            return self._answer(req, start, error=str(e), error_type="bad_request")
+        except Exception as e:  # e.g. the record could not be appended: no effect, no answer
+            log.exception("request %s failed", req.request_id)
+            return self._answer(
+                req, start, error=f"request failed: {e!r}", error_type="unavailable"
+            )
+
+    async def _handle(self, req: AgentRequest, start: float) -> AgentResponse:
+        problem = access_problem(self.state, req, self.policy)
+        if problem is not None:
+            refused = ev.AccessRefused(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                action=req.kind,
+                target=req.target,
+                reason=problem,
+                attempt=req.attempt,
+            )
+            await self._record(req, [refused])
+            message = f"{req.agent_id} may not {req.kind} {req.target!r}: {problem}"
+            return self._answer(req, start, error=message, error_type="access_denied")
+        match req.kind:
+            case "read_output":
+                output = self.state.tasks[req.target].output
+                await self._record(
+                    req, [self._read(req, start, "output", req.target, [req.target])]
+                )
+                return self._answer(req, start, result=output)
+            case "write_output":  # its own task: the output itself arrives in the ResultCard
+                return self._answer(req, start, result={"accepted": True})
+            case "tool":
+                return await self._tool(req, start)
+            case _:
+                return await self._memory(req, start)
+
+    # -- tools ---------------------------------------------------------------------
+
+    async def _tool(self, req: AgentRequest, start: float) -> AgentResponse:
+        args = req.args
+        arg_digest = digest(args)
+        inline_args = (
+            self.policy.arguments == "full" and _size(args) <= self.policy.max_inline_bytes
+        )
+        result: Any = None
+        error: str | None = None
+        error_type: str | None = None
+        extra: list[ev.Event] = []
+        try:
+            outcome = await self.tools.call(req.target, args)
+            result = outcome.result
+        except AccessDenied as e:  # the tool's own allow-list (e.g. a host)
+            error, error_type = str(e), "access_denied"
+            extra.append(
+                ev.AccessRefused(
+                    task_id=req.task_id,
+                    agent_id=req.agent_id,
+                    action="tool",
+                    target=req.target,
+                    reason=str(e),
+                    attempt=req.attempt,
+                )
+            )
+        except ToolError as e:
+            error, error_type = str(e), e.error_type
+        duration = time.monotonic() - start
+        size = 0 if error else _size(result)
+        called = ev.ToolCalled(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            tool=req.target,
+            arguments=args if inline_args else None,
+            result=result if size <= self.policy.max_inline_bytes else None,
+            error=error,
+            duration_s=round(duration, 6),
+            attempt=req.attempt,
+            error_type=error_type,
+            arguments_digest=arg_digest,
+            result_digest="" if error else digest(result),
+            result_bytes=size,
+        )
+        await self._record(req, [called, *extra])
+        if error is not None:
+            return self._answer(req, start, error=error, error_type=error_type)
+        return self._answer(req, start, result=result)
+
+    # -- long-term memory --------------------------------------------------------
+
+    async def _memory(self, req: AgentRequest, start: float) -> AgentResponse:
+        if self.memory is None:
+            return self._answer(
+                req, start, error="no long-term memory here", error_type="unavailable"
+            )
+        a = req.args
+        limit = self.policy.max_memory_results
+        try:
+            tags = [str(t) for t in a.get("tags") or []]
+            kind = a.get("kind")
+            if kind is not None and not isinstance(kind, str):
+                raise TypeError("kind must be a string")
+            if req.kind == "memory.get":
+                record = await self.memory.get(req.target)
+                result: Any = None if record is None else _record_view(record)
+                mode, query, keys = "get", req.target, [] if record is None else [record.key]
+            elif req.kind == "memory.list":
+                where = a.get("where") or {}
+                if not isinstance(where, dict):
+                    raise TypeError("where must be an object")
+                n = min(int(a.get("limit") or limit), limit)
+                records = await self.memory.list(
+                    tags=tags, kind=kind, prefix=str(a.get("prefix") or ""), where=where, limit=n
+                )
+                result = [_record_view(r) for r in records]
+                mode, keys = "list", [r.key for r in records]
+                query = msgspec.json.encode(
+                    {"tags": tags, "kind": kind, "prefix": a.get("prefix"), "where": where},
+                    order="sorted",
+                ).decode()
+            else:
+                text = a.get("text")
+                if not isinstance(text, str):
+                    raise TypeError("text must be a string")
+                k = min(int(a.get("k") or 5), limit)
+                hits = await self.memory.search(text, k=k, tags=tags, kind=kind)
+                result = [{"record": _record_view(h.record), "score": h.score} for h in hits]
+                mode, query, keys = "search", text, [h.record.key for h in hits]
+        except (TypeError, ValueError) as e:
+            raise _BadRequest(f"{req.kind}: {e}") from e
+        await self._record(req, [self._read(req, start, mode, query, keys)])
+        return self._answer(req, start, result=result)
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _read(
+        self, req: AgentRequest, start: float, mode: str, query: str, keys: list[str]
+    ) -> ev.MemoryRead:
+        return ev.MemoryRead(
+            task_id=req.task_id,
+            query=query,
+            keys=keys,
+            agent_id=req.agent_id,
+            attempt=req.attempt,
+            mode=mode,
+            duration_s=round(time.monotonic() - start, 6),
+        )
+
+    async def _record(self, req: AgentRequest, events: list[ev.Event]) -> None:
+        if req.task_id in self.state.tasks:
+            await self.record(req.task_id, events)
+        elif req.agent_id in self.state.agents:
+            await self.record(f"agent-{req.agent_id}", events)
+        else:
+            log.warning("refused a request of unregistered agent %r: not recorded", req.agent_id)
+
+    @staticmethod
+    def _answer(
+        req: AgentRequest,
+        start: float,
+        result: Any = None,
+        error: str | None = None,
+        error_type: str | None = None,
+    ) -> AgentResponse:
+        return AgentResponse(
+            request_id=req.request_id,
+            ok=error is None,
+            result=result,
+            error=error,
+            error_type=error_type,
+            duration_s=round(time.monotonic() - start, 6),
+        )
+
+
+def _record_view(record: Any) -> dict[str, Any]:
+    """What an agent sees of a memory record."""
+    return {
+        "key": record.key,
+        "value": record.value,
+        "text": record.text,
+        "tags": list(record.tags),
+        "kind": record.kind,
+        "recorded_at": record.recorded_at,
+    }
