@@ -75,15 +75,26 @@ def seal_batch(
     actual_version: int,
     last_hash: str,
     max_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    first_position: int = 0,
 ) -> list[tuple[Envelope, bytes]]:
-    """Seal events for the end of ``stream`` or raise; nothing is stored here."""
+    """Seal events for the end of ``stream`` or raise; nothing is stored here.
+
+    With ``first_position`` the envelopes carry the positions the caller will
+    store them at (``first_position``, ``first_position + 1``, ...).
+    """
     if expected_version != actual_version:
         raise ConcurrencyError(stream, expected_version, actual_version)
     sealed: list[tuple[Envelope, bytes]] = []
     prev = last_hash
     for i, new in enumerate(events):
         try:
-            env, body = seal(new, stream, expected_version + 1 + i, prev)
+            env, body = seal(
+                new,
+                stream,
+                expected_version + 1 + i,
+                prev,
+                first_position + i if first_position else 0,
+            )
         except (msgspec.EncodeError, TypeError, OverflowError) as e:
             raise ValidationError(f"event {new.event_id} cannot be encoded: {e}") from e
         if len(body) > max_bytes:

@@ -1,15 +1,36 @@
-"""SQLite ``EventStore`` (aiosqlite, WAL): the embedded default.
+"""SQLite ``EventStore`` (WAL): the embedded default.
 
-Group commit: ``append`` queues its request and one writer task drains the
-queue, checking and inserting every queued request inside one ``BEGIN
-IMMEDIATE`` transaction, then resolves each caller after the commit. So many
-concurrent appenders share one fsync, while each call still returns only once
-its own events are durable, and a request that fails its checks (wrong
-expected version, bad payload) fails alone without touching the others.
+Writes. ``append`` checks its arguments, queues the request and awaits it. One
+writer task drains the queue: it hands every queued request (up to
+``_MAX_BATCH_REQUESTS``) to the writer thread in *one* call, which checks,
+seals and inserts all of them inside one ``BEGIN IMMEDIATE`` transaction and
+commits once; the callers are resolved after the commit. So many concurrent
+appenders share one transaction and one fsync (group commit), each call
+returns only once its own events are durable, and a request that fails its
+checks (wrong expected version, bad payload) fails alone without touching the
+others. The writer thread owns a plain ``sqlite3`` connection: one thread hop
+per batch instead of one per statement.
 
-Positions are assigned by the writer as ``max(position) + 1`` under the write
+The writer keeps each stream's head (version, hash) in memory. The cache is
+valid only while no other connection writes: every transaction first reads
+``MAX(position)`` and drops the cache when it is not the position this writer
+committed last (another process appended). Idempotent retries are found by
+the ``UNIQUE`` constraint on ``event_id``: a batch that hits it is rolled back
+and redone with every id looked up. Requests whose expected version is wrong
+are looked up too, since a retry must return the stored events whatever its
+expected version says.
+
+Positions are assigned by the writer as ``MAX(position) + 1`` under the write
 lock, so they are gap-free and in commit order; readers in this or any other
 process see a prefix of the log, which is what makes ``subscribe`` gap-free.
+
+Reads go through ``aiosqlite`` (one hop per query) and decode in the event
+loop with ``decode_stored``.
+
+Durability is the ``synchronous`` option of ``open``: ``FULL`` (the default)
+fsyncs the WAL on every commit, so an appended event survives power loss;
+``NORMAL`` survives a crash of the process but may lose the last commits on
+power loss; ``OFF`` leaves it to the OS.
 """
 
 from __future__ import annotations
@@ -18,6 +39,7 @@ import asyncio
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,10 +52,10 @@ from .envelope import (
     ChainProblem,
     Envelope,
     NewEvent,
-    decode_body,
+    decode_stored,
     verify_chain,
 )
-from .errors import CardbusError, StoreError, StoreUnavailable
+from .errors import CardbusError, StoreError, StoreUnavailable, ValidationError
 from .store import EventStore
 
 __all__ = ["SqliteEventStore"]
@@ -54,8 +76,19 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_correlation ON events (correlation_id, position);
 """
 
+_INSERT = (
+    "INSERT INTO events (position, event_id, stream, version, correlation_id, type,"
+    " recorded_at, body, hash) VALUES (?,?,?,?,?,?,?,?,?)"
+)
+_TOP = "SELECT COALESCE(MAX(position), 0) FROM events"
+
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _MAX_BATCH_REQUESTS = 2000
+_MAX_CACHED_HEADS = 100_000
 _IN_CHUNK = 500  # bound on "IN (?, ...)" parameters per statement
+_PAGE = 2000  # events per read while a subscription catches up
+
+Outcome = list[Envelope] | CardbusError
 
 
 @dataclass
@@ -66,12 +99,171 @@ class _Request:
     future: asyncio.Future[list[Envelope]] = field(repr=False)
 
 
+class _Writer:
+    """The one write connection, used only from the writer thread."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.heads: dict[str, tuple[int, str]] = {}  # stream -> (version, hash)
+        self.top = -1  # MAX(position) after our last commit; -1: unknown
+
+    @classmethod
+    def connect(cls, path: str, synchronous: str) -> _Writer:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={synchronous}")
+            conn.execute("PRAGMA busy_timeout=10000")
+            conn.executescript(_SCHEMA)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def write(self, batch: list[_Request], max_bytes: int) -> tuple[list[Outcome | None], int, int]:
+        """Check, seal and insert a batch in one transaction.
+
+        Returns one outcome per request (``None``: an id it carries is also in
+        an earlier request of this batch; queue it again), the log's last
+        position after the commit and the number of events written.
+        """
+        conn = self.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"cannot write: {e}") from e
+        try:
+            top = conn.execute(_TOP).fetchone()[0]
+            if top != self.top:  # another connection wrote: our heads may be stale
+                self.heads.clear()
+            try:
+                outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
+                if rows:
+                    conn.executemany(_INSERT, rows)
+            except sqlite3.IntegrityError:
+                # An id is already stored (a retry after a lost reply): redo the
+                # batch, this time looking every id up.
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
+                self.heads.clear()
+                top = conn.execute(_TOP).fetchone()[0]
+                outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=True)
+                if rows:
+                    conn.executemany(_INSERT, rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            self.heads.clear()
+            self.top = -1
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+        if len(self.heads) + len(heads) > _MAX_CACHED_HEADS:
+            self.heads.clear()
+        self.heads.update(heads)
+        self.top = top + len(rows)
+        return outcomes, self.top, len(rows)
+
+    def _plan(
+        self, batch: list[_Request], top: int, max_bytes: int, careful: bool
+    ) -> tuple[list[Outcome | None], list[tuple[Any, ...]], dict[str, tuple[int, str]]]:
+        cached = self.heads
+        heads: dict[str, tuple[int, str]] = {}  # written by this batch
+        stored = self._lookup([e.event_id for r in batch for e in r.events]) if careful else {}
+        outcomes: list[Outcome | None] = []
+        rows: list[tuple[Any, ...]] = []
+        claimed: set[str] = set()
+        missing = list({r.stream for r in batch if r.stream not in cached})
+        if missing:
+            found = self._heads(missing)
+            for stream in missing:
+                cached[stream] = found.get(stream, (0, GENESIS_HASH))
+        position = top
+        for r in batch:
+            ids = [e.event_id for e in r.events]
+            stream = r.stream
+            try:
+                if careful and any(i in stored for i in ids):
+                    old = [stored[i] for i in ids if i in stored]
+                    check_replay(old, r.events, stream)
+                    outcomes.append(old)
+                    continue
+                if not claimed.isdisjoint(ids):  # the same ids twice in one batch
+                    outcomes.append(None)
+                    continue
+                head = heads.get(stream) or cached[stream]
+                if r.expected_version != head[0] and not careful:
+                    old = list(self._lookup(ids).values())
+                    if old:  # a retry with a stale expected version
+                        check_replay(
+                            sorted(old, key=lambda e: ids.index(e.event_id)), r.events, stream
+                        )
+                        outcomes.append(old)
+                        continue
+                sealed = seal_batch(
+                    stream, r.events, r.expected_version, head[0], head[1], max_bytes, position + 1
+                )
+            except CardbusError as e:
+                outcomes.append(e)
+                continue
+            for env, body in sealed:
+                rows.append(
+                    (
+                        env.position,
+                        env.event_id,
+                        stream,
+                        env.version,
+                        env.correlation_id,
+                        env.type,
+                        env.recorded_at,
+                        body,
+                        env.hash,
+                    )
+                )
+            position += len(sealed)
+            claimed.update(ids)
+            last = sealed[-1][0]
+            heads[stream] = (last.version, last.hash)
+            outcomes.append([env for env, _ in sealed])
+        return outcomes, rows, heads
+
+    def _heads(self, streams: list[str]) -> dict[str, tuple[int, str]]:
+        """(version, hash) of the last event of each stream that has one."""
+        found: dict[str, tuple[int, str]] = {}
+        for i in range(0, len(streams), _IN_CHUNK):
+            chunk = streams[i : i + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            # SQLite returns the bare column (hash) from the row that has the MAX.
+            sql = (
+                "SELECT stream, MAX(version), hash FROM events"
+                f" WHERE stream IN ({marks}) GROUP BY stream"
+            )
+            for stream, version, h in self.conn.execute(sql, chunk):
+                found[stream] = (version, h)
+        return found
+
+    def _lookup(self, ids: list[str]) -> dict[str, Envelope]:
+        found: dict[str, Envelope] = {}
+        for i in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[i : i + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            sql = f"SELECT position, body, hash FROM events WHERE event_id IN ({marks})"
+            for env in decode_stored(self.conn.execute(sql, chunk).fetchall()):
+                found[env.event_id] = env
+        return found
+
+
 class SqliteEventStore(EventStore):
     """Open with ``await SqliteEventStore.open(path)``; close with ``await store.close()``."""
 
     def __init__(
         self,
-        writer: aiosqlite.Connection,
+        writer: _Writer,
+        executor: ThreadPoolExecutor,
         reader: aiosqlite.Connection,
         path: str,
         max_event_bytes: int,
@@ -80,7 +272,9 @@ class SqliteEventStore(EventStore):
         self.path = path
         self.max_event_bytes = max_event_bytes
         self.poll_interval = poll_interval
+        self.commits = 0  # write transactions committed: group commit makes this < appends
         self._writer = writer
+        self._executor = executor
         self._reader = reader
         self._queue: list[_Request] = []
         self._writer_task: asyncio.Task[None] | None = None
@@ -100,26 +294,41 @@ class SqliteEventStore(EventStore):
     ) -> SqliteEventStore:
         """Open (and by default create) the log at ``path``.
 
-        ``synchronous=FULL`` makes every commit durable against power loss;
-        ``NORMAL`` survives process crashes only and is faster.
+        ``synchronous`` is SQLite's pragma: ``FULL`` (default) makes every
+        commit durable against power loss; ``NORMAL`` survives process crashes
+        only and is faster; ``OFF`` leaves flushing to the OS. ``poll_interval``
+        is how often a subscription looks for events appended by *other*
+        processes (its own store's appends wake it at once).
         """
         path = os.fspath(path)
-        if not create and (path == ":memory:" or not os.path.exists(path)):
+        mode = str(synchronous).upper()
+        if mode not in _SYNCHRONOUS:
+            raise ValidationError(f"synchronous must be one of {_SYNCHRONOUS}: {synchronous!r}")
+        if path == ":memory:" or path.startswith("file::memory:"):
+            raise StoreUnavailable("the SQLite store needs a file; use MemoryEventStore instead")
+        if not create and not os.path.exists(path):
             raise StoreUnavailable(f"no event store at {path!r}")
+        loop = asyncio.get_running_loop()
+        executor = ThreadPoolExecutor(1, thread_name_prefix="cardbus-sqlite-writer")
+        reader: aiosqlite.Connection | None = None
         try:
-            writer = await aiosqlite.connect(path, isolation_level=None)
-            await writer.executescript(
-                "PRAGMA journal_mode=WAL;"
-                f"PRAGMA synchronous={synchronous};"
-                "PRAGMA busy_timeout=10000;"
-            )
-            await writer.executescript(_SCHEMA)
-            reader = await aiosqlite.connect(path, isolation_level=None)
-            await reader.execute("PRAGMA busy_timeout=10000")
-            await reader.execute("PRAGMA query_only=1")
+            writer = await loop.run_in_executor(executor, _Writer.connect, path, mode)
+            try:
+                reader = await aiosqlite.connect(path, isolation_level=None)
+                await reader.execute("PRAGMA busy_timeout=10000")
+                await reader.execute("PRAGMA query_only=1")
+            except BaseException:
+                await loop.run_in_executor(executor, writer.close)
+                if reader is not None:
+                    await reader.close()
+                raise
         except sqlite3.Error as e:
+            executor.shutdown(wait=False)
             raise StoreUnavailable(f"cannot open event store {path!r}: {e}") from e
-        store = cls(writer, reader, path, max_event_bytes, poll_interval)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        store = cls(writer, executor, reader, path, max_event_bytes, poll_interval)
         store._last_committed = await store.last_position()
         return store
 
@@ -138,142 +347,51 @@ class SqliteEventStore(EventStore):
         return await future
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._queue:
             batch, self._queue = (
                 self._queue[:_MAX_BATCH_REQUESTS],
                 self._queue[_MAX_BATCH_REQUESTS:],
             )
             try:
-                await self._commit(batch)
+                outcomes, top, written = await loop.run_in_executor(
+                    self._executor, self._writer.write, batch, self.max_event_bytes
+                )
             except BaseException as e:  # resolve every caller, whatever happened
-                err = e if isinstance(e, CardbusError) else StoreError(f"append failed: {e!r}")
+                if isinstance(e, CardbusError):
+                    err: CardbusError = e
+                elif isinstance(e, sqlite3.Error):
+                    err = StoreUnavailable(f"cannot write to {self.path!r}: {e}")
+                else:
+                    err = StoreError(f"append failed: {e!r}")
+                if err is not e:
+                    err.__cause__ = e
                 for r in batch:
                     if not r.future.done():
                         r.future.set_exception(err)
                 if not isinstance(e, Exception):
                     raise
-
-    async def _commit(self, batch: list[_Request]) -> None:
-        db = self._writer
-        try:
-            await db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise StoreUnavailable(f"cannot write to {self.path!r}: {e}") from e
-        try:
-            heads = await self._stream_heads(db, {r.stream for r in batch})
-            stored = await self._stored_ids(db, [e.event_id for r in batch for e in r.events])
-            async with db.execute("SELECT COALESCE(MAX(position), 0) FROM events") as cur:
-                row = await cur.fetchone()
-            position = row[0] if row else 0
-            rows: list[tuple[Any, ...]] = []
-            results: list[tuple[_Request, list[Envelope] | BaseException]] = []
-            claimed: set[str] = set()
-            for r in batch:
-                try:
-                    ids = [e.event_id for e in r.events]
-                    if any(i in stored for i in ids):
-                        check_replay([stored[i] for i in ids if i in stored], r.events, r.stream)
-                        results.append((r, [stored[i] for i in ids]))
-                        continue
-                    if any(i in claimed for i in ids):  # same ids twice in one batch: retry later
-                        self._queue.append(r)
-                        continue
-                    version, last_hash = heads.get(r.stream, (0, GENESIS_HASH))
-                    sealed = seal_batch(
-                        r.stream,
-                        r.events,
-                        r.expected_version,
-                        version,
-                        last_hash,
-                        self.max_event_bytes,
-                    )
-                except CardbusError as e:
-                    results.append((r, e))
-                    continue
-                out = []
-                for env, body in sealed:
-                    position += 1
-                    out.append(_placed(env, position))
-                    rows.append(
-                        (
-                            position,
-                            env.event_id,
-                            env.stream,
-                            env.version,
-                            env.correlation_id,
-                            env.type,
-                            env.recorded_at,
-                            body,
-                            env.hash,
-                        )
-                    )
-                claimed.update(ids)
-                heads[r.stream] = (sealed[-1][0].version, sealed[-1][0].hash)
-                results.append((r, out))
-            if rows:
-                await db.executemany(
-                    "INSERT INTO events (position, event_id, stream, version, correlation_id,"
-                    " type, recorded_at, body, hash) VALUES (?,?,?,?,?,?,?,?,?)",
-                    rows,
-                )
-            await db.execute("COMMIT")
-        except BaseException:
-            try:
-                await db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
-        if rows:
-            async with self._committed:
-                self._last_committed = max(self._last_committed, position)
-                self._committed.notify_all()
-        for r, res in results:
-            if r.future.done():
                 continue
-            if isinstance(res, BaseException):
-                r.future.set_exception(res)
-            else:
-                r.future.set_result(res)
-
-    async def _stream_heads(
-        self, db: aiosqlite.Connection, streams: set[str]
-    ) -> dict[str, tuple[int, str]]:
-        heads: dict[str, tuple[int, str]] = {}
-        names = list(streams)
-        for i in range(0, len(names), _IN_CHUNK):
-            chunk = names[i : i + _IN_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            sql = (
-                "SELECT e.stream, e.version, e.hash FROM events e JOIN ("
-                f" SELECT stream, MAX(version) AS v FROM events WHERE stream IN ({marks})"
-                " GROUP BY stream) m ON e.stream = m.stream AND e.version = m.v"
-            )
-            async with db.execute(sql, chunk) as cur:
-                for stream, version, h in await cur.fetchall():
-                    heads[stream] = (version, h)
-        return heads
-
-    async def _stored_ids(self, db: aiosqlite.Connection, ids: list[str]) -> dict[str, Envelope]:
-        found: dict[str, Envelope] = {}
-        for i in range(0, len(ids), _IN_CHUNK):
-            chunk = ids[i : i + _IN_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            sql = f"SELECT position, body, hash FROM events WHERE event_id IN ({marks})"
-            async with db.execute(sql, chunk) as cur:
-                for env in self._decode_rows(await cur.fetchall()):
-                    found[env.event_id] = env
-        return found
+            if written:
+                self.commits += 1
+                async with self._committed:
+                    self._last_committed = max(self._last_committed, top)
+                    self._committed.notify_all()
+            for r, outcome in zip(batch, outcomes, strict=True):
+                if outcome is None:
+                    self._queue.append(r)
+                elif r.future.done():
+                    continue
+                elif isinstance(outcome, CardbusError):
+                    r.future.set_exception(outcome)
+                else:
+                    r.future.set_result(outcome)
 
     # -- reading -------------------------------------------------------------
 
-    def _decode_rows(self, rows: Any) -> list[Envelope]:
-        limit = self.max_event_bytes
-        return [decode_body(body, position, h, limit) for position, body, h in rows]
-
     async def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         try:
-            async with self._reader.execute(sql, args) as cur:
-                return list(await cur.fetchall())
+            return list(await self._reader.execute_fetchall(sql, args))
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot read {self.path!r}: {e}") from e
         except ValueError as e:  # aiosqlite: connection closed
@@ -285,38 +403,38 @@ class SqliteEventStore(EventStore):
             " ORDER BY version",
             (stream, from_version),
         )
-        return self._decode_rows(rows)
+        return decode_stored(rows)
 
     async def read_all(self, from_position: int = 0, limit: int = 1000) -> list[Envelope]:
         rows = await self._query(
             "SELECT position, body, hash FROM events WHERE position >= ? ORDER BY position LIMIT ?",
             (from_position, limit),
         )
-        return self._decode_rows(rows)
+        return decode_stored(rows)
 
     async def read_correlation(self, correlation_id: str) -> list[Envelope]:
         rows = await self._query(
             "SELECT position, body, hash FROM events WHERE correlation_id = ? ORDER BY position",
             (correlation_id,),
         )
-        return self._decode_rows(rows)
+        return decode_stored(rows)
 
     async def stream_version(self, stream: str) -> int:
         rows = await self._query("SELECT MAX(version) FROM events WHERE stream = ?", (stream,))
         return int(rows[0][0] or 0)
 
     async def last_position(self) -> int:
-        rows = await self._query("SELECT COALESCE(MAX(position), 0) FROM events")
+        rows = await self._query(_TOP)
         return int(rows[0][0])
 
     async def subscribe(self, from_position: int = 0) -> AsyncIterator[Envelope]:
         next_position = max(from_position, 1)
         while True:
-            page = await self.read_all(next_position, 1000)
+            page = await self.read_all(next_position, _PAGE)
             for env in page:
                 yield env
                 next_position = env.position + 1
-            if len(page) == 1000:
+            if len(page) == _PAGE:
                 continue
             # Live: woken by our own commits, polling for other processes' commits.
             wanted = next_position
@@ -357,11 +475,9 @@ class SqliteEventStore(EventStore):
                 await self._writer_task
             except Exception:
                 pass
-        await self._writer.close()
-        await self._reader.close()
-
-
-def _placed(env: Envelope, position: int) -> Envelope:
-    import msgspec
-
-    return msgspec.structs.replace(env, position=position)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._writer.close)
+        finally:
+            self._executor.shutdown(wait=True)
+            await self._reader.close()

@@ -1,0 +1,279 @@
+"""Benchmark of the SQLite event store against this machine's practical limit.
+
+Prints one table:
+
+* append throughput (events/s) with 1 and with 64 concurrent appenders, each
+  append carrying 3 events of about 300 bytes, against raw ``sqlite3``
+  ``executemany`` of the same rows in batches of 1000 on the same disk with the
+  same pragmas (WAL, the same ``synchronous``) -- and the ratio of the two;
+* ``read_stream`` latency (p50/p99) for a 10-event task inside a big store
+  (1,000,000 events by default), built fast with raw inserts of properly
+  sealed, verifiable events;
+* the full ``read_all`` scan-and-decode rate (events/s).
+
+Run: ``.venv/bin/python bench/eventstore_bench.py`` (``--help`` for the scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eventstore import NewEvent, SqliteEventStore
+from eventstore import events as ev
+from eventstore.envelope import GENESIS_HASH, seal
+from eventstore.sqlite import _SCHEMA
+
+EVENTS_PER_APPEND = 3
+TARGET_RATIO = 0.5
+TARGET_P50_MS = 1.0
+TARGET_SCAN = 300_000
+
+Row = tuple[int, str, str, int, str, str, float, bytes, str]
+
+
+def make_event(root: str, i: int) -> NewEvent:
+    """One event whose stored body is about 300 bytes."""
+    return NewEvent(
+        data=ev.TaskResultSubmitted(
+            attempt=1,
+            agent_id="agent-7",
+            status="completed",
+            output={"text": "lorem ipsum dolor sit amet " * 2, "n": i},
+            confidence=0.9,
+        ),
+        correlation_id=root,
+        actor="agent-7",
+    )
+
+
+def sealed_rows(n_tasks: int, per_task: int, start_position: int = 1) -> Iterator[Row]:
+    """Rows exactly as the store writes them: real, chained, verifiable events."""
+    position = start_position
+    for t in range(n_tasks):
+        stream = f"task-{t:08d}"
+        root = f"root-{t // 10:07d}"
+        prev = GENESIS_HASH
+        for v in range(1, per_task + 1):
+            env, body = seal(make_event(root, v), stream, v, prev)
+            prev = env.hash
+            yield (
+                position,
+                env.event_id,
+                stream,
+                v,
+                root,
+                env.type,
+                env.recorded_at,
+                body,
+                env.hash,
+            )
+            position += 1
+
+
+def raw_connect(path: Path, synchronous: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={synchronous}")
+    db.executescript(_SCHEMA)
+    return db
+
+
+INSERT = (
+    "INSERT INTO events (position, event_id, stream, version, correlation_id, type,"
+    " recorded_at, body, hash) VALUES (?,?,?,?,?,?,?,?,?)"
+)
+
+
+def raw_insert(db: sqlite3.Connection, rows: list[Row], batch: int = 1000) -> float:
+    """Seconds to insert ``rows`` with executemany, one transaction per ``batch`` rows."""
+    t0 = time.perf_counter()
+    for i in range(0, len(rows), batch):
+        db.execute("BEGIN")
+        db.executemany(INSERT, rows[i : i + batch])
+        db.execute("COMMIT")
+    return time.perf_counter() - t0
+
+
+async def store_appends(path: Path, n_events: int, appenders: int, synchronous: str) -> float:
+    """events/s of ``appenders`` concurrent writers, each appending 3 events at a time."""
+    per_appender = n_events // appenders // EVENTS_PER_APPEND
+    appends_per_task = 3  # each task gets 3 appends (9 events), then a new task
+    work: list[list[list[NewEvent]]] = [
+        [
+            [make_event(f"root-{a}", i * EVENTS_PER_APPEND + k) for k in range(EVENTS_PER_APPEND)]
+            for i in range(per_appender)
+        ]
+        for a in range(appenders)
+    ]
+    store = await SqliteEventStore.open(path, synchronous=synchronous)
+    commits_before = store.commits
+
+    async def appender(a: int) -> None:
+        for i, batch in enumerate(work[a]):
+            task, step = divmod(i, appends_per_task)
+            await store.append(f"a{a}-task{task}", batch, step * EVENTS_PER_APPEND)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(appender(a) for a in range(appenders)))
+    elapsed = time.perf_counter() - t0
+    total = appenders * per_appender * EVENTS_PER_APPEND
+    assert await store.last_position() == total
+    commits = store.commits - commits_before
+    await store.close()
+    print(
+        f"  {appenders:>3} appender(s): {total} events in {elapsed:.2f}s,"
+        f" {commits} commits ({total / max(commits, 1):.0f} events/commit)",
+        flush=True,
+    )
+    return total / elapsed
+
+
+def build_big_store(path: Path, n_events: int, synchronous: str) -> float:
+    per_task = 10
+    db = raw_connect(path, synchronous)
+    t0 = time.perf_counter()
+    chunk: list[Row] = []
+    for row in sealed_rows(n_events // per_task, per_task):
+        chunk.append(row)
+        if len(chunk) == 50_000:
+            raw_insert(db, chunk, 50_000)
+            chunk = []
+    if chunk:
+        raw_insert(db, chunk, 50_000)
+    db.close()
+    return time.perf_counter() - t0
+
+
+async def read_stream_latency(path: Path, n_tasks: int, samples: int) -> tuple[float, float]:
+    store = await SqliteEventStore.open(path, create=False)
+    rng = random.Random(7)
+    # warm-up: the page cache of a freshly built file, and the reader thread
+    for _ in range(50):
+        await store.read_stream(f"task-{rng.randrange(n_tasks):08d}")
+    times: list[float] = []
+    for _ in range(samples):
+        stream = f"task-{rng.randrange(n_tasks):08d}"
+        t0 = time.perf_counter()
+        got = await store.read_stream(stream)
+        times.append(time.perf_counter() - t0)
+        assert len(got) == 10 and got[-1].version == 10
+    await store.close()
+    times.sort()
+    return statistics.median(times) * 1e3, times[int(len(times) * 0.99)] * 1e3
+
+
+async def scan_rate(path: Path) -> tuple[float, int]:
+    store = await SqliteEventStore.open(path, create=False)
+    t0 = time.perf_counter()
+    n = 0
+    position = 0
+    while True:
+        page = await store.read_all(position, 10_000)
+        if not page:
+            break
+        n += len(page)
+        position = page[-1].position + 1
+    elapsed = time.perf_counter() - t0
+    await store.close()
+    return n / elapsed, n
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--events", type=int, default=60_000, help="events per append run (default 60000)"
+    )
+    parser.add_argument(
+        "--big",
+        type=int,
+        default=1_000_000,
+        help="events in the big store for read_stream and scan (default 1000000)",
+    )
+    parser.add_argument("--samples", type=int, default=2000, help="read_stream samples")
+    parser.add_argument(
+        "--synchronous",
+        default="FULL",
+        choices=["FULL", "NORMAL", "OFF"],
+        help="SQLite synchronous pragma, for both the store and the raw baseline",
+    )
+    parser.add_argument("--dir", default=None, help="where to put the files (default: a temp dir)")
+    args = parser.parse_args()
+
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="cardbus-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
+    print(f"files in {base}, synchronous={args.synchronous}", flush=True)
+
+    # Raw baseline: the same rows, batches of 1000, same disk and pragmas.
+    rows = list(sealed_rows(args.events // 9, 9))
+    db = raw_connect(base / "raw.db", args.synchronous)
+    raw_rate = len(rows) / raw_insert(db, rows)
+    db.close()
+
+    one = await store_appends(base / "one.db", args.events // 4, 1, args.synchronous)
+    many = await store_appends(base / "many.db", args.events, 64, args.synchronous)
+
+    print(f"building a store of {args.big} events ...", flush=True)
+    build_s = build_big_store(base / "big.db", args.big, args.synchronous)
+    print(f"  built in {build_s:.1f}s", flush=True)
+    p50, p99 = await read_stream_latency(base / "big.db", args.big // 10, args.samples)
+    rate, scanned = await scan_rate(base / "big.db")
+    assert scanned == args.big
+
+    lines = [
+        ("raw sqlite3 executemany, batches of 1000", f"{raw_rate:,.0f} events/s", "", ""),
+        (
+            "store append, 1 appender (3 events/append)",
+            f"{one:,.0f} events/s",
+            f"{one / raw_rate:.0%} of raw",
+            "",
+        ),
+        (
+            "store append, 64 appenders (3 events/append)",
+            f"{many:,.0f} events/s",
+            f"{many / raw_rate:.0%} of raw",
+            f">= {TARGET_RATIO:.0%}: {verdict(many / raw_rate >= TARGET_RATIO)}",
+        ),
+        (
+            f"read_stream, 10-event task in {args.big:,} events",
+            f"p50 {p50:.3f} ms",
+            f"p99 {p99:.3f} ms",
+            f"p50 <= {TARGET_P50_MS} ms: {verdict(p50 <= TARGET_P50_MS)}",
+        ),
+        (
+            f"read_all scan and decode, {scanned:,} events",
+            f"{rate:,.0f} events/s",
+            "",
+            f">= {TARGET_SCAN:,}/s: {verdict(rate >= TARGET_SCAN)}",
+        ),
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    header = ("measure", "result", "", "target")
+    print()
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for line in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    if not args.dir:
+        for f in base.iterdir():
+            f.unlink()
+        os.rmdir(base)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
