@@ -93,10 +93,10 @@ def percentile(sorted_values: Sequence[float], p: float) -> float | None:
 
 
 def _stat(agent_id: str, capability: str, row: Row | None, latencies: list[float]) -> AgentStat:
+    """``latencies`` must be sorted."""
     if row is None:
         row = {"successes": 0, "failures": 0, "timeouts": 0, "rejections": 0, "results": 0}
     runs = row["successes"] + row["failures"]
-    latencies = sorted(latencies)
     return AgentStat(
         runs=runs,
         success_rate=row["successes"] / runs if runs else 0.0,
@@ -228,7 +228,8 @@ class AgentStats(Projection):
                 conn, "SELECT * FROM proj_agent_stats WHERE agent_id = ?", (agent_id,)
             )
             lat = conn.execute(
-                "SELECT latency_s FROM proj_agent_latency WHERE agent_id = ?", (agent_id,)
+                "SELECT latency_s FROM proj_agent_latency WHERE agent_id = ? ORDER BY latency_s",
+                (agent_id,),
             ).fetchall()
             return _stat(agent_id, "", _sum_rows(rows), [x for (x,) in lat])
         rows = self.query(
@@ -237,7 +238,8 @@ class AgentStats(Projection):
             (agent_id, capability),
         )
         lat = conn.execute(
-            "SELECT latency_s FROM proj_agent_latency WHERE agent_id = ? AND capability = ?",
+            "SELECT latency_s FROM proj_agent_latency WHERE agent_id = ? AND capability = ?"
+            " ORDER BY latency_s",
             (agent_id, capability),
         ).fetchall()
         return _stat(agent_id, capability, rows[0] if rows else None, [x for (x,) in lat])
@@ -245,7 +247,7 @@ class AgentStats(Projection):
     def all(self, conn: sqlite3.Connection) -> list[AgentStat]:
         latencies: dict[tuple[str, str], list[float]] = {}
         for a, c, x in conn.execute(
-            "SELECT agent_id, capability, latency_s FROM proj_agent_latency"
+            "SELECT agent_id, capability, latency_s FROM proj_agent_latency ORDER BY latency_s"
         ):
             latencies.setdefault((a, c), []).append(x)
         return [
@@ -272,38 +274,37 @@ class AgentStatsFold:
 
     def __init__(self) -> None:
         self.model = Model.in_memory(AgentStats.tables)
-        self._latency: dict[tuple[str, str], list[float]] = {}
+        self._latency: dict[tuple[str, str], list[float]] = {}  # sorted on read
+        self._unsorted: set[tuple[str, str]] = set()
         latency: MemoryTable = self.model["proj_agent_latency"]
         self._samples = latency.samples
-        self._seen = 0
 
     def apply(self, env: Envelope) -> None:
         if type(env.data) in _HANDLES:
             _fold(self.model, env)
+            if self._samples:  # move new latency samples into per-key lists
+                for a, c, x in self._samples:
+                    self._latency.setdefault((a, c), []).append(x)
+                    self._unsorted.add((a, c))
+                self._samples.clear()
 
-    def _index(self) -> None:
-        for a, c, x in self._samples[self._seen :]:
-            self._latency.setdefault((a, c), []).append(x)
-        self._seen = len(self._samples)
+    def _sorted(self, key: tuple[str, str]) -> list[float]:
+        values = self._latency.get(key, [])
+        if key in self._unsorted:
+            values.sort()
+            self._unsorted.discard(key)
+        return values
 
     def get(self, agent_id: str, capability: str | None = None) -> AgentStat:
-        self._index()
+        """Statistics of one agent for one capability (or over all its capabilities)."""
         stats: MemoryTable = self.model["proj_agent_stats"]
         if capability is None:
             rows = [r for (a, _), r in stats.data.items() if a == agent_id]
-            lat = [x for (a, _), xs in self._latency.items() if a == agent_id for x in xs]
+            lat = sorted(x for (a, c), xs in self._latency.items() if a == agent_id for x in xs)
             return _stat(agent_id, "", _sum_rows(rows), lat)
-        return _stat(
-            agent_id,
-            capability,
-            stats.get((agent_id, capability)),
-            self._latency.get((agent_id, capability), []),
-        )
+        key = (agent_id, capability)
+        return _stat(agent_id, capability, stats.get(key), self._sorted(key))
 
     def all(self) -> list[AgentStat]:
-        self._index()
         stats: MemoryTable = self.model["proj_agent_stats"]
-        return [
-            _stat(a, c, r, self._latency.get((a, c), []))
-            for (a, c), r in sorted(stats.data.items())
-        ]
+        return [_stat(a, c, r, self._sorted((a, c))) for (a, c), r in sorted(stats.data.items())]
