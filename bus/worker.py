@@ -15,6 +15,7 @@ from agents.agent import Agent
 from agents.cards import Announce, ResultCard, Started, TaskCard
 from agents.llm import LLM
 
+from . import telemetry
 from .interface import Bus
 
 __all__ = ["AgentWorker"]
@@ -35,7 +36,8 @@ class AgentWorker:
     async def start(self) -> None:
         await self.bus.reply(Announce(card=self.agent.card()))
         for _ in range(self.concurrency):
-            await self.bus.consume(self.agent.agent_id, self._on_card)
+            handler = telemetry.traced_handler(self._on_card, self.bus, self.agent.agent_id)
+            await self.bus.consume(self.agent.agent_id, handler)
 
     async def _on_card(self, card: TaskCard) -> None:
         key = (card.task_id, card.attempt)
@@ -55,7 +57,7 @@ class AgentWorker:
             await self.bus.reply(
                 Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)
             )
-            answer = await self.agent.run(card, self.llm)
+            answer = await telemetry.invoke_agent(self.agent, card, self.llm)
             self.handled += 1
             self._answers[key] = answer
             if len(self._answers) > 10_000:

@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 _ROOT = Path(__file__).resolve().parents[2]
 for p in (str(_ROOT), str(_ROOT / "tests" / "projections")):
@@ -92,3 +96,25 @@ def otlp_receiver() -> Iterator[Receiver]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+_EXPORTER = InMemorySpanExporter()
+
+
+def _install() -> None:
+    """The SDK provider of this test process (set once), exporting to ``_EXPORTER``."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    if not getattr(provider, "_cardbus_test_exporter", False):
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        provider._cardbus_test_exporter = True  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def sdk_spans() -> Iterator[InMemorySpanExporter]:
+    _install()
+    _EXPORTER.clear()
+    yield _EXPORTER
+    _EXPORTER.clear()
