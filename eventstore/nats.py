@@ -376,8 +376,8 @@ class NatsEventStore(EventStore):
         async def on_error(e: Exception) -> None:
             last_error[:] = [e]
             await _log_error(e)
-            if connecting and _is_auth_error(e):
-                raise e  # a wrong credential does not get better by retrying: fail now
+            if connecting and _is_permanent(e):
+                raise e  # a wrong credential or certificate does not get better: fail now
 
         options["error_cb"] = on_error
         options["connect_timeout"] = min(connect_timeout, 2.0)
@@ -385,8 +385,8 @@ class NatsEventStore(EventStore):
         try:
             await asyncio.wait_for(nc.connect(**options), connect_timeout)
         except _CONNECT_ERRORS as e:
-            with contextlib.suppress(Exception):
-                await nc.close()
+            with contextlib.suppress(Exception):  # (close can hang on a failed TLS handshake)
+                await asyncio.wait_for(nc.close(), 1.0)
             why = repr(last_error[0]) if last_error else repr(e)
             raise StoreUnavailable(f"cannot connect to NATS at {', '.join(servers)}: {why}") from e
         connecting = False
@@ -807,8 +807,7 @@ class NatsEventStore(EventStore):
                 log.debug("subscription consumer lost (%r); recreating at %d", e, next_position)
             finally:
                 await reader.close()
-            if self._closed:
-                return
+            self._check_open()
             await asyncio.sleep(min(0.02 * 2 ** min(failures, 7), 2.0) * (1 + random.random() / 4))
 
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
@@ -1024,9 +1023,11 @@ def _backoff_handler(base: float, cap: float) -> Any:
     return choose
 
 
-def _is_auth_error(e: Exception) -> bool:
-    text = str(e).lower()
-    return isinstance(e, nats.errors.AuthorizationError) or "authorization" in text
+def _is_permanent(e: Exception) -> bool:
+    """Authorization and certificate errors: retrying the first connect cannot help."""
+    if isinstance(e, nats.errors.AuthorizationError | ssl.SSLCertVerificationError):
+        return True
+    return "authorization" in str(e).lower()
 
 
 async def _log_error(e: Exception) -> None:

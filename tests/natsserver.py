@@ -46,8 +46,11 @@ __all__ = [
     "NatsCluster",
     "NatsServer",
     "NatsServerError",
+    "TlsFiles",
     "free_port",
+    "make_tls_files",
     "nats_server_binary",
+    "tls_config",
 ]
 
 _BINARY_NAME = "nats-server.exe" if os.name == "nt" else "nats-server"
@@ -436,6 +439,67 @@ class NatsCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class TlsFiles:
+    """Paths of a throwaway CA, a server certificate for 127.0.0.1/localhost and a client one."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.ca = directory / "ca.pem"
+        self.server_cert = directory / "server.pem"
+        self.server_key = directory / "server-key.pem"
+        self.client_cert = directory / "client.pem"
+        self.client_key = directory / "client-key.pem"
+
+
+def make_tls_files(directory: str | os.PathLike[str]) -> TlsFiles:
+    """Create a CA and server/client certificates with the ``openssl`` command line.
+
+    Fails loudly (``NatsServerError``) if ``openssl`` is missing: TLS tests are
+    never skipped.
+    """
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise NatsServerError("the openssl command is needed to make test certificates")
+    files = TlsFiles(Path(directory))
+    files.dir.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        done = subprocess.run(
+            [openssl, *args], cwd=files.dir, capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise NatsServerError(f"openssl {' '.join(args)} failed:\n{done.stderr}")
+
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("req", "-x509", *key, "-days", "2", "-subj", "/CN=cardbus-test-ca",
+        "-keyout", "ca-key.pem", "-out", "ca.pem")  # fmt: skip
+    ext = files.dir / "ext.cnf"
+    for who, san in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", "")):
+        ext.write_text(
+            (san + "\n" if san else "")
+            + f"extendedKeyUsage={'serverAuth' if who == 'server' else 'clientAuth'}\n"
+        )
+        run("req", *key, "-subj", f"/CN=cardbus-{who}",
+            "-keyout", f"{who}-key.pem", "-out", f"{who}.csr")  # fmt: skip
+        run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+            "-CAcreateserial", "-days", "2", "-extfile", ext.name,
+            "-out", f"{who}.pem")  # fmt: skip
+    return files
+
+
+def tls_config(files: TlsFiles, verify_clients: bool = True) -> str:
+    """A nats-server ``tls { }`` block for :class:`NatsServer`'s ``extra_config``."""
+    return (
+        "tls {\n"
+        f"  cert_file: {json.dumps(str(files.server_cert))}\n"
+        f"  key_file: {json.dumps(str(files.server_key))}\n"
+        f"  ca_file: {json.dumps(str(files.ca))}\n"
+        f"  verify: {'true' if verify_clients else 'false'}\n"
+        "  timeout: 5\n"
+        "}"
+    )
 
 
 def _port_of(url: str) -> int:

@@ -20,7 +20,14 @@ import nats
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from natsserver import NatsCluster, NatsServer, free_port, nats_server_binary
+from natsserver import (
+    NatsCluster,
+    NatsServer,
+    free_port,
+    make_tls_files,
+    nats_server_binary,
+    tls_config,
+)
 
 from eventstore import (
     CardbusError,
@@ -447,3 +454,21 @@ async def test_replicated_stream_on_a_three_node_cluster_loses_nothing(
         assert await store.verify() == []
     finally:
         await store.close()
+
+
+async def test_tls_with_a_client_certificate(tmp_path: Path) -> None:
+    tls = make_tls_files(tmp_path / "tls")
+    with NatsServer(tmp_path / "nats", extra_config=tls_config(tls)) as server:
+        # Without our CA the server's certificate is not trusted.
+        with pytest.raises(StoreUnavailable):
+            await NatsEventStore.connect(
+                server.url.replace("nats://", "tls://"), connect_timeout=1.0
+            )
+        async with await NatsEventStore.connect(
+            server.url,
+            tls_ca=str(tls.ca),
+            tls_cert=str(tls.client_cert),
+            tls_key=str(tls.client_key),
+        ) as store:
+            [env] = await store.append("t", [created()], 0)
+            assert await store.read_stream("t") == [env]
