@@ -38,6 +38,8 @@ class Decisions:
     sends: dict[str, list[tuple[str, TaskCard]]] = field(default_factory=dict)  # stream -> cards
     deferred: list[Reply] = field(default_factory=list)  # replies for a task already touched
     busy: frozenset[str] = frozenset()  # streams with an append still in flight
+    unroutable: list[ResultCard] = field(default_factory=list)  # results for no known task
+    origins: dict[str, ResultCard] = field(default_factory=dict)  # stream -> result it records
 
     def add(self, stream: str, *events: ev.Event) -> None:
         self.events.setdefault(stream, []).extend(events)
@@ -123,7 +125,8 @@ class Decider:
             return
         task = self.state.tasks.get(reply.task_id)
         if task is None:
-            return  # no stream to record it in; the bus reports it as a bad message
+            self.d.unroutable.append(reply)  # no stream to record it in: a bad message
+            return
         if self.d.touched(task.task_id):
             self.d.deferred.append(reply)
             return
@@ -156,6 +159,7 @@ class Decider:
             duration_s=reply.duration_s,
         )
         self.d.add(task.task_id, submitted)
+        self.d.origins[task.task_id] = reply
         results = {**task.results, reply.agent_id: submitted}
         match reply.status:
             case "rejected":
@@ -521,6 +525,8 @@ class Decider:
         tasks = [self.state.tasks[t] for t in run.tasks]
         if not tasks or any(not t.terminal for t in tasks) or self.d.touched(run.root_id):
             return
+        if any(t not in self.state.tasks for t in run.started.task_ids):
+            return  # the plan's tasks are still being created
         plan_tasks = {name: self.state.tasks[tid] for name, tid in run.names.items()}
         failed = sorted(t.task_id for t in plan_tasks.values() if t.state is not S.COMPLETED)
         if failed:

@@ -26,9 +26,17 @@ import msgspec
 
 from agents.cards import AgentCard, Announce
 from agents.selection import Embedder
-from eventstore import ConcurrencyError, Envelope, EventStore, NewEvent, TaskState, new_id
+from eventstore import (
+    DEFAULT_MAX_EVENT_BYTES,
+    ConcurrencyError,
+    Envelope,
+    EventStore,
+    NewEvent,
+    TaskState,
+    new_id,
+)
 from eventstore import events as ev
-from eventstore.errors import CardbusError, InvalidPlan
+from eventstore.errors import CardbusError, DecodeError, InvalidPlan, ValidationError
 
 from .decisions import Decider, Decisions
 from .interface import Bus
@@ -122,61 +130,67 @@ class Orchestrator:
         """Start a run of ``plan``; returns its root id. The same plan id runs once."""
         validate_plan(plan, self.state.agents.values())
         plan_id = plan.plan_id or new_id()
-        if plan_id in self.state.plans:
-            return self.state.plans[plan_id]
-        root_id = new_id()
-        stream = f"plan-{plan_id}"
-        try:
-            await self._append(
-                stream, [ev.PlanSubmitted(plan_id=plan_id, root_id=root_id)], 0, root_id
-            )
-        except ConcurrencyError:
-            for env in await self.store.read_stream(stream):
-                self.state.apply(env)
-            return self.state.plans[plan_id]
+        root_id = self.state.plans.get(plan_id)
+        if root_id is not None and root_id in self.state.runs:
+            return root_id
+        fresh = root_id is None
+        root_id = root_id or new_id()
         ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
-        await self._append(
-            root_id,
-            [
-                ev.RunStarted(
-                    goal=plan.goal,
-                    plan_id=plan_id,
-                    task_ids=list(ids.values()),
-                    budget_tokens=plan.budget_tokens,
-                    session=plan.session,
-                )
-            ],
-            0,
-            root_id,
+        started = ev.RunStarted(
+            goal=plan.goal,
+            plan_id=plan_id,
+            task_ids=list(ids.values()),
+            budget_tokens=plan.budget_tokens,
+            session=plan.session,
         )
-        created = [
-            self._append(
-                ids[t.id],
-                [
-                    ev.TaskCreated(
-                        root_id=root_id,
-                        capability=t.capability,
-                        goal=t.goal,
-                        inputs=_rename_refs(t.inputs, ids),
-                        constraints=t.constraints,
-                        deps=[ids[d] for d in t.deps],
-                        timeout_s=t.timeout_s,
-                        max_attempts=t.max_attempts,
-                        requires_approval=t.requires_approval,
-                        fanout=t.fanout,
-                        review_by=t.review_by,
-                        max_review_rounds=t.max_review_rounds,
-                        plan_id=t.id,
-                    )
-                ],
-                0,
-                root_id,
+        created = {
+            ids[t.id]: ev.TaskCreated(
+                root_id=root_id,
+                capability=t.capability,
+                goal=t.goal,
+                inputs=_rename_refs(t.inputs, ids),
+                constraints=t.constraints,
+                deps=[ids[d] for d in t.deps],
+                timeout_s=t.timeout_s,
+                max_attempts=t.max_attempts,
+                requires_approval=t.requires_approval,
+                fanout=t.fanout,
+                review_by=t.review_by,
+                max_review_rounds=t.max_review_rounds,
+                plan_id=t.id,
             )
             for t in plan.tasks
-        ]
-        await asyncio.gather(*created)
+        }
+        # refuse what the log would refuse before writing anything, not half-way
+        limit = int(getattr(self.store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
+        named = [(f"task {t.id!r}", created[ids[t.id]]) for t in plan.tasks]
+        for what, data in [("the run", started), *named]:
+            size = len(msgspec.json.encode(data))
+            if size > limit:
+                raise InvalidPlan(f"{what} is {size} bytes, over the event size limit ({limit})")
+        if fresh:
+            stream = f"plan-{plan_id}"
+            try:
+                await self._append(
+                    stream, [ev.PlanSubmitted(plan_id=plan_id, root_id=root_id)], 0, root_id
+                )
+            except ConcurrencyError:
+                for env in await self.store.read_stream(stream):
+                    self.state.apply(env)
+                return self.state.plans[plan_id]
+        # PlanSubmitted claims the id; a submitter that died after it is completed by
+        # the next submit of the same plan id (each append below is create-only)
+        await self._create(root_id, started, root_id)
+        await asyncio.gather(*(self._create(k, v, root_id) for k, v in created.items()))
         self._queue.put_nowait(_TICK)
         return root_id
+
+    async def _create(self, stream: str, data: ev.Event, root_id: str) -> None:
+        try:
+            await self._append(stream, [data], 0, root_id)
+        except ConcurrencyError:  # created by an earlier, interrupted submit
+            for env in await self.store.read_stream(stream):
+                self._apply(env)
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run finishes; its outputs by plan task id."""
@@ -248,6 +262,13 @@ class Orchestrator:
                 decider.advance(run)
         d = decider.d
         self._parked.extend(d.deferred)
+        for reply in d.unroutable:
+            self.bad_messages.append(
+                (
+                    "cardbus.reply",
+                    f"result for unknown task {reply.task_id!r} from {reply.agent_id}",
+                )
+            )
         if d:
             # Commits run in the background so the next step can decide on other
             # streams meanwhile (their appends then share a group commit); a stream
@@ -271,14 +292,17 @@ class Orchestrator:
         streams = list(d.events)
         try:
             children = [s for s in streams if isinstance(d.events[s][0], ev.TaskCreated)]
-            blocked: set[str] = set()
+            blocked: dict[str, BaseException] = {}
             for stream, result in await self._append_streams(d, children):
                 if result is not None and not isinstance(result, ConcurrencyError):
                     created = d.events[stream][0]
                     if isinstance(created, ev.TaskCreated) and created.parent_id:
-                        blocked.add(created.parent_id)
+                        blocked[created.parent_id] = result
             rest = [s for s in streams if s not in children and s not in blocked]
-            done = [s for s, r in await self._append_streams(d, rest) if r is None]
+            appended = await self._append_streams(d, rest)
+            done = [s for s, r in appended if r is None]
+            for stream, error in [*blocked.items(), *appended]:
+                self._unstorable(d, stream, error)
             sends = [self.bus.send_task(a, card) for s in done for a, card in d.sends.get(s, [])]
             for outcome in await asyncio.gather(*sends, return_exceptions=True):
                 if isinstance(outcome, BaseException):
@@ -289,6 +313,29 @@ class Orchestrator:
             for reply in parked:
                 self._queue.put_nowait(reply)
             self._queue.put_nowait(_TICK)
+
+    def _unstorable(self, d: Decisions, stream: str, error: BaseException | None) -> None:
+        """A result the log refused (too large, not encodable) becomes a failed result.
+
+        Without this the agent's answer would vanish and the attempt would only
+        time out; this way the failure is recorded with its reason and retried.
+        """
+        reply = d.origins.get(stream)
+        if reply is None or not isinstance(error, (DecodeError, ValidationError)):
+            return
+        if reply.status == "failed" and reply.output is None:
+            return  # already the replacement: do not loop
+        reason = f"unstorable result: {type(error).__name__}: {error}"
+        self._parked.append(
+            msgspec.structs.replace(
+                reply,
+                status="failed",
+                output=None,
+                error=reason[:500],
+                notes="",
+                supplement_inputs={},
+            )
+        )
 
     async def _append_streams(
         self, d: Decisions, streams: list[str]

@@ -10,6 +10,7 @@ capability or inputs no agent accepts with ``InvalidPlan`` naming the problem.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -89,6 +90,8 @@ def validate_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None
     """Raise ``InvalidPlan`` naming the first problem; ``agents`` enables capability checks."""
     if not plan.tasks:
         raise InvalidPlan("plan has no tasks")
+    if plan.budget_tokens is not None and plan.budget_tokens < 0:
+        raise InvalidPlan(f"budget_tokens must be >= 0, got {plan.budget_tokens}")
     seen: set[str] = set()
     for t in plan.tasks:
         if not t.id or any(c in t.id for c in " .*>~\t\n"):
@@ -96,8 +99,13 @@ def validate_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None
         if t.id in seen:
             raise InvalidPlan(f"task id {t.id!r} appears twice")
         seen.add(t.id)
-        if t.max_attempts < 1 or t.fanout < 1 or t.timeout_s <= 0 or t.max_review_rounds < 0:
-            raise InvalidPlan(f"task {t.id!r}: max_attempts, fanout and timeout_s must be positive")
+        # a non-finite timeout would be stored as null and make the log unreadable
+        bad_timeout = not math.isfinite(t.timeout_s) or t.timeout_s <= 0
+        if t.max_attempts < 1 or t.fanout < 1 or bad_timeout or t.max_review_rounds < 0:
+            raise InvalidPlan(
+                f"task {t.id!r}: max_attempts, fanout and timeout_s must be positive"
+                f" (and timeout_s finite): got {t.max_attempts}, {t.fanout}, {t.timeout_s}"
+            )
     for t in plan.tasks:
         for d in t.deps:
             if d not in seen:
@@ -120,12 +128,31 @@ def validate_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None
             c.agent_id: hard_filter(
                 c, t.capability, t.inputs, t.constraints, t.timeout_s, partial_inputs=True
             )
+            or _missing_inputs(c, t)
             for c in cards
             if c.capability(t.capability) is not None
         }
         if all(reasons.values()):
             detail = ", ".join(f"{a}: {r}" for a, r in sorted(reasons.items()))
             raise InvalidPlan(f"task {t.id!r}: no agent accepts its inputs ({detail})")
+
+
+def _missing_inputs(card: AgentCard, t: PlanTask) -> str | None:
+    """``input_schema_mismatch`` if a required top-level input is absent.
+
+    The partial check skips missing required fields; but a plan's inputs are
+    all there is (a dependency fills a placeholder, never an absent key), so
+    an absent required field can be refused before anything runs.
+    """
+    spec = card.capability(t.capability)
+    schema: Any = spec.input_schema if spec else {}
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        schema = schema.get("$defs", {}).get(ref.rsplit("/", 1)[-1], {})
+    required = schema.get("required", []) if isinstance(schema, dict) else []
+    if any(name not in t.inputs for name in required):
+        return "input_schema_mismatch"
+    return None
 
 
 def _check_acyclic(plan: Plan) -> None:

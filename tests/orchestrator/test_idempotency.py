@@ -101,3 +101,20 @@ async def test_redelivered_card_is_answered_without_running_twice(make_runtime, 
         await asyncio.sleep(0.01)
     assert len(CARDS["echo"]) == 1
     assert [x.reason for x in log.of(ev.TaskResultIgnored, t)] == ["duplicate"]
+
+
+async def test_a_submit_interrupted_after_claiming_the_plan_id_is_finished_by_the_next(
+    make_runtime, store
+):
+    from eventstore import NewEvent, new_id
+
+    root = new_id()  # a submitter died right after writing PlanSubmitted
+    claim = ev.PlanSubmitted(plan_id="half", root_id=root)
+    await store.append("plan-half", [NewEvent(data=claim, correlation_id=root)], 0)
+    rt = await make_runtime([make_agent("echo")])
+    p = plan(task("a"), task("b", deps=["a"]), plan_id="half")
+    r = await rt.run(p)
+    assert r.root_id == root and r.status == "completed"
+    everything = await store.read_all(0, 10_000)
+    assert sum(isinstance(e.data, ev.PlanSubmitted) for e in everything) == 1
+    assert sum(isinstance(e.data, ev.RunStarted) for e in everything) == 1
