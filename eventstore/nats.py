@@ -88,6 +88,27 @@ heartbeat, a deleted consumer or a reconnect it recreates the consumer from
 the position after the last event it yielded, so there is no gap and no
 duplicate.
 
+Costs and limits
+----------------
+On a file-backed R1 stream the server syncs the disk on every atomic batch
+commit (a few ms each, serialised per stream), so a multi-event append costs
+one fsync while a single-event append costs none (JetStream's default
+``sync_interval``). On a replicated stream (R3) the commit goes through Raft
+instead. Each read creates and deletes one consumer (about 0.5 ms on
+loopback), so ``read_stream`` in a hot loop costs more than on SQLite; use
+``subscribe`` to follow the log. Dedup ids are held by the server for the
+duplicate window: lower it for very high write rates.
+
+Permissions
+-----------
+A connection that uses the store needs: publish to ``cardbus.evt.>`` (with
+replies); publish to ``$JS.API.STREAM.INFO.<stream>``,
+``$JS.API.STREAM.MSG.GET.<stream>``, ``$JS.API.CONSUMER.CREATE.<stream>``,
+``$JS.API.CONSUMER.MSG.NEXT.<stream>.*`` and
+``$JS.API.CONSUMER.DELETE.<stream>.*`` (plus ``$JS.API.STREAM.CREATE.<stream>``
+and ``$JS.API.STREAM.UPDATE.<stream>`` where it creates the stream); and
+subscribe to its own inbox prefix (``_INBOX.>`` or ``inbox_prefix``).
+
 Errors from nats-py are translated here to ``eventstore.errors``
 (``StoreUnavailable``, ``ConcurrencyError``, ``IdempotencyError``,
 ``PayloadTooLarge``, ``StoreError``) with ``raise ... from e``.
@@ -384,6 +405,10 @@ class NatsEventStore(EventStore):
         nc = NatsClient()
         try:
             await asyncio.wait_for(nc.connect(**options), connect_timeout)
+        except ImportError as e:  # nats-py imports nkeys only for nkey seeds and .creds files
+            raise StoreUnavailable(
+                f"nkeys_seed/user_credentials need the 'nkeys' package (pip install nkeys): {e}"
+            ) from e
         except _CONNECT_ERRORS as e:
             with contextlib.suppress(Exception):  # (close can hang on a failed TLS handshake)
                 await asyncio.wait_for(nc.close(), 1.0)

@@ -472,3 +472,52 @@ async def test_tls_with_a_client_certificate(tmp_path: Path) -> None:
         ) as store:
             [env] = await store.append("t", [created()], 0)
             assert await store.read_stream("t") == [env]
+
+
+STORE_PERMISSIONS = """
+authorization {
+  users: [
+    {
+      user: "writer", password: "pw",
+      permissions: {
+        publish: [
+          "cardbus.evt.>",
+          "$JS.API.STREAM.INFO.CARDBUS_EVENTS",
+          "$JS.API.STREAM.CREATE.CARDBUS_EVENTS",
+          "$JS.API.STREAM.UPDATE.CARDBUS_EVENTS",
+          "$JS.API.STREAM.MSG.GET.CARDBUS_EVENTS",
+          "$JS.API.CONSUMER.CREATE.CARDBUS_EVENTS",
+          "$JS.API.CONSUMER.MSG.NEXT.CARDBUS_EVENTS.*",
+          "$JS.API.CONSUMER.DELETE.CARDBUS_EVENTS.*",
+        ]
+        subscribe: ["_INBOX.>"]
+      }
+    }
+  ]
+}
+"""
+
+
+async def test_the_documented_permissions_are_enough(tmp_path: Path) -> None:
+    """The subjects listed in eventstore/nats.py's docstring cover everything the store does."""
+    with NatsServer(tmp_path / "nats", extra_config=STORE_PERMISSIONS) as server:
+        async with await NatsEventStore.connect(
+            server.url, user="writer", password="pw", request_timeout=2.0
+        ) as store:
+            first, batch = [created()], [started(), started(attempt=2)]
+            one = await store.append("t", first, 0)
+            two = await store.append("t", batch, 1)
+            assert await store.append("t", first, 0) == one  # read back after a conflict
+            assert await store.append("t", batch, 3) == two  # the server's dedup
+            with pytest.raises(ConcurrencyError):
+                await store.append("t", [started(attempt=3)], 1)
+            assert await store.read_stream("t") == one + two
+            assert await store.read_correlation("root") == one + two
+            assert await store.stream_version("t") == 3
+            assert await store.last_position() == 3
+            assert await store.verify() == []
+            it = store.subscribe(2)
+            try:
+                assert [(await anext(it)).position for _ in range(2)] == [2, 3]
+            finally:
+                await it.aclose()  # type: ignore[attr-defined]
