@@ -25,6 +25,7 @@ from __future__ import annotations
 from .agent_stats import AgentStat, AgentStats, AgentStatsFold, percentile
 from .base import Projection
 from .cost import Cost
+from .fork import ForkPlan, fork_task_id, plan_fork
 from .loops import LoopCounter, LoopHashes
 from .model import MemoryTable, Model, SqliteTable, TableSpec
 from .quality import Quality
@@ -41,6 +42,7 @@ __all__ = [
     "AsOf",
     "AttemptSpan",
     "Cost",
+    "ForkPlan",
     "LoopCounter",
     "LoopHashes",
     "MemoryTable",
@@ -60,7 +62,9 @@ __all__ = [
     "build_timeline",
     "dump_tables",
     "event_reason",
+    "fork_task_id",
     "percentile",
+    "plan_fork",
     "projection_path",
     "render_html",
     "replay",

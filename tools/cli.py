@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "tools.cmd_memory",
     "tools.cmd_nats",
     "tools.cmd_replay",
+    "tools.cmd_fork",
     "tools.cmd_run",
 ]
 
