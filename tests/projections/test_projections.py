@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from lifecycle_log import T0, write_run
 
-from eventstore import EventStore, MemoryEventStore, NewEvent, SqliteEventStore
+from eventstore import EventStore, MemoryEventStore, NewEvent
 from eventstore import events as ev
 from projections import (
     AgentStats,
@@ -28,14 +27,11 @@ from projections import (
 )
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventStore]:
-    if request.param == "memory":
-        yield MemoryEventStore()
-    else:
-        s = await SqliteEventStore.open(tmp_path / "events.db")
-        yield s
-        await s.close()
+@pytest.fixture(params=["memory", "sqlite", "nats"])
+def store(request: pytest.FixtureRequest) -> EventStore:
+    """Every EventStore backend (tests/conftest.py): projections use only the interface."""
+    backend: EventStore = request.getfixturevalue(f"{request.param}_store")
+    return backend
 
 
 async def test_task_table_values(store: EventStore) -> None:
