@@ -288,3 +288,26 @@ def test_rebuild(run_db: tuple[str, RunIds]) -> None:
 def test_help(cmd: str) -> None:
     r = invoke(cmd, "--help")
     assert r.exit_code == 0 and "--db" in r.stdout and "--json" in r.stdout
+
+
+def test_on_the_demo_database(tmp_path: Path) -> None:
+    """The issue's check: replay shows the whole demo run with its revision round; verify passes."""
+    import re
+
+    db = str(tmp_path / "demo.db")
+    r = invoke("demo", "--db", db)
+    assert r.exit_code == 0, r.output
+    found = re.search(r"cardbus replay (\S+)", r.stdout)
+    assert found is not None
+    root = found.group(1)
+    out = invoke("replay", root, "--db", db).stdout
+    for needle in ("run.started", "run.completed", "revision_requested", "revision requested"):
+        assert needle in out, needle
+    t = json.loads(invoke("replay", root, "--db", db, "--json").stdout)
+    caps = {n["capability"] for n in t["tasks"]}
+    assert {"research", "outline", "write"} <= caps
+    assert all(n["status"] == "completed" for n in t["tasks"])
+    assert invoke("verify", "--db", db).exit_code == 0
+    assert invoke("verify", root, "--db", db).exit_code == 0
+    tasks = json.loads(invoke("tasks", "--db", db, "--root", root, "--json").stdout)
+    assert {x["status"] for x in tasks} == {"completed"}
