@@ -36,6 +36,7 @@ from .cards import (
     encode,
 )
 from .llm import LLM, MockLLM
+from .requests import TaskServices
 from .selection import constraint_problem
 
 __all__ = ["Agent", "Capability", "NeedsInput", "Reject", "TaskContext"]
@@ -92,8 +93,14 @@ class Reject(Exception):
         self.detail = detail
 
 
-class TaskContext:
-    """Per-task scratch space handed to ``handle``; made fresh for every task."""
+class TaskContext(TaskServices):
+    """Per-task scratch space handed to ``handle``; made fresh for every task.
+
+    Beyond the card, a handler asks the orchestrator (checked and recorded):
+    ``await ctx.read_output(dep_id)``, ``await ctx.tool(name, **args)``,
+    ``await ctx.long_term.get(key)`` / ``.list(...)`` / ``.search(text)``; see
+    ``agents.requests``.
+    """
 
     def __init__(self, task: TaskCard, agent_id: str, llm: LLM) -> None:
         self.task = task

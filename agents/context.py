@@ -46,10 +46,11 @@ def size_of(value: Any) -> int:
 def _shrink(value: Any, excess: int) -> Any:
     """``value`` made smaller by about ``excess`` encoded bytes, same type; None if it can't."""
     if isinstance(value, str):
-        if not value or value == ELLIPSIS:
+        if not value:
             return None
         keep = max(0, len(value) - max(excess, len(value) // 8, 1) - 1)
-        return value[:keep].rstrip() + ELLIPSIS
+        cut = value[:keep].rstrip() + ELLIPSIS
+        return cut if size_of(cut) < size_of(value) else ""
     if isinstance(value, list):
         if not value:
             return None

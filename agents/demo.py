@@ -3,16 +3,22 @@
 Deterministic agents on the mock LLM, written exactly as a user would write
 theirs. The planner asks for more facts once (needs input); the reviewer
 returns one round of structured issues (a missing conclusion), then passes.
+The researcher also searches local documents with the ``doc_search`` tool
+(its only allowed tool), and the writer looks up the user's preferred report
+format in long-term memory (``pref/<user>/report_format``): both through
+requests the orchestrator checks and records. Without a request path (an
+agent run on its own) they simply do without.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from eventstore.errors import CardbusError
 from eventstore.events import ReviewIssue
 
 from .agent import Agent, Capability, NeedsInput, TaskContext
-from .cards import Review, TaskCard
+from .cards import AgentConstraints, Review, TaskCard
 
 __all__ = [
     "DEMO_AGENTS",
@@ -25,6 +31,7 @@ __all__ = [
     "Reviewer",
     "Section",
     "Writer",
+    "preferred_format",
 ]
 
 
@@ -50,6 +57,7 @@ class WriteIn(msgspec.Struct, frozen=True):
     topic: str
     outline: list[str]
     facts: list[str]
+    user: str = ""  # whose preferences to look up in long-term memory
 
 
 class Section(msgspec.Struct, frozen=True):
@@ -60,6 +68,7 @@ class Section(msgspec.Struct, frozen=True):
 class Draft(msgspec.Struct, frozen=True):
     title: str
     sections: list[Section]
+    format: str = "plain"  # "plain" | "markdown": the user's preference, if one is known
 
 
 class ReviewIn(msgspec.Struct, frozen=True):
@@ -77,11 +86,17 @@ class Researcher(Agent):
     capabilities = [
         Capability("research", ResearchIn, Facts, "find facts about a topic", tags=["facts"])
     ]
+    constraints = AgentConstraints(tools=["doc_search"])
 
     async def handle(self, task: TaskCard, inputs: ResearchIn, ctx: TaskContext) -> Facts:
         await ctx.complete(f"List facts about {inputs.topic} {inputs.focus}".strip())
         angle = inputs.focus or "overview"
         facts = [f"{inputs.topic}: {angle} fact {i} (source: mock encyclopedia)" for i in (1, 2, 3)]
+        try:  # local documents, through the orchestrator (checked and recorded)
+            found = await ctx.tool("doc_search", query=f"{inputs.topic} {inputs.focus}", k=1)
+            facts += [f"{h['snippet']} (source: {h['path']})" for h in found.get("hits", [])]
+        except CardbusError:
+            pass  # no documents here: the encyclopedia will do
         return Facts(facts=facts)
 
 
@@ -108,14 +123,31 @@ class Writer(Agent):
 
     async def handle(self, task: TaskCard, inputs: WriteIn, ctx: TaskContext) -> Draft:
         await ctx.complete(f"Write a report on {inputs.topic} following {inputs.outline}")
-        sections = [
-            Section(heading=h, text=" ".join(inputs.facts[i :: len(inputs.outline)]) or "...")
-            for i, h in enumerate(inputs.outline)
-        ]
+        fmt = await preferred_format(ctx, inputs.user)
+        join = "\n".join if fmt == "markdown" else " ".join
+        sections = []
+        for i, heading in enumerate(inputs.outline):
+            facts = inputs.facts[i :: len(inputs.outline)]
+            items = [f"- {f}" for f in facts] if fmt == "markdown" else facts
+            sections.append(Section(heading=heading, text=join(items) or "..."))
         for issue in task.review:  # a revision: address each review issue
             if issue.issue_type == "missing_section":
                 sections.append(Section(heading=issue.section, text=issue.suggestion))
-        return Draft(title=f"Report: {inputs.topic}", sections=sections)
+        return Draft(title=f"Report: {inputs.topic}", sections=sections, format=fmt)
+
+
+async def preferred_format(ctx: TaskContext, user: str) -> str:
+    """The user's stored report format (long-term memory), else "plain"."""
+    try:
+        if user:
+            record = await ctx.long_term.get(f"pref/{user}/report_format")
+        else:
+            hits = await ctx.long_term.search("preferred report format", kind="preference", k=1)
+            record = hits[0]["record"] if hits else None
+    except CardbusError:  # no memory to ask (or not allowed): the default
+        return "plain"
+    value = record.get("value") if isinstance(record, dict) else None
+    return value if value in ("plain", "markdown") else "plain"
 
 
 class Reviewer(Agent):

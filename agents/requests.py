@@ -9,8 +9,8 @@ and only then answers. Handlers use it through ``TaskContext``::
 
     facts = await ctx.read_output(task.deps[0])       # a declared dependency only
     page = await ctx.tool("http_fetch", url="http://…")  # on the agent's allow-list only
-    prefs = await ctx.memory.search("preferred report format")
-    record = await ctx.memory.get("pref/ann/report_format")
+    prefs = await ctx.long_term.search("preferred report format")
+    record = await ctx.long_term.get("pref/ann/report_format")
 
 A refusal raises ``AccessDenied``; a tool that fails raises its typed error
 (``ToolTimeout``, ``ToolResultTooLarge``, ... from ``agents.tools``); a bus
@@ -143,7 +143,7 @@ REQUESTER: contextvars.ContextVar[Requester | None] = contextvars.ContextVar(
 
 
 class MemoryClient:
-    """``ctx.memory``: long-term memory reads, each checked and recorded by the orchestrator."""
+    """``ctx.long_term``: long-term memory reads, each checked and recorded by the orchestrator."""
 
     def __init__(self, services: TaskServices) -> None:
         self._services = services
@@ -195,7 +195,8 @@ class TaskServices:
     requester: Requester | None = None
 
     @property
-    def memory(self) -> MemoryClient:
+    def long_term(self) -> MemoryClient:
+        """Long-term memory reads (``get``, ``list``, ``search``), checked and recorded."""
         return MemoryClient(self)
 
     async def request(

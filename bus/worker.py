@@ -14,6 +14,7 @@ from collections import OrderedDict
 from agents.agent import Agent
 from agents.cards import Announce, ResultCard, Started, TaskCard
 from agents.llm import LLM
+from agents.requests import REQUESTER
 
 from . import telemetry
 from .interface import Bus
@@ -53,6 +54,7 @@ class AgentWorker:
     async def _run(self, card: TaskCard, key: tuple[str, int]) -> ResultCard:
         future: asyncio.Future[ResultCard] = asyncio.get_running_loop().create_future()
         self._running[key] = future
+        REQUESTER.set(self.bus.request)  # ctx.tool / ctx.memory / ctx.read_output ask through it
         try:
             await self.bus.reply(
                 Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)

@@ -261,12 +261,12 @@ async def test_unknown_tool_on_the_allow_list_is_not_found(world: World) -> None
 
 async def test_memory_reads_are_recorded(world: World) -> None:
     ctx = world.ctx()
-    record = await ctx.memory.get("pref/ann/report_format")
+    record = await ctx.long_term.get("pref/ann/report_format")
     assert record is not None and record["value"] == "markdown"
-    assert await ctx.memory.get("missing") is None
-    hits = await ctx.memory.search("preferred report format")
+    assert await ctx.long_term.get("missing") is None
+    hits = await ctx.long_term.search("preferred report format")
     assert hits[0]["record"]["key"] == "pref/ann/report_format" and hits[0]["score"] > 0
-    listed = await ctx.memory.list(kind="preference")
+    listed = await ctx.long_term.list(kind="preference")
     assert [r["key"] for r in listed] == ["pref/ann/report_format"]
     reads = await world.own_events()
     assert [(r.mode, r.keys) for r in reads] == [
@@ -286,7 +286,7 @@ async def test_bad_request_args_are_a_typed_error(world: World) -> None:
 async def test_memory_reads_can_be_turned_off(world: World) -> None:
     world.broker.policy = AccessPolicy(memory_reads=False)
     with pytest.raises(AccessDenied, match="memory_not_allowed"):
-        await world.ctx().memory.search("anything")
+        await world.ctx().long_term.search("anything")
 
 
 async def test_without_a_server_or_bus_support_the_agent_gets_bus_error() -> None:
