@@ -34,6 +34,7 @@ from eventstore import (
     ConcurrencyError,
     DecodeError,
     IdempotencyError,
+    MemoryEventStore,
     NewEvent,
     StoreUnavailable,
     ValidationError,
@@ -49,6 +50,7 @@ from eventstore.nats import (
     event_subject,
     kind_token,
 )
+from projections import ProjectionRunner, all_projections, dump_tables
 
 
 def created(root: str = "root") -> NewEvent:
@@ -521,3 +523,50 @@ async def test_the_documented_permissions_are_enough(tmp_path: Path) -> None:
                 assert [(await anext(it)).position for _ in range(2)] == [2, 3]
             finally:
                 await it.aclose()  # type: ignore[attr-defined]
+
+
+# -- projections run on it unchanged ----------------------------------------------------
+
+
+def _lifecycle_log() -> Any:
+    """tests/projections/lifecycle_log.py (a realistic run), imported by path."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).parent / "projections" / "lifecycle_log.py"
+    spec = importlib.util.spec_from_file_location("_nats_lifecycle_log", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_projections_fold_the_same_models_from_nats(nats_store: NatsEventStore) -> None:
+    log = _lifecycle_log()
+    memory = MemoryEventStore()
+    projections = all_projections()
+    on_nats = ProjectionRunner.open(nats_store, ":memory:", projections, batch_size=7)
+    try:
+        for i, prefix in enumerate(("a-", "b-")):
+            await log.write_run(nats_store, prefix, t0=log.T0 + 1000 * i)
+            await log.write_run(memory, prefix, t0=log.T0 + 1000 * i)
+        await on_nats.catch_up()
+        follower = asyncio.ensure_future(on_nats.follow())  # live, through subscribe
+        await log.write_run(nats_store, "c-", t0=log.T0 + 2000)
+        await log.write_run(memory, "c-", t0=log.T0 + 2000)
+        await on_nats.wait_for(await nats_store.last_position(), timeout=10)
+        follower.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await follower
+        assert [e.data for e in await nats_store.read_all(0, 10_000)] == [
+            e.data for e in await memory.read_all(0, 10_000)
+        ]
+        with ProjectionRunner.open(memory, ":memory:", all_projections()) as reference:
+            await reference.catch_up()
+            assert dump_tables(on_nats.conn, projections) == dump_tables(
+                reference.conn, projections
+            )
+        assert not on_nats.errors
+    finally:
+        on_nats.close()
