@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -140,11 +141,31 @@ _HANDLES = frozenset(
 )
 
 
+def _bump(stats: Any, agent_id: str, capability: str, column: str, also: str = "") -> None:
+    k = (agent_id, capability)
+    row = stats.get(k)
+    if row is None:
+        row = {
+            "agent_id": agent_id,
+            "capability": capability,
+            "successes": 0,
+            "failures": 0,
+            "timeouts": 0,
+            "rejections": 0,
+            "results": 0,
+        }
+    row[column] += 1
+    if also:
+        row[also] += 1
+    stats.put(k, row)
+
+
 def _fold(model: Model, env: Envelope) -> None:
     data = env.data
-    ctx_table = model["proj_agent_ctx"]
+    tables = model.tables
+    ctx_table = tables["proj_agent_ctx"]
     key = (env.stream,)
-    if type(data) is ev.TaskCreated:
+    if isinstance(data, ev.TaskCreated):
         ctx_table.put(key, {"task_id": env.stream, "capability": data.capability, "open": {}})
         return
     ctx = ctx_table.get(key)
@@ -152,59 +173,39 @@ def _fold(model: Model, env: Envelope) -> None:
         return  # no TaskCreated: nothing to attribute to
     capability: str = ctx["capability"]
     open_: dict[str, list[float | None]] = ctx["open"]
-    stats = model["proj_agent_stats"]
-
-    def bump(agent_id: str, column: str, column2: str | None = None) -> None:
-        k = (agent_id, capability)
-        row = stats.get(k)
-        if row is None:
-            row = {
-                "agent_id": agent_id,
-                "capability": capability,
-                "successes": 0,
-                "failures": 0,
-                "timeouts": 0,
-                "rejections": 0,
-                "results": 0,
-            }
-        row[column] += 1
-        if column2 is not None:
-            row[column2] += 1
-        stats.put(k, row)
-
-    match data:
-        case ev.TaskDispatched():
-            open_[data.agent_id] = [env.recorded_at, None]
-        case ev.TaskResultSubmitted():
-            bump(data.agent_id, "results")
-            attempt = open_.get(data.agent_id)
-            if attempt is not None and attempt[1] is None:
-                attempt[1] = env.recorded_at
-                start = attempt[0] or 0.0
-                model["proj_agent_latency"].add(
-                    (data.agent_id, capability, max(0.0, env.recorded_at - start))
-                )
-        case ev.TaskCompleted():
-            if data.reused_from is None:
-                bump(data.agent_id, "successes")
-            open_.clear()
-        case ev.RevisionRequested():
-            for agent_id, (_, result_at) in list(open_.items()):
-                if result_at is not None:
-                    bump(agent_id, "successes")
-            open_.clear()
-        case ev.TaskRejected():
-            bump(data.agent_id, "rejections")
-            open_.pop(data.agent_id, None)
-        case ev.TaskTimedOut():
-            if open_.pop(data.agent_id, None) is not None:
-                bump(data.agent_id, "failures", "timeouts")
-        case ev.TaskRetryScheduled() | ev.TaskFailed():
-            for agent_id in list(open_):
-                bump(agent_id, "failures")
-            open_.clear()
-        case _:  # halted, cancelled, needs input: the attempt ends without an outcome
-            open_.clear()
+    stats = tables["proj_agent_stats"]
+    if isinstance(data, ev.TaskDispatched):
+        open_[data.agent_id] = [env.recorded_at, None]
+    elif isinstance(data, ev.TaskResultSubmitted):
+        _bump(stats, data.agent_id, capability, "results")
+        attempt = open_.get(data.agent_id)
+        if attempt is not None and attempt[1] is None:
+            attempt[1] = env.recorded_at
+            start = attempt[0] or 0.0
+            tables["proj_agent_latency"].add(
+                (data.agent_id, capability, max(0.0, env.recorded_at - start))
+            )
+    elif isinstance(data, ev.TaskCompleted):
+        if data.reused_from is None:
+            _bump(stats, data.agent_id, capability, "successes")
+        open_.clear()
+    elif isinstance(data, ev.RevisionRequested):
+        for agent_id, (_, result_at) in list(open_.items()):
+            if result_at is not None:
+                _bump(stats, agent_id, capability, "successes")
+        open_.clear()
+    elif isinstance(data, ev.TaskRejected):
+        _bump(stats, data.agent_id, capability, "rejections")
+        open_.pop(data.agent_id, None)
+    elif isinstance(data, ev.TaskTimedOut):
+        if open_.pop(data.agent_id, None) is not None:
+            _bump(stats, data.agent_id, capability, "failures", "timeouts")
+    elif isinstance(data, (ev.TaskRetryScheduled, ev.TaskFailed)):
+        for agent_id in list(open_):
+            _bump(stats, agent_id, capability, "failures")
+        open_.clear()
+    else:  # halted, cancelled, needs input: the attempt ends without an outcome
+        open_.clear()
     ctx_table.put(key, ctx)
 
 

@@ -49,6 +49,25 @@ CONTEXT = TableSpec(
 )
 
 
+def _bump(table: Any, agent_id: str | None, capability: str, column: str) -> None:
+    if agent_id is None:
+        return
+    k = (agent_id, capability)
+    row = table.get(k)
+    if row is None:
+        row = {
+            "agent_id": agent_id,
+            "capability": capability,
+            "results": 0,
+            "completions": 0,
+            "first_pass": 0,
+            "revisions": 0,
+            "schema_violations": 0,
+        }
+    row[column] += 1
+    table.put(k, row)
+
+
 def _rate(num: int, den: int) -> float | None:
     return num / den if den else None
 
@@ -72,9 +91,10 @@ class Quality(Projection):
 
     def apply(self, model: Model, env: Envelope) -> None:
         data = env.data
-        ctxs = model["proj_quality_ctx"]
+        tables = model.tables
+        ctxs = tables["proj_quality_ctx"]
         key = (env.stream,)
-        if type(data) is ev.TaskCreated:
+        if isinstance(data, ev.TaskCreated):
             ctxs.put(
                 key,
                 {
@@ -88,44 +108,25 @@ class Quality(Projection):
         ctx = ctxs.get(key)
         if ctx is None:
             return
-        table = model["proj_quality"]
-
-        def bump(agent_id: str | None, column: str) -> None:
-            if agent_id is None:
-                return
-            k = (agent_id, ctx["capability"])
-            row = table.get(k)
-            if row is None:
-                row = {
-                    "agent_id": agent_id,
-                    "capability": ctx["capability"],
-                    "results": 0,
-                    "completions": 0,
-                    "first_pass": 0,
-                    "revisions": 0,
-                    "schema_violations": 0,
-                }
-            row[column] += 1
-            table.put(k, row)
-
-        match data:
-            case ev.TaskResultSubmitted():
-                bump(data.agent_id, "results")
-                ctx["last_agent"] = data.agent_id
-            case ev.TaskCompleted():
-                if data.reused_from is None:
-                    bump(data.agent_id, "completions")
-                    if not ctx["troubled"]:
-                        bump(data.agent_id, "first_pass")
-            case ev.RevisionRequested():
-                bump(ctx["last_agent"], "revisions")
-                ctx["troubled"] = 1
-            case ev.TaskRetryScheduled() | ev.TaskFailed():
-                if data.reason == SCHEMA_MISMATCH:
-                    bump(ctx["last_agent"], "schema_violations")
-                ctx["troubled"] = 1
-            case _:  # rejected, timed out
-                ctx["troubled"] = 1
+        table = tables["proj_quality"]
+        capability = ctx["capability"]
+        if isinstance(data, ev.TaskResultSubmitted):
+            _bump(table, data.agent_id, capability, "results")
+            ctx["last_agent"] = data.agent_id
+        elif isinstance(data, ev.TaskCompleted):
+            if data.reused_from is None:
+                _bump(table, data.agent_id, capability, "completions")
+                if not ctx["troubled"]:
+                    _bump(table, data.agent_id, capability, "first_pass")
+        elif isinstance(data, ev.RevisionRequested):
+            _bump(table, ctx["last_agent"], capability, "revisions")
+            ctx["troubled"] = 1
+        elif isinstance(data, (ev.TaskRetryScheduled, ev.TaskFailed)):
+            if data.reason == SCHEMA_MISMATCH:
+                _bump(table, ctx["last_agent"], capability, "schema_violations")
+            ctx["troubled"] = 1
+        else:  # rejected, timed out
+            ctx["troubled"] = 1
         ctxs.put(key, ctx)
 
     @staticmethod
