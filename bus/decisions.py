@@ -110,12 +110,14 @@ class Decider:
     def on_reply(self, reply: Reply) -> None:
         if isinstance(reply, Started):
             task = self.state.tasks.get(reply.task_id)
+            if task is not None and self.d.touched(task.task_id):
+                self.d.deferred.append(reply)  # e.g. the dispatch is still being written
+                return
             if (
                 task is not None
                 and task.state is S.DISPATCHED
                 and reply.attempt == task.attempt
                 and reply.agent_id in task.dispatched_to
-                and not self.d.touched(task.task_id)
             ):
                 self.d.add(
                     task.task_id, ev.TaskStarted(attempt=reply.attempt, agent_id=reply.agent_id)
@@ -513,12 +515,21 @@ class Decider:
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))
 
     def _halt(self, run: RunView, reason: str, detail: str) -> None:
-        for task_id in run.tasks:
-            task = self.state.tasks[task_id]
-            if not task.terminal:
-                self.d.events.pop(task_id, None)
-                self.d.sends.pop(task_id, None)
-                self.d.add(task_id, ev.TaskHalted(reason=reason, detail=detail))
+        live = [t for t in run.tasks if not self.state.tasks[t].terminal]
+        if run.root_id in self.d.busy or any(t in self.d.busy for t in live):
+            # a write to one of its streams is in flight: halting now would race
+            # it (and lose the TaskHalted to a ConcurrencyError); the condition
+            # holds on the next step, so halt then
+            return
+        for stream, events in list(self.d.events.items()):
+            first = events[0]
+            if isinstance(first, ev.TaskCreated) and first.root_id == run.root_id:
+                del self.d.events[stream]  # a subtask decided in this step: never start it
+        for task_id in live:
+            # keep the facts already decided (a result that arrived), drop the rest
+            kept = [e for e in self.d.events.pop(task_id, []) if isinstance(e, _FACTS)]
+            self.d.sends.pop(task_id, None)
+            self.d.add(task_id, *kept, ev.TaskHalted(reason=reason, detail=detail))
         self.d.add(run.root_id, ev.RunHalted(reason=reason, detail=detail))
 
     def _maybe_finish(self, run: RunView) -> None:
@@ -534,3 +545,6 @@ class Decider:
         else:
             outputs = {name: t.output for name, t in plan_tasks.items()}
             self.d.add(run.root_id, ev.RunCompleted(outputs=outputs))
+
+
+_FACTS = (ev.TaskStarted, ev.TaskResultSubmitted, ev.TaskResultIgnored)

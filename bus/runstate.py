@@ -192,6 +192,9 @@ class RunState:
                 task.under_review = None
             case ev.ApprovalRequested():
                 task.proposed_output = data.proposed_output
+                task.proposed_agent = next(  # who produced it (a fan-out tie)
+                    (a for a, r in task.results.items() if r.output == data.proposed_output), ""
+                )
             case ev.ApprovalGranted():
                 task.approved = True
             case ev.TaskCompleted():

@@ -85,7 +85,9 @@ async def test_a_tie_asks_for_approval_with_tie_policy_approval(make_runtime, st
     assert r.status == "completed" and r.outputs["t"] == proposed
     log = await run_log(store, root)
     assert log.first(ev.ApprovalGranted, t).data.resume == "running"
-    assert log.first(ev.TaskCompleted, t).data.output == proposed
+    done = log.first(ev.TaskCompleted, t).data
+    assert done.output == proposed
+    assert done.agent_id == proposed["text"]  # the agent that produced the approved output
     assert not log.of(ev.TaskRetryScheduled, t)
 
 

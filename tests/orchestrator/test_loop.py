@@ -56,3 +56,65 @@ async def test_different_inputs_are_not_a_loop(make_runtime, store):
     log = await run_log(store, r.root_id)
     assert len({d.loop_hash for d in log.of(ev.TaskDispatched)}) == n
     assert not log.of(ev.RunHalted)
+
+
+async def test_a_halt_drops_subtasks_decided_in_the_same_step_and_keeps_results():
+    """The Decider is pure: a state folded from a log, a reply and a clock in; events out."""
+    import time
+
+    import msgspec
+
+    from agents.cards import ResultCard
+    from bus.decisions import Decider
+    from bus.runstate import RunState
+    from eventstore import MemoryEventStore, NewEvent
+    from eventstore.events import Usage
+
+    store = MemoryEventStore()
+    state = RunState()
+
+    async def put(stream: str, *data: ev.Event) -> None:
+        for env in await store.append(
+            stream,
+            [NewEvent(data=x, correlation_id="root") for x in data],
+            await store.stream_version(stream),
+        ):
+            state.apply(env)
+
+    for agent in (make_agent("asker", "ask"), make_agent("echo")):
+        card = agent.card()
+        await put(
+            f"agent-{card.agent_id}",
+            ev.AgentRegistered(agent_id=card.agent_id, card=msgspec.to_builtins(card)),
+        )
+    await put("root", ev.RunStarted(goal="g", plan_id="p", task_ids=["ask", "dup"]))
+    await put(
+        "ask", ev.TaskCreated(root_id="root", capability="ask", inputs={"text": "q"}, plan_id="ask")
+    )
+    await put(
+        "dup",
+        ev.TaskCreated(root_id="root", capability="echo", inputs={"text": "d"}, plan_id="dup"),
+    )
+    await put("ask", ev.TaskDispatched(attempt=1, agent_id="asker", deadline=time.time() + 60))
+
+    decider = Decider(state, Policy(loop_threshold=0), time.time())
+    decider.on_reply(
+        ResultCard(
+            task_id="ask",
+            attempt=1,
+            agent_id="asker",
+            status="needs_input",
+            missing="more",
+            supplement_capability="echo",
+            supplement_inputs={"text": "more"},
+            usage=Usage(input_tokens=5),
+        )
+    )
+    assert "ask~input1" in decider.d.events  # a supplementary task was decided...
+    decider.advance(state.runs["root"])  # ...then dispatching "dup" trips the loop threshold
+    d = decider.d
+    assert "ask~input1" not in d.events  # ...so it is never created
+    assert [type(e).__name__ for e in d.events["ask"]] == ["TaskResultSubmitted", "TaskHalted"]
+    assert [type(e).__name__ for e in d.events["dup"]] == ["TaskHalted"]
+    assert [e.reason for e in d.events["root"]] == ["loop_detected"]
+    assert not d.sends
