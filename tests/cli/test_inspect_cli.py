@@ -311,3 +311,39 @@ def test_on_the_demo_database(tmp_path: Path) -> None:
     assert invoke("verify", root, "--db", db).exit_code == 0
     tasks = json.loads(invoke("tasks", "--db", db, "--root", root, "--json").stdout)
     assert {x["status"] for x in tasks} == {"completed"}
+
+
+def test_tail_follow_sees_new_events(run_db: tuple[str, RunIds]) -> None:
+    """Events appended by another writer while ``tail --follow`` runs are printed live."""
+    import asyncio
+    import threading
+    import time
+
+    from eventstore import NewEvent, SqliteEventStore
+    from eventstore import events as ev
+
+    db, ids = run_db
+
+    async def append_later() -> None:
+        await asyncio.sleep(0.4)
+        store = await SqliteEventStore.open(db)
+        try:
+            created = ev.TaskCreated(root_id=ids.root, capability="late")
+            await store.append("late-task", [NewEvent(data=created, correlation_id=ids.root)], 0)
+            dispatched = ev.TaskDispatched(attempt=1, agent_id="late-agent")
+            await store.append("late-task", [NewEvent(data=dispatched, correlation_id=ids.root)], 1)
+        finally:
+            await store.close()
+
+    writer = threading.Thread(target=lambda: asyncio.run(append_later()))
+    writer.start()
+    t0 = time.monotonic()
+    r = invoke(
+        "tail", "--db", db, "-n", "0", "--follow", "--limit", "1", "--type", "task.dispatched",
+        "--timeout", "20",
+    )  # fmt: skip
+    writer.join()
+    assert r.exit_code == 0
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and "late-agent" in lines[0] and "late-task" in lines[0]
+    assert time.monotonic() - t0 < 15
