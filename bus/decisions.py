@@ -19,7 +19,7 @@ import msgspec
 
 from agents.cards import Reply, ResultCard, Review, Started, TaskCard
 from agents.schema import schema_errors
-from agents.selection import Embedder, HashingEmbedder, rank
+from agents.selection import Embedder, HashingEmbedder, hard_filter, rank
 from eventstore import TaskState
 from eventstore import events as ev
 
@@ -483,7 +483,7 @@ class Decider:
             exclude=frozenset(task.excluded),
         )
         if not candidates:
-            self._fail(task, "no_capable_agent", f"no agent left for {c.capability!r}")
+            self._fail(task, "no_capable_agent", self._why_no_agent(task, card))
             return
         h = loop_hash(
             c.capability, [card.inputs, card.supplement, msgspec.to_builtins(card.review)]
@@ -513,6 +513,21 @@ class Decider:
                 ),
             )
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))
+
+    def _why_no_agent(self, task: TaskView, card: TaskCard) -> str:
+        """Each agent offering the capability, with why it was left out."""
+        c = task.created
+        why = []
+        for agent in sorted(self.state.agents.values(), key=lambda a: a.agent_id):
+            if agent.capability(c.capability) is None:
+                continue
+            if agent.agent_id in task.excluded:
+                why.append(f"{agent.agent_id}: rejected it")
+            else:
+                reason = hard_filter(agent, c.capability, card.inputs, c.constraints, c.timeout_s)
+                why.append(f"{agent.agent_id}: {reason}")
+        detail = "; ".join(why) or "no registered agent offers it"
+        return f"no agent left for {c.capability!r} ({detail})"
 
     def _halt(self, run: RunView, reason: str, detail: str) -> None:
         live = [t for t in run.tasks if not self.state.tasks[t].terminal]

@@ -193,3 +193,18 @@ async def test_malformed_bytes_on_the_bus_are_reported_and_nothing_crashes(make_
     assert not CARDS
     r = await rt.run(plan(task("after")))  # the bus and the orchestrator still work
     assert r.status == "completed"
+
+
+async def test_a_dependency_output_that_does_not_fit_fails_with_the_reason(make_runtime, store):
+    rt = await make_runtime([make_agent("echo")])
+    r = await rt.run(
+        plan(task("a"), task("b", deps=["a"], inputs={"text": {"$dep": "a", "path": "nope"}}))
+    )
+    assert r.status == "failed"
+    log = await run_log(store, r.root_id)
+    b = tid(r.root_id, "b")
+    failed = log.first(ev.TaskFailed, b).data
+    assert failed.reason == "no_capable_agent"
+    assert "echo: input_schema_mismatch" in failed.error
+    assert not log.of(ev.TaskDispatched, b)
+    assert [c.task_id for c in CARDS["echo"]] == [tid(r.root_id, "a")]
