@@ -25,8 +25,6 @@ from typing import Any, TypeVar
 
 import click
 import msgspec
-from rich.console import Console
-from rich.table import Table
 
 from eventstore import Envelope, SqliteEventStore
 from eventstore.errors import StreamNotFound
@@ -53,6 +51,7 @@ __all__ = [
     "fmt_duration",
     "fmt_time",
     "json_option",
+    "new_table",
     "open_store",
     "print_rich",
     "read_model",
@@ -121,8 +120,17 @@ def echo_json(obj: Any) -> None:
     click.echo(_encoder.encode(obj).decode())
 
 
+def new_table(title: str) -> Any:
+    """A rich Table (rich is imported only when a table is printed: faster --json)."""
+    from rich.table import Table
+
+    return Table(title=title, title_justify="left", header_style="bold")
+
+
 def print_rich(*renderables: Any) -> None:
     """Render tables to stdout: colours on a terminal, plain and wide otherwise."""
+    from rich.console import Console
+
     tty = sys.stdout.isatty()
     buf = io.StringIO()
     width = shutil.get_terminal_size((200, 40)).columns if tty else 200
@@ -219,7 +227,7 @@ def tasks(
     title = f"{len(rows)} task{'s' if len(rows) != 1 else ''}"
     if point is not None:
         title += f" as of {point.describe()}"
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = new_table(title)
     for col in ("task", "root", "capability", "agent", "status", "att", "updated", "reason"):
         table.add_column(col, overflow="fold")
     for r in rows:
@@ -487,7 +495,7 @@ def stats(
         echo_json({"agents": agents, "cost": cost, "quality": quality, "loops": loops})
         return
     suffix = f" as of {point.describe()}" if point else ""
-    t1 = Table(title="Agents" + suffix, title_justify="left", header_style="bold")
+    t1 = new_table("Agents" + suffix)
     for col in ("agent", "capability", "runs", "success", "ok", "fail", "timeouts", "rejected"):
         t1.add_column(col, justify="left" if col in ("agent", "capability") else "right")
     t1.add_column("p50", justify="right")
@@ -505,7 +513,7 @@ def stats(
             fmt_duration(s.p50_s),
             fmt_duration(s.p95_s),
         )
-    t2 = Table(title="Cost (tokens)" + suffix, title_justify="left", header_style="bold")
+    t2 = new_table("Cost (tokens)" + suffix)
     for col in ("scope", "key", "input", "output", "total", "results"):
         t2.add_column(col, justify="left" if col in ("scope", "key") else "right")
     for r in cost:
@@ -517,7 +525,7 @@ def stats(
             f"{r['input_tokens'] + r['output_tokens']:,}",
             str(r["results"]),
         )
-    t3 = Table(title="Quality" + suffix, title_justify="left", header_style="bold")
+    t3 = new_table("Quality" + suffix)
     for col in ("agent", "capability", "results", "completed", "first pass", "revisions"):
         t3.add_column(col, justify="left" if col in ("agent", "capability") else "right")
     t3.add_column("schema ok", justify="right")
@@ -533,7 +541,7 @@ def stats(
         )
     renderables: list[Any] = [t1, t2, t3]
     if loops:
-        t4 = Table(title="Repeated loop hashes" + suffix, title_justify="left", header_style="bold")
+        t4 = new_table("Repeated loop hashes" + suffix)
         for col in ("root", "loop hash", "count", "first seen", "last seen"):
             t4.add_column(col)
         for r in loops:

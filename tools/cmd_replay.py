@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
-from rich.text import Text
-from rich.tree import Tree
 
 from projections import AsOf, Step, TaskNode, Timeline, render_html, replay
 
@@ -25,7 +24,9 @@ from .cmd_inspect import (
 )
 
 
-def _step_line(step: Step, start: float) -> Text:
+def _step_line(step: Step, start: float) -> Any:
+    from rich.text import Text
+
     line = Text()
     line.append(fmt_time(step.time)[11:], style="dim")
     line.append(f" +{fmt_duration(step.time - start):<9}", style="dim")
@@ -52,7 +53,9 @@ def _task_label(n: TaskNode) -> str:
     return label
 
 
-def render_tree(t: Timeline) -> Tree:
+def render_tree(t: Timeline) -> Any:
+    from rich.tree import Tree
+
     kind = "run" if t.id == t.root_id else "task"
     head = (
         f"[bold]replay of {kind} {t.id}[/]  root {t.root_id}  {t.events} events"
@@ -64,7 +67,7 @@ def render_tree(t: Timeline) -> Tree:
     for s in t.run:
         tree.add(_step_line(s, t.start))
 
-    def add(parent: Tree, n: TaskNode) -> None:
+    def add(parent: Any, n: TaskNode) -> None:
         branch = parent.add(_task_label(n))
         for s in n.steps:
             branch.add(_step_line(s, t.start))
