@@ -30,9 +30,9 @@ def _value(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _table(records: list[tuple[MemoryRecord, float | None]]) -> Table:
+def _table(records: list[tuple[MemoryRecord, float | None]], scored: bool = False) -> Table:
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("key", "kind", "value", "tags", "written", "run", *(["score"] if records else [])):
+    for col in ("key", "kind", "value", "tags", "written", "run", *(["score"] if scored else [])):
         table.add_column(col)
     for rec, score in records:
         row = [
@@ -43,7 +43,7 @@ def _table(records: list[tuple[MemoryRecord, float | None]]) -> Table:
             fmt_time(rec.recorded_at),
             rec.root_id[-12:],
         ]
-        if records:
+        if scored:
             row.append("" if score is None else f"{score:.3f}")
         table.add_row(*row)
     return table
@@ -104,7 +104,7 @@ def search(
     elif not hits:
         click.echo("no match")
     else:
-        print_rich(_table([(h.record, h.score) for h in hits]))
+        print_rich(_table([(h.record, h.score) for h in hits], scored=True))
 
 
 @memory.command()
