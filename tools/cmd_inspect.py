@@ -102,9 +102,12 @@ async def read_model(
         else:
             try:
                 runner = ProjectionRunner.open(store, projection_path(db))
-            except sqlite3.Error:  # read-only directory: fold into memory instead
+                await runner.catch_up()
+            except sqlite3.Error:  # read-only directory, damaged model: fold into memory
+                if runner is not None:
+                    runner.close()
                 runner = ProjectionRunner.open(store, ":memory:")
-            await runner.catch_up()
+                await runner.catch_up()
         yield store, runner
     finally:
         if runner is not None:
@@ -301,6 +304,7 @@ def _echo_event(env: Envelope, as_json: bool) -> None:
     "--from", "from_position", default=None, type=int, help="Start at this position instead."
 )
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events as they are appended.")
+@as_of_option
 @click.option(
     "--limit", default=None, type=click.IntRange(min=1), help="Stop after printing N events."
 )
@@ -319,6 +323,7 @@ def tail(
     last: int,
     from_position: int | None,
     follow: bool,
+    as_of: str | None,
     limit: int | None,
     timeout: float | None,
     type_prefix: tuple[str, ...],
@@ -327,13 +332,20 @@ def tail(
     agent: str | None,
 ) -> None:
     """Print the newest events of the log (one line each, or JSON lines), optionally live."""
-    match = _matcher(type_prefix, task, root, agent)
+    point = parse_as_of(as_of)
+    if point is not None and follow:
+        raise click.UsageError("--as-of shows the past: it cannot be combined with --follow")
+    plain = _matcher(type_prefix, task, root, agent)
+    match = plain if point is None else (lambda e: plain(e) and point.includes(e))
+    filtered = bool(type_prefix or agent or (point is not None and point.timestamp is not None))
 
     async def go() -> None:
         store = await open_store(db)
         printed = 0
         try:
             head = await store.last_position()
+            if point is not None and point.position is not None:
+                head = min(head, point.position)
             if from_position is not None:
                 backlog: list[Envelope] = []
                 pos = from_position
@@ -349,7 +361,7 @@ def tail(
                     candidates = await store.read_stream(task)
                 elif root is not None:
                     candidates = await store.read_correlation(root)
-                elif not (type_prefix or agent):
+                elif not filtered:
                     candidates = await store.read_all(max(1, head - last + 1), last)
                 else:
                     window: deque[Envelope] = deque(maxlen=max(last, 0))

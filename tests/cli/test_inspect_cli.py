@@ -347,3 +347,20 @@ def test_tail_follow_sees_new_events(run_db: tuple[str, RunIds]) -> None:
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1 and "late-agent" in lines[0] and "late-task" in lines[0]
     assert time.monotonic() - t0 < 15
+
+
+def test_tail_as_of(run_db: tuple[str, RunIds]) -> None:
+    db, _ = run_db
+    r = invoke("tail", "--db", db, "-n", "2", "--as-of", "9")
+    assert [x.split()[0] for x in r.stdout.strip().splitlines()] == ["8", "9"]
+    r = invoke("tail", "--db", db, "-n", "1", "--as-of", "2027-01-15T08:00:04Z")
+    assert r.stdout.split()[0] == "4"  # recorded at T0+4: task.started of research
+    r = invoke("tail", "--db", db, "--as-of", "9", "--follow")
+    assert r.exit_code == 2 and "--follow" in r.stderr
+
+
+def test_damaged_read_model_falls_back_to_memory(run_db: tuple[str, RunIds]) -> None:
+    db, _ = run_db
+    Path(db + ".proj").write_bytes(b"this is not a database" * 100)
+    r = invoke("tasks", "--db", db, "--json")
+    assert r.exit_code == 0 and len(json.loads(r.stdout)) == 5
