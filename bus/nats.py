@@ -31,8 +31,10 @@ Subjects and streams
   has taken it from ``replies()`` (put it into its decide loop: the ack is
   sent when the iterator is asked for the next one), so an orchestrator
   killed before that gets it again; a reply seen twice is harmless (it is
-  recorded once, or as ``task.result_ignored``). A second orchestrator's
-  consumer (any other name) starts with the replies sent after it is made.
+  recorded once, or as ``task.result_ignored``). A new consumer starts with
+  the replies the stream still holds (not yet acked by every consumer); one
+  with another name than the default is deleted by the server an hour after
+  its last pull.
 * ``cardbus.dead.<kind>`` -- dead letters, in the stream ``CARDBUS_DEAD``
   (limits retention, 7 days): every malformed, oversized or undeliverable
   message is republished there with headers ``Cardbus-Reason`` and
@@ -456,11 +458,9 @@ class NatsBus(Bus):
         return js_api.ConsumerConfig(
             name=durable,
             durable_name=durable,
-            # the default consumer is made with the stream; another orchestrator's own
-            # consumer starts with the replies sent from then on
-            deliver_policy=js_api.DeliverPolicy.ALL
-            if durable == ORCHESTRATOR_DURABLE
-            else js_api.DeliverPolicy.NEW,
+            # a new consumer starts with every reply the stream still holds, i.e. those
+            # some other consumer has not acked yet (announcements included)
+            deliver_policy=js_api.DeliverPolicy.ALL,
             ack_policy=js_api.AckPolicy.EXPLICIT,
             ack_wait=self.reply_ack_wait,
             max_deliver=-1,

@@ -77,6 +77,7 @@ class Orchestrator:
         self._loops: list[asyncio.Task[None]] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = {}
         self._busy: set[str] = set()  # streams with an append in flight
+        self._expected: dict[str, int] = {}  # busy stream -> its version when decided
         self._parked: list[object] = []  # replies waiting for a busy stream
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []
@@ -243,12 +244,18 @@ class Orchestrator:
             self.state, self.policy, time.time(), self.embedder, self.rng, frozenset(self._busy)
         )
         dirty: set[str] = set()  # roots something happened to; a tick looks at every run
+        # The log's events first: every decision of this step is then made on the
+        # versions the step ends with, which its appends expect (another
+        # orchestrator's events must not slip in between a decision and its append).
+        for item in items:
+            if isinstance(item, Envelope):
+                self._apply(item)
+                dirty.add(item.correlation_id)
         for item in items:
             if item is _TICK:
                 dirty.update(self.state.open)
             elif isinstance(item, Envelope):
-                self._apply(item)
-                dirty.add(item.correlation_id)
+                continue
             elif isinstance(item, Announce):
                 await self.register(item.card)
             else:
@@ -274,6 +281,9 @@ class Orchestrator:
             # streams meanwhile (their appends then share a group commit); a stream
             # stays busy, and decided on no further, until its append is settled.
             self._busy.update(d.events)
+            # the version each decision was made on: the log may bring other writers'
+            # events for the stream before the append runs (several orchestrators)
+            self._expected.update({s: self.state.versions.get(s, 0) for s in d.events})
             commit = asyncio.create_task(self._commit(d))
             self._commits.add(commit)
             commit.add_done_callback(self._commits.discard)
@@ -309,6 +319,8 @@ class Orchestrator:
                     log.warning("send failed, the attempt will time out and retry: %r", outcome)
         finally:
             self._busy.difference_update(streams)
+            for stream in streams:
+                self._expected.pop(stream, None)
             parked, self._parked = self._parked, []
             for reply in parked:
                 self._queue.put_nowait(reply)
@@ -361,7 +373,8 @@ class Orchestrator:
         root = task.created.root_id if task else stream
         if isinstance(data[0], ev.TaskCreated):
             root = data[0].root_id
-        await self._append(stream, data, self.state.versions.get(stream, 0), root)
+        expected = self._expected.get(stream, self.state.versions.get(stream, 0))
+        await self._append(stream, data, expected, root)
 
     async def _append(
         self, stream: str, data: Iterable[ev.Event], expected: int, root: str

@@ -1,0 +1,166 @@
+"""Two orchestrators on one log, and a 3-node JetStream cluster losing a node mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+from natsprocs import chain_plan, check_log, count, per_task, read_log, until, verify
+from natsserver import NatsCluster, NatsServer
+
+from agents import Agent, Capability
+from bus.natsconn import NatsOptions
+from bus.natsrun import NatsRuntime, serve_agents
+from bus.plan import decode_plan
+from eventstore import events as ev
+from eventstore.errors import StoreUnavailable
+
+
+class N(msgspec.Struct):
+    n: int
+
+
+class Quick(Agent):
+    agent_id = "quick"
+    description = "adds one"
+    capabilities = [Capability("quick", N, N, "add one")]
+
+    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
+        return N(n=inputs.n + 1)
+
+
+class Slow(Agent):
+    agent_id = "slow"
+    description = "adds ten, a little slowly"
+    capabilities = [Capability("slow", N, N, "add ten")]
+
+    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.3)
+        return N(n=inputs.n + 10)
+
+
+FAST = {"ack_wait": 1.0, "fetch_wait": 0.5, "reply_ack_wait": 2.0}
+
+
+def plan(plan_id: str, slow_timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    return decode_plan(json.dumps(chain_plan(plan_id, slow_timeout)).encode())
+
+
+async def test_two_orchestrators_on_the_same_log_stay_consistent(nats_server: NatsServer) -> None:
+    url = nats_server.url
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    serving = asyncio.create_task(
+        serve_agents(
+            NatsOptions(url=url), [Quick, Slow], stop, replicas=2, bus_options=FAST, ready=ready
+        )
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        opts = NatsOptions(url=url)
+        async with (
+            NatsRuntime(opts, bus_options={**FAST, "reply_durable": "orch-a"}, name="a") as a,
+            NatsRuntime(opts, bus_options={**FAST, "reply_durable": "orch-b"}, name="b") as b,
+        ):
+            # the same plan submitted to both at once is one run
+            same = await asyncio.gather(
+                a.submit(plan("both"), agent_timeout=10), b.submit(plan("both"), agent_timeout=10)
+            )
+            assert same[0] == same[1]
+            roots = [same[0]]
+            for i in range(8):
+                rt = a if i % 2 else b
+                roots.append(await rt.submit(plan(f"run-{i}"), agent_timeout=10))
+            results = await asyncio.gather(
+                *((a if i % 2 else b).orchestrator.wait(r, timeout=40) for i, r in enumerate(roots))
+            )
+            # both orchestrators see every run finish
+            for r in roots:
+                await until(lambda r=r: r in b.orchestrator.state.runs, what="b to see the run")
+                await until(lambda r=r: a.orchestrator.state.runs[r].finished, what="a done")
+    finally:
+        stop.set()
+        await serving
+    assert [r.status for r in results] == ["completed"] * len(roots)
+    assert all(r.outputs["c"] == {"n": 13} for r in results)
+    events = await read_log(url)
+    check_log(events)  # no duplicate versions, no duplicate ids
+    assert await verify(url) == []
+    actors = Counter(e.actor for e in events)
+    assert actors  # both wrote to the log (the two orchestrators share the actor name)
+    for root in roots:
+        tasks = per_task(events, root)
+        assert {k: count(v, ev.TaskCompleted) for k, v in tasks.items()} == {
+            "a": 1,
+            "b": 1,
+            "c": 1,
+        }, root
+        for name, data in tasks.items():  # one dispatch per attempt: no decision taken twice
+            attempts = [d.attempt for d in data if isinstance(d, ev.TaskDispatched)]
+            assert len(attempts) == len(set(attempts)), (name, attempts)
+        runs = [e for e in events if e.stream == root and isinstance(e.data, ev.RunCompleted)]
+        assert len(runs) == 1
+
+
+async def _submit_retrying(rt: NatsRuntime, p) -> str:  # type: ignore[no-untyped-def]
+    for _ in range(100):
+        try:
+            return await rt.submit(p, agent_timeout=20)
+        except StoreUnavailable:
+            await asyncio.sleep(0.2)
+    raise AssertionError("the cluster never took the plan")
+
+
+async def test_three_node_cluster_loses_a_node_mid_run_and_nothing(tmp_path: Path) -> None:
+    cluster = NatsCluster(tmp_path / "cluster").start()
+    try:
+        url = cluster.url
+        stop = asyncio.Event()
+        ready = asyncio.Event()
+        bus_r3 = {**FAST, "replicas": 3}
+        serving = asyncio.create_task(
+            serve_agents(NatsOptions(url=url), [Quick, Slow], stop, bus_options=bus_r3, ready=ready)
+        )
+        try:
+            await asyncio.wait_for(ready.wait(), 20)
+            async with NatsRuntime(
+                NatsOptions(url=url), bus_options=bus_r3, store_options={"replicas": 3}
+            ) as rt:
+                info = await rt.bus._js.stream_info("CARDBUS_EVENTS")
+                assert info.config.num_replicas == 3
+                roots = [await rt.submit(plan(f"r3-{i}"), agent_timeout=20) for i in range(4)]
+
+                def some_slow_running() -> bool:
+                    return any(
+                        t.task_id.startswith("b-") and t.state.value == "running"
+                        for t in rt.orchestrator.state.tasks.values()
+                    )
+
+                await until(some_slow_running, what="a slow task to run")
+                victim = next(
+                    n for n in cluster.nodes if n.url.endswith(str(rt.bus.nc.connected_url.port))
+                )  # type: ignore[union-attr]
+                victim.stop()  # the node this orchestrator is connected to
+                # submitting during the fail-over may time out; the same plan id is one run
+                roots += [await _submit_retrying(rt, plan(f"r3-late-{i}")) for i in range(2)]
+                results = [await rt.orchestrator.wait(r, timeout=60) for r in roots]
+        finally:
+            stop.set()
+            await serving
+        assert [r.status for r in results] == ["completed"] * len(roots)
+        live = next(n for n in cluster.nodes if n.running).url
+        events = await read_log(live)
+        check_log(events)
+        assert await verify(live) == []
+        for root in roots:
+            tasks = per_task(events, root)
+            assert {k: count(v, ev.TaskCompleted) for k, v in tasks.items()} == {
+                "a": 1,
+                "b": 1,
+                "c": 1,
+            }
+    finally:
+        cluster.stop()
