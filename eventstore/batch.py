@@ -31,6 +31,7 @@ _KNOWN = frozenset(EVENT_TYPES)
 def check_append_args(stream: object, events: object, expected_version: object) -> None:
     if not isinstance(stream, str) or not stream or len(stream) > 512:
         raise ValidationError(f"stream must be a non-empty string of at most 512 chars: {stream!r}")
+    _check_utf8("stream", stream)
     if isinstance(expected_version, bool) or not isinstance(expected_version, int):
         raise ValidationError(f"expected_version must be an int: {expected_version!r}")
     if expected_version < 0:
@@ -55,6 +56,7 @@ def _check_metadata(ev: NewEvent) -> None:
         raise ValidationError(
             f"event_id must be a non-empty string of at most 200 chars: {event_id!r}"
         )
+    _check_utf8("event_id", event_id)
     if type(ev.correlation_id) is not str:
         raise ValidationError(f"correlation_id must be a string: {ev.correlation_id!r}")
     if type(ev.actor) is not str:
@@ -66,6 +68,13 @@ def _check_metadata(ev: NewEvent) -> None:
     t = ev.recorded_at
     if type(t) not in (float, int) or not math.isfinite(t):
         raise ValidationError(f"recorded_at must be a finite number: {t!r}")
+
+
+def _check_utf8(name: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValidationError(f"{name} is not valid unicode (lone surrogate?): {value!r}") from e
 
 
 def seal_batch(
@@ -95,7 +104,7 @@ def seal_batch(
                 prev,
                 first_position + i if first_position else 0,
             )
-        except (msgspec.EncodeError, TypeError, OverflowError) as e:
+        except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as e:
             raise ValidationError(f"event {new.event_id} cannot be encoded: {e}") from e
         if len(body) > max_bytes:
             raise PayloadTooLarge(len(body), max_bytes)

@@ -390,12 +390,16 @@ class SqliteEventStore(EventStore):
     # -- reading -------------------------------------------------------------
 
     async def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        if self._closed:
+            raise StoreUnavailable(f"event store {self.path!r} is closed")
         try:
             return list(await self._reader.execute_fetchall(sql, args))
+        except UnicodeEncodeError:
+            return []  # a name that is not valid unicode names nothing stored
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot read {self.path!r}: {e}") from e
         except ValueError as e:  # aiosqlite: connection closed
-            raise StoreUnavailable(f"event store {self.path!r} is closed") from e
+            raise StoreUnavailable(f"cannot read {self.path!r}: {e}") from e
 
     async def read_stream(self, stream: str, from_version: int = 1) -> list[Envelope]:
         rows = await self._query(
@@ -421,7 +425,7 @@ class SqliteEventStore(EventStore):
 
     async def stream_version(self, stream: str) -> int:
         rows = await self._query("SELECT MAX(version) FROM events WHERE stream = ?", (stream,))
-        return int(rows[0][0] or 0)
+        return int(rows[0][0] or 0) if rows else 0
 
     async def last_position(self) -> int:
         rows = await self._query(_TOP)
