@@ -7,7 +7,9 @@ events always gives the same model, which is what makes a rebuild from
 position zero equal to the incrementally built model.
 
 ``handles`` lists the event payload types the projection reads; the runner
-skips the others without calling ``apply``. ``version`` is bumped when the
+skips the others without calling ``apply``. The runner folds a batch with
+``apply_many``, which a projection may override with a faster loop that must
+give the same model as ``apply`` one event at a time. ``version`` is bumped when the
 fold or the tables change: a read model stored under another version is
 dropped and rebuilt the next time a runner opens it.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import sqlite3
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from eventstore.envelope import Envelope
@@ -34,6 +37,24 @@ class Projection(abc.ABC):
     @abc.abstractmethod
     def apply(self, model: Model, env: Envelope) -> None:
         """Fold one event into ``model``; must not raise on any stored event."""
+
+    def apply_many(
+        self, model: Model, events: Sequence[Envelope]
+    ) -> list[tuple[Envelope, Exception]]:
+        """Fold events in order, skipping types not in ``handles``; return the ones that raised.
+
+        The runner calls this; it must equal ``apply`` on each handled event in
+        turn. A projection may override it with a faster loop.
+        """
+        errors: list[tuple[Envelope, Exception]] = []
+        apply, handles = self.apply, self.handles
+        for env in events:
+            if type(env.data) in handles:
+                try:
+                    apply(model, env)
+                except Exception as e:
+                    errors.append((env, e))
+        return errors
 
     # -- helpers shared by the query methods ---------------------------------
 

@@ -308,25 +308,20 @@ class ProjectionRunner:
                 self._checkpoints = stored
             last = events[-1].position
             active = [
-                (p, p.apply, p.handles, self._models[p.name], self._checkpoints[p.name])
+                (p, self._models[p.name], self._checkpoints[p.name])
                 for p in self.projections
                 if self._checkpoints[p.name] < last
             ]
-            for p, apply, handles, model, cp in active:
+            for p, model, cp in active:
                 todo = events
                 if cp >= events[0].position:
                     todo = [e for e in events if e.position > cp]
                 if until_time is not None:
                     todo = [e for e in todo if e.recorded_at <= until_time]
-                for env in todo:
-                    if type(env.data) in handles:
-                        try:
-                            apply(model, env)
-                        except Exception as e:  # a fold bug must not wedge the runner
-                            self.errors.append(
-                                ProjectionError(p.name, env.position, env.event_id, repr(e))
-                            )
-            for p, _, _, model, _ in active:
+                # a fold bug must not wedge the runner: the event is skipped and recorded
+                for env, e in p.apply_many(model, todo):
+                    self.errors.append(ProjectionError(p.name, env.position, env.event_id, repr(e)))
+            for p, model, _ in active:
                 model.flush()
                 conn.execute(
                     "UPDATE proj_checkpoints SET position = ? WHERE name = ?", (last, p.name)
