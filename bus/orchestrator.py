@@ -36,7 +36,13 @@ from eventstore import (
     new_id,
 )
 from eventstore import events as ev
-from eventstore.errors import CardbusError, DecodeError, InvalidPlan, ValidationError
+from eventstore.errors import (
+    CardbusError,
+    DecodeError,
+    InvalidPlan,
+    StreamNotFound,
+    ValidationError,
+)
 
 from .decisions import Decider, Decisions
 from .interface import Bus
@@ -200,7 +206,14 @@ class Orchestrator:
             return done
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(root_id, []).append(future)
-        return await asyncio.wait_for(future, timeout)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:  # a waiter that gave up must not stay registered
+            waiters = self._waiters.get(root_id, [])
+            if future in waiters:
+                waiters.remove(future)
+                if not waiters:
+                    self._waiters.pop(root_id, None)
 
     async def run(self, plan: Plan, timeout: float | None = None) -> RunResult:
         return await self.wait(await self.submit(plan), timeout)
@@ -439,7 +452,7 @@ async def answer_approval(
     """Grant or deny a task waiting for approval (the API behind ``cardbus approve``)."""
     events = await store.read_stream(task_id)
     if not events:
-        raise InvalidPlan(f"no task {task_id!r} in the log")
+        raise StreamNotFound(task_id)  # not InvalidPlan: no plan is involved
     state = RunState()
     for env in events:
         state.apply(env)

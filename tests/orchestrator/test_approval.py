@@ -8,7 +8,7 @@ import pytest
 from orchkit import CARDS, Runtime, ev, make_agent, plan, run_log, task, tid, wait_for
 
 import bus
-from eventstore import CardbusError, SqliteEventStore
+from eventstore import CardbusError, SqliteEventStore, StreamNotFound
 
 
 async def test_approval_survives_a_restart_and_the_run_completes(db_path):
@@ -76,6 +76,16 @@ async def test_answering_a_task_that_is_not_waiting_is_refused(make_runtime, sto
     before = await store.last_position()
     with pytest.raises(CardbusError, match="not awaiting approval"):
         await rt.orch.approve(tid(r.root_id, "t"))
-    with pytest.raises(CardbusError):
+    with pytest.raises(StreamNotFound):
         await rt.orch.deny("no-such-task")
     assert await store.last_position() == before
+
+
+async def test_a_waiter_that_times_out_is_forgotten(make_runtime, store):
+    rt = await make_runtime([make_agent("echo")])
+    root = await rt.orch.submit(plan(task("gate", requires_approval=True)))
+    with pytest.raises(TimeoutError):
+        await rt.orch.wait(root, 0.05)
+    assert root not in rt.orch._waiters
+    await rt.orch.approve(tid(root, "gate"))
+    assert (await rt.orch.wait(root, 5)).status == "completed"
