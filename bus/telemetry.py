@@ -24,6 +24,7 @@ are only built for spans that are recording.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
@@ -75,9 +76,26 @@ _NOOP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _TP = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
 
+_enabled = False
+_MISSING = object()
+# With this env var the API loads a provider lazily: always ask it then.
+_LAZY_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
 def enabled() -> bool:
-    """True once an SDK (any real ``TracerProvider``) is set globally."""
-    return not isinstance(trace.get_tracer_provider(), _NOOP_PROVIDERS)
+    """True once an SDK (any real ``TracerProvider``) is set globally.
+
+    The global provider can be set only once, so a yes is remembered; until
+    then the check is one attribute read (the API's ``get_tracer_provider``
+    looks at ``os.environ`` on every call, ~1 us).
+    """
+    global _enabled
+    if _enabled:
+        return True
+    if not _LAZY_PROVIDER and getattr(trace, "_TRACER_PROVIDER", _MISSING) is None:
+        return False
+    _enabled = not isinstance(trace.get_tracer_provider(), _NOOP_PROVIDERS)
+    return _enabled
 
 
 def tracer() -> trace.Tracer:
