@@ -177,13 +177,31 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
     max_leaves=12,
 )
+_chapter = st.fixed_dictionaries(
+    {"title": st.text(max_size=22) | _json, "pages": st.integers(-5, 600) | _json},
+    optional={"authors": st.lists(st.fixed_dictionaries({"name": st.text(max_size=3)}))},
+)
 _book_like = st.fixed_dictionaries(
-    {"title": _json, "author": _json, "chapters": _json},
-    optional={k: _json for k in ("subtitle", "kind", "color", "ratings", "span", "isbn")},
+    {
+        "title": st.text(max_size=6) | _json,
+        "author": st.fixed_dictionaries({"name": st.text(max_size=4)}) | _json,
+        "chapters": st.lists(_chapter, max_size=2) | _json,
+    },
+    optional={
+        "subtitle": st.none() | _json,
+        "kind": st.sampled_from(["novel", "essay", "poem"]),
+        "color": st.sampled_from(["red", "blue", "green"]),
+        "ratings": st.dictionaries(st.text(max_size=3), st.floats(allow_nan=False)) | _json,
+        "span": st.lists(st.integers(), max_size=3) | _json,
+        "isbn": st.from_regex(r"\d{3}-\d", fullmatch=True) | st.text(max_size=5),
+        "price": st.floats(-1, 1001, allow_nan=False),
+        "copies": st.integers(-20, 20),
+        "tags": st.lists(st.text(max_size=2), max_size=3),
+    },
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_book_like | _json)
 def test_schema_errors_agrees_with_msgspec(value: Any) -> None:
     """A value passes schema_errors exactly when an agent's msgspec.convert accepts it."""
