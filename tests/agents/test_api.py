@@ -1,0 +1,52 @@
+"""The public API of ``agents`` is chosen on purpose: pinned here."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import agents
+
+PUBLIC = {
+    "LLM",
+    "Agent",
+    "AgentCard",
+    "AgentConstraints",
+    "Announce",
+    "CapabilitySpec",
+    "Capability",
+    "Completion",
+    "Embedder",
+    "HashingEmbedder",
+    "MockLLM",
+    "NeedsInput",
+    "OpenAIChatLLM",
+    "Reject",
+    "ResultCard",
+    "Review",
+    "Started",
+    "TaskCard",
+    "TaskContext",
+    "Weights",
+}
+
+
+def test_the_package_exports_exactly_the_public_names() -> None:
+    assert set(agents.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert getattr(agents, name) is not None
+
+
+@pytest.mark.parametrize("module", ["cards", "agent", "selection", "schema", "llm"])
+def test_every_module_name_in_all_exists(module: str) -> None:
+    mod = importlib.import_module(f"agents.{module}")
+    missing = [n for n in mod.__all__ if not hasattr(mod, n)]
+    assert missing == []
+
+
+def test_errors_share_the_library_root() -> None:
+    from agents.llm import LLMError
+    from eventstore.errors import CardbusError
+
+    assert issubclass(LLMError, CardbusError)
