@@ -352,7 +352,7 @@ class Decider:
             case S.DISPATCHED | S.RUNNING:
                 if task.under_review:
                     self._after_review(task)
-                elif task.approved and task.proposed_output is not None:
+                elif task.approved and task.has_proposal:
                     self.d.add(
                         task.task_id,
                         ev.TaskCompleted(

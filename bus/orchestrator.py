@@ -462,7 +462,7 @@ async def answer_approval(
         raise CardbusError(f"task {task_id!r} is not awaiting approval (it is {current})")
     data: ev.Event
     if granted:
-        resume = "running" if task.proposed_output is not None else "pending"
+        resume = "running" if task.has_proposal else "pending"
         data = ev.ApprovalGranted(by=by, resume=resume, note=note)
     else:
         data = ev.ApprovalDenied(by=by, note=note)

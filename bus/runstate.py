@@ -50,6 +50,7 @@ class TaskView:
     approved: bool = False
     proposed_output: Any = None
     proposed_agent: str = ""
+    has_proposal: bool = False  # an approval asked about an output in hand (a fan-out tie)
 
     @property
     def terminal(self) -> bool:
@@ -191,6 +192,9 @@ class RunState:
                 task.review = list(data.issues)
                 task.under_review = None
             case ev.ApprovalRequested():
+                # asked with results in hand: the output itself awaits approval (it
+                # may be None); asked before any dispatch: the task itself does
+                task.has_proposal = bool(task.results)
                 task.proposed_output = data.proposed_output
                 task.proposed_agent = next(  # who produced it (a fan-out tie)
                     (a for a, r in task.results.items() if r.output == data.proposed_output), ""
