@@ -106,9 +106,11 @@ __all__ = [
     "REPLY_PREFIX",
     "REPLY_STREAM",
     "TRACE_HEADER",
+    "agent_permissions",
     "consumer_name",
     "header",
     "inbox_subject",
+    "orchestrator_permissions",
     "reply_subject",
 ]
 
@@ -160,6 +162,56 @@ def header(msg: Msg, name: str) -> str | None:
         return value
     lname = name.lower()
     return next((v for k, v in headers.items() if k.lower() == lname), None)
+
+
+def agent_inbox_prefix(agent_id: str) -> str:
+    """The reply-subject prefix of agent X's connections (``NatsOptions.inbox_prefix``)."""
+    return f"_INBOX.{encode_token(agent_id)}"
+
+
+def agent_permissions(agent_id: str) -> dict[str, list[str]]:
+    """NATS subject permissions of agent X: consume its own inbox, publish replies.
+
+    It may look up the bus streams, create/bind its own durable consumer (with
+    its own filter), pull from it and ack its messages; publish replies,
+    its own announcement and dead letters; and subscribe only to its own reply
+    prefix (:func:`agent_inbox_prefix`), so it cannot see another agent's
+    deliveries. It cannot publish events, send cards or touch another inbox.
+    """
+    t = encode_token(agent_id)
+    durable = consumer_name(agent_id)
+    api = "$JS.API"
+    return {
+        "publish": [
+            f"{REPLY_PREFIX}.>",
+            f"{ANNOUNCE_PREFIX}.{t}",
+            f"{DEAD_PREFIX}.>",
+            *(f"{api}.STREAM.INFO.{s}" for s in (INBOX_STREAM, REPLY_STREAM, DEAD_STREAM)),
+            f"{api}.CONSUMER.INFO.{INBOX_STREAM}.{durable}",
+            f"{api}.CONSUMER.CREATE.{INBOX_STREAM}.{durable}.{inbox_subject(agent_id)}",
+            f"{api}.CONSUMER.MSG.NEXT.{INBOX_STREAM}.{durable}",
+            f"$JS.ACK.{INBOX_STREAM}.{durable}.>",
+        ],
+        "subscribe": [f"{agent_inbox_prefix(agent_id)}.>"],
+    }
+
+
+def orchestrator_permissions() -> dict[str, list[str]]:
+    """NATS subject permissions of the orchestrator (and of ``cardbus`` tools reading the log).
+
+    It writes the log and sends cards, administers the cardbus streams and
+    consumers through the JetStream API, reads and acks replies.
+    """
+    return {
+        "publish": [
+            "cardbus.evt.>",
+            f"{INBOX_PREFIX}.>",
+            f"{DEAD_PREFIX}.>",
+            "$JS.API.>",
+            f"$JS.ACK.{REPLY_STREAM}.>",
+        ],
+        "subscribe": ["_INBOX.>"],
+    }
 
 
 def _msg_id(data: bytes) -> str:

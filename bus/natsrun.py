@@ -32,9 +32,10 @@ from agents.agent import Agent
 from agents.llm import LLM
 from eventstore import EventStore
 from eventstore.errors import BusError, CardbusError
-from eventstore.nats import NatsEventStore, encode_token
+from eventstore.nats import NatsEventStore
 
 from .nats import NatsBus
+from .nats import agent_inbox_prefix as inbox_prefix_of
 from .natsconn import NatsOptions
 from .orchestrator import Orchestrator, RunResult
 from .plan import Plan
@@ -47,7 +48,7 @@ __all__ = ["LocalNatsServer", "NatsRuntime", "agent_inbox_prefix", "serve_agents
 def agent_inbox_prefix(agents: Iterable[type[Agent]]) -> str:
     """``_INBOX.<agent>``: the reply-subject prefix the README's permissions give agent X."""
     ids = sorted({a.agent_id for a in agents})
-    return "_INBOX." + encode_token(ids[0] if len(ids) == 1 else "+".join(ids))
+    return inbox_prefix_of(ids[0] if len(ids) == 1 else "+".join(ids))
 
 
 class NatsRuntime:

@@ -17,14 +17,22 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from agents.agent import Agent
-from bus.nats import DEAD_STREAM, ORCHESTRATOR_DURABLE, REASON_HEADER, SUBJECT_HEADER, header
+from bus.nats import (
+    DEAD_STREAM,
+    ORCHESTRATOR_DURABLE,
+    REASON_HEADER,
+    SUBJECT_HEADER,
+    agent_permissions,
+    header,
+    orchestrator_permissions,
+)
 from bus.natsconn import NatsOptions
 from bus.natsrun import LocalNatsServer, NatsRuntime, agent_inbox_prefix, serve_agents
 from bus.plan import Plan, decode_plan
@@ -323,6 +331,30 @@ def nats_dead(nats_url: str, limit: int, **kw: Any) -> None:
 
     lines = asyncio.run(go())
     click.echo("\n".join(lines) if lines else "no dead letters")
+
+
+@nats_group.command("permissions")
+@click.option("--agent", "agent_ids", multiple=True, help="An agent id (one user each).")
+@click.option("--password", default="CHANGE-ME", show_default=True, help="Placeholder password.")
+def nats_permissions(agent_ids: tuple[str, ...], password: str) -> None:
+    """Print a nats-server authorization block: one user per role, least privilege."""
+    click.echo(authorization_config(agent_ids, password))
+
+
+def authorization_config(agent_ids: Sequence[str], password: str) -> str:
+    """The ``authorization { users: [...] }`` block for the orchestrator and each agent."""
+    users = [("orchestrator", orchestrator_permissions())]
+    users += [(f"agent-{a}", agent_permissions(a)) for a in agent_ids]
+    lines = ["authorization {", "  users: ["]
+    for name, perms in users:
+        lines.append(f"    {{ user: {json.dumps(name)}, password: {json.dumps(password)},")
+        lines.append("      permissions: {")
+        for kind in ("publish", "subscribe"):
+            quoted = ", ".join(json.dumps(x) for x in perms[kind])
+            lines.append(f"        {kind}: {{ allow: [{quoted}] }}")
+        lines.append("      } }")
+    lines += ["  ]", "}"]
+    return "\n".join(lines)
 
 
 # -- cardbus demo --nats / --start-nats (the branch at the start of `demo`) -------------

@@ -1,0 +1,146 @@
+"""Per-role NATS permissions (``bus.nats.agent_permissions`` / ``orchestrator_permissions``,
+printed by ``cardbus nats permissions``) enforced by a real server: they are enough for
+a run, and an agent can neither publish events nor read another agent's inbox."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import nats.errors
+from natsserver import NatsServer
+
+from agents import Agent, Capability
+from agents.cards import TaskCard
+from bus.nats import INBOX_STREAM, agent_inbox_prefix, consumer_name
+from bus.natsconn import NatsOptions
+from bus.natsrun import NatsRuntime, serve_agents
+from bus.plan import Plan, PlanTask
+from eventstore.nats import NatsEventStore
+from tools.cmd_nats import authorization_config
+
+
+class N(msgspec.Struct):
+    n: int
+
+
+class Quick(Agent):
+    agent_id = "quick"
+    description = "adds one"
+    capabilities = [Capability("quick", N, N, "add one")]
+
+    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
+        return N(n=inputs.n + 1)
+
+
+class Slow(Agent):
+    agent_id = "slow"
+    description = "adds ten"
+    capabilities = [Capability("slow", N, N, "add ten")]
+
+    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
+        return N(n=inputs.n + 10)
+
+
+FAST = {"ack_wait": 1.0, "fetch_wait": 0.5, "reply_ack_wait": 2.0}
+
+
+def as_agent(url: str, agent_id: str) -> NatsOptions:
+    return NatsOptions(
+        url=url, user=f"agent-{agent_id}", password="pw", inbox_prefix=agent_inbox_prefix(agent_id)
+    )
+
+
+async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
+    config = authorization_config(["quick", "slow"], "pw")
+    with NatsServer(tmp_path / "nats", extra_config=config) as server:
+        url = server.url
+        orch = NatsOptions(url=url, user="orchestrator", password="pw")
+        async with NatsRuntime(orch, bus_options=FAST) as rt:
+            # 1. the documented permissions are enough for a whole run
+            stops = {a.agent_id: asyncio.Event() for a in (Quick, Slow)}
+            serving = [
+                asyncio.create_task(
+                    serve_agents(
+                        as_agent(url, a.agent_id), [a], stops[a.agent_id], bus_options=FAST
+                    )
+                )
+                for a in (Quick, Slow)
+            ]
+            plan = Plan(
+                goal="confined",
+                tasks=[
+                    PlanTask(id="a", capability="quick", inputs={"n": 1}),
+                    PlanTask(
+                        id="b",
+                        capability="slow",
+                        deps=["a"],
+                        inputs={"n": {"$dep": "a", "path": "n"}},
+                    ),
+                ],
+            )
+            result = await rt.run(plan, timeout=20, agent_timeout=10)
+            assert result.status == "completed" and result.outputs["b"] == {"n": 12}
+            stops["slow"].set()  # the slow agent goes away; a card waits in its inbox
+            await serving[1]
+            waiting = TaskCard(task_id="secret", root_id="r", capability="slow", inputs={"n": 7})
+            await rt.bus.send_task("slow", waiting)
+
+            # 2. the quick agent tries what it must not do
+            errors: list[str] = []
+
+            async def on_error(e: Exception) -> None:
+                errors.append(str(e))
+
+            nc = await as_agent(url, "quick").connect("intruder", error_cb=on_error)
+            js = nc.jetstream(timeout=1.0)
+            try:
+                try:  # write an event into the log
+                    await js.publish("cardbus.evt.r.t.task_completed_v1", b"{}", timeout=1.0)
+                except (nats.errors.Error, TimeoutError):
+                    pass
+                try:  # send a card to another agent
+                    await js.publish("cardbus.agent.slow", b"{}", timeout=1.0)
+                except (nats.errors.Error, TimeoutError):
+                    pass
+                seen: list[bytes] = []
+
+                async def spy(msg: Any) -> None:
+                    seen.append(msg.data)
+
+                # listen to another agent's inbox subject and to its deliveries
+                await nc.subscribe("cardbus.agent.slow", cb=spy)
+                await nc.subscribe(f"{agent_inbox_prefix('slow')}.>", cb=spy)
+                await nc.subscribe("cardbus.agent.>", cb=spy)
+                # pull from the other agent's durable consumer
+                stolen: list[Any] = []
+                try:
+                    sub = await js.pull_subscribe_bind(
+                        durable=consumer_name("slow"), stream=INBOX_STREAM
+                    )
+                    stolen = await sub.fetch(1, timeout=1.0)
+                except (nats.errors.Error, TimeoutError):
+                    pass
+                await rt.bus.send_task(
+                    "slow", TaskCard(task_id="t2", root_id="r", capability="slow")
+                )
+                await asyncio.sleep(0.5)
+            finally:
+                await nc.close()
+            assert stolen == [] and seen == []
+            text = "\n".join(errors).lower()  # nats-py lower-cases the server's -ERR
+            assert 'violation for publish to "cardbus.evt.r.t.task_completed_v1"' in text, text
+            assert 'violation for publish to "cardbus.agent.slow"' in text, text
+            assert 'violation for subscription to "cardbus.agent.slow"' in text, text
+            assert 'violation for subscription to "_inbox.slow.>"' in text, text
+            assert 'violation for subscription to "cardbus.agent.>"' in text, text
+            assert 'publish to "$js.api.consumer.msg.next.cardbus_inbox.agent-slow"' in text
+
+            # nothing reached the log, and the cards still wait for the slow agent
+            store = await NatsEventStore.from_connection(rt.bus.nc, create_stream=False)
+            assert not [e for e in await store.read_all(0, 10_000) if e.stream == "t"]
+            info = await rt.bus._js.consumer_info(INBOX_STREAM, consumer_name("slow"))
+            assert info.num_pending + info.num_ack_pending == 2
+            stops["quick"].set()
+            await serving[0]
