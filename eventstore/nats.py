@@ -23,8 +23,10 @@ encoded reversibly by :func:`encode_token`: ``A-Z a-z 0-9 -`` stay as they
 are, every other byte of the UTF-8 form becomes ``_`` + two lowercase hex
 digits (``r1.a`` -> ``r1_2ea``, ``_`` -> ``_5f``), and the empty string is
 the lone token ``_``. UUIDs and ids like ``agent-x`` therefore read as
-themselves. A subject longer than ``MAX_SUBJECT_LEN`` is refused with
-``ValidationError``.
+themselves. A subject longer than ``MAX_SUBJECT_LEN`` (3500 chars, so the
+publish line fits the server's 4 KiB control line) is refused with
+``ValidationError``: ASCII ids of any allowed length fit, a 512-char stream
+name made only of 4-byte characters does not (unlike on SQLite).
 
 Reads are subject filters: one stream is ``cardbus.evt.*.<task>.>`` (the
 root token is a wildcard so a stream stays one stream even if its events
@@ -123,9 +125,9 @@ import random
 import re
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import nats
@@ -170,11 +172,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_STREAM = "CARDBUS_EVENTS"
 DEFAULT_SUBJECT_PREFIX = "cardbus.evt"
 HASH_HEADER = "Cardbus-Hash"
-MAX_SUBJECT_LEN = 2048
+MAX_SUBJECT_LEN = 3500  # a publish line must fit nats-server's max_control_line (4 KiB)
 
 # JetStream API error codes we act on.
 _ERR_WRONG_LAST_SEQUENCE = 10071
@@ -270,6 +273,10 @@ class _Head:
 _EMPTY_HEAD = _Head(0, 0, GENESIS_HASH)
 
 
+class _Transient(StoreUnavailable):
+    """A timeout, a missing responder or a leader election: worth retrying for a while."""
+
+
 class _ReaderBroken(Exception):
     """The consumer behind a reader is gone or lost messages: recreate it."""
 
@@ -296,6 +303,7 @@ class NatsEventStore(EventStore):
         owns_connection: bool = True,
         read_batch: int = 256,
         heartbeat: float = 1.0,
+        retry_timeout: float = 15.0,
     ) -> None:
         self.nc = nc
         self.stream_name = stream_name
@@ -306,6 +314,7 @@ class NatsEventStore(EventStore):
         self.max_batch = max_batch
         self.read_batch = read_batch
         self.heartbeat = heartbeat
+        self.retry_timeout = retry_timeout
         self._js: JetStreamContext = nc.jetstream(timeout=request_timeout)
         self._owns_connection = owns_connection
         self._heads: dict[str, _Head] = {}
@@ -329,6 +338,7 @@ class NatsEventStore(EventStore):
         atomic: bool | None = None,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         request_timeout: float = 5.0,
+        retry_timeout: float = 15.0,
         token: str | None = None,
         user: str | None = None,
         password: str | None = None,
@@ -357,7 +367,10 @@ class NatsEventStore(EventStore):
         jitter. The stream is created when missing (``create_stream``) with
         ``replicas``, ``storage`` (``file``/``memory``), ``duplicate_window``
         (seconds) and, unless ``deny_delete=False``, with deletes and purges
-        denied. ``atomic=None`` uses atomic batches when the server has them.
+        denied. Each request waits ``request_timeout`` seconds; transient
+        failures (a reconnect, a stream leader election) are retried with
+        backoff for ``retry_timeout`` seconds before ``StoreUnavailable``.
+        ``atomic=None`` uses atomic batches when the server has them.
         Any other keyword goes to ``nats.connect``.
         """
         servers = _server_list(url)
@@ -422,6 +435,7 @@ class NatsEventStore(EventStore):
                 subject_prefix=subject_prefix,
                 max_event_bytes=max_event_bytes,
                 request_timeout=request_timeout,
+                retry_timeout=retry_timeout,
             )
             await store._ensure_stream(
                 create=create_stream,
@@ -529,10 +543,35 @@ class NatsEventStore(EventStore):
 
     # -- writing ---------------------------------------------------------------
 
+    async def _retry(self, op: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``op``, retrying transient failures (reconnects, leader elections) with backoff
+        for up to ``retry_timeout`` seconds; then they are ``StoreUnavailable``.
+
+        Appends are safe to retry whole: a first try that was stored after all is found
+        again by its event ids and returned, as for any retry.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await op()
+            except _Transient as e:
+                if self._closed or self.nc.is_closed or loop.time() + delay > deadline:
+                    raise StoreUnavailable(str(e)) from (e.__cause__ or e)
+                log.debug("retrying after %s", e)
+                await asyncio.sleep(delay * (0.8 + random.random() * 0.4))
+                delay = min(delay * 2, 1.0)
+
     async def append(
         self, stream: str, events: Sequence[NewEvent], expected_version: int
     ) -> list[Envelope]:
         check_append_args(stream, events, expected_version)
+        return await self._retry(lambda: self._append(stream, events, expected_version))
+
+    async def _append(
+        self, stream: str, events: Sequence[NewEvent], expected_version: int
+    ) -> list[Envelope]:
         self._check_open()
         events = list(events)
         if len(events) > self.max_batch:
@@ -582,18 +621,18 @@ class NatsEventStore(EventStore):
                 if code == _ERR_BATCH_TOO_MANY_INFLIGHT and attempt < 7:
                     await asyncio.sleep(0.01 * 2**attempt * (1 + random.random()))
                     continue
-                if isinstance(e, nats.js.errors.ServiceUnavailableError):
-                    raise StoreUnavailable(f"JetStream unavailable: {e!r}") from e
+                if isinstance(e, nats.js.errors.ServiceUnavailableError) or (e.code or 0) >= 500:
+                    raise _Transient(f"JetStream unavailable: {e!r}") from e
                 raise StoreError(f"append to {stream!r} refused by JetStream: {e!r}") from e
             except nats.errors.MaxPayloadError as e:
                 size = max(len(body) for _, body in sealed)
                 raise PayloadTooLarge(size, self.nc.max_payload) from e
             except _NATS_ERRORS as e:
-                raise StoreUnavailable(
+                raise _Transient(
                     f"append to {stream!r} not confirmed (it may or may not be stored;"
                     f" retrying it is safe): {e!r}"
                 ) from e
-        raise StoreUnavailable(f"append to {stream!r}: JetStream kept refusing, try again")
+        raise _Transient(f"append to {stream!r}: JetStream kept refusing, try again")
 
     def _headers(self, env: Envelope, first: bool, filt: str, head: _Head) -> dict[str, str]:
         h = {_H_MSG_ID: env.event_id, HASH_HEADER: env.hash}
@@ -614,7 +653,7 @@ class NatsEventStore(EventStore):
                 subject, body, timeout=self.request_timeout, headers=headers
             )
         except nats.errors.NoRespondersError as e:
-            raise StoreUnavailable(f"no JetStream stream answers on {subject!r}") from e
+            raise _Transient(f"no JetStream stream answers on {subject!r}") from e
         resp = msgspec.json.decode(msg.data)
         if "error" in resp:
             raise nats.js.errors.APIError.from_error(resp["error"])
@@ -713,7 +752,8 @@ class NatsEventStore(EventStore):
     async def _stored_copies(self, stream: str, events: list[NewEvent]) -> list[Envelope]:
         """The stored envelopes of this stream carrying any of the events' ids, in order."""
         ids = {e.event_id for e in events}
-        found = {env.event_id: env for env in await self.read_stream(stream) if env.event_id in ids}
+        envs = map(self._envelope, await self._read(self._stream_filter(stream)))
+        found = {env.event_id: env for env in envs if env.event_id in ids}
         return [found[e.event_id] for e in events if e.event_id in found]
 
     def _remember(self, stream: str, head: _Head) -> None:
@@ -733,7 +773,7 @@ class NatsEventStore(EventStore):
             self._heads.pop(stream, None)
             return _EMPTY_HEAD
         except _NATS_ERRORS as e:
-            raise StoreUnavailable(f"cannot read the head of {stream!r}: {e!r}") from e
+            raise _Transient(f"cannot read the head of {stream!r}: {e!r}") from e
         body = raw.data or b""
         env = decode_body(body, max_bytes=1 << 62)
         stored_hash = (raw.headers or {}).get(HASH_HEADER, "")
@@ -745,7 +785,7 @@ class NatsEventStore(EventStore):
         try:
             raw = await self._js.get_msg(self.stream_name, seq=seq)
         except _NATS_ERRORS as e:
-            raise StoreUnavailable(f"cannot read position {seq}: {e!r}") from e
+            raise _Transient(f"cannot read position {seq}: {e!r}") from e
         return decode_body(
             raw.data or b"",
             position=seq,
@@ -779,36 +819,43 @@ class NatsEventStore(EventStore):
                     break
             return out[:want] if limit is not None else out
         except _ReaderBroken as e:
-            raise StoreUnavailable(f"read of {filt!r} interrupted: {e}") from e
+            raise _Transient(f"read of {filt!r} interrupted: {e}") from e
         except _NATS_ERRORS as e:
-            raise StoreUnavailable(f"cannot read {filt!r}: {e!r}") from e
+            raise _Transient(f"cannot read {filt!r}: {e!r}") from e
         finally:
             await reader.close()
 
     async def read_stream(self, stream: str, from_version: int = 1) -> list[Envelope]:
         if not isinstance(stream, str) or not stream:
             return []
-        envs = [self._envelope(m) for m in await self._read(self._stream_filter(stream))]
+        filt = self._stream_filter(stream)
+        envs = [self._envelope(m) for m in await self._retry(lambda: self._read(filt))]
         return [e for e in envs if e.version >= from_version]
 
     async def read_all(self, from_position: int = 0, limit: int = 1000) -> list[Envelope]:
-        msgs = await self._read(self._all_filter, max(from_position, 1), limit)
+        msgs = await self._retry(lambda: self._read(self._all_filter, max(from_position, 1), limit))
         return [self._envelope(m) for m in msgs]
 
     async def read_correlation(self, correlation_id: str) -> list[Envelope]:
-        msgs = await self._read(self._correlation_filter(correlation_id))
+        if not isinstance(correlation_id, str):
+            return []
+        filt = self._correlation_filter(correlation_id)
+        msgs = await self._retry(lambda: self._read(filt))
         return [e for e in map(self._envelope, msgs) if e.correlation_id == correlation_id]
 
     async def stream_version(self, stream: str) -> int:
         self._check_open()
-        return (await self._lookup_head(stream)).version
+        return (await self._retry(lambda: self._lookup_head(stream))).version
 
     async def last_position(self) -> int:
         self._check_open()
+        return await self._retry(self._last_position)
+
+    async def _last_position(self) -> int:
         try:
             info = await self._js.stream_info(self.stream_name)
         except _NATS_ERRORS as e:
-            raise StoreUnavailable(f"cannot read stream info: {e!r}") from e
+            raise _Transient(f"cannot read stream info: {e!r}") from e
         return int(info.state.last_seq or 0) if info.state.messages else 0
 
     async def subscribe(self, from_position: int = 0) -> AsyncIterator[Envelope]:
@@ -838,7 +885,7 @@ class NatsEventStore(EventStore):
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
         filt = self._all_filter if stream is None else self._stream_filter(stream)
         by_stream: dict[str, list[tuple[int, bytes, str]]] = {}
-        for m in await self._read(filt):
+        for m in await self._retry(lambda: self._read(filt)):
             key = stream if stream is not None else self._stream_of_subject(m.subject)
             row = (
                 m.metadata.sequence.stream,

@@ -237,9 +237,9 @@ async def test_many_concurrent_batches_from_two_connections(nats_url: str) -> No
                 out = await store.append(name, [started(attempt=i), started(attempt=i)], version)
                 version = out[-1].version
 
-        await asyncio.gather(*(writer(a if i % 2 else b, f"w{i}") for i in range(30)))
+        await asyncio.gather(*(writer(a if i % 2 else b, f"w{i}") for i in range(16)))
         everything = await a.read_all(0, 100_000)
-        assert [e.position for e in everything] == list(range(1, 601))
+        assert [e.position for e in everything] == list(range(1, 321))
         assert await b.verify() == []
 
 
@@ -268,7 +268,7 @@ async def test_retry_from_another_connection_returns_the_originals(nats_url: str
 
 
 async def test_down_server_is_store_unavailable_then_recovers(nats_server: NatsServer) -> None:
-    store = await NatsEventStore.connect(nats_server.url, request_timeout=1.0)
+    store = await NatsEventStore.connect(nats_server.url, request_timeout=1.0, retry_timeout=0.5)
     try:
         await store.append("t", [created()], 0)
         nats_server.stop()
@@ -287,6 +287,21 @@ async def test_down_server_is_store_unavailable_then_recovers(nats_server: NatsS
         assert (env.version, env.position) == (2, 2)
     finally:
         await store.close()
+
+
+async def test_an_append_waits_out_a_short_outage(nats_server: NatsServer) -> None:
+    async with await NatsEventStore.connect(
+        nats_server.url, request_timeout=0.5, retry_timeout=15.0
+    ) as store:
+        await store.append("t", [created()], 0)
+        nats_server.stop()
+        pending = asyncio.ensure_future(store.append("t", [started(), started(attempt=2)], 1))
+        await asyncio.sleep(0.7)
+        assert not pending.done()
+        nats_server.start()
+        out = await asyncio.wait_for(pending, 15)
+        assert [(e.version, e.position) for e in out] == [(2, 2), (3, 3)]
+        assert await store.verify() == []
 
 
 async def test_acked_events_survive_a_server_crash(nats_server: NatsServer) -> None:
@@ -442,15 +457,9 @@ async def test_replicated_stream_on_a_three_node_cluster_loses_nothing(
         leader = info.cluster.leader if info.cluster else None
         victim = next(n for n in nats_cluster.nodes if n.name == leader)
         victim.stop()
-        version = 10
-        deadline = time.monotonic() + 20
-        while version < 20 and time.monotonic() < deadline:
-            try:
-                written += await store.append("t", [started(attempt=version)], version)
-                version += 1
-            except StoreUnavailable:  # a new stream leader is being elected
-                await asyncio.sleep(0.1)
-        assert version == 20
+        # The store rides through the leader election (it retries transient failures).
+        for version in range(10, 20):
+            written += await store.append("t", [started(attempt=version)], version)
         assert await store.read_all() == written
         victim.start()
         assert await store.verify() == []
