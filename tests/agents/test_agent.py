@@ -28,6 +28,7 @@ from agents import (
     TaskContext,
 )
 from agents.cards import decode_result_card, encode
+from agents.selection import hard_filter
 
 # -- the README example: a user-written agent in about twenty lines --------------
 
@@ -421,10 +422,10 @@ class Stateful(Agent):
         self.count = 0
 
     async def handle(self, task: TaskCard, inputs: SummarizeIn, ctx: TaskContext) -> Summary:
-        before_self = getattr(self, "memory", None)
-        before_ctx = getattr(ctx, "memory", None)
-        self.memory = inputs.text
-        ctx.memory = inputs.text  # type: ignore[attr-defined]
+        before_self = getattr(self, "scratch", None)
+        before_ctx = getattr(ctx, "scratch", None)
+        self.scratch = inputs.text
+        ctx.scratch = inputs.text  # type: ignore[attr-defined]
         self.count += 1
         ctx.usage(input_tokens=1)
         type(self).seen.append((before_self, before_ctx, self.count))
@@ -516,3 +517,42 @@ async def test_random_inputs_never_crash_run(
     assert isinstance(result, ResultCard)
     assert result.status in ("completed", "failed", "rejected")
     survives_the_bus(result)
+
+
+# -- property: the orchestrator's pre-check agrees with the agent's self-check ----------
+
+_plain_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_key, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    capability=st.sampled_from(["summarize", "anything", "nothing"]),
+    inputs=st.dictionaries(_key, _plain_json, max_size=3)
+    | st.fixed_dictionaries({"text": _plain_json}, optional={"max_words": _plain_json}),
+    constraints=st.dictionaries(st.sampled_from(["max_words", "other"]), _plain_json, max_size=2),
+    timeout_s=st.floats(0, 100),
+)
+async def test_hard_filter_agrees_with_the_self_check(
+    capability: str, inputs: dict[str, Any], constraints: dict[str, Any], timeout_s: float
+) -> None:
+    """A card the orchestrator lets through is not rejected by the agent, and vice versa."""
+    card = TaskCard(
+        task_id="t",
+        root_id="r",
+        capability=capability,
+        inputs=inputs,
+        constraints=constraints,
+        timeout_s=timeout_s,
+    )
+    reason = hard_filter(Everything.card(), capability, inputs, constraints, timeout_s)
+    result = await Everything.run(card)
+    assert result.reason == reason
+    assert (result.status == "rejected") == (reason is not None)
