@@ -189,3 +189,27 @@ def test_export_needs_a_target(tmp_path: Any) -> None:
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""},
     )
     assert out.exit_code == 2 and "--otlp URL or --console" in out.output
+
+
+async def test_a_run_traced_live_links_to_its_live_trace() -> None:
+    from eventstore import NewEvent
+
+    live = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    store = MemoryEventStore()
+    await store.append(
+        "r",
+        [
+            NewEvent(
+                data=ev.RunStarted(goal="g", plan_id="p"),
+                correlation_id="r",
+                traceparent=live,
+                recorded_at=10.0,
+            )
+        ],
+        0,
+    )
+    (span,) = to_readable_spans(trace_spans(await store.read_correlation("r")))
+    (link,) = span.links
+    assert link.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert link.context.span_id == 0xB7AD6B7169203331
+    assert span.context.trace_id == trace_id_for("r")  # the export keeps its own ids
