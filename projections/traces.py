@@ -378,15 +378,19 @@ def trace_spans(
     ``task_id`` keeps only that task's span and its descendants (same ids as in
     the whole run's export). ``agent_names`` maps agent ids to display names
     (see :func:`agent_names_from`); unknown agents are named by their id.
-    Events of agent and plan streams are ignored.
+    Roots without a ``run.started`` or ``task.created`` (agent, plan and memory
+    streams) are skipped.
     """
     by_root: dict[str, list[Envelope]] = {}
+    runs: set[str] = set()  # roots with a run or a task: agent, plan, memory streams are not
     for env in events:
-        if env.stream.startswith(("agent-", "plan-")) or env.stream == "memory":
-            continue
         by_root.setdefault(env.correlation_id, []).append(env)
+        if isinstance(env.data, (ev.RunStarted, ev.TaskCreated)):
+            runs.add(env.correlation_id)
     out: list[SpanRecord] = []
     for root_id, evs in by_root.items():
+        if root_id not in runs:
+            continue
         evs.sort(key=lambda e: e.position)
         out.extend(_root_spans(root_id, evs, agent_names or {}))
     if task_id is not None:
