@@ -22,6 +22,15 @@ Use::
     with NatsCluster(tmp_path / "cluster").start() as cluster:   # 3 nodes, JetStream R3-capable
         cluster.url       # "nats://a,nats://b,nats://c" (what nats-py accepts as servers)
         cluster.nodes[1].stop(); cluster.nodes[1].start()
+
+    NatsServer(d, extra_config='authorization { token: "s3cret" }')   # any config block
+    tls = make_tls_files(tmp_path / "tls")                  # throwaway CA + certs (openssl CLI)
+    NatsServer(d, extra_config=tls_config(tls))             # TLS with client certificates
+
+The pytest fixtures built on these live in ``tests/conftest.py``:
+``nats_server`` (a private ``NatsServer`` per test), ``nats_url`` (its URL),
+``nats_store`` (a ``NatsEventStore`` on it) and ``nats_cluster`` (a started
+``NatsCluster``).
 """
 
 from __future__ import annotations
