@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import msgspec
+import msgspec.inspect
 
 from eventstore.events import Usage
 
@@ -65,11 +66,29 @@ class Capability:
         return CapabilitySpec(
             name=self.name,
             description=self.description,
-            input_schema=msgspec.json.schema(self.input_type),
+            input_schema=_input_schema(self.input_type),
             output_schema=msgspec.json.schema(self.output_type),
             tags=self.tags,
             examples=self.examples,
         )
+
+
+def _input_schema(input_type: Any) -> dict[str, Any]:
+    """The JSON Schema of what ``run`` accepts as inputs.
+
+    As msgspec's own schema, except that a tagged Struct's tag field is not
+    required at the top level: ``msgspec.convert`` does not need it there
+    (only inside a union), so the orchestrator's check must not either.
+    """
+    schema = msgspec.json.schema(input_type)
+    info = msgspec.inspect.type_info(input_type)
+    ref = schema.get("$ref")
+    if isinstance(info, msgspec.inspect.StructType) and info.tag_field and isinstance(ref, str):
+        defs = schema.get("$defs", {})
+        body = dict(defs.get(ref.rsplit("/", 1)[-1], {}))
+        body["required"] = [r for r in body.get("required", []) if r != info.tag_field]
+        return {**body, "$defs": defs}
+    return schema
 
 
 class NeedsInput(Exception):

@@ -6,17 +6,26 @@ plans and outputs against them without importing the agent's code. This
 covers the subset ``msgspec.json.schema`` emits: type, properties, required,
 additionalProperties, items/prefixItems, min/maxItems, enum, const, anyOf,
 $ref/$defs, minimum/maximum (and exclusive), multipleOf, min/maxLength,
-pattern, min/maxProperties. Types follow msgspec's decoder, so a value passes
-here exactly when an agent's ``msgspec.convert`` of it would (a float such as
-``2.0`` is not an ``integer``; a bool is not a number). ``format`` is not
-checked.
+pattern, min/maxProperties, and the string forms msgspec emits (``format``
+date-time, date, time, partial-time, duration, uuid, decimal;
+``contentEncoding`` base64), which msgspec itself checks. A datetime or time
+without a timezone constraint has no ``format`` in msgspec's schema, so it is
+checked only as a string. Types follow msgspec's decoder, so a value passes
+here when an agent's ``msgspec.convert`` of it would (a float such as ``2.0``
+is not an ``integer``; a bool is not a number). ``uniqueItems`` is not
+checked: msgspec folds duplicates into its sets.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import math
 import re
-from typing import Any
+import uuid
+from typing import Annotated, Any
+
+import msgspec
 
 __all__ = ["schema_errors"]
 
@@ -88,6 +97,10 @@ def _check(
         pattern = schema.get("pattern")
         if isinstance(pattern, str) and _search(pattern, value) is False:
             errors.append(f"{path}: does not match {pattern!r}")
+        for key in ("format", "contentEncoding"):
+            problem = _string_form(key, schema.get(key), value)
+            if problem:
+                errors.append(f"{path}: {problem}")
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         if "minimum" in schema and not value >= schema["minimum"]:
             errors.append(f"{path}: below {schema['minimum']}")
@@ -154,6 +167,30 @@ def _check_array(
     elif isinstance(items, dict):
         for i, item in enumerate(rest, start=len(head)):
             _check(item, items, defs, f"{path}[{i}]", partial, errors)
+
+
+#: string forms msgspec emits, checked by msgspec itself so both agree
+_FORMATS: dict[tuple[str, str], Any] = {
+    ("format", "date-time"): Annotated[datetime.datetime, msgspec.Meta(tz=True)],
+    ("format", "date"): datetime.date,
+    ("format", "time"): Annotated[datetime.time, msgspec.Meta(tz=True)],
+    ("format", "partial-time"): Annotated[datetime.time, msgspec.Meta(tz=False)],
+    ("format", "duration"): datetime.timedelta,
+    ("format", "uuid"): uuid.UUID,
+    ("format", "decimal"): decimal.Decimal,
+    ("contentEncoding", "base64"): bytes,
+}
+
+
+def _string_form(key: str, form: Any, value: str) -> str | None:
+    target = _FORMATS.get((key, form)) if isinstance(form, str) else None
+    if target is None:  # a form we do not know (email, uri, ...) is not checked
+        return None
+    try:
+        msgspec.convert(value, target)
+    except msgspec.ValidationError as e:
+        return f"not a valid {form}: {e}"
+    return None
 
 
 def _search(pattern: str, value: str) -> bool | None:

@@ -556,3 +556,35 @@ async def test_hard_filter_agrees_with_the_self_check(
     result = await Everything.run(card)
     assert result.reason == reason
     assert (result.status == "rejected") == (reason is not None)
+
+
+class TaggedIn(msgspec.Struct, frozen=True, tag="order"):
+    item: str
+    qty: int = 1
+
+
+class TaggedAgent(Agent):
+    agent_id = "tagged"
+    capabilities = [Capability("order", TaggedIn, Summary)]
+
+    async def handle(self, task: TaskCard, inputs: TaggedIn, ctx: TaskContext) -> Summary:
+        return Summary(summary=inputs.item, words=inputs.qty)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "accepted"),
+    [
+        ({"item": "tea"}, True),  # the tag is optional at the top level, as in msgspec
+        ({"type": "order", "item": "tea", "qty": 2}, True),
+        ({"type": "refund", "item": "tea"}, False),
+        ({"qty": 2}, False),
+    ],
+)
+async def test_a_tagged_input_struct_is_checked_alike(
+    inputs: dict[str, Any], accepted: bool
+) -> None:
+    reason = hard_filter(TaggedAgent.card(), "order", inputs, {}, 10)
+    result = await TaggedAgent.run(task("order", inputs=inputs))
+    assert (reason is None) is accepted
+    assert (result.status == "completed") is accepted
+    assert result.reason == reason

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import enum
+import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -469,3 +472,53 @@ def test_rank_with_a_custom_embedder() -> None:
 def test_rank_without_a_goal_uses_the_capability() -> None:
     ranked = rank(AGENTS, **{**ARGS, "goal": ""})
     assert len(ranked) == 3 and all(c.similarity > 0 for c in ranked)
+
+
+class Forms(msgspec.Struct, frozen=True):
+    when: Annotated[datetime.datetime, msgspec.Meta(tz=True)] | None = None
+    day: datetime.date | None = None
+    at: Annotated[datetime.time, msgspec.Meta(tz=True)] | None = None
+    local: Annotated[datetime.time, msgspec.Meta(tz=False)] | None = None
+    span: datetime.timedelta | None = None
+    id: uuid.UUID | None = None
+    blob: bytes | None = None
+    amount: decimal.Decimal | None = None
+    email: Annotated[str, msgspec.Meta(extra_json_schema={"format": "email"})] = ""
+
+
+FORMS = msgspec.json.schema(Forms)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "ok"),
+    [
+        ("when", "2024-05-01T10:00:00Z", True),
+        ("when", "2024-05-01T10:00:00", False),  # no timezone
+        ("when", "yesterday", False),
+        ("day", "2024-02-29", True),
+        ("day", "2024-02-30", False),
+        ("at", "10:30:00+02:00", True),
+        ("at", "10:30:00", False),
+        ("at", "25:00", False),
+        ("local", "10:30:00", True),
+        ("local", "10:30:00Z", False),
+        ("span", "P1DT2H", True),
+        ("span", "a while", False),
+        ("id", "12345678-1234-5678-1234-567812345678", True),
+        ("id", "not-a-uuid", False),
+        ("blob", "aGVsbG8=", True),
+        ("blob", "not base64!", False),
+        ("amount", "12.50", True),
+        ("amount", "twelve", False),
+        ("email", "not checked", True),  # a form msgspec does not check is not checked here
+    ],
+)
+def test_string_forms_are_checked_as_msgspec_does(field: str, value: str, ok: bool) -> None:
+    errors = schema_errors({field: value}, FORMS)
+    assert (errors == []) is ok, errors
+    try:
+        msgspec.convert({field: value}, Forms)
+        accepted = True
+    except msgspec.ValidationError:
+        accepted = False
+    assert accepted is ok
