@@ -191,16 +191,20 @@ class TaskTable(Projection):
         get, put = tasks.get, tasks.put
         next_status, updates, handles = _NEXT.get, _UPDATES.get, self.handles
         errors: list[tuple[Envelope, Exception]] = []
+        stream: str | None = None
+        row: Row = {}
         for env in events:
             data = env.data
             t = type(data)
             if t not in handles:
                 continue
             try:
-                key = (env.stream,)
-                row: Row | None = get(key)
-                if row is None:
-                    row = _new_row(env)
+                if env.stream != stream:  # a task's events mostly come in a row: one lookup
+                    stream = env.stream
+                    key = (stream,)
+                    found: Row | None = get(key)
+                    row = found if found is not None else _new_row(env)
+                    put(key, row)  # the cached row is the one changed below
                 status = row["status"]
                 new_status = next_status((status, t))
                 if new_status is None:  # not in the plain table: approval, or refused
@@ -215,7 +219,6 @@ class TaskTable(Projection):
                         update(row, data)
                 row["updated_at"] = env.recorded_at
                 row["version"] = env.version
-                put(key, row)
             except Exception as e:
                 errors.append((env, e))
         return errors
