@@ -4,6 +4,8 @@ It announces the agent's card, then for every card: replies ``Started``,
 runs the agent (self-check, handler, error capture: ``Agent.run``) and
 replies with the ``ResultCard``. A redelivered card for a ``(task_id,
 attempt)`` it already answered gets the same answer again, not a second run.
+A handler still running well past the card's ``timeout_s`` is cancelled and
+answered with a failed result, so a hung agent frees its consumer.
 """
 
 from __future__ import annotations
@@ -59,7 +61,23 @@ class AgentWorker:
             await self.bus.reply(
                 Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)
             )
-            answer = await telemetry.invoke_agent(self.agent, card, self.llm)
+            # Well past the card's timeout the orchestrator has timed this attempt out
+            # (the margin lets it decide first): a handler that hangs must not keep this
+            # consumer, and the cards queued behind it, busy forever.
+            limit = card.timeout_s + max(0.1, card.timeout_s / 2)
+            try:
+                answer = await asyncio.wait_for(
+                    telemetry.invoke_agent(self.agent, card, self.llm), limit
+                )
+            except TimeoutError:
+                answer = ResultCard(
+                    task_id=card.task_id,
+                    attempt=card.attempt,
+                    agent_id=self.agent.agent_id,
+                    status="failed",
+                    error=f"TimeoutError: still running {limit:g}s after it started; cancelled",
+                    duration_s=limit,
+                )
             self.handled += 1
             self._answers[key] = answer
             if len(self._answers) > 10_000:

@@ -66,3 +66,24 @@ async def test_every_attempt_hanging_fails_with_timeout(make_runtime, store):
     assert [x.attempt for x in log.of(ev.TaskTimedOut, t)] == [1, 2]
     failed = log.first(ev.TaskFailed, t).data
     assert failed.reason == "timeout" and failed.attempts == 2
+
+
+async def test_a_hung_handler_does_not_block_the_agents_inbox(make_runtime, store):
+    async def hang_first(t, i, c):  # type: ignore[no-untyped-def]
+        if t.attempt == 1:
+            await asyncio.sleep(3600)
+        return TextOut(text="second try")
+
+    # one consumer (the default): a retry can only run if attempt 1's handler is let go
+    rt = await make_runtime([make_agent("solo", handler=hang_first)])
+    r = await rt.run(plan(task("t", timeout_s=0.3)), timeout=5)
+    assert r.outputs["t"] == {"text": "second try"}
+    await asyncio.sleep(0.1)
+    log = await run_log(store, r.root_id)
+    t = tid(r.root_id, "t")
+    assert log.first(ev.TaskTimedOut, t).data.attempt == 1
+    assert log.first(ev.TaskCompleted, t).data.attempt >= 2
+    # the worker's own failure for attempt 1 came after the orchestrator gave up on it
+    late = log.first(ev.TaskResultIgnored, t).data
+    assert late.attempt == 1 and late.agent_id == "solo"
+    assert all(x.status == "completed" for x in log.of(ev.TaskResultSubmitted, t))
