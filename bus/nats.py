@@ -68,6 +68,7 @@ import contextlib
 import contextvars
 import hashlib
 import inspect
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -527,32 +528,81 @@ class NatsBus(Bus):
         return await self._bind(REPLY_STREAM, durable, self._reply_config(durable))
 
     async def replies(self) -> AsyncIterator[Reply]:
-        sub = await _retrying(self._reply_sub, lambda: self._closed)
-        self._subs.append(sub)
-        pause = 0.05
-        while not self._closed:
+        await _retrying(self._reply_sub, lambda: self._closed)  # the consumer exists
+        async for msg in self._pull(REPLY_STREAM, self.reply_durable, self.reply_batch):
+            if len(msg.data) > self.max_message_bytes:
+                await self._reject(msg, f"reply too large: {len(msg.data)} bytes")
+                continue
             try:
-                msgs = await sub.fetch(self.reply_batch, timeout=self.fetch_wait)
-            except TimeoutError:
+                reply = decode_reply(msg.data)
+            except DecodeError as e:
+                await self._reject(msg, str(e))
                 continue
-            except _NATS_ERRORS as e:
-                log.debug("fetch of replies failed: %r", e)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
-                continue
-            pause = 0.05
-            for msg in msgs:
-                if len(msg.data) > self.max_message_bytes:
-                    await self._reject(msg, f"reply too large: {len(msg.data)} bytes")
-                    continue
+            yield reply
+            with contextlib.suppress(*_NATS_ERRORS):
+                await msg.ack()  # taken by the orchestrator: do not redeliver
+
+    async def _pull(self, stream: str, durable: str, batch: int) -> AsyncIterator[Msg]:
+        """Messages of a durable pull consumer as they arrive (a continuous pull).
+
+        Pull requests of ``batch`` messages expiring after ``fetch_wait`` are
+        kept outstanding, topped up when half is used: each message is handed
+        on the moment it arrives (nats-py's ``fetch`` would wait for a whole
+        batch). A request lost to a reconnect is noticed when nothing, not even
+        its expiry, came for longer than it could live, and is made again.
+        """
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def on_msg(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        loop = asyncio.get_running_loop()
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        expires = max(self.fetch_wait, 0.1)
+        inbox = self.nc.new_inbox()
+        sub = await _retrying(lambda: self.nc.subscribe(inbox, cb=on_msg), lambda: self._closed)
+        pending = 0  # messages asked for and not yet delivered or expired
+        asked = 0.0
+        pause = 0.05
+        try:
+            while not self._closed:
+                now = loop.time()
+                if now - asked > expires + 1.0:
+                    pending = 0  # the requests are gone (expired unseen, or a reconnect)
+                if pending <= batch // 2:
+                    want = batch - pending
+                    request = json.dumps({"batch": want, "expires": int(expires * 1e9)})
+                    try:
+                        await self.nc.publish(subject, request.encode(), reply=inbox)
+                    except _NATS_ERRORS as e:
+                        log.debug("pull request on %s failed: %r", subject, e)
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, 2.0)
+                        continue
+                    pending += want
+                    asked = now
+                    pause = 0.05
                 try:
-                    reply = decode_reply(msg.data)
-                except DecodeError as e:
-                    await self._reject(msg, str(e))
+                    msg = await asyncio.wait_for(queue.get(), expires + 1.0)
+                except TimeoutError:
+                    pending = 0
                     continue
-                yield reply
-                with contextlib.suppress(*_NATS_ERRORS):
-                    await msg.ack()  # taken by the orchestrator: do not redeliver
+                status = (msg.headers or {}).get("Status") if not msg.data else None
+                if status is not None:
+                    if status == "100":  # heartbeat
+                        continue
+                    left = (msg.headers or {}).get("Nats-Pending-Messages")
+                    pending = max(0, pending - int(left)) if left and left.isdigit() else 0
+                    if status not in ("404", "408"):  # 409: leader change, consumer deleted...
+                        log.debug("pull on %s: %s %s", subject, status, msg.headers)
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, 2.0)
+                    continue
+                pending = max(0, pending - 1)
+                yield msg
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     # -- bad messages ------------------------------------------------------------
 
