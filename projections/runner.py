@@ -76,7 +76,7 @@ class ProjectionRunner:
         conn: sqlite3.Connection,
         projections: Sequence[Projection],
         *,
-        batch_size: int = 2000,
+        batch_size: int = 5000,
         max_cached_rows: int = 200_000,
     ) -> None:
         if not projections:
