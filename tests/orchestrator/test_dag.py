@@ -71,7 +71,6 @@ async def test_agent_receives_only_its_inputs_with_declared_deps_resolved(make_r
                 "upper",
                 deps=["src"],
                 inputs={"text": {"$dep": "src", "path": "text"}},
-                constraints={},
             ),
             session={"request": "session SECRET the agent must not see"},
         )
