@@ -961,6 +961,16 @@ class _Reader:
             subject, msgspec.json.encode({"batch": batch, **extra}), reply=self.inbox
         )
 
+    async def _next(self, timeout: float) -> Msg:
+        try:
+            return await _next_msg(self.sub, timeout)
+        except asyncio.CancelledError:
+            if self.closed:  # the store closed this reader under us: not our task's cancel
+                raise _ReaderBroken("reader closed") from None
+            raise
+        except nats.errors.ConnectionClosedError as e:
+            raise _ReaderBroken("connection closed") from e
+
     def _check_data(self, msg: Msg) -> None:
         dseq = msg.metadata.sequence.consumer
         if self.last_dseq and dseq != self.last_dseq + 1:
@@ -974,7 +984,7 @@ class _Reader:
         timeout = self.store.request_timeout
         while len(out) < batch:
             try:
-                msg = await _next_msg(self.sub, timeout)
+                msg = await self._next(timeout)
             except nats.errors.TimeoutError as e:
                 raise _ReaderBroken("no answer to a pull request") from e
             status = _status(msg)
@@ -1001,7 +1011,7 @@ class _Reader:
             remaining = batch
             while remaining > 0:
                 try:
-                    msg = await _next_msg(self.sub, heartbeat * 3)
+                    msg = await self._next(heartbeat * 3)
                 except nats.errors.TimeoutError as e:
                     raise _ReaderBroken("missed heartbeats") from e
                 status = _status(msg)
@@ -1023,6 +1033,10 @@ class _Reader:
         self.store._readers.discard(self)
         nc = self.store.nc
         if self.sub is not None:
+            # Wake a reader waiting in another task (store.close): it sees ``closed``.
+            waiting = getattr(self.sub, "_pending_next_msgs_calls", None) or {}
+            for call in list(waiting.values()):
+                call.cancel()
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
         if self.consumer is not None and not nc.is_closed:

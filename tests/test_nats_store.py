@@ -579,3 +579,30 @@ async def test_projections_fold_the_same_models_from_nats(nats_store: NatsEventS
         assert not on_nats.errors
     finally:
         on_nats.close()
+
+
+@pytest.mark.parametrize("shared_connection", [False, True])
+async def test_close_ends_a_running_subscription(nats_url: str, shared_connection: bool) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        if shared_connection:
+            store = await NatsEventStore.from_connection(nc)
+        else:
+            store = await NatsEventStore.connect(nats_url)
+        await store.append("t", [created()], 0)
+        got: list[int] = []
+
+        async def follow() -> None:
+            async for env in store.subscribe():
+                got.append(env.position)
+
+        task = asyncio.ensure_future(follow())
+        while not got:
+            await asyncio.sleep(0.01)
+        await store.close()
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(task, 5)
+        assert got == [1]
+        assert nc.is_connected  # a shared connection stays open
+    finally:
+        await nc.close()
