@@ -606,3 +606,75 @@ async def test_close_ends_a_running_subscription(nats_url: str, shared_connectio
         assert nc.is_connected  # a shared connection stays open
     finally:
         await nc.close()
+
+
+# -- differential: NATS behaves exactly like the in-memory model -------------------------
+
+_append = st.tuples(
+    st.just("append"),
+    st.integers(0, 2),  # which stream
+    st.integers(1, 3),  # how many events
+    st.sampled_from([0, 0, 0, -1, 1, 5]),  # expected version offset (0 = right)
+)
+_op = st.one_of(
+    _append,
+    _append,
+    _append,
+    st.tuples(st.just("retry"), st.integers(0, 20), st.sampled_from(["same", "current"])),
+    st.tuples(st.just("read_all"), st.integers(0, 12), st.integers(0, 6)),
+    st.tuples(st.just("read_stream"), st.integers(0, 2), st.integers(1, 4)),
+    st.tuples(st.just("read_correlation"), st.integers(0, 1)),
+)
+
+
+def test_nats_matches_the_memory_model(nats_server: NatsServer) -> None:
+    counter = iter(range(1_000_000))
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.lists(_op, min_size=1, max_size=25))
+    def run(ops: list[tuple[Any, ...]]) -> None:
+        n = next(counter)
+
+        async def go() -> None:
+            model = MemoryEventStore()
+            async with await NatsEventStore.connect(
+                nats_server.url, stream_name=f"DIFF{n}", subject_prefix=f"diff{n}.evt"
+            ) as real:
+                done: list[tuple[str, list[NewEvent], int]] = []
+
+                async def both(call: Any) -> Any:
+                    outcomes = []
+                    for store in (model, real):
+                        try:
+                            outcomes.append(("ok", await call(store)))
+                        except CardbusError as e:
+                            outcomes.append((type(e).__name__, str(e)))
+                    assert outcomes[1] == outcomes[0], ops
+                    return outcomes[0]
+
+                for op in ops:
+                    if op[0] == "append":
+                        _, s, k, delta = op
+                        stream = f"task.{s}/é"
+                        expected = max(await model.stream_version(stream) + delta, 0)
+                        batch = [started(f"root{s % 2}", attempt=i) for i in range(k)]
+                        kind, _ = await both(lambda st, b=batch: st.append(stream, b, expected))  # noqa: B023
+                        if kind == "ok":
+                            done.append((stream, batch, expected))
+                    elif op[0] == "retry" and done:
+                        stream, batch, expected = done[op[1] % len(done)]
+                        if op[2] == "current":
+                            expected = await model.stream_version(stream)
+                        await both(lambda st: st.append(stream, batch, expected))  # noqa: B023
+                    elif op[0] == "read_all":
+                        await both(lambda st: st.read_all(op[1], op[2]))  # noqa: B023
+                    elif op[0] == "read_stream":
+                        await both(lambda st: st.read_stream(f"task.{op[1]}/é", op[2]))  # noqa: B023
+                    elif op[0] == "read_correlation":
+                        await both(lambda st: st.read_correlation(f"root{op[1]}"))  # noqa: B023
+                assert await real.read_all(0, 10_000) == await model.read_all(0, 10_000)
+                assert await real.verify() == []
+
+        asyncio.run(go())
+
+    run()
