@@ -151,6 +151,7 @@ from .envelope import (
 from .errors import (
     CardbusError,
     ConcurrencyError,
+    DecodeError,
     IdempotencyError,
     PayloadTooLarge,
     StoreError,
@@ -798,7 +799,15 @@ class NatsEventStore(EventStore):
     def _envelope(self, msg: Msg) -> Envelope:
         seq = msg.metadata.sequence.stream
         stored_hash = (msg.headers or {}).get(HASH_HEADER, "")
-        return decode_body(msg.data, position=seq, hash=stored_hash, max_bytes=1 << 62)
+        try:
+            return decode_body(msg.data, position=seq, hash=stored_hash, max_bytes=1 << 62)
+        except DecodeError as e:
+            # Name the message: a poison message on the log is found, never skipped silently.
+            where = f"position {seq} ({msg.subject})"
+            if type(e) is DecodeError:
+                raise DecodeError(f"event at {where}: {e}") from e
+            e.add_note(f"at {where}")
+            raise
 
     async def _read(self, filt: str, start: int = 1, limit: int | None = None) -> list[Msg]:
         """Messages matching ``filt`` from stream sequence ``start``: a consistent bounded read."""

@@ -394,7 +394,7 @@ async def test_verify_names_deleted_and_forged_events(tmp_path: Path) -> None:
             assert all(p.stream == "t" for p in problems)
             assert await store.verify("u") == []
             # Garbage is a clear, typed error when read, never a silent skip.
-            with pytest.raises(DecodeError):
+            with pytest.raises(DecodeError, match=r"position 6 \(cardbus\.evt\.root\.t\.x\)"):
                 await store.read_stream("t")
 
 
