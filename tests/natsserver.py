@@ -361,14 +361,18 @@ class NatsCluster:
     ) -> None:
         self.root_dir = Path(root_dir)
         self.name = name
-        route_ports = [free_port() for _ in range(size)]
-        self.nodes = [
+        self.size = size
+        self.nodes = self._make_nodes()
+
+    def _make_nodes(self) -> list[NatsServer]:
+        route_ports = [free_port() for _ in range(self.size)]
+        return [
             NatsServer(
                 self.root_dir / f"node{i}",
-                name=f"{name}-{i}",
-                cluster=_ClusterSpec(name, route_ports[i], route_ports),
+                name=f"{self.name}-{i}",
+                cluster=_ClusterSpec(self.name, route_ports[i], route_ports),
             )
-            for i in range(size)
+            for i in range(self.size)
         ]
 
     @property
@@ -380,7 +384,21 @@ class NatsCluster:
         return [n.url for n in self.nodes]
 
     def start(self, timeout: float = 30.0) -> NatsCluster:
-        """Start every node (in parallel: JetStream waits for a quorum) and wait until ready."""
+        """Start every node (in parallel: JetStream waits for a quorum) and wait until ready.
+
+        The route ports are picked free before the start; if another process
+        took one in between, the cluster is started again on new ports.
+        """
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except NatsServerError as e:
+                if attempt == 2 or "address already in use" not in str(e).lower():
+                    raise
+                self.nodes = self._make_nodes()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> NatsCluster:
         for n in self.nodes:
             n.store_dir.mkdir(parents=True, exist_ok=True)
         import threading

@@ -678,3 +678,19 @@ def test_nats_matches_the_memory_model(nats_server: NatsServer) -> None:
         asyncio.run(go())
 
     run()
+
+
+def test_cluster_start_survives_a_stolen_route_port(tmp_path: Path) -> None:
+    import socket
+
+    cluster = NatsCluster(tmp_path / "cluster")
+    thief = socket.socket()
+    thief.bind(("127.0.0.1", cluster.nodes[1].cluster_port))
+    thief.listen()
+    try:
+        cluster.start()
+        assert all(n.running for n in cluster.nodes)
+        assert cluster.nodes[1].cluster_port != thief.getsockname()[1]
+    finally:
+        thief.close()
+        cluster.stop()
