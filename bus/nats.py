@@ -41,6 +41,12 @@ Subjects and streams
   ``Cardbus-Subject`` (and reported to ``on_bad_message`` and the log), so
   nothing bad is lost silently and nothing is redelivered forever.
 
+* ``cardbus.req.<agent>`` -- an agent's requests to the orchestrator
+  (``Bus.request``): core NATS request/reply, not persisted, served by the
+  queue group ``cardbus-orchestrators`` (one orchestrator answers each); a
+  request nobody answers in time is a ``BusError`` for the agent, a handler
+  that fails answers with the header ``Cardbus-Error``.
+
 Ids are encoded into subject tokens with ``eventstore.nats.encode_token``
 (``A-Z a-z 0-9 -`` as is, anything else ``_hh``), the same scheme as the log.
 
@@ -81,6 +87,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from agents import requests as rq
 from agents.cards import (
     Announce,
     Reply,
@@ -93,7 +100,7 @@ from agents.cards import (
 from eventstore.errors import BusError, DecodeError, PayloadTooLarge
 from eventstore.nats import encode_token
 
-from .interface import Bus, CardHandler
+from .interface import Bus, CardHandler, RequestHandler
 from .natsconn import NatsOptions
 
 __all__ = [
@@ -106,6 +113,7 @@ __all__ = [
     "ORCHESTRATOR_DURABLE",
     "REPLY_PREFIX",
     "REPLY_STREAM",
+    "REQUEST_PREFIX",
     "TRACE_HEADER",
     "agent_permissions",
     "consumer_name",
@@ -124,6 +132,9 @@ INBOX_PREFIX = "cardbus.agent"
 REPLY_PREFIX = "cardbus.reply"
 ANNOUNCE_PREFIX = "cardbus.announce"
 DEAD_PREFIX = "cardbus.dead"
+REQUEST_PREFIX = "cardbus.req"
+REQUEST_QUEUE = "cardbus-orchestrators"
+ERROR_HEADER = "Cardbus-Error"
 ORCHESTRATOR_DURABLE = "cardbus-orchestrator"
 TRACE_HEADER = "traceparent"
 REASON_HEADER = "Cardbus-Reason"
@@ -186,6 +197,7 @@ def agent_permissions(agent_id: str) -> dict[str, list[str]]:
         "publish": [
             f"{REPLY_PREFIX}.>",
             f"{ANNOUNCE_PREFIX}.{t}",
+            f"{REQUEST_PREFIX}.{t}",
             f"{DEAD_PREFIX}.>",
             *(f"{api}.STREAM.INFO.{s}" for s in (INBOX_STREAM, REPLY_STREAM, DEAD_STREAM)),
             f"{api}.CONSUMER.INFO.{INBOX_STREAM}.{durable}",
@@ -201,7 +213,9 @@ def orchestrator_permissions() -> dict[str, list[str]]:
     """NATS subject permissions of the orchestrator (and of ``cardbus`` tools reading the log).
 
     It writes the log and sends cards, administers the cardbus streams and
-    consumers through the JetStream API, reads and acks replies.
+    consumers through the JetStream API, reads and acks replies, and answers
+    agents' requests (``cardbus.req.>``; its user also needs
+    ``allow_responses: true``).
     """
     return {
         "publish": [
@@ -211,7 +225,8 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             "$JS.API.>",
             f"$JS.ACK.{REPLY_STREAM}.>",
         ],
-        "subscribe": ["_INBOX.>"],
+        # and allow_responses (answers to agents' requests), see authorization_config
+        "subscribe": ["_INBOX.>", f"{REQUEST_PREFIX}.>"],
     }
 
 
@@ -603,6 +618,74 @@ class NatsBus(Bus):
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    # -- agent -> orchestrator requests (core request/reply, not persisted) ----------
+
+    async def serve_requests(self, handler: RequestHandler) -> None:
+        """Answer every agent's request with ``handler`` (a queue group: one server each)."""
+        if self._closed:
+            raise BusError("the bus is closed")
+
+        async def on_request(msg: Msg) -> None:
+            self._spawn(self._answer(msg, handler), "request")
+
+        try:
+            sub = await self.nc.subscribe(f"{REQUEST_PREFIX}.>", queue=REQUEST_QUEUE, cb=on_request)
+        except _NATS_ERRORS as e:
+            raise BusError(f"cannot serve requests: {e!r}") from e
+        self._subs.append(sub)
+
+    async def _answer(self, msg: Msg, handler: RequestHandler) -> None:
+        if not msg.reply:
+            await self._bad(msg.subject, msg.data, "request without a reply subject")
+            return
+        headers: dict[str, str] | None = None
+        try:
+            if len(msg.data) > self.max_message_bytes:
+                raise DecodeError(f"request too large: {len(msg.data)} bytes")
+            request = rq.decode_request(msg.data)
+        except DecodeError as e:
+            await self._bad(msg.subject, msg.data, str(e))
+            data = rq.encode(
+                rq.AgentResponse(request_id="", ok=False, error=str(e), error_type="bad_request")
+            )
+        else:
+            token = _trace.set(request.traceparent or header(msg, TRACE_HEADER))
+            try:
+                data = rq.encode(await handler(request))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the server's bug reaches the agent as a bus error
+                data, headers = b"", {ERROR_HEADER: repr(e)[:1000]}
+            finally:
+                _trace.reset(token)
+        with contextlib.suppress(*_NATS_ERRORS):
+            await self.nc.publish(msg.reply, data, headers=headers)
+
+    async def request(self, request: rq.AgentRequest, timeout: float = 30.0) -> rq.AgentResponse:
+        """Ask the orchestrator (``cardbus.req.<agent>``) and wait for its answer."""
+        if self._closed:
+            raise BusError("the bus is closed")
+        data = rq.encode(request)
+        if len(data) > self.max_message_bytes:
+            raise BusError(f"request {request.request_id} is too large: {len(data)} bytes")
+        headers = {TRACE_HEADER: request.traceparent} if request.traceparent else None
+        subject = f"{REQUEST_PREFIX}.{encode_token(request.agent_id)}"
+        try:
+            msg = await self.nc.request(subject, data, timeout=timeout, headers=headers)
+        except nats.errors.NoRespondersError as e:
+            raise BusError("no orchestrator serves agent requests on this bus") from e
+        except TimeoutError as e:
+            raise BusError(f"no answer to request {request.request_id} in {timeout:g}s") from e
+        except _NATS_ERRORS as e:
+            raise BusError(f"request {request.request_id} failed: {e!r}") from e
+        failure = header(msg, ERROR_HEADER)
+        if failure is not None:
+            raise BusError(f"request {request.request_id} failed on the server: {failure}")
+        try:
+            return rq.decode_response(msg.data)
+        except DecodeError as e:
+            raise BusError(f"bad answer to request {request.request_id}: {e}") from e
 
     # -- bad messages ------------------------------------------------------------
 

@@ -349,6 +349,8 @@ def authorization_config(agent_ids: Sequence[str], password: str) -> str:
     for name, perms in users:
         lines.append(f"    {{ user: {json.dumps(name)}, password: {json.dumps(password)},")
         lines.append("      permissions: {")
+        if name == "orchestrator":
+            lines.append("        allow_responses: true")
         for kind in ("publish", "subscribe"):
             quoted = ", ".join(json.dumps(x) for x in perms[kind])
             lines.append(f"        {kind}: {{ allow: [{quoted}] }}")

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from agents.cards import AgentCard, Announce, Reply, ResultCard, Started, TaskCard
@@ -201,3 +202,35 @@ class TestBusContract:
             await bus.send_task("a", card(1))
         with contextlib.suppress(Exception):
             await bus.close()  # closing twice is fine
+
+    async def test_agent_requests_reach_the_server_and_come_back(self, bus: Bus) -> None:
+        from agents.requests import AgentRequest, AgentResponse
+        from eventstore.errors import BusError
+
+        req = AgentRequest(
+            request_id="r1", task_id="t", attempt=1, agent_id="a", kind="tool", target="echo"
+        )
+        with pytest.raises(BusError):  # nobody serves yet
+            await bus.request(req, timeout=0.5)
+        seen: list[AgentRequest] = []
+
+        async def serve(r: AgentRequest) -> AgentResponse:
+            seen.append(r)
+            if r.target == "slow":
+                await asyncio.sleep(5)
+            if r.target == "bug":
+                raise RuntimeError("bug")
+            return AgentResponse(request_id=r.request_id, ok=True, result={"echo": r.args})
+
+        await bus.serve_requests(serve)
+        asked = msgspec.structs.replace(req, args={"q": [1, "x", None]})
+        answer = await bus.request(asked)
+        assert answer.ok and answer.result == {"echo": {"q": [1, "x", None]}}
+        assert seen == [asked]
+        with pytest.raises(BusError, match="no answer"):
+            await bus.request(msgspec.structs.replace(req, target="slow"), timeout=0.2)
+        with pytest.raises(BusError, match="bug"):
+            await bus.request(msgspec.structs.replace(req, target="bug"))
+        await bus.close()
+        with pytest.raises(BusError):
+            await bus.request(req)

@@ -13,7 +13,8 @@ from natsserver import NatsServer
 
 from agents import Agent, Capability
 from agents.cards import TaskCard
-from bus.nats import INBOX_STREAM, agent_inbox_prefix, consumer_name
+from agents.requests import AgentRequest, AgentResponse
+from bus.nats import INBOX_STREAM, NatsBus, agent_inbox_prefix, consumer_name
 from bus.natsconn import NatsOptions
 from bus.natsrun import NatsRuntime, serve_agents
 from bus.plan import Plan, PlanTask
@@ -82,6 +83,20 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
             )
             result = await rt.run(plan, timeout=20, agent_timeout=10)
             assert result.status == "completed" and result.outputs["b"] == {"n": 12}
+
+            # an agent's request to the orchestrator is answered (allow_responses)
+            async def serve(r: AgentRequest) -> AgentResponse:
+                return AgentResponse(request_id=r.request_id, ok=True, result=r.agent_id)
+
+            await rt.bus.serve_requests(serve)
+            quick_bus = await NatsBus.connect(as_agent(url, "quick"), **FAST)
+            try:
+                ask = AgentRequest(
+                    request_id="q1", task_id="t", attempt=1, agent_id="quick", kind="tool"
+                )
+                assert (await quick_bus.request(ask, timeout=5)).result == "quick"
+            finally:
+                await quick_bus.close()
             stops["slow"].set()  # the slow agent goes away; a card waits in its inbox
             await serving[1]
             waiting = TaskCard(task_id="secret", root_id="r", capability="slow", inputs={"n": 7})
@@ -98,6 +113,10 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
             try:
                 try:  # write an event into the log
                     await js.publish("cardbus.evt.r.t.task_completed_v1", b"{}", timeout=1.0)
+                except (nats.errors.Error, TimeoutError):
+                    pass
+                try:  # ask the orchestrator in another agent's name
+                    await nc.request("cardbus.req.slow", b"{}", timeout=0.5)
                 except (nats.errors.Error, TimeoutError):
                     pass
                 try:  # send a card to another agent
@@ -132,6 +151,7 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
             text = "\n".join(errors).lower()  # nats-py lower-cases the server's -ERR
             assert 'violation for publish to "cardbus.evt.r.t.task_completed_v1"' in text, text
             assert 'violation for publish to "cardbus.agent.slow"' in text, text
+            assert 'violation for publish to "cardbus.req.slow"' in text, text
             assert 'violation for subscription to "cardbus.agent.slow"' in text, text
             assert 'violation for subscription to "_inbox.slow.>"' in text, text
             assert 'violation for subscription to "cardbus.agent.>"' in text, text
