@@ -36,6 +36,8 @@ power loss; ``OFF`` leaves it to the OS.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -81,9 +83,17 @@ _INSERT = (
     " recorded_at, body, hash) VALUES (?,?,?,?,?,?,?,?,?)"
 )
 _TOP = "SELECT COALESCE(MAX(position), 0) FROM events"
+_ROWS_PER_INSERT = 100  # 900 parameters per statement, well under SQLite's limit
+
+
+@functools.lru_cache(maxsize=_ROWS_PER_INSERT)
+def _insert_sql(n: int) -> str:
+    return _INSERT + ",(?,?,?,?,?,?,?,?,?)" * (n - 1)
+
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _MAX_BATCH_REQUESTS = 2000
+_MAX_INFLIGHT = 2  # batches handed to the writer thread at once (a two-stage pipeline)
 _MAX_CACHED_HEADS = 100_000
 _IN_CHUNK = 500  # bound on "IN (?, ...)" parameters per statement
 _PAGE = 2000  # events per read while a subscription catches up
@@ -141,8 +151,7 @@ class _Writer:
                 self.heads.clear()
             try:
                 outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
-                if rows:
-                    conn.executemany(_INSERT, rows)
+                self._insert(rows)
             except sqlite3.IntegrityError:
                 # An id is already stored (a retry after a lost reply): redo the
                 # batch, this time looking every id up.
@@ -151,8 +160,7 @@ class _Writer:
                 self.heads.clear()
                 top = conn.execute(_TOP).fetchone()[0]
                 outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=True)
-                if rows:
-                    conn.executemany(_INSERT, rows)
+                self._insert(rows)
             conn.execute("COMMIT")
         except BaseException:
             self.heads.clear()
@@ -167,6 +175,12 @@ class _Writer:
         self.heads.update(heads)
         self.top = top + len(rows)
         return outcomes, self.top, len(rows)
+
+    def _insert(self, rows: list[tuple[Any, ...]]) -> None:
+        """Insert rows with multi-row statements: one GIL-free ``sqlite3_step`` per chunk."""
+        for i in range(0, len(rows), _ROWS_PER_INSERT):
+            chunk = rows[i : i + _ROWS_PER_INSERT]
+            self.conn.execute(_insert_sql(len(chunk)), [v for row in chunk for v in row])
 
     def _plan(
         self, batch: list[_Request], top: int, max_bytes: int, careful: bool
@@ -277,8 +291,11 @@ class SqliteEventStore(EventStore):
         self._executor = executor
         self._reader = reader
         self._queue: list[_Request] = []
-        self._writer_task: asyncio.Task[None] | None = None
-        self._committed = asyncio.Condition()
+        self._inflight = 0  # batches handed to the writer thread, not yet resolved
+        self._kick_scheduled = False
+        self._idle: asyncio.Event = asyncio.Event()
+        self._idle.set()
+        self._commit_waiters: list[asyncio.Future[None]] = []
         self._last_committed = 0
         self._closed = False
 
@@ -340,52 +357,77 @@ class SqliteEventStore(EventStore):
         check_append_args(stream, events, expected_version)
         if self._closed:
             raise StoreUnavailable("the event store is closed")
-        future: asyncio.Future[list[Envelope]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Envelope]] = loop.create_future()
         self._queue.append(_Request(stream, list(events), expected_version, future))
-        if self._writer_task is None or self._writer_task.done():
-            self._writer_task = asyncio.create_task(self._drain(), name="cardbus-sqlite-writer")
+        self._idle.clear()
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            loop.call_soon(self._kick)  # after the other ready appenders have queued too
         return await future
 
-    async def _drain(self) -> None:
+    def _kick(self) -> None:
+        """Hand queued requests to the writer thread, keeping at most two batches in flight.
+
+        Requests that arrive while a batch is being committed form the next
+        batch at once, queued behind it in the writer thread, so the thread
+        never waits for the event loop between two commits. Batches are not cut
+        smaller on purpose: each commit has a fixed cost (the WAL pages it
+        rewrites, the fsync), so the fewer, the better.
+        """
+        self._kick_scheduled = False
         loop = asyncio.get_running_loop()
-        while self._queue:
-            batch, self._queue = (
-                self._queue[:_MAX_BATCH_REQUESTS],
-                self._queue[_MAX_BATCH_REQUESTS:],
+        while self._queue and self._inflight < _MAX_INFLIGHT:
+            n = min(len(self._queue), _MAX_BATCH_REQUESTS)
+            batch = self._queue[:n]
+            del self._queue[:n]
+            self._inflight += 1
+            done = loop.run_in_executor(
+                self._executor, self._writer.write, batch, self.max_event_bytes
             )
-            try:
-                outcomes, top, written = await loop.run_in_executor(
-                    self._executor, self._writer.write, batch, self.max_event_bytes
-                )
-            except BaseException as e:  # resolve every caller, whatever happened
-                if isinstance(e, CardbusError):
-                    err: CardbusError = e
-                elif isinstance(e, sqlite3.Error):
-                    err = StoreUnavailable(f"cannot write to {self.path!r}: {e}")
-                else:
-                    err = StoreError(f"append failed: {e!r}")
-                if err is not e:
-                    err.__cause__ = e
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(err)
-                if not isinstance(e, Exception):
-                    raise
+            done.add_done_callback(functools.partial(self._finished, batch))
+        if not self._queue and not self._inflight:
+            self._idle.set()
+
+    def _finished(
+        self,
+        batch: list[_Request],
+        done: asyncio.Future[tuple[list[Outcome | None], int, int]],
+    ) -> None:
+        self._inflight -= 1
+        try:
+            outcomes, top, written = done.result()
+        except BaseException as e:  # resolve every caller, whatever happened
+            if isinstance(e, CardbusError):
+                err: CardbusError = e
+            elif isinstance(e, sqlite3.Error):
+                err = StoreUnavailable(f"cannot write to {self.path!r}: {e}")
+            else:
+                err = StoreError(f"append failed: {e!r}")
+            if err is not e:
+                err.__cause__ = e
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(err)
+            self._kick()
+            return
+        if written:
+            self.commits += 1
+            self._last_committed = max(self._last_committed, top)
+            waiters, self._commit_waiters = self._commit_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+        for r, outcome in zip(batch, outcomes, strict=True):
+            if outcome is None:
+                self._queue.append(r)
+            elif r.future.done():
                 continue
-            if written:
-                self.commits += 1
-                async with self._committed:
-                    self._last_committed = max(self._last_committed, top)
-                    self._committed.notify_all()
-            for r, outcome in zip(batch, outcomes, strict=True):
-                if outcome is None:
-                    self._queue.append(r)
-                elif r.future.done():
-                    continue
-                elif isinstance(outcome, CardbusError):
-                    r.future.set_exception(outcome)
-                else:
-                    r.future.set_result(outcome)
+            elif isinstance(outcome, CardbusError):
+                r.future.set_exception(outcome)
+            else:
+                r.future.set_result(outcome)
+        self._kick()
 
     # -- reading -------------------------------------------------------------
 
@@ -441,15 +483,15 @@ class SqliteEventStore(EventStore):
             if len(page) == _PAGE:
                 continue
             # Live: woken by our own commits, polling for other processes' commits.
-            wanted = next_position
-            async with self._committed:
-                try:
-                    await asyncio.wait_for(
-                        self._committed.wait_for(lambda: self._last_committed >= wanted),  # noqa: B023
-                        self.poll_interval,
-                    )
-                except TimeoutError:
-                    pass
+            if self._last_committed >= next_position:
+                continue
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._commit_waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, self.poll_interval)
+            except TimeoutError:
+                with contextlib.suppress(ValueError):
+                    self._commit_waiters.remove(waiter)
 
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
         if stream is not None:
@@ -474,11 +516,7 @@ class SqliteEventStore(EventStore):
         if self._closed:
             return
         self._closed = True
-        if self._writer_task is not None:
-            try:
-                await self._writer_task
-            except Exception:
-                pass
+        await self._idle.wait()
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._writer.close)
