@@ -80,10 +80,13 @@ Appends
 
 Reading and following
 ---------------------
-``read_stream``, ``read_correlation``, ``read_all`` and ``verify`` create an
-ephemeral pull consumer (AckNone, memory, R1, served by the stream leader so
-a read sees every acknowledged append) on the subject filter, pull its
-messages in batches and delete it. ``subscribe`` is the same consumer kept
+``read_stream``, ``read_correlation``, ``read_all`` and ``verify`` ask the
+stream leader for the sequence of the last message matching the subject
+filter, then create an ephemeral pull consumer (AckNone, memory, R1) on the
+filter, pull its messages in batches until that sequence has come (the
+consumer may sit on a replica a few ms behind the leader: it is waited for),
+and delete it. So a read sees every append acknowledged before it began, on
+one server or a cluster. ``subscribe`` is the same consumer kept
 open with long-poll pulls and idle heartbeats: catch-up then live, in stream
 sequence order. It tracks the consumer sequence; on a gap, a missing
 heartbeat, a deleted consumer or a reconnect it recreates the consumer from
@@ -810,29 +813,55 @@ class NatsEventStore(EventStore):
             raise
 
     async def _read(self, filt: str, start: int = 1, limit: int | None = None) -> list[Msg]:
-        """Messages matching ``filt`` from stream sequence ``start``: a consistent bounded read."""
+        """Messages matching ``filt`` from stream sequence ``start``: a consistent bounded read.
+
+        The stream leader first tells the sequence of the last matching message
+        (``target``); the consumer, which may live on a replica a few ms behind,
+        is read until it has delivered that one, so every append acknowledged
+        before the read began is in it (read-your-writes in a cluster too).
+        """
         self._check_open()
         if limit is not None and limit <= 0:
             return []
+        target = await self._last_seq(filt)
+        if target < start:
+            return []
         reader = _Reader(self, filt, start)
         try:
-            pending = await reader.open()
-            want = pending if limit is None else min(pending, limit)
+            await reader.open()
             out: list[Msg] = []
-            while len(out) < want:
-                got = await reader.pull_now(min(want - len(out), 1000))
-                if not got:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.request_timeout
+            while limit is None or len(out) < limit:
+                if out and out[-1].metadata.sequence.stream >= target:
                     break
-                out.extend(got)
-                if got[-1].metadata.num_pending == 0:
-                    break
-            return out[:want] if limit is not None else out
+                want = 1000 if limit is None else min(limit - len(out), 1000)
+                got = await reader.pull_now(want)
+                if got:
+                    out.extend(got)
+                    continue
+                if loop.time() > deadline:  # the replica never caught up with the leader
+                    raise _Transient(f"read of {filt!r}: consumer stuck before {target}")
+                await asyncio.sleep(0.002)  # a replica behind the leader: it will catch up
+            return out
         except _ReaderBroken as e:
             raise _Transient(f"read of {filt!r} interrupted: {e}") from e
         except _NATS_ERRORS as e:
             raise _Transient(f"cannot read {filt!r}: {e!r}") from e
         finally:
             await reader.close()
+
+    async def _last_seq(self, filt: str) -> int:
+        """Stream sequence of the last message matching ``filt`` (0 if none), from the leader."""
+        try:
+            raw = await self._js.get_msg(self.stream_name, subject=filt)
+        except nats.js.errors.NotFoundError as e:
+            if e.err_code == _ERR_STREAM_NOT_FOUND:
+                raise StoreUnavailable(f"stream {self.stream_name!r} is gone") from e
+            return 0
+        except _NATS_ERRORS as e:
+            raise _Transient(f"cannot read the end of {filt!r}: {e!r}") from e
+        return int(raw.seq or 0)
 
     async def read_stream(self, stream: str, from_version: int = 1) -> list[Envelope]:
         if not isinstance(stream, str) or not stream:
