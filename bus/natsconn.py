@@ -20,17 +20,18 @@ subscribe to another's deliveries.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from eventstore.errors import BusError
-from eventstore.nats import _backoff_handler, _server_list, _tls_context
+from eventstore.nats import _backoff_handler, _is_permanent, _server_list, _tls_context
 
 __all__ = ["NatsOptions"]
 
@@ -116,9 +117,35 @@ class NatsOptions:
         return options
 
     async def connect(self, name: str = "cardbus", **extra: Any) -> NatsClient:
-        """Open a connection; a failure is a ``BusError`` naming the servers."""
+        """Open a connection; a failure is a ``BusError`` naming the servers and the cause.
+
+        The first connect gets ``connect_timeout`` seconds in all (nats-py alone
+        would retry it forever); a wrong credential or certificate fails at once.
+        Once connected, reconnects go on as configured.
+        """
         options = {**self.connect_kwargs(name), **extra}
+        user_cb = options.get("error_cb")
+        last: list[Exception] = []
+        connecting = [True]
+
+        async def on_error(e: Exception) -> None:
+            last[:] = [e]
+            if user_cb is not None:
+                await user_cb(e)
+            if connecting[0] and _is_permanent(e):
+                raise e  # does not get better by retrying
+
+        options["error_cb"] = on_error
+        options["connect_timeout"] = min(self.connect_timeout, 2.0)
+        nc = NatsClient()
         try:
-            return await nats.connect(**options)
+            await asyncio.wait_for(nc.connect(**options), self.connect_timeout)
+        except ImportError as e:  # nats-py imports nkeys only for seeds and .creds files
+            raise BusError(f"nkeys_seed/user_credentials need the 'nkeys' package: {e}") from e
         except (nats.errors.Error, OSError, TimeoutError) as e:
-            raise BusError(f"cannot connect to NATS at {self.url}: {e!r}") from e
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 1.0)
+            why = repr(last[0]) if last else repr(e)
+            raise BusError(f"cannot connect to NATS at {self.url}: {why}") from e
+        connecting[0] = False
+        return nc

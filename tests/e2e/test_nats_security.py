@@ -164,3 +164,36 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
             assert info.num_pending + info.num_ack_pending == 2
             stops["quick"].set()
             await serving[0]
+
+
+async def test_connection_options_token_and_tls_serve_bus_and_store_alike(tmp_path: Any) -> None:
+    """One NatsOptions (token + TLS with a client certificate) opens the bus and the store."""
+    from natsserver import make_tls_files, tls_config
+
+    from eventstore.errors import BusError
+
+    tls = make_tls_files(tmp_path / "tls")
+    config = tls_config(tls) + '\nauthorization { token: "s3cret" }\n'
+    with NatsServer(tmp_path / "nats", extra_config=config) as server:
+        opts = NatsOptions(
+            url=server.url,
+            token="s3cret",
+            tls_ca=str(tls.ca),
+            tls_cert=str(tls.client_cert),
+            tls_key=str(tls.client_key),
+        )
+        async with NatsRuntime(opts, [Quick], bus_options=FAST) as rt:
+            plan = Plan(goal="tls", tasks=[PlanTask(id="a", capability="quick", inputs={"n": 1})])
+            result = await rt.run(plan, timeout=20, agent_timeout=10)
+        assert result.status == "completed"
+        store = await NatsEventStore.connect(**opts.store_kwargs(), create_stream=False)
+        try:
+            assert any(e.correlation_id == result.root_id for e in await store.read_all(0, 1000))
+        finally:
+            await store.close()
+        bad = opts.with_(token="wrong", max_reconnect_attempts=0, connect_timeout=1.0)
+        try:
+            await asyncio.wait_for(NatsBus.connect(bad), 10)
+            raise AssertionError("a wrong token was accepted")
+        except BusError as e:
+            assert "cannot connect" in str(e)
