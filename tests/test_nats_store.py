@@ -451,14 +451,20 @@ async def test_replicated_stream_on_a_three_node_cluster_loses_nothing(
     try:
         info = await store._js.stream_info("CARDBUS_EVENTS")
         assert info.config.num_replicas == 3
-        written = []
-        for i in range(10):
-            written += await store.append("t", [started(attempt=i)], i)
         leader = info.cluster.leader if info.cluster else None
         victim = next(n for n in nats_cluster.nodes if n.name == leader)
+        follower = next(n for n in nats_cluster.nodes if n.name != leader)
+        # Read-your-writes through a connection to a follower, whose consumers may lag.
+        written = []
+        async with await NatsEventStore.connect(follower.url) as reader:
+            for i in range(40):
+                written += await store.append("t", [started(attempt=i)], i)
+                assert (await reader.read_stream("t", i + 1))[-1] == written[-1]
+                assert await reader.read_all(written[-1].position) == written[-1:]
+                assert await reader.stream_version("t") == i + 1
         victim.stop()
         # The store rides through the leader election (it retries transient failures).
-        for version in range(10, 20):
+        for version in range(40, 50):
             written += await store.append("t", [started(attempt=version)], version)
         assert await store.read_all() == written
         victim.start()
