@@ -8,7 +8,6 @@ continues from the stream's last hash.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import msgspec
@@ -36,44 +35,49 @@ _KNOWN = frozenset(EVENT_TYPES)
 
 
 def check_append_args(stream: object, events: object, expected_version: object) -> None:
-    if not isinstance(stream, str) or not stream or len(stream) > 512:
+    if type(stream) is not str or not stream or len(stream) > 512:
         raise ValidationError(f"stream must be a non-empty string of at most 512 chars: {stream!r}")
-    _check_utf8("stream", stream)
-    if isinstance(expected_version, bool) or not isinstance(expected_version, int):
+    if not stream.isascii():
+        _check_utf8("stream", stream)
+    if type(expected_version) is not int:
         raise ValidationError(f"expected_version must be an int: {expected_version!r}")
     if expected_version < 0:
         raise ValidationError(f"expected_version must be >= 0: {expected_version}")
-    if not isinstance(events, Sequence) or not events:
+    if not isinstance(events, Sequence) or isinstance(events, str) or not events:
         raise ValidationError("append needs a non-empty sequence of NewEvent")
     for ev in events:
-        if not isinstance(ev, NewEvent):
+        if type(ev) is not NewEvent and not isinstance(ev, NewEvent):
             raise ValidationError(f"append takes NewEvent, got {type(ev).__name__}")
         if type(ev.data) not in _KNOWN:
             raise ValidationError(f"not a cardbus event type: {type(ev.data).__name__}")
         _check_metadata(ev)
-    ids = [ev.event_id for ev in events]
-    if len(set(ids)) != len(ids):
+    if len(events) > 1 and len({ev.event_id for ev in events}) != len(events):
         raise IdempotencyError("the same event id appears twice in one append")
 
 
 def _check_metadata(ev: NewEvent) -> None:
     """The envelope fields a writer sets must have their declared types (cheap checks)."""
     event_id = ev.event_id
-    if type(event_id) is not str or not event_id or len(event_id) > 200:
+    if type(event_id) is not str or not 0 < len(event_id) <= 200:
         raise ValidationError(
             f"event_id must be a non-empty string of at most 200 chars: {event_id!r}"
         )
-    _check_utf8("event_id", event_id)
+    if not event_id.isascii():
+        _check_utf8("event_id", event_id)
     if type(ev.correlation_id) is not str:
         raise ValidationError(f"correlation_id must be a string: {ev.correlation_id!r}")
     if type(ev.actor) is not str:
         raise ValidationError(f"actor must be a string: {ev.actor!r}")
-    for name in ("causation_id", "traceparent"):
-        value = getattr(ev, name)
-        if value is not None and type(value) is not str:
-            raise ValidationError(f"{name} must be a string or None: {value!r}")
+    causation, traceparent = ev.causation_id, ev.traceparent
+    if causation is not None and type(causation) is not str:
+        raise ValidationError(f"causation_id must be a string or None: {causation!r}")
+    if traceparent is not None and type(traceparent) is not str:
+        raise ValidationError(f"traceparent must be a string or None: {traceparent!r}")
     t = ev.recorded_at
-    if type(t) not in (float, int) or not math.isfinite(t):
+    if type(t) is float:
+        if t - t != 0.0:  # NaN or infinity
+            raise ValidationError(f"recorded_at must be a finite number: {t!r}")
+    elif type(t) is not int:
         raise ValidationError(f"recorded_at must be a finite number: {t!r}")
 
 
