@@ -19,6 +19,7 @@ decoded on the way out, so folds see Python values either way.
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -107,6 +108,10 @@ class SqliteTable:
         self.spec = spec
         names = spec.column_names
         self._names = names
+        # row -> tuple in column order (itemgetter of one name would give a bare value)
+        self._values: Any = (
+            operator.itemgetter(*names) if len(names) > 1 else (lambda row: (row[names[0]],))
+        )
         self._json = [i for i, (_, t) in enumerate(spec.columns) if t == "JSON"]
         self._cache: dict[Key, Row | None] = {}
         self._dirty: set[Key] = set()
@@ -174,17 +179,20 @@ class SqliteTable:
         if self._dirty:
             upserts: list[Sequence[Any]] = []
             deletes: list[Key] = []
-            names, json_cols, cache = self._names, self._json, self._cache
+            values_of, json_cols, cache = self._values, self._json, self._cache
             for key in self._dirty:
                 row = cache[key]
                 if row is None:
                     deletes.append(key)
                     continue
-                values = [row[n] for n in names]
-                for i in json_cols:
-                    if values[i] is not None:
-                        values[i] = _json_encode(values[i]).decode()
-                upserts.append(values)
+                if json_cols:
+                    values = list(values_of(row))
+                    for i in json_cols:
+                        if values[i] is not None:
+                            values[i] = _json_encode(values[i]).decode()
+                    upserts.append(values)
+                else:
+                    upserts.append(values_of(row))
             if deletes:
                 self.conn.executemany(self._delete, deletes)
             if upserts:
