@@ -33,6 +33,7 @@ from projections import (
     AsOf,
     Cost,
     LoopHashes,
+    Projection,
     ProjectionRunner,
     Quality,
     TaskTable,
@@ -91,22 +92,27 @@ async def open_store(db: str) -> SqliteEventStore:
 
 @asynccontextmanager
 async def read_model(
-    db: str, as_of: AsOf | None
+    db: str, as_of: AsOf | None, projections: Sequence[Projection] | None = None
 ) -> AsyncIterator[tuple[SqliteEventStore, ProjectionRunner]]:
-    """The store and an up-to-date (or ``as_of``) projection runner over it."""
+    """The store and an up-to-date (or ``as_of``) runner of ``projections`` (default: all).
+
+    Each projection has its own checkpoint in the shared read-model file, so a
+    command brings up to date only the projections it reads.
+    """
     store = await open_store(db)
     runner: ProjectionRunner | None = None
+    chosen = list(projections) if projections else all_projections()
     try:
         if as_of is not None:
-            runner = await build_as_of(store, as_of)
+            runner = await build_as_of(store, as_of, chosen)
         else:
             try:
-                runner = ProjectionRunner.open(store, projection_path(db))
+                runner = ProjectionRunner.open(store, projection_path(db), chosen)
                 await runner.catch_up()
             except sqlite3.Error:  # read-only directory, damaged model: fold into memory
                 if runner is not None:
                     runner.close()
-                runner = ProjectionRunner.open(store, ":memory:")
+                runner = ProjectionRunner.open(store, ":memory:", chosen)
                 await runner.catch_up()
         yield store, runner
     finally:
@@ -209,7 +215,7 @@ def tasks(
     point = parse_as_of(as_of)
 
     async def go() -> list[dict[str, Any]]:
-        async with read_model(db, point) as (_, runner):
+        async with read_model(db, point, [TaskTable()]) as (_, runner):
             return TaskTable().list(
                 runner.conn,
                 status=status,
@@ -488,7 +494,8 @@ def stats(
         return (agent is None or a == agent) and (capability is None or c == capability)
 
     async def go() -> tuple[list[Any], list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
-        async with read_model(db, point) as (_, runner):
+        stat_projections = [AgentStats(), Cost(), Quality(), LoopHashes()]
+        async with read_model(db, point, stat_projections) as (_, runner):
             agents = [s for s in AgentStats().all(runner.conn) if keep(s.agent_id, s.capability)]
             cost = [
                 r
