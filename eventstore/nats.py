@@ -75,8 +75,12 @@ Appends
   duplicate window, a retry with a stale expected version is still caught by
   that read; only a re-append of old ids whose expected version happens to
   equal the stream's current version would be stored again.
-* A timeout waiting for the ack raises ``StoreUnavailable``: the append may
-  or may not have been stored; retrying it with the same events is safe.
+* Transient failures (a timeout waiting for an ack, a reconnect, a stream
+  leader election) are retried with backoff for ``retry_timeout`` seconds,
+  appends included: a first try that was stored after all is found again by
+  its event ids and returned, as for any retry. After that the call raises
+  ``StoreUnavailable``, and the append may or may not have been stored;
+  retrying it with the same events is still safe.
 
 Reading and following
 ---------------------
@@ -99,8 +103,8 @@ On a file-backed R1 stream the server syncs the disk on every atomic batch
 commit (a few ms each, serialised per stream), so a multi-event append costs
 one fsync while a single-event append costs none (JetStream's default
 ``sync_interval``). On a replicated stream (R3) the commit goes through Raft
-instead. Each read creates and deletes one consumer (about 0.5 ms on
-loopback), so ``read_stream`` in a hot loop costs more than on SQLite; use
+instead. Each read asks the leader once and creates and deletes one
+consumer (about 1 ms on loopback), so ``read_stream`` in a hot loop costs more than on SQLite; use
 ``subscribe`` to follow the log. Dedup ids are held by the server for the
 duplicate window: lower it for very high write rates.
 
