@@ -700,3 +700,17 @@ def test_cluster_start_survives_a_stolen_route_port(tmp_path: Path) -> None:
     finally:
         thief.close()
         cluster.stop()
+
+
+async def test_fallback_without_atomic_batches_still_checks_every_event(
+    nats_store: NatsEventStore,
+) -> None:
+    """What a pre-2.12 server gets: one publish per event, each expecting the one before."""
+    nats_store.atomic = False
+    out = await nats_store.append("t", [created(), started(), started(attempt=2)], 0)
+    assert [(e.version, e.position) for e in out] == [(1, 1), (2, 2), (3, 3)]
+    assert await nats_store.read_stream("t") == out
+    with pytest.raises(ConcurrencyError):
+        await nats_store.append("t", [started(attempt=3), started(attempt=4)], 2)
+    assert await nats_store.append("t", [started(attempt=3), started(attempt=4)], 3)
+    assert await nats_store.verify() == []
