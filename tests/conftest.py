@@ -27,7 +27,8 @@ async def memory_store() -> AsyncIterator[MemoryEventStore]:
 # Every server picks its own free loopback port (safe under xdist) and keeps its
 # JetStream store in the test's tmp_path.
 
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
 
 from natsserver import NatsCluster, NatsServer  # noqa: E402
 
@@ -68,3 +69,24 @@ def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def nats_server_factory(tmp_path: Path) -> Iterator[Callable[..., NatsServer]]:
+    """``make(**NatsServer options)`` -> a started server (own store dir), stopped after the test.
+
+    For servers with a special configuration, e.g.
+    ``make(extra_config='authorization { token: "s3cret" }')``.
+    """
+    made: list[NatsServer] = []
+
+    def make(**options: Any) -> NatsServer:
+        server = NatsServer(tmp_path / f"nats-{len(made)}", **options)
+        made.append(server)
+        return server.start()
+
+    try:
+        yield make
+    finally:
+        for server in made:
+            server.stop()

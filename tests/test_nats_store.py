@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -409,20 +410,22 @@ async def test_bad_ids_are_refused_before_anything_is_sent(nats_store: NatsEvent
 # -- connection options ----------------------------------------------------------------
 
 
-async def test_token_and_user_password_auth(tmp_path: Path) -> None:
-    with NatsServer(tmp_path / "tok", extra_config='authorization { token: "s3cret" }') as server:
-        with pytest.raises(StoreUnavailable):
-            await NatsEventStore.connect(server.url, token="wrong", connect_timeout=1.0)
-        async with await NatsEventStore.connect(server.url, token="s3cret") as store:
-            await store.append("t", [created()], 0)
+async def test_token_and_user_password_auth(
+    nats_server_factory: Callable[..., NatsServer],
+) -> None:
+    server = nats_server_factory(extra_config='authorization { token: "s3cret" }')
+    with pytest.raises(StoreUnavailable, match="uthorization"):
+        await NatsEventStore.connect(server.url, token="wrong", connect_timeout=5.0)
+    async with await NatsEventStore.connect(server.url, token="s3cret") as store:
+        await store.append("t", [created()], 0)
     users = 'authorization { users: [ { user: "orch", password: "pw" } ] }'
-    with NatsServer(tmp_path / "users", extra_config=users) as server:
-        with pytest.raises(StoreUnavailable):
-            await NatsEventStore.connect(
-                server.url, user="orch", password="nope", connect_timeout=1.0
-            )
-        async with await NatsEventStore.connect(server.url, user="orch", password="pw") as store:
-            await store.append("t", [created()], 0)
+    server = nats_server_factory(extra_config=users)
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="uthorization"):
+        await NatsEventStore.connect(server.url, user="orch", password="nope", connect_timeout=5.0)
+    assert time.monotonic() - t0 < 2  # a refused credential fails at once, no retrying
+    async with await NatsEventStore.connect(server.url, user="orch", password="pw") as store:
+        await store.append("t", [created()], 0)
 
 
 async def test_missing_tls_files_are_store_unavailable(nats_url: str, tmp_path: Path) -> None:
