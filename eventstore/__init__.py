@@ -66,8 +66,8 @@ async def open_store(url: str, **options: object) -> EventStore:
     if url == "memory:":
         return MemoryEventStore(**options)  # type: ignore[arg-type]
     if url.startswith(("nats://", "tls://")):
-        from .nats import NatsEventStore  # type: ignore[import-not-found,unused-ignore]  # imported lazily: nats-py is only needed here
+        from .nats import NatsEventStore  # imported lazily: nats-py is only needed here
 
-        return await NatsEventStore.connect(url, **options)  # type: ignore[arg-type,unused-ignore]
+        return await NatsEventStore.connect(url, **options)  # type: ignore[arg-type]
     path = url.removeprefix("sqlite://").removeprefix("sqlite:")
     return await SqliteEventStore.open(path, **options)  # type: ignore[arg-type]
