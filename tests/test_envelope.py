@@ -198,3 +198,22 @@ def test_verify_chain_finds_each_kind_of_break() -> None:
     [problem] = verify_chain(garbage, "s")
     assert (problem.position, problem.event_id) == (2, "?")
     assert "undecodable" in problem.problem
+
+
+def test_decode_stored_leaves_the_collector_as_it_found_it() -> None:
+    import gc
+
+    rows = [(i + 1, body, env.hash) for i, (env, body) in enumerate(chain(300))]
+    assert gc.isenabled()
+    assert len(decode_stored(rows)) == 300
+    assert gc.isenabled()
+    bad = [*rows[:299], (300, b"{broken", "0" * 64)]
+    with pytest.raises(DecodeError):
+        decode_stored(bad)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        decode_stored(rows)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
