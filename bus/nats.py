@@ -72,6 +72,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import inspect
 import json
@@ -309,14 +310,6 @@ class NatsBus(Bus):
             (DEAD_STREAM, [f"{DEAD_PREFIX}.>"], js_api.RetentionPolicy.LIMITS, 7 * 86400.0),
         ]
         for name, subjects, retention, max_age in specs:
-            try:
-                await self._js.stream_info(name)
-                continue
-            except nats.js.errors.NotFoundError:
-                if not create:
-                    raise BusError(f"JetStream stream {name!r} does not exist") from None
-            except _NATS_ERRORS as e:
-                raise BusError(f"cannot look up stream {name!r}: {e!r}") from e
             config = js_api.StreamConfig(
                 name=name,
                 subjects=subjects,
@@ -327,18 +320,62 @@ class NatsBus(Bus):
                 max_age=max_age,
                 max_msg_size=-1,
             )
-            try:
-                await self._js.add_stream(config)
-                if name == REPLY_STREAM:
-                    # the default orchestrator's consumer exists from the start, so replies
-                    # (and agents' announcements) are kept until an orchestrator takes them
-                    await self._js.add_consumer(
+            created = await self._transient(
+                functools.partial(self._ensure_stream, config, create), f"set up stream {name!r}"
+            )
+            if created and name == REPLY_STREAM:
+                # the default orchestrator's consumer exists from the start, so replies
+                # (and agents' announcements) are kept until an orchestrator takes them
+                await self._transient(
+                    lambda: self._bind_config(
                         REPLY_STREAM, self._reply_config(ORCHESTRATOR_DURABLE)
-                    )
-            except nats.js.errors.BadRequestError:
-                await self._js.stream_info(name)  # created meanwhile by another process
+                    ),
+                    "create the orchestrator's reply consumer",
+                )
+
+    async def _ensure_stream(self, config: js_api.StreamConfig, create: bool) -> bool:
+        """True if this call created the stream."""
+        name = config.name or ""
+        try:
+            await self._js.stream_info(name)
+            return False
+        except nats.js.errors.NotFoundError:
+            if not create:
+                raise BusError(f"JetStream stream {name!r} does not exist") from None
+        try:
+            await self._js.add_stream(config)
+            return True
+        except nats.js.errors.BadRequestError:
+            await self._js.stream_info(name)  # created meanwhile by another process
+            return False
+
+    async def _bind_config(self, stream: str, config: js_api.ConsumerConfig) -> None:
+        try:
+            await self._js.consumer_info(stream, config.durable_name or "")
+        except nats.js.errors.NotFoundError:
+            with contextlib.suppress(nats.js.errors.BadRequestError):
+                await self._js.add_consumer(stream, config)
+
+    async def _transient(self, make: Callable[[], Awaitable[T]], what: str) -> T:
+        """``make()``, retried for ``publish_retry_s`` while JetStream is unavailable
+        (a server starting, a cluster electing leaders, a reconnect); then ``BusError``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.publish_retry_s
+        pause = 0.1
+        while True:
+            try:
+                return await make()
+            except nats.js.errors.APIError as e:
+                if not isinstance(e, nats.js.errors.ServiceUnavailableError):
+                    raise BusError(f"cannot {what}: {e!r}") from e
+                err: BaseException = e
             except _NATS_ERRORS as e:
-                raise BusError(f"cannot create stream {name!r}: {e!r}") from e
+                err = e
+            if self._closed or loop.time() + pause > deadline:
+                raise BusError(f"cannot {what}: {err!r}") from err
+            log.debug("cannot %s yet, retrying: %r", what, err)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
     def _backoff(self) -> list[float]:
         return [self.ack_wait * 2**i for i in range(min(self.max_deliver - 1, 6))]
@@ -375,10 +412,9 @@ class NatsBus(Bus):
             max_ack_pending=10_000,
             max_waiting=4096,
         )
-        try:
-            sub = await self._bind(INBOX_STREAM, durable, config)
-        except _NATS_ERRORS as e:
-            raise BusError(f"cannot consume the inbox of {agent_id!r}: {e!r}") from e
+        sub = await self._transient(
+            lambda: self._bind(INBOX_STREAM, durable, config), f"consume the inbox of {agent_id!r}"
+        )
         self._subs.append(sub)
         self._spawn(self._serve(sub, handler, inbox_subject(agent_id)), f"inbox-{agent_id}")
 
