@@ -662,7 +662,12 @@ class NatsEventStore(EventStore):
             )
         except nats.errors.NoRespondersError as e:
             raise _Transient(f"no JetStream stream answers on {subject!r}") from e
-        resp = msgspec.json.decode(msg.data)
+        try:
+            resp = msgspec.json.decode(msg.data)
+        except msgspec.DecodeError as e:
+            raise _Transient(f"not a JetStream ack on {subject!r}: {msg.data[:100]!r}") from e
+        if not isinstance(resp, dict):
+            raise _Transient(f"not a JetStream ack on {subject!r}: {msg.data[:100]!r}")
         if "error" in resp:
             raise nats.js.errors.APIError.from_error(resp["error"])
         return js_api.PubAck.from_response(resp)
