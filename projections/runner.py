@@ -199,7 +199,8 @@ class ProjectionRunner:
         next_position = self.position + 1
         if until_position is not None and next_position > until_position:
             return self.position
-        # Read the next page while folding this one: the store's I/O overlaps the fold.
+        # Ask for the next page before folding this one, so whatever part of the read
+        # runs outside this thread (a database thread, a server) overlaps the fold.
         pending = asyncio.ensure_future(self.store.read_all(next_position, self.batch_size))
         gc_paused = False
         try:
@@ -221,10 +222,10 @@ class ProjectionRunner:
                     pending = asyncio.ensure_future(
                         self.store.read_all(next_position, self.batch_size)
                     )
+                    await asyncio.sleep(0)  # start that read; let other tasks run too
                 self.apply_batch(page, until_time=until_time)
                 if not full:
                     break
-                await asyncio.sleep(0)  # let other tasks run during a long rebuild
         finally:
             if gc_paused:
                 gc.enable()
