@@ -146,7 +146,17 @@ async def test_three_node_cluster_loses_a_node_mid_run_and_nothing(tmp_path: Pat
                 victim.stop()  # the node this orchestrator is connected to
                 # submitting during the fail-over may time out; the same plan id is one run
                 roots += [await _submit_retrying(rt, plan(f"r3-late-{i}")) for i in range(2)]
-                results = [await rt.orchestrator.wait(r, timeout=60) for r in roots]
+                try:
+                    results = await asyncio.wait_for(
+                        asyncio.gather(*(rt.orchestrator.wait(r) for r in roots)), 60
+                    )
+                except TimeoutError:
+                    stuck = [
+                        (t.task_id, t.state.value, t.attempt)
+                        for t in rt.orchestrator.state.tasks.values()
+                        if not t.terminal
+                    ]
+                    raise AssertionError(f"runs not finished; open tasks: {stuck}") from None
         finally:
             stop.set()
             await serving
