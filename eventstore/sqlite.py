@@ -83,13 +83,6 @@ _INSERT = (
     " recorded_at, body, hash) VALUES (?,?,?,?,?,?,?,?,?)"
 )
 _TOP = "SELECT COALESCE(MAX(position), 0) FROM events"
-_ROWS_PER_INSERT = 100  # 900 parameters per statement, well under SQLite's limit
-
-
-@functools.lru_cache(maxsize=_ROWS_PER_INSERT)
-def _insert_sql(n: int) -> str:
-    return _INSERT + ",(?,?,?,?,?,?,?,?,?)" * (n - 1)
-
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _MAX_BATCH_REQUESTS = 2000
@@ -177,10 +170,9 @@ class _Writer:
         return outcomes, self.top, len(rows)
 
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
-        """Insert rows with multi-row statements: one GIL-free ``sqlite3_step`` per chunk."""
-        for i in range(0, len(rows), _ROWS_PER_INSERT):
-            chunk = rows[i : i + _ROWS_PER_INSERT]
-            self.conn.execute(_insert_sql(len(chunk)), [v for row in chunk for v in row])
+        # executemany, not multi-row VALUES: measured faster (less system time) here.
+        if rows:
+            self.conn.executemany(_INSERT, rows)
 
     def _plan(
         self, batch: list[_Request], top: int, max_bytes: int, careful: bool
