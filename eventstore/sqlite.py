@@ -1,10 +1,11 @@
 """SQLite ``EventStore`` (WAL): the embedded default.
 
-Writes. ``append`` checks its arguments, queues the request and awaits it. One
-writer task drains the queue: it hands every queued request (up to
-``_MAX_BATCH_REQUESTS``) to the writer thread in *one* call, which checks,
-seals and inserts all of them inside one ``BEGIN IMMEDIATE`` transaction and
-commits once; the callers are resolved after the commit. So many concurrent
+Writes. ``append`` checks its arguments, queues the request and awaits it.
+Queued requests (up to ``_MAX_BATCH_REQUESTS``) go to the writer thread as one
+batch in *one* call, which checks, seals and inserts all of them inside one
+``BEGIN IMMEDIATE`` transaction and commits once; the callers are resolved
+after the commit. Requests that arrive meanwhile form the next batch, queued
+behind it in the thread (at most two batches in flight). So many concurrent
 appenders share one transaction and one fsync (group commit), each call
 returns only once its own events are durable, and a request that fails its
 checks (wrong expected version, bad payload) fails alone without touching the
