@@ -43,7 +43,7 @@ def check_append_args(stream: object, events: object, expected_version: object) 
         raise ValidationError(f"expected_version must be an int: {expected_version!r}")
     if expected_version < 0:
         raise ValidationError(f"expected_version must be >= 0: {expected_version}")
-    if not isinstance(events, Sequence) or isinstance(events, str) or not events:
+    if not isinstance(events, Sequence) or isinstance(events, str | bytes) or not events:
         raise ValidationError("append needs a non-empty sequence of NewEvent")
     for ev in events:
         if type(ev) is not NewEvent and not isinstance(ev, NewEvent):

@@ -59,6 +59,7 @@ from .envelope import (
     verify_chain,
 )
 from .errors import CardbusError, StoreError, StoreUnavailable, ValidationError
+from .events import EVENT_TYPES, tag_of
 from .store import EventStore
 
 __all__ = ["SqliteEventStore"]
@@ -85,6 +86,7 @@ _INSERT = (
 )
 _TOP = "SELECT COALESCE(MAX(position), 0) FROM events"
 
+_TAGS = {t: tag_of(t) for t in EVENT_TYPES}
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _MAX_BATCH_REQUESTS = 2000
 _MAX_INFLIGHT = 2  # batches handed to the writer thread at once (a two-stage pipeline)
@@ -225,7 +227,7 @@ class _Writer:
                         stream,
                         env.version,
                         env.correlation_id,
-                        env.type,
+                        _TAGS[type(env.data)],
                         env.recorded_at,
                         body,
                         env.hash,
