@@ -97,7 +97,7 @@ _PAGE = 2000  # events per read while a subscription catches up
 Outcome = list[Envelope] | CardbusError
 
 
-@dataclass
+@dataclass(slots=True)
 class _Request:
     stream: str
     events: Sequence[NewEvent]

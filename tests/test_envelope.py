@@ -217,3 +217,22 @@ def test_decode_stored_leaves_the_collector_as_it_found_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_seal_batch_seals_exactly_like_seal() -> None:
+    from eventstore.batch import seal_batch
+
+    events = [new(ev.TaskStarted(attempt=i, agent_id="a")) for i in range(4)]
+    first = seal_batch("s", events[:2], 0, 0, GENESIS_HASH)
+    more = seal_batch("s", events[2:], 2, 2, first[-1][0].hash, first_position=7)
+    expected = []
+    prev = GENESIS_HASH
+    for i, e in enumerate(events):
+        env, body = seal(e, "s", i + 1, prev, position=0 if i < 2 else 5 + i)
+        expected.append((env, body))
+        prev = env.hash
+    assert first + more == expected
+    assert [env.position for env, _ in more] == [7, 8]
+    assert (
+        verify_chain([(i + 1, b, env.hash) for i, (env, b) in enumerate(first + more)], "s") == []
+    )
