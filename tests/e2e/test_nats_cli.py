@@ -1,0 +1,58 @@
+"""The NATS commands through click's CliRunner (and real nats-servers)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from click.testing import CliRunner
+from natsprocs import Proc, env_for
+from natsserver import NatsServer
+
+from tools.cli import cli
+
+
+def test_demo_start_nats_runs_the_demo_on_a_throwaway_server() -> None:
+    result = CliRunner().invoke(cli, ["demo", "--start-nats"])
+    assert result.exit_code == 0, result.output
+    assert "started nats-server on nats://127.0.0.1:" in result.output
+    assert re.search(r"Timeline of run \S+ \(completed", result.output)
+
+
+def test_demo_across_an_agent_process_and_a_serving_orchestrator(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    url = nats_server.url
+    demo_agents = [
+        f"agents.demo:{a}" for a in ("Researcher", "Planner", "Writer", "Reviewer", "Merger")
+    ]
+    agents = Proc(["agent", "serve", *demo_agents, "--nats", url], tmp_path, env_for(tmp_path), "a")
+    orch = Proc(["orchestrator", "--nats", url], tmp_path, env_for(tmp_path), "o")
+    try:
+        agents.wait_for("serving")
+        orch.wait_for("open run(s) resumed")
+        runner = CliRunner()
+        result = runner.invoke(cli, ["demo", "--nats", url, "--external-agents", "--parallel"])
+        assert result.exit_code == 0, result.output
+        root = re.search(r"cardbus nats replay (\S+)", result.output)
+        assert root is not None, result.output
+        replayed = runner.invoke(cli, ["nats", "replay", root.group(1), "--nats", url])
+        assert replayed.exit_code == 0, replayed.output
+        assert "merge-" in replayed.output and "completed" in replayed.output
+        dead = runner.invoke(cli, ["nats", "dead", "--nats", url])
+        assert dead.exit_code == 0 and "no dead letters" in dead.output
+    finally:
+        orch.stop()
+        agents.stop()
+    assert orch.proc.returncode == 0  # SIGTERM ends it cleanly
+
+
+def test_permissions_and_connection_errors() -> None:
+    runner = CliRunner()
+    out = runner.invoke(cli, ["nats", "permissions", "--agent", "researcher"]).output
+    assert '"cardbus.announce.researcher"' in out and '"_INBOX.researcher.>"' in out
+    assert "allow_responses: true" in out
+    # nobody listens on port 1: a clear one-line error, exit code 1
+    bad = runner.invoke(cli, ["nats", "dead", "--nats", "nats://127.0.0.1:1"])
+    assert bad.exit_code == 1
+    assert "cannot connect to NATS at nats://127.0.0.1:1" in bad.output
