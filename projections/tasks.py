@@ -171,6 +171,13 @@ def _new_row(env: Envelope) -> Row:
     return row
 
 
+# event type -> ({status: status} of the plain table, row update); one lookup per event
+_BY_TYPE: dict[type, tuple[dict[str | None, str], Callable[[Row, Any], None] | None]] = {
+    t: ({frm: to for (frm, et), to in _NEXT.items() if et is t}, _UPDATES.get(t))
+    for t in ev.TASK_EVENT_TYPES
+}
+
+
 class TaskTable(Projection):
     """``proj_tasks``: the columns of the source designs, plus ``goal`` and stream ``version``."""
 
@@ -189,15 +196,17 @@ class TaskTable(Projection):
         # One loop with everything in locals: this fold is what a rebuild spends its time on.
         tasks = model.tables["proj_tasks"]
         get, put = tasks.get, tasks.put
-        next_status, updates, handles = _NEXT.get, _UPDATES.get, self.handles
+        by_type = _BY_TYPE
         errors: list[tuple[Envelope, Exception]] = []
         stream: str | None = None
         row: Row = {}
         for env in events:
             data = env.data
             t = type(data)
-            if t not in handles:
+            spec = by_type.get(t)
+            if spec is None:
                 continue
+            moves, update = spec
             try:
                 if env.stream != stream:  # a task's events mostly come in a row: one lookup
                     stream = env.stream
@@ -206,7 +215,7 @@ class TaskTable(Projection):
                     row = found if found is not None else _new_row(env)
                     put(key, row)  # the cached row is the one changed below
                 status = row["status"]
-                new_status = next_status((status, t))
+                new_status = moves.get(status)
                 if new_status is None:  # not in the plain table: approval, or refused
                     try:
                         new_status = transition(_STATE[status] if status else None, data).value
@@ -214,7 +223,6 @@ class TaskTable(Projection):
                         row["reason"] = f"illegal transition: {e} (event {env.event_id})"
                 if new_status is not None:
                     row["status"] = new_status
-                    update = updates(t)
                     if update is not None:
                         update(row, data)
                 row["updated_at"] = env.recorded_at
