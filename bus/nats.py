@@ -254,6 +254,7 @@ class NatsBus(Bus):
         reply_batch: int = 256,
         reply_ack_wait: float = 30.0,
         reply_durable: str = ORCHESTRATOR_DURABLE,
+        delete_reply_consumer: bool = False,
     ) -> None:
         if max_deliver < 2:
             raise ValueError("max_deliver must be at least 2")
@@ -269,6 +270,10 @@ class NatsBus(Bus):
         self.reply_batch = reply_batch
         self.reply_ack_wait = reply_ack_wait
         self.reply_durable = reply_durable
+        #: delete the reply consumer on close (a short-lived orchestrator, e.g. the demo's),
+        #: so the stream does not keep replies for it
+        self.delete_reply_consumer = delete_reply_consumer and reply_durable != ORCHESTRATOR_DURABLE
+        self._reading_replies = False
         self._js: JetStreamContext = nc.jetstream(timeout=request_timeout)
         self._owns = owns_connection
         self._tasks: set[asyncio.Task[None]] = set()
@@ -580,6 +585,7 @@ class NatsBus(Bus):
 
     async def replies(self) -> AsyncIterator[Reply]:
         await _retrying(self._reply_sub, lambda: self._closed)  # the consumer exists
+        self._reading_replies = True
         async for msg in self._pull(REPLY_STREAM, self.reply_durable, self.reply_batch):
             if len(msg.data) > self.max_message_bytes:
                 await self._reject(msg, f"reply too large: {len(msg.data)} bytes")
@@ -767,6 +773,9 @@ class NatsBus(Bus):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(sub.unsubscribe(), 2.0)
         self._subs.clear()
+        if self.delete_reply_consumer and self._reading_replies:
+            with contextlib.suppress(Exception):
+                await self._js.delete_consumer(REPLY_STREAM, self.reply_durable)
         if self._owns:  # every publish was acked already: nothing to drain
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), 5.0)

@@ -389,7 +389,10 @@ def demo_on_nats(
 
         started = time.perf_counter()
         # its own reply consumer, so an orchestrator already serving the log sees every reply too
-        bus_options = {"reply_durable": f"cardbus-demo-{os.getpid()}"}
+        bus_options = {
+            "reply_durable": f"cardbus-demo-{os.getpid()}",
+            "delete_reply_consumer": True,
+        }
         async with NatsRuntime(
             NatsOptions(url=url), agents, policy=Policy(), bus_options=bus_options
         ) as rt:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from click.testing import CliRunner
 from natsprocs import Proc, env_for
 from natsserver import NatsServer
 
+from bus.natsconn import NatsOptions
 from tools.cli import cli
 
 
@@ -41,10 +43,21 @@ def test_demo_across_an_agent_process_and_a_serving_orchestrator(
         assert "merge-" in replayed.output and "completed" in replayed.output
         dead = runner.invoke(cli, ["nats", "dead", "--nats", url])
         assert dead.exit_code == 0 and "no dead letters" in dead.output
+        # the demo's own reply consumer went away with it; the serving orchestrator's stays
+        assert asyncio.run(_reply_consumers(url)) == ["cardbus-orchestrator"]
     finally:
         orch.stop()
         agents.stop()
     assert orch.proc.returncode == 0  # SIGTERM ends it cleanly
+
+
+async def _reply_consumers(url: str) -> list[str]:
+    nc = await NatsOptions(url=url).connect("check")
+    try:
+        infos = await nc.jetstream().consumers_info("CARDBUS_REPLIES")
+        return sorted(i.name for i in infos)
+    finally:
+        await nc.close()
 
 
 def test_permissions_and_connection_errors() -> None:
