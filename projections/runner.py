@@ -197,15 +197,10 @@ class ProjectionRunner:
         on a throw-away model).
         """
         next_position = self.position + 1
-        if until_position is not None and next_position > until_position:
-            return self.position
-        # Ask for the next page before folding this one, so whatever part of the read
-        # runs outside this thread (a database thread, a server) overlaps the fold.
-        pending = asyncio.ensure_future(self.store.read_all(next_position, self.batch_size))
         gc_paused = False
         try:
-            while True:
-                page = await pending
+            while until_position is None or next_position <= until_position:
+                page = await self.store.read_all(next_position, self.batch_size)
                 full = len(page) == self.batch_size
                 if full and not gc_paused and gc.isenabled():
                     # A long catch-up (a rebuild) allocates millions of short-lived
@@ -217,24 +212,14 @@ class ProjectionRunner:
                     full = False
                 if not page:
                     break
-                next_position = page[-1].position + 1
-                if full:
-                    pending = asyncio.ensure_future(
-                        self.store.read_all(next_position, self.batch_size)
-                    )
-                    await asyncio.sleep(0)  # start that read; let other tasks run too
                 self.apply_batch(page, until_time=until_time)
+                next_position = page[-1].position + 1
                 if not full:
                     break
+                await asyncio.sleep(0)  # let other tasks run during a long rebuild
         finally:
             if gc_paused:
                 gc.enable()
-            if not pending.done():
-                pending.cancel()
-                try:
-                    await pending
-                except (asyncio.CancelledError, Exception):
-                    pass
         return self.position
 
     async def follow(self) -> None:
