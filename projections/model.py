@@ -50,16 +50,19 @@ class TableSpec(NamedTuple):
     def column_names(self) -> tuple[str, ...]:
         return tuple(c for c, _ in self.columns)
 
-    def ddl(self) -> list[str]:
+    def ddl(self, indexes: bool = True) -> list[str]:
         cols = [f"{c} {'TEXT' if t == 'JSON' else t}" for c, t in self.columns]
         if self.key:
             cols.append(f"PRIMARY KEY ({', '.join(self.key)})")
         out = [f"CREATE TABLE IF NOT EXISTS {self.name} ({', '.join(cols)})"]
-        for i, idx in enumerate(self.indexes):
-            out.append(
-                f"CREATE INDEX IF NOT EXISTS {self.name}_ix{i} ON {self.name} ({', '.join(idx)})"
-            )
-        return out
+        return out + self.index_ddl() if indexes else out
+
+    def index_ddl(self) -> list[str]:
+        """The secondary indexes (a rebuild adds them at the end: one sort, not n inserts)."""
+        return [
+            f"CREATE INDEX IF NOT EXISTS {self.name}_ix{i} ON {self.name} ({', '.join(idx)})"
+            for i, idx in enumerate(self.indexes)
+        ]
 
 
 class MemoryTable:

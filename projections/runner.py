@@ -347,7 +347,7 @@ class ProjectionRunner:
             for p in chosen:
                 self._drop(p)
                 for spec in p.tables:
-                    for sql in spec.ddl():
+                    for sql in spec.ddl(indexes=False):
                         c.execute(sql)
                 c.execute("INSERT INTO proj_checkpoints VALUES (?, 0, ?)", (p.name, p.version))
             c.execute("COMMIT")
@@ -366,6 +366,10 @@ class ProjectionRunner:
             return await self.catch_up()
         finally:
             c.execute(f"PRAGMA synchronous={int(mode)}")
+            for p in chosen:  # secondary indexes last: one sort instead of a write per row
+                for spec in p.tables:
+                    for sql in spec.index_ddl():
+                        c.execute(sql)
 
 
 def dump_tables(
