@@ -1,10 +1,11 @@
-"""Loop-detection hashes: per root, how often each ``TaskDispatched.loop_hash`` was dispatched.
+"""Loop-detection hashes: per root, each ``TaskDispatched.loop_hash`` and how often it came back.
 
-The orchestrator stamps every dispatch with a hash of (capability, normalized
-inputs); the same hash coming back again and again inside one root is a loop.
-A fan-out (one attempt sent to several agents at once) counts once: a
-dispatch with the same task and attempt as the hash's previous one is not
-counted again. Empty hashes are ignored.
+The orchestrator stamps a dispatch with a hash of (capability, normalized
+inputs); the same hash on more and more tasks of one root is a loop. The
+counting rule is the orchestrator's (``bus/runstate.py``): ``count`` is the
+number of *distinct tasks* of the root dispatched with that hash, so retries
+and fan-out of one task count once; ``dispatches`` counts every dispatch
+event. Empty hashes are ignored.
 
 Two ways to read it:
 
@@ -30,53 +31,66 @@ LOOPS = TableSpec(
     (
         ("root_id", "TEXT"),
         ("loop_hash", "TEXT"),
-        ("count", "INTEGER"),
+        ("count", "INTEGER"),  # distinct tasks
+        ("dispatches", "INTEGER"),
         ("first_seen", "REAL"),
         ("last_seen", "REAL"),
         ("first_position", "INTEGER"),
         ("last_position", "INTEGER"),
-        ("last_task_id", "TEXT"),
-        ("last_attempt", "INTEGER"),
     ),
     key=("root_id", "loop_hash"),
+)
+# which tasks of a root were dispatched with a hash (a task counts once)
+LOOP_TASKS = TableSpec(
+    "proj_loop_tasks",
+    (("root_id", "TEXT"), ("loop_hash", "TEXT"), ("task_id", "TEXT"), ("first_seen", "REAL")),
+    key=("root_id", "loop_hash", "task_id"),
 )
 
 
 def _fold(model: Model, env: Envelope) -> None:
     data = env.data
-    if type(data) is not ev.TaskDispatched or not data.loop_hash:
+    if not isinstance(data, ev.TaskDispatched) or not data.loop_hash:
         return
-    table = model["proj_loop_hashes"]
+    tables = model.tables
+    hashes, tasks = tables["proj_loop_hashes"], tables["proj_loop_tasks"]
     key = (env.correlation_id, data.loop_hash)
-    row = table.get(key)
+    row = hashes.get(key)
     if row is None:
         row = {
             "root_id": key[0],
             "loop_hash": key[1],
             "count": 0,
+            "dispatches": 0,
             "first_seen": env.recorded_at,
             "last_seen": env.recorded_at,
             "first_position": env.position,
             "last_position": env.position,
-            "last_task_id": None,
-            "last_attempt": None,
         }
-    elif row["last_task_id"] == env.stream and row["last_attempt"] == data.attempt:
-        return  # fan-out of the same attempt
-    row["count"] += 1
+    task_key = (*key, env.stream)
+    if tasks.get(task_key) is None:
+        tasks.put(
+            task_key,
+            {
+                "root_id": key[0],
+                "loop_hash": key[1],
+                "task_id": env.stream,
+                "first_seen": env.recorded_at,
+            },
+        )
+        row["count"] += 1
+    row["dispatches"] += 1
     row["last_seen"] = env.recorded_at
     row["last_position"] = env.position
-    row["last_task_id"] = env.stream
-    row["last_attempt"] = data.attempt
-    table.put(key, row)
+    hashes.put(key, row)
 
 
 class LoopHashes(Projection):
-    """``proj_loop_hashes``: (root_id, loop_hash) -> count, first and last seen."""
+    """``proj_loop_hashes``: (root_id, loop_hash) -> distinct tasks, dispatches, first/last seen."""
 
     name = "loops"
-    version = 1
-    tables = (LOOPS,)
+    version = 2
+    tables = (LOOPS, LOOP_TASKS)
     handles = frozenset({ev.TaskDispatched})
 
     def apply(self, model: Model, env: Envelope) -> None:
@@ -92,11 +106,14 @@ class LoopHashes(Projection):
     def list(self, conn: sqlite3.Connection, root_id: str | None = None) -> list[Row]:
         if root_id is None:
             return self.query(
-                conn, "SELECT * FROM proj_loop_hashes ORDER BY count DESC, first_position"
+                conn,
+                "SELECT * FROM proj_loop_hashes ORDER BY count DESC, dispatches DESC,"
+                " first_position",
             )
         return self.query(
             conn,
-            "SELECT * FROM proj_loop_hashes WHERE root_id = ? ORDER BY count DESC, first_position",
+            "SELECT * FROM proj_loop_hashes WHERE root_id = ?"
+            " ORDER BY count DESC, dispatches DESC, first_position",
             (root_id,),
         )
 

@@ -506,7 +506,9 @@ def stats(
             quality = [
                 q for q in Quality().list(runner.conn) if keep(q["agent_id"], q["capability"])
             ]
-            loops = [r for r in LoopHashes().list(runner.conn) if r["count"] > 1]
+            loops = [
+                r for r in LoopHashes().list(runner.conn) if r["count"] > 1 or r["dispatches"] > 1
+            ]
             return agents, cost, quality, loops
 
     agents, cost, quality, loops = run(go())
@@ -561,13 +563,14 @@ def stats(
     renderables: list[Any] = [t1, t2, t3]
     if loops:
         t4 = new_table("Repeated loop hashes" + suffix)
-        for col in ("root", "loop hash", "count", "first seen", "last seen"):
+        for col in ("root", "loop hash", "tasks", "dispatches", "first seen", "last seen"):
             t4.add_column(col)
         for r in loops:
             t4.add_row(
                 r["root_id"],
                 r["loop_hash"][:16],
                 str(r["count"]),
+                str(r["dispatches"]),
                 fmt_time(r["first_seen"]),
                 fmt_time(r["last_seen"]),
             )

@@ -77,31 +77,42 @@ async def test_loop_hashes(store: EventStore) -> None:
     with ProjectionRunner.open(store) as runner:
         await runner.catch_up()
         loops = LoopHashes()
-        assert loops.count(runner.conn, ids.root, "h-loop") == 3
-        assert loops.count(runner.conn, ids.root, "h-write") == 2
+        # the orchestrator's rule: count = distinct tasks; retries of one task count once
+        assert loops.count(runner.conn, ids.root, "h-loop") == 1
+        assert loops.count(runner.conn, ids.root, "h-write") == 1
         assert loops.count(runner.conn, ids.root, "h-research") == 1
         assert loops.count(runner.conn, ids.root, "unknown") == 0
         assert loops.count(runner.conn, "other-root", "h-loop") == 0
         top = loops.list(runner.conn, ids.root)[0]
-        assert top["loop_hash"] == "h-loop" and top["count"] == 3
+        assert top["loop_hash"] == "h-loop" and top["dispatches"] == 3
         assert top["first_seen"] < top["last_seen"]
-    assert counter.count(ids.root, "h-loop") == 3
-    assert counter.hashes(ids.root)["h-code"] == 2
+    assert counter.count(ids.root, "h-loop") == 1
+    assert counter.hashes(ids.root)["h-code"] == 1
 
 
-async def test_loop_fanout_counts_once() -> None:
+async def test_loop_counts_distinct_tasks() -> None:
     store = MemoryEventStore()
-    root, task = "r", "t"
-    events: list[ev.Event] = [
-        ev.TaskCreated(root_id=root, capability="x"),
-        ev.TaskDispatched(attempt=1, agent_id="a", loop_hash="h"),
-        ev.TaskDispatched(attempt=1, agent_id="b", loop_hash="h"),
-    ]
-    await store.append(task, [NewEvent(data=d, correlation_id=root) for d in events], 0)
+    root = "r"
+    for i, task in enumerate(("t1", "t2", "t3")):
+        events: list[ev.Event] = [
+            ev.TaskCreated(root_id=root, capability="x"),
+            ev.TaskDispatched(attempt=1, agent_id="a", loop_hash="h"),
+            ev.TaskDispatched(attempt=1, agent_id="b", loop_hash="h"),  # fan-out
+        ]
+        if i == 0:
+            events += [
+                ev.TaskRetryScheduled(attempt=2, delay_s=0, reason="timeout"),
+                ev.TaskDispatched(attempt=2, agent_id="a", loop_hash="h"),  # retry
+            ]
+        await store.append(task, [NewEvent(data=d, correlation_id=root) for d in events], 0)
     counter = LoopCounter()
     for env in await store.read_all():
         counter.apply(env)
-    assert counter.count(root, "h") == 1
+    assert counter.count(root, "h") == 3
+    with ProjectionRunner.open(store, ":memory:", [LoopHashes()]) as runner:
+        await runner.catch_up()
+        assert LoopHashes().count(runner.conn, root, "h") == 3
+        assert LoopHashes().list(runner.conn, root)[0]["dispatches"] == 7
 
 
 async def test_agent_stats(store: EventStore) -> None:
