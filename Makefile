@@ -33,4 +33,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/eventstore_bench.py
 
 clean:
-	rm -rf $(VENV) cardbus.db cardbus.db-wal cardbus.db-shm
+	rm -rf $(VENV) cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj*

@@ -185,7 +185,7 @@ class ChainProblem(msgspec.Struct, frozen=True):
     problem: str
 
 
-def verify_chain(rows: Iterable[tuple[int, bytes, str]], stream: str) -> list[ChainProblem]:
+def verify_chain(rows: Iterable[tuple[int, bytes | str, str]], stream: str) -> list[ChainProblem]:
     """Check one stream's chain from its stored rows ``(position, body, hash)``.
 
     Rows must be given in store order. Finds edited bodies (hash mismatch),
@@ -195,7 +195,9 @@ def verify_chain(rows: Iterable[tuple[int, bytes, str]], stream: str) -> list[Ch
     problems: list[ChainProblem] = []
     expected_version = 1
     prev_hash = GENESIS_HASH
-    for position, body, stored_hash in rows:
+    for position, stored, stored_hash in rows:
+        # A body edited by hand may come back as TEXT; hash the bytes it stands for.
+        body = stored.encode("utf-8", "surrogatepass") if isinstance(stored, str) else stored
         try:
             env = decode_body(body, max_bytes=1 << 62)
         except DecodeError as e:

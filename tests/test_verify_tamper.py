@@ -248,3 +248,26 @@ async def test_every_tampered_event_is_reported_at_once(
     assert (log["t1"][0].event_id, log["t1"][0].position) in named(problems)
     assert (log["t2"][2].event_id, log["t2"][2].position) in named(problems)
     assert [p.position for p in problems] == sorted(p.position for p in problems)
+
+
+async def test_body_edited_into_text_is_named_not_a_crash(tmp_path: Path) -> None:
+    """An SQL replace() turns the BLOB into TEXT: verify names the event instead of crashing."""
+    db = tmp_path / "t.db"
+    store = await SqliteEventStore.open(db)
+    try:
+        new = NewEvent(
+            data=ev.TaskCreated(root_id="r", capability="c", goal="g"), correlation_id="r"
+        )
+        [env] = await store.append("t", [new], 0)
+    finally:
+        await store.close()
+    con = sqlite3.connect(db)
+    con.execute("UPDATE events SET body = replace(body, 'goal', 'gaol')")
+    con.commit()
+    con.close()
+    store = await SqliteEventStore.open(db)
+    try:
+        problems = await store.verify()
+    finally:
+        await store.close()
+    assert [(p.event_id, p.position) for p in problems] == [(env.event_id, env.position)]
