@@ -136,6 +136,7 @@ DEAD_PREFIX = "cardbus.dead"
 REQUEST_PREFIX = "cardbus.req"
 REQUEST_QUEUE = "cardbus-orchestrators"
 ERROR_HEADER = "Cardbus-Error"
+MAX_DELIVERIES_ADVISORY = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{INBOX_STREAM}.*"
 ORCHESTRATOR_DURABLE = "cardbus-orchestrator"
 TRACE_HEADER = "traceparent"
 REASON_HEADER = "Cardbus-Reason"
@@ -227,7 +228,7 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             f"$JS.ACK.{REPLY_STREAM}.>",
         ],
         # and allow_responses (answers to agents' requests), see authorization_config
-        "subscribe": ["_INBOX.>", f"{REQUEST_PREFIX}.>"],
+        "subscribe": ["_INBOX.>", f"{REQUEST_PREFIX}.>", MAX_DELIVERIES_ADVISORY],
     }
 
 
@@ -586,6 +587,7 @@ class NatsBus(Bus):
     async def replies(self) -> AsyncIterator[Reply]:
         await _retrying(self._reply_sub, lambda: self._closed)  # the consumer exists
         self._reading_replies = True
+        await self._watch_max_deliveries()
         async for msg in self._pull(REPLY_STREAM, self.reply_durable, self.reply_batch):
             if len(msg.data) > self.max_message_bytes:
                 await self._reject(msg, f"reply too large: {len(msg.data)} bytes")
@@ -598,6 +600,41 @@ class NatsBus(Bus):
             yield reply
             with contextlib.suppress(*_NATS_ERRORS):
                 await msg.ack()  # taken by the orchestrator: do not redeliver
+
+    async def _watch_max_deliveries(self) -> None:
+        """Cards no replica acked within ``max_deliver`` deliveries (replicas that crash or
+        hang on them) are dead-lettered, reported and removed from the inbox stream."""
+
+        async def on_advisory(msg: Msg) -> None:
+            self._spawn(self._undeliverable(msg.data), "max-deliveries")
+
+        with contextlib.suppress(*_NATS_ERRORS):
+            self._subs.append(
+                await self.nc.subscribe(
+                    MAX_DELIVERIES_ADVISORY, queue=REQUEST_QUEUE, cb=on_advisory
+                )
+            )
+
+    async def _undeliverable(self, advisory: bytes) -> None:
+        try:
+            info = json.loads(advisory)
+            seq = int(info["stream_seq"])
+        except (ValueError, KeyError, TypeError):
+            return
+        try:
+            raw = await self._js.get_msg(INBOX_STREAM, seq)
+        except nats.js.errors.NotFoundError:
+            return  # acked or terminated meanwhile
+        except _NATS_ERRORS as e:
+            log.warning("cannot look up undeliverable card %d: %r", seq, e)
+            return
+        reason = (
+            f"delivered {info.get('deliveries', '?')} times to {info.get('consumer', '?')} "
+            "without an ack (its replicas crashed or hung on it); removed from the inbox"
+        )
+        await self._bad(raw.subject or INBOX_PREFIX, raw.data or b"", reason)
+        with contextlib.suppress(*_NATS_ERRORS):
+            await self._js.delete_msg(INBOX_STREAM, seq)
 
     async def _pull(self, stream: str, durable: str, batch: int) -> AsyncIterator[Msg]:
         """Messages of a durable pull consumer as they arrive (a continuous pull).

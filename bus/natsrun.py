@@ -140,7 +140,10 @@ class NatsRuntime:
             await asyncio.sleep(0.05)
 
     async def submit(self, plan: Plan, agent_timeout: float = 30.0) -> str:
-        await self.wait_for_capabilities({t.capability for t in plan.tasks}, agent_timeout)
+        needed = {t.capability for t in plan.tasks} | {
+            t.review_by for t in plan.tasks if t.review_by
+        }
+        await self.wait_for_capabilities(needed, agent_timeout)
         return await self.orchestrator.submit(plan)
 
     async def run(

@@ -112,6 +112,13 @@ class Orchestrator:
         for t in self._loops:
             t.cancel()
         for t in self._loops:
+            # A cancellation can be lost inside a library's asyncio.wait_for (Python 3.11,
+            # e.g. a NATS client read that completes at the same moment): cancel again
+            # until the loop is really gone, so stop() cannot hang.
+            while not t.done():
+                await asyncio.wait({t}, timeout=0.5)
+                if not t.done():
+                    t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._loops = []

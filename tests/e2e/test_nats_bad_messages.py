@@ -171,3 +171,42 @@ async def test_oversized_publish_beyond_the_server_limit_is_a_typed_error(tmp_pa
             await bus.close()
     finally:
         server.stop()
+
+
+async def test_a_card_no_replica_acks_is_dead_lettered_and_removed(
+    nats_server: NatsServer,
+) -> None:
+    """Replicas that crash on a card (here: pulls never acked) exhaust max_deliver; the
+    orchestrator's bus reports the card, dead-letters it and removes it from the inbox."""
+    url = nats_server.url
+    orch = await NatsBus.connect(url, fetch_wait=0.5)
+    agent = await NatsBus.connect(url, ack_wait=0.5, max_deliver=2, fetch_wait=0.5)
+    bad: list[tuple[str, str]] = []
+    orch.on_bad_message = lambda subject, data, reason: bad.append((subject, reason))
+    replies = orch.replies()
+    pump = asyncio.ensure_future(anext(replies))  # the orchestrator reads replies
+    try:
+        await agent.consume("crashy", lambda c: asyncio.sleep(0))  # creates the consumer
+        await agent.close()  # ... and the replica goes away before any card
+        await until(lambda: orch._reading_replies, what="the orchestrator to listen")
+        await orch.send_task("crashy", TaskCard(task_id="t", root_id="r", capability="c"))
+        js = orch.nc.jetstream()
+        sub = await js.pull_subscribe_bind(durable="agent-crashy", stream="CARDBUS_INBOX")
+        for _ in range(2):  # two replicas take it and die without a word
+            [msg] = await sub.fetch(1, timeout=5)
+            assert msg.metadata.num_delivered in (1, 2)
+        # a replica still pulling makes the server find the card spent (and advise so)
+        with pytest.raises(TimeoutError):
+            await sub.fetch(1, timeout=2)
+        await until(lambda: bad, timeout=10, what="the card to be reported")
+        assert bad[0][0] == "cardbus.agent.crashy"
+        assert "delivered 2 times" in bad[0][1]
+        info = await js.stream_info("CARDBUS_INBOX")
+        assert info.state.messages == 0  # not left in the work queue
+        letters = await dead_letters(url)
+        assert [(s, "delivered 2 times" in r) for s, r, _ in letters] == [
+            ("cardbus.agent.crashy", True)
+        ]
+    finally:
+        pump.cancel()
+        await orch.close()
