@@ -28,10 +28,11 @@ def test_demo_across_an_agent_process_and_a_serving_orchestrator(
     demo_agents = [
         f"agents.demo:{a}" for a in ("Researcher", "Planner", "Writer", "Reviewer", "Merger")
     ]
-    agents = Proc(["agent", "serve", *demo_agents, "--nats", url], tmp_path, env_for(tmp_path), "a")
+    serve = ["agent", "serve", *demo_agents, "--nats", url, "--replicas", "2"]
+    agents = Proc(serve, tmp_path, env_for(tmp_path), "a")
     orch = Proc(["orchestrator", "--nats", url], tmp_path, env_for(tmp_path), "o")
     try:
-        agents.wait_for("serving")
+        agents.wait_for("(2 replica(s))")
         orch.wait_for("open run(s) resumed")
         runner = CliRunner()
         result = runner.invoke(cli, ["demo", "--nats", url, "--external-agents", "--parallel"])
