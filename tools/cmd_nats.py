@@ -101,7 +101,10 @@ _ack_wait = click.option(
     help="Seconds a replica may hold a card without an in-progress ack before it is redelivered.",
 )
 _max_deliver = click.option(
-    "--max-deliver", default=5, show_default=True, help="Deliveries of a card before it is dropped."
+    "--max-deliver",
+    default=5,
+    show_default=True,
+    help="Deliveries of a card before it is dead-lettered.",
 )
 _stream_replicas = click.option(
     "--stream-replicas",
