@@ -37,6 +37,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from agents.selection import Embedder, HashingEmbedder
 from eventstore import ConcurrencyError, Envelope, EventStore, IdempotencyError, NewEvent
 from eventstore import events as ev
@@ -203,15 +205,21 @@ class LongTermMemory:
         tags: Iterable[str] = (),
         kind: str = "record",
         policy: str = "explicit",
-        correlation_id: str = MEMORY_STREAM,
+        root_id: str = "",
         actor: str | None = None,
     ) -> Envelope:
         """Write one record (an explicit write, e.g. by an operator)."""
         data = ev.MemoryWritten(
-            key=key, value=value, text=text, tags=list(tags), kind=kind, policy=policy
+            key=key,
+            value=value,
+            text=text,
+            tags=list(tags),
+            kind=kind,
+            policy=policy,
+            root_id=root_id,
         )
         (env,) = await self.append(
-            [NewEvent(data=data, correlation_id=correlation_id, actor=actor or self.actor)]
+            [NewEvent(data=data, correlation_id=MEMORY_STREAM, actor=actor or self.actor)]
         )
         return env
 
@@ -291,12 +299,12 @@ class MemoryKeeper:
         return [
             NewEvent(
                 data=m,
-                correlation_id=env.correlation_id,
+                correlation_id=MEMORY_STREAM,
                 causation_id=env.event_id,
                 actor=f"memory-policy:{self.policy.name}",
                 event_id=derived_id(f"{env.event_id}|{m.key}", env.recorded_at),
             )
-            for m in pending
+            for m in (msgspec.structs.replace(p, root_id=env.correlation_id) for p in pending)
         ]
 
     async def process(self, events: Iterable[Envelope]) -> builtins.list[Envelope]:

@@ -284,6 +284,7 @@ class MemoryWritten(_Event, frozen=True, kw_only=True, tag="memory.written.v1"):
     tags: list[str] = []
     source_task_id: str | None = None
     kind: str = "record"  # "record" | "preference" | "failure"
+    root_id: str = ""  # the run it came from ("" for an explicit write)
     policy: str = ""  # the write policy that marked it reusable
 
 

@@ -3,11 +3,11 @@
 Where it lives in the log: every long-term write is a ``memory.written.v1``
 and every forget a ``memory.forgotten.v1`` on the one stream ``memory``
 (:data:`MEMORY_STREAM`), so the whole memory has one version, one hash chain
-(``cardbus verify memory``) and an exact order of writes and forgets. The
-event's ``correlation_id`` is the run that produced the record (or
-``memory`` for a write from the command line) and its ``causation_id`` the
-event that caused it (a ``run.completed`` or ``task.failed``), so every
-record can be traced back to where it came from.
+(``cardbus verify memory``) and an exact order of writes and forgets. Their
+``correlation_id`` is ``memory`` too (a run's own events stay the run's);
+a written record names the run it came from (``root_id``) and the event's
+``causation_id`` the event that caused it (a ``run.completed`` or
+``task.failed``), so every record can be traced back to where it came from.
 
 The fold keeps the latest write of each key; a forget removes the key, so its
 content no longer appears in :meth:`MemoryFold.get`, :meth:`~MemoryFold.list`
@@ -109,7 +109,7 @@ class MemoryFold:
                 kind=data.kind,
                 policy=data.policy,
                 source_task_id=data.source_task_id,
-                root_id=env.correlation_id,
+                root_id=data.root_id,
                 event_id=env.event_id,
                 position=env.position,
                 version=env.version,

@@ -169,6 +169,7 @@ async def test_keeper_stores_preferences_only_when_the_run_completes() -> None:
     # the memory events name their cause
     log = await store.read_stream(MEMORY_STREAM)
     causes = {e.causation_id for e in log}
+    assert {e.correlation_id for e in log} == {MEMORY_STREAM}  # a run's own events stay the run's
     run_completed = (await store.read_stream("ok-run"))[-1]
     assert run_completed.event_id in causes
 
