@@ -37,8 +37,10 @@ power loss; ``OFF`` leaves it to the OS.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
+import itertools
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -93,6 +95,7 @@ _MAX_INFLIGHT = 2  # batches handed to the writer thread at once (a two-stage pi
 _MAX_CACHED_HEADS = 100_000
 _IN_CHUNK = 500  # bound on "IN (?, ...)" parameters per statement
 _PAGE = 2000  # events per read while a subscription catches up
+_RECENT = 8192  # committed envelopes kept for live subscribers in this process
 
 Outcome = list[Envelope] | CardbusError
 
@@ -292,6 +295,7 @@ class SqliteEventStore(EventStore):
         self._idle.set()
         self._commit_waiters: list[asyncio.Future[None]] = []
         self._last_committed = 0
+        self._recent: collections.deque[Envelope] = collections.deque(maxlen=_RECENT)
         self._closed = False
 
     @classmethod
@@ -408,6 +412,7 @@ class SqliteEventStore(EventStore):
             return
         if written:
             self.commits += 1
+            self._remember(outcomes, top, written)
             self._last_committed = max(self._last_committed, top)
             waiters, self._commit_waiters = self._commit_waiters, []
             for w in waiters:
@@ -423,6 +428,33 @@ class SqliteEventStore(EventStore):
             else:
                 r.future.set_result(outcome)
         self._kick()
+
+    def _remember(self, outcomes: list[Outcome | None], top: int, written: int) -> None:
+        """Keep the envelopes this commit wrote, for live subscribers in this process.
+
+        They are exactly positions ``top - written + 1 .. top``; the cache only
+        ever holds a gap-free run of positions, so a subscriber served from it
+        misses nothing (it reads the file for anything before the cache).
+        """
+        first = top - written + 1
+        new = sorted(
+            (e for o in outcomes if isinstance(o, list) for e in o if e.position >= first),
+            key=lambda e: e.position,
+        )
+        if len(new) != written:
+            self._recent.clear()
+            return
+        if self._recent and self._recent[-1].position + 1 != first:
+            self._recent.clear()  # another process wrote in between
+        self._recent.extend(new)
+
+    def _cached_from(self, position: int) -> list[Envelope]:
+        """Envelopes from ``position`` on if the cache holds ``position``, else []."""
+        if not self._recent or not (
+            self._recent[0].position <= position <= self._recent[-1].position
+        ):
+            return []
+        return list(itertools.islice(self._recent, position - self._recent[0].position, None))
 
     # -- reading -------------------------------------------------------------
 
@@ -471,11 +503,13 @@ class SqliteEventStore(EventStore):
     async def subscribe(self, from_position: int = 0) -> AsyncIterator[Envelope]:
         next_position = max(from_position, 1)
         while True:
-            page = await self.read_all(next_position, _PAGE)
+            # Live subscribers in this process are served what this process just
+            # committed without reading it back; anything else comes from the file.
+            page = self._cached_from(next_position) or await self.read_all(next_position, _PAGE)
             for env in page:
                 yield env
                 next_position = env.position + 1
-            if len(page) == _PAGE:
+            if len(page) >= _PAGE:
                 continue
             # Live: woken by our own commits, polling for other processes' commits.
             if self._last_committed >= next_position:

@@ -248,3 +248,29 @@ async def test_read_pages_are_consistent_with_subscribe(sqlite_store: SqliteEven
             if len(seen) == total:
                 break
     assert seen == list(range(1, total + 1))
+
+
+async def test_live_subscriber_misses_nothing_when_two_processes_interleave(tmp_path: Path) -> None:
+    """Our own commits are served to our subscribers from memory; another connection's
+    commits land between them, and the subscriber must still see every position once."""
+    path = tmp_path / "log.db"
+    async with opened(path, poll_interval=0.01) as ours, opened(path) as theirs:
+        seen: list[Envelope] = []
+        total = 60
+
+        async def follow() -> None:
+            async with contextlib.aclosing(ours.subscribe()) as it:  # type: ignore[type-var]
+                async for env in it:
+                    seen.append(env)
+                    if len(seen) == total:
+                        return
+
+        task = asyncio.ensure_future(follow())
+        for i in range(total // 2):
+            await ours.append(f"o{i}", [created()], 0)
+            await theirs.append(f"t{i}", [created()], 0)
+            if i % 7 == 0:
+                await asyncio.sleep(0.02)  # let the subscriber go live in between
+        await asyncio.wait_for(task, 10)
+        assert [e.position for e in seen] == list(range(1, total + 1))
+        assert seen == await ours.read_all()
