@@ -454,7 +454,9 @@ class SqliteEventStore(EventStore):
             self._recent[0].position <= position <= self._recent[-1].position
         ):
             return []
-        return list(itertools.islice(self._recent, position - self._recent[0].position, None))
+        # a live subscriber wants the newest few: walk in from the right end
+        wanted = self._recent[-1].position - position + 1
+        return list(itertools.islice(reversed(self._recent), wanted))[::-1]
 
     # -- reading -------------------------------------------------------------
 
