@@ -67,6 +67,7 @@ __all__ = [
     "send_task",
     "traced_handler",
     "tracer",
+    "use_tracer_provider",
     "use_traceparent",
 ]
 
@@ -83,14 +84,15 @@ _LAZY_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 def enabled() -> bool:
-    """True once an SDK (any real ``TracerProvider``) is set globally.
+    """True once an SDK (any real ``TracerProvider``) is set globally, or one is in use
+    through :func:`use_tracer_provider`.
 
     The global provider can be set only once, so a yes is remembered; until
     then the check is one attribute read (the API's ``get_tracer_provider``
     looks at ``os.environ`` on every call, ~1 us).
     """
     global _enabled
-    if _enabled:
+    if _enabled or _provider is not None:
         return True
     if not _LAZY_PROVIDER and getattr(trace, "_TRACER_PROVIDER", _MISSING) is None:
         return False
@@ -98,8 +100,30 @@ def enabled() -> bool:
     return _enabled
 
 
+_provider: trace.TracerProvider | None = None
+
+
+def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """Trace cardbus into ``provider`` instead of the global one (None: the global again).
+
+    For tests and for programs that keep cardbus's spans apart; the global
+    provider (``opentelemetry.trace.set_tracer_provider``) is the usual way.
+    """
+    global _provider
+    _provider = provider
+
+
+_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer]] = {}
+
+
 def tracer() -> trace.Tracer:
-    return trace.get_tracer(TRACER_NAME)
+    """cardbus's tracer from the provider in use (made once per provider)."""
+    provider = _provider if _provider is not None else trace.get_tracer_provider()
+    cached = _tracers.get(id(provider))
+    if cached is None or cached[0] is not provider:
+        cached = (provider, provider.get_tracer(TRACER_NAME))
+        _tracers[id(provider)] = cached
+    return cached[1]
 
 
 # -- traceparent ---------------------------------------------------------------

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -99,22 +98,23 @@ def otlp_receiver() -> Iterator[Receiver]:
 
 
 _EXPORTER = InMemorySpanExporter()
-
-
-def _install() -> None:
-    """The SDK provider of this test process (set once), exporting to ``_EXPORTER``."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    if not getattr(provider, "_cardbus_test_exporter", False):
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        provider._cardbus_test_exporter = True  # type: ignore[attr-defined]
+_PROVIDER = TracerProvider()
+_PROVIDER.add_span_processor(SimpleSpanProcessor(_EXPORTER))
 
 
 @pytest.fixture
 def sdk_spans() -> Iterator[InMemorySpanExporter]:
-    _install()
+    """cardbus traced into an SDK provider with an in-memory exporter, for this test only.
+
+    The provider is not made global (``bus.telemetry.use_tracer_provider``), so
+    other tests in this process run without tracing, as they expect.
+    """
+    from bus import telemetry
+
     _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+    telemetry.use_tracer_provider(_PROVIDER)
+    try:
+        yield _EXPORTER
+    finally:
+        telemetry.use_tracer_provider(None)
+        _EXPORTER.clear()
