@@ -17,6 +17,7 @@ from agents.agent import Agent
 from agents.cards import Announce, ResultCard, Started, TaskCard
 from agents.llm import LLM
 from agents.requests import REQUESTER
+from eventstore.errors import BusError
 
 from . import telemetry
 from .interface import Bus
@@ -87,4 +88,8 @@ class AgentWorker:
         finally:
             self._running.pop(key, None)
             if not future.done():
-                future.cancel()
+                # A duplicate delivery waiting on this run gets an ordinary error
+                # (its card is redelivered), never a CancelledError that would end
+                # its consumer.
+                future.set_exception(BusError(f"attempt {key} was abandoned before answering"))
+                future.exception()  # retrieved: no "never retrieved" warning if nobody waits

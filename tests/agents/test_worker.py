@@ -238,3 +238,32 @@ async def test_malformed_reply_bytes_reach_on_bad_message(bus: InProcessBus) -> 
     (r,) = await take(replies, 1)
     assert isinstance(r, Started)
     assert bad == ["cardbus.reply"]
+
+
+async def test_a_duplicate_waiting_on_an_abandoned_run_gets_an_error_not_a_cancel() -> None:
+    """The first delivery's run is cancelled mid-way; the duplicate waiting on it must
+    see an ordinary exception (so its consumer redelivers), not CancelledError."""
+    from eventstore.errors import BusError
+
+    class Hanging(Agent):
+        agent_id = "hanging"
+        description = "never answers"
+        capabilities = [Capability("echo", EchoIn, EchoOut, "echo")]
+
+        async def handle(self, task: TaskCard, inputs: EchoIn, ctx: TaskContext) -> EchoOut:
+            await asyncio.sleep(60)
+            raise AssertionError("unreachable")
+
+    b = InProcessBus()
+    try:
+        worker = AgentWorker(b, Hanging)
+        first = asyncio.ensure_future(worker._on_card(card()))
+        await asyncio.sleep(0.05)  # the first delivery is running the handler
+        duplicate = asyncio.ensure_future(worker._on_card(card()))
+        await asyncio.sleep(0.05)  # the duplicate waits on the same run
+        first.cancel()
+        with pytest.raises(BusError):
+            await asyncio.wait_for(duplicate, 2)
+        assert not duplicate.cancelled()
+    finally:
+        await b.close()
