@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from agents.cards import Reply, ResultCard, Review, Started, TaskCard
+from agents.context import fit_card
 from agents.schema import schema_errors
 from agents.selection import Embedder, HashingEmbedder, hard_filter, rank
 from eventstore import TaskState
@@ -470,6 +471,10 @@ class Decider:
         attempt = task.attempt + 1
         card = self.card_for(task, attempt)
         c = task.created
+        # context budget: fit upstream outputs into the capable agents' max input size
+        card, trimmed = fit_card(
+            card, c.inputs, self.state.agents.values(), self.policy.context_policy
+        )
         candidates = rank(
             self.state.agents.values(),
             c.capability,
@@ -499,6 +504,8 @@ class Decider:
             return
         digest = hashlib.sha256(msgspec.json.encode(card.inputs, order="sorted")).hexdigest()
         deadline = self.now + c.timeout_s
+        if trimmed is not None:
+            self.d.add(task.task_id, trimmed)  # recorded with the dispatch it shaped
         for i, chosen in enumerate(candidates[: max(1, c.fanout)]):
             self.d.add(
                 task.task_id,

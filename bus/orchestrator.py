@@ -26,6 +26,7 @@ import msgspec
 
 from agents.cards import AgentCard, Announce
 from agents.selection import Embedder
+from agents.tools import ToolRegistry
 from eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
     ConcurrencyError,
@@ -37,6 +38,7 @@ from eventstore import (
 )
 from eventstore import events as ev
 from eventstore.errors import (
+    BusError,
     CardbusError,
     DecodeError,
     InvalidPlan,
@@ -44,8 +46,11 @@ from eventstore.errors import (
     ValidationError,
 )
 
+from .access import AccessPolicy, RequestBroker
+from . import telemetry
 from .decisions import Decider, Decisions
 from .interface import Bus
+from .memory import LongTermMemory
 from .plan import Plan, validate_plan
 from .policy import Policy
 from .runstate import RunState
@@ -54,6 +59,16 @@ __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 
 log = logging.getLogger(__name__)
 _TICK = object()
+
+
+@dataclass
+class _Record:
+    """Events an agent request produced, for the decision loop to append to ``stream``."""
+
+    stream: str
+    events: list[ev.Event]
+    done: asyncio.Future[None]
+    tries: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,9 @@ class Orchestrator:
         policy: Policy | None = None,
         embedder: Embedder | None = None,
         rng: random.Random | None = None,
+        tools: ToolRegistry | None = None,
+        memory: LongTermMemory | None = None,
+        access: AccessPolicy | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -87,6 +105,11 @@ class Orchestrator:
         self._parked: list[object] = []  # replies waiting for a busy stream
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []
+        self.tracing = telemetry.RunTracing()  # spans per run; no-ops without an SDK
+        # agent requests (task and long-term memory, tools): checked, recorded, answered
+        memory = memory if memory is not None else LongTermMemory(store, embedder)
+        self.broker = RequestBroker(self.state, self.record, tools, memory, access)
+        self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -99,6 +122,10 @@ class Orchestrator:
             if len(page) < 5000:
                 break
         self.bus.on_bad_message = self._on_bad_message
+        try:
+            await self.bus.serve_requests(self.broker.handle)
+        except BusError:
+            log.info("%s carries no agent requests", type(self.bus).__name__)
         self._loops = [
             asyncio.create_task(self._follow_log(), name="orchestrator-log"),
             asyncio.create_task(self._pump_replies(), name="orchestrator-replies"),
@@ -149,6 +176,7 @@ class Orchestrator:
             return root_id
         fresh = root_id is None
         root_id = root_id or new_id()
+        self.tracing.start_run(root_id, plan_id, plan.goal)
         ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
         started = ev.RunStarted(
             goal=plan.goal,
@@ -231,6 +259,13 @@ class Orchestrator:
     async def deny(self, task_id: str, by: str = "api", note: str = "") -> None:
         await answer_approval(self.store, task_id, False, by, note)
 
+    async def record(self, stream: str, events: list[ev.Event]) -> None:
+        """Append an agent request's events to ``stream`` through the decision loop (so
+        they never race the stream's own decisions); returns once they are durable."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Record(stream, list(events), done))
+        await done
+
     # -- the loops -----------------------------------------------------------
 
     async def _follow_log(self) -> None:
@@ -278,6 +313,12 @@ class Orchestrator:
                 continue
             elif isinstance(item, Announce):
                 await self.register(item.card)
+            elif isinstance(item, _Record):
+                if decider.d.touched(item.stream):
+                    self._parked.append(item)  # after the stream's append in flight
+                else:
+                    decider.d.add(item.stream, *item.events)
+                    self._records.setdefault(item.stream, []).append(item)
             else:
                 decider.on_reply(item)  # type: ignore[arg-type]
                 task = self.state.tasks.get(getattr(item, "task_id", ""))
@@ -333,7 +374,11 @@ class Orchestrator:
             done = [s for s, r in appended if r is None]
             for stream, error in [*blocked.items(), *appended]:
                 self._unstorable(d, stream, error)
-            sends = [self.bus.send_task(a, card) for s in done for a, card in d.sends.get(s, [])]
+            sends = [
+                self.tracing.send_task(self.bus, a, card)
+                for s in done
+                for a, card in d.sends.get(s, [])
+            ]
             for outcome in await asyncio.gather(*sends, return_exceptions=True):
                 if isinstance(outcome, BaseException):
                     log.warning("send failed, the attempt will time out and retry: %r", outcome)
@@ -341,6 +386,9 @@ class Orchestrator:
             self._busy.difference_update(streams)
             for stream in streams:
                 self._expected.pop(stream, None)
+                for rec in self._records.pop(stream, []):  # never appended (e.g. blocked)
+                    if not rec.done.done():
+                        rec.done.set_exception(BusError(f"not recorded on {stream}"))
             parked, self._parked = self._parked, []
             for reply in parked:
                 self._queue.put_nowait(reply)
@@ -394,12 +442,38 @@ class Orchestrator:
         if isinstance(data[0], ev.TaskCreated):
             root = data[0].root_id
         expected = self._expected.get(stream, self.state.versions.get(stream, 0))
-        await self._append(stream, data, expected, root)
+        try:
+            await self._append(stream, data, expected, root)
+        except BaseException as e:
+            self._settle_records(stream, data, e)
+            raise
+        self._settle_records(stream, data, None)
+
+    def _settle_records(
+        self, stream: str, data: list[ev.Event], error: BaseException | None
+    ) -> None:
+        """Tell the requests whose events were in this append how it went; retry a race."""
+        for rec in self._records.pop(stream, []):
+            if rec.done.done():
+                continue
+            if isinstance(error, ConcurrencyError) and rec.tries < 5:
+                rec.tries += 1
+                self._parked.append(rec)  # decided again on the stream's new version
+            elif error is not None:
+                rec.done.set_exception(error)
+            elif not all(any(e is x for x in data) for e in rec.events):
+                rec.done.set_exception(BusError(f"not recorded: {stream} was halted"))
+            else:
+                rec.done.set_result(None)
 
     async def _append(
         self, stream: str, data: Iterable[ev.Event], expected: int, root: str
     ) -> list[Envelope]:
-        new = [NewEvent(data=x, correlation_id=root, actor=self.policy.actor) for x in data]
+        tp = self.tracing.traceparent(root)
+        new = [
+            NewEvent(data=x, correlation_id=root, actor=self.policy.actor, traceparent=tp)
+            for x in data
+        ]
         stored = await self.store.append(stream, new, expected)
         for env in stored:
             self._apply(env)
@@ -420,6 +494,7 @@ class Orchestrator:
     def _apply(self, env: Envelope) -> None:
         if not self.state.apply(env):
             return
+        self.tracing.on_event(env)
         if isinstance(env.data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
             result = self._result(env.stream)
             for future in self._waiters.pop(env.stream, []):

@@ -20,3 +20,4 @@ class Policy:
     max_needs_input_rounds: int = 10
     tick_s: float = 0.02  # how often deadlines and backoffs are checked
     actor: str = "orchestrator"
+    context_policy: str = "trim"  # fits upstream outputs to max_input_bytes: trim | summarise
