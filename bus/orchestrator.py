@@ -46,8 +46,8 @@ from eventstore.errors import (
     ValidationError,
 )
 
-from .access import AccessPolicy, RequestBroker
 from . import telemetry
+from .access import AccessPolicy, RequestBroker
 from .decisions import Decider, Decisions
 from .interface import Bus
 from .memory import LongTermMemory
