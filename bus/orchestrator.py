@@ -90,6 +90,7 @@ class Orchestrator:
         tools: ToolRegistry | None = None,
         memory: LongTermMemory | None = None,
         access: AccessPolicy | None = None,
+        serve_requests: bool | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -106,7 +107,13 @@ class Orchestrator:
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []
         self.tracing = telemetry.RunTracing()  # spans per run; no-ops without an SDK
-        # agent requests (task and long-term memory, tools): checked, recorded, answered
+        # agent requests (task and long-term memory, tools): checked, recorded, answered;
+        # served when asked to, or (None) when given tools, memory or an access policy
+        self.serve_requests = (
+            serve_requests
+            if serve_requests is not None
+            else any(x is not None for x in (tools, memory, access))
+        )
         memory = memory if memory is not None else LongTermMemory(store, embedder)
         self.broker = RequestBroker(self.state, self.record, tools, memory, access)
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
@@ -122,10 +129,11 @@ class Orchestrator:
             if len(page) < 5000:
                 break
         self.bus.on_bad_message = self._on_bad_message
-        try:
-            await self.bus.serve_requests(self.broker.handle)
-        except BusError:
-            log.info("%s carries no agent requests", type(self.bus).__name__)
+        if self.serve_requests:
+            try:
+                await self.bus.serve_requests(self.broker.handle)
+            except BusError:
+                log.info("%s carries no agent requests", type(self.bus).__name__)
         self._loops = [
             asyncio.create_task(self._follow_log(), name="orchestrator-log"),
             asyncio.create_task(self._pump_replies(), name="orchestrator-replies"),

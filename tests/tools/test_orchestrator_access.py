@@ -229,3 +229,15 @@ async def test_upstream_outputs_are_fitted_to_the_agents_budget(tmp_path: Path) 
         assert kinds.index("ContextTrimmed") < kinds.index("TaskDispatched")  # recorded first
     finally:
         await store.close()
+
+
+def test_an_orchestrator_serves_requests_when_given_tools_memory_or_asked() -> None:
+    from bus.inprocess import InProcessBus
+    from bus.orchestrator import Orchestrator
+    from eventstore import MemoryEventStore
+
+    store, bus = MemoryEventStore(), InProcessBus()
+    assert not Orchestrator(store, bus).serve_requests  # another server may own the path
+    assert Orchestrator(store, bus, tools=ToolRegistry()).serve_requests
+    assert Orchestrator(store, bus, serve_requests=True).serve_requests
+    assert not Orchestrator(store, bus, tools=ToolRegistry(), serve_requests=False).serve_requests
