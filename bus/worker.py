@@ -57,7 +57,7 @@ class AgentWorker:
     async def _run(self, card: TaskCard, key: tuple[str, int]) -> ResultCard:
         future: asyncio.Future[ResultCard] = asyncio.get_running_loop().create_future()
         self._running[key] = future
-        REQUESTER.set(self.bus.request)  # ctx.tool / ctx.memory / ctx.read_output ask through it
+        REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
         try:
             await self.bus.reply(
                 Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)
