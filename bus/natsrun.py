@@ -34,6 +34,7 @@ from eventstore import EventStore
 from eventstore.errors import BusError, CardbusError
 from eventstore.nats import NatsEventStore
 
+from .memory import LongTermMemory, MemoryKeeper
 from .nats import NatsBus
 from .nats import agent_inbox_prefix as inbox_prefix_of
 from .natsconn import NatsOptions
@@ -88,7 +89,12 @@ class NatsRuntime:
                 self.store = self._given_store
             else:
                 self.store = await NatsEventStore.from_connection(nc, **self.store_options)
-            self.orchestrator = Orchestrator(self.store, self.bus, self.policy)
+            # Agents' requests (read_output, long-term memory) are served here too.
+            self.memory = LongTermMemory(self.store)
+            self.keeper = MemoryKeeper(self.store, None, self.memory)
+            self.orchestrator = Orchestrator(
+                self.store, self.bus, self.policy, memory=self.memory, serve_requests=True
+            )
             await self.orchestrator.start()
             if self.agents:
                 # the agents get their own connection, as they would in their own process
@@ -150,7 +156,9 @@ class NatsRuntime:
         self, plan: Plan, timeout: float | None = 60, agent_timeout: float = 30.0
     ) -> RunResult:
         root = await self.submit(plan, agent_timeout)
-        return await self.orchestrator.wait(root, timeout)
+        result = await self.orchestrator.wait(root, timeout)
+        await self.keeper.settle(result.root_id)  # what long-term memory keeps of the run
+        return result
 
 
 async def serve_agents(
