@@ -31,6 +31,10 @@ test: check
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python bench/eventstore_bench.py
+	$(BIN)/python bench/pipeline_bench.py
+	$(BIN)/python bench/replay_bench.py --events 100000
+	$(BIN)/python bench/tracing_bench.py
+	$(BIN)/python bench/nats_bench.py
 
 clean:
 	rm -rf $(VENV) cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj*
