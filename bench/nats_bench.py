@@ -33,9 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline_bench import pipeline_plan  # noqa: E402  (the same plan as the embedded benchmark)
+
 from bus.natsconn import NatsOptions  # noqa: E402
 from bus.natsrun import LocalNatsServer, NatsRuntime  # noqa: E402
-from bus.plan import Plan, PlanTask  # noqa: E402
 
 AGENTS = """
 import msgspec
@@ -58,27 +59,6 @@ def _agent(name):
 
 Research, Draft, Review = _agent("research"), _agent("draft"), _agent("review")
 """
-
-
-def pipeline_plan() -> Plan:
-    return Plan(
-        goal="bench",
-        tasks=[
-            PlanTask(id="research", capability="research", inputs={"text": "topic"}),
-            PlanTask(
-                id="draft",
-                capability="draft",
-                deps=["research"],
-                inputs={"text": {"$dep": "research", "path": "text"}},
-            ),
-            PlanTask(
-                id="review",
-                capability="review",
-                deps=["draft"],
-                inputs={"text": {"$dep": "draft", "path": "text"}},
-            ),
-        ],
-    )
 
 
 async def measure(
