@@ -61,6 +61,13 @@ log = logging.getLogger(__name__)
 _TICK = object()
 
 
+@dataclass(frozen=True)
+class _Changed:
+    """Runs whose streams were just written: only they need looking at again."""
+
+    roots: frozenset[str]
+
+
 @dataclass
 class _Record:
     """Events an agent request produced, for the decision loop to append to ``stream``."""
@@ -317,6 +324,8 @@ class Orchestrator:
         for item in items:
             if item is _TICK:
                 dirty.update(self.state.open)
+            elif isinstance(item, _Changed):
+                dirty.update(item.roots)
             elif isinstance(item, Envelope):
                 continue
             elif isinstance(item, Announce):
@@ -400,7 +409,13 @@ class Orchestrator:
             parked, self._parked = self._parked, []
             for reply in parked:
                 self._queue.put_nowait(reply)
-            self._queue.put_nowait(_TICK)
+            # Not a tick: a tick looks at every open run, and this happens after
+            # every commit; the clock's own ticks still catch deadlines everywhere.
+            self._queue.put_nowait(_Changed(frozenset(self._root_of(s) for s in streams)))
+
+    def _root_of(self, stream: str) -> str:
+        task = self.state.tasks.get(stream)
+        return task.created.root_id if task is not None else stream
 
     def _unstorable(self, d: Decisions, stream: str, error: BaseException | None) -> None:
         """A result the log refused (too large, not encodable) becomes a failed result.
