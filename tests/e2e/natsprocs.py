@@ -14,11 +14,33 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from agents import Agent, Capability
 from eventstore import Envelope
 from eventstore import events as ev
 from eventstore.nats import NatsEventStore
 
 REPO = Path(__file__).resolve().parents[2]
+
+# Bus settings that make redelivery and reply acks quick enough for tests.
+FAST_BUS = {"ack_wait": 1.0, "fetch_wait": 0.5, "reply_ack_wait": 2.0}
+
+
+class N(msgspec.Struct):
+    n: int
+
+
+class Quick(Agent):
+    """The in-process test agent (the AGENTS source below is for subprocesses)."""
+
+    agent_id = "quick"
+    description = "adds one"
+    capabilities = [Capability("quick", N, N, "add one")]
+
+    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
+        return N(n=inputs.n + 1)
+
 
 AGENTS = """
 import asyncio, os, msgspec

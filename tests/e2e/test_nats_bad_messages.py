@@ -7,7 +7,7 @@ import asyncio
 
 import msgspec
 import pytest
-from natsprocs import read_log, until
+from natsprocs import FAST_BUS, N, Quick, read_log, until
 from natsserver import NatsServer
 
 from agents import Agent, Capability
@@ -23,21 +23,8 @@ from eventstore.nats import NatsEventStore
 BIG = 2 * 1024 * 1024  # over the bus's 1 MiB limit, under the test server's max_payload
 
 
-class N(msgspec.Struct):
-    n: int
-
-
 class Big(msgspec.Struct):
     blob: str
-
-
-class Quick(Agent):
-    agent_id = "quick"
-    description = "adds one"
-    capabilities = [Capability("quick", N, N, "add one")]
-
-    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
-        return N(n=inputs.n + 1)
 
 
 class Huge(Agent):
@@ -47,9 +34,6 @@ class Huge(Agent):
 
     async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
         return Big(blob="x" * BIG)
-
-
-FAST = {"ack_wait": 1.0, "fetch_wait": 0.5, "reply_ack_wait": 2.0}
 
 
 async def dead_letters(url: str) -> list[tuple[str, str, int]]:
@@ -78,11 +62,11 @@ async def test_bad_messages_on_inbox_and_reply_subjects(nats_server: NatsServer)
     url = nats_server.url
     stop, ready = asyncio.Event(), asyncio.Event()
     serving = asyncio.create_task(
-        serve_agents(NatsOptions(url=url), [Quick, Huge], stop, bus_options=FAST, ready=ready)
+        serve_agents(NatsOptions(url=url), [Quick, Huge], stop, bus_options=FAST_BUS, ready=ready)
     )
     try:
         await asyncio.wait_for(ready.wait(), 10)
-        async with NatsRuntime(NatsOptions(url=url), bus_options=FAST) as rt:
+        async with NatsRuntime(NatsOptions(url=url), bus_options=FAST_BUS) as rt:
             raw = rt.bus
             await raw.send_raw("quick", b"\x00\x01 not json")  # malformed card
             await raw.send_raw("quick", b'{"type": "task_card"}')  # well-formed, invalid
@@ -163,7 +147,7 @@ async def test_a_malformed_message_on_the_event_subjects_is_a_clear_error(
 async def test_oversized_publish_beyond_the_server_limit_is_a_typed_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     server = NatsServer(tmp_path / "small", max_payload=64 * 1024).start()
     try:
-        bus = await NatsBus.connect(server.url, **FAST)
+        bus = await NatsBus.connect(server.url, **FAST_BUS)
         try:
             with pytest.raises(PayloadTooLarge):
                 await bus.send_raw("quick", b"x" * (100 * 1024))

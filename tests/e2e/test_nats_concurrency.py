@@ -7,8 +7,18 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import msgspec
-from natsprocs import chain_plan, check_log, count, per_task, read_log, until, verify
+from natsprocs import (
+    FAST_BUS,
+    N,
+    Quick,
+    chain_plan,
+    check_log,
+    count,
+    per_task,
+    read_log,
+    until,
+    verify,
+)
 from natsserver import NatsCluster, NatsServer
 
 from agents import Agent, Capability
@@ -17,19 +27,6 @@ from bus.natsrun import NatsRuntime, serve_agents
 from bus.plan import decode_plan
 from eventstore import events as ev
 from eventstore.errors import StoreUnavailable
-
-
-class N(msgspec.Struct):
-    n: int
-
-
-class Quick(Agent):
-    agent_id = "quick"
-    description = "adds one"
-    capabilities = [Capability("quick", N, N, "add one")]
-
-    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
-        return N(n=inputs.n + 1)
 
 
 class Slow(Agent):
@@ -42,9 +39,6 @@ class Slow(Agent):
         return N(n=inputs.n + 10)
 
 
-FAST = {"ack_wait": 1.0, "fetch_wait": 0.5, "reply_ack_wait": 2.0}
-
-
 def plan(plan_id: str, slow_timeout: float = 5.0):  # type: ignore[no-untyped-def]
     return decode_plan(json.dumps(chain_plan(plan_id, slow_timeout)).encode())
 
@@ -55,15 +49,15 @@ async def test_two_orchestrators_on_the_same_log_stay_consistent(nats_server: Na
     ready = asyncio.Event()
     serving = asyncio.create_task(
         serve_agents(
-            NatsOptions(url=url), [Quick, Slow], stop, replicas=2, bus_options=FAST, ready=ready
+            NatsOptions(url=url), [Quick, Slow], stop, replicas=2, bus_options=FAST_BUS, ready=ready
         )
     )
     try:
         await asyncio.wait_for(ready.wait(), 10)
         opts = NatsOptions(url=url)
         async with (
-            NatsRuntime(opts, bus_options={**FAST, "reply_durable": "orch-a"}, name="a") as a,
-            NatsRuntime(opts, bus_options={**FAST, "reply_durable": "orch-b"}, name="b") as b,
+            NatsRuntime(opts, bus_options={**FAST_BUS, "reply_durable": "orch-a"}, name="a") as a,
+            NatsRuntime(opts, bus_options={**FAST_BUS, "reply_durable": "orch-b"}, name="b") as b,
         ):
             # the same plan submitted to both at once is one run
             same = await asyncio.gather(
@@ -120,7 +114,7 @@ async def test_three_node_cluster_loses_a_node_mid_run_and_nothing(tmp_path: Pat
         url = cluster.url
         stop = asyncio.Event()
         ready = asyncio.Event()
-        bus_r3 = {**FAST, "replicas": 3}
+        bus_r3 = {**FAST_BUS, "replicas": 3}
         serving = asyncio.create_task(
             serve_agents(NatsOptions(url=url), [Quick, Slow], stop, bus_options=bus_r3, ready=ready)
         )

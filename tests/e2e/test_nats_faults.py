@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from natsprocs import (
+    FAST_BUS,
     Proc,
     agent_proc,
     chain_plan,
@@ -30,8 +31,6 @@ from bus.natsconn import NatsOptions
 from bus.natsrun import NatsRuntime
 from bus.plan import decode_plan
 from eventstore import events as ev
-
-FAST_BUS = {"ack_wait": 1.0, "fetch_wait": 0.5, "reply_ack_wait": 2.0}
 
 
 async def test_sigkill_an_agent_mid_task_another_replica_finishes_it(

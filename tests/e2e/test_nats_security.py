@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgspec
 import nats.errors
+from natsprocs import FAST_BUS, N, Quick
 from natsserver import NatsServer
 
 from agents import Agent, Capability
@@ -22,19 +22,6 @@ from eventstore.nats import NatsEventStore
 from tools.cmd_nats import authorization_config
 
 
-class N(msgspec.Struct):
-    n: int
-
-
-class Quick(Agent):
-    agent_id = "quick"
-    description = "adds one"
-    capabilities = [Capability("quick", N, N, "add one")]
-
-    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
-        return N(n=inputs.n + 1)
-
-
 class Slow(Agent):
     agent_id = "slow"
     description = "adds ten"
@@ -42,9 +29,6 @@ class Slow(Agent):
 
     async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
         return N(n=inputs.n + 10)
-
-
-FAST = {"ack_wait": 1.0, "fetch_wait": 0.5, "reply_ack_wait": 2.0}
 
 
 def as_agent(url: str, agent_id: str) -> NatsOptions:
@@ -58,13 +42,13 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
     with NatsServer(tmp_path / "nats", extra_config=config) as server:
         url = server.url
         orch = NatsOptions(url=url, user="orchestrator", password="pw")
-        async with NatsRuntime(orch, bus_options=FAST) as rt:
+        async with NatsRuntime(orch, bus_options=FAST_BUS) as rt:
             # 1. the documented permissions are enough for a whole run
             stops = {a.agent_id: asyncio.Event() for a in (Quick, Slow)}
             serving = [
                 asyncio.create_task(
                     serve_agents(
-                        as_agent(url, a.agent_id), [a], stops[a.agent_id], bus_options=FAST
+                        as_agent(url, a.agent_id), [a], stops[a.agent_id], bus_options=FAST_BUS
                     )
                 )
                 for a in (Quick, Slow)
@@ -89,7 +73,7 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
                 return AgentResponse(request_id=r.request_id, ok=True, result=r.agent_id)
 
             await rt.bus.serve_requests(serve)
-            quick_bus = await NatsBus.connect(as_agent(url, "quick"), **FAST)
+            quick_bus = await NatsBus.connect(as_agent(url, "quick"), **FAST_BUS)
             try:
                 ask = AgentRequest(
                     request_id="q1", task_id="t", attempt=1, agent_id="quick", kind="tool"
@@ -187,7 +171,7 @@ async def test_connection_options_token_and_tls_serve_bus_and_store_alike(tmp_pa
             tls_cert=str(tls.client_cert),
             tls_key=str(tls.client_key),
         )
-        async with NatsRuntime(opts, [Quick], bus_options=FAST) as rt:
+        async with NatsRuntime(opts, [Quick], bus_options=FAST_BUS) as rt:
             plan = Plan(goal="tls", tasks=[PlanTask(id="a", capability="quick", inputs={"n": 1})])
             result = await rt.run(plan, timeout=20, agent_timeout=10)
         assert result.status == "completed"
