@@ -29,6 +29,8 @@ from .schema import schema_errors
 __all__ = [
     "AgentStat",
     "Embedder",
+    "CachingEmbedder",
+    "DEFAULT_EMBEDDER",
     "HashingEmbedder",
     "StatsSource",
     "Weights",
@@ -60,6 +62,27 @@ class HashingEmbedder:
             vec[h % self.dim] += 1.0 if (h >> 63) else -1.0
         norm = math.sqrt(sum(v * v for v in vec)) or 1.0
         return [v / norm for v in vec]
+
+
+class CachingEmbedder:
+    """Remembers embeddings: goals and capability descriptions repeat across dispatches."""
+
+    def __init__(self, inner: Embedder, size: int = 4096) -> None:
+        self.inner = inner
+        self.size = size
+        self._cache: dict[str, list[float]] = {}
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if missing:
+            if len(self._cache) + len(missing) > self.size:
+                self._cache.clear()
+            self._cache.update(zip(missing, self.inner.embed(missing), strict=True))
+        return [self._cache[t] for t in texts]
+
+
+#: hashing (no model) behind a cache: what selection uses unless given an embedder
+DEFAULT_EMBEDDER = CachingEmbedder(HashingEmbedder())
 
 
 @dataclass(frozen=True)
@@ -156,7 +179,7 @@ def rank(
     ]
     if not qualified:
         return []
-    embedder = embedder or HashingEmbedder()
+    embedder = embedder or DEFAULT_EMBEDDER
     texts = [goal or capability] + [
         f"{capability} {(c.capability(capability) or c).description} {c.description}"
         for c in qualified

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,7 @@ import msgspec
 from agents.cards import Reply, ResultCard, Review, Started, TaskCard
 from agents.context import fit_card
 from agents.schema import schema_errors
-from agents.selection import Embedder, HashingEmbedder, hard_filter, rank
+from agents.selection import DEFAULT_EMBEDDER, Embedder, hard_filter, rank
 from eventstore import TaskState
 from eventstore import events as ev
 
@@ -53,26 +52,6 @@ class Decisions:
         return bool(self.events)
 
 
-class CachingEmbedder:
-    """Remembers embeddings: goals and capability descriptions repeat across dispatches."""
-
-    def __init__(self, inner: Embedder, size: int = 4096) -> None:
-        self.inner = inner
-        self.size = size
-        self._cache: dict[str, list[float]] = {}
-
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
-        if missing:
-            if len(self._cache) + len(missing) > self.size:
-                self._cache.clear()
-            self._cache.update(zip(missing, self.inner.embed(missing), strict=True))
-        return [self._cache[t] for t in texts]
-
-
-_DEFAULT_EMBEDDER = CachingEmbedder(HashingEmbedder())
-
-
 def loop_hash(capability: str, inputs: Any) -> str:
     """Hash of (capability, normalized inputs): keys sorted, whitespace and case folded."""
     canon = msgspec.json.encode(_normalize(inputs), order="sorted")
@@ -102,7 +81,7 @@ class Decider:
         self.state = state
         self.policy = policy
         self.now = now
-        self.embedder = embedder or _DEFAULT_EMBEDDER
+        self.embedder = embedder or DEFAULT_EMBEDDER
         self.rng = rng or random.Random()
         self.d = Decisions(busy=busy)
 

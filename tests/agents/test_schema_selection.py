@@ -522,3 +522,22 @@ def test_string_forms_are_checked_as_msgspec_does(field: str, value: str, ok: bo
     except msgspec.ValidationError:
         accepted = False
     assert accepted is ok
+
+
+def test_caching_embedder_matches_its_inner_embedder_and_embeds_each_text_once() -> None:
+    from agents.selection import CachingEmbedder, HashingEmbedder
+
+    class Counting(HashingEmbedder):
+        seen: list[str] = []
+
+        def embed(self, texts):  # type: ignore[no-untyped-def]
+            type(self).seen.extend(texts)
+            return super().embed(texts)
+
+    cached = CachingEmbedder(Counting(), size=3)
+    texts = ["write a report", "review a draft", "write a report"]
+    assert cached.embed(texts) == HashingEmbedder().embed(texts)
+    assert cached.embed(["review a draft"]) == HashingEmbedder().embed(["review a draft"])
+    assert Counting.seen == ["write a report", "review a draft"]
+    cached.embed(["a", "b"])  # over the size: the cache starts afresh, still correct
+    assert cached.embed(["write a report"]) == HashingEmbedder().embed(["write a report"])
