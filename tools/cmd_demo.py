@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from typing import Any
 
@@ -27,28 +28,14 @@ def report_text(draft: Any) -> str:
 
 
 def timeline_text(timeline: Timeline) -> str:
-    """A compact tree: each task with status, agent, attempts and duration, then its steps."""
-    lines = []
-    for depth, node in timeline.walk():
-        pad = "  " * depth
-        lines.append(
-            f"{pad}{node.task_id}  [{node.capability}]  {node.status}  agent={node.agent_id}"
-            f"  attempts={node.attempts}  {node.duration_s * 1000:.0f} ms"
-        )
-        for step in node.steps:
-            offset = (step.time - timeline.start) * 1000
-            extra = "  ".join(
-                x
-                for x in (
-                    f"#{step.attempt}" if step.attempt else "",
-                    step.agent_id or "",
-                    f"reason={step.reason}" if step.reason else "",
-                    step.detail or "",
-                )
-                if x
-            )
-            lines.append(f"{pad}  +{offset:7.1f} ms  {step.kind:<18} {extra}".rstrip())
-    return "\n".join(lines)
+    """The run's tree exactly as ``cardbus replay`` draws it, as plain text."""
+    from rich.console import Console
+
+    from .cmd_replay import render_tree
+
+    buf = io.StringIO()
+    Console(file=buf, width=200, highlight=False, soft_wrap=False).print(render_tree(timeline))
+    return buf.getvalue().rstrip()
 
 
 async def _demo(db: str, parallel: bool, topic: str) -> int:

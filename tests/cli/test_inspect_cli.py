@@ -297,6 +297,16 @@ def test_on_the_demo_database(tmp_path: Path) -> None:
     db = str(tmp_path / "demo.db")
     r = invoke("demo", "--db", db)
     assert r.exit_code == 0, r.output
+    # the demo's own output: the report (revised: it has a conclusion) and its timeline
+    for needle in (
+        "# Report: ocean tides",
+        "## Conclusion",
+        "Timeline of run",
+        "needs_input",
+        "revision_requested",
+        "review2",
+    ):
+        assert needle in r.stdout, needle
     found = re.search(r"cardbus replay (\S+)", r.stdout)
     assert found is not None
     root = found.group(1)
