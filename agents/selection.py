@@ -71,6 +71,7 @@ class CachingEmbedder:
         self.inner = inner
         self.size = size
         self._cache: dict[str, list[float]] = {}
+        self._sims: dict[tuple[str, str], float] = {}
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
@@ -79,6 +80,23 @@ class CachingEmbedder:
                 self._cache.clear()
             self._cache.update(zip(missing, self.inner.embed(missing), strict=True))
         return [self._cache[t] for t in texts]
+
+    def similarities(self, goal: str, texts: Sequence[str]) -> list[float]:
+        """Cosine of ``goal`` with each text, remembered per pair (a dispatch's hot path)."""
+        sims = self._sims
+        missing = [t for t in texts if (goal, t) not in sims]
+        if missing:
+            if len(sims) + len(missing) > self.size:
+                sims.clear()
+            goal_vec, *vecs = self.embed([goal, *missing])
+            for t, vec in zip(missing, vecs, strict=True):
+                sims[goal, t] = _cosine(goal_vec, vec)
+        return [sims[goal, t] for t in texts]
+
+
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """Of two L2-normalised vectors; negative similarity counts as none."""
+    return max(0.0, sum(x * y for x, y in zip(a, b, strict=True)))
 
 
 #: hashing (no model) behind a cache: what selection uses unless given an embedder
@@ -184,10 +202,13 @@ def rank(
         f"{capability} {(c.capability(capability) or c).description} {c.description}"
         for c in qualified
     ]
-    goal_vec, *cap_vecs = embedder.embed(texts)
+    if isinstance(embedder, CachingEmbedder):
+        sims = embedder.similarities(texts[0], texts[1:])
+    else:
+        goal_vec, *cap_vecs = embedder.embed(texts)
+        sims = [_cosine(goal_vec, vec) for vec in cap_vecs]
     out = []
-    for card, vec in zip(qualified, cap_vecs, strict=True):
-        sim = max(0.0, sum(a * b for a, b in zip(goal_vec, vec, strict=True)))
+    for card, sim in zip(qualified, sims, strict=True):
         stat = stats.get(card.agent_id, capability) if stats else None
         success = float(getattr(stat, "success_rate", 0.5)) if stat else 0.5
         p50 = getattr(stat, "p50_s", None) if stat else None

@@ -239,7 +239,7 @@ class Orchestrator:
         # the next submit of the same plan id (each append below is create-only)
         await self._create(root_id, started, root_id)
         await asyncio.gather(*(self._create(k, v, root_id) for k, v in created.items()))
-        self._queue.put_nowait(_TICK)
+        self._queue.put_nowait(_Changed(frozenset([root_id])))
         return root_id
 
     async def _create(self, stream: str, data: ev.Event, root_id: str) -> None:
@@ -318,8 +318,9 @@ class Orchestrator:
         # versions the step ends with, which its appends expect (another
         # orchestrator's events must not slip in between a decision and its append).
         for item in items:
-            if isinstance(item, Envelope):
-                self._apply(item)
+            # our own appends come back from the log already applied: only news
+            # (another writer's event) can change what to decide
+            if isinstance(item, Envelope) and self._apply(item):
                 dirty.add(item.correlation_id)
         for item in items:
             if item is _TICK:
@@ -337,10 +338,9 @@ class Orchestrator:
                     decider.d.add(item.stream, *item.events)
                     self._records.setdefault(item.stream, []).append(item)
             else:
+                # no advance for it: the reply's events change the state only once
+                # appended, and their commit marks the run changed then
                 decider.on_reply(item)  # type: ignore[arg-type]
-                task = self.state.tasks.get(getattr(item, "task_id", ""))
-                if task is not None:
-                    dirty.add(task.created.root_id)
         for root in dirty:
             run = self.state.open.get(root)
             if run is not None:
@@ -514,15 +514,17 @@ class Orchestrator:
             except ConcurrencyError:
                 continue
 
-    def _apply(self, env: Envelope) -> None:
+    def _apply(self, env: Envelope) -> bool:
+        """Fold ``env`` into the state; False if it was already there."""
         if not self.state.apply(env):
-            return
+            return False
         self.tracing.on_event(env)
         if isinstance(env.data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
             result = self._result(env.stream)
             for future in self._waiters.pop(env.stream, []):
                 if result is not None and not future.done():
                     future.set_result(result)
+        return True
 
     def _result(self, root_id: str) -> RunResult | None:
         run = self.state.runs.get(root_id)
