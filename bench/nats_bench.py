@@ -113,11 +113,22 @@ async def raw_publish(url: str, count: int, size: int, storage: str) -> float:
         await nc.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] * 1000 if len(values) > 2 else 0.0
 
 
-async def bench(url: str, runs: int, concurrency: int, storage: str) -> dict[str, float]:
+async def bench(
+    url: str, runs: int, concurrency: int, storage: str, pids: dict[str, list[int]]
+) -> dict[str, float]:
     async with NatsRuntime(NatsOptions(url=url), store_options={"storage": storage}) as rt:
         await rt.wait_for_capabilities({"research", "draft", "review"}, 60)
 
@@ -129,7 +140,9 @@ async def bench(url: str, runs: int, concurrency: int, storage: str) -> dict[str
         await measure(run_one, 20, 4)  # warm up
         _, _, single = await measure(run_one, min(runs, 100), 1)
         first = await rt.store.last_position()
+        cpu0 = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
         rate, elapsed, many = await measure(run_one, runs, concurrency)
+        cpu = {k: sum(map(cpu_seconds, v)) - cpu0[k] for k, v in pids.items()}
         last = await rt.store.last_position()
         events = last - first
         sample = await rt.store.read_all(first + 1, 200)
@@ -146,6 +159,7 @@ async def bench(url: str, runs: int, concurrency: int, storage: str) -> dict[str
         "p50": pct(single, 50),
         "p99": pct(single, 99),
         "p50_conc": pct(many, 50),
+        **{f"cpu_{k}": v / elapsed for k, v in cpu.items()},
     }
 
 
@@ -171,8 +185,13 @@ def run_on_fresh_server(args: argparse.Namespace, storage: str) -> dict[str, flo
             )
             for _ in range(2)
         ]
+        pids = {
+            "orchestrator": [os.getpid()],
+            "nats-server": [] if server is None or server.proc is None else [server.proc.pid],
+            "agents": [p.pid for p in agents],
+        }
         try:
-            return asyncio.run(bench(url, args.runs, args.concurrency, storage))
+            return asyncio.run(bench(url, args.runs, args.concurrency, storage, pids))
         finally:
             for p in agents:
                 p.terminate()
@@ -212,6 +231,8 @@ def main() -> None:
             f"  latency of one run, one at a time: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms"
             f"  (p50 with {args.concurrency} in flight: {r['p50_conc']:.1f} ms)"
         )
+        cpu = ", ".join(f"{k[4:]} {v * 100:.0f}%" for k, v in r.items() if k.startswith("cpu_"))
+        print(f"  CPU while the {args.runs} runs went (of one core): {cpu}")
 
 
 if __name__ == "__main__":
