@@ -84,13 +84,18 @@ Appends
 
 Reading and following
 ---------------------
-``read_stream``, ``read_correlation``, ``read_all`` and ``verify`` ask the
-stream leader for the sequence of the last message matching the subject
-filter, then create an ephemeral pull consumer (AckNone, memory, R1) on the
-filter, pull its messages in batches until that sequence has come (the
-consumer may sit on a replica a few ms behind the leader: it is waited for),
-and delete it. So a read sees every append acknowledged before it began, on
-one server or a cluster. ``subscribe`` is the same consumer kept
+``read_stream``, ``read_correlation``, ``read_all`` and ``verify`` read the
+subject filter with JetStream *direct get* batches (``$JS.API.DIRECT.GET``,
+nats-server 2.11+, the stream is created with ``allow_direct``): up to 1000
+messages an answer, no consumer to create, no JetStream API request. On a
+replicated stream the read first asks the stream leader for the sequence of
+the last matching message and goes on until it has come (a replica may
+answer a few ms behind the leader), so a read sees every append acknowledged
+before it began, on one server or a cluster. Where direct get is not
+available (an older server, a stream without ``allow_direct``, a user not
+allowed to use it) a read creates an ephemeral pull consumer (AckNone,
+memory, R1) on the filter instead, pulls it to that sequence and deletes it.
+``subscribe`` is a consumer of that kind kept
 open with long-poll pulls and idle heartbeats: catch-up then live, in stream
 sequence order. It tracks the consumer sequence; on a gap, a missing
 heartbeat, a deleted consumer or a reconnect it recreates the consumer from
@@ -103,16 +108,20 @@ On a file-backed R1 stream the server syncs the disk on every atomic batch
 commit (a few ms each, serialised per stream), so a multi-event append costs
 one fsync while a single-event append costs none (JetStream's default
 ``sync_interval``). On a replicated stream (R3) the commit goes through Raft
-instead. Each read asks the leader once and creates and deletes one
-consumer (about 1 ms on loopback), so ``read_stream`` in a hot loop costs more than on SQLite; use
-``subscribe`` to follow the log. Dedup ids are held by the server for the
-duplicate window: lower it for very high write rates.
+instead. Each read is one direct get round trip per 1000 events (plus
+one request to the leader on a replicated stream), so ``read_stream`` in a
+hot loop costs more than on SQLite; use ``subscribe`` to follow the log.
+An append to a new stream (expected version 0) publishes at once, expecting
+no earlier message on the task's subject; an append the store has no cached
+head for looks the head up first (one request). Dedup ids are held by the
+server for the duplicate window: lower it for very high write rates.
 
 Permissions
 -----------
 A connection that uses the store needs: publish to ``cardbus.evt.>`` (with
 replies); publish to ``$JS.API.STREAM.INFO.<stream>``,
-``$JS.API.STREAM.MSG.GET.<stream>``, ``$JS.API.CONSUMER.CREATE.<stream>``,
+``$JS.API.STREAM.MSG.GET.<stream>``, ``$JS.API.DIRECT.GET.<stream>`` (without it
+reads fall back to consumers), ``$JS.API.CONSUMER.CREATE.<stream>``,
 ``$JS.API.CONSUMER.MSG.NEXT.<stream>.*`` and
 ``$JS.API.CONSUMER.DELETE.<stream>.*`` (plus ``$JS.API.STREAM.CREATE.<stream>``
 and ``$JS.API.STREAM.UPDATE.<stream>`` where it creates the stream); and
@@ -134,7 +143,7 @@ import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import nats
@@ -281,6 +290,35 @@ class _Head:
 _EMPTY_HEAD = _Head(0, 0, GENESIS_HASH)
 
 
+class _Stored(NamedTuple):
+    """One stored message as a read returns it."""
+
+    seq: int
+    subject: str
+    data: bytes
+    hash: str
+
+
+def _stored_of(msg: Msg) -> _Stored:
+    """A message a consumer delivered (its stream sequence is in the reply subject)."""
+    return _Stored(
+        msg.metadata.sequence.stream,
+        msg.subject,
+        msg.data,
+        (msg.headers or {}).get(HASH_HEADER, ""),
+    )
+
+
+class _DirectCall:
+    """One direct-get batch request in flight: the messages so far, then the end."""
+
+    __slots__ = ("done", "msgs")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.msgs: list[_Stored] = []
+        self.done: asyncio.Future[int] = loop.create_future()  # -> messages still pending
+
+
 class _Transient(StoreUnavailable):
     """A timeout, a missing responder or a leader election: worth retrying for a while."""
 
@@ -328,6 +366,14 @@ class NatsEventStore(EventStore):
         self._heads: dict[str, _Head] = {}
         self._closed = False
         self._readers: set[_Reader] = set()
+        # Bounded reads go through the stream's direct get (batch, nats-server 2.11+) when
+        # the stream allows it (see _setup_direct_reads); else through a short-lived consumer.
+        self._direct_reads = False
+        self._replicas = 1
+        self._direct_sub: Any = None
+        self._direct_prefix = ""
+        self._direct_calls: dict[str, _DirectCall] = {}
+        self._direct_next = 0
 
     # -- opening ---------------------------------------------------------------
 
@@ -520,6 +566,11 @@ class NatsEventStore(EventStore):
                 except nats.js.errors.APIError as e:
                     log.warning("cannot enable atomic batches on %s: %s", self.stream_name, e)
             self.atomic = bool(info.config.allow_atomic)
+            self._replicas = int(info.config.num_replicas or 1)
+            if info.config.allow_direct and _version_at_least(
+                self.nc.connected_server_version, 2, 11
+            ):
+                await self._setup_direct_reads()
             subjects = info.config.subjects or []
             if f"{self.subject_prefix}.>" not in subjects and ">" not in subjects:
                 raise StoreError(
@@ -593,7 +644,10 @@ class NatsEventStore(EventStore):
         ]
         for attempt in range(8):
             head = self._heads.get(stream)
-            if head is None or head.version != expected_version:
+            if head is None and expected_version == 0 and attempt == 0:
+                # A new stream (the caller says so): no lookup, the server checks it.
+                head = _EMPTY_HEAD
+            elif head is None or head.version != expected_version:
                 head = await self._lookup_head(stream)
             if head.version != expected_version:
                 return await self._replay_or_conflict(stream, events, expected_version, head)
@@ -808,11 +862,10 @@ class NatsEventStore(EventStore):
 
     # -- reading ---------------------------------------------------------------
 
-    def _envelope(self, msg: Msg) -> Envelope:
-        seq = msg.metadata.sequence.stream
-        stored_hash = (msg.headers or {}).get(HASH_HEADER, "")
+    def _envelope(self, msg: _Stored) -> Envelope:
+        seq = msg.seq
         try:
-            return decode_body(msg.data, position=seq, hash=stored_hash, max_bytes=1 << 62)
+            return decode_body(msg.data, position=seq, hash=msg.hash, max_bytes=1 << 62)
         except DecodeError as e:
             # Name the message: a poison message on the log is found, never skipped silently.
             where = f"position {seq} ({msg.subject})"
@@ -821,33 +874,39 @@ class NatsEventStore(EventStore):
             e.add_note(f"at {where}")
             raise
 
-    async def _read(self, filt: str, start: int = 1, limit: int | None = None) -> list[Msg]:
+    async def _read(self, filt: str, start: int = 1, limit: int | None = None) -> list[_Stored]:
         """Messages matching ``filt`` from stream sequence ``start``: a consistent bounded read.
 
-        The stream leader first tells the sequence of the last matching message
-        (``target``); the consumer, which may live on a replica a few ms behind,
-        is read until it has delivered that one, so every append acknowledged
-        before the read began is in it (read-your-writes in a cluster too).
+        On a replicated stream the leader first tells the sequence of the last
+        matching message (``target``); the read, which may be served by a
+        replica a few ms behind, goes on until it has that one, so every
+        append acknowledged before the read began is in it (read-your-writes
+        in a cluster too). An R1 stream has only its leader to answer.
         """
         self._check_open()
         if limit is not None and limit <= 0:
             return []
-        target = await self._last_seq(filt)
-        if target < start:
-            return []
+        if self._direct_reads and self._replicas == 1:
+            target = 0  # the leader answers itself: nothing to wait for
+        else:
+            target = await self._last_seq(filt)
+            if target < start:
+                return []
+        if self._direct_reads:
+            return await self._read_direct(filt, start, limit, target)
         reader = _Reader(self, filt, start)
         try:
             await reader.open()
-            out: list[Msg] = []
+            out: list[_Stored] = []
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.request_timeout
             while limit is None or len(out) < limit:
-                if out and out[-1].metadata.sequence.stream >= target:
+                if out and out[-1].seq >= target:
                     break
                 want = 1000 if limit is None else min(limit - len(out), 1000)
                 got = await reader.pull_now(want)
                 if got:
-                    out.extend(got)
+                    out.extend(map(_stored_of, got))
                     continue
                 if loop.time() > deadline:  # the replica never caught up with the leader
                     raise _Transient(f"read of {filt!r}: consumer stuck before {target}")
@@ -859,6 +918,111 @@ class NatsEventStore(EventStore):
             raise _Transient(f"cannot read {filt!r}: {e!r}") from e
         finally:
             await reader.close()
+
+    async def _read_direct(
+        self, filt: str, start: int, limit: int | None, target: int
+    ) -> list[_Stored]:
+        """The read through direct get batches of up to 1000 messages (no consumer).
+
+        ``target`` (0: none) is the last sequence the leader had; without one
+        the read ends when the server says nothing more matches.
+        """
+        out: list[_Stored] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout
+        seq = start
+        while limit is None or len(out) < limit:
+            want = 1000 if limit is None else min(limit - len(out), 1000)
+            request: dict[str, Any] = {"seq": seq, "next_by_subj": filt, "batch": want}
+            if target:
+                request["up_to_seq"] = target
+            got, pending = await self._direct_batch(request)
+            out.extend(got)
+            if got:
+                seq = got[-1].seq + 1
+            if target:
+                if seq > target:
+                    break
+                if not got:
+                    if loop.time() > deadline:  # the replica never caught up with the leader
+                        raise _Transient(f"read of {filt!r}: stuck before {target}")
+                    await asyncio.sleep(0.002)  # a replica behind the leader: it will catch up
+            elif not got or not pending:
+                break
+        return out
+
+    async def _setup_direct_reads(self) -> None:
+        """Use direct get for reads if this connection may (a probe read of one message)."""
+        nc = self.nc
+        if self._direct_sub is None:
+            self._direct_prefix = nc.new_inbox()
+            try:
+                self._direct_sub = await nc.subscribe(
+                    f"{self._direct_prefix}.*",
+                    cb=self._on_direct,
+                    pending_msgs_limit=1_000_000,
+                    pending_bytes_limit=1 << 30,
+                )
+            except _NATS_ERRORS as e:
+                log.debug("no direct reads: %r", e)
+                return
+        probe = {"seq": 1, "next_by_subj": self._all_filter, "batch": 1}
+        try:
+            await self._direct_batch(probe, timeout=min(self.request_timeout, 2.0))
+        except _Transient as e:
+            # e.g. a user whose permissions lack $JS.API.DIRECT.GET: consumers still work
+            log.info("reading %s through consumers (no direct get: %s)", self.stream_name, e)
+            return
+        self._direct_reads = True
+
+    async def _direct_batch(
+        self, request: dict[str, Any], timeout: float | None = None
+    ) -> tuple[list[_Stored], int]:
+        """One direct get batch: the messages, and how many more match after them."""
+        self._direct_next += 1
+        token = str(self._direct_next)
+        call = _DirectCall(asyncio.get_running_loop())
+        self._direct_calls[token] = call
+        try:
+            await self.nc.publish(
+                f"$JS.API.DIRECT.GET.{self.stream_name}",
+                msgspec.json.encode(request),
+                reply=f"{self._direct_prefix}.{token}",
+            )
+            pending = await asyncio.wait_for(call.done, timeout or self.request_timeout)
+        except TimeoutError as e:
+            raise _Transient(f"no answer to a direct read of {request.get('next_by_subj')}") from e
+        except _NATS_ERRORS as e:
+            raise _Transient(f"cannot read {request.get('next_by_subj')!r}: {e!r}") from e
+        finally:
+            del self._direct_calls[token]
+        return call.msgs, pending
+
+    async def _on_direct(self, msg: Msg) -> None:
+        call = self._direct_calls.get(msg.subject[len(self._direct_prefix) + 1 :])
+        if call is None or call.done.done():
+            return  # a late answer to a read that gave up
+        headers = msg.headers or {}
+        status = headers.get("Status") if not msg.data else None
+        if status is None:
+            try:
+                seq = int(headers["Nats-Sequence"])
+            except (KeyError, ValueError):
+                call.done.set_exception(_Transient(f"direct get without a sequence: {headers}"))
+                return
+            call.msgs.append(
+                _Stored(
+                    seq, headers.get("Nats-Subject", ""), msg.data, headers.get(HASH_HEADER, "")
+                )
+            )
+        elif status == "204":  # end of the batch
+            left = headers.get("Nats-Num-Pending", "0")
+            call.done.set_result(int(left) if left.isdigit() else 0)
+        elif status == "404":  # nothing (more) matches
+            call.done.set_result(0)
+        else:
+            why = f"{status} {_description(msg)}"
+            call.done.set_exception(_Transient(f"direct get refused: {why}"))
 
     async def _last_seq(self, filt: str) -> int:
         """Stream sequence of the last message matching ``filt`` (0 if none), from the leader."""
@@ -915,10 +1079,11 @@ class NatsEventStore(EventStore):
                 await reader.open()
                 async for msg in reader.follow(self.read_batch, self.heartbeat):
                     failures = 0
-                    seq = msg.metadata.sequence.stream
+                    stored = _stored_of(msg)
+                    seq = stored.seq
                     if seq < next_position:
                         continue  # already yielded (defensive: consumers restart at next)
-                    env = self._envelope(msg)
+                    env = self._envelope(stored)
                     next_position = seq + 1
                     yield env
             except _FOLLOW_ERRORS as e:
@@ -934,11 +1099,7 @@ class NatsEventStore(EventStore):
         by_stream: dict[str, list[tuple[int, bytes, str]]] = {}
         for m in await self._retry(lambda: self._read(filt)):
             key = stream if stream is not None else self._stream_of_subject(m.subject)
-            row = (
-                m.metadata.sequence.stream,
-                bytes(m.data),
-                (m.headers or {}).get(HASH_HEADER, ""),
-            )
+            row = (m.seq, bytes(m.data), m.hash)
             by_stream.setdefault(key, []).append(row)
         problems: list[ChainProblem] = []
         for s, rows in by_stream.items():
@@ -959,6 +1120,12 @@ class NatsEventStore(EventStore):
         self._closed = True
         for reader in list(self._readers):
             await reader.close()
+        for call in list(self._direct_calls.values()):
+            if not call.done.done():
+                call.done.set_exception(StoreUnavailable("the event store is closed"))
+        if self._direct_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._direct_sub.unsubscribe()
         if self._owns_connection:
             with contextlib.suppress(Exception):
                 await self.nc.close()

@@ -226,6 +226,23 @@ async def test_large_batches_are_atomic_and_bounded(nats_store: NatsEventStore) 
     assert await nats_store.verify("t") == []
 
 
+async def test_reads_page_through_direct_get_batches(nats_store: NatsEventStore) -> None:
+    """More than one direct get batch (1000 messages) per read, with and without a limit."""
+    assert nats_store._direct_reads
+    written = await nats_store.append("t", [started(attempt=i) for i in range(1000)], 0)
+    written += await nats_store.append("u", [started(root="r2") for _ in range(700)], 0)
+    written += await nats_store.append("t", [started(attempt=i) for i in range(600)], 1000)
+    assert await nats_store.read_all(0, 10_000) == written
+    assert await nats_store.read_all(1500, 1200) == written[1499:]
+    assert await nats_store.read_all(200, 1200) == written[199:1399]
+    assert await nats_store.read_stream("t") == written[:1000] + written[1700:]
+    assert await nats_store.read_stream("t", 1500) == written[2199:]
+    assert await nats_store.read_correlation("r2") == written[1000:1700]
+    assert await nats_store.read_stream("nothing") == []
+    assert await nats_store.read_all(2301) == []
+    assert await nats_store.verify() == []
+
+
 async def test_many_concurrent_batches_from_two_connections(nats_url: str) -> None:
     async with (
         await NatsEventStore.connect(nats_url) as a,
@@ -506,6 +523,7 @@ authorization {
           "$JS.API.STREAM.CREATE.CARDBUS_EVENTS",
           "$JS.API.STREAM.UPDATE.CARDBUS_EVENTS",
           "$JS.API.STREAM.MSG.GET.CARDBUS_EVENTS",
+          "$JS.API.DIRECT.GET.CARDBUS_EVENTS",
           "$JS.API.CONSUMER.CREATE.CARDBUS_EVENTS",
           "$JS.API.CONSUMER.MSG.NEXT.CARDBUS_EVENTS.*",
           "$JS.API.CONSUMER.DELETE.CARDBUS_EVENTS.*",
@@ -518,12 +536,18 @@ authorization {
 """
 
 
-async def test_the_documented_permissions_are_enough(tmp_path: Path) -> None:
-    """The subjects listed in eventstore/nats.py's docstring cover everything the store does."""
-    with NatsServer(tmp_path / "nats", extra_config=STORE_PERMISSIONS) as server:
+@pytest.mark.parametrize("direct_get", [True, False], ids=["documented", "without-direct-get"])
+async def test_the_documented_permissions_are_enough(tmp_path: Path, direct_get: bool) -> None:
+    """The subjects listed in eventstore/nats.py's docstring cover everything the store does;
+    without ``$JS.API.DIRECT.GET`` (the permissions of older versions) reads use consumers."""
+    config = STORE_PERMISSIONS
+    if not direct_get:
+        config = config.replace('"$JS.API.DIRECT.GET.CARDBUS_EVENTS",', "")
+    with NatsServer(tmp_path / "nats", extra_config=config) as server:
         async with await NatsEventStore.connect(
             server.url, user="writer", password="pw", request_timeout=2.0
         ) as store:
+            assert isinstance(store, NatsEventStore) and store._direct_reads is direct_get
             first, batch = [created()], [started(), started(attempt=2)]
             one = await store.append("t", first, 0)
             two = await store.append("t", batch, 1)
