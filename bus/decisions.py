@@ -109,7 +109,7 @@ class Decider:
         if task is None:
             self.d.unroutable.append(reply)  # no stream to record it in: a bad message
             return
-        if self.d.touched(task.task_id):
+        if self.d.touched(task.task_id) and not self._only_started(task.task_id, reply.attempt):
             self.d.deferred.append(reply)
             return
         if (
@@ -140,6 +140,9 @@ class Decider:
             usage=reply.usage,
             duration_s=reply.duration_s,
         )
+        if task.state is S.DISPATCHED and not self.d.events.get(task.task_id):
+            # an answer with no Started before it (a fast agent sends none): it did start
+            self.d.add(task.task_id, ev.TaskStarted(attempt=reply.attempt, agent_id=reply.agent_id))
         self.d.add(task.task_id, submitted)
         self.d.origins[task.task_id] = reply
         results = {**task.results, reply.agent_id: submitted}
@@ -168,6 +171,16 @@ class Decider:
                         self._settle_fanout(task, results)
                     return
                 self._accept_output(task, reply.agent_id, reply.output, reply.confidence)
+
+    def _only_started(self, task_id: str, attempt: int) -> bool:
+        """This step decided only that ``attempt`` started: its result can join that append
+        (an instant agent's Started and result arrive together: one write, not two)."""
+        decided = self.d.events.get(task_id)
+        return (
+            task_id not in self.d.busy
+            and decided is not None
+            and all(isinstance(e, ev.TaskStarted) and e.attempt == attempt for e in decided)
+        )
 
     def _accept_output(self, task: TaskView, agent_id: str, output: Any, confidence: float) -> None:
         problem = self._output_problem(task, agent_id, output)

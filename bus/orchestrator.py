@@ -29,6 +29,7 @@ from agents.selection import Embedder
 from agents.tools import ToolRegistry
 from eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
+    Append,
     ConcurrencyError,
     Envelope,
     EventStore,
@@ -225,28 +226,35 @@ class Orchestrator:
             size = len(msgspec.json.encode(data))
             if size > limit:
                 raise InvalidPlan(f"{what} is {size} bytes, over the event size limit ({limit})")
+        creates: list[tuple[str, ev.Event]] = [(root_id, started), *created.items()]
         if fresh:
-            stream = f"plan-{plan_id}"
-            try:
-                await self._append(
-                    stream, [ev.PlanSubmitted(plan_id=plan_id, root_id=root_id)], 0, root_id
-                )
-            except ConcurrencyError:
-                for env in await self.store.read_stream(stream):
-                    self.state.apply(env)
-                return self.state.plans[plan_id]
+            claim = (f"plan-{plan_id}", ev.PlanSubmitted(plan_id=plan_id, root_id=root_id))
+            if plan.plan_id is None:  # an id nobody else knows: nothing to race for
+                creates.insert(0, claim)
+            else:
+                try:
+                    await self._append(claim[0], [claim[1]], 0, root_id)
+                except ConcurrencyError:
+                    for env in await self.store.read_stream(claim[0]):
+                        self.state.apply(env)
+                    return self.state.plans[plan_id]
         # PlanSubmitted claims the id; a submitter that died after it is completed by
         # the next submit of the same plan id (each append below is create-only)
-        await self._create(root_id, started, root_id)
-        await asyncio.gather(*(self._create(k, v, root_id) for k, v in created.items()))
+        await self._create(creates, root_id)
         self._queue.put_nowait(_Changed(frozenset([root_id])))
         return root_id
 
-    async def _create(self, stream: str, data: ev.Event, root_id: str) -> None:
-        try:
-            await self._append(stream, [data], 0, root_id)
-        except ConcurrencyError:  # created by an earlier, interrupted submit
-            for env in await self.store.read_stream(stream):
+    async def _create(self, creates: list[tuple[str, ev.Event]], root_id: str) -> None:
+        """Create streams (one commit on SQLite); one created earlier is read instead."""
+        appends = [Append(s, self._new_events([data], root_id), 0) for s, data in creates]
+        for (stream, _), outcome in zip(
+            creates, await self.store.append_many(appends), strict=True
+        ):
+            if isinstance(outcome, ConcurrencyError):  # created by an earlier, interrupted submit
+                outcome = await self.store.read_stream(stream)
+            elif isinstance(outcome, Exception):
+                raise outcome
+            for env in outcome:
                 self._apply(env)
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
@@ -443,34 +451,42 @@ class Orchestrator:
     async def _append_streams(
         self, d: Decisions, streams: list[str]
     ) -> list[tuple[str, BaseException | None]]:
-        """Append each stream's decided events in parallel; the error of each, or None."""
-        results = await asyncio.gather(
-            *(self._append_decided(s, d.events[s]) for s in streams), return_exceptions=True
-        )
+        """Append each stream's decided events together; the error of each, or None."""
+        if not streams:
+            return []
+        appends = [
+            Append(
+                s,
+                self._new_events(d.events[s], self._decided_root(s, d.events[s])),
+                self._expected.get(s, self.state.versions.get(s, 0)),
+            )
+            for s in streams
+        ]
+        outcomes = await self.store.append_many(appends)
         out: list[tuple[str, BaseException | None]] = []
-        for stream, result in zip(streams, results, strict=True):
-            if isinstance(result, ConcurrencyError):
-                for env in await self.store.read_stream(
-                    stream, self.state.versions.get(stream, 0) + 1
-                ):
+        for stream, outcome in zip(streams, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                self._settle_records(stream, d.events[stream], outcome)
+                if isinstance(outcome, ConcurrencyError):
+                    for env in await self.store.read_stream(
+                        stream, self.state.versions.get(stream, 0) + 1
+                    ):
+                        self._apply(env)
+                else:
+                    log.error("append to %s failed: %r", stream, outcome)
+                out.append((stream, outcome))
+            else:
+                for env in outcome:
                     self._apply(env)
-            elif isinstance(result, BaseException):
-                log.error("append to %s failed: %r", stream, result)
-            out.append((stream, result if isinstance(result, BaseException) else None))
+                self._settle_records(stream, d.events[stream], None)
+                out.append((stream, None))
         return out
 
-    async def _append_decided(self, stream: str, data: list[ev.Event]) -> None:
-        task = self.state.tasks.get(stream)
-        root = task.created.root_id if task else stream
+    def _decided_root(self, stream: str, data: list[ev.Event]) -> str:
         if isinstance(data[0], ev.TaskCreated):
-            root = data[0].root_id
-        expected = self._expected.get(stream, self.state.versions.get(stream, 0))
-        try:
-            await self._append(stream, data, expected, root)
-        except BaseException as e:
-            self._settle_records(stream, data, e)
-            raise
-        self._settle_records(stream, data, None)
+            return data[0].root_id
+        task = self.state.tasks.get(stream)
+        return task.created.root_id if task else stream
 
     def _settle_records(
         self, stream: str, data: list[ev.Event], error: BaseException | None
@@ -492,15 +508,15 @@ class Orchestrator:
     async def _append(
         self, stream: str, data: Iterable[ev.Event], expected: int, root: str
     ) -> list[Envelope]:
-        tp = self.tracing.traceparent(root)
-        new = [
-            NewEvent(data=x, correlation_id=root, actor=self.policy.actor, traceparent=tp)
-            for x in data
-        ]
-        stored = await self.store.append(stream, new, expected)
+        stored = await self.store.append(stream, self._new_events(data, root), expected)
         for env in stored:
             self._apply(env)
         return stored
+
+    def _new_events(self, data: Iterable[ev.Event], root: str) -> list[NewEvent]:
+        tp = self.tracing.traceparent(root)
+        actor = self.policy.actor
+        return [NewEvent(data=x, correlation_id=root, actor=actor, traceparent=tp) for x in data]
 
     async def _append_retrying(
         self, stream: str, data: list[ev.Event], correlation_id: str

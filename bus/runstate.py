@@ -105,7 +105,15 @@ class RunState:
         self._stats.apply(env)
         data = env.data
         if isinstance(data, ev.RunStarted):
-            self.runs[env.stream] = self.open[env.stream] = RunView(env.stream, data, tasks=[])
+            run = RunView(env.stream, data, tasks=[])
+            # a backend may store a run's tasks before the run (append_many's order is free)
+            for task_id in data.task_ids:
+                task = self.tasks.get(task_id)
+                if task is not None and task.created.root_id == env.stream:
+                    run.tasks.append(task_id)
+                    if task.created.plan_id:
+                        run.names[task.created.plan_id] = task_id
+            self.runs[env.stream] = self.open[env.stream] = run
         elif isinstance(data, ev.PlanSubmitted):
             self.plans[data.plan_id] = data.root_id
         elif isinstance(data, ev.AgentRegistered):

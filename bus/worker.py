@@ -1,11 +1,15 @@
 """``AgentWorker``: serves an ``Agent`` class on any ``Bus``.
 
-It announces the agent's card, then for every card: replies ``Started``,
-runs the agent (self-check, handler, error capture: ``Agent.run``) and
-replies with the ``ResultCard``. A redelivered card for a ``(task_id,
-attempt)`` it already answered gets the same answer again, not a second run.
-A handler still running well past the card's ``timeout_s`` is cancelled and
-answered with a failed result, so a hung agent frees its consumer.
+It announces the agent's card, then for every card runs the agent
+(self-check, handler, error capture: ``Agent.run``) and replies with the
+``ResultCard``; a handler still running after ``started_after_s`` first gets
+a ``Started`` reply (``0``: always, before it runs). A faster answer implies
+the start (the orchestrator records ``TaskStarted`` with the result), so an
+instant agent costs one reply and one write, not two. A redelivered card for
+a ``(task_id, attempt)`` it already answered gets the same answer again, not
+a second run. A handler still running well past the card's ``timeout_s`` is
+cancelled and answered with a failed result, so a hung agent frees its
+consumer.
 """
 
 from __future__ import annotations
@@ -27,12 +31,18 @@ __all__ = ["AgentWorker"]
 
 class AgentWorker:
     def __init__(
-        self, bus: Bus, agent: type[Agent], llm: LLM | None = None, concurrency: int = 1
+        self,
+        bus: Bus,
+        agent: type[Agent],
+        llm: LLM | None = None,
+        concurrency: int = 1,
+        started_after_s: float = 0.01,
     ) -> None:
         self.bus = bus
         self.agent = agent
         self.llm = llm
         self.concurrency = concurrency
+        self.started_after_s = started_after_s
         self.handled = 0
         self._answers: OrderedDict[tuple[str, int], ResultCard] = OrderedDict()
         self._running: dict[tuple[str, int], asyncio.Future[ResultCard]] = {}
@@ -58,18 +68,26 @@ class AgentWorker:
         future: asyncio.Future[ResultCard] = asyncio.get_running_loop().create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
+        handler = asyncio.ensure_future(telemetry.invoke_agent(self.agent, card, self.llm))
         try:
-            await self.bus.reply(
-                Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)
-            )
             # Well past the card's timeout the orchestrator has timed this attempt out
             # (the margin lets it decide first): a handler that hangs must not keep this
             # consumer, and the cards queued behind it, busy forever.
             limit = card.timeout_s + max(0.1, card.timeout_s / 2)
             try:
-                answer = await asyncio.wait_for(
-                    telemetry.invoke_agent(self.agent, card, self.llm), limit
-                )
+                async with asyncio.timeout(limit):
+                    done: set[asyncio.Future[ResultCard]] = set()
+                    if self.started_after_s > 0:
+                        done, _ = await asyncio.wait({handler}, timeout=self.started_after_s)
+                    if not done:
+                        await self.bus.reply(
+                            Started(
+                                task_id=card.task_id,
+                                attempt=card.attempt,
+                                agent_id=self.agent.agent_id,
+                            )
+                        )
+                    answer = await handler
             except TimeoutError:
                 answer = ResultCard(
                     task_id=card.task_id,
@@ -86,6 +104,7 @@ class AgentWorker:
             future.set_result(answer)
             return answer
         finally:
+            handler.cancel()  # a no-op once it answered; stops it on a timeout or cancel
             self._running.pop(key, None)
             if not future.done():
                 # A duplicate delivery waiting on this run gets an ordinary error

@@ -24,13 +24,14 @@ from .ids import id_time, new_id
 from .memory import MemoryEventStore
 from .sqlite import SqliteEventStore
 from .states import A2A_STATE, TERMINAL, TaskState, fold_state, transition
-from .store import EventStore
+from .store import Append, EventStore
 
 __all__ = [
     "A2A_STATE",
     "DEFAULT_MAX_EVENT_BYTES",
     "TERMINAL",
     "AccessDenied",
+    "Append",
     "BusError",
     "CardbusError",
     "ChainProblem",

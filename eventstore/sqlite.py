@@ -62,7 +62,7 @@ from .envelope import (
 )
 from .errors import CardbusError, StoreError, StoreUnavailable, ValidationError
 from .events import EVENT_TYPES, tag_of
-from .store import EventStore
+from .store import Append, EventStore
 
 __all__ = ["SqliteEventStore"]
 
@@ -269,6 +269,15 @@ class _Writer:
         return found
 
 
+def _outcome(future: asyncio.Future[list[Envelope]]) -> list[Envelope] | Exception:
+    error = future.exception()
+    if error is None:
+        return future.result()
+    if not isinstance(error, Exception):
+        raise error
+    return error
+
+
 class SqliteEventStore(EventStore):
     """Open with ``await SqliteEventStore.open(path)``; close with ``await store.close()``."""
 
@@ -364,6 +373,31 @@ class SqliteEventStore(EventStore):
             self._kick_scheduled = True
             loop.call_soon(self._kick)  # after the other ready appenders have queued too
         return await future
+
+    async def append_many(self, appends: Sequence[Append]) -> list[list[Envelope] | Exception]:
+        # Queued together, so they share a commit; one future each, no task each.
+        if self._closed:
+            raise StoreUnavailable("the event store is closed")
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[list[Envelope]] | Exception] = []
+        for a in appends:
+            try:
+                check_append_args(a.stream, a.events, a.expected_version)
+            except CardbusError as e:
+                futures.append(e)
+                continue
+            future: asyncio.Future[list[Envelope]] = loop.create_future()
+            self._queue.append(_Request(a.stream, list(a.events), a.expected_version, future))
+            futures.append(future)
+        if self._queue:
+            self._idle.clear()
+            if not self._kick_scheduled:
+                self._kick_scheduled = True
+                loop.call_soon(self._kick)
+        pending = [f for f in futures if isinstance(f, asyncio.Future)]
+        if pending:
+            await asyncio.wait(pending)
+        return [f if isinstance(f, Exception) else _outcome(f) for f in futures]
 
     def _kick(self) -> None:
         """Hand queued requests to the writer thread, keeping at most two batches in flight.

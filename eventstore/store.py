@@ -14,6 +14,11 @@ Backends are sibling modules (``sqlite``, ``memory``, ``nats``) and all pass
   different content raises ``IdempotencyError``.
 * ``append`` returns only once the events are durable, with their positions.
   Positions are global, strictly increasing, and assigned in commit order.
+* ``append_many(appends)`` makes several appends at once, each atomic on its
+  own (not together) and checked as if made alone, in no promised order; it
+  returns one outcome per append, in the order given: the stored envelopes or
+  the error that append raised. A backend may commit them together (SQLite
+  does, in one transaction); the default runs them concurrently.
 * ``read_stream`` returns a stream's events in version order;
   ``read_all(from_position, limit)`` the log in position order, from the
   first event whose position is >= ``from_position``;
@@ -30,11 +35,22 @@ Backends are sibling modules (``sqlite``, ``memory``, ``nats``) and all pass
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 from .envelope import ChainProblem, Envelope, NewEvent
 
-__all__ = ["EventStore"]
+__all__ = ["Append", "EventStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One stream's part of ``append_many``: the arguments ``append`` takes."""
+
+    stream: str
+    events: Sequence[NewEvent]
+    expected_version: int
 
 
 class EventStore(abc.ABC):
@@ -45,6 +61,14 @@ class EventStore(abc.ABC):
         self, stream: str, events: Sequence[NewEvent], expected_version: int
     ) -> list[Envelope]:
         """Store ``events`` at the end of ``stream``; see the module docstring."""
+
+    async def append_many(self, appends: Sequence[Append]) -> list[list[Envelope] | Exception]:
+        """Independent appends at once: per append, its envelopes or its error."""
+        results = await asyncio.gather(
+            *(self.append(a.stream, a.events, a.expected_version) for a in appends),
+            return_exceptions=True,
+        )
+        return [_outcome(r) for r in results]
 
     @abc.abstractmethod
     async def read_stream(self, stream: str, from_version: int = 1) -> list[Envelope]:
@@ -82,3 +106,9 @@ class EventStore(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _outcome(result: list[Envelope] | BaseException) -> list[Envelope] | Exception:
+    if isinstance(result, BaseException) and not isinstance(result, Exception):
+        raise result  # cancellation and the like are not an append's outcome
+    return result

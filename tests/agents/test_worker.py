@@ -1,4 +1,9 @@
-"""AgentWorker on the in-process bus: announce, Started then result, idempotency, redelivery."""
+"""AgentWorker on the in-process bus: announce, Started then result, idempotency, redelivery.
+
+Most tests build the worker with ``started_after_s=0`` so ``Started`` is always
+sent (the handler has not finished at the first look); the two
+``started_after`` tests pin the default behaviour without relying on timing.
+"""
 
 from __future__ import annotations
 
@@ -74,7 +79,7 @@ async def nothing_more(replies: AsyncIterator[Reply], wait: float = 0.1) -> None
 
 
 async def test_announces_then_replies_started_then_result(bus: InProcessBus) -> None:
-    worker = AgentWorker(bus, Counting)
+    worker = AgentWorker(bus, Counting, started_after_s=0)
     replies = bus.replies()
     await worker.start()
     (announce,) = await take(replies, 1)
@@ -90,9 +95,49 @@ async def test_announces_then_replies_started_then_result(bus: InProcessBus) -> 
     assert worker.handled == 1
 
 
+class Gated(Agent):
+    """Answers only once its gate opens: running as long as the test wants."""
+
+    agent_id = "gated"
+    description = "Echoes text when let."
+    capabilities = [Capability("echo", EchoIn, EchoOut, "echo a text")]
+    gate = asyncio.Event()
+
+    async def handle(self, task: TaskCard, inputs: EchoIn, ctx: TaskContext) -> EchoOut:
+        await type(self).gate.wait()
+        return EchoOut(text=inputs.text)
+
+
+async def test_an_answer_within_started_after_needs_no_started(bus: InProcessBus) -> None:
+    Gated.gate = asyncio.Event()
+    Gated.gate.set()  # answers at once
+    replies = bus.replies()
+    await AgentWorker(bus, Gated, started_after_s=30).start()
+    await take(replies, 1)
+    await bus.send_task("gated", card())
+    (result,) = await take(replies, 1)
+    assert isinstance(result, ResultCard) and result.status == "completed"
+    await nothing_more(replies)
+
+
+async def test_a_handler_still_running_after_started_after_sends_started(
+    bus: InProcessBus,
+) -> None:
+    Gated.gate = asyncio.Event()
+    replies = bus.replies()
+    await AgentWorker(bus, Gated, started_after_s=0.001).start()
+    await take(replies, 1)
+    await bus.send_task("gated", card())
+    (started,) = await take(replies, 1)  # while the handler is still waiting on its gate
+    assert started == Started(task_id="t1", attempt=1, agent_id="gated")
+    Gated.gate.set()
+    (result,) = await take(replies, 1)
+    assert isinstance(result, ResultCard) and result.output == {"text": "hi"}
+
+
 async def test_rejection_and_failure_travel_as_result_cards(bus: InProcessBus) -> None:
     replies = bus.replies()
-    await AgentWorker(bus, Counting).start()
+    await AgentWorker(bus, Counting, started_after_s=0).start()
     await take(replies, 1)
     await bus.send_task("counting", card("t1", capability="translate"))
     await bus.send_task("counting", card("t2", inputs={"text": 5}))
@@ -105,7 +150,7 @@ async def test_rejection_and_failure_travel_as_result_cards(bus: InProcessBus) -
 
 
 async def test_a_redelivered_card_is_answered_from_cache(bus: InProcessBus) -> None:
-    worker = AgentWorker(bus, Counting)
+    worker = AgentWorker(bus, Counting, started_after_s=0)
     replies = bus.replies()
     await worker.start()
     await take(replies, 1)
@@ -127,7 +172,7 @@ async def test_a_redelivered_card_is_answered_from_cache(bus: InProcessBus) -> N
 
 
 async def test_concurrent_duplicates_run_once(bus: InProcessBus) -> None:
-    worker = AgentWorker(bus, Counting, concurrency=3)
+    worker = AgentWorker(bus, Counting, concurrency=3, started_after_s=0)
     replies = bus.replies()
     await worker.start()
     await take(replies, 1)
@@ -159,7 +204,7 @@ async def test_a_failing_consumer_gets_the_card_again_and_the_cached_answer() ->
     bus = FlakyReplyBus(fail=2, max_deliver=5)
     try:
         replies = bus.replies()
-        await AgentWorker(bus, Counting).start()
+        await AgentWorker(bus, Counting, started_after_s=0).start()
         await take(replies, 1)
         await bus.send_task("counting", card())
         started, result = await take(replies, 2)
@@ -212,7 +257,7 @@ async def test_a_raising_handler_is_redelivered_up_to_max_deliver(bus: InProcess
 async def test_malformed_bytes_reach_on_bad_message(bus: InProcessBus, data: bytes) -> None:
     bad: list[tuple[str, bytes, str]] = []
     bus.on_bad_message = lambda subject, raw, reason: bad.append((subject, raw, reason))
-    worker = AgentWorker(bus, Counting)
+    worker = AgentWorker(bus, Counting, started_after_s=0)
     replies = bus.replies()
     await worker.start()
     await take(replies, 1)

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from eventstore import (
+    Append,
     CardbusError,
     ConcurrencyError,
     Envelope,
@@ -229,6 +230,41 @@ class TestEventStoreContract:
         loser = a if isinstance(a, BaseException) else b
         assert isinstance(loser, ConcurrencyError)
         assert (loser.stream, loser.expected, loser.actual) == ("t1", 1, 2)
+
+    # -- append_many --------------------------------------------------------------
+
+    async def test_append_many_is_each_append_on_its_own(self, store: EventStore) -> None:
+        await store.append("t1", [created()], 0)
+        before = await snapshot(store)
+        outcomes = await store.append_many(
+            [
+                Append("t2", [created(), started()], 0),
+                Append("t1", [started()], 0),  # stale: t1 is at version 1
+                Append("t3", [], 0),  # bad input
+                Append("t1", [started(attempt=2)], 1),
+            ]
+        )
+        t2, stale, bad, t1 = outcomes
+        assert isinstance(t2, list) and [e.version for e in t2] == [1, 2]
+        assert isinstance(stale, ConcurrencyError)
+        # the appends are independent: the stale one may be checked before or after t1's
+        assert (stale.stream, stale.expected) == ("t1", 0) and stale.actual in (1, 2)
+        assert isinstance(bad, ValidationError)
+        assert isinstance(t1, list) and [e.version for e in t1] == [2]
+        after = await snapshot(store)
+        assert after[: len(before)] == before
+        assert sorted(e.event_id for e in after[len(before) :]) == sorted(
+            e.event_id for e in [*t2, *t1]
+        )
+        assert await store.read_stream("t2") == t2
+        assert await store.verify() == []
+
+    async def test_append_many_retry_returns_the_originals(self, store: EventStore) -> None:
+        batch = [created(), started()]
+        [first] = await store.append_many([Append("t1", batch, 0)])
+        again = await store.append_many([Append("t1", batch, 5), Append("t1", batch, 0)])
+        assert again == [first, first]
+        assert await store.last_position() == 2
 
     # -- idempotency ------------------------------------------------------------
 

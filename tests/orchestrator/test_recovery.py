@@ -94,16 +94,24 @@ class ReviewIn(msgspec.Struct, frozen=True):
 
 async def test_a_lost_append_of_a_new_subtask_does_not_strand_its_parent(make_runtime, store):
     """A decision that creates a review task writes two streams; losing one must not hang."""
-    real_append = store.append
+    real_append_many = store.append_many
     lost: list[str] = []
 
-    async def flaky_append(stream, events, expected):  # type: ignore[no-untyped-def]
-        if "~review" in stream and not lost:
-            lost.append(stream)
-            raise StoreUnavailable("disk hiccup")
-        return await real_append(stream, events, expected)
+    async def flaky_append_many(appends):  # type: ignore[no-untyped-def]
+        # the orchestrator writes its decisions with append_many: lose the first review's
+        outcomes: list[object] = []
+        for a in appends:
+            if "~review" in a.stream and not lost:
+                lost.append(a.stream)
+                outcomes.append(StoreUnavailable("disk hiccup"))
+            else:
+                outcomes.append(None)
+        stored = iter(
+            await real_append_many([a for a, o in zip(appends, outcomes, strict=True) if o is None])
+        )
+        return [o if o is not None else next(stored) for o in outcomes]
 
-    store.append = flaky_append  # type: ignore[method-assign]
+    store.append_many = flaky_append_many  # type: ignore[method-assign]
     agents = [
         make_agent("writer", "write"),
         make_agent(

@@ -48,7 +48,7 @@ def test_traceparent_round_trip_and_case_insensitive_headers() -> None:
 
 async def test_worker_continues_the_cards_trace(sdk_spans: InMemorySpanExporter) -> None:
     bus = InProcessBus()
-    worker = AgentWorker(bus, Researcher)
+    worker = AgentWorker(bus, Researcher, started_after_s=0)  # Started always
     await worker.start()
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     card = TaskCard(
@@ -71,7 +71,7 @@ async def test_failed_and_rejected_attempts_carry_error_type(
     sdk_spans: InMemorySpanExporter,
 ) -> None:
     bus = InProcessBus()
-    worker = AgentWorker(bus, Researcher)
+    worker = AgentWorker(bus, Researcher, started_after_s=0)  # Started always
     await worker.start()
     await bus.send_task(
         Researcher.agent_id, TaskCard(task_id="t2", root_id="r", capability="research", inputs={})
