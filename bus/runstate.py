@@ -105,15 +105,7 @@ class RunState:
         self._stats.apply(env)
         data = env.data
         if isinstance(data, ev.RunStarted):
-            run = RunView(env.stream, data, tasks=[])
-            # a backend may store a run's tasks before the run (append_many's order is free)
-            for task_id in data.task_ids:
-                task = self.tasks.get(task_id)
-                if task is not None and task.created.root_id == env.stream:
-                    run.tasks.append(task_id)
-                    if task.created.plan_id:
-                        run.names[task.created.plan_id] = task_id
-            self.runs[env.stream] = self.open[env.stream] = run
+            self._start_run(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
             self.plans[data.plan_id] = data.root_id
         elif isinstance(data, ev.AgentRegistered):
@@ -132,6 +124,17 @@ class RunState:
         elif type(data) in _TASK_TYPES:
             self._apply_task(env)
         return True
+
+    def _start_run(self, root_id: str, data: ev.RunStarted) -> None:
+        run = RunView(root_id, data, tasks=[])
+        # a backend may store a run's tasks before the run (append_many's order is free)
+        for task_id in data.task_ids:
+            task = self.tasks.get(task_id)
+            if task is not None and task.created.root_id == root_id:
+                run.tasks.append(task_id)
+                if task.created.plan_id:
+                    run.names[task.created.plan_id] = task_id
+        self.runs[root_id] = self.open[root_id] = run
 
     def _apply_task(self, env: Envelope) -> None:
         data = env.data

@@ -1,0 +1,33 @@
+"""RunState folds the same state whatever order a run's creating appends were stored in."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bus.runstate import RunState
+from eventstore import MemoryEventStore, NewEvent
+from eventstore import events as ev
+
+CREATES: list[tuple[str, ev.Event]] = [
+    ("root", ev.RunStarted(goal="g", plan_id="p", task_ids=["a", "b"])),
+    ("a", ev.TaskCreated(root_id="root", capability="echo", plan_id="a")),
+    ("b", ev.TaskCreated(root_id="root", capability="echo", deps=["a"], plan_id="b")),
+    ("x", ev.TaskCreated(root_id="other", capability="echo", plan_id="a")),
+]
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(len(CREATES)))))
+async def test_a_run_and_its_tasks_in_any_order(order: tuple[int, ...]) -> None:
+    store = MemoryEventStore()  # append_many promises no order between streams
+    for i in order:
+        stream, data = CREATES[i]
+        await store.append(stream, [NewEvent(data=data, correlation_id="root")], 0)
+    state = RunState()
+    for env in await store.read_all(0, 100):
+        assert state.apply(env)
+    run = state.runs["root"]
+    assert sorted(run.tasks) == ["a", "b"]  # not "x": another root's task
+    assert run.names == {"a": "a", "b": "b"}
+    assert state.open == {"root": run}
