@@ -12,18 +12,22 @@ checks (wrong expected version, bad payload) fails alone without touching the
 others. The writer thread owns a plain ``sqlite3`` connection: one thread hop
 per batch instead of one per statement.
 
-The writer keeps each stream's head (version, hash) in memory. The cache is
-valid only while no other connection writes: every transaction first reads
-``MAX(position)`` and drops the cache when it is not the position this writer
-committed last (another process appended). Idempotent retries are found by
-the ``UNIQUE`` constraint on ``event_id``: a batch that hits it is rolled back
-and redone with every id looked up. Requests whose expected version is wrong
-are looked up too, since a retry must return the stored events whatever its
-expected version says.
+The writer keeps the log's last position and each stream's head (version,
+hash) in memory, as its last commit left them, and plans a batch on them
+without reading the file (a stream expected to be new is taken as new). That
+is optimistic, and the constraints keep it safe: if another process wrote in
+between, an insert collides with a position (``PRIMARY KEY``) or a stream
+version (``UNIQUE (stream, version)``) it took, and the batch is rolled back
+and redone from the file. Idempotent retries are found the same way, by the
+``UNIQUE`` constraint on ``event_id``: the redo looks every id up. A request
+whose expected version differs from the cached head re-reads that head
+before it fails, and is looked up too, since a retry must return the stored
+events whatever its expected version says.
 
 Positions are assigned by the writer as ``MAX(position) + 1`` under the write
-lock, so they are gap-free and in commit order; readers in this or any other
-process see a prefix of the log, which is what makes ``subscribe`` gap-free.
+lock (the redo reads ``MAX(position)`` afresh), so they are gap-free and in
+commit order; readers in this or any other process see a prefix of the log,
+which is what makes ``subscribe`` gap-free.
 
 Reads go through ``aiosqlite`` (one hop per query) and decode in the event
 loop with ``decode_stored``.
@@ -87,6 +91,13 @@ _INSERT = (
     " recorded_at, body, hash) VALUES (?,?,?,?,?,?,?,?,?)"
 )
 _TOP = "SELECT COALESCE(MAX(position), 0) FROM events"
+_INSERT_CHUNK = 500  # rows per INSERT: 9 values each, well under SQLite's 32766 variables
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(rows: int) -> str:
+    return _INSERT + ",(?,?,?,?,?,?,?,?,?)" * (rows - 1)
+
 
 _TAGS = {t: tag_of(t) for t in EVENT_TYPES}
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -145,15 +156,16 @@ class _Writer:
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot write: {e}") from e
         try:
-            top = conn.execute(_TOP).fetchone()[0]
-            if top != self.top:  # another connection wrote: our heads may be stale
-                self.heads.clear()
+            # Optimistic: the log's end and the streams' heads as our last commit left
+            # them. Another process's writes since then make an insert collide with a
+            # position or a (stream, version) it took: the redo below reads them afresh.
+            top = self.top if self.top >= 0 else conn.execute(_TOP).fetchone()[0]
             try:
                 outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
                 self._insert(rows)
             except sqlite3.IntegrityError:
-                # An id is already stored (a retry after a lost reply): redo the
-                # batch, this time looking every id up.
+                # An id is already stored (a retry after a lost reply) or another
+                # process wrote: redo the batch from the file, looking every id up.
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
                 self.heads.clear()
@@ -176,9 +188,12 @@ class _Writer:
         return outcomes, self.top, len(rows)
 
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
-        # executemany, not multi-row VALUES: measured faster (less system time) here.
-        if rows:
-            self.conn.executemany(_INSERT, rows)
+        # One multi-row INSERT per chunk, not executemany: executemany gives up and
+        # retakes the GIL around every row, and while the event loop is busy each
+        # retake waits; one statement waits once.
+        for i in range(0, len(rows), _INSERT_CHUNK):
+            chunk = rows[i : i + _INSERT_CHUNK]
+            self.conn.execute(_insert_sql(len(chunk)), [v for row in chunk for v in row])
 
     def _plan(
         self, batch: list[_Request], top: int, max_bytes: int, careful: bool
@@ -189,7 +204,14 @@ class _Writer:
         outcomes: list[Outcome | None] = []
         rows: list[tuple[Any, ...]] = []
         claimed: set[str] = set()
-        missing = list({r.stream for r in batch if r.stream not in cached})
+        # a stream expected to be new is taken as new (the UNIQUE constraint on
+        # (stream, version) catches it if not); others are looked up
+        missing = list(
+            {r.stream for r in batch if r.stream not in cached and (careful or r.expected_version)}
+        )
+        for r in batch:
+            if r.stream not in cached and r.stream not in missing:
+                cached[r.stream] = (0, GENESIS_HASH)
         if missing:
             found = self._heads(missing)
             for stream in missing:
@@ -208,6 +230,9 @@ class _Writer:
                     outcomes.append(None)
                     continue
                 head = heads.get(stream) or cached[stream]
+                if r.expected_version != head[0] and not careful and stream not in heads:
+                    # our cached head may be stale (another process wrote): the file decides
+                    head = cached[stream] = self._heads([stream]).get(stream, (0, GENESIS_HASH))
                 if r.expected_version != head[0] and not careful:
                     old = list(self._lookup(ids).values())
                     if old:  # a retry with a stale expected version

@@ -164,6 +164,21 @@ async def test_two_connections_appending_keep_versions_and_chains(tmp_path: Path
         assert await a.verify() == []
 
 
+async def test_stale_caches_across_connections_are_caught(tmp_path: Path) -> None:
+    """Each writer plans on its cached log end and heads: the constraints catch stale ones."""
+    path = tmp_path / "log.db"
+    async with opened(path) as a, opened(path) as b:
+        await a.append("first", [created()], 0)  # a caches position 1
+        await b.append("new", [created(), started()], 0)  # b takes positions 2, 3
+        with pytest.raises(ConcurrencyError) as info:  # a takes "new" for new: it is not
+            await a.append("new", [created()], 0)
+        assert (info.value.expected, info.value.actual) == (0, 2)
+        [env] = await a.append("other", [created()], 0)  # a's cached end (1) is stale
+        assert env.position == 4
+        assert [e.position for e in await b.read_all(0, 100)] == [1, 2, 3, 4]
+        assert await b.verify() == []
+
+
 async def test_contention_across_connections_exactly_one_wins(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     async with opened(path) as a, opened(path) as b:
