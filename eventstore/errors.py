@@ -12,7 +12,8 @@ errors (sqlite3, nats, msgspec) are translated at the boundary with
     │   ├── ConcurrencyError      expected version != actual version of the stream
     │   ├── IdempotencyError      an event id re-used for different content
     │   ├── StreamNotFound        reading a stream that has no events
-    │   └── StoreUnavailable      the backend (file, server) cannot be reached
+    │   ├── StoreUnavailable      the backend (file, server) cannot be reached
+    │   └── PrerequisiteNotStored an append_many part whose ``after`` was not stored
     ├── IllegalTransition         the task state machine refuses (state, event)
     ├── ValidationError           a card, plan or agent output breaks its schema
     │   └── InvalidPlan           a plan refused before anything runs
@@ -32,6 +33,7 @@ __all__ = [
     "IllegalTransition",
     "InvalidPlan",
     "PayloadTooLarge",
+    "PrerequisiteNotStored",
     "StoreError",
     "StoreUnavailable",
     "StreamNotFound",
@@ -87,6 +89,10 @@ class StreamNotFound(StoreError):
 
 class StoreUnavailable(StoreError):
     """The backend cannot be reached (missing file, server down)."""
+
+
+class PrerequisiteNotStored(StoreError):
+    """Not attempted: an append it was to follow (``Append.after``) was not stored."""
 
 
 class IllegalTransition(CardbusError):

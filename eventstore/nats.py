@@ -319,6 +319,32 @@ class _DirectCall:
         self.done: asyncio.Future[int] = loop.create_future()  # -> messages still pending
 
 
+class _Part:
+    """A multi-event append waiting for a batch (group commit)."""
+
+    __slots__ = ("done", "filt", "head", "sealed", "stream", "subjects")
+
+    def __init__(
+        self,
+        stream: str,
+        filt: str,
+        head: _Head,
+        sealed: list[tuple[Envelope, bytes]],
+        subjects: list[str],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.stream = stream
+        self.filt = filt
+        self.head = head
+        self.sealed = sealed
+        self.subjects = subjects
+        self.done: asyncio.Future[int] = loop.create_future()  # -> its first position
+
+
+class _Regroup(Exception):
+    """The batch this append was part of was refused as a whole: send it alone."""
+
+
 class _Transient(StoreUnavailable):
     """A timeout, a missing responder or a leader election: worth retrying for a while."""
 
@@ -369,6 +395,8 @@ class NatsEventStore(EventStore):
         # Bounded reads go through the stream's direct get (batch, nats-server 2.11+) when
         # the stream allows it (see _setup_direct_reads); else through a short-lived consumer.
         self._direct_reads = False
+        self._waiting: list[_Part] = []  # multi-event appends waiting for the next batch
+        self._committer: asyncio.Future[None] | None = None
         self._replicas = 1
         self._direct_sub: Any = None
         self._direct_prefix = ""
@@ -755,28 +783,112 @@ class NatsEventStore(EventStore):
         filt: str,
         head: _Head,
     ) -> list[Envelope]:
-        batch_id = uuid.uuid4().hex
-        n = len(sealed)
-        all_headers = []
-        for i, (env, body) in enumerate(sealed, 1):
-            h = self._headers(env, i == 1, filt, head)
-            h[_H_BATCH_ID] = batch_id
-            h[_H_BATCH_SEQ] = str(i)
-            if i == n:
-                h[_H_BATCH_COMMIT] = "1"
-            self._check_size(body, h, subjects[i - 1])
-            all_headers.append(h)
-        # Pipelined: nothing is awaited but the commit's ack; one flush sends them all.
-        for i in range(n - 1):
-            await self.nc.publish(subjects[i], sealed[i][1], headers=all_headers[i])
-        ack = await self._request(subjects[-1], sealed[-1][1], all_headers[-1])
-        first = ack.seq - n + 1
+        """A multi-event append as (part of) one atomic batch: see :meth:`_commit_groups`."""
+        part = _Part(stream, filt, head, sealed, subjects, asyncio.get_running_loop())
+        for (_, body), subject, h in zip(
+            sealed, subjects, self._batch_headers([part]), strict=True
+        ):
+            self._check_size(body, h, subject)
+        self._waiting.append(part)
+        if self._committer is None:
+            self._committer = asyncio.ensure_future(self._commit_groups())
+        try:
+            first = await part.done
+        except _Regroup:  # the group it was in was refused: this part alone says why
+            ack = await self._send_group([part])
+            first = ack.seq - len(sealed) + 1
         out = [
             msgspec.structs.replace(env, position=first + i) for i, (env, _) in enumerate(sealed)
         ]
         last = out[-1]
         self._remember(stream, _Head(last.version, last.position, last.hash))
         return out
+
+    async def _commit_groups(self) -> None:
+        """Group commit: the multi-event appends waiting while a batch is in flight go out
+        together as the next atomic batch, at most one part per task stream and at most
+        ``max_batch`` messages.
+
+        Each part keeps its own expected-sequence check on its task's subjects, and
+        the batch is stored whole or not at all, so each append still is. A file-backed
+        stream syncs the disk once per batch, so this is one sync for many appends.
+        If the server refuses a group of several parts (one part's check or duplicate
+        id), each part is sent again alone and gets its own answer.
+        """
+        try:
+            while self._waiting:
+                group: list[_Part] = []
+                rest: list[_Part] = []
+                streams: set[str] = set()
+                size = 0
+                for part in self._waiting:
+                    if part.done.done():
+                        continue  # its caller gave up (cancelled) before it was sent
+                    if part.stream in streams or (
+                        group and size + len(part.sealed) > self.max_batch
+                    ):
+                        rest.append(part)  # two appends to one task never share a batch
+                        continue
+                    group.append(part)
+                    streams.add(part.stream)
+                    size += len(part.sealed)
+                self._waiting = rest
+                if not group:
+                    continue
+                try:
+                    ack = await self._send_group(group)
+                except BaseException as e:
+                    refused = isinstance(e, nats.js.errors.APIError | nats.errors.MaxPayloadError)
+                    for part in group:
+                        if part.done.done():
+                            continue
+                        if len(group) > 1 and refused:
+                            part.done.set_exception(_Regroup())
+                        elif isinstance(e, Exception):
+                            part.done.set_exception(e)
+                        else:  # this task is cancelled (the loop is ending)
+                            part.done.set_exception(StoreUnavailable("append interrupted"))
+                    if not isinstance(e, Exception):
+                        raise
+                    continue
+                first = ack.seq - size + 1
+                for part in group:
+                    if not part.done.done():
+                        part.done.set_result(first)
+                    first += len(part.sealed)
+        finally:
+            self._committer = None
+            if self._closed:
+                for part in self._waiting:
+                    if not part.done.done():
+                        part.done.set_exception(StoreUnavailable("the event store is closed"))
+                self._waiting = []
+
+    def _batch_headers(self, group: list[_Part]) -> list[dict[str, str]]:
+        batch_id = uuid.uuid4().hex
+        out: list[dict[str, str]] = []
+        for part in group:
+            for i, (env, _) in enumerate(part.sealed):
+                h = self._headers(env, i == 0, part.filt, part.head)
+                h[_H_BATCH_ID] = batch_id
+                h[_H_BATCH_SEQ] = str(len(out) + 1)
+                out.append(h)
+        out[-1][_H_BATCH_COMMIT] = "1"
+        return out
+
+    async def _send_group(self, group: list[_Part]) -> js_api.PubAck:
+        """Publish the parts as one atomic batch; the commit's ack."""
+        headers = self._batch_headers(group)
+        messages = [
+            (subject, body)
+            for part in group
+            for (_, body), subject in zip(part.sealed, part.subjects, strict=True)
+        ]
+        # Pipelined: nothing is awaited but the commit's ack; one flush sends them all.
+        for (subject, body), h in zip(messages[:-1], headers, strict=False):
+            await self.nc.publish(subject, body, headers=h)
+        subject, body = messages[-1]
+        return await self._request(subject, body, headers[-1])
 
     async def _publish_sequential(
         self,
@@ -1120,6 +1232,10 @@ class NatsEventStore(EventStore):
         self._closed = True
         for reader in list(self._readers):
             await reader.close()
+        for part in self._waiting:
+            if not part.done.done():
+                part.done.set_exception(StoreUnavailable("the event store is closed"))
+        self._waiting = []
         for call in list(self._direct_calls.values()):
             if not call.done.done():
                 call.done.set_exception(StoreUnavailable("the event store is closed"))

@@ -64,9 +64,15 @@ from .envelope import (
     decode_stored,
     verify_chain,
 )
-from .errors import CardbusError, StoreError, StoreUnavailable, ValidationError
+from .errors import (
+    CardbusError,
+    PrerequisiteNotStored,
+    StoreError,
+    StoreUnavailable,
+    ValidationError,
+)
 from .events import EVENT_TYPES, tag_of
-from .store import Append, EventStore
+from .store import Append, EventStore, check_after
 
 __all__ = ["SqliteEventStore"]
 
@@ -117,6 +123,8 @@ class _Request:
     events: Sequence[NewEvent]
     expected_version: int
     future: asyncio.Future[list[Envelope]] = field(repr=False)
+    after: tuple[_Request, ...] = ()  # store only if these were (append_many's ``after``)
+    stored: bool = False  # set by the writer thread once committed
 
 
 class _Writer:
@@ -173,6 +181,8 @@ class _Writer:
                 outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=True)
                 self._insert(rows)
             conn.execute("COMMIT")
+            for r, outcome in zip(batch, outcomes, strict=True):
+                r.stored = isinstance(outcome, list)
         except BaseException:
             self.heads.clear()
             self.top = -1
@@ -217,17 +227,27 @@ class _Writer:
             for stream in missing:
                 cached[stream] = found.get(stream, (0, GENESIS_HASH))
         position = top
+        planned: dict[int, Outcome | None] = {}  # id(request) -> its outcome in this batch
         for r in batch:
             ids = [e.event_id for e in r.events]
             stream = r.stream
+            if r.after:
+                before = [p.stored or planned.get(id(p), False) for p in r.after]
+                if any(b is None for b in before):  # a prerequisite is queued again: so is it
+                    outcomes.append(planned.setdefault(id(r), None))
+                    continue
+                if not all(b is True or isinstance(b, list) for b in before):
+                    error = PrerequisiteNotStored(f"{stream}: what it follows was not stored")
+                    outcomes.append(planned.setdefault(id(r), error))
+                    continue
             try:
                 if careful and any(i in stored for i in ids):
                     old = [stored[i] for i in ids if i in stored]
                     check_replay(old, r.events, stream)
-                    outcomes.append(old)
+                    outcomes.append(planned.setdefault(id(r), old))
                     continue
                 if not claimed.isdisjoint(ids):  # the same ids twice in one batch
-                    outcomes.append(None)
+                    outcomes.append(planned.setdefault(id(r), None))
                     continue
                 head = heads.get(stream) or cached[stream]
                 if r.expected_version != head[0] and not careful and stream not in heads:
@@ -236,16 +256,15 @@ class _Writer:
                 if r.expected_version != head[0] and not careful:
                     old = list(self._lookup(ids).values())
                     if old:  # a retry with a stale expected version
-                        check_replay(
-                            sorted(old, key=lambda e: ids.index(e.event_id)), r.events, stream
-                        )
-                        outcomes.append(old)
+                        old = sorted(old, key=lambda e: ids.index(e.event_id))
+                        check_replay(old, r.events, stream)
+                        outcomes.append(planned.setdefault(id(r), old))
                         continue
                 sealed = seal_batch(
                     stream, r.events, r.expected_version, head[0], head[1], max_bytes, position + 1
                 )
             except CardbusError as e:
-                outcomes.append(e)
+                outcomes.append(planned.setdefault(id(r), e))
                 continue
             for env, body in sealed:
                 rows.append(
@@ -265,7 +284,7 @@ class _Writer:
             claimed.update(ids)
             last = sealed[-1][0]
             heads[stream] = (last.version, last.hash)
-            outcomes.append([env for env, _ in sealed])
+            outcomes.append(planned.setdefault(id(r), [env for env, _ in sealed]))
         return outcomes, rows, heads
 
     def _heads(self, streams: list[str]) -> dict[str, tuple[int, str]]:
@@ -403,16 +422,30 @@ class SqliteEventStore(EventStore):
         # Queued together, so they share a commit; one future each, no task each.
         if self._closed:
             raise StoreUnavailable("the event store is closed")
+        check_after(appends)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[list[Envelope]] | Exception] = []
+        requests: list[_Request | None] = []
         for a in appends:
+            after = [requests[j] for j in a.after]
             try:
                 check_append_args(a.stream, a.events, a.expected_version)
+                if any(p is None for p in after):
+                    raise PrerequisiteNotStored(f"{a.stream}: what it follows was refused")
             except CardbusError as e:
                 futures.append(e)
+                requests.append(None)
                 continue
             future: asyncio.Future[list[Envelope]] = loop.create_future()
-            self._queue.append(_Request(a.stream, list(a.events), a.expected_version, future))
+            r = _Request(
+                a.stream,
+                list(a.events),
+                a.expected_version,
+                future,
+                after=tuple(p for p in after if p is not None),
+            )
+            self._queue.append(r)
+            requests.append(r)
             futures.append(future)
         if self._queue:
             self._idle.clear()

@@ -17,8 +17,14 @@ Backends are sibling modules (``sqlite``, ``memory``, ``nats``) and all pass
 * ``append_many(appends)`` makes several appends at once, each atomic on its
   own (not together) and checked as if made alone, in no promised order; it
   returns one outcome per append, in the order given: the stored envelopes or
-  the error that append raised. A backend may commit them together (SQLite
-  does, in one transaction); the default runs them concurrently.
+  the error that append raised. An append may name earlier ones in the list
+  as ``after``: it is stored after them, and only if they all were; if not,
+  its outcome is ``PrerequisiteNotStored`` and it changes nothing. (A
+  decision made on a result that is itself being written goes in the same
+  call, ``after`` it: both can share a commit, and the decision can never be
+  in the log without the result.) A backend may commit them together (SQLite
+  does, in one transaction); the default runs independent appends
+  concurrently.
 * ``read_stream`` returns a stream's events in version order;
   ``read_all(from_position, limit)`` the log in position order, from the
   first event whose position is >= ``from_position``;
@@ -40,8 +46,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from .envelope import ChainProblem, Envelope, NewEvent
+from .errors import PrerequisiteNotStored, ValidationError
 
-__all__ = ["Append", "EventStore"]
+__all__ = ["Append", "EventStore", "check_after"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,7 @@ class Append:
     stream: str
     events: Sequence[NewEvent]
     expected_version: int
+    after: tuple[int, ...] = ()  # indexes of earlier appends in the list it must follow
 
 
 class EventStore(abc.ABC):
@@ -63,12 +71,29 @@ class EventStore(abc.ABC):
         """Store ``events`` at the end of ``stream``; see the module docstring."""
 
     async def append_many(self, appends: Sequence[Append]) -> list[list[Envelope] | Exception]:
-        """Independent appends at once: per append, its envelopes or its error."""
-        results = await asyncio.gather(
-            *(self.append(a.stream, a.events, a.expected_version) for a in appends),
-            return_exceptions=True,
-        )
-        return [_outcome(r) for r in results]
+        """Several appends at once: per append, its envelopes or its error."""
+        check_after(appends)
+        outcomes: list[list[Envelope] | Exception | None] = [None] * len(appends)
+        todo = list(range(len(appends)))
+        while todo:  # in waves: each append once everything it follows has settled
+            ready = [i for i in todo if all(outcomes[j] is not None for j in appends[i].after)]
+            todo = [i for i in todo if i not in ready]
+            run = []
+            for i in ready:
+                if all(isinstance(outcomes[j], list) for j in appends[i].after):
+                    run.append(i)
+                else:
+                    outcomes[i] = PrerequisiteNotStored(f"{appends[i].stream}: not attempted")
+            results = await asyncio.gather(
+                *(
+                    self.append(appends[i].stream, appends[i].events, appends[i].expected_version)
+                    for i in run
+                ),
+                return_exceptions=True,
+            )
+            for i, r in zip(run, results, strict=True):
+                outcomes[i] = _outcome(r)
+        return [o for o in outcomes if o is not None]
 
     @abc.abstractmethod
     async def read_stream(self, stream: str, from_version: int = 1) -> list[Envelope]:
@@ -112,3 +137,12 @@ def _outcome(result: list[Envelope] | BaseException) -> list[Envelope] | Excepti
     if isinstance(result, BaseException) and not isinstance(result, Exception):
         raise result  # cancellation and the like are not an append's outcome
     return result
+
+
+def check_after(appends: Sequence[Append]) -> None:
+    """``after`` may only name earlier appends of the same call."""
+    for i, a in enumerate(appends):
+        if any(not 0 <= j < i for j in a.after):
+            raise ValidationError(
+                f"append {i} ({a.stream!r}): after={a.after} must name earlier ones"
+            )

@@ -24,6 +24,7 @@ from eventstore import (
     IdempotencyError,
     NewEvent,
     PayloadTooLarge,
+    PrerequisiteNotStored,
     ValidationError,
 )
 from eventstore import events as ev
@@ -265,6 +266,49 @@ class TestEventStoreContract:
         again = await store.append_many([Append("t1", batch, 5), Append("t1", batch, 0)])
         assert again == [first, first]
         assert await store.last_position() == 2
+
+    async def test_append_many_after_follows_what_was_stored(self, store: EventStore) -> None:
+        await store.append("done", [created()], 0)
+        result, dispatch, finish = await store.append_many(
+            [
+                Append("done", [completed()], 1),
+                Append("next", [created()], 0, after=(0,)),
+                Append("root", [created()], 0, after=(0, 1)),
+            ]
+        )
+        assert isinstance(result, list) and isinstance(dispatch, list)
+        assert isinstance(finish, list)
+        # stored after what they follow, whatever else shares the commit
+        assert result[0].position < dispatch[0].position < finish[0].position
+        assert await store.verify() == []
+
+    async def test_append_many_after_a_failed_append_stores_nothing(
+        self, store: EventStore
+    ) -> None:
+        await store.append("done", [created()], 0)
+        before = await snapshot(store)
+        stale, dispatch, finish, free = await store.append_many(
+            [
+                Append("done", [completed()], 0),  # stale: a ConcurrencyError
+                Append("next", [created()], 0, after=(0,)),
+                Append("root", [created()], 0, after=(1,)),  # follows one not attempted
+                Append("free", [created()], 0),
+            ]
+        )
+        assert isinstance(stale, ConcurrencyError)
+        assert isinstance(dispatch, PrerequisiteNotStored)
+        assert isinstance(finish, PrerequisiteNotStored)
+        assert isinstance(free, list)
+        after = await snapshot(store)
+        assert after[: len(before)] == before and after[len(before) :] == free
+        assert await store.stream_version("next") == 0 == await store.stream_version("root")
+
+    async def test_append_many_after_must_name_an_earlier_append(self, store: EventStore) -> None:
+        with pytest.raises(ValidationError):
+            await store.append_many([Append("a", [created()], 0, after=(1,)), Append("b", [], 0)])
+        with pytest.raises(ValidationError):
+            await store.append_many([Append("a", [created()], 0, after=(0,))])
+        assert await store.last_position() == 0
 
     # -- idempotency ------------------------------------------------------------
 
