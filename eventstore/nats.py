@@ -62,7 +62,12 @@ Appends
   the server checks the expected sequence against the stream as it was
   before the batch, under its lock, and stores all or nothing. A batch holds
   at most ``max_batch`` (1000, the server's limit) events; longer appends are
-  refused with ``ValidationError``. On a server without atomic batches
+  refused with ``ValidationError``. Group commit: the multi-event appends
+  that wait while a batch is in flight go out together as the next batch
+  (never two appends to one task in one batch, each with its own expected
+  sequence on its first message; the server checks each against the stream
+  as it was before the batch); if the server refuses such a shared batch,
+  each append is sent again alone and gets its own answer. On a server without atomic batches
   (< 2.12) multi-event appends fall back to one publish per event, each
   expecting the sequence of the one before: every event is still checked,
   but an append interrupted half way leaves its first events stored (not
@@ -105,9 +110,9 @@ duplicate.
 Costs and limits
 ----------------
 On a file-backed R1 stream the server syncs the disk on every atomic batch
-commit (a few ms each, serialised per stream), so a multi-event append costs
-one fsync while a single-event append costs none (JetStream's default
-``sync_interval``). On a replicated stream (R3) the commit goes through Raft
+commit (a few ms each, serialised per stream), so multi-event appends share
+one fsync per batch (group commit) while a single-event append costs none
+(JetStream's default ``sync_interval``). On a replicated stream (R3) the commit goes through Raft
 instead. Each read is one direct get round trip per 1000 events (plus
 one request to the leader on a replicated stream), so ``read_stream`` in a
 hot loop costs more than on SQLite; use ``subscribe`` to follow the log.

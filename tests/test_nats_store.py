@@ -243,6 +243,49 @@ async def test_reads_page_through_direct_get_batches(nats_store: NatsEventStore)
     assert await nats_store.verify() == []
 
 
+async def test_concurrent_multi_event_appends_share_batches_and_keep_their_checks(
+    nats_url: str,
+) -> None:
+    """Group commit: multi-event appends waiting together go out as one atomic batch, yet
+    each is still checked on its own task, stored whole or not at all, and idempotent."""
+    async with (
+        await NatsEventStore.connect(nats_url) as a,
+        await NatsEventStore.connect(nats_url) as b,
+    ):
+        pair = {i: [created(), started(attempt=i)] for i in range(20)}
+        first = await asyncio.gather(*(a.append(f"t{i}", pair[i], 0) for i in range(20)))
+        assert all([e.version for e in out] == [1, 2] for out in first)
+        # They really shared batches (fewer batch ids than appends).
+        batch_ids = {m.headers.get("Nats-Batch-Id") for m in await raw_messages(nats_url)}
+        assert 1 <= len(batch_ids) < 20
+        await b.append("t3", [started()], 2)  # A's cached head of t3 is now stale
+        more = {i: [started(attempt=i + 100), started(attempt=i + 200)] for i in range(20)}
+        results = await asyncio.gather(
+            *(a.append(f"t{i}", more[i], 2) for i in range(20)),
+            a.append("t5", [started(attempt=7), started(attempt=8)], 2),  # races t5's own
+            return_exceptions=True,
+        )
+        conflict = results[3]
+        assert isinstance(conflict, ConcurrencyError) and conflict.actual == 3
+        # Of the two appends expecting t5 at version 2, exactly one is stored.
+        assert sum(isinstance(r, ConcurrencyError) for r in (results[5], results[20])) == 1
+        for i in range(20):
+            out = results[i]
+            if i in (3, 5):
+                continue
+            assert isinstance(out, list) and [e.version for e in out] == [3, 4]
+            assert out == await a.read_stream(f"t{i}", 3)
+        # A retry of stored appends, alongside new ones, returns the originals.
+        again = await asyncio.gather(
+            *(a.append(f"t{i}", more[i], 2) for i in (0, 1, 2)),
+            *(a.append(f"t{i}", [started(attempt=9), started(attempt=10)], 4) for i in (0, 1)),
+        )
+        assert again[:3] == [results[0], results[1], results[2]]
+        assert [[e.version for e in out] for out in again[3:]] == [[5, 6], [5, 6]]
+        assert await a.verify() == []
+        assert await b.read_all(0, 10_000) == await a.read_all(0, 10_000)
+
+
 async def test_many_concurrent_batches_from_two_connections(nats_url: str) -> None:
     async with (
         await NatsEventStore.connect(nats_url) as a,
@@ -400,8 +443,7 @@ async def test_verify_names_deleted_and_forged_events(tmp_path: Path) -> None:
                     encode_body(forged),
                     headers={HASH_HEADER: out[0].hash},
                 )
-                await nc.publish("cardbus.evt.root.t.x", b"\xff not json")
-                await nc.flush()
+                await js.publish("cardbus.evt.root.t.x", b"\xff not json")  # stored (acked)
             finally:
                 await nc.close()
             problems = await store.verify()
