@@ -40,6 +40,10 @@ class Decisions:
     busy: frozenset[str] = frozenset()  # streams with an append still in flight
     unroutable: list[ResultCard] = field(default_factory=list)  # results for no known task
     origins: dict[str, ResultCard] = field(default_factory=dict)  # stream -> result it records
+    # Completions decided in this step, and the streams whose decisions rest on them:
+    # appended after them, in the same write, and only if they were (Append.after).
+    completed: dict[str, Any] = field(default_factory=dict)  # task id -> its output
+    after: dict[str, set[str]] = field(default_factory=dict)  # stream -> streams it follows
 
     def add(self, stream: str, *events: ev.Event) -> None:
         self.events.setdefault(stream, []).extend(events)
@@ -210,6 +214,11 @@ class Decider:
                 attempt=task.attempt, agent_id=agent_id, output=output, confidence=confidence
             ),
         )
+        run = self.state.runs.get(task.created.root_id)
+        if run is not None and run.started.budget_tokens is None:
+            # dependents may go on in this step (their writes follow this one); not
+            # under a token budget, which this result's usage counts against first
+            self.d.completed[task.task_id] = output
 
     def _output_problem(self, task: TaskView, agent_id: str, output: Any) -> str:
         card = self.state.agents.get(agent_id)
@@ -325,6 +334,7 @@ class Decider:
                     return
                 if not self._deps_done(task) or self.now < task.not_before:
                     return
+                self._follow_completed(task.task_id, task.created.deps)
                 if task.created.requires_approval and not task.approved:
                     self.d.add(task.task_id, ev.ApprovalRequested(reason="requires_approval"))
                     return
@@ -428,7 +438,16 @@ class Decider:
 
     def _deps_done(self, task: TaskView) -> bool:
         deps = self._deps(task)
-        return len(deps) == len(task.created.deps) and all(d.state is S.COMPLETED for d in deps)
+        done = self.d.completed
+        return len(deps) == len(task.created.deps) and all(
+            d.state is S.COMPLETED or d.task_id in done for d in deps
+        )
+
+    def _follow_completed(self, stream: str, on: list[str]) -> None:
+        """``stream``'s decisions rest on these completions of this step: write them after."""
+        follows = {t for t in on if t in self.d.completed}
+        if follows:
+            self.d.after.setdefault(stream, set()).update(follows)
 
     def _blocking_dep(self, task: TaskView) -> str | None:
         for d in self._deps(task):
@@ -438,7 +457,8 @@ class Decider:
 
     def card_for(self, task: TaskView, attempt: int) -> TaskCard:
         """Exactly what the agent sees: its inputs, with only its declared deps resolved."""
-        outputs = {d.task_id: d.output for d in self._deps(task)}
+        done = self.d.completed
+        outputs = {d.task_id: done.get(d.task_id, d.output) for d in self._deps(task)}
         inputs = resolve_inputs(task.created.inputs, outputs, {})
         c = task.created
         return TaskCard(
@@ -529,7 +549,11 @@ class Decider:
         return f"no agent left for {c.capability!r} ({detail})"
 
     def _halt(self, run: RunView, reason: str, detail: str) -> None:
-        live = [t for t in run.tasks if not self.state.tasks[t].terminal]
+        # a completion decided in this step stands; the halt is written after it
+        done_here = [t for t in run.tasks if t in self.d.completed]
+        live = [
+            t for t in run.tasks if not self.state.tasks[t].terminal and t not in self.d.completed
+        ]
         if run.root_id in self.d.busy or any(t in self.d.busy for t in live):
             # a write to one of its streams is in flight: halting now would race
             # it (and lose the TaskHalted to a ConcurrencyError); the condition
@@ -543,21 +567,34 @@ class Decider:
             # keep the facts already decided (a result that arrived), drop the rest
             kept = [e for e in self.d.events.pop(task_id, []) if isinstance(e, _FACTS)]
             self.d.sends.pop(task_id, None)
+            self.d.after.pop(task_id, None)
             self.d.add(task_id, *kept, ev.TaskHalted(reason=reason, detail=detail))
+            self._follow_completed(task_id, done_here)
         self.d.add(run.root_id, ev.RunHalted(reason=reason, detail=detail))
+        self._follow_completed(run.root_id, done_here)
 
     def _maybe_finish(self, run: RunView) -> None:
         tasks = [self.state.tasks[t] for t in run.tasks]
-        if not tasks or any(not t.terminal for t in tasks) or self.d.touched(run.root_id):
+        done = self.d.completed
+        if (
+            not tasks
+            or any(not t.terminal and t.task_id not in done for t in tasks)
+            or self.d.touched(run.root_id)
+        ):
             return
         if any(t not in self.state.tasks for t in run.started.task_ids):
             return  # the plan's tasks are still being created
         plan_tasks = {name: self.state.tasks[tid] for name, tid in run.names.items()}
-        failed = sorted(t.task_id for t in plan_tasks.values() if t.state is not S.COMPLETED)
+        failed = sorted(
+            t.task_id
+            for t in plan_tasks.values()
+            if t.state is not S.COMPLETED and t.task_id not in done
+        )
+        self._follow_completed(run.root_id, run.tasks)
         if failed:
             self.d.add(run.root_id, ev.RunFailed(reason="tasks_not_completed", failed_tasks=failed))
         else:
-            outputs = {name: t.output for name, t in plan_tasks.items()}
+            outputs = {name: done.get(t.task_id, t.output) for name, t in plan_tasks.items()}
             self.d.add(run.root_id, ev.RunCompleted(outputs=outputs))
 
 

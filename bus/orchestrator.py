@@ -43,6 +43,7 @@ from eventstore.errors import (
     CardbusError,
     DecodeError,
     InvalidPlan,
+    PrerequisiteNotStored,
     StreamNotFound,
     ValidationError,
 )
@@ -346,9 +347,11 @@ class Orchestrator:
                     decider.d.add(item.stream, *item.events)
                     self._records.setdefault(item.stream, []).append(item)
             else:
-                # no advance for it: the reply's events change the state only once
-                # appended, and their commit marks the run changed then
+                # no advance for it (but for a completion, below): the reply's events
+                # change the state only once appended, and their commit marks the run
                 decider.on_reply(item)  # type: ignore[arg-type]
+        # a completion decided just now lets its run go on in this same step
+        dirty.update(self._root_of(t) for t in decider.d.completed)
         for root in dirty:
             run = self.state.open.get(root)
             if run is not None:
@@ -394,7 +397,9 @@ class Orchestrator:
                     created = d.events[stream][0]
                     if isinstance(created, ev.TaskCreated) and created.parent_id:
                         blocked[created.parent_id] = result
-            rest = [s for s in streams if s not in children and s not in blocked]
+            rest = _with_prerequisites(
+                d, [s for s in streams if s not in children and s not in blocked]
+            )
             appended = await self._append_streams(d, rest)
             done = [s for s, r in appended if r is None]
             for stream, error in [*blocked.items(), *appended]:
@@ -454,11 +459,14 @@ class Orchestrator:
         """Append each stream's decided events together; the error of each, or None."""
         if not streams:
             return []
+        # what follows a completion of this step goes after it (streams are in that order)
+        index = {s: i for i, s in enumerate(streams)}
         appends = [
             Append(
                 s,
                 self._new_events(d.events[s], self._decided_root(s, d.events[s])),
                 self._expected.get(s, self.state.versions.get(s, 0)),
+                after=tuple(sorted(index[p] for p in d.after.get(s, ()))),
             )
             for s in streams
         ]
@@ -472,6 +480,8 @@ class Orchestrator:
                         stream, self.state.versions.get(stream, 0) + 1
                     ):
                         self._apply(env)
+                elif isinstance(outcome, PrerequisiteNotStored):
+                    log.info("%s not written: the completion it follows was not", stream)
                 else:
                     log.error("append to %s failed: %r", stream, outcome)
                 out.append((stream, outcome))
@@ -557,6 +567,20 @@ class Orchestrator:
 
     def _on_bad_message(self, subject: str, data: bytes, reason: str) -> None:
         self.bad_messages.append((subject, reason))
+
+
+def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:
+    """``streams`` whose prerequisites (``Decisions.after``) are written with them, in an
+    order where every prerequisite comes first; the rest are dropped, to be decided again.
+    """
+    kept = set(streams)
+    while True:
+        lacking = {s for s in kept if not d.after.get(s, set()) <= kept}
+        if not lacking:
+            break
+        kept -= lacking
+    first = [s for s in streams if s in kept and not d.after.get(s)]
+    return first + [s for s in streams if s in kept and d.after.get(s)]
 
 
 def _rename_refs(value: Any, ids: dict[str, str]) -> Any:

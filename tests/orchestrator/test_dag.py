@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from orchkit import CARDS, TextOut, ev, make_agent, plan, run_log, task, tid
 
-from eventstore import InvalidPlan
+from eventstore import Append, InvalidPlan
 
 
 async def _slow(task_card, inputs, ctx):  # type: ignore[no-untyped-def]
@@ -132,3 +132,49 @@ async def test_a_chain_runs_in_order(make_runtime, store):
     order = [e.stream.split("-")[0] for e in log.e((ev.TaskDispatched, ev.TaskCompleted))]
     assert order == ["one", "one", "two", "two", "three", "three"]
     assert isinstance(log.envs[-1].data, ev.RunCompleted)
+
+
+# -- a completion and what follows it share one write -------------------------
+
+
+async def test_a_dependent_is_dispatched_in_the_write_that_completes_its_dependency(
+    make_runtime, store
+):
+    rt = await make_runtime([make_agent("echo")])
+    r = await rt.run(plan(task("a", text="x"), task("b", deps=["a"], text="y")))
+    assert r.status == "completed"
+    log = await run_log(store, r.root_id)
+    a, b = tid(r.root_id, "a"), tid(r.root_id, "b")
+    completed_a = log.first(ev.TaskCompleted, a)
+    # right after it, in the same commit: no round trip through the log in between
+    assert log.first(ev.TaskDispatched, b).position == completed_a.position + 1
+    assert log.first(ev.RunCompleted).position == log.first(ev.TaskCompleted, b).position + 1
+
+
+async def test_a_completion_that_is_not_written_takes_what_follows_it_along(make_runtime, store):
+    """The dependent's dispatch rests on a's result: if a's write fails, neither is logged."""
+    real_append_many = store.append_many
+    failed: list[str] = []
+
+    async def failing_completion(appends):  # type: ignore[no-untyped-def]
+        out = []
+        for a in appends:
+            if not failed and any(isinstance(e.data, ev.TaskCompleted) for e in a.events):
+                failed.append(a.stream)
+                a = Append(a.stream, a.events, a.expected_version + 99, a.after)  # refused
+            out.append(a)
+        return await real_append_many(out)
+
+    store.append_many = failing_completion  # type: ignore[method-assign]
+    rt = await make_runtime([make_agent("echo")])
+    r = await rt.run(plan(task("a", text="x", timeout_s=0.3), task("b", deps=["a"], text="y")))
+    assert failed, "the fault was not injected"
+    assert r.status == "completed"
+    log = await run_log(store, r.root_id)
+    a, b = tid(r.root_id, "a"), tid(r.root_id, "b")
+    # a's first answer was lost with its write: the attempt timed out and ran again
+    assert log.first(ev.TaskTimedOut, a).data.attempt == 1
+    assert log.first(ev.TaskCompleted, a).data.attempt == 2
+    # b was dispatched once, after a's completion that is in the log
+    (dispatched,) = log.e(ev.TaskDispatched, b)
+    assert dispatched.position > log.first(ev.TaskCompleted, a).position
