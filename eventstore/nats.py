@@ -324,6 +324,17 @@ class _DirectCall:
         self.done: asyncio.Future[int] = loop.create_future()  # -> messages still pending
 
 
+class _PubAck(msgspec.Struct):
+    """The fields of a JetStream publish ack we use (decoded in one go, unknown ones skipped)."""
+
+    seq: int = 0
+    duplicate: bool = False
+    error: dict[str, Any] | None = None
+
+
+_decode_ack = msgspec.json.Decoder(_PubAck).decode
+
+
 class _Part:
     """A multi-event append waiting for a batch (group commit)."""
 
@@ -742,7 +753,7 @@ class NatsEventStore(EventStore):
         if len(body) + overhead > limit:
             raise PayloadTooLarge(len(body), max(limit - overhead, 0))
 
-    async def _request(self, subject: str, body: bytes, headers: dict[str, str]) -> js_api.PubAck:
+    async def _request(self, subject: str, body: bytes, headers: dict[str, str]) -> _PubAck:
         try:
             msg = await self.nc.request(
                 subject, body, timeout=self.request_timeout, headers=headers
@@ -750,14 +761,12 @@ class NatsEventStore(EventStore):
         except nats.errors.NoRespondersError as e:
             raise _Transient(f"no JetStream stream answers on {subject!r}") from e
         try:
-            resp = msgspec.json.decode(msg.data)
+            ack = _decode_ack(msg.data)
         except msgspec.DecodeError as e:
             raise _Transient(f"not a JetStream ack on {subject!r}: {msg.data[:100]!r}") from e
-        if not isinstance(resp, dict):
-            raise _Transient(f"not a JetStream ack on {subject!r}: {msg.data[:100]!r}")
-        if "error" in resp:
-            raise nats.js.errors.APIError.from_error(resp["error"])
-        return js_api.PubAck.from_response(resp)
+        if ack.error is not None:
+            raise nats.js.errors.APIError.from_error(ack.error)
+        return ack
 
     async def _publish_one(
         self,
@@ -881,7 +890,7 @@ class NatsEventStore(EventStore):
         out[-1][_H_BATCH_COMMIT] = "1"
         return out
 
-    async def _send_group(self, group: list[_Part]) -> js_api.PubAck:
+    async def _send_group(self, group: list[_Part]) -> _PubAck:
         """Publish the parts as one atomic batch; the commit's ack."""
         headers = self._batch_headers(group)
         messages = [
