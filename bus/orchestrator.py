@@ -293,8 +293,11 @@ class Orchestrator:
     # -- the loops -----------------------------------------------------------
 
     async def _follow_log(self) -> None:
+        versions = self.state.versions
         async for env in self.store.subscribe(self.state.position + 1):
-            self._queue.put_nowait(env)
+            # our own appends come back already applied: only news wakes the loop
+            if env.version > versions.get(env.stream, 0):
+                self._queue.put_nowait(env)
 
     async def _pump_replies(self) -> None:
         async for reply in self.bus.replies():
