@@ -60,7 +60,8 @@ from .runstate import RunState
 __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 
 log = logging.getLogger(__name__)
-_TICK = object()
+_TICK = object()  # look at every open run
+_DUE = object()  # look at the runs whose deadline or backoff has come
 
 
 @dataclass(frozen=True)
@@ -304,10 +305,18 @@ class Orchestrator:
             self._queue.put_nowait(reply)
 
     async def _tick(self) -> None:
+        # Each tick looks at the runs with a deadline or backoff due; every
+        # ``sweep_s`` one looks at every open run, a safety net for any wait the
+        # wakeups do not name.
+        last_sweep = time.monotonic()
         while True:
             await asyncio.sleep(self.policy.tick_s)
-            if self.state.open_runs():
-                self._queue.put_nowait(_TICK)
+            if time.monotonic() - last_sweep >= self.policy.sweep_s:
+                last_sweep = time.monotonic()
+                if self.state.open_runs():
+                    self._queue.put_nowait(_TICK)
+            elif self.state.wakeups and self.state.wakeups[0][0] <= time.time():
+                self._queue.put_nowait(_DUE)
 
     async def _decide_loop(self) -> None:
         while True:
@@ -337,6 +346,8 @@ class Orchestrator:
         for item in items:
             if item is _TICK:
                 dirty.update(self.state.open)
+            elif item is _DUE:
+                dirty.update(self.state.due(decider.now))
             elif isinstance(item, _Changed):
                 dirty.update(item.roots)
             elif isinstance(item, Envelope):

@@ -18,6 +18,7 @@ class Policy:
     loop_threshold: int = 3  # the same (capability, inputs) on more tasks than this halts the run
     tie_policy: str = "retry"  # fan-out tie: "retry" or "approval"
     max_needs_input_rounds: int = 10
-    tick_s: float = 0.02  # how often deadlines and backoffs are checked
+    tick_s: float = 0.02  # how often due deadlines and backoffs are looked for
+    sweep_s: float = 1.0  # how often every open run is looked at anyway
     actor: str = "orchestrator"
     context_policy: str = "trim"  # fits upstream outputs to max_input_bytes: trim | summarise

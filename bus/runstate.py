@@ -8,6 +8,7 @@ seen twice, once from our own append and once from the log, counts once).
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,10 +82,21 @@ class RunState:
         self.plans: dict[str, str] = {}  # plan id -> root id
         self.versions: dict[str, int] = {}
         self.position = 0
+        # (time, root): when a run has a deadline or backoff due, for the clock to look
+        self.wakeups: list[tuple[float, str]] = []
         # the agent-statistics projection's counting rules: a timeout or an
         # output-schema mismatch is a failure, a rejection is not a run
         self._stats = AgentStatsFold()
         self.anomalies: list[str] = []
+
+    def due(self, now: float) -> set[str]:
+        """Open runs with a deadline or backoff that has come (each wakeup counts once)."""
+        roots: set[str] = set()
+        while self.wakeups and self.wakeups[0][0] <= now:
+            root = heapq.heappop(self.wakeups)[1]
+            if root in self.open:
+                roots.add(root)
+        return roots
 
     # -- statistics read by selection ---------------------------------------
 
@@ -169,6 +181,7 @@ class RunState:
                     task.dispatched_to = {}
                     task.results = {}
                 task.dispatched_to[data.agent_id] = data.deadline
+                heapq.heappush(self.wakeups, (data.deadline, task.created.root_id))
                 task.dispatched_at = env.recorded_at
                 key = (data.loop_hash, env.stream)
                 if run is not None and data.loop_hash and key not in run.loop_seen:
@@ -188,6 +201,7 @@ class RunState:
                 task.failures += 1
                 task.not_before = data.not_before
                 task.reason = data.reason
+                heapq.heappush(self.wakeups, (data.not_before, task.created.root_id))
             case ev.TaskTimedOut():
                 task.settled.add(data.attempt)
             case ev.TaskNeedsInput():
