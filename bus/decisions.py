@@ -146,7 +146,10 @@ class Decider:
         )
         if task.state is S.DISPATCHED and not self.d.events.get(task.task_id):
             # an answer with no Started before it (a fast agent sends none): it did start
-            self.d.add(task.task_id, ev.TaskStarted(attempt=reply.attempt, agent_id=reply.agent_id))
+            self.d.add(
+                task.task_id,
+                ev.TaskStarted(attempt=reply.attempt, agent_id=reply.agent_id, implied=True),
+            )
         self.d.add(task.task_id, submitted)
         self.d.origins[task.task_id] = reply
         results = {**task.results, reply.agent_id: submitted}

@@ -123,6 +123,8 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
     attempt: int
     agent_id: str
+    # True: no Started reply came (a fast agent sends none); its answer implied the start
+    implied: bool = False
 
 
 class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_submitted.v1"):

@@ -130,9 +130,12 @@ def _detail(data: Any) -> str | None:
             if data.score:
                 d += f" (score {data.score:.2f})"
             return d
+        case ev.TaskStarted() if data.implied:
+            return "implied by the answer (no Started reply)"
         case ev.TaskResultSubmitted():
             u = data.usage
-            return f"result {data.status}, {u.input_tokens}+{u.output_tokens} tokens"
+            d = f"result {data.status}, {u.input_tokens}+{u.output_tokens} tokens"
+            return d + (f", ran {data.duration_s * 1000:.0f}ms" if data.duration_s else "")
         case ev.TaskCompleted() if data.reused_from:
             return f"reused from {data.reused_from}"
         case ev.InputProvided():

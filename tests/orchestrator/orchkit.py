@@ -104,11 +104,12 @@ class Runtime:
         rng: Any = None,
         concurrency: int = 1,
         llm: LLM | None = None,
+        started_after_s: float = 0.01,
     ) -> None:
         self.store = store
         self.bus = InProcessBus()
         self.orch = Orchestrator(store, self.bus, policy, embedder, rng)
-        self.workers = [AgentWorker(self.bus, a, llm, concurrency) for a in agents]
+        self.workers = [AgentWorker(self.bus, a, llm, concurrency, started_after_s) for a in agents]
         self.stopped = False
 
     async def start(self) -> Runtime:

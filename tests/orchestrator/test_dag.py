@@ -7,7 +7,7 @@ import hashlib
 
 import msgspec
 import pytest
-from orchkit import CARDS, TextOut, ev, make_agent, plan, run_log, task, tid
+from orchkit import CARDS, TextOut, ev, is_, make_agent, plan, run_log, task, tid, wait_for
 
 from eventstore import Append, InvalidPlan
 
@@ -178,3 +178,30 @@ async def test_a_completion_that_is_not_written_takes_what_follows_it_along(make
     # b was dispatched once, after a's completion that is in the log
     (dispatched,) = log.e(ev.TaskDispatched, b)
     assert dispatched.position > log.first(ev.TaskCompleted, a).position
+
+
+async def test_a_fast_answer_implies_the_start_a_slow_agent_reports_it(make_runtime, store):
+    rt = await make_runtime([make_agent("echo")], started_after_s=30)  # answers well within
+    fast = await rt.run(plan(task("f", text="x")))
+    await rt.stop()
+    log = await run_log(store, fast.root_id)
+    f = tid(fast.root_id, "f")
+    started = log.first(ev.TaskStarted, f)
+    assert started.data.implied is True  # recorded with the answer, right before it
+    assert log.first(ev.TaskResultSubmitted, f).position == started.position + 1
+
+    gate = asyncio.Event()
+
+    async def gated(task_card, inputs, ctx):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return TextOut(text=inputs.text)
+
+    rt = await make_runtime([make_agent("waiter", "wait", gated)], started_after_s=0.01)
+    root = await rt.orch.submit(plan(task("s", "wait", text="y")))
+    s = tid(root, "s")
+    await wait_for(store, is_(ev.TaskStarted, s))  # while the handler still waits
+    gate.set()
+    slow = await rt.orch.wait(root, 10)
+    assert slow.status == "completed"
+    started = (await run_log(store, root)).first(ev.TaskStarted, s)
+    assert started.data.implied is False  # the agent's own Started reply
