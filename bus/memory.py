@@ -265,8 +265,10 @@ class MemoryKeeper:
         self.policy: MemoryPolicy = policy or ReusablePolicy()
         self.memory = memory or LongTermMemory(store)
         self.position = 0
+        # what the policy needs of runs not finished yet (dropped when they finish)
         self._runs: dict[str, ev.RunStarted] = {}
         self._tasks: dict[str, _TaskFacts] = {}
+        self._tasks_of: dict[str, builtins.list[str]] = {}  # root -> its task streams
 
     def decide(self, env: Envelope) -> list[NewEvent]:
         """The memory events one log event calls for (pure but for the keeper's fold)."""
@@ -277,6 +279,7 @@ class MemoryKeeper:
                 self._runs[env.stream] = data
             case ev.TaskCreated():
                 self._tasks[env.stream] = _TaskFacts(data)
+                self._tasks_of.setdefault(data.root_id, []).append(env.stream)
             case ev.TaskDispatched():
                 facts = self._tasks.get(env.stream)
                 if facts is not None:
@@ -285,6 +288,9 @@ class MemoryKeeper:
                 started = self._runs.get(env.stream)
                 if started is not None:
                     pending = self.policy.on_run_completed(env.stream, started, data.outputs)
+                self._forget_run(env.stream)
+            case ev.RunFailed() | ev.RunHalted():
+                self._forget_run(env.stream)
             case ev.TaskRetryScheduled() | ev.TaskFailed():
                 facts = self._tasks.get(env.stream)
                 if facts is not None:
@@ -306,6 +312,16 @@ class MemoryKeeper:
             )
             for m in (msgspec.structs.replace(p, root_id=env.correlation_id) for p in pending)
         ]
+
+    @property
+    def tracking(self) -> int:
+        """Runs and tasks the keeper holds facts of: only unfinished ones (no leak)."""
+        return len(self._runs) + len(self._tasks)
+
+    def _forget_run(self, root_id: str) -> None:
+        self._runs.pop(root_id, None)
+        for stream in self._tasks_of.pop(root_id, []):
+            self._tasks.pop(stream, None)
 
     async def process(self, events: Iterable[Envelope]) -> builtins.list[Envelope]:
         """Fold ``events`` and append the memory events they call for (idempotent).

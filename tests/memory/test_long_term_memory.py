@@ -174,6 +174,16 @@ async def test_keeper_stores_preferences_only_when_the_run_completes() -> None:
     assert run_completed.event_id in causes
 
 
+async def test_keeper_forgets_the_facts_of_finished_runs() -> None:
+    store = MemoryEventStore()
+    await _run(store, "ok-run", {"user": "ann", "preferences": {"tone": "dry"}}, ok=True)
+    await _run(store, "bad-run", {"user": "bob"}, ok=False)
+    keeper = MemoryKeeper(store)
+    await keeper.catch_up()
+    assert keeper.tracking == 0  # a long-running keeper does not grow with history
+    assert await LongTermMemory(store).get("pref/ann/tone") is not None
+
+
 async def test_keeper_is_idempotent_and_respects_forget() -> None:
     store = MemoryEventStore()
     await _run(
