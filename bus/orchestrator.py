@@ -107,7 +107,7 @@ class Orchestrator:
         self.policy = policy or Policy()
         self.embedder = embedder
         self.rng = rng or random.Random()
-        self.state = RunState()
+        self.state = RunState(retain_finished=self.policy.retain_finished_runs)
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._loops: list[asyncio.Task[None]] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = {}
@@ -115,7 +115,7 @@ class Orchestrator:
         self._expected: dict[str, int] = {}  # busy stream -> its version when decided
         self._parked: list[object] = []  # replies waiting for a busy stream
         self._commits: set[asyncio.Task[None]] = set()
-        self.bad_messages: list[tuple[str, str]] = []
+        self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
         self.tracing = telemetry.RunTracing()  # spans per run; no-ops without an SDK
         # agent requests (task and long-term memory, tools): checked, recorded, answered;
         # served when asked to, or (None) when given tools, memory or an access policy
@@ -261,7 +261,7 @@ class Orchestrator:
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run finishes; its outputs by plan task id."""
-        done = self._result(root_id)
+        done = self._result(root_id) or await self._retired_result(root_id)
         if done is not None:
             return done
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
@@ -373,11 +373,8 @@ class Orchestrator:
         d = decider.d
         self._parked.extend(d.deferred)
         for reply in d.unroutable:
-            self.bad_messages.append(
-                (
-                    "cardbus.reply",
-                    f"result for unknown task {reply.task_id!r} from {reply.agent_id}",
-                )
+            self._bad(
+                "cardbus.reply", f"result for unknown task {reply.task_id!r} from {reply.agent_id}"
             )
         if d:
             # Commits run in the background so the next step can decide on other
@@ -579,8 +576,31 @@ class Orchestrator:
         reason = getattr(data, "reason", "")
         return RunResult(root_id, run.finished, outputs, reason)
 
+    async def _retired_result(self, root_id: str) -> RunResult | None:
+        """The result of a finished run no longer kept in memory, from the log."""
+        if root_id in self.state.runs:
+            return None  # kept, and not finished yet
+        state = RunState()
+        for env in await self.store.read_correlation(root_id):
+            state.apply(env)
+        run = state.runs.get(root_id)
+        if run is None or run.finished is None:
+            return None
+        data = run.finish_event
+        outputs = (
+            data.outputs
+            if isinstance(data, ev.RunCompleted)
+            else {name: state.tasks[tid].output for name, tid in run.names.items()}
+        )
+        return RunResult(root_id, run.finished, outputs, getattr(data, "reason", ""))
+
     def _on_bad_message(self, subject: str, data: bytes, reason: str) -> None:
+        self._bad(subject, reason)
+
+    def _bad(self, subject: str, reason: str) -> None:
         self.bad_messages.append((subject, reason))
+        if len(self.bad_messages) > 1000:  # a long-lived orchestrator keeps the latest
+            del self.bad_messages[:500]
 
 
 def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:

@@ -20,5 +20,7 @@ class Policy:
     max_needs_input_rounds: int = 10
     tick_s: float = 0.02  # how often due deadlines and backoffs are looked for
     sweep_s: float = 1.0  # how often every open run is looked at anyway
+    # finished runs kept in memory (the latest); older ones are read from the log
+    retain_finished_runs: int = 1000
     actor: str = "orchestrator"
     context_policy: str = "trim"  # fits upstream outputs to max_input_bytes: trim | summarise

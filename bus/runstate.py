@@ -8,6 +8,7 @@ seen twice, once from our own append and once from the log, counts once).
 
 from __future__ import annotations
 
+import collections
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
@@ -74,7 +75,13 @@ class RunView:
 class RunState:
     """Runs, tasks, agents and per-agent statistics, as folded from the log."""
 
-    def __init__(self) -> None:
+    def __init__(self, retain_finished: int | None = None) -> None:
+        """``retain_finished``: keep at most that many finished runs (the latest), for a
+        long-lived orchestrator; older ones are dropped with their tasks (the log has
+        them). ``None`` keeps everything."""
+        self.retain_finished = retain_finished
+        self._finished: collections.deque[str] = collections.deque()
+        self._plan_streams: dict[str, str] = {}  # root -> its plan's stream
         self.runs: dict[str, RunView] = {}
         self.open: dict[str, RunView] = {}  # runs not finished yet, in start order
         self.tasks: dict[str, TaskView] = {}
@@ -86,8 +93,11 @@ class RunState:
         self.wakeups: list[tuple[float, str]] = []
         # the agent-statistics projection's counting rules: a timeout or an
         # output-schema mismatch is a failure, a rejection is not a run
-        self._stats = AgentStatsFold()
-        self.anomalies: list[str] = []
+        bounded = retain_finished is not None
+        self._stats = AgentStatsFold(
+            latency_window=1000 if bounded else None, forget_finished=bounded
+        )
+        self.anomalies: collections.deque[str] = collections.deque(maxlen=1000)
 
     def due(self, now: float) -> set[str]:
         """Open runs with a deadline or backoff that has come (each wakeup counts once)."""
@@ -120,6 +130,7 @@ class RunState:
             self._start_run(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
             self.plans[data.plan_id] = data.root_id
+            self._plan_streams[data.root_id] = env.stream
         elif isinstance(data, ev.AgentRegistered):
             try:
                 self.agents[data.agent_id] = msgspec.convert(data.card, AgentCard)
@@ -133,6 +144,7 @@ class RunState:
                 run.finished = _finish(data)
                 run.finish_event = data
                 self.open.pop(env.stream, None)
+                self._retire(env.stream)
         elif type(data) in _TASK_TYPES:
             self._apply_task(env)
         return True
@@ -235,6 +247,22 @@ class RunState:
                 task.reason = data.reason
             case _:
                 pass
+
+    def _retire(self, root_id: str) -> None:
+        """Past ``retain_finished``, drop the oldest finished run and its tasks."""
+        if self.retain_finished is None:
+            return
+        self._finished.append(root_id)
+        while len(self._finished) > self.retain_finished:
+            old = self.runs.pop(self._finished.popleft(), None)
+            if old is None:
+                continue
+            self.versions.pop(old.root_id, None)
+            self.plans.pop(old.started.plan_id, None)
+            self.versions.pop(self._plan_streams.pop(old.root_id, ""), None)
+            for task_id in old.tasks:
+                self.tasks.pop(task_id, None)
+                self.versions.pop(task_id, None)
 
     def open_runs(self) -> list[RunView]:
         return list(self.open.values())

@@ -25,6 +25,7 @@ Two ways to read it, with the same numbers:
 
 from __future__ import annotations
 
+import collections
 import math
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -209,6 +210,10 @@ def _fold(model: Model, env: Envelope) -> None:
     ctx_table.put(key, ctx)
 
 
+# a task's last word: nothing after it changes an agent's numbers
+_FINAL = (ev.TaskCompleted, ev.TaskFailed, ev.TaskCancelled, ev.TaskHalted)
+
+
 class AgentStats(Projection):
     """``proj_agent_stats`` + ``proj_agent_latency``; see the module docstring."""
 
@@ -273,27 +278,41 @@ class AgentStatsFold:
 
     handles = _HANDLES
 
-    def __init__(self) -> None:
+    def __init__(self, latency_window: int | None = None, forget_finished: bool = False) -> None:
+        """By default the same numbers as the projection, from every event ever.
+
+        A long-lived reader (the orchestrator) bounds its memory instead:
+        ``latency_window`` keeps only the latest N latency samples per (agent,
+        capability), so p50/p95 are of recent attempts; ``forget_finished``
+        drops a task's bookkeeping once it completes or fails for good.
+        """
         self.model = Model.in_memory(AgentStats.tables)
-        self._latency: dict[tuple[str, str], list[float]] = {}  # sorted on read
-        self._unsorted: set[tuple[str, str]] = set()
+        self.latency_window = latency_window
+        self.forget_finished = forget_finished
+        self._latency: dict[tuple[str, str], collections.deque[float]] = {}
+        self._sorted_cache: dict[tuple[str, str], list[float]] = {}  # dropped on a new sample
         latency: MemoryTable = self.model["proj_agent_latency"]
         self._samples = latency.samples
+        self._context: MemoryTable = self.model["proj_agent_ctx"]
 
     def apply(self, env: Envelope) -> None:
         if type(env.data) in _HANDLES:
             _fold(self.model, env)
-            if self._samples:  # move new latency samples into per-key lists
+            if self._samples:  # move new latency samples into per-key windows
                 for a, c, x in self._samples:
-                    self._latency.setdefault((a, c), []).append(x)
-                    self._unsorted.add((a, c))
+                    window = self._latency.get((a, c))
+                    if window is None:
+                        window = self._latency[a, c] = collections.deque(maxlen=self.latency_window)
+                    window.append(x)
+                    self._sorted_cache.pop((a, c), None)
                 self._samples.clear()
+            if self.forget_finished and isinstance(env.data, _FINAL):
+                self._context.data.pop((env.stream,), None)
 
     def _sorted(self, key: tuple[str, str]) -> list[float]:
-        values = self._latency.get(key, [])
-        if key in self._unsorted:
-            values.sort()
-            self._unsorted.discard(key)
+        values = self._sorted_cache.get(key)
+        if values is None:
+            values = self._sorted_cache[key] = sorted(self._latency.get(key, ()))
         return values
 
     def get(self, agent_id: str, capability: str | None = None) -> AgentStat:
