@@ -45,7 +45,10 @@ from eventstore import events as ev
 from eventstore.envelope import encode_body
 from eventstore.nats import (
     HASH_HEADER,
+    SUBJECT_LAYOUT,
+    SUBJECT_LAYOUT_KEY,
     NatsEventStore,
+    SubjectLayoutError,
     decode_token,
     encode_token,
     event_subject,
@@ -125,7 +128,7 @@ def test_subject_layout() -> None:
     assert kind_token("task.dispatched.v1") == "task_dispatched_v1"
     assert (
         event_subject("cardbus.evt", "root 1", "r1.a", "task.created.v1")
-        == "cardbus.evt.root_201.r1_2ea.task_created_v1"
+        == "cardbus.evt.r1_2ea.root_201.task_created_v1"  # the task first, then the root
     )
 
 
@@ -139,14 +142,14 @@ async def test_stored_message_is_the_envelope_body_on_the_documented_subject(
     msgs = await raw_messages(nats_url)
     assert [m.seq for m in msgs] == [e.position for e in out] == [1, 2]
     for env, msg in zip(out, msgs, strict=True):
-        assert msg.subject == f"cardbus.evt.r1.r1_2ea.{kind_token(env.type)}"
+        assert msg.subject == f"cardbus.evt.r1_2ea.r1.{kind_token(env.type)}"
         assert msg.data == encode_body(env)
         assert msg.headers[HASH_HEADER] == env.hash == hashlib.sha256(msg.data).hexdigest()
         assert msg.headers["Nats-Msg-Id"] == env.event_id
     # Only the first message of an append carries the per-task expectation.
     assert msgs[0].headers["Nats-Expected-Last-Subject-Sequence"] == "0"
     assert msgs[0].headers["Nats-Expected-Last-Subject-Sequence-Subject"] == (
-        "cardbus.evt.*.r1_2ea.>"
+        "cardbus.evt.r1_2ea.>"
     )
     assert "Nats-Expected-Last-Subject-Sequence" not in msgs[1].headers
 
@@ -158,6 +161,44 @@ async def test_stream_config(nats_store: NatsEventStore) -> None:
     assert info.config.deny_delete is True
     assert info.config.deny_purge is True
     assert nats_store.atomic is True
+    assert (info.config.metadata or {})[SUBJECT_LAYOUT_KEY] == SUBJECT_LAYOUT == "task.root.kind"
+
+
+async def _old_style_stream(url: str, events: int) -> None:
+    """A stream as earlier cardbus versions made it: no layout marker in its metadata."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="CARDBUS_EVENTS", subjects=["cardbus.evt.>"])
+        for i in range(events):  # <root>.<task>.<kind>, the old order
+            await js.publish(f"cardbus.evt.r1.r1-{i}.task_created_v1", b"{}")
+    finally:
+        await nc.close()
+
+
+async def test_a_stream_in_the_old_subject_layout_is_refused_on_connect(nats_url: str) -> None:
+    await _old_style_stream(nats_url, 2)
+    with pytest.raises(SubjectLayoutError, match=r"holds 2 events in subject layout root\.task"):
+        await NatsEventStore.connect(nats_url)
+    nc = await nats.connect(nats_url)
+    try:  # refused as it is: nothing was changed or written
+        info = await nc.jetstream().stream_info("CARDBUS_EVENTS")
+        assert info.state.messages == 2
+        assert SUBJECT_LAYOUT_KEY not in (info.config.metadata or {})
+        with pytest.raises(SubjectLayoutError):
+            await NatsEventStore.from_connection(nc)
+    finally:
+        await nc.close()
+
+
+async def test_an_empty_unmarked_stream_is_marked_and_used(nats_url: str) -> None:
+    await _old_style_stream(nats_url, 0)
+    async with await NatsEventStore.connect(nats_url) as store:
+        await store.append("t", [created()], 0)
+        info = await store._js.stream_info("CARDBUS_EVENTS")
+        assert (info.config.metadata or {})[SUBJECT_LAYOUT_KEY] == SUBJECT_LAYOUT
+    async with await NatsEventStore.connect(nats_url) as store:  # marked: opens again
+        assert [e.stream for e in await store.read_stream("t")] == ["t"]
 
 
 async def test_custom_stream_name_and_prefix(nats_url: str) -> None:
@@ -169,7 +210,7 @@ async def test_custom_stream_name_and_prefix(nats_url: str) -> None:
         nc = await nats.connect(nats_url)
         try:
             msg = await nc.jetstream().get_msg("OTHER_LOG", seq=1)
-            assert msg.subject == "acme.log.root.t.task_created_v1"
+            assert msg.subject == "acme.log.t.root.task_created_v1"
         finally:
             await nc.close()
 
@@ -439,11 +480,11 @@ async def test_verify_names_deleted_and_forged_events(tmp_path: Path) -> None:
                 await js.delete_msg("CARDBUS_EVENTS", out[1].position)
                 forged = msgspec.structs.replace(out[0], actor="mallory")
                 await js.publish(
-                    f"cardbus.evt.root.t.{kind_token(forged.type)}",
+                    f"cardbus.evt.t.root.{kind_token(forged.type)}",
                     encode_body(forged),
                     headers={HASH_HEADER: out[0].hash},
                 )
-                await js.publish("cardbus.evt.root.t.x", b"\xff not json")  # stored (acked)
+                await js.publish("cardbus.evt.t.root.x", b"\xff not json")  # stored (acked)
             finally:
                 await nc.close()
             problems = await store.verify()
@@ -454,7 +495,7 @@ async def test_verify_names_deleted_and_forged_events(tmp_path: Path) -> None:
             assert all(p.stream == "t" for p in problems)
             assert await store.verify("u") == []
             # Garbage is a clear, typed error when read, never a silent skip.
-            with pytest.raises(DecodeError, match=r"position 6 \(cardbus\.evt\.root\.t\.x\)"):
+            with pytest.raises(DecodeError, match=r"position 6 \(cardbus\.evt\.t\.root\.x\)"):
                 await store.read_stream("t")
 
 

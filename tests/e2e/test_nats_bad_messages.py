@@ -129,7 +129,7 @@ async def test_a_malformed_message_on_the_event_subjects_is_a_clear_error(
     store = await NatsEventStore.connect(url)
     try:
         await store.nc.jetstream().publish(
-            "cardbus.evt.r1.t1.x", b"garbage", stream="CARDBUS_EVENTS"
+            "cardbus.evt.t1.r1.x", b"garbage", stream="CARDBUS_EVENTS"
         )
         with pytest.raises(DecodeError, match="malformed"):
             await store.read_all(0, 10)

@@ -101,7 +101,7 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
             js = nc.jetstream(timeout=1.0)
             try:
                 try:  # write an event into the log
-                    await js.publish("cardbus.evt.r.t.task_completed_v1", b"{}", timeout=1.0)
+                    await js.publish("cardbus.evt.t.r.task_completed_v1", b"{}", timeout=1.0)
                 except (nats.errors.Error, TimeoutError):
                     pass
                 try:  # ask the orchestrator in another agent's name
@@ -138,7 +138,7 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
                 await nc.close()
             assert stolen == [] and seen == []
             text = "\n".join(errors).lower()  # nats-py lower-cases the server's -ERR
-            assert 'violation for publish to "cardbus.evt.r.t.task_completed_v1"' in text, text
+            assert 'violation for publish to "cardbus.evt.t.r.task_completed_v1"' in text, text
             assert 'violation for publish to "cardbus.agent.slow"' in text, text
             assert 'violation for publish to "cardbus.req.slow"' in text, text
             assert 'violation for subscription to "cardbus.agent.slow"' in text, text
