@@ -420,7 +420,15 @@ class Orchestrator:
                 for s in done
                 for a, card in d.sends.get(s, [])
             ]
-            for outcome in await asyncio.gather(*sends, return_exceptions=True):
+            if len(sends) == 1:  # the common case: no task for a gather of one
+                outcomes: list[Any] = [None]
+                try:
+                    await sends[0]
+                except Exception as e:
+                    outcomes = [e]
+            else:
+                outcomes = await asyncio.gather(*sends, return_exceptions=True)
+            for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     log.warning("send failed, the attempt will time out and retry: %r", outcome)
         finally:

@@ -65,29 +65,32 @@ class AgentWorker:
         await self.bus.reply(answer)
 
     async def _run(self, card: TaskCard, key: tuple[str, int]) -> ResultCard:
-        future: asyncio.Future[ResultCard] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ResultCard] = loop.create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
-        handler = asyncio.ensure_future(telemetry.invoke_agent(self.agent, card, self.llm))
+        started = Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)
+        reported: list[asyncio.Task[None]] = []  # the Started reply, once sent
+        # The handler runs inline; only one still running after started_after_s costs
+        # a Started reply (sent from a timer, so a fast agent costs no task or message).
+        timer = (
+            loop.call_later(
+                self.started_after_s,
+                lambda: reported.append(loop.create_task(self.bus.reply(started))),
+            )
+            if self.started_after_s > 0
+            else None
+        )
         try:
+            if timer is None:
+                await self.bus.reply(started)
             # Well past the card's timeout the orchestrator has timed this attempt out
             # (the margin lets it decide first): a handler that hangs must not keep this
             # consumer, and the cards queued behind it, busy forever.
             limit = card.timeout_s + max(0.1, card.timeout_s / 2)
             try:
                 async with asyncio.timeout(limit):
-                    done: set[asyncio.Future[ResultCard]] = set()
-                    if self.started_after_s > 0:
-                        done, _ = await asyncio.wait({handler}, timeout=self.started_after_s)
-                    if not done:
-                        await self.bus.reply(
-                            Started(
-                                task_id=card.task_id,
-                                attempt=card.attempt,
-                                agent_id=self.agent.agent_id,
-                            )
-                        )
-                    answer = await handler
+                    answer = await telemetry.invoke_agent(self.agent, card, self.llm)
             except TimeoutError:
                 answer = ResultCard(
                     task_id=card.task_id,
@@ -97,6 +100,10 @@ class AgentWorker:
                     error=f"TimeoutError: still running {limit:g}s after it started; cancelled",
                     duration_s=limit,
                 )
+            if timer is not None:
+                timer.cancel()
+            for sending in reported:  # Started goes out before the answer
+                await sending
             self.handled += 1
             self._answers[key] = answer
             if len(self._answers) > 10_000:
@@ -104,7 +111,8 @@ class AgentWorker:
             future.set_result(answer)
             return answer
         finally:
-            handler.cancel()  # a no-op once it answered; stops it on a timeout or cancel
+            if timer is not None:
+                timer.cancel()
             self._running.pop(key, None)
             if not future.done():
                 # A duplicate delivery waiting on this run gets an ordinary error
