@@ -171,6 +171,7 @@ class EmbeddedRuntime:
             store, self.bus, policy, tools=tools, memory=self.memory, access=access
         )
         self.workers = [AgentWorker(self.bus, a, llm) for a in agents]
+        self.orchestrator.observers.append(self.keeper.observe)  # settle then needs no read
 
     async def __aenter__(self) -> EmbeddedRuntime:
         await self.orchestrator.start()

@@ -245,6 +245,9 @@ class LongTermMemory:
         raise ConcurrencyError(MEMORY_STREAM, -1, await self.store.stream_version(MEMORY_STREAM))
 
 
+_MAX_OBSERVED = 10_000  # runs observed and not settled yet, at most
+
+
 @dataclass
 class _TaskFacts:
     created: ev.TaskCreated
@@ -269,6 +272,8 @@ class MemoryKeeper:
         self._runs: dict[str, ev.RunStarted] = {}
         self._tasks: dict[str, _TaskFacts] = {}
         self._tasks_of: dict[str, builtins.list[str]] = {}  # root -> its task streams
+        # fed live by ``observe``: per run seen from its start, the groups not yet written
+        self._observed: dict[str, builtins.list[builtins.list[NewEvent]]] = {}
 
     def decide(self, env: Envelope) -> list[NewEvent]:
         """The memory events one log event calls for (pure but for the keeper's fold)."""
@@ -336,17 +341,44 @@ class MemoryKeeper:
                 continue
             self.position = max(self.position, env.position)
             group = self.decide(env)
-            if not group:
-                continue
-            try:
-                written += await self.memory.append(group)
-            except IdempotencyError as e:  # the policy changed since: keep what is stored
-                log.warning("memory events for %s already stored differently: %s", env.event_id, e)
+            if group:
+                written += await self._write(group)
         return written
 
+    def observe(self, env: Envelope) -> None:
+        """Fold one event as it happens (an orchestrator observer); ``settle`` writes."""
+        if env.stream == MEMORY_STREAM:
+            return
+        if isinstance(env.data, ev.RunStarted):
+            self._observed[env.stream] = []
+            if len(self._observed) > _MAX_OBSERVED:  # never settled: read back if ever
+                del self._observed[next(iter(self._observed))]
+        group = self.decide(env)
+        pending = self._observed.get(env.correlation_id)
+        if group and pending is not None:
+            pending.append(group)
+
     async def settle(self, root_id: str) -> builtins.list[Envelope]:
-        """Apply the policy to one run (call it when the run has finished)."""
-        return await self.process(await self.store.read_correlation(root_id))
+        """Apply the policy to one run (call it when the run has finished).
+
+        A run observed from its start needs no read: what it calls for was
+        decided as it happened. Any other (one resumed after a restart) is
+        read back from the log.
+        """
+        pending = self._observed.pop(root_id, None)
+        if pending is None:
+            return await self.process(await self.store.read_correlation(root_id))
+        written: builtins.list[Envelope] = []
+        for group in pending:
+            written += await self._write(group)
+        return written
+
+    async def _write(self, group: builtins.list[NewEvent]) -> builtins.list[Envelope]:
+        try:
+            return await self.memory.append(group)
+        except IdempotencyError as e:  # the policy changed since: keep what is stored
+            log.warning("memory events already stored differently: %s", e)
+            return []
 
     async def catch_up(self) -> builtins.list[Envelope]:
         """Apply the policy to everything in the log after ``position``."""

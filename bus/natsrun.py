@@ -95,6 +95,7 @@ class NatsRuntime:
             self.orchestrator = Orchestrator(
                 self.store, self.bus, self.policy, memory=self.memory, serve_requests=True
             )
+            self.orchestrator.observers.append(self.keeper.observe)
             await self.orchestrator.start()
             if self.agents:
                 # the agents get their own connection, as they would in their own process

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +127,8 @@ class Orchestrator:
         memory = memory if memory is not None else LongTermMemory(store, embedder)
         self.broker = RequestBroker(self.state, self.record, tools, memory, access)
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
+        # called with every event newly folded in while running (not the replay on start)
+        self.observers: list[Callable[[Envelope], None]] = []
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -564,6 +566,8 @@ class Orchestrator:
         if not self.state.apply(env):
             return False
         self.tracing.on_event(env)
+        for observe in self.observers:
+            observe(env)
         if isinstance(env.data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
             result = self._result(env.stream)
             for future in self._waiters.pop(env.stream, []):

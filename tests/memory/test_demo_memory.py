@@ -104,3 +104,34 @@ def test_cardbus_demo_twice_remembers_the_format(tmp_path: Path) -> None:
     assert "- ocean tides" in second.output  # the markdown bullets of the preferred format
     out = runner.invoke(cli, ["memory", "list", "--db", db, "--kind", "preference"])
     assert "pref/demo/report_format" in out.output and "markdown" in out.output
+
+
+async def test_settle_decides_from_what_it_observed_and_reads_only_runs_it_did_not(
+    tmp_path: Path,
+) -> None:
+    store = await SqliteEventStore.open(tmp_path / "cardbus.db", poll_interval=0.01)
+    reads: list[str] = []
+    real_read = store.read_correlation
+
+    async def counting_read(root_id: str):  # type: ignore[no-untyped-def]
+        reads.append(root_id)
+        return await real_read(root_id)
+
+    store.read_correlation = counting_read  # type: ignore[method-assign]
+    try:
+        async with EmbeddedRuntime(store, AGENTS) as rt:
+            run = await rt.run(report_plan("ocean tides"), timeout=30)
+            assert run.status == "completed"
+            assert reads == []  # the keeper saw the run happen: nothing read back
+            pref = await rt.memory.get("pref/demo/report_format")
+            assert pref is not None and pref.root_id == run.root_id
+        # a keeper that did not see the run (a restart) reads it, and writes nothing twice
+        from bus.memory import MEMORY_STREAM, MemoryKeeper
+
+        stored = await store.read_stream(MEMORY_STREAM)
+        again = await MemoryKeeper(store).settle(run.root_id)
+        assert reads == [run.root_id]
+        assert again == stored  # the same events, returned as stored: none written twice
+        assert await store.read_stream(MEMORY_STREAM) == stored
+    finally:
+        await store.close()
