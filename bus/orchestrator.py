@@ -297,9 +297,12 @@ class Orchestrator:
 
     async def _follow_log(self) -> None:
         versions = self.state.versions
+        busy = self._busy
         async for env in self.store.subscribe(self.state.position + 1):
-            # our own appends come back already applied: only news wakes the loop
-            if env.version > versions.get(env.stream, 0):
+            # Only news wakes the loop. Our own appends come back already applied, or
+            # (the log can be quicker than the append's caller) onto a stream still
+            # busy with our append: that applies them, or on a conflict reads the stream.
+            if env.version > versions.get(env.stream, 0) and env.stream not in busy:
                 self._queue.put_nowait(env)
 
     async def _pump_replies(self) -> None:
