@@ -50,7 +50,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import aiosqlite
 
@@ -427,23 +427,20 @@ class SqliteEventStore(EventStore):
         futures: list[asyncio.Future[list[Envelope]] | Exception] = []
         requests: list[_Request | None] = []
         for a in appends:
-            after = [requests[j] for j in a.after]
+            after: tuple[_Request, ...] = ()
             try:
                 check_append_args(a.stream, a.events, a.expected_version)
-                if any(p is None for p in after):
-                    raise PrerequisiteNotStored(f"{a.stream}: what it follows was refused")
+                if a.after:
+                    before = [requests[j] for j in a.after]
+                    if None in before:
+                        raise PrerequisiteNotStored(f"{a.stream}: what it follows was refused")
+                    after = tuple(r for r in before if r is not None)
             except CardbusError as e:
                 futures.append(e)
                 requests.append(None)
                 continue
             future: asyncio.Future[list[Envelope]] = loop.create_future()
-            r = _Request(
-                a.stream,
-                list(a.events),
-                a.expected_version,
-                future,
-                after=tuple(p for p in after if p is not None),
-            )
+            r = _Request(a.stream, list(a.events), a.expected_version, future, after=after)
             self._queue.append(r)
             requests.append(r)
             futures.append(future)
@@ -529,16 +526,19 @@ class SqliteEventStore(EventStore):
         misses nothing (it reads the file for anything before the cache).
         """
         first = top - written + 1
-        new = sorted(
-            (e for o in outcomes if isinstance(o, list) for e in o if e.position >= first),
-            key=lambda e: e.position,
-        )
-        if len(new) != written:
+        new: list[Envelope | None] = [None] * written
+        for o in outcomes:
+            if isinstance(o, list):
+                for e in o:
+                    i = e.position - first
+                    if 0 <= i < written:  # not a replay's older envelopes
+                        new[i] = e
+        if None in new:
             self._recent.clear()
             return
         if self._recent and self._recent[-1].position + 1 != first:
             self._recent.clear()  # another process wrote in between
-        self._recent.extend(new)
+        self._recent.extend(cast(list[Envelope], new))  # no None left: checked above
 
     def _cached_from(self, position: int) -> list[Envelope]:
         """Envelopes from ``position`` on if the cache holds ``position``, else []."""
