@@ -131,7 +131,7 @@ def _detail(data: Any) -> str | None:
                 d += f" (score {data.score:.2f})"
             return d
         case ev.TaskStarted() if data.implied:
-            return "implied by the answer (no Started reply)"
+            return "implied by the answer"
         case ev.TaskResultSubmitted():
             u = data.usage
             d = f"result {data.status}, {u.input_tokens}+{u.output_tokens} tokens"
