@@ -27,7 +27,7 @@ from .plan import Plan, PlanTask
 from .policy import Policy
 from .worker import AgentWorker
 
-__all__ = ["DEMO_DOCS", "EmbeddedRuntime", "parallel_plan", "report_plan"]
+__all__ = ["DEMO_DOCS", "EmbeddedRuntime", "demo_docs", "parallel_plan", "report_plan"]
 
 #: the demo's local documents (file name -> text), searched by the doc_search tool
 DEMO_DOCS = {
@@ -135,6 +135,14 @@ def parallel_plan(topic: str, subtopics: Sequence[str] = ("history", "economy", 
     )
 
 
+def demo_docs() -> tempfile.TemporaryDirectory[str]:
+    """A temporary folder holding :data:`DEMO_DOCS` (clean it up when done)."""
+    folder = tempfile.TemporaryDirectory(prefix="cardbus-docs-")
+    for name, text in DEMO_DOCS.items():
+        Path(folder.name, name).write_text(text, encoding="utf-8")
+    return folder
+
+
 class EmbeddedRuntime:
     """Store + in-process bus + agent workers + orchestrator, started and stopped together.
 
@@ -161,10 +169,8 @@ class EmbeddedRuntime:
         self._docs: tempfile.TemporaryDirectory[str] | None = None
         if tools is None:
             if docs is None:
-                self._docs = tempfile.TemporaryDirectory(prefix="cardbus-docs-")
+                self._docs = demo_docs()
                 docs = self._docs.name
-                for name, text in DEMO_DOCS.items():
-                    Path(docs, name).write_text(text, encoding="utf-8")
             tools = ToolRegistry([doc_search_tool(docs)])
         self.tools = tools
         self.orchestrator = Orchestrator(

@@ -30,6 +30,7 @@ from typing import Any
 
 from agents.agent import Agent
 from agents.llm import LLM
+from agents.tools import ToolRegistry
 from eventstore import EventStore
 from eventstore.errors import BusError, CardbusError
 from eventstore.nats import NatsEventStore
@@ -66,8 +67,11 @@ class NatsRuntime:
         bus_options: dict[str, Any] | None = None,
         store_options: dict[str, Any] | None = None,
         name: str = "cardbus-orchestrator",
+        tools: ToolRegistry | None = None,
     ) -> None:
+        """``tools``: the registry agents' tool requests are served from (none: refused)."""
         self.options = options
+        self.tools = tools
         self.agents = list(agents)
         self.policy = policy
         self.llm = llm
@@ -93,7 +97,12 @@ class NatsRuntime:
             self.memory = LongTermMemory(self.store)
             self.keeper = MemoryKeeper(self.store, None, self.memory)
             self.orchestrator = Orchestrator(
-                self.store, self.bus, self.policy, memory=self.memory, serve_requests=True
+                self.store,
+                self.bus,
+                self.policy,
+                tools=self.tools,
+                memory=self.memory,
+                serve_requests=True,
             )
             self.orchestrator.observers.append(self.keeper.observe)
             await self.orchestrator.start()

@@ -16,14 +16,16 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from agents.agent import Agent
+from agents.tools import ToolRegistry, doc_search_tool
 from bus.nats import (
     DEAD_STREAM,
     ORCHESTRATOR_DURABLE,
@@ -206,6 +208,12 @@ def agent_serve(
     show_default=True,
     help="Durable reply consumer; give each orchestrator on the same log its own.",
 )
+@click.option(
+    "--docs",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="Serve agents the doc_search tool over this folder.",
+)
 @_ack_wait
 @_max_deliver
 @_stream_replicas
@@ -217,6 +225,7 @@ def orchestrator(
     as_json: bool,
     agent_timeout: float,
     consumer: str,
+    docs: str | None,
     ack_wait: float,
     max_deliver: int,
     stream_replicas: int,
@@ -244,6 +253,7 @@ def orchestrator(
                     "reply_durable": consumer,
                 },
                 store_options={"replicas": stream_replicas},
+                tools=ToolRegistry([doc_search_tool(docs)]) if docs else None,
             ) as rt:
                 if plan is None:
                     stop = asyncio.Event()
@@ -365,6 +375,14 @@ def authorization_config(agent_ids: Sequence[str], password: str) -> str:
 # -- cardbus demo --nats / --start-nats (the branch at the start of `demo`) -------------
 
 
+@contextlib.asynccontextmanager
+async def _temporary(folder: tempfile.TemporaryDirectory[str]) -> AsyncIterator[str]:
+    try:
+        yield folder.name
+    finally:
+        folder.cleanup()
+
+
 def demo_on_nats(
     nats_url: str | None,
     start_nats: bool,
@@ -380,7 +398,7 @@ def demo_on_nats(
     store is started for the run and stopped after it.
     """
     from agents.demo import DEMO_AGENTS
-    from bus.demo import parallel_plan, report_plan
+    from bus.demo import demo_docs, parallel_plan, report_plan
 
     from .cmd_demo import report_text, timeline_text
 
@@ -396,9 +414,17 @@ def demo_on_nats(
             "reply_durable": f"cardbus-demo-{os.getpid()}",
             "delete_reply_consumer": True,
         }
-        async with NatsRuntime(
-            NatsOptions(url=url), agents, policy=Policy(), bus_options=bus_options
-        ) as rt:
+        # the researcher's doc_search over the demo documents, as on the embedded default
+        async with (
+            _temporary(demo_docs()) as docs,
+            NatsRuntime(
+                NatsOptions(url=url),
+                agents,
+                policy=Policy(),
+                bus_options=bus_options,
+                tools=ToolRegistry([doc_search_tool(docs)]),
+            ) as rt,
+        ):
             result = await rt.run(plan, timeout=120)
             elapsed = time.perf_counter() - started
             click.echo(report_text(result.outputs.get("draft")))

@@ -19,6 +19,8 @@ def test_demo_start_nats_runs_the_demo_on_a_throwaway_server() -> None:
     assert result.exit_code == 0, result.output
     assert "started nats-server on nats://127.0.0.1:" in result.output
     assert re.search(r"Timeline of run \S+ \(completed", result.output)
+    # the researcher's doc_search is served on NATS too, as on the embedded default
+    assert re.search(r"tool\.called +#1 researcher +tool doc_search\n", result.output)
 
 
 def test_demo_across_an_agent_process_and_a_serving_orchestrator(
