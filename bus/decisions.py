@@ -194,6 +194,10 @@ class Decider:
         if problem:
             self._fail_attempt(task, "output_schema_mismatch", problem)
             return
+        self._deliver(task, agent_id, output, confidence)
+
+    def _deliver(self, task: TaskView, agent_id: str, output: Any, confidence: float) -> None:
+        """A valid output: to its reviewer if the task has one, else the task is done."""
         created = task.created
         if created.review_by:
             review_id = f"{task.task_id}~review{task.review_round + 1}"
@@ -359,14 +363,10 @@ class Decider:
                 if task.under_review:
                     self._after_review(task)
                 elif task.approved and task.has_proposal:
-                    self.d.add(
-                        task.task_id,
-                        ev.TaskCompleted(
-                            attempt=task.attempt,
-                            agent_id=task.proposed_agent or "approval",
-                            output=task.proposed_output,
-                        ),
-                    )
+                    # a human settled the tie: the output goes on as any other would
+                    # (validated when it was proposed), to review if the task has one
+                    agent = task.proposed_agent or "approval"
+                    self._deliver(task, agent, task.proposed_output, 0.0)
                 elif task.attempt not in task.settled:
                     self._check_deadline(task)
             case _:
@@ -376,8 +376,16 @@ class Decider:
         reviewer = self.state.tasks.get(task.under_review or "")
         if reviewer is None or not reviewer.terminal:
             return
-        agent_id = next(iter(task.dispatched_to), "")
         output = task.output_in_review
+        # the agent whose output is in review (of several, with a fan-out)
+        agent_id = (
+            task.proposed_agent
+            if task.has_proposal and task.proposed_agent
+            else next(
+                (a for a, r in task.results.items() if r.output == output),
+                next(iter(task.dispatched_to), ""),
+            )
+        )
         if reviewer.state is not S.COMPLETED:
             self.d.add(
                 task.task_id,

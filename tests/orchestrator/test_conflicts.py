@@ -126,3 +126,41 @@ async def test_an_approved_tie_on_a_null_output_completes(make_runtime, store):
     log = await run_log(store, root)
     assert len(log.of(ev.ApprovalRequested, t)) == 1
     assert [d.attempt for d in log.of(ev.TaskDispatched, t)] == [1, 1]
+
+
+async def test_an_approved_tie_still_goes_to_its_reviewer(make_runtime, store):
+    import msgspec
+
+    from agents.cards import Review
+
+    class ReviewIn(msgspec.Struct, frozen=True):
+        draft: TextOut
+        goal: str = ""
+
+    reviewed: list[object] = []
+
+    def reviewer(t, i, c):  # type: ignore[no-untyped-def]
+        reviewed.append(i.draft)
+        return Review(passed=True)
+
+    agents = [
+        make_agent("x", handler=_confident(0.7, "x")),
+        make_agent("y", handler=_confident(0.7, "y")),
+        make_agent("rev", "review", reviewer, input_type=ReviewIn, output_type=Review),
+    ]
+    policy = Policy(tie_policy="approval", backoff_base_s=0.01, tick_s=0.01)
+    rt = await make_runtime(agents, policy=policy)
+    root = await rt.orch.submit(plan(task("t", fanout=2, review_by="review")))
+    t = tid(root, "t")
+    asked = await wait_for(store, lambda e: isinstance(e.data, ev.ApprovalRequested))
+    proposed = asked.data.proposed_output
+    await rt.orch.approve(t, by="alice")
+    r = await rt.orch.wait(root, 5)
+    assert r.status == "completed" and r.outputs["t"] == proposed
+    log = await run_log(store, root)
+    review = [c for c in log.e(ev.TaskCreated) if c.data.role == "review"]
+    assert len(review) == 1 and review[0].data.parent_id == t  # the approval did not skip it
+    assert reviewed == [TextOut(**proposed)]
+    done = log.first(ev.TaskCompleted, t)
+    assert done.position > log.first(ev.TaskCompleted, review[0].stream).position
+    assert done.data.agent_id == proposed["text"]  # the proposer, not the first candidate
