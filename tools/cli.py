@@ -17,20 +17,39 @@ from eventstore.errors import CardbusError
 
 __all__ = ["cli", "main"]
 
-# Command modules; each defines its commands with @cli.command().
-COMMAND_MODULES = [
-    "tools.cmd_demo",
-    "tools.cmd_export",
-    "tools.cmd_inspect",
-    "tools.cmd_memory",
-    "tools.cmd_nats",
-    "tools.cmd_replay",
-    "tools.cmd_fork",
-    "tools.cmd_run",
-]
+# Each command and the module that defines it (with @cli.command()); a module is
+# imported only when one of its commands runs (or --help lists them), so a
+# command does not pay for the others' imports (NATS, rich, the orchestrator).
+COMMANDS = {
+    "agent": "tools.cmd_nats",
+    "approve": "tools.cmd_run",
+    "demo": "tools.cmd_demo",
+    "deny": "tools.cmd_run",
+    "export": "tools.cmd_export",
+    "fork": "tools.cmd_fork",
+    "memory": "tools.cmd_memory",
+    "nats": "tools.cmd_nats",
+    "orchestrator": "tools.cmd_nats",
+    "rebuild": "tools.cmd_inspect",
+    "replay": "tools.cmd_replay",
+    "run": "tools.cmd_run",
+    "stats": "tools.cmd_inspect",
+    "tail": "tools.cmd_inspect",
+    "tasks": "tools.cmd_inspect",
+    "verify": "tools.cmd_inspect",
+}
+COMMAND_MODULES = sorted(set(COMMANDS.values()))
 
 
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(COMMANDS[cmd_name])  # registers it on cli
+        return self.commands.get(cmd_name)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -49,7 +68,3 @@ def cli() -> None:
 
 def main() -> None:
     cli()
-
-
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name)

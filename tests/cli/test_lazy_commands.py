@@ -1,0 +1,38 @@
+"""Commands are loaded on demand: the map names every command, and one runs without the rest."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+from tools.cli import COMMANDS, cli
+
+
+def test_the_command_map_names_every_command_and_its_module() -> None:
+    for module in sorted(set(COMMANDS.values())):
+        importlib.import_module(module)
+    registered = {name: cmd.callback.__module__ for name, cmd in cli.commands.items()}  # type: ignore[union-attr]
+    assert registered == COMMANDS
+
+
+def test_a_command_imports_only_what_it_needs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from tools.cli import cli\n"
+        f"r = CliRunner().invoke(cli, ['tasks', '--db', {str(tmp_path / 'x.db')!r}])\n"
+        "print(r.exit_code, 'nats' in sys.modules, 'bus.orchestrator' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="."
+    ).stdout.split()
+    assert out[1:] == ["False", "False"], out  # no NATS client, no orchestrator for `tasks`
+
+
+def test_help_lists_every_command() -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    assert all(name in result.output for name in COMMANDS)
