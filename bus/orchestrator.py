@@ -570,7 +570,10 @@ class Orchestrator:
             return False
         self.tracing.on_event(env)
         for observe in self.observers:
-            observe(env)
+            try:
+                observe(env)
+            except Exception:  # an observer's bug must not stop the orchestrator
+                log.exception("observer %r failed on %s", observe, env.event_id)
         if isinstance(env.data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
             result = self._result(env.stream)
             for future in self._waiters.pop(env.stream, []):

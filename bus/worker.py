@@ -113,6 +113,8 @@ class AgentWorker:
         finally:
             if timer is not None:
                 timer.cancel()
+            for sending in reported:  # not awaited (the run was abandoned): no stray warning
+                sending.add_done_callback(_retrieve)
             self._running.pop(key, None)
             if not future.done():
                 # A duplicate delivery waiting on this run gets an ordinary error
@@ -120,3 +122,8 @@ class AgentWorker:
                 # its consumer.
                 future.set_exception(BusError(f"attempt {key} was abandoned before answering"))
                 future.exception()  # retrieved: no "never retrieved" warning if nobody waits
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

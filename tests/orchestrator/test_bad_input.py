@@ -208,3 +208,17 @@ async def test_a_dependency_output_that_does_not_fit_fails_with_the_reason(make_
     assert "echo: input_schema_mismatch" in failed.error
     assert not log.of(ev.TaskDispatched, b)
     assert [c.task_id for c in CARDS["echo"]] == [tid(r.root_id, "a")]
+
+
+async def test_a_failing_observer_does_not_stop_the_orchestrator(make_runtime, store):
+    rt = await make_runtime([make_agent("echo")])
+    seen: list[str] = []
+
+    def broken(env):  # type: ignore[no-untyped-def]
+        seen.append(env.type)
+        raise RuntimeError("observer bug")
+
+    rt.orch.observers.append(broken)
+    r = await rt.run(plan(task("a", text="x"), task("b", deps=["a"], text="y")))
+    assert r.status == "completed"
+    assert "run.completed.v1" in seen  # it kept being called, and the run went on
