@@ -582,17 +582,7 @@ class Orchestrator:
         return True
 
     def _result(self, root_id: str) -> RunResult | None:
-        run = self.state.runs.get(root_id)
-        if run is None or run.finished is None:
-            return None
-        data = run.finish_event
-        outputs = (
-            data.outputs
-            if isinstance(data, ev.RunCompleted)
-            else {name: self.state.tasks[tid].output for name, tid in run.names.items()}
-        )
-        reason = getattr(data, "reason", "")
-        return RunResult(root_id, run.finished, outputs, reason)
+        return _result_of(self.state, root_id)
 
     async def _retired_result(self, root_id: str) -> RunResult | None:
         """The result of a finished run no longer kept in memory, from the log."""
@@ -601,16 +591,7 @@ class Orchestrator:
         state = RunState()
         for env in await self.store.read_correlation(root_id):
             state.apply(env)
-        run = state.runs.get(root_id)
-        if run is None or run.finished is None:
-            return None
-        data = run.finish_event
-        outputs = (
-            data.outputs
-            if isinstance(data, ev.RunCompleted)
-            else {name: state.tasks[tid].output for name, tid in run.names.items()}
-        )
-        return RunResult(root_id, run.finished, outputs, getattr(data, "reason", ""))
+        return _result_of(state, root_id)
 
     def _on_bad_message(self, subject: str, data: bytes, reason: str) -> None:
         self._bad(subject, reason)
@@ -619,6 +600,20 @@ class Orchestrator:
         self.bad_messages.append((subject, reason))
         if len(self.bad_messages) > 1000:  # a long-lived orchestrator keeps the latest
             del self.bad_messages[:500]
+
+
+def _result_of(state: RunState, root_id: str) -> RunResult | None:
+    """A finished run's result (its outputs by plan task id), or None."""
+    run = state.runs.get(root_id)
+    if run is None or run.finished is None:
+        return None
+    data = run.finish_event
+    outputs = (
+        data.outputs
+        if isinstance(data, ev.RunCompleted)
+        else {name: state.tasks[tid].output for name, tid in run.names.items()}
+    )
+    return RunResult(root_id, run.finished, outputs, getattr(data, "reason", ""))
 
 
 def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:
