@@ -21,12 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventstore import (
+    Append,
     CardbusError,
     DecodeError,
     Envelope,
     EventStore,
     MemoryEventStore,
     NewEvent,
+    PrerequisiteNotStored,
     SqliteEventStore,
 )
 from eventstore import events as ev
@@ -328,3 +330,76 @@ def test_random_stream_names_and_ids(backend: str, tmp_path: Path) -> None:
 
 async def _verify_clean(store: EventStore) -> None:
     assert await store.verify() == []
+
+
+# -- append_many: independent appends and their prerequisites ----------------------
+
+# (stream index, events, stale?, prerequisites as offsets back): a random plan of appends
+_many_plan = st.lists(
+    st.tuples(
+        st.integers(0, 3),
+        st.integers(1, 3),
+        st.booleans(),
+        st.lists(st.integers(1, 3), max_size=2),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+async def _check_append_many(store: EventStore, prefix: str, plan: list[Any]) -> None:
+    streams = [f"{prefix}-{i}" for i in range(4)]
+    versions = {s: await store.stream_version(s) for s in streams}
+    expected = dict(versions)  # what each append expects, as a caller deciding now would
+    appends: list[Append] = []
+    for i, (k, n, stale, back) in enumerate(plan):
+        stream = streams[k]
+        after = tuple(sorted({i - b for b in back if i - b >= 0}))
+        events = [
+            NewEvent(data=ev.TaskFailed(reason=f"{i}.{j}"), correlation_id=prefix) for j in range(n)
+        ]
+        appends.append(Append(stream, events, expected[stream] + (5 if stale else 0), after))
+        if not stale:
+            expected[stream] += n  # the next append to it expects this one stored
+    before = await store.last_position()
+    outcomes = await store.append_many(appends)
+    stored = {i for i, o in enumerate(outcomes) if isinstance(o, list)}
+    for i, (a, o) in enumerate(zip(appends, outcomes, strict=True)):
+        if any(j not in stored for j in a.after):  # what it follows was not stored
+            assert isinstance(o, PrerequisiteNotStored), (i, o)
+        if isinstance(o, list):
+            assert [e.event_id for e in o] == [e.event_id for e in a.events]
+            first = o[0].position
+            assert all(first > outcomes[j][0].position for j in a.after)  # type: ignore[index]
+        else:
+            assert isinstance(o, CardbusError)
+    # exactly the stored appends' events were written, each stream's chain unbroken
+    written = sum(len(appends[i].events) for i in stored)
+    assert await store.last_position() == before + written
+    for s in streams:
+        back = await store.read_stream(s, versions[s] + 1)
+        ids = [
+            e.event_id
+            for i in sorted(stored, key=lambda i: outcomes[i][0].position)  # type: ignore[index]
+            if appends[i].stream == s
+            for e in appends[i].events
+        ]
+        assert [e.event_id for e in back] == ids
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_append_many_with_random_prerequisites(backend: str, tmp_path: Path) -> None:
+    with asyncio.Runner() as runner:
+        store = runner.run(_open(backend, tmp_path))
+        counter = iter(range(10**9))
+
+        @FUZZ
+        @given(_many_plan)
+        def check(plan: list[Any]) -> None:
+            runner.run(_check_append_many(store, f"m{next(counter)}", plan))
+
+        try:
+            check()
+            runner.run(_verify_clean(store))
+        finally:
+            runner.run(store.close())
