@@ -216,14 +216,14 @@ class _Writer:
         claimed: set[str] = set()
         # a stream expected to be new is taken as new (the UNIQUE constraint on
         # (stream, version) catches it if not); others are looked up
-        missing = list(
-            {r.stream for r in batch if r.stream not in cached and (careful or r.expected_version)}
-        )
+        missing = {
+            r.stream for r in batch if r.stream not in cached and (careful or r.expected_version)
+        }
         for r in batch:
             if r.stream not in cached and r.stream not in missing:
                 cached[r.stream] = (0, GENESIS_HASH)
         if missing:
-            found = self._heads(missing)
+            found = self._heads(list(missing))
             for stream in missing:
                 cached[stream] = found.get(stream, (0, GENESIS_HASH))
         position = top
