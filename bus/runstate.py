@@ -91,6 +91,7 @@ class RunState:
         self.position = 0
         # (time, root): when a run has a deadline or backoff due, for the clock to look
         self.wakeups: list[tuple[float, str]] = []
+        self._wake_limit = 1000
         # the agent-statistics projection's counting rules: a timeout or an
         # output-schema mismatch is a failure, a rejection is not a run
         bounded = retain_finished is not None
@@ -107,6 +108,15 @@ class RunState:
             if root in self.open:
                 roots.add(root)
         return roots
+
+    def _wake(self, at: float, root_id: str) -> None:
+        heapq.heappush(self.wakeups, (at, root_id))
+        if len(self.wakeups) > self._wake_limit:
+            # runs that finished before their deadlines came leave their wakeups
+            # behind: drop those (at most once per doubling, so cheap on average)
+            self.wakeups = [w for w in self.wakeups if w[1] in self.open]
+            heapq.heapify(self.wakeups)
+            self._wake_limit = 2 * len(self.wakeups) + 1000
 
     # -- statistics read by selection ---------------------------------------
 
@@ -193,7 +203,7 @@ class RunState:
                     task.dispatched_to = {}
                     task.results = {}
                 task.dispatched_to[data.agent_id] = data.deadline
-                heapq.heappush(self.wakeups, (data.deadline, task.created.root_id))
+                self._wake(data.deadline, task.created.root_id)
                 task.dispatched_at = env.recorded_at
                 key = (data.loop_hash, env.stream)
                 if run is not None and data.loop_hash and key not in run.loop_seen:
@@ -213,7 +223,7 @@ class RunState:
                 task.failures += 1
                 task.not_before = data.not_before
                 task.reason = data.reason
-                heapq.heappush(self.wakeups, (data.not_before, task.created.root_id))
+                self._wake(data.not_before, task.created.root_id)
             case ev.TaskTimedOut():
                 task.settled.add(data.attempt)
             case ev.TaskNeedsInput():

@@ -31,3 +31,26 @@ async def test_a_run_and_its_tasks_in_any_order(order: tuple[int, ...]) -> None:
     assert sorted(run.tasks) == ["a", "b"]  # not "x": another root's task
     assert run.names == {"a": "a", "b": "b"}
     assert state.open == {"root": run}
+
+
+async def test_wakeups_of_finished_runs_do_not_pile_up() -> None:
+    store = MemoryEventStore()
+    state = RunState()
+    far = 10**10  # deadlines that never come during the test
+    for i in range(3000):
+        root = f"r{i}"
+        for stream, data in (
+            (root, ev.RunStarted(goal="g", plan_id=f"p{i}", task_ids=[f"t{i}"])),
+            (f"t{i}", ev.TaskCreated(root_id=root, capability="echo", plan_id="t")),
+            (f"t{i}", ev.TaskDispatched(attempt=1, agent_id="a", deadline=far)),
+            (f"t{i}", ev.TaskCompleted(attempt=1, agent_id="a")),
+            (root, ev.RunCompleted(outputs={})),
+        ):
+            version = await store.stream_version(stream)
+            for env in await store.append(
+                stream, [NewEvent(data=data, correlation_id=root)], version
+            ):
+                state.apply(env)
+    assert state.open == {}
+    assert len(state.wakeups) < 1100  # 3000 runs' deadlines, all of finished runs: dropped
+    assert state.due(far + 1) == set()
