@@ -134,12 +134,19 @@ class Orchestrator:
 
     async def start(self) -> None:
         """Rebuild state from the log, then follow the log, the bus and the clock."""
+        started: dict[str, str | None] = {}  # root -> its run.started's traceparent
         while True:
             page = await self.store.read_all(self.state.position + 1, 5000)
             for env in page:
                 self.state.apply(env)
+                if isinstance(env.data, ev.RunStarted):
+                    started[env.stream] = env.traceparent
+                elif isinstance(env.data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
+                    started.pop(env.stream, None)
             if len(page) < 5000:
                 break
+        for root in self.state.open:  # runs resumed from the log rejoin their traces
+            self.tracing.resume_run(root, started.get(root))
         self.bus.on_bad_message = self._on_bad_message
         if self.serve_requests:
             try:
@@ -169,6 +176,7 @@ class Orchestrator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._loops = []
+        self.tracing.close()  # runs still open end their spans here (a restart rejoins them)
 
     async def __aenter__(self) -> Orchestrator:
         await self.start()

@@ -220,6 +220,16 @@ class RunTracing:
                 span.set_attribute("cardbus.run.goal", goal)
         self._runs[root_id] = span
 
+    def resume_run(self, root_id: str, traceparent: str | None) -> None:
+        """Rejoin the trace of a run started before a restart: its workflow span (named by
+        its ``run.started`` envelope) becomes the parent of what follows, though this
+        process cannot end it (the export from the log draws the whole run)."""
+        if not enabled() or root_id in self._runs:
+            return
+        ctx = parse_traceparent(traceparent)
+        if ctx is not None:
+            self._runs[root_id] = NonRecordingSpan(ctx)
+
     def traceparent(self, root_id: str) -> str | None:
         """What to store in the envelope of an event of ``root_id``'s run."""
         if not self._runs:

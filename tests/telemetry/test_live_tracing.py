@@ -6,6 +6,7 @@ process without an SDK does is checked in a subprocess (``test_no_sdk_*``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -169,3 +170,53 @@ def test_cardbus_demo_sends_one_trace_per_run_to_the_env_endpoint(
     assert {"invoke_agent researcher", "invoke_agent writer", "invoke_agent reviewer"} <= names
     ids = {s.span_id for s in spans}
     assert all(s.parent_span_id in ids for s in spans if s is not roots[0])
+
+
+async def test_a_restarted_orchestrator_rejoins_the_runs_trace(
+    sdk_spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    from bus.plan import Plan, PlanTask
+    from eventstore import SqliteEventStore
+
+    plan = Plan(
+        goal="a report",
+        tasks=[
+            PlanTask(id="r", capability="research", inputs={"topic": "tides"}),
+            PlanTask(
+                id="o",
+                capability="outline",
+                deps=["r"],
+                requires_approval=True,
+                inputs={"topic": "tides", "facts": {"$dep": "r", "path": "facts"}},
+            ),
+        ],
+    )
+    store = await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01)
+    try:
+        async with EmbeddedRuntime(store, DEMO_AGENTS) as first:
+            root = await first.orchestrator.submit(plan)
+            waiting = None
+            for _ in range(500):  # until the outline waits for a human
+                events = await store.read_correlation(root)
+                waiting = next(
+                    (e for e in events if isinstance(e.data, ev.ApprovalRequested)), None
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting is not None
+        (workflow,) = _by_kind(list(sdk_spans.get_finished_spans()), "invoke_workflow")
+        sdk_spans.clear()
+        async with EmbeddedRuntime(store, DEMO_AGENTS) as second:  # a new orchestrator
+            await second.orchestrator.approve(waiting.stream, by="alice")
+            result = await second.orchestrator.wait(root, 10)
+        assert result.status == "completed"
+        after = list(sdk_spans.get_finished_spans())
+        sends = _by_kind(after, "send cardbus.agent.")
+        assert sends and all(s.context.trace_id == workflow.context.trace_id for s in sends)
+        assert all(_parent(s) == workflow.context.span_id for s in sends)
+        resumed = [e for e in await store.read_correlation(root) if e.position > waiting.position]
+        expected = telemetry.format_traceparent(workflow.context)
+        assert {e.traceparent for e in resumed if e.actor == "orchestrator"} == {expected}
+    finally:
+        await store.close()
