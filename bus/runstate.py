@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from eventstore.states import TERMINAL
 from projections.agent_stats import AgentStatsFold
 
 __all__ = ["RunState", "RunView", "TaskView"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -145,7 +148,7 @@ class RunState:
             try:
                 self.agents[data.agent_id] = msgspec.convert(data.card, AgentCard)
             except Exception as e:  # a bad card in the log must not stop the orchestrator
-                self.anomalies.append(f"{env.event_id}: unreadable agent card: {e}")
+                self._anomaly(f"{env.event_id}: unreadable agent card: {e}")
         elif isinstance(data, ev.AgentDeregistered):
             self.agents.pop(data.agent_id, None)
         elif isinstance(data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
@@ -158,6 +161,11 @@ class RunState:
         elif type(data) in _TASK_TYPES:
             self._apply_task(env)
         return True
+
+    def _anomaly(self, what: str) -> None:
+        """An event the fold cannot use (the log is written by others too): kept and logged."""
+        self.anomalies.append(what)
+        log.warning("log anomaly: %s", what)
 
     def _start_run(self, root_id: str, data: ev.RunStarted) -> None:
         run = RunView(root_id, data, tasks=[])
@@ -188,12 +196,12 @@ class RunState:
             elif parent is not None and data.role == "supplement":
                 parent.waiting_for = env.stream
         if task is None:
-            self.anomalies.append(f"{env.event_id}: event for unknown task {env.stream}")
+            self._anomaly(f"{env.event_id}: event for unknown task {env.stream}")
             return
         try:
             task.state = transition(task.state, data)
         except IllegalTransition as e:
-            self.anomalies.append(f"{env.event_id}: {e}")
+            self._anomaly(f"{env.event_id}: {e}")
             return
         run = self.runs.get(task.created.root_id)
         match data:

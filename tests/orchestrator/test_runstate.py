@@ -54,3 +54,14 @@ async def test_wakeups_of_finished_runs_do_not_pile_up() -> None:
     assert state.open == {}
     assert len(state.wakeups) < 1100  # 3000 runs' deadlines, all of finished runs: dropped
     assert state.due(far + 1) == set()
+
+
+async def test_an_event_the_fold_cannot_use_is_kept_and_logged(caplog) -> None:  # type: ignore[no-untyped-def]
+    store = MemoryEventStore()
+    state = RunState()
+    data = ev.TaskStarted(attempt=1, agent_id="a")
+    for env in await store.append("ghost", [NewEvent(data=data, correlation_id="r")], 0):
+        with caplog.at_level("WARNING", logger="bus.runstate"):
+            assert state.apply(env)
+    assert len(state.anomalies) == 1 and "unknown task ghost" in state.anomalies[0]
+    assert "unknown task ghost" in caplog.text
