@@ -35,6 +35,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/replay_bench.py --events 100000
 	$(BIN)/python bench/tracing_bench.py
 	$(BIN)/python bench/nats_bench.py
+	$(BIN)/python bench/nats_log_growth_bench.py
+	$(BIN)/python bench/memory_bench.py
 
 clean:
 	rm -rf $(VENV) cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj*
