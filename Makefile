@@ -6,7 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test check lint bench clean install
+PACKAGES := agents bus eventstore projections tools
+
+.PHONY: demo test check lint bench clean install typecheck-tree
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +22,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/cardbus demo
 
-check: $(STAMP)
+# mypy finds `cardbus` through links: .typecheck/cardbus/<pkg> -> ../../<pkg>
+# (the installed package maps the same folders with setuptools' package-dir)
+typecheck-tree:
+	@mkdir -p .typecheck/cardbus
+	@ln -sfn ../../__init__.py .typecheck/cardbus/__init__.py
+	@for p in $(PACKAGES); do ln -sfn ../../$$p .typecheck/cardbus/$$p; done
+
+check: $(STAMP) typecheck-tree
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -39,4 +48,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/memory_bench.py
 
 clean:
-	rm -rf $(VENV) cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj*
+	rm -rf $(VENV) .typecheck cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj*

@@ -1,9 +1,9 @@
-"""cardbus agents: cards, the Agent base class, selection, the LLM seam and demo agents."""
+"""cardbus agents: cards, the Agent base class, the LLM and tool seams, embeddings, the demo."""
 
 from __future__ import annotations
 
-from .agent import Agent, Capability, NeedsInput, Reject, TaskContext
-from .cards import (
+from cardbus.agents.agent import Agent, Capability, NeedsInput, Reject, TaskContext
+from cardbus.agents.cards import (
     AgentCard,
     AgentConstraints,
     Announce,
@@ -13,8 +13,8 @@ from .cards import (
     Started,
     TaskCard,
 )
-from .llm import LLM, Completion, MockLLM, OpenAIChatLLM
-from .selection import Embedder, HashingEmbedder, Weights
+from cardbus.agents.embedding import Embedder, HashingEmbedder
+from cardbus.agents.llm import LLM, Completion, MockLLM, OpenAIChatLLM
 
 __all__ = [
     "LLM",
@@ -36,5 +36,4 @@ __all__ = [
     "Started",
     "TaskCard",
     "TaskContext",
-    "Weights",
 ]

@@ -24,21 +24,19 @@ from typing import Any, ClassVar
 
 import msgspec
 import msgspec.inspect
-
-from eventstore.events import Usage
-
-from .cards import (
+from cardbus.agents.cards import (
     AgentCard,
     AgentConstraints,
     CapabilitySpec,
     ResultCard,
     TaskCard,
+    constraint_problem,
     decode_result_card,
     encode,
 )
-from .llm import LLM, MockLLM
-from .requests import TaskServices
-from .selection import constraint_problem
+from cardbus.agents.llm import LLM, MockLLM
+from cardbus.agents.requests import TaskServices
+from cardbus.eventstore.events import Usage
 
 __all__ = ["Agent", "Capability", "NeedsInput", "Reject", "TaskContext"]
 

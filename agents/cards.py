@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
-
-from eventstore.errors import DecodeError
-from eventstore.events import ReviewIssue, Usage
+from cardbus.eventstore.errors import DecodeError
+from cardbus.eventstore.events import ReviewIssue, Usage
 
 __all__ = [
+    "constraint_problem",
     "A2A_PROTOCOL_VERSION",
     "AgentCard",
     "Announce",
@@ -268,3 +268,37 @@ def decode_result_card(data: bytes) -> ResultCard:
 
 def decode_reply(data: bytes) -> Reply:
     return _decode(_reply_decoder, data, "agent reply")
+
+
+def constraint_problem(
+    agent: AgentConstraints, task_constraints: dict[str, Any], timeout_s: float, input_bytes: int
+) -> str | None:
+    """Why an agent cannot meet a task's constraints, or None when it can.
+
+    Each task constraint must name one of the agent's ``limits``: a list
+    offered means the wanted value (or every wanted value, for a list) must be
+    in it; a number offered is a maximum; anything else must be equal.
+    """
+    if agent.max_timeout_s is not None and not timeout_s <= agent.max_timeout_s:
+        return f"timeout {timeout_s}s over the agent's {agent.max_timeout_s}s"
+    if agent.max_input_bytes is not None and input_bytes > agent.max_input_bytes:
+        return f"input of {input_bytes} bytes over the agent's {agent.max_input_bytes}"
+    for key, wanted in task_constraints.items():
+        if key not in agent.limits:
+            return f"constraint {key!r} not offered by the agent"
+        offered = agent.limits[key]
+        if isinstance(offered, list):
+            wanted_all = wanted if isinstance(wanted, list) else [wanted]
+            missing = [w for w in wanted_all if w not in offered]
+            if missing:
+                return f"{key}={wanted!r} not in {offered!r}"
+        elif _is_number(offered):
+            if not _is_number(wanted) or not wanted <= offered:
+                return f"{key}={wanted!r} over the agent's {offered!r}"
+        elif wanted != offered:
+            return f"{key}={wanted!r} != {offered!r}"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

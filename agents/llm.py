@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
-
-from eventstore.errors import CardbusError
+from cardbus.eventstore.errors import CardbusError
 
 __all__ = ["LLM", "Completion", "LLMError", "MockLLM", "OpenAIChatLLM"]
 

@@ -40,14 +40,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-
-from eventstore.errors import AccessDenied, BusError, CardbusError, DecodeError, ValidationError
-from eventstore.ids import new_id
-
-from .tools import TOOL_ERRORS
+from cardbus.agents.tools import TOOL_ERRORS
+from cardbus.eventstore.errors import (
+    AccessDenied,
+    BusError,
+    CardbusError,
+    DecodeError,
+    ValidationError,
+)
+from cardbus.eventstore.ids import new_id
 
 if TYPE_CHECKING:
-    from .cards import TaskCard
+    from cardbus.agents.cards import TaskCard
 
 __all__ = [
     "REQUESTER",

@@ -43,11 +43,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
-
-from eventstore.errors import AccessDenied, CardbusError
-
-from .schema import schema_errors
-from .selection import Embedder, HashingEmbedder
+from cardbus.agents.embedding import Embedder, HashingEmbedder
+from cardbus.agents.schema import schema_errors
+from cardbus.eventstore.errors import AccessDenied, CardbusError
 
 __all__ = [
     "DocHit",

@@ -30,10 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eventstore import NewEvent, SqliteEventStore
-from eventstore import events as ev
-from eventstore.envelope import GENESIS_HASH, seal
-from eventstore.sqlite import _SCHEMA
+from cardbus.eventstore import NewEvent, SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import GENESIS_HASH, seal
+from cardbus.eventstore.sqlite import _SCHEMA
 
 EVENTS_PER_APPEND = 3
 TARGET_RATIO = 0.5

@@ -33,10 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime  # noqa: E402
+from cardbus.bus.transport.natsconn import NatsOptions  # noqa: E402
 from pipeline_bench import pipeline_plan  # noqa: E402  (the same plan as the embedded benchmark)
-
-from bus.natsconn import NatsOptions  # noqa: E402
-from bus.natsrun import LocalNatsServer, NatsRuntime  # noqa: E402
 
 AGENTS = """
 import msgspec
@@ -146,7 +145,7 @@ async def bench(
         last = await rt.store.last_position()
         events = last - first
         sample = await rt.store.read_all(first + 1, 200)
-    from eventstore.envelope import encode_body
+    from cardbus.eventstore.envelope import encode_body
 
     size = int(statistics.mean(len(encode_body(e)) for e in sample)) if sample else 400
     raw = await raw_publish(url, events, size, storage)

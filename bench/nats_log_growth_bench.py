@@ -35,10 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bus.natsrun import LocalNatsServer
-from eventstore import NewEvent
-from eventstore import events as ev
-from eventstore.nats import NatsEventStore
+from cardbus.bus.runtime.nats import LocalNatsServer
+from cardbus.eventstore import NewEvent
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats import NatsEventStore
 
 
 def event(root: str, i: int) -> NewEvent:

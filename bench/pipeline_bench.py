@@ -26,10 +26,10 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents import Agent, Capability
-from bus.demo import EmbeddedRuntime
-from bus.plan import Plan, PlanTask
-from eventstore import SqliteEventStore
+from cardbus.agents import Agent, Capability
+from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import SqliteEventStore
 
 
 class Text(msgspec.Struct):

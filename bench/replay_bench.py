@@ -36,11 +36,10 @@ import time
 from pathlib import Path
 
 import msgspec
-
-from eventstore import NewEvent, SqliteEventStore
-from eventstore import events as ev
-from eventstore.envelope import GENESIS_HASH, Envelope, seal
-from projections import ProjectionRunner, TaskTable, all_projections, replay
+from cardbus.eventstore import NewEvent, SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import GENESIS_HASH, Envelope, seal
+from cardbus.projections import ProjectionRunner, TaskTable, all_projections, replay
 
 REPLAY_TASK = "bench-replay-task-20"
 T0 = 1_800_000_000.0

@@ -32,7 +32,7 @@ MODES = ("none", "api", "sdk")
 
 
 def _strip_tracing() -> None:
-    from bus import telemetry
+    from cardbus.bus import telemetry
 
     class NoTracing:
         def start_run(self, *a: Any, **k: Any) -> None:
@@ -78,10 +78,9 @@ async def _child(mode: str, runs: int, concurrency: int, store_kind: str) -> dic
         _strip_tracing()
     elif mode == "sdk":
         _install_sdk()
+    from cardbus.bus.runtime.embedded import EmbeddedRuntime
+    from cardbus.eventstore import EventStore, MemoryEventStore, SqliteEventStore
     from pipeline_bench import AGENTS, measure, pct, pipeline_plan
-
-    from bus.demo import EmbeddedRuntime
-    from eventstore import EventStore, MemoryEventStore, SqliteEventStore
 
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(dir=".") as d:

@@ -1,24 +1,41 @@
-"""cardbus bus: moving cards between the orchestrator and agents, and the orchestrator."""
+"""cardbus bus: moving cards (``transport``), deciding (``orchestrator``), assembling (``runtime``).
+
+``cardbus.bus.transport``     the Bus interface and its backends (in-process, NATS)
+``cardbus.bus.orchestrator``  the decision loop and what it decides with
+``cardbus.bus.runtime``       the embedded and NATS assemblies, and the agent worker
+``cardbus.bus.telemetry``     OpenTelemetry spans for the above (API only)
+"""
 
 from __future__ import annotations
 
-from .inprocess import InProcessBus
-from .interface import Bus
-from .orchestrator import Orchestrator, RunResult, answer_approval
-from .plan import Plan, PlanTask, decode_plan, validate_plan
-from .policy import Policy
-from .worker import AgentWorker
+from cardbus.bus.orchestrator import (
+    Orchestrator,
+    Plan,
+    PlanTask,
+    Policy,
+    RunResult,
+    answer_approval,
+    as_plan,
+    decode_plan,
+    validate_plan,
+)
+from cardbus.bus.orchestrator.selection import Weights
+from cardbus.bus.runtime import AgentWorker, EmbeddedRuntime
+from cardbus.bus.transport import Bus, InProcessBus
 
 __all__ = [
     "AgentWorker",
     "Bus",
+    "EmbeddedRuntime",
     "InProcessBus",
     "Orchestrator",
     "Plan",
     "PlanTask",
     "Policy",
     "RunResult",
+    "Weights",
     "answer_approval",
+    "as_plan",
     "decode_plan",
     "validate_plan",
 ]

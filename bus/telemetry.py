@@ -44,12 +44,11 @@ from opentelemetry.trace import (
 )
 
 if TYPE_CHECKING:
-    from agents.agent import Agent
-    from agents.cards import ResultCard, TaskCard
-    from agents.llm import LLM
-    from eventstore.envelope import Envelope
-
-    from .interface import Bus
+    from cardbus.agents.agent import Agent
+    from cardbus.agents.cards import ResultCard, TaskCard
+    from cardbus.agents.llm import LLM
+    from cardbus.bus.transport.interface import Bus
+    from cardbus.eventstore.envelope import Envelope
 
 __all__ = [
     "TRACEPARENT",

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from . import events
-from .envelope import DEFAULT_MAX_EVENT_BYTES, ChainProblem, Envelope, NewEvent, decode_body
-from .errors import (
+from cardbus.eventstore import events
+from cardbus.eventstore.envelope import (
+    DEFAULT_MAX_EVENT_BYTES,
+    ChainProblem,
+    Envelope,
+    NewEvent,
+    decode_body,
+)
+from cardbus.eventstore.errors import (
     AccessDenied,
     BusError,
     CardbusError,
@@ -21,11 +27,11 @@ from .errors import (
     UnknownEventType,
     ValidationError,
 )
-from .ids import id_time, new_id
-from .memory import MemoryEventStore
-from .sqlite import SqliteEventStore
-from .states import A2A_STATE, TERMINAL, TaskState, fold_state, transition
-from .store import Append, EventStore
+from cardbus.eventstore.ids import id_time, new_id
+from cardbus.eventstore.memory import MemoryEventStore
+from cardbus.eventstore.sqlite import SqliteEventStore
+from cardbus.eventstore.states import A2A_STATE, TERMINAL, TaskState, fold_state, transition
+from cardbus.eventstore.store import Append, EventStore
 
 __all__ = [
     "A2A_STATE",
@@ -69,7 +75,9 @@ async def open_store(url: str, **options: object) -> EventStore:
     if url == "memory:":
         return MemoryEventStore(**options)  # type: ignore[arg-type]
     if url.startswith(("nats://", "tls://")):
-        from .nats import NatsEventStore  # imported lazily: nats-py is only needed here
+        from cardbus.eventstore.nats import (
+            NatsEventStore,  # imported lazily: nats-py is only needed here
+        )
 
         return await NatsEventStore.connect(url, **options)  # type: ignore[arg-type]
     path = url.removeprefix("sqlite://").removeprefix("sqlite:")

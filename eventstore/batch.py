@@ -12,22 +12,21 @@ import hashlib
 from collections.abc import Sequence
 
 import msgspec
-
-from .envelope import (
+from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
     GENESIS_HASH,
     Envelope,
     NewEvent,
     decode_body,
 )
-from .errors import (
+from cardbus.eventstore.errors import (
     ConcurrencyError,
     DecodeError,
     IdempotencyError,
     PayloadTooLarge,
     ValidationError,
 )
-from .events import EVENT_TYPES, Event
+from cardbus.eventstore.events import EVENT_TYPES, Event
 
 __all__ = ["check_append_args", "check_replay", "seal_batch"]
 

@@ -17,10 +17,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
-
-from .errors import DecodeError, PayloadTooLarge, UnknownEventType
-from .events import Event, tag_of
-from .ids import new_id
+from cardbus.eventstore.errors import DecodeError, PayloadTooLarge, UnknownEventType
+from cardbus.eventstore.events import Event, tag_of
+from cardbus.eventstore.ids import new_id
 
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from .batch import check_append_args, check_replay, seal_batch
-from .envelope import (
+from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
+from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
     GENESIS_HASH,
     ChainProblem,
@@ -18,7 +18,7 @@ from .envelope import (
     NewEvent,
     verify_chain,
 )
-from .store import EventStore
+from cardbus.eventstore.store import EventStore
 
 __all__ = ["MemoryEventStore"]
 

@@ -178,13 +178,8 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js import api as js_api
-
-from .batch import check_append_args, check_replay, seal_batch
-from .envelope import (
+from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
+from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
     GENESIS_HASH,
     ChainProblem,
@@ -193,7 +188,7 @@ from .envelope import (
     decode_body,
     verify_chain,
 )
-from .errors import (
+from cardbus.eventstore.errors import (
     CardbusError,
     ConcurrencyError,
     DecodeError,
@@ -203,7 +198,11 @@ from .errors import (
     StoreUnavailable,
     ValidationError,
 )
-from .store import EventStore
+from cardbus.eventstore.store import EventStore
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
 
 __all__ = [
     "DEFAULT_STREAM",

@@ -53,9 +53,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import aiosqlite
-
-from .batch import check_append_args, check_replay, seal_batch
-from .envelope import (
+from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
+from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
     GENESIS_HASH,
     ChainProblem,
@@ -64,15 +63,15 @@ from .envelope import (
     decode_stored,
     verify_chain,
 )
-from .errors import (
+from cardbus.eventstore.errors import (
     CardbusError,
     PrerequisiteNotStored,
     StoreError,
     StoreUnavailable,
     ValidationError,
 )
-from .events import EVENT_TYPES, tag_of
-from .store import Append, EventStore, check_after
+from cardbus.eventstore.events import EVENT_TYPES, tag_of
+from cardbus.eventstore.store import Append, EventStore, check_after
 
 __all__ = ["SqliteEventStore"]
 

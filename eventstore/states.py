@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from .errors import IllegalTransition
-from .events import (
+from cardbus.eventstore.errors import IllegalTransition
+from cardbus.eventstore.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,

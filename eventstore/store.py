@@ -45,8 +45,8 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from .envelope import ChainProblem, Envelope, NewEvent
-from .errors import PrerequisiteNotStored, ValidationError
+from cardbus.eventstore.envelope import ChainProblem, Envelope, NewEvent
+from cardbus.eventstore.errors import PrerequisiteNotStored, ValidationError
 
 __all__ = ["Append", "EventStore", "check_after"]
 

@@ -22,18 +22,23 @@ Public API::
 
 from __future__ import annotations
 
-from .agent_stats import AgentStat, AgentStats, AgentStatsFold, percentile
-from .base import Projection
-from .cost import Cost
-from .fork import ForkPlan, fork_task_id, plan_fork
-from .loops import LoopCounter, LoopHashes
-from .model import MemoryTable, Model, SqliteTable, TableSpec
-from .quality import Quality
-from .replay import AttemptSpan, Step, TaskNode, Timeline, build_timeline, replay
-from .replay_html import render_html
-from .runner import ProjectionError, ProjectionRunner, dump_tables, projection_path
-from .tasks import TaskTable, event_reason
-from .timetravel import AsOf, build_as_of
+from cardbus.projections.agent_stats import AgentStat, AgentStats, AgentStatsFold, percentile
+from cardbus.projections.base import Projection
+from cardbus.projections.cost import Cost
+from cardbus.projections.fork import ForkPlan, fork_task_id, plan_fork
+from cardbus.projections.loops import LoopCounter, LoopHashes
+from cardbus.projections.model import MemoryTable, Model, SqliteTable, TableSpec
+from cardbus.projections.quality import Quality
+from cardbus.projections.replay import AttemptSpan, Step, TaskNode, Timeline, build_timeline, replay
+from cardbus.projections.replay_html import render_html
+from cardbus.projections.runner import (
+    ProjectionError,
+    ProjectionRunner,
+    dump_tables,
+    projection_path,
+)
+from cardbus.projections.tasks import TaskTable, event_reason
+from cardbus.projections.timetravel import AsOf, build_as_of
 
 __all__ = [
     "AgentStat",

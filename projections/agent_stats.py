@@ -32,12 +32,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
-
-from eventstore import events as ev
-from eventstore.envelope import Envelope
-
-from .base import Projection
-from .model import MemoryTable, Model, Row, TableSpec
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
+from cardbus.projections.base import Projection
+from cardbus.projections.model import MemoryTable, Model, Row, TableSpec
 
 __all__ = ["AgentStat", "AgentStats", "AgentStatsFold", "percentile"]
 

@@ -21,9 +21,8 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from eventstore.envelope import Envelope
-
-from .model import Model, TableSpec
+from cardbus.eventstore.envelope import Envelope
+from cardbus.projections.model import Model, TableSpec
 
 __all__ = ["Projection"]
 

@@ -25,10 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-
-from eventstore import events as ev
-from eventstore.envelope import Envelope
-from eventstore.errors import ValidationError
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.errors import ValidationError
 
 __all__ = ["ForkPlan", "plan_fork", "fork_task_id"]
 

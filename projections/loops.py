@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from eventstore import events as ev
-from eventstore.envelope import Envelope
-
-from .base import Projection
-from .model import Model, Row, TableSpec
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
+from cardbus.projections.base import Projection
+from cardbus.projections.model import Model, Row, TableSpec
 
 __all__ = ["LoopCounter", "LoopHashes"]
 

@@ -29,10 +29,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
-
-from eventstore import events as ev
-from eventstore.envelope import Envelope
-from eventstore.store import EventStore
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.store import EventStore
 
 __all__ = [
     "MEMORY_STREAM",

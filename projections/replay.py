@@ -20,15 +20,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-
-from eventstore import events as ev
-from eventstore.envelope import Envelope
-from eventstore.errors import IllegalTransition, StreamNotFound
-from eventstore.states import TaskState, transition
-from eventstore.store import EventStore
-
-from .tasks import event_reason
-from .timetravel import AsOf
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.errors import IllegalTransition, StreamNotFound
+from cardbus.eventstore.states import TaskState, transition
+from cardbus.eventstore.store import EventStore
+from cardbus.projections.tasks import event_reason
+from cardbus.projections.timetravel import AsOf
 
 __all__ = ["AttemptSpan", "Step", "TaskNode", "Timeline", "build_timeline", "replay"]
 

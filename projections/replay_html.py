@@ -11,8 +11,7 @@ from __future__ import annotations
 import html
 
 import msgspec
-
-from .replay import Timeline
+from cardbus.projections.replay import Timeline
 
 __all__ = ["render_html"]
 

@@ -29,11 +29,10 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from eventstore.envelope import Envelope
-from eventstore.store import EventStore
-
-from .base import Projection
-from .model import Model
+from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.store import EventStore
+from cardbus.projections.base import Projection
+from cardbus.projections.model import Model
 
 __all__ = ["ProjectionRunner", "ProjectionError", "dump_tables", "projection_path"]
 
@@ -104,7 +103,7 @@ class ProjectionRunner:
         **options: Any,
     ) -> ProjectionRunner:
         """A runner over a read-model file (created if needed) or ``":memory:"``."""
-        from . import all_projections
+        from cardbus.projections import all_projections
 
         path = os.fspath(path)
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)

@@ -17,14 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
-
-from eventstore import events as ev
-from eventstore.envelope import Envelope
-from eventstore.errors import IllegalTransition
-from eventstore.states import TRANSITIONS, TaskState, transition
-
-from .base import Projection
-from .model import Model, Row, TableSpec
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.errors import IllegalTransition
+from cardbus.eventstore.states import TRANSITIONS, TaskState, transition
+from cardbus.projections.base import Projection
+from cardbus.projections.model import Model, Row, TableSpec
 
 __all__ = ["TaskTable", "event_reason"]
 

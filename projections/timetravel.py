@@ -13,13 +13,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import msgspec
-
-from eventstore.envelope import Envelope
-from eventstore.errors import ValidationError
-from eventstore.store import EventStore
-
-from .base import Projection
-from .runner import ProjectionRunner
+from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.errors import ValidationError
+from cardbus.eventstore.store import EventStore
+from cardbus.projections.base import Projection
+from cardbus.projections.runner import ProjectionRunner
 
 __all__ = ["AsOf", "build_as_of"]
 

@@ -43,11 +43,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
-
-from eventstore import events as ev
-from eventstore.envelope import Envelope
-
-from .replay import AttemptSpan, Step, TaskNode, build_timeline
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
+from cardbus.projections.replay import AttemptSpan, Step, TaskNode, build_timeline
 
 __all__ = [
     "SCOPE_NAME",

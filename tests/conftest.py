@@ -6,8 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
-from eventstore import MemoryEventStore, SqliteEventStore
+from cardbus.eventstore import MemoryEventStore, SqliteEventStore
 
 
 @pytest.fixture
@@ -30,9 +29,8 @@ async def memory_store() -> AsyncIterator[MemoryEventStore]:
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
+from cardbus.eventstore.nats import NatsEventStore  # noqa: E402
 from natsserver import NatsCluster, NatsServer  # noqa: E402
-
-from eventstore.nats import NatsEventStore  # noqa: E402
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ import uuid
 
 import msgspec
 import pytest
-from test_states import sample
-
-from eventstore import DecodeError, Envelope, NewEvent, PayloadTooLarge, UnknownEventType
-from eventstore import events as ev
-from eventstore.envelope import (
+from cardbus.eventstore import DecodeError, Envelope, NewEvent, PayloadTooLarge, UnknownEventType
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
     GENESIS_HASH,
     decode_body,
@@ -22,8 +20,9 @@ from eventstore.envelope import (
     seal,
     verify_chain,
 )
-from eventstore.events import EVENT_TYPES, tag_of
-from eventstore.ids import id_time, new_id
+from cardbus.eventstore.events import EVENT_TYPES, tag_of
+from cardbus.eventstore.ids import id_time, new_id
+from test_states import sample
 
 
 def new(data: ev.Event | None = None, **kw: object) -> NewEvent:
@@ -220,7 +219,7 @@ def test_decode_stored_leaves_the_collector_as_it_found_it() -> None:
 
 
 def test_seal_batch_seals_exactly_like_seal() -> None:
-    from eventstore.batch import seal_batch
+    from cardbus.eventstore.batch import seal_batch
 
     events = [new(ev.TaskStarted(attempt=i, agent_id="a")) for i in range(4)]
     first = seal_batch("s", events[:2], 0, 0, GENESIS_HASH)

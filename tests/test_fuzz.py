@@ -17,10 +17,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from eventstore import (
+from cardbus.eventstore import (
     Append,
     CardbusError,
     DecodeError,
@@ -31,9 +28,11 @@ from eventstore import (
     PrerequisiteNotStored,
     SqliteEventStore,
 )
-from eventstore import events as ev
-from eventstore.envelope import GENESIS_HASH, decode_body, seal
-from eventstore.events import EVENT_TYPES, tag_of
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import GENESIS_HASH, decode_body, seal
+from cardbus.eventstore.events import EVENT_TYPES, tag_of
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 FUZZ = settings(
     max_examples=200,

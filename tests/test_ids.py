@@ -6,7 +6,7 @@ import os
 import time
 import uuid
 
-from eventstore import id_time, new_id
+from cardbus.eventstore import id_time, new_id
 
 
 def test_ids_are_uuid7_unique_and_sorted() -> None:

@@ -19,18 +19,7 @@ from typing import Any
 import msgspec
 import nats
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from natsserver import (
-    NatsCluster,
-    NatsServer,
-    free_port,
-    make_tls_files,
-    nats_server_binary,
-    tls_config,
-)
-
-from eventstore import (
+from cardbus.eventstore import (
     CardbusError,
     ConcurrencyError,
     DecodeError,
@@ -41,9 +30,9 @@ from eventstore import (
     ValidationError,
     open_store,
 )
-from eventstore import events as ev
-from eventstore.envelope import encode_body
-from eventstore.nats import (
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import encode_body
+from cardbus.eventstore.nats import (
     HASH_HEADER,
     SUBJECT_LAYOUT,
     SUBJECT_LAYOUT_KEY,
@@ -54,7 +43,17 @@ from eventstore.nats import (
     event_subject,
     kind_token,
 )
-from projections import ProjectionRunner, all_projections, dump_tables
+from cardbus.projections import ProjectionRunner, all_projections, dump_tables
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from natsserver import (
+    NatsCluster,
+    NatsServer,
+    free_port,
+    make_tls_files,
+    nats_server_binary,
+    tls_config,
+)
 
 
 def created(root: str = "root") -> NewEvent:

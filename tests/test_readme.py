@@ -6,10 +6,10 @@ import json
 import re
 from pathlib import Path
 
-from bus.demo import EmbeddedRuntime
-from bus.plan import decode_plan
-from eventstore import SqliteEventStore
-from tools.loading import load_agent
+from cardbus.bus.orchestrator.plan import decode_plan
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import SqliteEventStore
+from cardbus.tools.loading import load_agent
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

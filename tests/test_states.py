@@ -9,19 +9,15 @@ below, and the event catalogue lists every tag. Print the tables with
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from eventstore import IllegalTransition, TaskState, fold_state, transition
-from eventstore import events as ev
-from eventstore.events import EVENT_TYPES, TASK_EVENT_TYPES, tag_of
-from eventstore.states import A2A_STATE, TERMINAL, TRANSITIONS
+from cardbus.eventstore import IllegalTransition, TaskState, fold_state, transition
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.events import EVENT_TYPES, TASK_EVENT_TYPES, tag_of
+from cardbus.eventstore.states import A2A_STATE, TERMINAL, TRANSITIONS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 STATES: list[TaskState | None] = [None, *TaskState]

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-
-from eventstore import ChainProblem, DecodeError, Envelope, NewEvent, SqliteEventStore
-from eventstore import events as ev
-from eventstore.envelope import GENESIS_HASH, encode_body, seal
+from cardbus.eventstore import ChainProblem, DecodeError, Envelope, NewEvent, SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import GENESIS_HASH, encode_body, seal
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """``python -m tools`` runs the ``cardbus`` command line."""
 
-from tools.cli import main
+from cardbus.tools.cli import main
 
 main()

@@ -12,8 +12,7 @@ import importlib
 from typing import Any
 
 import click
-
-from eventstore.errors import CardbusError
+from cardbus.eventstore.errors import CardbusError
 
 __all__ = ["cli", "main"]
 
@@ -21,22 +20,22 @@ __all__ = ["cli", "main"]
 # imported only when one of its commands runs (or --help lists them), so a
 # command does not pay for the others' imports (NATS, rich, the orchestrator).
 COMMANDS = {
-    "agent": "tools.cmd_nats",
-    "approve": "tools.cmd_run",
-    "demo": "tools.cmd_demo",
-    "deny": "tools.cmd_run",
-    "export": "tools.cmd_export",
-    "fork": "tools.cmd_fork",
-    "memory": "tools.cmd_memory",
-    "nats": "tools.cmd_nats",
-    "orchestrator": "tools.cmd_nats",
-    "rebuild": "tools.cmd_inspect",
-    "replay": "tools.cmd_replay",
-    "run": "tools.cmd_run",
-    "stats": "tools.cmd_inspect",
-    "tail": "tools.cmd_inspect",
-    "tasks": "tools.cmd_inspect",
-    "verify": "tools.cmd_inspect",
+    "agent": "cardbus.tools.cmd_nats",
+    "approve": "cardbus.tools.cmd_run",
+    "demo": "cardbus.tools.cmd_demo",
+    "deny": "cardbus.tools.cmd_run",
+    "export": "cardbus.tools.cmd_export",
+    "fork": "cardbus.tools.cmd_fork",
+    "memory": "cardbus.tools.cmd_memory",
+    "nats": "cardbus.tools.cmd_nats",
+    "orchestrator": "cardbus.tools.cmd_nats",
+    "rebuild": "cardbus.tools.cmd_inspect",
+    "replay": "cardbus.tools.cmd_replay",
+    "run": "cardbus.tools.cmd_run",
+    "stats": "cardbus.tools.cmd_inspect",
+    "tail": "cardbus.tools.cmd_inspect",
+    "tasks": "cardbus.tools.cmd_inspect",
+    "verify": "cardbus.tools.cmd_inspect",
 }
 COMMAND_MODULES = sorted(set(COMMANDS.values()))
 
@@ -61,7 +60,7 @@ class _Group(click.Group):
 @click.version_option(package_name="cardbus")
 def cli() -> None:
     """cardbus: an event-sourced message bus for multi-agent work."""
-    from .telemetry_setup import configure_tracing
+    from cardbus.tools.telemetry_setup import configure_tracing
 
     configure_tracing()  # an OpenTelemetry SDK, only if OTEL_* env vars ask for one
 

@@ -8,13 +8,11 @@ import time
 from typing import Any
 
 import click
-
-from agents.demo import DEMO_AGENTS
-from bus.demo import EmbeddedRuntime, parallel_plan, report_plan
-from eventstore import SqliteEventStore
-from projections.replay import Timeline, replay
-
-from .cli import cli
+from cardbus.agents.demo import DEMO_AGENTS, parallel_plan, report_plan
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import SqliteEventStore
+from cardbus.projections.replay import Timeline, replay
+from cardbus.tools.cli import cli
 
 
 def report_text(draft: Any) -> str:
@@ -29,9 +27,8 @@ def report_text(draft: Any) -> str:
 
 def timeline_text(timeline: Timeline) -> str:
     """The run's tree exactly as ``cardbus replay`` draws it, as plain text."""
+    from cardbus.tools.cmd_replay import render_tree
     from rich.console import Console
-
-    from .cmd_replay import render_tree
 
     buf = io.StringIO()
     Console(file=buf, width=200, highlight=False, soft_wrap=False).print(render_tree(timeline))
@@ -81,7 +78,7 @@ def demo(
     --external-agents (then `cardbus agent serve` processes do the work).
     """
     if nats_url or start_nats:
-        from .cmd_nats import demo_on_nats
+        from cardbus.tools.cmd_nats import demo_on_nats
 
         raise SystemExit(demo_on_nats(nats_url, start_nats, parallel, topic, external_agents))
     raise SystemExit(asyncio.run(_demo(db, parallel, topic)))

@@ -17,14 +17,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
-
-from eventstore import Envelope, EventStore
-from eventstore import events as ev
-from eventstore.errors import StreamNotFound, ValidationError
-from projections.traces import SpanRecord, agent_names_from, to_readable_spans, trace_spans
-
-from .cli import cli
-from .cmd_inspect import db_option, open_store, run
+from cardbus.eventstore import Envelope, EventStore
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import StreamNotFound, ValidationError
+from cardbus.projections.traces import SpanRecord, agent_names_from, to_readable_spans, trace_spans
+from cardbus.tools.cli import cli
+from cardbus.tools.cmd_inspect import db_option, open_store, run
 
 __all__ = ["collect_spans", "otlp_traces_url", "parse_since"]
 

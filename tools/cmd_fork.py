@@ -12,13 +12,11 @@ import asyncio
 from typing import Any
 
 import click
-
-from eventstore import NewEvent, new_id
-from eventstore.errors import StreamNotFound
-from projections.fork import ForkPlan, plan_fork
-
-from .cli import cli
-from .cmd_inspect import db_option, echo_json, json_option, open_store
+from cardbus.eventstore import NewEvent, new_id
+from cardbus.eventstore.errors import StreamNotFound
+from cardbus.projections.fork import ForkPlan, plan_fork
+from cardbus.tools.cli import cli
+from cardbus.tools.cmd_inspect import db_option, echo_json, json_option, open_store
 
 
 @cli.command()
@@ -44,14 +42,13 @@ def fork(
     of the plan runs again on the current agents. The new run's run.started
     event records forked_from = "<old root>@<event id>".
     """
-    from bus.demo import EmbeddedRuntime
-
-    from .loading import load_agent
+    from cardbus.bus.runtime.embedded import EmbeddedRuntime
+    from cardbus.tools.loading import load_agent
 
     if agent_paths:
         agents = [load_agent(p) for p in agent_paths]
     else:
-        from agents.demo import DEMO_AGENTS
+        from cardbus.agents.demo import DEMO_AGENTS
 
         agents = list(DEMO_AGENTS)
 

@@ -25,10 +25,9 @@ from typing import Any, TypeVar
 
 import click
 import msgspec
-
-from eventstore import Envelope, SqliteEventStore
-from eventstore.errors import StreamNotFound
-from projections import (
+from cardbus.eventstore import Envelope, SqliteEventStore
+from cardbus.eventstore.errors import StreamNotFound
+from cardbus.projections import (
     AgentStats,
     AsOf,
     Cost,
@@ -42,8 +41,7 @@ from projections import (
     event_reason,
     projection_path,
 )
-
-from .cli import cli
+from cardbus.tools.cli import cli
 
 __all__ = [
     "as_of_option",

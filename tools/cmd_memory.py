@@ -11,13 +11,19 @@ from typing import Any
 
 import click
 import msgspec
+from cardbus.bus.orchestrator.memory import LongTermMemory
+from cardbus.projections.memory import MemoryRecord
+from cardbus.tools.cli import cli
+from cardbus.tools.cmd_inspect import (
+    db_option,
+    echo_json,
+    fmt_time,
+    json_option,
+    open_store,
+    print_rich,
+    run,
+)
 from rich.table import Table
-
-from bus.memory import LongTermMemory
-from projections.memory import MemoryRecord
-
-from .cli import cli
-from .cmd_inspect import db_option, echo_json, fmt_time, json_option, open_store, print_rich, run
 
 
 @cli.group()

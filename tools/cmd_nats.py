@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-
-from agents.agent import Agent
-from agents.tools import ToolRegistry, doc_search_tool
-from bus.nats import (
+from cardbus.agents.agent import Agent
+from cardbus.agents.tools import ToolRegistry, doc_search_tool
+from cardbus.bus.orchestrator.plan import as_plan, decode_plan
+from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime, agent_inbox_prefix, serve_agents
+from cardbus.bus.transport.nats import (
     DEAD_STREAM,
     ORCHESTRATOR_DURABLE,
     REASON_HEADER,
@@ -35,15 +37,11 @@ from bus.nats import (
     header,
     orchestrator_permissions,
 )
-from bus.natsconn import NatsOptions
-from bus.natsrun import LocalNatsServer, NatsRuntime, agent_inbox_prefix, serve_agents
-from bus.plan import Plan, decode_plan
-from bus.policy import Policy
-from eventstore import EventStore, SqliteEventStore
-from eventstore.nats import NatsEventStore
-
-from .cli import cli
-from .loading import load_agent
+from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.eventstore import EventStore, SqliteEventStore
+from cardbus.eventstore.nats import NatsEventStore
+from cardbus.tools.cli import cli
+from cardbus.tools.loading import load_agent
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -302,9 +300,8 @@ def nats_group() -> None:
 @nats_options
 def nats_replay(root_id: str, nats_url: str, **kw: Any) -> None:
     """The timeline of run ROOT_ID from the event log on NATS."""
-    from projections.replay import replay
-
-    from .cmd_demo import timeline_text
+    from cardbus.projections.replay import replay
+    from cardbus.tools.cmd_demo import timeline_text
 
     options = build_options(nats_url, kw)
 
@@ -397,16 +394,14 @@ def demo_on_nats(
     serve`` processes. With ``start_nats`` a local nats-server with a temporary
     store is started for the run and stopped after it.
     """
-    from agents.demo import DEMO_AGENTS
-    from bus.demo import demo_docs, parallel_plan, report_plan
+    from cardbus.agents.demo import DEMO_AGENTS, demo_docs, parallel_plan, report_plan
+    from cardbus.tools.cmd_demo import report_text, timeline_text
 
-    from .cmd_demo import report_text, timeline_text
-
-    plan: Plan = parallel_plan(topic) if parallel else report_plan(topic)
+    plan = as_plan(parallel_plan(topic) if parallel else report_plan(topic))
     agents: list[type[Agent]] = [] if external_agents else list(DEMO_AGENTS)
 
     async def go(url: str) -> int:
-        from projections.replay import replay
+        from cardbus.projections.replay import replay
 
         started = time.perf_counter()
         # its own reply consumer, so an orchestrator already serving the log sees every reply too

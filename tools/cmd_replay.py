@@ -6,11 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from projections import AsOf, Step, TaskNode, Timeline, render_html, replay
-
-from .cli import cli
-from .cmd_inspect import (
+from cardbus.projections import AsOf, Step, TaskNode, Timeline, render_html, replay
+from cardbus.tools.cli import cli
+from cardbus.tools.cmd_inspect import (
     as_of_option,
     db_option,
     echo_json,

@@ -7,14 +7,12 @@ import json
 from pathlib import Path
 
 import click
-
-from bus.demo import EmbeddedRuntime
-from bus.orchestrator import answer_approval
-from bus.plan import decode_plan
-from eventstore import SqliteEventStore
-
-from .cli import cli
-from .loading import load_agent
+from cardbus.bus.orchestrator.core import answer_approval
+from cardbus.bus.orchestrator.plan import decode_plan
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import SqliteEventStore
+from cardbus.tools.cli import cli
+from cardbus.tools.loading import load_agent
 
 
 @cli.command()

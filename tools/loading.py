@@ -6,8 +6,8 @@ import importlib
 import os
 import sys
 
-from agents.agent import Agent
-from eventstore.errors import ValidationError
+from cardbus.agents.agent import Agent
+from cardbus.eventstore.errors import ValidationError
 
 __all__ = ["load_agent"]
 

@@ -12,10 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from agents import (
+from cardbus.agents import (
     Agent,
     AgentCard,
     AgentConstraints,
@@ -27,8 +24,10 @@ from agents import (
     TaskCard,
     TaskContext,
 )
-from agents.cards import decode_result_card, encode
-from agents.selection import hard_filter
+from cardbus.agents.cards import decode_result_card, encode
+from cardbus.bus.orchestrator.selection import hard_filter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 # -- the README example: a user-written agent in about twenty lines --------------
 

@@ -7,10 +7,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from agents.cards import (
+from cardbus.agents.cards import (
     AgentCard,
     AgentConstraints,
     Announce,
@@ -24,9 +21,11 @@ from agents.cards import (
     decode_task_card,
     encode,
 )
-from agents.schema import schema_errors
-from eventstore.errors import CardbusError, DecodeError
-from eventstore.events import ReviewIssue, Usage
+from cardbus.agents.schema import schema_errors
+from cardbus.eventstore.errors import CardbusError, DecodeError
+from cardbus.eventstore.events import ReviewIssue, Usage
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 TASK = TaskCard(
     task_id="t1",

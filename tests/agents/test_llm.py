@@ -11,10 +11,17 @@ from typing import Any
 
 import msgspec
 import pytest
-
-from agents import Agent, Capability, Completion, MockLLM, OpenAIChatLLM, TaskCard, TaskContext
-from agents.llm import LLMError
-from eventstore.errors import CardbusError
+from cardbus.agents import (
+    Agent,
+    Capability,
+    Completion,
+    MockLLM,
+    OpenAIChatLLM,
+    TaskCard,
+    TaskContext,
+)
+from cardbus.agents.llm import LLMError
+from cardbus.eventstore.errors import CardbusError
 
 # -- MockLLM --------------------------------------------------------------------------
 

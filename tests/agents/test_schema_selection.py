@@ -11,12 +11,12 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 import pytest
+from cardbus.agents import AgentCard, AgentConstraints, CapabilitySpec, HashingEmbedder
+from cardbus.agents.cards import constraint_problem
+from cardbus.agents.schema import schema_errors
+from cardbus.bus.orchestrator.selection import AgentStat, Weights, hard_filter, rank
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from agents import AgentCard, AgentConstraints, CapabilitySpec, HashingEmbedder, Weights
-from agents.schema import schema_errors
-from agents.selection import AgentStat, constraint_problem, hard_filter, rank
 
 # -- schema_errors ----------------------------------------------------------------
 
@@ -331,7 +331,7 @@ def test_hashing_embedder_is_stable_across_processes() -> None:
     import sys
 
     code = (
-        "from agents.selection import HashingEmbedder;"
+        "from cardbus.agents.embedding import HashingEmbedder;"
         "v=HashingEmbedder(16).embed(['research bees'])[0];print([round(x,6) for x in v])"
     )
     outs = {
@@ -525,7 +525,7 @@ def test_string_forms_are_checked_as_msgspec_does(field: str, value: str, ok: bo
 
 
 def test_caching_embedder_matches_its_inner_embedder_and_embeds_each_text_once() -> None:
-    from agents.selection import CachingEmbedder, HashingEmbedder
+    from cardbus.agents.embedding import CachingEmbedder, HashingEmbedder
 
     class Counting(HashingEmbedder):
         seen: list[str] = []

@@ -13,11 +13,10 @@ from typing import Any
 
 import msgspec
 import pytest
-
-from agents import Agent, Announce, Capability, ResultCard, Started, TaskCard, TaskContext
-from agents.cards import Reply
-from bus.inprocess import InProcessBus
-from bus.worker import AgentWorker
+from cardbus.agents import Agent, Announce, Capability, ResultCard, Started, TaskCard, TaskContext
+from cardbus.agents.cards import Reply
+from cardbus.bus.runtime.worker import AgentWorker
+from cardbus.bus.transport.inprocess import InProcessBus
 
 
 class EchoIn(msgspec.Struct, frozen=True):
@@ -288,7 +287,7 @@ async def test_malformed_reply_bytes_reach_on_bad_message(bus: InProcessBus) -> 
 async def test_a_duplicate_waiting_on_an_abandoned_run_gets_an_error_not_a_cancel() -> None:
     """The first delivery's run is cancelled mid-way; the duplicate waiting on it must
     see an ordinary exception (so its consumer redelivers), not CancelledError."""
-    from eventstore.errors import BusError
+    from cardbus.eventstore.errors import BusError
 
     class Hanging(Agent):
         agent_id = "hanging"

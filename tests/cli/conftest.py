@@ -9,13 +9,11 @@ from pathlib import Path
 import pytest
 
 _ROOT = Path(__file__).resolve().parents[2]
-for p in (str(_ROOT), str(_ROOT / "tests" / "projections")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+if str(_ROOT / "tests" / "projections") not in sys.path:
+    sys.path.insert(0, str(_ROOT / "tests" / "projections"))
 
+from cardbus.eventstore import SqliteEventStore  # noqa: E402
 from lifecycle_log import RunIds, write_run  # noqa: E402
-
-from eventstore import SqliteEventStore  # noqa: E402
 
 
 async def _populate(path: Path) -> RunIds:

@@ -7,13 +7,12 @@ import json
 import re
 from pathlib import Path
 
+from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.projections.fork import fork_task_id, plan_fork
+from cardbus.tools.cli import cli
 from click.testing import CliRunner
 from lifecycle_log import RunIds
-
-from eventstore import SqliteEventStore
-from eventstore import events as ev
-from projections.fork import fork_task_id, plan_fork
-from tools.cli import cli
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

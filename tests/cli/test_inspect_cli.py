@@ -7,10 +7,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from cardbus.tools.cli import cli
 from click.testing import CliRunner, Result
 from lifecycle_log import RunIds
-
-from tools.cli import cli
 
 
 def invoke(*args: str) -> Result:
@@ -329,8 +328,8 @@ def test_tail_follow_sees_new_events(run_db: tuple[str, RunIds]) -> None:
     import threading
     import time
 
-    from eventstore import NewEvent, SqliteEventStore
-    from eventstore import events as ev
+    from cardbus.eventstore import NewEvent, SqliteEventStore
+    from cardbus.eventstore import events as ev
 
     db, ids = run_db
 

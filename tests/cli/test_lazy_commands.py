@@ -6,7 +6,7 @@ import importlib
 import subprocess
 import sys
 
-from tools.cli import COMMANDS, cli
+from cardbus.tools.cli import COMMANDS, cli
 
 
 def test_the_command_map_names_every_command_and_its_module() -> None:
@@ -20,9 +20,10 @@ def test_a_command_imports_only_what_it_needs(tmp_path) -> None:  # type: ignore
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
-        "from tools.cli import cli\n"
+        "from cardbus.tools.cli import cli\n"
         f"r = CliRunner().invoke(cli, ['tasks', '--db', {str(tmp_path / 'x.db')!r}])\n"
-        "print(r.exit_code, 'nats' in sys.modules, 'bus.orchestrator' in sys.modules)\n"
+        "print(r.exit_code, 'nats' in sys.modules,"
+        " 'cardbus.bus.orchestrator.core' in sys.modules)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="."

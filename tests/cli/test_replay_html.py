@@ -14,10 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cardbus.tools.cli import cli
 from click.testing import CliRunner
 from lifecycle_log import RunIds
-
-from tools.cli import cli
 
 
 def _chromium() -> str:
@@ -105,8 +104,8 @@ def test_replay_html_escapes_log_content(tmp_path: Path) -> None:
     """A goal containing markup is shown as text, never parsed as HTML."""
     import asyncio
 
-    from eventstore import NewEvent, SqliteEventStore
-    from eventstore import events as ev
+    from cardbus.eventstore import NewEvent, SqliteEventStore
+    from cardbus.eventstore import events as ev
 
     db = tmp_path / "x.db"
 

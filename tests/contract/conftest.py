@@ -10,8 +10,7 @@ size-limit tests lower on the live store.
 from __future__ import annotations
 
 import pytest
-
-from eventstore import EventStore
+from cardbus.eventstore import EventStore
 
 BACKENDS = ["memory", "sqlite", "nats"]
 

@@ -14,11 +14,10 @@ from typing import Any
 
 import msgspec
 import pytest
-
-from agents.cards import AgentCard, Announce, Reply, ResultCard, Started, TaskCard
-from bus.inprocess import InProcessBus
-from bus.interface import Bus
-from bus.nats import NatsBus
+from cardbus.agents.cards import AgentCard, Announce, Reply, ResultCard, Started, TaskCard
+from cardbus.bus.transport.inprocess import InProcessBus
+from cardbus.bus.transport.interface import Bus
+from cardbus.bus.transport.nats import NatsBus
 
 BACKENDS = ["inprocess", "nats"]
 
@@ -196,7 +195,7 @@ class TestBusContract:
 
     async def test_closed_bus_refuses_to_send(self, bus: Bus) -> None:
         await bus.close()
-        from eventstore.errors import BusError
+        from cardbus.eventstore.errors import BusError
 
         with pytest.raises(BusError):
             await bus.send_task("a", card(1))
@@ -204,8 +203,8 @@ class TestBusContract:
             await bus.close()  # closing twice is fine
 
     async def test_agent_requests_reach_the_server_and_come_back(self, bus: Bus) -> None:
-        from agents.requests import AgentRequest, AgentResponse
-        from eventstore.errors import BusError
+        from cardbus.agents.requests import AgentRequest, AgentResponse
+        from cardbus.eventstore.errors import BusError
 
         req = AgentRequest(
             request_id="r1", task_id="t", attempt=1, agent_id="a", kind="tool", target="echo"
@@ -240,7 +239,7 @@ class TestBusContract:
 
 
 async def test_nats_traceparent_travels_in_headers_read_case_insensitively(nats_url: str) -> None:
-    from agents.cards import encode
+    from cardbus.agents.cards import encode
 
     trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     bus = await NatsBus.connect(nats_url, ack_wait=1.0, fetch_wait=0.5)

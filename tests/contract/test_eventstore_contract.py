@@ -14,8 +14,7 @@ from typing import Any
 
 import msgspec
 import pytest
-
-from eventstore import (
+from cardbus.eventstore import (
     Append,
     CardbusError,
     ConcurrencyError,
@@ -27,8 +26,8 @@ from eventstore import (
     PrerequisiteNotStored,
     ValidationError,
 )
-from eventstore import events as ev
-from eventstore.envelope import GENESIS_HASH
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import GENESIS_HASH
 
 
 def created(root: str = "root", **fields: Any) -> NewEvent:

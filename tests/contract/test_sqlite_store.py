@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from eventstore import (
+from cardbus.eventstore import (
     ConcurrencyError,
     Envelope,
     NewEvent,
@@ -19,7 +18,7 @@ from eventstore import (
     ValidationError,
     open_store,
 )
-from eventstore import events as ev
+from cardbus.eventstore import events as ev
 
 
 def created(root: str = "root") -> NewEvent:

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
-from agents import Agent, Capability
-from eventstore import Envelope
-from eventstore import events as ev
-from eventstore.nats import NatsEventStore
+from cardbus.agents import Agent, Capability
+from cardbus.eventstore import Envelope
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats import NatsEventStore
 
 REPO = Path(__file__).resolve().parents[2]
 

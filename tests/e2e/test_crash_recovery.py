@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import msgspec
-
-from eventstore import SqliteEventStore
-from eventstore import events as ev
+from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import events as ev
 
 AGENTS = """
 import asyncio

@@ -7,18 +7,17 @@ import asyncio
 
 import msgspec
 import pytest
+from cardbus.agents import Agent, Capability
+from cardbus.agents.cards import TaskCard
+from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
+from cardbus.bus.transport.nats import DEAD_STREAM, REASON_HEADER, SUBJECT_HEADER, NatsBus, header
+from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import DecodeError, PayloadTooLarge
+from cardbus.eventstore.nats import NatsEventStore
 from natsprocs import FAST_BUS, N, Quick, read_log, until
 from natsserver import NatsServer
-
-from agents import Agent, Capability
-from agents.cards import TaskCard
-from bus.nats import DEAD_STREAM, REASON_HEADER, SUBJECT_HEADER, NatsBus, header
-from bus.natsconn import NatsOptions
-from bus.natsrun import NatsRuntime, serve_agents
-from bus.plan import Plan, PlanTask
-from eventstore import events as ev
-from eventstore.errors import DecodeError, PayloadTooLarge
-from eventstore.nats import NatsEventStore
 
 BIG = 2 * 1024 * 1024  # over the bus's 1 MiB limit, under the test server's max_payload
 

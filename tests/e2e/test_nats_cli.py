@@ -6,12 +6,11 @@ import asyncio
 import re
 from pathlib import Path
 
+from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.tools.cli import cli
 from click.testing import CliRunner
 from natsprocs import Proc, env_for
 from natsserver import NatsServer
-
-from bus.natsconn import NatsOptions
-from tools.cli import cli
 
 
 def test_demo_start_nats_runs_the_demo_on_a_throwaway_server() -> None:
@@ -28,7 +27,8 @@ def test_demo_across_an_agent_process_and_a_serving_orchestrator(
 ) -> None:
     url = nats_server.url
     demo_agents = [
-        f"agents.demo:{a}" for a in ("Researcher", "Planner", "Writer", "Reviewer", "Merger")
+        f"cardbus.agents.demo:{a}"
+        for a in ("Researcher", "Planner", "Writer", "Reviewer", "Merger")
     ]
     serve = ["agent", "serve", *demo_agents, "--nats", url, "--replicas", "2"]
     agents = Proc(serve, tmp_path, env_for(tmp_path), "a")

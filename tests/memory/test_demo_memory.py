@@ -6,15 +6,14 @@ import hashlib
 from pathlib import Path
 
 import msgspec
+from cardbus.agents.cards import TaskCard
+from cardbus.agents.demo import Merger, Planner, Researcher, Reviewer, Writer, report_plan
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.projections import replay
+from cardbus.tools.cli import cli
 from click.testing import CliRunner
-
-from agents.cards import TaskCard
-from agents.demo import Merger, Planner, Researcher, Reviewer, Writer
-from bus.demo import EmbeddedRuntime, report_plan
-from eventstore import SqliteEventStore
-from eventstore import events as ev
-from projections import replay
-from tools.cli import cli
 
 
 class RecordingWriter(Writer):
@@ -126,7 +125,7 @@ async def test_settle_decides_from_what_it_observed_and_reads_only_runs_it_did_n
             pref = await rt.memory.get("pref/demo/report_format")
             assert pref is not None and pref.root_id == run.root_id
         # a keeper that did not see the run (a restart) reads it, and writes nothing twice
-        from bus.memory import MEMORY_STREAM, MemoryKeeper
+        from cardbus.bus.orchestrator.memory import MEMORY_STREAM, MemoryKeeper
 
         stored = await store.read_stream(MEMORY_STREAM)
         again = await MemoryKeeper(store).settle(run.root_id)

@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from cardbus.agents.embedding import HashingEmbedder
+from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper, ReusablePolicy, derived_id
+from cardbus.eventstore import MemoryEventStore, NewEvent, SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.projections.memory import MEMORY_STREAM, MemoryFold, build_memory
+from cardbus.tools.cli import cli
 from click.testing import CliRunner
-
-from agents.selection import HashingEmbedder
-from bus.memory import LongTermMemory, MemoryKeeper, ReusablePolicy, derived_id
-from eventstore import MemoryEventStore, NewEvent, SqliteEventStore
-from eventstore import events as ev
-from projections.memory import MEMORY_STREAM, MemoryFold, build_memory
-from tools.cli import cli
 
 ROOT = "root-1"
 

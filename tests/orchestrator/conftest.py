@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cardbus.eventstore import SqliteEventStore
 from orchkit import CARDS, Runtime
-
-from eventstore import SqliteEventStore
 
 
 @pytest.fixture(autouse=True)

@@ -16,14 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
-
-from agents.agent import Agent, Capability, TaskContext
-from agents.cards import AgentConstraints, TaskCard
-from agents.llm import LLM
-from bus import InProcessBus, Orchestrator, Plan, PlanTask, Policy, RunResult
-from bus.worker import AgentWorker
-from eventstore import Envelope, EventStore
-from eventstore import events as ev
+from cardbus.agents.agent import Agent, Capability, TaskContext
+from cardbus.agents.cards import AgentConstraints, TaskCard
+from cardbus.agents.llm import LLM
+from cardbus.bus import InProcessBus, Orchestrator, Plan, PlanTask, Policy, RunResult
+from cardbus.bus.runtime.worker import AgentWorker
+from cardbus.eventstore import Envelope, EventStore
+from cardbus.eventstore import events as ev
 
 FAST = Policy(backoff_base_s=0.01, tick_s=0.01)
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import cardbus.bus as bus
 import pytest
+from cardbus.eventstore import CardbusError, SqliteEventStore, StreamNotFound
 from orchkit import CARDS, Runtime, ev, make_agent, plan, run_log, task, tid, wait_for
-
-import bus
-from eventstore import CardbusError, SqliteEventStore, StreamNotFound
 
 
 async def test_approval_survives_a_restart_and_the_run_completes(db_path):

@@ -11,11 +11,10 @@ import asyncio
 import math
 
 import pytest
+from cardbus.agents.cards import ResultCard, encode
+from cardbus.bus import Plan, PlanTask, decode_plan
+from cardbus.eventstore import InvalidPlan
 from orchkit import CARDS, TextOut, ev, make_agent, plan, run_log, task, tid
-
-from agents.cards import ResultCard, encode
-from bus import Plan, PlanTask, decode_plan
-from eventstore import InvalidPlan
 
 # -- invalid plans -------------------------------------------------------------
 

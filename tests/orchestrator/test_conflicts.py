@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from cardbus.bus import Policy
 from orchkit import TextOut, ev, make_agent, plan, run_log, task, tid, wait_for
-
-from bus import Policy
 
 
 def _confident(value: float | list[float], text: str):  # type: ignore[no-untyped-def]
@@ -130,8 +129,7 @@ async def test_an_approved_tie_on_a_null_output_completes(make_runtime, store):
 
 async def test_an_approved_tie_still_goes_to_its_reviewer(make_runtime, store):
     import msgspec
-
-    from agents.cards import Review
+    from cardbus.agents.cards import Review
 
     class ReviewIn(msgspec.Struct, frozen=True):
         draft: TextOut

@@ -7,9 +7,8 @@ import hashlib
 
 import msgspec
 import pytest
+from cardbus.eventstore import Append, InvalidPlan
 from orchkit import CARDS, TextOut, ev, is_, make_agent, plan, run_log, task, tid, wait_for
-
-from eventstore import Append, InvalidPlan
 
 
 async def _slow(task_card, inputs, ctx):  # type: ignore[no-untyped-def]

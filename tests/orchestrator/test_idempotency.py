@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from cardbus.agents.cards import ResultCard, Started
 from orchkit import CARDS, Runtime, TextOut, ev, is_, make_agent, plan, run_log, task, tid, wait_for
-
-from agents.cards import ResultCard, Started
 
 
 async def test_the_same_plan_id_twice_runs_once(make_runtime, store):
@@ -106,7 +105,7 @@ async def test_redelivered_card_is_answered_without_running_twice(make_runtime, 
 async def test_a_submit_interrupted_after_claiming_the_plan_id_is_finished_by_the_next(
     make_runtime, store
 ):
-    from eventstore import NewEvent, new_id
+    from cardbus.eventstore import NewEvent, new_id
 
     root = new_id()  # a submitter died right after writing PlanSubmitted
     claim = ev.PlanSubmitted(plan_id="half", root_id=root)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from cardbus.agents.agent import NeedsInput
+from cardbus.bus import Policy
 from orchkit import CARDS, FAST, ev, make_agent, plan, run_log, task, tid
-
-from agents.agent import NeedsInput
-from bus import Policy
 
 
 def _always_asking(t, i, c):  # type: ignore[no-untyped-def]
@@ -63,12 +62,11 @@ async def test_a_halt_drops_subtasks_decided_in_the_same_step_and_keeps_results(
     import time
 
     import msgspec
-
-    from agents.cards import ResultCard
-    from bus.decisions import Decider
-    from bus.runstate import RunState
-    from eventstore import MemoryEventStore, NewEvent
-    from eventstore.events import Usage
+    from cardbus.agents.cards import ResultCard
+    from cardbus.bus.orchestrator.decisions import Decider
+    from cardbus.bus.orchestrator.runstate import RunState
+    from cardbus.eventstore import MemoryEventStore, NewEvent
+    from cardbus.eventstore.events import Usage
 
     store = MemoryEventStore()
     state = RunState()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from cardbus.agents.agent import NeedsInput
 from orchkit import CARDS, TextOut, ev, make_agent, plan, run_log, task, tid
-
-from agents.agent import NeedsInput
 
 
 def _asker(t, i, c):  # type: ignore[no-untyped-def]

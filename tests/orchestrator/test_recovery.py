@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+from cardbus.agents.cards import Review
+from cardbus.eventstore import SqliteEventStore, StoreUnavailable
 from orchkit import CARDS, Runtime, TextOut, ev, is_, make_agent, plan, run_log, task, tid, wait_for
-
-from agents.cards import Review
-from eventstore import SqliteEventStore, StoreUnavailable
 
 
 async def _hang_first(t, i, c):  # type: ignore[no-untyped-def]

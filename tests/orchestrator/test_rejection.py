@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from cardbus.agents.agent import Reject
 from orchkit import TableEmbedder, ev, make_agent, plan, run_log, task, tid
-
-from agents.agent import Reject
 
 
 def _refuse(t, i, c):  # type: ignore[no-untyped-def]

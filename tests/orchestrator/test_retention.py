@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from cardbus.agents.cards import ResultCard
+from cardbus.projections.agent_stats import AgentStatsFold
 from orchkit import FAST, ev, make_agent, plan, run_log, task, tid
-
-from agents.cards import ResultCard
-from projections.agent_stats import AgentStatsFold
 
 
 async def test_finished_runs_past_the_limit_leave_memory_not_the_log(make_runtime, store):
@@ -43,8 +42,8 @@ async def test_finished_runs_past_the_limit_leave_memory_not_the_log(make_runtim
 
 
 def test_a_bounded_stats_fold_keeps_the_latest_latencies() -> None:
-    from eventstore import NewEvent
-    from eventstore.envelope import Envelope
+    from cardbus.eventstore import NewEvent
+    from cardbus.eventstore.envelope import Envelope
 
     def env(stream: str, version: int, data: ev.Event, at: float) -> Envelope:
         new = NewEvent(data=data, correlation_id="r", recorded_at=at)

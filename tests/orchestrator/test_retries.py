@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import random
 
+from cardbus.bus import Policy
 from orchkit import TextOut, ev, make_agent, plan, run_log, task, tid
-
-from bus import Policy
 
 
 def _fail_until(n: int):  # type: ignore[no-untyped-def]

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import msgspec
+from cardbus.agents.cards import Review
+from cardbus.eventstore.events import ReviewIssue
 from orchkit import CARDS, TextOut, ev, make_agent, plan, run_log, task, tid
-
-from agents.cards import Review
-from eventstore.events import ReviewIssue
 
 ISSUE = ReviewIssue(
     issue_type="missing_section", section="end", severity="high", suggestion="add an ending"

@@ -5,10 +5,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
-from bus.runstate import RunState
-from eventstore import MemoryEventStore, NewEvent
-from eventstore import events as ev
+from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.eventstore import MemoryEventStore, NewEvent
+from cardbus.eventstore import events as ev
 
 CREATES: list[tuple[str, ev.Event]] = [
     ("root", ev.RunStarted(goal="g", plan_id="p", task_ids=["a", "b"])),
@@ -61,7 +60,7 @@ async def test_an_event_the_fold_cannot_use_is_kept_and_logged(caplog) -> None: 
     state = RunState()
     data = ev.TaskStarted(attempt=1, agent_id="a")
     for env in await store.append("ghost", [NewEvent(data=data, correlation_id="r")], 0):
-        with caplog.at_level("WARNING", logger="bus.runstate"):
+        with caplog.at_level("WARNING", logger="cardbus.bus.orchestrator.runstate"):
             assert state.apply(env)
     assert len(state.anomalies) == 1 and "unknown task ghost" in state.anomalies[0]
     assert "unknown task ghost" in caplog.text

@@ -6,11 +6,10 @@ import asyncio
 
 import msgspec
 import pytest
+from cardbus.agents.cards import AgentConstraints
+from cardbus.bus import Policy
+from cardbus.bus.orchestrator.selection import Weights
 from orchkit import TableEmbedder, TextOut, ev, make_agent, plan, run_log, task, tid
-
-from agents.cards import AgentConstraints
-from agents.selection import Weights
-from bus import Policy
 
 
 class NumIn(msgspec.Struct, frozen=True):

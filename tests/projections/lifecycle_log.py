@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eventstore import EventStore, NewEvent
-from eventstore import events as ev
-from eventstore.states import fold_state
+from cardbus.eventstore import EventStore, NewEvent
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.states import fold_state
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

@@ -6,11 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from lifecycle_log import T0, write_run
-
-from eventstore import EventStore, MemoryEventStore, NewEvent
-from eventstore import events as ev
-from projections import (
+from cardbus.eventstore import EventStore, MemoryEventStore, NewEvent
+from cardbus.eventstore import events as ev
+from cardbus.projections import (
     AgentStats,
     AgentStatsFold,
     AsOf,
@@ -25,6 +23,7 @@ from projections import (
     dump_tables,
     percentile,
 )
+from lifecycle_log import T0, write_run
 
 
 @pytest.fixture(params=["memory", "sqlite", "nats"])
@@ -321,7 +320,7 @@ def test_as_of_parse() -> None:
     assert AsOf.parse("42") == AsOf(position=42)
     assert AsOf.parse("2027-01-15T08:00:00Z").timestamp == T0
     assert AsOf.parse("2027-01-15T08:00:00").timestamp == T0
-    from eventstore import ValidationError
+    from cardbus.eventstore import ValidationError
 
     with pytest.raises(ValidationError):
         AsOf.parse("yesterday")

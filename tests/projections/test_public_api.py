@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import projections
+import cardbus.projections as projections
 
 EXPECTED = {
     "AgentStat",

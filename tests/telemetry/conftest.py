@@ -17,13 +17,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 _ROOT = Path(__file__).resolve().parents[2]
-for p in (str(_ROOT), str(_ROOT / "tests" / "projections")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+if str(_ROOT / "tests" / "projections") not in sys.path:
+    sys.path.insert(0, str(_ROOT / "tests" / "projections"))
 
-from agents.demo import DEMO_AGENTS  # noqa: E402
-from bus.demo import EmbeddedRuntime, report_plan  # noqa: E402
-from eventstore import SqliteEventStore  # noqa: E402
+from cardbus.agents.demo import DEMO_AGENTS, report_plan  # noqa: E402
+from cardbus.bus.runtime.embedded import EmbeddedRuntime  # noqa: E402
+from cardbus.eventstore import SqliteEventStore  # noqa: E402
 
 
 async def _run_demo(path: Path) -> str:
@@ -109,7 +108,7 @@ def sdk_spans() -> Iterator[InMemorySpanExporter]:
     The provider is not made global (``bus.telemetry.use_tracer_provider``), so
     other tests in this process run without tracing, as they expect.
     """
-    from bus import telemetry
+    from cardbus.bus import telemetry
 
     _EXPORTER.clear()
     telemetry.use_tracer_provider(_PROVIDER)

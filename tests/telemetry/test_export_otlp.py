@@ -11,14 +11,13 @@ import asyncio
 import hashlib
 from typing import Any
 
+from cardbus.eventstore import Envelope, SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.tools.cli import cli
 from click.testing import CliRunner
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
-
-from eventstore import Envelope, SqliteEventStore
-from eventstore import events as ev
-from tools.cli import cli
 
 
 def _value(v: AnyValue) -> Any:

@@ -14,15 +14,14 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from cardbus.agents.demo import DEMO_AGENTS, report_plan
+from cardbus.bus import telemetry
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import MemoryEventStore
+from cardbus.eventstore import events as ev
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-
-from agents.demo import DEMO_AGENTS
-from bus import telemetry
-from bus.demo import EmbeddedRuntime, report_plan
-from eventstore import MemoryEventStore
-from eventstore import events as ev
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,10 +107,11 @@ def test_no_sdk_means_no_spans_no_traceparent_and_no_cost() -> None:
     code = textwrap.dedent(
         """
         import asyncio, time
-        from agents.demo import DEMO_AGENTS
-        from bus import telemetry
-        from bus.demo import EmbeddedRuntime, report_plan
-        from eventstore import MemoryEventStore
+        from cardbus.agents.demo import DEMO_AGENTS
+        from cardbus.bus import telemetry
+        from cardbus.agents.demo import report_plan
+        from cardbus.bus.runtime.embedded import EmbeddedRuntime
+        from cardbus.eventstore import MemoryEventStore
 
         assert not telemetry.enabled()
 
@@ -175,8 +175,8 @@ def test_cardbus_demo_sends_one_trace_per_run_to_the_env_endpoint(
 async def test_a_restarted_orchestrator_rejoins_the_runs_trace(
     sdk_spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
-    from bus.plan import Plan, PlanTask
-    from eventstore import SqliteEventStore
+    from cardbus.bus.orchestrator.plan import Plan, PlanTask
+    from cardbus.eventstore import SqliteEventStore
 
     plan = Plan(
         goal="a report",

@@ -17,13 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cardbus.agents.demo import DEMO_AGENTS, report_plan
+from cardbus.bus.runtime.nats import NatsRuntime
+from cardbus.bus.transport.natsconn import NatsOptions
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-from agents.demo import DEMO_AGENTS
-from bus.demo import report_plan
-from bus.natsconn import NatsOptions
-from bus.natsrun import NatsRuntime
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +43,7 @@ async def test_agent_spans_in_another_process_join_the_orchestrators_trace(
         "OTEL_SERVICE_NAME": "agents",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
     }
-    paths = [f"agents.demo:{a.__name__}" for a in DEMO_AGENTS]
+    paths = [f"cardbus.agents.demo:{a.__name__}" for a in DEMO_AGENTS]
     server = subprocess.Popen(
         [sys.executable, "-m", "tools", "agent", "serve", *paths, "--nats", nats_url],
         cwd=_ROOT,

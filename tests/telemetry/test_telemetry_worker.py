@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from cardbus.agents.cards import TaskCard
+from cardbus.agents.demo import Researcher
+from cardbus.bus import telemetry
+from cardbus.bus.runtime.worker import AgentWorker
+from cardbus.bus.transport.inprocess import InProcessBus
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-from agents.cards import TaskCard
-from agents.demo import Researcher
-from bus import telemetry
-from bus.inprocess import InProcessBus
-from bus.worker import AgentWorker
 
 
 def _by_kind(spans: list[ReadableSpan], prefix: str) -> list[ReadableSpan]:

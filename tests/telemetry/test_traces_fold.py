@@ -8,13 +8,18 @@ import sys
 from typing import Any
 
 import pytest
+from cardbus.eventstore import Envelope, MemoryEventStore
+from cardbus.eventstore import events as ev
+from cardbus.projections.traces import (
+    SpanRecord,
+    span_id_for,
+    to_readable_spans,
+    trace_id_for,
+    trace_spans,
+)
+from cardbus.tools.cli import cli
 from click.testing import CliRunner
 from lifecycle_log import T0, RunIds, write_run
-
-from eventstore import Envelope, MemoryEventStore
-from eventstore import events as ev
-from projections.traces import SpanRecord, span_id_for, to_readable_spans, trace_id_for, trace_spans
-from tools.cli import cli
 
 
 @pytest.fixture
@@ -124,7 +129,7 @@ def test_readable_spans_carry_ids_kinds_status_and_parents(
 
 async def test_unfinished_run_ends_at_its_latest_event() -> None:
     store = MemoryEventStore()
-    from eventstore import NewEvent
+    from cardbus.eventstore import NewEvent
 
     def new(data: ev.Event, t: float) -> NewEvent:
         return NewEvent(data=data, correlation_id="r", recorded_at=t)
@@ -151,7 +156,7 @@ def test_console_export_and_a_clear_error_without_the_otlp_exporter(
 ) -> None:
     import asyncio
 
-    from eventstore import SqliteEventStore
+    from cardbus.eventstore import SqliteEventStore
 
     async def populate() -> RunIds:
         store = await SqliteEventStore.open(tmp_path / "c.db")
@@ -192,7 +197,7 @@ def test_export_needs_a_target(tmp_path: Any) -> None:
 
 
 async def test_a_run_traced_live_links_to_its_live_trace() -> None:
-    from eventstore import NewEvent
+    from cardbus.eventstore import NewEvent
 
     live = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     store = MemoryEventStore()

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from cardbus.agents.cards import AgentCard, AgentConstraints, CapabilitySpec, TaskCard
+from cardbus.bus.orchestrator.context import budget_for, fit_card, fit_inputs, size_of
+from cardbus.eventstore import events as ev
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from agents.cards import AgentCard, AgentConstraints, CapabilitySpec, TaskCard
-from agents.context import budget_for, fit_card, fit_inputs, size_of
-from eventstore import events as ev
 
 
 def facts(n: int, width: int = 60) -> list[str]:

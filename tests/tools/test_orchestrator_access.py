@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
-from agents.agent import Agent, Capability, TaskContext
-from agents.cards import AgentConstraints, TaskCard
-from agents.tools import Tool, ToolRegistry
-from bus.demo import EmbeddedRuntime
-from bus.plan import Plan, PlanTask
-from eventstore import SqliteEventStore, TaskState
-from eventstore import events as ev
-from eventstore.errors import CardbusError
-from projections import ProjectionRunner, TaskTable, replay
+from cardbus.agents.agent import Agent, Capability, TaskContext
+from cardbus.agents.cards import AgentConstraints, TaskCard
+from cardbus.agents.tools import Tool, ToolRegistry
+from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import SqliteEventStore, TaskState
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import CardbusError
+from cardbus.projections import ProjectionRunner, TaskTable, replay
 
 
 class Text(msgspec.Struct, frozen=True):
@@ -232,9 +231,9 @@ async def test_upstream_outputs_are_fitted_to_the_agents_budget(tmp_path: Path) 
 
 
 def test_an_orchestrator_serves_requests_when_given_tools_memory_or_asked() -> None:
-    from bus.inprocess import InProcessBus
-    from bus.orchestrator import Orchestrator
-    from eventstore import MemoryEventStore
+    from cardbus.bus.orchestrator.core import Orchestrator
+    from cardbus.bus.transport.inprocess import InProcessBus
+    from cardbus.eventstore import MemoryEventStore
 
     store, bus = MemoryEventStore(), InProcessBus()
     assert not Orchestrator(store, bus).serve_requests  # another server may own the path

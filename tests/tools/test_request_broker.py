@@ -14,17 +14,16 @@ from typing import Any
 
 import msgspec
 import pytest
-
-from agents.cards import AgentCard, AgentConstraints, CapabilitySpec, TaskCard
-from agents.requests import AgentRequest, TaskServices
-from agents.tools import Tool, ToolNotFound, ToolRegistry, ToolResultTooLarge, ToolTimeout
-from bus.access import AccessPolicy, RequestBroker, access_problem, digest
-from bus.inprocess import InProcessBus
-from bus.memory import LongTermMemory
-from bus.runstate import RunState
-from eventstore import MemoryEventStore, NewEvent
-from eventstore import events as ev
-from eventstore.errors import AccessDenied, BusError, ValidationError
+from cardbus.agents.cards import AgentCard, AgentConstraints, CapabilitySpec, TaskCard
+from cardbus.agents.requests import AgentRequest, TaskServices
+from cardbus.agents.tools import Tool, ToolNotFound, ToolRegistry, ToolResultTooLarge, ToolTimeout
+from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker, access_problem, digest
+from cardbus.bus.orchestrator.memory import LongTermMemory
+from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.transport.inprocess import InProcessBus
+from cardbus.eventstore import MemoryEventStore, NewEvent
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import AccessDenied, BusError, ValidationError
 
 ROOT = "root-x"
 

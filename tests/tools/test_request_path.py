@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from agents.requests import (
+from cardbus.agents.requests import (
     REQUEST_KINDS,
     AgentRequest,
     AgentResponse,
@@ -15,10 +14,10 @@ from agents.requests import (
     encode,
     error_for,
 )
-from agents.tools import ToolResultTooLarge, ToolTimeout
-from bus.inprocess import InProcessBus
-from bus.interface import Bus
-from eventstore.errors import AccessDenied, BusError, DecodeError, ValidationError
+from cardbus.agents.tools import ToolResultTooLarge, ToolTimeout
+from cardbus.bus.transport.inprocess import InProcessBus
+from cardbus.bus.transport.interface import Bus
+from cardbus.eventstore.errors import AccessDenied, BusError, DecodeError, ValidationError
 
 REQ = AgentRequest(
     request_id="r1",

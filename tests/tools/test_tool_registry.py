@@ -11,8 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-
-from agents.tools import (
+from cardbus.agents.tools import (
     Tool,
     ToolFailed,
     ToolInputInvalid,
@@ -23,7 +22,7 @@ from agents.tools import (
     doc_search_tool,
     http_fetch_tool,
 )
-from eventstore.errors import AccessDenied, CardbusError
+from cardbus.eventstore.errors import AccessDenied, CardbusError
 
 
 class EchoIn(msgspec.Struct, frozen=True):

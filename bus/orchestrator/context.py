@@ -28,10 +28,8 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import msgspec
-
-from eventstore import events as ev
-
-from .cards import AgentCard, TaskCard
+from cardbus.agents.cards import AgentCard, TaskCard
+from cardbus.eventstore import events as ev
 
 __all__ = ["POLICIES", "Fitted", "budget_for", "fit_card", "fit_inputs", "summarise", "trim"]
 

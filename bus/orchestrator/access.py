@@ -39,15 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-
-from agents.requests import AgentRequest, AgentResponse
-from agents.tools import ToolError, ToolRegistry
-from eventstore import TaskState
-from eventstore import events as ev
-from eventstore.errors import AccessDenied
-
-from .memory import LongTermMemory
-from .runstate import RunState
+from cardbus.agents.requests import AgentRequest, AgentResponse
+from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.bus.orchestrator.memory import LongTermMemory
+from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.eventstore import TaskState
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import AccessDenied
 
 __all__ = ["AccessPolicy", "Record", "RequestBroker", "access_problem", "digest"]
 

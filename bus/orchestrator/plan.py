@@ -11,16 +11,23 @@ capability or inputs no agent accepts with ``InvalidPlan`` naming the problem.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
+from cardbus.agents.cards import AgentCard
+from cardbus.bus.orchestrator.selection import hard_filter
+from cardbus.eventstore.errors import InvalidPlan
 
-from agents.cards import AgentCard
-from agents.selection import hard_filter
-from eventstore.errors import InvalidPlan
-
-__all__ = ["Plan", "PlanTask", "decode_plan", "dep_refs", "resolve_inputs", "validate_plan"]
+__all__ = [
+    "Plan",
+    "PlanTask",
+    "as_plan",
+    "decode_plan",
+    "dep_refs",
+    "resolve_inputs",
+    "validate_plan",
+]
 
 
 class PlanTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -45,6 +52,20 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     budget_tokens: int | None = None
     session: dict[str, Any] = {}  # what the user asked; agents never see it whole
     agents: list[str] = []  # import paths "module:Class", used by `cardbus run`
+
+
+def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
+    """A ``Plan``, given one or its JSON form as a mapping (what ``decode_plan`` reads)."""
+    if isinstance(plan, Plan):
+        return plan
+    if not isinstance(plan, Mapping):
+        raise InvalidPlan(
+            f"a plan is a Plan or a mapping of the plan format, not {type(plan).__name__}"
+        )
+    try:
+        return msgspec.convert(dict(plan), type=Plan)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise InvalidPlan(f"plan is not valid JSON of the plan format: {e}") from e
 
 
 def decode_plan(data: bytes) -> Plan:

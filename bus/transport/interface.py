@@ -33,9 +33,9 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from agents.cards import Reply, TaskCard
-from agents.requests import AgentRequest, AgentResponse
-from eventstore.errors import BusError
+from cardbus.agents.cards import Reply, TaskCard
+from cardbus.agents.requests import AgentRequest, AgentResponse
+from cardbus.eventstore.errors import BusError
 
 __all__ = ["BadMessage", "Bus", "CardHandler", "RequestHandler"]
 

@@ -18,16 +18,23 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-
-from agents.cards import AgentCard, Announce
-from agents.selection import Embedder
-from agents.tools import ToolRegistry
-from eventstore import (
+from cardbus.agents.cards import AgentCard, Announce
+from cardbus.agents.embedding import Embedder
+from cardbus.agents.tools import ToolRegistry
+from cardbus.bus import telemetry
+from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
+from cardbus.bus.orchestrator.decisions import Decider, Decisions
+from cardbus.bus.orchestrator.memory import LongTermMemory
+from cardbus.bus.orchestrator.plan import Plan, as_plan, validate_plan
+from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.transport.interface import Bus
+from cardbus.eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
     Append,
     ConcurrencyError,
@@ -37,8 +44,8 @@ from eventstore import (
     TaskState,
     new_id,
 )
-from eventstore import events as ev
-from eventstore.errors import (
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import (
     BusError,
     CardbusError,
     DecodeError,
@@ -47,15 +54,6 @@ from eventstore.errors import (
     StreamNotFound,
     ValidationError,
 )
-
-from . import telemetry
-from .access import AccessPolicy, RequestBroker
-from .decisions import Decider, Decisions
-from .interface import Bus
-from .memory import LongTermMemory
-from .plan import Plan, validate_plan
-from .policy import Policy
-from .runstate import RunState
 
 __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 
@@ -195,8 +193,12 @@ class Orchestrator:
         data = ev.AgentRegistered(agent_id=card.agent_id, card=msgspec.to_builtins(card))
         await self._append_retrying(stream, [data], correlation_id=stream)
 
-    async def submit(self, plan: Plan) -> str:
-        """Start a run of ``plan``; returns its root id. The same plan id runs once."""
+    async def submit(self, plan: Plan | Mapping[str, Any]) -> str:
+        """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
+
+        The same plan id runs once.
+        """
+        plan = as_plan(plan)
         validate_plan(plan, self.state.agents.values())
         plan_id = plan.plan_id or new_id()
         root_id = self.state.plans.get(plan_id)
@@ -285,7 +287,7 @@ class Orchestrator:
                 if not waiters:
                     self._waiters.pop(root_id, None)
 
-    async def run(self, plan: Plan, timeout: float | None = None) -> RunResult:
+    async def run(self, plan: Plan | Mapping[str, Any], timeout: float | None = None) -> RunResult:
         return await self.wait(await self.submit(plan), timeout)
 
     async def approve(self, task_id: str, by: str = "api", note: str = "") -> None:

@@ -28,10 +28,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import nats.errors
+from cardbus.eventstore.errors import BusError
+from cardbus.eventstore.nats import _backoff_handler, _is_permanent, _server_list, _tls_context
 from nats.aio.client import Client as NatsClient
-
-from eventstore.errors import BusError
-from eventstore.nats import _backoff_handler, _is_permanent, _server_list, _tls_context
 
 __all__ = ["NatsOptions"]
 

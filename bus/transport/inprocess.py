@@ -8,11 +8,10 @@ import inspect
 import logging
 from collections.abc import AsyncIterator
 
-from agents import requests as rq
-from agents.cards import Reply, TaskCard, decode_reply, decode_task_card, encode
-from eventstore.errors import BusError, DecodeError
-
-from .interface import Bus, CardHandler, RequestHandler
+from cardbus.agents import requests as rq
+from cardbus.agents.cards import Reply, TaskCard, decode_reply, decode_task_card, encode
+from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
+from cardbus.eventstore.errors import BusError, DecodeError
 
 __all__ = ["InProcessBus"]
 

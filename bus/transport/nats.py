@@ -83,13 +83,8 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js import api as js_api
-
-from agents import requests as rq
-from agents.cards import (
+from cardbus.agents import requests as rq
+from cardbus.agents.cards import (
     Announce,
     Reply,
     ResultCard,
@@ -98,11 +93,14 @@ from agents.cards import (
     decode_task_card,
     encode,
 )
-from eventstore.errors import BusError, DecodeError, PayloadTooLarge
-from eventstore.nats import encode_token
-
-from .interface import Bus, CardHandler, RequestHandler
-from .natsconn import NatsOptions
+from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
+from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.eventstore.errors import BusError, DecodeError, PayloadTooLarge
+from cardbus.eventstore.nats import encode_token
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
 
 __all__ = [
     "ANNOUNCE_PREFIX",

@@ -38,11 +38,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
-
-from agents.selection import Embedder, HashingEmbedder
-from eventstore import ConcurrencyError, Envelope, EventStore, IdempotencyError, NewEvent
-from eventstore import events as ev
-from projections.memory import MEMORY_STREAM, MemoryFold, MemoryHit, MemoryRecord, build_memory
+from cardbus.agents.embedding import Embedder, HashingEmbedder
+from cardbus.eventstore import ConcurrencyError, Envelope, EventStore, IdempotencyError, NewEvent
+from cardbus.eventstore import events as ev
+from cardbus.projections.memory import (
+    MEMORY_STREAM,
+    MemoryFold,
+    MemoryHit,
+    MemoryRecord,
+    build_memory,
+)
 
 __all__ = [
     "MEMORY_STREAM",

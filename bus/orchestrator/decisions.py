@@ -15,17 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-
-from agents.cards import Reply, ResultCard, Review, Started, TaskCard
-from agents.context import fit_card
-from agents.schema import schema_errors
-from agents.selection import DEFAULT_EMBEDDER, Embedder, hard_filter, rank
-from eventstore import TaskState
-from eventstore import events as ev
-
-from .plan import resolve_inputs
-from .policy import Policy
-from .runstate import RunState, RunView, TaskView
+from cardbus.agents.cards import Reply, ResultCard, Review, Started, TaskCard
+from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
+from cardbus.agents.schema import schema_errors
+from cardbus.bus.orchestrator.context import fit_card
+from cardbus.bus.orchestrator.plan import resolve_inputs
+from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
+from cardbus.bus.orchestrator.selection import hard_filter, rank
+from cardbus.eventstore import TaskState
+from cardbus.eventstore import events as ev
 
 __all__ = ["Decider", "Decisions", "loop_hash"]
 

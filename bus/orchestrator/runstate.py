@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-
-from agents.cards import AgentCard
-from agents.selection import AgentStat
-from eventstore import Envelope, TaskState, transition
-from eventstore import events as ev
-from eventstore.errors import IllegalTransition
-from eventstore.states import TERMINAL
-from projections.agent_stats import AgentStatsFold
+from cardbus.agents.cards import AgentCard
+from cardbus.bus.orchestrator.selection import AgentStat
+from cardbus.eventstore import Envelope, TaskState, transition
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import IllegalTransition
+from cardbus.eventstore.states import TERMINAL
+from cardbus.projections.agent_stats import AgentStatsFold
 
 __all__ = ["RunState", "RunView", "TaskView"]
 

@@ -13,12 +13,10 @@ agent run on its own) they simply do without.
 from __future__ import annotations
 
 import msgspec
-
-from eventstore.errors import CardbusError
-from eventstore.events import ReviewIssue
-
-from .agent import Agent, Capability, NeedsInput, TaskContext
-from .cards import AgentConstraints, Review, TaskCard
+from cardbus.agents.agent import Agent, Capability, NeedsInput, TaskContext
+from cardbus.agents.cards import AgentConstraints, Review, TaskCard
+from cardbus.eventstore.errors import CardbusError
+from cardbus.eventstore.events import ReviewIssue
 
 __all__ = [
     "DEMO_AGENTS",

@@ -24,25 +24,24 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.agent import Agent
-from agents.llm import LLM
-from agents.tools import ToolRegistry
-from eventstore import EventStore
-from eventstore.errors import BusError, CardbusError
-from eventstore.nats import NatsEventStore
-
-from .memory import LongTermMemory, MemoryKeeper
-from .nats import NatsBus
-from .nats import agent_inbox_prefix as inbox_prefix_of
-from .natsconn import NatsOptions
-from .orchestrator import Orchestrator, RunResult
-from .plan import Plan
-from .policy import Policy
-from .worker import AgentWorker
+from cardbus.agents.agent import Agent
+from cardbus.agents.llm import LLM
+from cardbus.agents.tools import ToolRegistry
+from cardbus.bus.orchestrator.core import Orchestrator, RunResult
+from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
+from cardbus.bus.orchestrator.plan import Plan, as_plan
+from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.runtime.worker import AgentWorker
+from cardbus.bus.transport.nats import NatsBus
+from cardbus.bus.transport.nats import agent_inbox_prefix as inbox_prefix_of
+from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.eventstore import EventStore
+from cardbus.eventstore.errors import BusError, CardbusError
+from cardbus.eventstore.nats import NatsEventStore
 
 __all__ = ["LocalNatsServer", "NatsRuntime", "agent_inbox_prefix", "serve_agents"]
 
@@ -155,7 +154,8 @@ class NatsRuntime:
                 )
             await asyncio.sleep(0.05)
 
-    async def submit(self, plan: Plan, agent_timeout: float = 30.0) -> str:
+    async def submit(self, plan: Plan | Mapping[str, Any], agent_timeout: float = 30.0) -> str:
+        plan = as_plan(plan)
         needed = {t.capability for t in plan.tasks} | {
             t.review_by for t in plan.tasks if t.review_by
         }
@@ -163,7 +163,10 @@ class NatsRuntime:
         return await self.orchestrator.submit(plan)
 
     async def run(
-        self, plan: Plan, timeout: float | None = 60, agent_timeout: float = 30.0
+        self,
+        plan: Plan | Mapping[str, Any],
+        timeout: float | None = 60,
+        agent_timeout: float = 30.0,
     ) -> RunResult:
         root = await self.submit(plan, agent_timeout)
         result = await self.orchestrator.wait(root, timeout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agents.selection import Weights
+from cardbus.bus.orchestrator.selection import Weights
 
 __all__ = ["Policy"]
 

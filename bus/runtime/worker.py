@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
-from agents.agent import Agent
-from agents.cards import Announce, ResultCard, Started, TaskCard
-from agents.llm import LLM
-from agents.requests import REQUESTER
-from eventstore.errors import BusError
-
-from . import telemetry
-from .interface import Bus
+from cardbus.agents.agent import Agent
+from cardbus.agents.cards import Announce, ResultCard, Started, TaskCard
+from cardbus.agents.llm import LLM
+from cardbus.agents.requests import REQUESTER
+from cardbus.bus import telemetry
+from cardbus.bus.transport.interface import Bus
+from cardbus.eventstore.errors import BusError
 
 __all__ = ["AgentWorker"]
 

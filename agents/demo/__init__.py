@@ -1,0 +1,42 @@
+"""The demo, in one place: its agents (a report pipeline), its plans and its documents.
+
+``cardbus demo`` runs :func:`report_plan` (or :func:`parallel_plan`) with
+:data:`DEMO_AGENTS` over :data:`DEMO_DOCS`; the README's NATS walk-through
+serves the same agents as ``cardbus.agents.demo:Researcher`` and so on.
+"""
+
+from __future__ import annotations
+
+from .docs import DEMO_DOCS, demo_docs
+from .plans import parallel_plan, report_plan
+from .roles import (
+    DEMO_AGENTS,
+    Draft,
+    Facts,
+    Merger,
+    Outline,
+    Planner,
+    Researcher,
+    Reviewer,
+    Section,
+    Writer,
+    preferred_format,
+)
+
+__all__ = [
+    "DEMO_AGENTS",
+    "DEMO_DOCS",
+    "Draft",
+    "Facts",
+    "Merger",
+    "Outline",
+    "Planner",
+    "Researcher",
+    "Reviewer",
+    "Section",
+    "Writer",
+    "demo_docs",
+    "parallel_plan",
+    "preferred_format",
+    "report_plan",
+]

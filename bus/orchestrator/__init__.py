@@ -1,0 +1,26 @@
+"""The orchestrator: decides the next events from the current state, and writes them first.
+
+``core`` runs the decision loop (``Orchestrator``); ``decisions`` is the pure
+step from state to events; ``runstate`` folds the log into that state;
+``plan`` checks plans; ``selection`` ranks agents; ``context`` fits a card to
+an agent's input budget; ``access`` checks agents' requests; ``memory`` keeps
+long-term memory; ``policy`` holds the tunables.
+"""
+
+from __future__ import annotations
+
+from .core import Orchestrator, RunResult, answer_approval
+from .plan import Plan, PlanTask, as_plan, decode_plan, validate_plan
+from .policy import Policy
+
+__all__ = [
+    "Orchestrator",
+    "Plan",
+    "PlanTask",
+    "Policy",
+    "RunResult",
+    "answer_approval",
+    "as_plan",
+    "decode_plan",
+    "validate_plan",
+]
