@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import msgspec
 import msgspec.inspect
+
 from cardbus.agents.cards import (
     AgentCard,
     AgentConstraints,

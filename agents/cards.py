@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
+
 from cardbus.eventstore.errors import DecodeError
 from cardbus.eventstore.events import ReviewIssue, Usage
 

@@ -13,13 +13,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
-from cardbus.eventstore.errors import CardbusError
+
+from cardbus.eventstore.errors import LLMError
 
 __all__ = ["LLM", "Completion", "LLMError", "MockLLM", "OpenAIChatLLM"]
-
-
-class LLMError(CardbusError):
-    """The model endpoint failed or answered something unusable."""
 
 
 class Completion(msgspec.Struct, frozen=True):

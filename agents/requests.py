@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
+
 from cardbus.agents.tools import TOOL_ERRORS
 from cardbus.eventstore.errors import (
     AccessDenied,

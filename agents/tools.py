@@ -43,9 +43,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
+
 from cardbus.agents.embedding import Embedder, HashingEmbedder
 from cardbus.agents.schema import schema_errors
-from cardbus.eventstore.errors import AccessDenied, CardbusError
+from cardbus.eventstore.errors import (
+    AccessDenied,
+    CardbusError,
+    ToolError,
+    ToolFailed,
+    ToolInputInvalid,
+    ToolNotFound,
+    ToolResultTooLarge,
+    ToolTimeout,
+)
 
 __all__ = [
     "DocHit",
@@ -67,37 +77,6 @@ __all__ = [
     "doc_search_tool",
     "http_fetch_tool",
 ]
-
-
-class ToolError(CardbusError):
-    """A tool call did not produce a usable result."""
-
-    error_type = "tool_error"
-
-
-class ToolNotFound(ToolError):
-    error_type = "not_found"
-
-
-class ToolInputInvalid(ToolError):
-    error_type = "invalid_input"
-
-
-class ToolTimeout(ToolError):
-    error_type = "timeout"
-
-
-class ToolResultTooLarge(ToolError):
-    error_type = "result_too_large"
-
-    def __init__(self, message: str, size: int = 0, limit: int = 0) -> None:
-        super().__init__(message)
-        self.size = size
-        self.limit = limit
-
-
-class ToolFailed(ToolError):
-    error_type = "tool_error"
 
 
 #: error_type -> class, to turn an error that crossed the bus back into its type

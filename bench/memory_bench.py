@@ -22,9 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from pipeline_bench import AGENTS, measure, pipeline_plan
+
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
-from pipeline_bench import AGENTS, measure, pipeline_plan
 
 
 def rss_mb() -> float:

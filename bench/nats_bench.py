@@ -33,9 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline_bench import pipeline_plan  # noqa: E402  (the same plan as the embedded benchmark)
+
 from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime  # noqa: E402
 from cardbus.bus.transport.natsconn import NatsOptions  # noqa: E402
-from pipeline_bench import pipeline_plan  # noqa: E402  (the same plan as the embedded benchmark)
 
 AGENTS = """
 import msgspec

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import msgspec
+
 from cardbus.eventstore import NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import GENESIS_HASH, Envelope, seal

@@ -78,9 +78,10 @@ async def _child(mode: str, runs: int, concurrency: int, store_kind: str) -> dic
         _strip_tracing()
     elif mode == "sdk":
         _install_sdk()
+    from pipeline_bench import AGENTS, measure, pct, pipeline_plan
+
     from cardbus.bus.runtime.embedded import EmbeddedRuntime
     from cardbus.eventstore import EventStore, MemoryEventStore, SqliteEventStore
-    from pipeline_bench import AGENTS, measure, pct, pipeline_plan
 
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(dir=".") as d:

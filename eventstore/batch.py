@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Sequence
 
 import msgspec
+
 from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
     GENESIS_HASH,

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
+
 from cardbus.eventstore.errors import DecodeError, PayloadTooLarge, UnknownEventType
 from cardbus.eventstore.events import Event, tag_of
 from cardbus.eventstore.ids import new_id

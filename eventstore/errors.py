@@ -1,10 +1,13 @@
-"""The one exception tree of cardbus.
+"""The one exception tree of cardbus: every class it raises is defined here.
 
 Every error the library raises on purpose is a ``CardbusError``; backend
-errors (sqlite3, nats, msgspec) are translated at the boundary with
-``raise ... from e`` so callers never have to catch a third-party type::
+errors (sqlite3, nats, msgspec, httpx) are translated at the boundary with
+``raise ... from e`` so callers never have to catch a third-party type.
+Errors of misuse (a wrong argument or setting) also derive from the builtin
+they resemble, so ``except ValueError`` keeps working::
 
     CardbusError
+    ├── ConfigError(ValueError)   a setting or argument outside its allowed values
     ├── DecodeError               bytes that are not a valid event, card or plan
     │   ├── UnknownEventType      a well-formed envelope whose type tag we do not know
     │   └── PayloadTooLarge       over the configured size limit
@@ -13,18 +16,41 @@ errors (sqlite3, nats, msgspec) are translated at the boundary with
     │   ├── IdempotencyError      an event id re-used for different content
     │   ├── StreamNotFound        reading a stream that has no events
     │   ├── StoreUnavailable      the backend (file, server) cannot be reached
-    │   └── PrerequisiteNotStored an append_many part whose ``after`` was not stored
+    │   ├── PrerequisiteNotStored an append_many part whose ``after`` was not stored
+    │   └── SubjectLayoutError    a JetStream stream written in another subject layout
     ├── IllegalTransition         the task state machine refuses (state, event)
     ├── ValidationError           a card, plan or agent output breaks its schema
     │   └── InvalidPlan           a plan refused before anything runs
     ├── BusError                  the bus could not deliver or receive
-    └── AccessDenied              an agent asked for something outside its card
+    ├── AccessDenied              an agent asked for something outside its card
+    ├── LLMError                  the model endpoint failed or answered something unusable
+    └── ToolError                 a tool call did not produce a usable result
+        ├── ToolNotFound          no tool of that name is registered
+        ├── ToolInputInvalid      the arguments break the tool's input schema
+        ├── ToolTimeout           the tool did not answer in time
+        ├── ToolResultTooLarge    the result is over the tool's size limit
+        └── ToolFailed            the tool raised
+
+Not errors, and so outside the tree: ``cardbus.agents.Reject`` and
+``cardbus.agents.NeedsInput`` are signals an agent's handler raises to say
+"not mine" or "ask the user"; the worker turns them into result cards.
+Private classes (a leading underscore) are control flow inside one module
+and never reach a caller.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "AccessDenied",
+    "ConfigError",
+    "LLMError",
+    "SubjectLayoutError",
+    "ToolError",
+    "ToolFailed",
+    "ToolInputInvalid",
+    "ToolNotFound",
+    "ToolResultTooLarge",
+    "ToolTimeout",
     "BusError",
     "CardbusError",
     "ConcurrencyError",
@@ -44,6 +70,10 @@ __all__ = [
 
 class CardbusError(Exception):
     """Root of every error cardbus raises on purpose."""
+
+
+class ConfigError(CardbusError, ValueError):
+    """A setting or argument outside its allowed values; the message names them."""
 
 
 class DecodeError(CardbusError):
@@ -95,6 +125,11 @@ class PrerequisiteNotStored(StoreError):
     """Not attempted: an append it was to follow (``Append.after``) was not stored."""
 
 
+class SubjectLayoutError(StoreError):
+    """The JetStream stream holds events in another subject layout than this version's
+    (``<prefix>.<task>.<root>.<kind>``): reading it would misread, so the store refuses it."""
+
+
 class IllegalTransition(CardbusError):
     """The task state machine refuses an event in the current state."""
 
@@ -118,3 +153,38 @@ class BusError(CardbusError):
 
 class AccessDenied(CardbusError):
     """An agent asked for data or a tool outside what its card allows."""
+
+
+class LLMError(CardbusError):
+    """The model endpoint failed or answered something unusable."""
+
+
+class ToolError(CardbusError):
+    """A tool call did not produce a usable result."""
+
+    error_type = "tool_error"
+
+
+class ToolNotFound(ToolError):
+    error_type = "not_found"
+
+
+class ToolInputInvalid(ToolError):
+    error_type = "invalid_input"
+
+
+class ToolTimeout(ToolError):
+    error_type = "timeout"
+
+
+class ToolResultTooLarge(ToolError):
+    error_type = "result_too_large"
+
+    def __init__(self, message: str, size: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class ToolFailed(ToolError):
+    error_type = "tool_error"

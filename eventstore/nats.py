@@ -178,6 +178,11 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
 from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
 from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -196,13 +201,10 @@ from cardbus.eventstore.errors import (
     PayloadTooLarge,
     StoreError,
     StoreUnavailable,
+    SubjectLayoutError,
     ValidationError,
 )
 from cardbus.eventstore.store import EventStore
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js import api as js_api
 
 __all__ = [
     "DEFAULT_STREAM",
@@ -391,11 +393,6 @@ class _Part:
 
 class _Regroup(Exception):
     """The batch this append was part of was refused as a whole: send it alone."""
-
-
-class SubjectLayoutError(StoreError):
-    """The JetStream stream holds events in another subject layout than this version's
-    (``<prefix>.<task>.<root>.<kind>``): reading it would misread, so the store refuses it."""
 
 
 class _Transient(StoreUnavailable):

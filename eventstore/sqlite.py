@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import aiosqlite
+
 from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
 from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
+
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.projections.base import Projection

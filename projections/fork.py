@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import ValidationError

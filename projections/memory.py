@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
+
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.store import EventStore

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import IllegalTransition, StreamNotFound

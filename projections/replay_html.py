@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 
 import msgspec
+
 from cardbus.projections.replay import Timeline
 
 __all__ = ["render_html"]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import msgspec
+
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import ValidationError
 from cardbus.eventstore.store import EventStore

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
+
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.projections.replay import AttemptSpan, Step, TaskNode, build_timeline

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from cardbus.eventstore import MemoryEventStore, SqliteEventStore
 
 
@@ -29,8 +30,9 @@ async def memory_store() -> AsyncIterator[MemoryEventStore]:
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
-from cardbus.eventstore.nats import NatsEventStore  # noqa: E402
 from natsserver import NatsCluster, NatsServer  # noqa: E402
+
+from cardbus.eventstore.nats import NatsEventStore  # noqa: E402
 
 
 @pytest.fixture

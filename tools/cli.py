@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 import click
+
 from cardbus.eventstore.errors import CardbusError
 
 __all__ = ["cli", "main"]

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import click
+
 from cardbus.agents.demo import DEMO_AGENTS, parallel_plan, report_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
@@ -27,8 +28,9 @@ def report_text(draft: Any) -> str:
 
 def timeline_text(timeline: Timeline) -> str:
     """The run's tree exactly as ``cardbus replay`` draws it, as plain text."""
-    from cardbus.tools.cmd_replay import render_tree
     from rich.console import Console
+
+    from cardbus.tools.cmd_replay import render_tree
 
     buf = io.StringIO()
     Console(file=buf, width=200, highlight=False, soft_wrap=False).print(render_tree(timeline))

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
+
 from cardbus.eventstore import Envelope, EventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StreamNotFound, ValidationError

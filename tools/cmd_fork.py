@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 import click
+
 from cardbus.eventstore import NewEvent, new_id
 from cardbus.eventstore.errors import StreamNotFound
 from cardbus.projections.fork import ForkPlan, plan_fork

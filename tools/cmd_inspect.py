@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import click
 import msgspec
+
 from cardbus.eventstore import Envelope, SqliteEventStore
 from cardbus.eventstore.errors import StreamNotFound
 from cardbus.projections import (

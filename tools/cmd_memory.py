@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 import msgspec
+from rich.table import Table
+
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.projections.memory import MemoryRecord
 from cardbus.tools.cli import cli
@@ -23,7 +25,6 @@ from cardbus.tools.cmd_inspect import (
     print_rich,
     run,
 )
-from rich.table import Table
 
 
 @cli.group()

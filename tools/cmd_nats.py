@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
 from cardbus.agents.agent import Agent
 from cardbus.agents.tools import ToolRegistry, doc_search_tool
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan

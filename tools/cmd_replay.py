@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from cardbus.projections import AsOf, Step, TaskNode, Timeline, render_html, replay
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import (

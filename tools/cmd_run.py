@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import click
+
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.bus.orchestrator.plan import decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime

@@ -13,6 +13,7 @@ agent run on its own) they simply do without.
 from __future__ import annotations
 
 import msgspec
+
 from cardbus.agents.agent import Agent, Capability, NeedsInput, TaskContext
 from cardbus.agents.cards import AgentConstraints, Review, TaskCard
 from cardbus.eventstore.errors import CardbusError

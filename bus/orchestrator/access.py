@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.agents.tools import ToolError, ToolRegistry
 from cardbus.bus.orchestrator.memory import LongTermMemory

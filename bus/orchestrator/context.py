@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import msgspec
+
 from cardbus.agents.cards import AgentCard, TaskCard
 from cardbus.eventstore import events as ev
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+
 from cardbus.agents.cards import AgentCard, Announce
 from cardbus.agents.embedding import Embedder
 from cardbus.agents.tools import ToolRegistry

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
 from cardbus.agents.cards import Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import schema_errors

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
+
 from cardbus.agents.embedding import Embedder, HashingEmbedder
 from cardbus.eventstore import ConcurrencyError, Envelope, EventStore, IdempotencyError, NewEvent
 from cardbus.eventstore import events as ev

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
+
 from cardbus.agents.cards import AgentCard
 from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.errors import InvalidPlan

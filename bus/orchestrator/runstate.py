@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
 from cardbus.agents.cards import AgentCard
 from cardbus.bus.orchestrator.selection import AgentStat
 from cardbus.eventstore import Envelope, TaskState, transition

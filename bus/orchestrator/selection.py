@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
+
 from cardbus.agents.cards import AgentCard, constraint_problem
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, CachingEmbedder, Embedder, cosine
 from cardbus.agents.schema import schema_errors

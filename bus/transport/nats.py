@@ -83,6 +83,11 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
 from cardbus.agents import requests as rq
 from cardbus.agents.cards import (
     Announce,
@@ -97,10 +102,6 @@ from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
 from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore.errors import BusError, DecodeError, PayloadTooLarge
 from cardbus.eventstore.nats import encode_token
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js import api as js_api
 
 __all__ = [
     "ANNOUNCE_PREFIX",

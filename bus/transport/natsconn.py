@@ -28,9 +28,10 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import nats.errors
+from nats.aio.client import Client as NatsClient
+
 from cardbus.eventstore.errors import BusError
 from cardbus.eventstore.nats import _backoff_handler, _is_permanent, _server_list, _tls_context
-from nats.aio.client import Client as NatsClient
 
 __all__ = ["NatsOptions"]
 

@@ -12,6 +12,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from cardbus.agents import (
     Agent,
     AgentCard,
@@ -26,8 +29,6 @@ from cardbus.agents import (
 )
 from cardbus.agents.cards import decode_result_card, encode
 from cardbus.bus.orchestrator.selection import hard_filter
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 # -- the README example: a user-written agent in about twenty lines --------------
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 
-import cardbus.agents as agents
 import pytest
+
+import cardbus.agents as agents
 
 PUBLIC = {
     "LLM",

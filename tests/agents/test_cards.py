@@ -7,6 +7,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cardbus.agents.cards import (
     AgentCard,
     AgentConstraints,
@@ -24,8 +27,6 @@ from cardbus.agents.cards import (
 from cardbus.agents.schema import schema_errors
 from cardbus.eventstore.errors import CardbusError, DecodeError
 from cardbus.eventstore.events import ReviewIssue, Usage
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 TASK = TaskCard(
     task_id="t1",

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from cardbus.agents import (
     Agent,
     Capability,

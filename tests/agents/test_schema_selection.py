@@ -11,12 +11,13 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cardbus.agents import AgentCard, AgentConstraints, CapabilitySpec, HashingEmbedder
 from cardbus.agents.cards import constraint_problem
 from cardbus.agents.schema import schema_errors
 from cardbus.bus.orchestrator.selection import AgentStat, Weights, hard_filter, rank
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 # -- schema_errors ----------------------------------------------------------------
 

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import pytest
+from lifecycle_log import RunIds, write_run
 
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT / "tests" / "projections") not in sys.path:
-    sys.path.insert(0, str(_ROOT / "tests" / "projections"))
-
-from cardbus.eventstore import SqliteEventStore  # noqa: E402
-from lifecycle_log import RunIds, write_run  # noqa: E402
+from cardbus.eventstore import SqliteEventStore
 
 
 async def _populate(path: Path) -> RunIds:

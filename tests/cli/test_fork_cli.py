@@ -7,12 +7,13 @@ import json
 import re
 from pathlib import Path
 
+from click.testing import CliRunner
+from lifecycle_log import RunIds
+
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.projections.fork import fork_task_id, plan_fork
 from cardbus.tools.cli import cli
-from click.testing import CliRunner
-from lifecycle_log import RunIds
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

@@ -7,9 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from cardbus.tools.cli import cli
 from click.testing import CliRunner, Result
 from lifecycle_log import RunIds
+
+from cardbus.tools.cli import cli
 
 
 def invoke(*args: str) -> Result:

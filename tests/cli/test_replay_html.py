@@ -14,9 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cardbus.tools.cli import cli
 from click.testing import CliRunner
 from lifecycle_log import RunIds
+
+from cardbus.tools.cli import cli
 
 
 def _chromium() -> str:

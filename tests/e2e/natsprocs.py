@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from cardbus.agents import Agent, Capability
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import msgspec
+
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 

@@ -7,6 +7,9 @@ import asyncio
 
 import msgspec
 import pytest
+from natsprocs import FAST_BUS, N, Quick, read_log, until
+from natsserver import NatsServer
+
 from cardbus.agents import Agent, Capability
 from cardbus.agents.cards import TaskCard
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
@@ -16,8 +19,6 @@ from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import DecodeError, PayloadTooLarge
 from cardbus.eventstore.nats import NatsEventStore
-from natsprocs import FAST_BUS, N, Quick, read_log, until
-from natsserver import NatsServer
 
 BIG = 2 * 1024 * 1024  # over the bus's 1 MiB limit, under the test server's max_payload
 

@@ -6,11 +6,12 @@ import asyncio
 import re
 from pathlib import Path
 
-from cardbus.bus.transport.natsconn import NatsOptions
-from cardbus.tools.cli import cli
 from click.testing import CliRunner
 from natsprocs import Proc, env_for
 from natsserver import NatsServer
+
+from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.tools.cli import cli
 
 
 def test_demo_start_nats_runs_the_demo_on_a_throwaway_server() -> None:

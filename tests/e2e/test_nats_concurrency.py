@@ -7,12 +7,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from cardbus.agents import Agent, Capability
-from cardbus.bus.orchestrator.plan import decode_plan
-from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
-from cardbus.bus.transport.natsconn import NatsOptions
-from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import StoreUnavailable
 from natsprocs import (
     FAST_BUS,
     N,
@@ -26,6 +20,13 @@ from natsprocs import (
     verify,
 )
 from natsserver import NatsCluster, NatsServer
+
+from cardbus.agents import Agent, Capability
+from cardbus.bus.orchestrator.plan import decode_plan
+from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
+from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import StoreUnavailable
 
 
 class Slow(Agent):

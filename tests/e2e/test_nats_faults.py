@@ -10,10 +10,6 @@ import json
 import os
 from pathlib import Path
 
-from cardbus.bus.orchestrator.plan import decode_plan
-from cardbus.bus.runtime.nats import NatsRuntime
-from cardbus.bus.transport.natsconn import NatsOptions
-from cardbus.eventstore import events as ev
 from natsprocs import (
     FAST_BUS,
     Proc,
@@ -30,6 +26,11 @@ from natsprocs import (
     write_agents,
 )
 from natsserver import NatsServer
+
+from cardbus.bus.orchestrator.plan import decode_plan
+from cardbus.bus.runtime.nats import NatsRuntime
+from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.eventstore import events as ev
 
 
 async def test_sigkill_an_agent_mid_task_another_replica_finishes_it(

@@ -8,6 +8,9 @@ import asyncio
 from typing import Any
 
 import nats.errors
+from natsprocs import FAST_BUS, N, Quick
+from natsserver import NatsServer
+
 from cardbus.agents import Agent, Capability
 from cardbus.agents.cards import TaskCard
 from cardbus.agents.requests import AgentRequest, AgentResponse
@@ -17,8 +20,6 @@ from cardbus.bus.transport.nats import INBOX_STREAM, NatsBus, agent_inbox_prefix
 from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore.nats import NatsEventStore
 from cardbus.tools.cmd_nats import authorization_config
-from natsprocs import FAST_BUS, N, Quick
-from natsserver import NatsServer
 
 
 class Slow(Agent):
@@ -156,8 +157,9 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
 
 async def test_connection_options_token_and_tls_serve_bus_and_store_alike(tmp_path: Any) -> None:
     """One NatsOptions (token + TLS with a client certificate) opens the bus and the store."""
-    from cardbus.eventstore.errors import BusError
     from natsserver import make_tls_files, tls_config
+
+    from cardbus.eventstore.errors import BusError
 
     tls = make_tls_files(tmp_path / "tls")
     config = tls_config(tls) + '\nauthorization { token: "s3cret" }\n'

@@ -6,6 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from lifecycle_log import T0, write_run
+
 from cardbus.eventstore import EventStore, MemoryEventStore, NewEvent
 from cardbus.eventstore import events as ev
 from cardbus.projections import (
@@ -23,7 +25,6 @@ from cardbus.projections import (
     dump_tables,
     percentile,
 )
-from lifecycle_log import T0, write_run
 
 
 @pytest.fixture(params=["memory", "sqlite", "nats"])

@@ -1,0 +1,81 @@
+"""A long-lived orchestrator keeps a bounded number of finished runs; the log has the rest."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchkit import FAST, ev, make_agent, plan, run_log, task, tid
+
+from cardbus.agents.cards import ResultCard
+from cardbus.projections.agent_stats import AgentStatsFold
+
+
+async def test_finished_runs_past_the_limit_leave_memory_not_the_log(make_runtime, store):
+    policy = replace(FAST, retain_finished_runs=3)
+    rt = await make_runtime([make_agent("echo")], policy=policy)
+    results = [
+        await rt.run(
+            plan(task("a", text=f"x{i}"), task("b", deps=["a"], text="y"), plan_id=f"p{i}")
+        )
+        for i in range(8)
+    ]
+    state = rt.orch.state
+    assert [r.status for r in results] == ["completed"] * 8
+    kept = {r.root_id for r in results[-3:]}
+    assert set(state.runs) == kept  # the oldest five were let go...
+    assert {t.created.root_id for t in state.tasks.values()} == kept
+    assert not any(r.root_id in v for r in results[:5] for v in state.versions)
+    assert set(state.plans) == {"p5", "p6", "p7"}
+    # ...but everything about them is still answered from the log
+    first = results[0]
+    assert await rt.orch.wait(first.root_id, 1) == first
+    before = await store.last_position()
+    assert await rt.orch.submit(plan(task("a", text="x0"), plan_id="p0")) == first.root_id
+    assert await store.last_position() == before  # the same plan id does not run again
+    # a late answer for a task of a forgotten run is reported, not acted on
+    old_task = tid(first.root_id, "a")
+    await rt.bus.reply(
+        ResultCard(task_id=old_task, attempt=1, agent_id="echo", status="completed", output={})
+    )
+    await rt.run(plan(task("a", text="later"), plan_id="p-later"))
+    assert any(old_task in reason for _, reason in rt.orch.bad_messages)
+    assert len((await run_log(store, first.root_id)).of(ev.TaskResultIgnored)) == 0
+
+
+def test_a_bounded_stats_fold_keeps_the_latest_latencies() -> None:
+    from cardbus.eventstore import NewEvent
+    from cardbus.eventstore.envelope import Envelope
+
+    def env(stream: str, version: int, data: ev.Event, at: float) -> Envelope:
+        new = NewEvent(data=data, correlation_id="r", recorded_at=at)
+        return Envelope(
+            event_id=new.event_id,
+            stream=stream,
+            version=version,
+            position=0,
+            recorded_at=at,
+            correlation_id="r",
+            data=data,
+        )
+
+    fold = AgentStatsFold(latency_window=3, forget_finished=True)
+    exact = AgentStatsFold()
+    for i in range(10):  # task i takes i seconds from dispatch to result
+        t = f"t{i}"
+        for f in (fold, exact):
+            f.apply(env(t, 1, ev.TaskCreated(root_id="r", capability="c"), 0.0))
+            f.apply(env(t, 2, ev.TaskDispatched(attempt=1, agent_id="a"), 100.0))
+            f.apply(
+                env(
+                    t,
+                    3,
+                    ev.TaskResultSubmitted(attempt=1, agent_id="a", status="completed"),
+                    100.0 + i,
+                )
+            )
+            f.apply(env(t, 4, ev.TaskCompleted(attempt=1, agent_id="a"), 100.0 + i))
+    assert exact.get("a", "c").p50_s == 4.5  # every sample
+    assert fold.get("a", "c").p50_s == 8.0  # the latest three: 7, 8, 9
+    assert fold.get("a", "c").runs == exact.get("a", "c").runs == 10
+    assert fold.model["proj_agent_ctx"].data == {}  # nothing kept of finished tasks
+    assert len(exact.model["proj_agent_ctx"].data) == 10

@@ -1,0 +1,314 @@
+"""AgentWorker on the in-process bus: announce, Started then result, idempotency, redelivery.
+
+Most tests build the worker with ``started_after_s=0`` so ``Started`` is always
+sent (the handler has not finished at the first look); the two
+``started_after`` tests pin the default behaviour without relying on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from cardbus.agents import Agent, Announce, Capability, ResultCard, Started, TaskCard, TaskContext
+from cardbus.agents.cards import Reply
+from cardbus.bus.runtime.worker import AgentWorker
+from cardbus.bus.transport.inprocess import InProcessBus
+
+
+class EchoIn(msgspec.Struct, frozen=True):
+    text: str
+
+
+class EchoOut(msgspec.Struct, frozen=True):
+    text: str
+
+
+class Counting(Agent):
+    agent_id = "counting"
+    description = "Echoes text and counts how often it ran."
+    capabilities = [Capability("echo", EchoIn, EchoOut, "echo a text")]
+    calls: list[tuple[str, int]] = []
+
+    async def handle(self, task: TaskCard, inputs: EchoIn, ctx: TaskContext) -> EchoOut:
+        type(self).calls.append((task.task_id, task.attempt))
+        await asyncio.sleep(0.01)
+        return EchoOut(text=inputs.text.upper())
+
+
+def card(task_id: str = "t1", attempt: int = 1, **over: Any) -> TaskCard:
+    fields: dict[str, Any] = {
+        "task_id": task_id,
+        "root_id": "r1",
+        "capability": "echo",
+        "inputs": {"text": "hi"},
+        "attempt": attempt,
+    }
+    fields.update(over)
+    return TaskCard(**fields)
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[InProcessBus]:
+    Counting.calls = []
+    b = InProcessBus(max_deliver=3)
+    yield b
+    await b.close()
+
+
+async def take(replies: AsyncIterator[Reply], n: int, timeout: float = 2.0) -> list[Reply]:
+    out: list[Reply] = []
+
+    async def collect() -> None:
+        async for r in replies:
+            out.append(r)
+            if len(out) == n:
+                return
+
+    await asyncio.wait_for(collect(), timeout)
+    return out
+
+
+async def nothing_more(replies: AsyncIterator[Reply], wait: float = 0.1) -> None:
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(anext(replies), wait)
+
+
+async def test_announces_then_replies_started_then_result(bus: InProcessBus) -> None:
+    worker = AgentWorker(bus, Counting, started_after_s=0)
+    replies = bus.replies()
+    await worker.start()
+    (announce,) = await take(replies, 1)
+    assert isinstance(announce, Announce)
+    assert announce.online and announce.card == Counting.card()
+
+    await bus.send_task("counting", card())
+    started, result = await take(replies, 2)
+    assert started == Started(task_id="t1", attempt=1, agent_id="counting")
+    assert isinstance(result, ResultCard)
+    assert result.status == "completed" and result.output == {"text": "HI"}
+    assert (result.task_id, result.attempt, result.agent_id) == ("t1", 1, "counting")
+    assert worker.handled == 1
+
+
+class Gated(Agent):
+    """Answers only once its gate opens: running as long as the test wants."""
+
+    agent_id = "gated"
+    description = "Echoes text when let."
+    capabilities = [Capability("echo", EchoIn, EchoOut, "echo a text")]
+    gate = asyncio.Event()
+
+    async def handle(self, task: TaskCard, inputs: EchoIn, ctx: TaskContext) -> EchoOut:
+        await type(self).gate.wait()
+        return EchoOut(text=inputs.text)
+
+
+async def test_an_answer_within_started_after_needs_no_started(bus: InProcessBus) -> None:
+    Gated.gate = asyncio.Event()
+    Gated.gate.set()  # answers at once
+    replies = bus.replies()
+    await AgentWorker(bus, Gated, started_after_s=30).start()
+    await take(replies, 1)
+    await bus.send_task("gated", card())
+    (result,) = await take(replies, 1)
+    assert isinstance(result, ResultCard) and result.status == "completed"
+    await nothing_more(replies)
+
+
+async def test_a_handler_still_running_after_started_after_sends_started(
+    bus: InProcessBus,
+) -> None:
+    Gated.gate = asyncio.Event()
+    replies = bus.replies()
+    await AgentWorker(bus, Gated, started_after_s=0.001).start()
+    await take(replies, 1)
+    await bus.send_task("gated", card())
+    (started,) = await take(replies, 1)  # while the handler is still waiting on its gate
+    assert started == Started(task_id="t1", attempt=1, agent_id="gated")
+    Gated.gate.set()
+    (result,) = await take(replies, 1)
+    assert isinstance(result, ResultCard) and result.output == {"text": "hi"}
+
+
+async def test_rejection_and_failure_travel_as_result_cards(bus: InProcessBus) -> None:
+    replies = bus.replies()
+    await AgentWorker(bus, Counting, started_after_s=0).start()
+    await take(replies, 1)
+    await bus.send_task("counting", card("t1", capability="translate"))
+    await bus.send_task("counting", card("t2", inputs={"text": 5}))
+    got = [r for r in await take(replies, 4) if isinstance(r, ResultCard)]
+    assert [(r.task_id, r.status, r.reason) for r in got] == [
+        ("t1", "rejected", "out_of_capability"),
+        ("t2", "rejected", "input_schema_mismatch"),
+    ]
+    assert Counting.calls == []
+
+
+async def test_a_redelivered_card_is_answered_from_cache(bus: InProcessBus) -> None:
+    worker = AgentWorker(bus, Counting, started_after_s=0)
+    replies = bus.replies()
+    await worker.start()
+    await take(replies, 1)
+
+    await bus.send_task("counting", card())
+    _, first = await take(replies, 2)
+    await bus.send_task("counting", card())  # the same (task_id, attempt) again
+    (again,) = await take(replies, 1)  # no second Started: only the answer
+    assert again == first
+    assert Counting.calls == [("t1", 1)]
+    assert worker.handled == 1
+
+    await bus.send_task("counting", card(attempt=2))  # a new attempt does run
+    started, second = await take(replies, 2)
+    assert isinstance(started, Started) and started.attempt == 2
+    assert isinstance(second, ResultCard) and second.attempt == 2
+    assert Counting.calls == [("t1", 1), ("t1", 2)]
+    await nothing_more(replies)
+
+
+async def test_concurrent_duplicates_run_once(bus: InProcessBus) -> None:
+    worker = AgentWorker(bus, Counting, concurrency=3, started_after_s=0)
+    replies = bus.replies()
+    await worker.start()
+    await take(replies, 1)
+    for _ in range(3):  # three replicas pick up the same card at the same time
+        await bus.send_task("counting", card())
+    got = await take(replies, 4)
+    results = [r for r in got if isinstance(r, ResultCard)]
+    assert len(results) == 3 and len({msgspec.json.encode(r) for r in results}) == 1
+    assert sum(isinstance(r, Started) for r in got) == 1
+    assert Counting.calls == [("t1", 1)]
+
+
+class FlakyReplyBus(InProcessBus):
+    """A bus whose first ``fail`` result replies raise, like a broken connection."""
+
+    def __init__(self, fail: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.fail = fail
+
+    async def reply(self, message: Reply) -> None:
+        if isinstance(message, ResultCard) and self.fail > 0:
+            self.fail -= 1
+            raise ConnectionError("reply lost")
+        await super().reply(message)
+
+
+async def test_a_failing_consumer_gets_the_card_again_and_the_cached_answer() -> None:
+    Counting.calls = []
+    bus = FlakyReplyBus(fail=2, max_deliver=5)
+    try:
+        replies = bus.replies()
+        await AgentWorker(bus, Counting, started_after_s=0).start()
+        await take(replies, 1)
+        await bus.send_task("counting", card())
+        started, result = await take(replies, 2)
+        assert isinstance(started, Started)
+        assert isinstance(result, ResultCard) and result.status == "completed"
+        assert Counting.calls == [("t1", 1)]  # redelivered twice, run once
+    finally:
+        await bus.close()
+
+
+async def test_a_raising_handler_is_redelivered_up_to_max_deliver(bus: InProcessBus) -> None:
+    bad: list[tuple[str, bytes, str]] = []
+    seen: list[TaskCard] = []
+    gave_up = asyncio.Event()
+
+    async def handler(c: TaskCard) -> None:
+        seen.append(c)
+        raise RuntimeError("handler bug")
+
+    async def on_bad(subject: str, data: bytes, reason: str) -> None:
+        bad.append((subject, data, reason))
+        gave_up.set()
+
+    bus.on_bad_message = on_bad
+    await bus.consume("flaky", handler)
+    await bus.send_task("flaky", card())
+    await asyncio.wait_for(gave_up.wait(), 2)
+    assert len(seen) == bus.max_deliver == 3
+    assert all(c == card() for c in seen)
+    ((subject, data, reason),) = bad
+    assert data == msgspec.json.encode(card())
+    assert subject == "cardbus.agent.flaky"
+    assert "3 times" in reason and "handler bug" in reason
+
+    # the consumer survived: the next card is handled
+    ok = asyncio.Event()
+
+    async def good(c: TaskCard) -> None:
+        ok.set()
+
+    await bus.consume("fine", good)
+    await bus.send_task("fine", card("t2"))
+    await asyncio.wait_for(ok.wait(), 2)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"garbage", b"{}", b'{"type":"task_card","task_id":1}', b"\xff\x00", b"[1,2,3]"],
+)
+async def test_malformed_bytes_reach_on_bad_message(bus: InProcessBus, data: bytes) -> None:
+    bad: list[tuple[str, bytes, str]] = []
+    bus.on_bad_message = lambda subject, raw, reason: bad.append((subject, raw, reason))
+    worker = AgentWorker(bus, Counting, started_after_s=0)
+    replies = bus.replies()
+    await worker.start()
+    await take(replies, 1)
+
+    await bus.send_raw("counting", data)
+    await bus.send_task("counting", card())  # the worker goes on with good cards
+    started, result = await take(replies, 2)
+    assert isinstance(started, Started)
+    assert isinstance(result, ResultCard) and result.status == "completed"
+    ((subject, raw, reason),) = bad
+    assert subject == "cardbus.agent.counting"
+    assert raw == data
+    assert "invalid task card" in reason
+    assert Counting.calls == [("t1", 1)]
+
+
+async def test_malformed_reply_bytes_reach_on_bad_message(bus: InProcessBus) -> None:
+    bad: list[str] = []
+    bus.on_bad_message = lambda subject, raw, reason: bad.append(subject)
+    replies = bus.replies()
+    await bus.reply_raw(b"not a reply")
+    await bus.reply(Started(task_id="t", attempt=1, agent_id="a"))
+    (r,) = await take(replies, 1)
+    assert isinstance(r, Started)
+    assert bad == ["cardbus.reply"]
+
+
+async def test_a_duplicate_waiting_on_an_abandoned_run_gets_an_error_not_a_cancel() -> None:
+    """The first delivery's run is cancelled mid-way; the duplicate waiting on it must
+    see an ordinary exception (so its consumer redelivers), not CancelledError."""
+    from cardbus.eventstore.errors import BusError
+
+    class Hanging(Agent):
+        agent_id = "hanging"
+        description = "never answers"
+        capabilities = [Capability("echo", EchoIn, EchoOut, "echo")]
+
+        async def handle(self, task: TaskCard, inputs: EchoIn, ctx: TaskContext) -> EchoOut:
+            await asyncio.sleep(60)
+            raise AssertionError("unreachable")
+
+    b = InProcessBus()
+    try:
+        worker = AgentWorker(b, Hanging)
+        first = asyncio.ensure_future(worker._on_card(card()))
+        await asyncio.sleep(0.05)  # the first delivery is running the handler
+        duplicate = asyncio.ensure_future(worker._on_card(card()))
+        await asyncio.sleep(0.05)  # the duplicate waits on the same run
+        first.cancel()
+        with pytest.raises(BusError):
+            await asyncio.wait_for(duplicate, 2)
+        assert not duplicate.cancelled()
+    finally:
+        await b.close()
