@@ -49,6 +49,7 @@ from cardbus.agents.schema import schema_errors
 from cardbus.eventstore.errors import (
     AccessDenied,
     CardbusError,
+    ConfigError,
     ToolError,
     ToolFailed,
     ToolInputInvalid,
@@ -158,7 +159,7 @@ class ToolRegistry:
 
     def register(self, tool: Tool) -> Tool:
         if not tool.name or tool.name in self._tools:
-            raise ValueError(f"tool name {tool.name!r} is empty or registered twice")
+            raise ConfigError(f"tool name {tool.name!r} is empty or registered twice")
         self._tools[tool.name] = tool
         return tool
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.errors import ConfigError
 from cardbus.eventstore.store import EventStore
 from cardbus.projections.base import Projection
 from cardbus.projections.model import Model
@@ -79,10 +80,10 @@ class ProjectionRunner:
         max_cached_rows: int = 200_000,
     ) -> None:
         if not projections:
-            raise ValueError("a runner needs at least one projection")
+            raise ConfigError("a runner needs at least one projection")
         names = [p.name for p in projections]
         if len(set(names)) != len(names):
-            raise ValueError(f"duplicate projection names: {names}")
+            raise ConfigError(f"duplicate projection names: {names}")
         self.store = store
         self.conn = conn
         self.projections = list(projections)
@@ -182,7 +183,7 @@ class ProjectionRunner:
             if p.name == name:
                 return p
         known = ", ".join(p.name for p in self.projections)
-        raise KeyError(f"no projection named {name!r} (known: {known})")
+        raise ConfigError(f"no projection named {name!r} (known: {known})")
 
     # -- folding ---------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from cardbus.agents.tools import (
     doc_search_tool,
     http_fetch_tool,
 )
-from cardbus.eventstore.errors import AccessDenied, CardbusError
+from cardbus.eventstore.errors import AccessDenied, CardbusError, ConfigError
 
 
 class EchoIn(msgspec.Struct, frozen=True):
@@ -101,9 +101,10 @@ async def test_oversized_result_error_carries_sizes() -> None:
     assert info.value.limit == 200 and info.value.size > 200
 
 
-def test_duplicate_tool_names_are_refused() -> None:
-    with pytest.raises(ValueError):
+def test_duplicate_tool_names_are_refused_as_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="'a' is empty or registered twice") as info:
         ToolRegistry([Tool.define("a", _echo), Tool.define("a", _echo)])
+    assert isinstance(info.value, ValueError)  # misuse: also the builtin it resembles
 
 
 # --- document search -------------------------------------------------------------
