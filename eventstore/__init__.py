@@ -15,6 +15,7 @@ from cardbus.eventstore.errors import (
     BusError,
     CardbusError,
     ConcurrencyError,
+    ConfigError,
     DecodeError,
     IdempotencyError,
     IllegalTransition,
@@ -42,6 +43,7 @@ __all__ = [
     "BusError",
     "CardbusError",
     "ChainProblem",
+    "ConfigError",
     "ConcurrencyError",
     "DecodeError",
     "Envelope",
@@ -70,8 +72,22 @@ __all__ = [
 ]
 
 
+#: URL schemes open_store knows (a URL without a scheme is an SQLite file path)
+STORE_SCHEMES = ("memory", "sqlite", "nats", "tls")
+
+
 async def open_store(url: str, **options: object) -> EventStore:
-    """Open a store by URL: ``memory:``, ``sqlite:PATH`` (or a bare path), ``nats://HOST:PORT``."""
+    """Open a store by URL: ``memory:``, ``sqlite:PATH`` (or a bare path), ``nats://HOST:PORT``.
+
+    A URL with any other scheme (``postgres://...``) is a ``ConfigError``
+    naming the known ones, rather than a file of that name.
+    """
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme not in STORE_SCHEMES:
+        raise ConfigError(
+            f"store URL {url!r}: unknown scheme {scheme!r}; known: memory:, sqlite:PATH, "
+            "a file path, nats://HOST:PORT, tls://HOST:PORT"
+        )
     if url == "memory:":
         return MemoryEventStore(**options)  # type: ignore[arg-type]
     if url.startswith(("nats://", "tls://")):

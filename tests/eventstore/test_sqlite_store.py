@@ -12,6 +12,7 @@ import pytest
 
 from cardbus.eventstore import (
     ConcurrencyError,
+    ConfigError,
     Envelope,
     NewEvent,
     SqliteEventStore,
@@ -96,6 +97,16 @@ async def test_open_store_by_url(tmp_path: Path) -> None:
         await store.append("t", [created()], 0)
     finally:
         await store.close()
+    again = await open_store(f"sqlite://{tmp_path / 'u.db'}")  # the URL form names the same file
+    try:
+        assert len(await again.read_stream("t")) == 1
+    finally:
+        await again.close()
+
+
+async def test_open_store_refuses_an_unknown_scheme_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown scheme 'postgres'; known: memory:"):
+        await open_store("postgres://db.example/cardbus")
 
 
 async def test_closed_store_refuses_appends_and_reads(tmp_path: Path) -> None:
