@@ -56,18 +56,19 @@ S = TaskState
 TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.HALTED})
 _LIVE = frozenset(S) - TERMINAL
 
-# Each state's A2A TaskState (a2a-protocol TaskState values).
+# Each state's A2A TaskState, in A2A v1.0 names (the enum of a2a-sdk's ``TaskState``).
+# Waiting for approval is input-required: A2A keeps auth-required for authentication.
 A2A_STATE: dict[TaskState, str] = {
-    S.PENDING: "submitted",
-    S.DISPATCHED: "submitted",
-    S.RUNNING: "working",
-    S.NEEDS_INPUT: "input-required",
-    S.NEEDS_REVISION: "working",
-    S.AWAITING_APPROVAL: "auth-required",
-    S.COMPLETED: "completed",
-    S.FAILED: "failed",
-    S.CANCELLED: "canceled",
-    S.HALTED: "failed",
+    S.PENDING: "TASK_STATE_SUBMITTED",
+    S.DISPATCHED: "TASK_STATE_SUBMITTED",
+    S.RUNNING: "TASK_STATE_WORKING",
+    S.NEEDS_INPUT: "TASK_STATE_INPUT_REQUIRED",
+    S.NEEDS_REVISION: "TASK_STATE_WORKING",
+    S.AWAITING_APPROVAL: "TASK_STATE_INPUT_REQUIRED",
+    S.COMPLETED: "TASK_STATE_COMPLETED",
+    S.FAILED: "TASK_STATE_FAILED",
+    S.CANCELLED: "TASK_STATE_CANCELED",
+    S.HALTED: "TASK_STATE_FAILED",
 }
 
 # event type -> {from state: to state}; the one table the README prints.

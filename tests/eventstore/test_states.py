@@ -22,15 +22,21 @@ from cardbus.eventstore.states import A2A_STATE, TERMINAL, TRANSITIONS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 STATES: list[TaskState | None] = [None, *TaskState]
-A2A_STATES = {
-    "submitted",
-    "working",
-    "input-required",
-    "completed",
-    "canceled",
-    "failed",
-    "rejected",
-    "auth-required",
+A2A_STATES = {  # a2a-sdk's TaskState names (A2A v1.0), but TASK_STATE_UNSPECIFIED
+    "TASK_STATE_SUBMITTED",
+    "TASK_STATE_WORKING",
+    "TASK_STATE_INPUT_REQUIRED",
+    "TASK_STATE_COMPLETED",
+    "TASK_STATE_CANCELED",
+    "TASK_STATE_FAILED",
+    "TASK_STATE_REJECTED",
+    "TASK_STATE_AUTH_REQUIRED",
+}
+_A2A_TERMINAL = {
+    "TASK_STATE_COMPLETED",
+    "TASK_STATE_CANCELED",
+    "TASK_STATE_FAILED",
+    "TASK_STATE_REJECTED",
 }
 RESUMABLE = (TaskState.PENDING, TaskState.RUNNING)  # where ApprovalGranted may send a task
 
@@ -179,9 +185,20 @@ def test_every_state_has_an_a2a_state(state: TaskState) -> None:
 
 def test_terminal_states_map_to_terminal_a2a_states() -> None:
     for state in TERMINAL:
-        assert A2A_STATE[state] in {"completed", "canceled", "failed", "rejected"}
+        assert A2A_STATE[state] in _A2A_TERMINAL
     for state in set(TaskState) - TERMINAL:
-        assert A2A_STATE[state] not in {"completed", "canceled", "failed", "rejected"}
+        assert A2A_STATE[state] not in _A2A_TERMINAL
+
+
+def test_a2a_states_are_a2a_sdk_task_states() -> None:
+    from a2a.types import TaskState as A2ATaskState
+
+    assert set(A2A_STATES) == set(A2ATaskState.keys()) - {"TASK_STATE_UNSPECIFIED"}
+
+
+def test_waiting_for_approval_is_not_auth_required() -> None:
+    # A2A reserves auth-required for authentication; an approval is input from a human
+    assert A2A_STATE[TaskState.AWAITING_APPROVAL] == "TASK_STATE_INPUT_REQUIRED"
 
 
 # -- whole lifecycles -----------------------------------------------------------
