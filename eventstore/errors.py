@@ -20,7 +20,8 @@ they resemble, so ``except ValueError`` keeps working::
     │   └── SubjectLayoutError    a JetStream stream written in another subject layout
     ├── IllegalTransition         the task state machine refuses (state, event)
     ├── ValidationError           a card, plan or agent output breaks its schema
-    │   └── InvalidPlan           a plan refused before anything runs
+    │   ├── InvalidPlan           a plan refused before anything runs
+    │   └── AmbiguousId           an id prefix that matches more than one task or run
     ├── BusError                  the bus could not deliver or receive
     ├── AccessDenied              an agent asked for something outside its card
     ├── LLMError                  the model endpoint failed or answered something unusable
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 __all__ = [
     "AccessDenied",
+    "AmbiguousId",
     "ConfigError",
     "LLMError",
     "SubjectLayoutError",
@@ -145,6 +147,19 @@ class ValidationError(CardbusError):
 
 class InvalidPlan(ValidationError):
     """A plan refused before anything runs; the message names the problem."""
+
+
+class AmbiguousId(ValidationError):
+    """An id prefix that matches several tasks or runs; ``candidates`` are their full ids."""
+
+    def __init__(self, text: str, candidates: list[str]) -> None:
+        shown = ", ".join(candidates[:10])
+        more = f" and {len(candidates) - 10} more" if len(candidates) > 10 else ""
+        super().__init__(
+            f"{text!r} matches {len(candidates)} ids: {shown}{more} (give more characters)"
+        )
+        self.text = text
+        self.candidates = candidates
 
 
 class BusError(CardbusError):

@@ -8,6 +8,8 @@ Public API::
     LoopHashes().count(runner.conn, root_id, loop_hash)
     AgentStats().get(runner.conn, agent_id, capability) -> AgentStat
     Cost().list(runner.conn, "root"); Quality().list(runner.conn)
+    Runs().list(runner.conn, status="running", since=parse_since("1d"), limit=20)
+    root_id = await resolve_id(store, "01a2b3c4")   # a unique prefix or a plan id
     await runner.rebuild(["tasks"])
 
     # without SQLite (the orchestrator folds the log itself):
@@ -26,6 +28,7 @@ from cardbus.projections.agent_stats import AgentStat, AgentStats, AgentStatsFol
 from cardbus.projections.base import Projection
 from cardbus.projections.cost import Cost
 from cardbus.projections.fork import ForkPlan, fork_task_id, plan_fork
+from cardbus.projections.ids import resolve_id
 from cardbus.projections.loops import LoopCounter, LoopHashes
 from cardbus.projections.model import MemoryTable, Model, SqliteTable, TableSpec
 from cardbus.projections.quality import Quality
@@ -37,6 +40,7 @@ from cardbus.projections.runner import (
     dump_tables,
     projection_path,
 )
+from cardbus.projections.runs import RUN_STATUSES, Runs, parse_since, run_duration
 from cardbus.projections.tasks import TaskTable, event_reason
 from cardbus.projections.timetravel import AsOf, build_as_of
 
@@ -56,6 +60,8 @@ __all__ = [
     "ProjectionError",
     "ProjectionRunner",
     "Quality",
+    "RUN_STATUSES",
+    "Runs",
     "SqliteTable",
     "Step",
     "TableSpec",
@@ -68,14 +74,17 @@ __all__ = [
     "dump_tables",
     "event_reason",
     "fork_task_id",
+    "parse_since",
     "percentile",
     "plan_fork",
     "projection_path",
     "render_html",
     "replay",
+    "resolve_id",
+    "run_duration",
 ]
 
 
 def all_projections() -> list[Projection]:
     """One instance of every built-in projection, in a stable order."""
-    return [TaskTable(), LoopHashes(), AgentStats(), Cost(), Quality()]
+    return [TaskTable(), LoopHashes(), AgentStats(), Cost(), Quality(), Runs()]

@@ -23,6 +23,8 @@ EXPECTED = {
     "ProjectionError",
     "ProjectionRunner",
     "Quality",
+    "RUN_STATUSES",
+    "Runs",
     "SqliteTable",
     "Step",
     "TableSpec",
@@ -35,11 +37,14 @@ EXPECTED = {
     "dump_tables",
     "event_reason",
     "fork_task_id",
+    "parse_since",
     "percentile",
     "plan_fork",
     "projection_path",
     "render_html",
     "replay",
+    "resolve_id",
+    "run_duration",
 }
 
 
