@@ -54,6 +54,7 @@ from typing import Any, cast
 
 import aiosqlite
 
+from cardbus.eventstore.audit import StoredRow, audit, audit_stream
 from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
 from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -62,7 +63,6 @@ from cardbus.eventstore.envelope import (
     Envelope,
     NewEvent,
     decode_stored,
-    verify_chain,
 )
 from cardbus.eventstore.errors import (
     CardbusError,
@@ -72,6 +72,7 @@ from cardbus.eventstore.errors import (
     ValidationError,
 )
 from cardbus.eventstore.events import EVENT_TYPES, tag_of
+from cardbus.eventstore.loghead import LOG_GENESIS, LogHead, link
 from cardbus.eventstore.store import Append, EventStore, check_after
 
 __all__ = ["SqliteEventStore"]
@@ -87,22 +88,69 @@ CREATE TABLE IF NOT EXISTS events (
     recorded_at    REAL NOT NULL,
     body           BLOB NOT NULL,
     hash           TEXT NOT NULL,
+    log_hash       TEXT,
     UNIQUE (stream, version)
 );
 CREATE INDEX IF NOT EXISTS events_by_correlation ON events (correlation_id, position);
 """
+#: ``PRAGMA application_id`` of a cardbus log ("CBLG"): how a file is known for ours
+APPLICATION_ID = 0x43424C47
+_COLUMNS = {"position", "event_id", "stream", "version", "correlation_id", "type", "body", "hash"}
 
 _INSERT = (
     "INSERT INTO events (position, event_id, stream, version, correlation_id, type,"
-    " recorded_at, body, hash) VALUES (?,?,?,?,?,?,?,?,?)"
+    " recorded_at, body, hash, log_hash) VALUES (?,?,?,?,?,?,?,?,?,?)"
 )
 _TOP = "SELECT COALESCE(MAX(position), 0) FROM events"
-_INSERT_CHUNK = 500  # rows per INSERT: 9 values each, well under SQLite's 32766 variables
+_LAST = (
+    "SELECT position, log_hash, event_id, recorded_at FROM events ORDER BY position DESC LIMIT 1"
+)
+_AUDIT = (
+    "SELECT position, event_id, stream, version, correlation_id, type, body, hash, log_hash"
+    " FROM events"
+)
+_INSERT_CHUNK = 500  # rows per INSERT: 10 values each, well under SQLite's 32766 variables
 
 
 @functools.lru_cache(maxsize=64)
 def _insert_sql(rows: int) -> str:
-    return _INSERT + ",(?,?,?,?,?,?,?,?,?)" * (rows - 1)
+    return _INSERT + ",(?,?,?,?,?,?,?,?,?,?)" * (rows - 1)
+
+
+def _kind_of_file(conn: sqlite3.Connection) -> str:
+    """``"cardbus"``, ``"empty"`` (no tables: a new file) or ``"foreign"``."""
+    if conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID:
+        return "cardbus"
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        return "empty"
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(events)")}
+    # a log written before the application id was set: the events table says it is ours
+    return "cardbus" if columns >= _COLUMNS else "foreign"
+
+
+def _add_log_chain(conn: sqlite3.Connection) -> None:
+    """Give a log written before the log chain its ``log_hash`` column, filled in."""
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(events)")}
+    if "log_hash" in columns:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE events ADD COLUMN log_hash TEXT")
+        log = LOG_GENESIS
+        updates = []
+        for position, h in conn.execute("SELECT position, hash FROM events ORDER BY position"):
+            log = link(log, h)
+            updates.append((log, position))
+        conn.executemany("UPDATE events SET log_hash = ? WHERE position = ?", updates)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _not_ours(path: str) -> StoreUnavailable:
+    return StoreUnavailable(f"{path!r} is an SQLite database but not a cardbus log")
 
 
 _TAGS = {t: tag_of(t) for t in EVENT_TYPES}
@@ -134,19 +182,36 @@ class _Writer:
         self.conn = conn
         self.heads: dict[str, tuple[int, str]] = {}  # stream -> (version, hash)
         self.top = -1  # MAX(position) after our last commit; -1: unknown
+        self.top_log = LOG_GENESIS  # the log hash at ``top``
 
     @classmethod
     def connect(cls, path: str, synchronous: str) -> _Writer:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
+            conn.execute("PRAGMA busy_timeout=10000")
+            kind = _kind_of_file(conn)
+            if kind == "foreign":
+                raise _not_ours(path)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={synchronous}")
-            conn.execute("PRAGMA busy_timeout=10000")
-            conn.executescript(_SCHEMA)
+            if kind == "empty":
+                conn.executescript(_SCHEMA)
+                conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            else:
+                conn.executescript(_SCHEMA)  # the index, should it be missing
+                _add_log_chain(conn)
         except BaseException:
             conn.close()
             raise
         return cls(conn)
+
+    def _read_top(self) -> int:
+        row = self.conn.execute(_LAST).fetchone()
+        if row is None:
+            self.top_log = LOG_GENESIS
+            return 0
+        self.top_log = row[1] or LOG_GENESIS
+        return int(row[0])
 
     def close(self) -> None:
         self.conn.close()
@@ -167,7 +232,7 @@ class _Writer:
             # Optimistic: the log's end and the streams' heads as our last commit left
             # them. Another process's writes since then make an insert collide with a
             # position or a (stream, version) it took: the redo below reads them afresh.
-            top = self.top if self.top >= 0 else conn.execute(_TOP).fetchone()[0]
+            top = self.top if self.top >= 0 else self._read_top()
             try:
                 outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
                 self._insert(rows)
@@ -177,7 +242,7 @@ class _Writer:
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
                 self.heads.clear()
-                top = conn.execute(_TOP).fetchone()[0]
+                top = self._read_top()
                 outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=True)
                 self._insert(rows)
             conn.execute("COMMIT")
@@ -195,6 +260,8 @@ class _Writer:
             self.heads.clear()
         self.heads.update(heads)
         self.top = top + len(rows)
+        if rows:
+            self.top_log = rows[-1][-1]
         return outcomes, self.top, len(rows)
 
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
@@ -227,6 +294,7 @@ class _Writer:
             for stream in missing:
                 cached[stream] = found.get(stream, (0, GENESIS_HASH))
         position = top
+        log = self.top_log  # the log chain goes on from the last stored event
         planned: dict[int, Outcome | None] = {}  # id(request) -> its outcome in this batch
         for r in batch:
             ids = [e.event_id for e in r.events]
@@ -267,6 +335,7 @@ class _Writer:
                 outcomes.append(planned.setdefault(id(r), e))
                 continue
             for env, body in sealed:
+                log = link(log, env.hash)
                 rows.append(
                     (
                         env.position,
@@ -278,6 +347,7 @@ class _Writer:
                         env.recorded_at,
                         body,
                         env.hash,
+                        log,
                     )
                 )
             position += len(sealed)
@@ -618,22 +688,35 @@ class SqliteEventStore(EventStore):
 
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
         if stream is not None:
-            rows = await self._query(
-                "SELECT stream, position, body, hash FROM events WHERE stream = ?"
-                " ORDER BY position",
-                (stream,),
-            )
-        else:
-            rows = await self._query(
-                "SELECT stream, position, body, hash FROM events ORDER BY stream, position"
-            )
-        problems: list[ChainProblem] = []
-        by_stream: dict[str, list[tuple[int, bytes, str]]] = {}
-        for s, position, body, h in rows:
-            by_stream.setdefault(s, []).append((position, body, h))
-        for s, stream_rows in by_stream.items():
-            problems.extend(verify_chain(stream_rows, s))
-        return sorted(problems, key=lambda p: p.position)
+            rows = await self._query(_AUDIT + " WHERE stream = ? ORDER BY position", (stream,))
+            return audit_stream(StoredRow(*r) for r in rows)
+        problems, _ = await self.audit()
+        return problems
+
+    async def audit(self, head: LogHead | None = None) -> tuple[list[ChainProblem], LogHead]:
+        rows = await self._query(_AUDIT + " ORDER BY position")
+        return audit((StoredRow(*r) for r in rows), head)
+
+    async def head(self) -> LogHead:
+        rows = await self._query(_LAST)
+        if not rows:
+            return LogHead(position=0, log_hash=LOG_GENESIS)
+        position, log_hash, event_id, recorded_at = rows[0]
+        return LogHead(
+            position=position, log_hash=log_hash, event_id=event_id, recorded_at=recorded_at
+        )
+
+    @staticmethod
+    async def verify_file(
+        path: str | os.PathLike[str], head: LogHead | None = None
+    ) -> tuple[list[ChainProblem], LogHead]:
+        """Audit the log at ``path`` read-only: nothing is written, not even a schema.
+
+        A missing file, or one that is not a cardbus log (an empty file, another
+        application's database), is ``StoreUnavailable``; the problems and the
+        head the log ends at otherwise.
+        """
+        return await asyncio.to_thread(_verify_file, os.fspath(path), head)
 
     async def close(self) -> None:
         if self._closed:
@@ -646,3 +729,29 @@ class SqliteEventStore(EventStore):
         finally:
             self._executor.shutdown(wait=True)
             await self._reader.close()
+
+
+def _verify_file(path: str, head: LogHead | None) -> tuple[list[ChainProblem], LogHead]:
+    if not os.path.isfile(path):
+        raise StoreUnavailable(f"no event store at {path!r}")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    except sqlite3.Error as e:
+        raise StoreUnavailable(f"cannot open event store {path!r}: {e}") from e
+    try:
+        try:
+            kind = _kind_of_file(conn)
+        except sqlite3.DatabaseError as e:  # not an SQLite file at all
+            raise StoreUnavailable(f"{path!r} is not a cardbus log: {e}") from e
+        if kind == "empty":
+            raise StoreUnavailable(f"{path!r} is not a cardbus log: it holds no tables")
+        if kind == "foreign":
+            raise _not_ours(path)
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(events)")}
+        sql = _AUDIT if "log_hash" in columns else _AUDIT.replace("log_hash", "NULL")
+        rows = conn.execute(sql + " ORDER BY position")
+        return audit((StoredRow(*r) for r in rows), head, log_chain="log_hash" in columns)
+    except sqlite3.Error as e:
+        raise StoreUnavailable(f"cannot read {path!r}: {e}") from e
+    finally:
+        conn.close()

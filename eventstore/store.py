@@ -35,6 +35,10 @@ Backends are sibling modules (``sqlite``, ``memory``, ``nats``) and all pass
   are appended (live), in position order, with no gap and no duplicate.
 * ``verify(stream=None)`` re-checks hash chains and names every event where a
   chain breaks.
+* ``head()`` is the end of the log (position and log hash, see ``loghead``);
+  ``audit(head)`` checks the whole log (both chains, positions, and, against
+  a head kept outside it, truncation). The defaults compute both from
+  ``read_all``; a backend that stores the log chain answers from it.
 * Bad input never changes the log: it raises a ``CardbusError`` subclass.
 """
 
@@ -45,8 +49,10 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from cardbus.eventstore.envelope import ChainProblem, Envelope, NewEvent
+from cardbus.eventstore.audit import StoredRow, audit
+from cardbus.eventstore.envelope import ChainProblem, Envelope, NewEvent, encode_body
 from cardbus.eventstore.errors import PrerequisiteNotStored, ValidationError
+from cardbus.eventstore.loghead import LogHead
 
 __all__ = ["Append", "EventStore", "check_after"]
 
@@ -122,6 +128,33 @@ class EventStore(abc.ABC):
     @abc.abstractmethod
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
         """Every broken link of one stream's hash chain, or of the whole log."""
+
+    async def head(self) -> LogHead:
+        """The end of the log: its last position and the log hash there."""
+        _, head = await self.audit()
+        return head
+
+    async def audit(self, head: LogHead | None = None) -> tuple[list[ChainProblem], LogHead]:
+        """Every problem of the whole log (against ``head`` if given), and where it ends."""
+        rows: list[StoredRow] = []
+        position = 0
+        while batch := await self.read_all(position + 1, 5000):
+            rows.extend(
+                StoredRow(
+                    e.position,
+                    e.event_id,
+                    e.stream,
+                    e.version,
+                    e.correlation_id,
+                    e.type,
+                    encode_body(e),
+                    e.hash,
+                    None,
+                )
+                for e in batch
+            )
+            position = batch[-1].position
+        return audit(rows, head, log_chain=False)
 
     async def close(self) -> None:  # noqa: B027 - optional for backends with nothing to close
         """Release connections; the store is unusable afterwards."""

@@ -18,6 +18,7 @@ import pytest
 
 from cardbus.eventstore import ChainProblem, DecodeError, Envelope, NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.audit import LOG_STREAM
 from cardbus.eventstore.envelope import GENESIS_HASH, encode_body, seal
 
 
@@ -47,12 +48,16 @@ def db(tmp_path: Path, log: dict[str, list[Envelope]]) -> Iterator[sqlite3.Conne
     conn.close()
 
 
-async def problems_in(tmp_path: Path, stream: str | None = None) -> list[ChainProblem]:
+async def problems_in(
+    tmp_path: Path, stream: str | None = None, *, log_level: bool = False
+) -> list[ChainProblem]:
+    """The streams' problems (the log's own, positions and log chain, with ``log_level``)."""
     store = await SqliteEventStore.open(tmp_path / "log.db", create=False)
     try:
-        return await store.verify(stream)
+        found = await store.verify(stream)
     finally:
         await store.close()
+    return [p for p in found if (p.stream == LOG_STREAM) == log_level]
 
 
 def named(problems: list[ChainProblem]) -> set[tuple[str, int]]:
@@ -117,6 +122,12 @@ async def test_a_deleted_row_is_named_at_its_successor(
     assert named(problems) == {(successor.event_id, successor.position)}
     assert any("missing predecessor" in p.problem for p in problems)
     assert any("prev_hash" in p.problem for p in problems)
+    # and the log itself: a gap in positions, a log hash that no longer follows
+    gaps = await problems_in(tmp_path, log_level=True)
+    assert [p.problem for p in gaps if p.position == gone.position] == [
+        f"positions {gone.position} missing (deleted)"
+    ]
+    assert any("log hash does not follow" in p.problem for p in gaps)
 
 
 async def test_a_deleted_first_event_is_detected(
@@ -127,12 +138,19 @@ async def test_a_deleted_first_event_is_detected(
     assert named(problems) == {(log["t2"][1].event_id, log["t2"][1].position)}
 
 
-async def test_a_deleted_last_event_is_not_a_chain_break(
+async def test_a_deleted_last_event_is_caught_only_against_a_kept_head(
     tmp_path: Path, db: sqlite3.Connection, log: dict[str, list[Envelope]]
 ) -> None:
-    """Truncating a stream's tail leaves a valid chain: the limit of a hash chain."""
+    """Cutting the log's tail leaves valid chains: only a head kept elsewhere tells."""
+    store = await SqliteEventStore.open(tmp_path / "log.db", create=False)
+    kept = await store.head()
+    await store.close()
     db.execute("DELETE FROM events WHERE position = ?", (log["t1"][4].position,))
     assert await problems_in(tmp_path) == []
+    assert await problems_in(tmp_path, log_level=True) == []
+    found, _ = await SqliteEventStore.verify_file(tmp_path / "log.db", kept)
+    assert [p.position for p in found] == [log["t1"][4].position]
+    assert "missing (truncated)" in found[0].problem
 
 
 async def test_two_swapped_rows_are_named(
@@ -245,6 +263,7 @@ async def test_every_tampered_event_is_reported_at_once(
     db.execute("DELETE FROM events WHERE position = ?", (log["t2"][1].position,))
     problems = await problems_in(tmp_path)
     assert {p.stream for p in problems} == {"t1", "t2"}
+    assert await problems_in(tmp_path, log_level=True) != []  # the deletion, log-wide
     assert (log["t1"][0].event_id, log["t1"][0].position) in named(problems)
     assert (log["t2"][2].event_id, log["t2"][2].position) in named(problems)
     assert [p.position for p in problems] == sorted(p.position for p in problems)
