@@ -22,12 +22,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/cardbus demo
 
-# mypy finds `cardbus` through links: .typecheck/cardbus/<pkg> -> ../../<pkg>
+# mypy finds `cardbus` through links: .typecheck/cardbus/<pkg> -> ../../<pkg>,
+# and cardbus.testing -> ../../tests/contract
 # (the installed package maps the same folders with setuptools' package-dir)
 typecheck-tree:
 	@mkdir -p .typecheck/cardbus
 	@ln -sfn ../../__init__.py .typecheck/cardbus/__init__.py
 	@for p in $(PACKAGES); do ln -sfn ../../$$p .typecheck/cardbus/$$p; done
+	@ln -sfn ../../tests/contract .typecheck/cardbus/testing
 
 check: $(STAMP) typecheck-tree
 	$(BIN)/ruff check .

@@ -1,7 +1,11 @@
-"""The ``Bus`` contract (``bus/interface.py``), one class run against every backend.
+"""The ``Bus`` contract (``cardbus.bus.transport.interface``) as one abstract test class.
 
-A backend joins by adding its name to ``BACKENDS`` and a branch to ``_make``
-that returns a fresh bus; NATS runs on this test's own nats-server.
+``BusContract`` needs a ``bus`` fixture: a fresh bus per test, closed afterwards,
+that has, besides the interface:
+
+* ``max_deliver``: how often a card is handed to a failing handler (3 is quick);
+* ``send_raw(agent_id, data)`` and ``reply_raw(data)``: put raw bytes where a
+  card or a reply would go, so the bad-bytes test can send garbage.
 """
 
 from __future__ import annotations
@@ -9,37 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 import pytest
 
 from cardbus.agents.cards import AgentCard, Announce, Reply, ResultCard, Started, TaskCard
-from cardbus.bus.transport.inprocess import InProcessBus
 from cardbus.bus.transport.interface import Bus
-from cardbus.bus.transport.nats import NatsBus
 
-BACKENDS = ["inprocess", "nats"]
-
-
-@pytest.fixture(params=BACKENDS)
-async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
-    b: Bus
-    if request.param == "inprocess":
-        b = InProcessBus(max_deliver=3)
-    else:
-        url = request.getfixturevalue("nats_url")
-        b = await NatsBus.connect(
-            url, ack_wait=1.0, max_deliver=3, retry_delay=0.02, fetch_wait=0.5
-        )
-    try:
-        yield b
-    finally:
-        await b.close()
+__all__ = ["BusContract", "card", "until"]
 
 
-def card(i: int, agent: str = "a", **kw: Any) -> TaskCard:
+def card(i: int, **kw: Any) -> TaskCard:
     return TaskCard(task_id=f"t{i}", root_id="r", capability="c", inputs={"i": i}, **kw)
 
 
@@ -63,7 +49,16 @@ async def collect(bus: Bus, n: int, timeout: float = 10.0) -> list[Reply]:
     return out
 
 
-class TestBusContract:
+class BusContract:
+    """The ``Bus`` contract as tests: subclass it and provide a ``bus`` fixture.
+
+    The fixture yields a fresh bus per test (closed after it) with
+    ``max_deliver=3`` and redelivery fast enough that a failed card comes back
+    within a second or two.
+    """
+
+    pytestmark = pytest.mark.asyncio
+
     async def test_each_card_goes_to_one_replica(self, bus: Bus) -> None:
         seen: list[tuple[int, str]] = []
 
@@ -234,36 +229,3 @@ class TestBusContract:
         await bus.close()
         with pytest.raises(BusError):
             await bus.request(req)
-
-
-# -- NATS only: what travels in message headers ---------------------------------------
-
-
-async def test_nats_traceparent_travels_in_headers_read_case_insensitively(nats_url: str) -> None:
-    from cardbus.agents.cards import encode
-
-    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    bus = await NatsBus.connect(nats_url, ack_wait=1.0, fetch_wait=0.5)
-    spy = await NatsBus.connect(nats_url)
-    try:
-        seen_headers: list[dict[str, str]] = []
-
-        async def on_reply(msg: Any) -> None:
-            seen_headers.append(dict(msg.headers or {}))
-
-        await spy.nc.subscribe("cardbus.reply.>", cb=on_reply)
-        got: list[TaskCard] = []
-
-        async def handle(c: TaskCard) -> None:
-            got.append(c)
-            await bus.reply(Started(task_id=c.task_id, attempt=1, agent_id="a"))
-
-        await bus.consume("a", handle)
-        # the body has no trace context; the header (odd case) has it
-        await bus._js.publish("cardbus.agent.a", encode(card(1)), headers={"TraceParent": trace})
-        await until(lambda: len(got) == 1 and len(seen_headers) == 1)
-        assert got[0].traceparent == trace
-        assert seen_headers[0].get("traceparent") == trace  # the reply carries it on
-    finally:
-        await bus.close()
-        await spy.close()

@@ -1,7 +1,8 @@
-"""The EventStore contract (``eventstore/store.py``), run against every backend.
+"""The ``EventStore`` contract (``cardbus.eventstore.store``) as one abstract test class.
 
-One class, one ``store`` fixture parametrized over ``conftest.BACKENDS``; each
-test names the clause of the contract it checks.
+``EventStoreContract`` needs a ``store`` fixture: a fresh, empty store per test.
+The store must take ``max_event_bytes`` (default 1 MiB) and keep it in the
+attribute of that name, which the size-limit tests lower on the live store.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from cardbus.eventstore import (
 )
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import GENESIS_HASH
+
+__all__ = ["EventStoreContract"]
 
 
 def created(root: str = "root", **fields: Any) -> NewEvent:
@@ -129,7 +132,15 @@ def _bad_inputs() -> list[tuple[str, Callable[[], tuple[Any, Any, Any]]]]:
 BAD_INPUTS = _bad_inputs()
 
 
-class TestEventStoreContract:
+class EventStoreContract:
+    """The ``EventStore`` contract as tests: subclass it and provide a ``store`` fixture.
+
+    The fixture yields a fresh, empty store per test; each test names the clause of
+    the contract (``cardbus.eventstore.store``) it checks.
+    """
+
+    pytestmark = pytest.mark.asyncio
+
     # -- append: atomic, versioned, positioned --------------------------------
 
     async def test_append_assigns_versions_positions_and_chain(self, store: EventStore) -> None:
