@@ -1,11 +1,13 @@
 """The NATS commands: ``agent serve``, ``orchestrator``, ``nats replay``/``nats dead``,
 and the distributed ``demo`` (``cardbus demo --nats URL`` / ``--start-nats``).
 
-Every command takes ``--nats URL`` (or ``$CARDBUS_NATS_URL``; a comma-separated
-list for a cluster) and the connection options shared by the bus and the event
-store (``bus/natsconn.py``): ``--nats-token``, ``--nats-user``/``--nats-password``,
-``--nats-nkey`` (seed file), ``--nats-creds``, ``--tls-ca``/``--tls-cert``/``--tls-key``,
-each also read from ``$CARDBUS_NATS_*``. Reconnects retry forever with backoff.
+Every command takes ``--nats URL`` (a comma-separated list for a cluster) and
+the connection options shared by the bus and the event store
+(``cardbus.eventstore.nats.connection``): ``--nats-token``,
+``--nats-user``/``--nats-password``, ``--nats-nkey`` (seed file), ``--nats-creds``,
+``--tls-ca``/``--tls-cert``/``--tls-key``, each also read from its
+``CARDBUS_NATS_*`` variable (``ENV_VARS`` there). Reconnects go on forever with
+backoff.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from cardbus.bus.transport.nats import (
     header,
     orchestrator_permissions,
 )
-from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore import EventStore, SqliteEventStore
 from cardbus.eventstore.nats import NatsEventStore
+from cardbus.eventstore.nats.connection import ENV_VARS, NatsOptions
 from cardbus.tools.cli import cli
 from cardbus.tools.loading import load_agent
 
@@ -55,19 +57,21 @@ def nats_options(func: F) -> F:
         click.option(
             "--nats",
             "nats_url",
-            envvar="CARDBUS_NATS_URL",
+            envvar=ENV_VARS["url"],
             default="nats://127.0.0.1:4222",
             show_default=True,
             help="NATS server URL(s), comma-separated for a cluster.",
         ),
-        click.option("--nats-token", "token", envvar="CARDBUS_NATS_TOKEN", help="Auth token."),
-        click.option("--nats-user", "user", envvar="CARDBUS_NATS_USER", help="User name."),
-        click.option("--nats-password", "password", envvar="CARDBUS_NATS_PASSWORD"),
-        click.option("--nats-nkey", "nkey", envvar="CARDBUS_NATS_NKEY", help="Nkey seed file."),
-        click.option("--nats-creds", "creds", envvar="CARDBUS_NATS_CREDS", help=".creds file."),
-        click.option("--tls-ca", envvar="CARDBUS_NATS_CA", help="CA bundle for TLS."),
-        click.option("--tls-cert", envvar="CARDBUS_NATS_CERT", help="Client certificate."),
-        click.option("--tls-key", envvar="CARDBUS_NATS_KEY", help="Client key."),
+        click.option("--nats-token", "token", envvar=ENV_VARS["token"], help="Auth token."),
+        click.option("--nats-user", "user", envvar=ENV_VARS["user"], help="User name."),
+        click.option("--nats-password", "password", envvar=ENV_VARS["password"]),
+        click.option("--nats-nkey", "nkey", envvar=ENV_VARS["nkeys_seed"], help="Nkey seed file."),
+        click.option(
+            "--nats-creds", "creds", envvar=ENV_VARS["user_credentials"], help=".creds file."
+        ),
+        click.option("--tls-ca", envvar=ENV_VARS["tls_ca"], help="CA bundle for TLS."),
+        click.option("--tls-cert", envvar=ENV_VARS["tls_cert"], help="Client certificate."),
+        click.option("--tls-key", envvar=ENV_VARS["tls_key"], help="Client key."),
     ]
     for o in reversed(opts):
         func = o(func)

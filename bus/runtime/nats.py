@@ -38,10 +38,10 @@ from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import NatsBus
 from cardbus.bus.transport.nats import agent_inbox_prefix as inbox_prefix_of
-from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore import EventStore
 from cardbus.eventstore.errors import BusError, CardbusError
 from cardbus.eventstore.nats import NatsEventStore
+from cardbus.eventstore.nats.connection import NatsOptions
 
 __all__ = ["LocalNatsServer", "NatsRuntime", "agent_inbox_prefix", "serve_agents"]
 

@@ -1,7 +1,8 @@
 """NATS JetStream ``Bus``: agents in other processes and hosts, replicas sharing work.
 
-Open it with ``await NatsBus.connect(NatsOptions(url=...))`` (options shared
-with the event store, ``bus/natsconn.py``) or on an existing connection with
+Open it with ``await NatsBus.connect(NatsOptions(url=...))`` (options, connect
+and error translation shared with the event store:
+``cardbus.eventstore.nats.connection``) or on an existing connection with
 ``NatsBus(nc)`` + ``await bus.ensure_streams()``.
 
 Subjects and streams
@@ -13,11 +14,12 @@ Subjects and streams
   replica. ``AckWait`` (``ack_wait``) bounds how long a replica may hold a
   card silently: while the handler works the replica sends in-progress acks
   (``+WPI``) every third of it, so a long task keeps its card and a crashed
-  replica loses it to another after ``ack_wait``. A handler that raises
-  naks the card with a growing delay (``retry_delay`` doubling); after
-  ``max_deliver`` deliveries the card is terminated and reported. Redeliveries
-  after a silent replica use the consumer's ``BackOff`` (``ack_wait`` doubling).
-  The orchestrator's own task timeout still decides retries of a lost attempt.
+  replica loses it to another after ``ack_wait``. Redelivery: a handler that
+  raises naks the card with a growing delay (``redelivery_delay`` doubling);
+  after ``max_deliver`` deliveries (JetStream ``MaxDeliver``) the card is
+  terminated and reported. Redeliveries after a silent replica use the
+  consumer's ``BackOff`` (``ack_wait`` doubling). The orchestrator's own task
+  timeout still decides task retries of a lost attempt.
 * ``cardbus.reply.<task>`` (``Started``, ``ResultCard``) and
   ``cardbus.announce.<agent>`` (``Announce``) -- answers to the orchestrator,
   in the interest-retention stream ``CARDBUS_REPLIES``. Each orchestrator
@@ -47,13 +49,15 @@ Subjects and streams
   request nobody answers in time is a ``BusError`` for the agent, a handler
   that fails answers with the header ``Cardbus-Error``.
 
-Ids are encoded into subject tokens with ``eventstore.nats.encode_token``
+Ids are encoded into subject tokens with ``cardbus.eventstore.nats.encode_token``
 (``A-Z a-z 0-9 -`` as is, anything else ``_hh``), the same scheme as the log.
 
 Headers
 -------
-``Nats-Msg-Id`` is a digest of the message bytes, so a publish retried after a
-lost ack is stored once (the streams' duplicate window is 2 minutes).
+``Nats-Msg-Id`` is a digest of the message bytes, so a publish tried again after
+a lost ack is stored once (the streams' duplicate window is 2 minutes).
+Transient failures (a reconnect, a leader election, a server starting) are
+tried again for ``transient_retry_timeout`` seconds, then are a ``BusError``.
 ``traceparent`` (W3C) travels in a header: ``send_task`` sets it from the
 card; a consumer reads it case-insensitively and fills the card's field when
 the body lacks it; replies sent while a handler works carry its card's
@@ -87,6 +91,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
+from nats.js.api import Header, StatusCode
 
 from cardbus.agents import requests as rq
 from cardbus.agents.cards import (
@@ -99,9 +104,15 @@ from cardbus.agents.cards import (
     encode,
 )
 from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
-from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore.errors import BusError, DecodeError, PayloadTooLarge
 from cardbus.eventstore.nats import encode_token
+from cardbus.eventstore.nats.connection import (
+    TRANSPORT_ERRORS,
+    NatsOptions,
+    is_too_large,
+    retry_transient,
+    translated,
+)
 
 __all__ = [
     "ANNOUNCE_PREFIX",
@@ -110,6 +121,7 @@ __all__ = [
     "INBOX_PREFIX",
     "INBOX_STREAM",
     "NatsBus",
+    "NatsOptions",
     "ORCHESTRATOR_DURABLE",
     "REPLY_PREFIX",
     "REPLY_STREAM",
@@ -142,12 +154,11 @@ REASON_HEADER = "Cardbus-Reason"
 SUBJECT_HEADER = "Cardbus-Subject"
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
-_NATS_ERRORS: tuple[type[BaseException], ...] = (
-    nats.errors.Error,
-    nats.js.errors.Error,
-    OSError,
-    asyncio.TimeoutError,
-)
+MSG_ID_HEADER = Header.MSG_ID.value
+_STATUS = Header.STATUS.value
+_HEARTBEAT = StatusCode.CONTROL_MESSAGE.value  # 100
+_PULL_OVER = (StatusCode.NO_MESSAGES.value, StatusCode.REQUEST_TIMEOUT.value)  # 404, 408
+_PENDING_MESSAGES = "Nats-Pending-Messages"  # (a pull's status message; not in nats-py)
 _trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("cardbus_trace", default=None)
 T = TypeVar("T")
 
@@ -245,26 +256,30 @@ class NatsBus(Bus):
         owns_connection: bool = False,
         ack_wait: float = 30.0,
         max_deliver: int = 5,
-        retry_delay: float = 0.5,
+        redelivery_delay: float = 0.5,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         request_timeout: float = 5.0,
-        publish_retry_s: float = 30.0,
+        transient_retry_timeout: float = 30.0,
         replicas: int = 1,
         fetch_wait: float = 2.0,
         reply_batch: int = 256,
         reply_ack_wait: float = 30.0,
         reply_durable: str = ORCHESTRATOR_DURABLE,
         delete_reply_consumer: bool = False,
+        retry_delay: float | None = None,
     ) -> None:
+        """``retry_delay`` is the old name of ``redelivery_delay`` (still accepted)."""
+        if retry_delay is not None:
+            redelivery_delay = retry_delay
         if max_deliver < 2:
             raise ValueError("max_deliver must be at least 2")
         self.nc = nc
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
-        self.retry_delay = retry_delay
+        self.redelivery_delay = redelivery_delay
         self.max_message_bytes = max_message_bytes
         self.request_timeout = request_timeout
-        self.publish_retry_s = publish_retry_s
+        self.transient_retry_timeout = transient_retry_timeout
         self.replicas = replicas
         self.fetch_wait = fetch_wait
         self.reply_batch = reply_batch
@@ -362,27 +377,20 @@ class NatsBus(Bus):
                 await self._js.add_consumer(stream, config)
 
     async def _transient(self, make: Callable[[], Awaitable[T]], what: str) -> T:
-        """``make()``, retried for ``publish_retry_s`` while JetStream is unavailable
-        (a server starting, a cluster electing leaders, a reconnect); then ``BusError``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.publish_retry_s
-        pause = 0.1
-        while True:
-            try:
-                return await make()
-            except nats.js.errors.APIError as e:
-                if not isinstance(e, nats.js.errors.ServiceUnavailableError):
-                    raise BusError(f"cannot {what}: {e!r}") from e
-                err: BaseException = e
-            except _NATS_ERRORS as e:
-                err = e
-            if self._closed or loop.time() + pause > deadline:
-                raise BusError(f"cannot {what}: {err!r}") from err
-            log.debug("cannot %s yet, retrying: %r", what, err)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
+        """``make()``, tried again for ``transient_retry_timeout`` seconds while JetStream is
+        unavailable (a server starting, a cluster electing leaders, a reconnect); then, or
+        when JetStream refuses, ``BusError``."""
+        with translated(f"cannot {what}", error=BusError, refused=BusError):
+            return await retry_transient(
+                make,
+                within=self.transient_retry_timeout,
+                stopped=lambda: self._closed,
+                pause=0.1,
+                max_pause=2.0,
+            )
 
-    def _backoff(self) -> list[float]:
+    def _redelivery_backoff(self) -> list[float]:
+        """JetStream ``BackOff``: the waits before redelivering a card nobody acked."""
         return [self.ack_wait * 2**i for i in range(min(self.max_deliver - 1, 6))]
 
     async def _bind(
@@ -399,6 +407,16 @@ class NatsBus(Bus):
                 log.debug("consumer %s exists: %s", durable, e)
         return await self._js.pull_subscribe_bind(durable=durable, stream=stream)
 
+    async def _until_done(self, make: Callable[[], Awaitable[T]], what: str) -> T:
+        """``make()``, tried again after any NATS failure until the bus is closed."""
+        with translated(f"cannot {what} (the bus is closed)", error=BusError, refused=BusError):
+            return await retry_transient(
+                make,
+                stopped=lambda: self._closed,
+                retry_on=lambda e: isinstance(e, TRANSPORT_ERRORS),
+                max_pause=2.0,
+            )
+
     # -- agents' side ----------------------------------------------------------
 
     async def consume(self, agent_id: str, handler: CardHandler) -> None:
@@ -413,7 +431,7 @@ class NatsBus(Bus):
             ack_policy=js_api.AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait,
             max_deliver=self.max_deliver,
-            backoff=self._backoff(),
+            backoff=self._redelivery_backoff(),
             max_ack_pending=10_000,
             max_waiting=4096,
         )
@@ -440,7 +458,7 @@ class NatsBus(Bus):
                 raise
             except TimeoutError:
                 continue
-            except _NATS_ERRORS as e:  # disconnected, reconnecting, consumer leader moving
+            except TRANSPORT_ERRORS as e:  # disconnected, reconnecting, consumer leader moving
                 log.debug("fetch on %s failed: %r", subject, e)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
@@ -466,7 +484,7 @@ class NatsBus(Bus):
         try:
             await handler(card)
         except asyncio.CancelledError:
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*TRANSPORT_ERRORS):
                 await msg.nak()  # let another replica have it now
             raise
         except Exception as e:
@@ -475,10 +493,10 @@ class NatsBus(Bus):
                 await self._reject(msg, f"handler failed {delivered} times: {e!r}")
             else:
                 log.info("handler failed on %s (delivery %d): %r", msg.subject, delivered, e)
-                with contextlib.suppress(*_NATS_ERRORS):
-                    await msg.nak(delay=self.retry_delay * 2 ** (delivered - 1))
+                with contextlib.suppress(*TRANSPORT_ERRORS):
+                    await msg.nak(delay=self.redelivery_delay * 2 ** (delivered - 1))
         else:
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*TRANSPORT_ERRORS):
                 await msg.ack()
         finally:
             _trace.reset(token)
@@ -490,14 +508,14 @@ class NatsBus(Bus):
         """In-progress acks while the handler works, so ``ack_wait`` does not expire."""
         while True:
             await asyncio.sleep(self.ack_wait / 3)
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*TRANSPORT_ERRORS):
                 await msg.in_progress()
 
     async def send_task(self, agent_id: str, card: TaskCard) -> None:
         data = encode(card)
         if len(data) > self.max_message_bytes:
             raise PayloadTooLarge(len(data), self.max_message_bytes)
-        headers = {"Nats-Msg-Id": _msg_id(data)}
+        headers = {MSG_ID_HEADER: _msg_id(data)}
         if card.traceparent:
             headers[TRACE_HEADER] = card.traceparent
         await self._publish(inbox_subject(agent_id), data, headers, INBOX_STREAM)
@@ -522,7 +540,7 @@ class NatsBus(Bus):
             data = encode(message)
         if len(data) > self.max_message_bytes:
             raise PayloadTooLarge(len(data), self.max_message_bytes)
-        headers = {"Nats-Msg-Id": _msg_id(data)}
+        headers = {MSG_ID_HEADER: _msg_id(data)}
         trace = _trace.get()
         if trace:
             headers[TRACE_HEADER] = trace
@@ -535,31 +553,24 @@ class NatsBus(Bus):
     async def _publish(
         self, subject: str, data: bytes, headers: dict[str, str], stream: str
     ) -> None:
-        """Publish to JetStream and wait for the ack, retrying through reconnects."""
+        """Publish to JetStream and wait for the ack, tried again through reconnects."""
         if self._closed:
             raise BusError("the bus is closed")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.publish_retry_s
-        pause = 0.05
-        while True:
-            try:
-                await self._js.publish(
+        with translated(
+            f"cannot publish to {subject}",
+            error=BusError,
+            refused=BusError,
+            too_large=functools.partial(PayloadTooLarge, len(data), self.nc.max_payload),
+        ):
+            await retry_transient(
+                lambda: self._js.publish(
                     subject, data, timeout=self.request_timeout, stream=stream, headers=headers
-                )
-                return
-            except nats.errors.MaxPayloadError as e:
-                raise PayloadTooLarge(len(data), self.nc.max_payload) from e
-            except nats.js.errors.APIError as e:
-                if e.err_code == 10054:  # message size exceeds the stream's maximum
-                    raise PayloadTooLarge(len(data), self.nc.max_payload) from e
-                err: BaseException = e
-            except _NATS_ERRORS as e:
-                err = e
-            if self._closed or loop.time() + pause > deadline:
-                raise BusError(f"cannot publish to {subject}: {err!r}") from err
-            log.debug("publish to %s failed, retrying: %r", subject, err)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 1.0)
+                ),
+                within=self.transient_retry_timeout,
+                stopped=lambda: self._closed,
+                # any failure but a message too large (a stream may be recovering)
+                retry_on=lambda e: isinstance(e, TRANSPORT_ERRORS) and not is_too_large(e),
+            )
 
     # -- orchestrator's side ---------------------------------------------------
 
@@ -584,7 +595,7 @@ class NatsBus(Bus):
         return await self._bind(REPLY_STREAM, durable, self._reply_config(durable))
 
     async def replies(self) -> AsyncIterator[Reply]:
-        await _retrying(self._reply_sub, lambda: self._closed)  # the consumer exists
+        await self._until_done(self._reply_sub, "bind the reply consumer")  # it exists now
         self._reading_replies = True
         await self._watch_max_deliveries()
         async for msg in self._pull(REPLY_STREAM, self.reply_durable, self.reply_batch):
@@ -597,7 +608,7 @@ class NatsBus(Bus):
                 await self._reject(msg, str(e))
                 continue
             yield reply
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*TRANSPORT_ERRORS):
                 await msg.ack()  # taken by the orchestrator: do not redeliver
 
     async def _watch_max_deliveries(self) -> None:
@@ -607,7 +618,7 @@ class NatsBus(Bus):
         async def on_advisory(msg: Msg) -> None:
             self._spawn(self._undeliverable(msg.data), "max-deliveries")
 
-        with contextlib.suppress(*_NATS_ERRORS):
+        with contextlib.suppress(*TRANSPORT_ERRORS):
             self._subs.append(
                 await self.nc.subscribe(
                     MAX_DELIVERIES_ADVISORY, queue=REQUEST_QUEUE, cb=on_advisory
@@ -624,7 +635,7 @@ class NatsBus(Bus):
             raw = await self._js.get_msg(INBOX_STREAM, seq)
         except nats.js.errors.NotFoundError:
             return  # acked or terminated meanwhile
-        except _NATS_ERRORS as e:
+        except TRANSPORT_ERRORS as e:
             log.warning("cannot look up undeliverable card %d: %r", seq, e)
             return
         reason = (
@@ -632,7 +643,7 @@ class NatsBus(Bus):
             "without an ack (its replicas crashed or hung on it); removed from the inbox"
         )
         await self._bad(raw.subject or INBOX_PREFIX, raw.data or b"", reason)
-        with contextlib.suppress(*_NATS_ERRORS):
+        with contextlib.suppress(*TRANSPORT_ERRORS):
             await self._js.delete_msg(INBOX_STREAM, seq)
 
     async def _pull(self, stream: str, durable: str, batch: int) -> AsyncIterator[Msg]:
@@ -653,7 +664,9 @@ class NatsBus(Bus):
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         expires = max(self.fetch_wait, 0.1)
         inbox = self.nc.new_inbox()
-        sub = await _retrying(lambda: self.nc.subscribe(inbox, cb=on_msg), lambda: self._closed)
+        sub = await self._until_done(
+            lambda: self.nc.subscribe(inbox, cb=on_msg), f"subscribe to {inbox}"
+        )
         pending = 0  # messages asked for and not yet delivered or expired
         asked = 0.0
         pause = 0.05
@@ -667,7 +680,7 @@ class NatsBus(Bus):
                     request = json.dumps({"batch": want, "expires": int(expires * 1e9)})
                     try:
                         await self.nc.publish(subject, request.encode(), reply=inbox)
-                    except _NATS_ERRORS as e:
+                    except TRANSPORT_ERRORS as e:
                         log.debug("pull request on %s failed: %r", subject, e)
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, 2.0)
@@ -680,13 +693,13 @@ class NatsBus(Bus):
                 except TimeoutError:
                     pending = 0
                     continue
-                status = (msg.headers or {}).get("Status") if not msg.data else None
+                status = (msg.headers or {}).get(_STATUS) if not msg.data else None
                 if status is not None:
-                    if status == "100":  # heartbeat
+                    if status == _HEARTBEAT:
                         continue
-                    left = (msg.headers or {}).get("Nats-Pending-Messages")
+                    left = (msg.headers or {}).get(_PENDING_MESSAGES)
                     pending = max(0, pending - int(left)) if left and left.isdigit() else 0
-                    if status not in ("404", "408"):  # 409: leader change, consumer deleted...
+                    if status not in _PULL_OVER:  # 409: leader change, consumer deleted...
                         log.debug("pull on %s: %s %s", subject, status, msg.headers)
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, 2.0)
@@ -707,10 +720,8 @@ class NatsBus(Bus):
         async def on_request(msg: Msg) -> None:
             self._spawn(self._answer(msg, handler), "request")
 
-        try:
+        with translated("cannot serve requests", error=BusError, refused=BusError):
             sub = await self.nc.subscribe(f"{REQUEST_PREFIX}.>", queue=REQUEST_QUEUE, cb=on_request)
-        except _NATS_ERRORS as e:
-            raise BusError(f"cannot serve requests: {e!r}") from e
         self._subs.append(sub)
 
     async def _answer(self, msg: Msg, handler: RequestHandler) -> None:
@@ -737,7 +748,7 @@ class NatsBus(Bus):
                 data, headers = b"", {ERROR_HEADER: repr(e)[:1000]}
             finally:
                 _trace.reset(token)
-        with contextlib.suppress(*_NATS_ERRORS):
+        with contextlib.suppress(*TRANSPORT_ERRORS):
             await self.nc.publish(msg.reply, data, headers=headers)
 
     async def request(self, request: rq.AgentRequest, timeout: float = 30.0) -> rq.AgentResponse:
@@ -749,14 +760,13 @@ class NatsBus(Bus):
             raise BusError(f"request {request.request_id} is too large: {len(data)} bytes")
         headers = {TRACE_HEADER: request.traceparent} if request.traceparent else None
         subject = f"{REQUEST_PREFIX}.{encode_token(request.agent_id)}"
-        try:
-            msg = await self.nc.request(subject, data, timeout=timeout, headers=headers)
-        except nats.errors.NoRespondersError as e:
-            raise BusError("no orchestrator serves agent requests on this bus") from e
-        except TimeoutError as e:
-            raise BusError(f"no answer to request {request.request_id} in {timeout:g}s") from e
-        except _NATS_ERRORS as e:
-            raise BusError(f"request {request.request_id} failed: {e!r}") from e
+        with translated(f"request {request.request_id} failed", error=BusError, refused=BusError):
+            try:
+                msg = await self.nc.request(subject, data, timeout=timeout, headers=headers)
+            except nats.errors.NoRespondersError as e:  # what it means on this subject
+                raise BusError("no orchestrator serves agent requests on this bus") from e
+            except TimeoutError as e:
+                raise BusError(f"no answer to request {request.request_id} in {timeout:g}s") from e
         failure = header(msg, ERROR_HEADER)
         if failure is not None:
             raise BusError(f"request {request.request_id} failed on the server: {failure}")
@@ -770,7 +780,7 @@ class NatsBus(Bus):
     async def _reject(self, msg: Msg, reason: str) -> None:
         """Dead-letter ``msg``, report it, and stop its redelivery."""
         await self._bad(msg.subject, msg.data, reason)
-        with contextlib.suppress(*_NATS_ERRORS):
+        with contextlib.suppress(*TRANSPORT_ERRORS):
             await msg.term()
 
     async def _bad(self, subject: str, data: bytes, reason: str) -> None:
@@ -822,16 +832,3 @@ def _delivered(msg: Msg) -> int:
         return int(msg.metadata.num_delivered)
     except Exception:
         return 1
-
-
-async def _retrying(make: Callable[[], Awaitable[T]], stop: Callable[[], bool]) -> T:
-    pause = 0.05
-    while True:
-        try:
-            return await make()
-        except _NATS_ERRORS as e:
-            if stop():
-                raise BusError("the bus is closed") from e
-            log.debug("retrying after %r", e)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)

@@ -15,10 +15,10 @@ from cardbus.agents.cards import TaskCard
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
 from cardbus.bus.transport.nats import DEAD_STREAM, REASON_HEADER, SUBJECT_HEADER, NatsBus, header
-from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import DecodeError, PayloadTooLarge
 from cardbus.eventstore.nats import NatsEventStore
+from cardbus.eventstore.nats.connection import NatsOptions
 
 BIG = 2 * 1024 * 1024  # over the bus's 1 MiB limit, under the test server's max_payload
 

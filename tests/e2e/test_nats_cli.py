@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from natsprocs import Proc, env_for
 from natsserver import NatsServer
 
-from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.eventstore.nats.connection import NatsOptions
 from cardbus.tools.cli import cli
 
 

@@ -24,9 +24,9 @@ from natsserver import NatsCluster, NatsServer
 from cardbus.agents import Agent, Capability
 from cardbus.bus.orchestrator.plan import decode_plan
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
-from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StoreUnavailable
+from cardbus.eventstore.nats.connection import NatsOptions
 
 
 class Slow(Agent):

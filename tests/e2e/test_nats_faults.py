@@ -29,8 +29,8 @@ from natsserver import NatsServer
 
 from cardbus.bus.orchestrator.plan import decode_plan
 from cardbus.bus.runtime.nats import NatsRuntime
-from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats.connection import NatsOptions
 
 
 async def test_sigkill_an_agent_mid_task_another_replica_finishes_it(

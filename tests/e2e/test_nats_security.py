@@ -17,8 +17,8 @@ from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
 from cardbus.bus.transport.nats import INBOX_STREAM, NatsBus, agent_inbox_prefix, consumer_name
-from cardbus.bus.transport.natsconn import NatsOptions
 from cardbus.eventstore.nats import NatsEventStore
+from cardbus.eventstore.nats.connection import NatsOptions
 from cardbus.tools.cmd_nats import authorization_config
 
 

@@ -370,7 +370,9 @@ async def test_retry_from_another_connection_returns_the_originals(nats_url: str
 
 
 async def test_down_server_is_store_unavailable_then_recovers(nats_server: NatsServer) -> None:
-    store = await NatsEventStore.connect(nats_server.url, request_timeout=1.0, retry_timeout=0.5)
+    store = await NatsEventStore.connect(
+        nats_server.url, request_timeout=1.0, store_retry_timeout=0.5
+    )
     try:
         await store.append("t", [created()], 0)
         nats_server.stop()
@@ -393,7 +395,7 @@ async def test_down_server_is_store_unavailable_then_recovers(nats_server: NatsS
 
 async def test_an_append_waits_out_a_short_outage(nats_server: NatsServer) -> None:
     async with await NatsEventStore.connect(
-        nats_server.url, request_timeout=0.5, retry_timeout=15.0
+        nats_server.url, request_timeout=0.5, store_retry_timeout=15.0
     ) as store:
         await store.append("t", [created()], 0)
         nats_server.stop()
@@ -621,7 +623,7 @@ authorization {
 
 @pytest.mark.parametrize("direct_get", [True, False], ids=["documented", "without-direct-get"])
 async def test_the_documented_permissions_are_enough(tmp_path: Path, direct_get: bool) -> None:
-    """The subjects listed in eventstore/nats.py's docstring cover everything the store does;
+    """The subjects the README lists (Running on NATS, permissions) cover everything the store does;
     without ``$JS.API.DIRECT.GET`` (the permissions of older versions) reads use consumers."""
     config = STORE_PERMISSIONS
     if not direct_get:
