@@ -185,13 +185,15 @@ class _Writer:
         self.top_log = LOG_GENESIS  # the log hash at ``top``
 
     @classmethod
-    def connect(cls, path: str, synchronous: str) -> _Writer:
+    def connect(cls, path: str, synchronous: str, create: bool = True) -> _Writer:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA busy_timeout=10000")
             kind = _kind_of_file(conn)
             if kind == "foreign":
                 raise _not_ours(path)
+            if kind == "empty" and not create:
+                raise StoreUnavailable(f"{path!r} is not a cardbus log: it holds no tables")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={synchronous}")
             if kind == "empty":
@@ -451,7 +453,7 @@ class SqliteEventStore(EventStore):
         executor = ThreadPoolExecutor(1, thread_name_prefix="cardbus-sqlite-writer")
         reader: aiosqlite.Connection | None = None
         try:
-            writer = await loop.run_in_executor(executor, _Writer.connect, path, mode)
+            writer = await loop.run_in_executor(executor, _Writer.connect, path, mode, create)
             try:
                 reader = await aiosqlite.connect(path, isolation_level=None)
                 await reader.execute("PRAGMA busy_timeout=10000")

@@ -260,6 +260,11 @@ async def test_opening_a_foreign_database_for_writing_is_refused(tmp_path: Path)
         conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY)")
     with pytest.raises(StoreUnavailable, match="not a cardbus log"):
         await SqliteEventStore.open(foreign)
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(StoreUnavailable, match="not a cardbus log"):
+        await SqliteEventStore.open(empty, create=False)  # an existing log is expected
+    assert empty.read_bytes() == b""
     with sqlite3.connect(foreign) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert tables == {"notes"}
