@@ -14,7 +14,8 @@ from cardbus.agents.cards import (
     TaskCard,
 )
 from cardbus.agents.embedding import Embedder, HashingEmbedder
-from cardbus.agents.llm import LLM, Completion, MockLLM, OpenAIChatLLM
+from cardbus.agents.llm import LLM, Completion, MockLLM, OpenAIChatLLM, configured_llm
+from cardbus.agents.llm_agent import LLMAgent
 
 __all__ = [
     "LLM",
@@ -27,6 +28,7 @@ __all__ = [
     "Completion",
     "Embedder",
     "HashingEmbedder",
+    "LLMAgent",
     "MockLLM",
     "NeedsInput",
     "OpenAIChatLLM",
@@ -36,4 +38,5 @@ __all__ = [
     "Started",
     "TaskCard",
     "TaskContext",
+    "configured_llm",
 ]

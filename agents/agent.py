@@ -12,7 +12,11 @@ The base class does the rest in ``run``:
   between tasks;
 * ``raise NeedsInput(...)`` asks for more input, ``raise Reject(...)``
   declines; any other exception becomes a ``failed`` ResultCard with the error;
-* usage (tokens) and confidence are reported from the context.
+* usage (tokens) and confidence are reported from the context: what the
+  handler reports with ``ctx.usage`` / ``ctx.complete``, else what its calls
+  of ``ctx.llm`` spent (counted automatically);
+* an ``LLMError`` becomes a failed result whose ``reason`` is the error's
+  ``error_type`` (``llm_rate_limited``, ``llm_timeout``, ...).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from cardbus.agents.cards import (
     decode_result_card,
     encode,
 )
-from cardbus.agents.llm import LLM, MockLLM
+from cardbus.agents.llm import LLM, MeteredLLM, MockLLM
 from cardbus.agents.requests import TaskServices
+from cardbus.eventstore.errors import LLMError
 from cardbus.eventstore.events import Usage
 
 __all__ = ["Agent", "Capability", "NeedsInput", "Reject", "TaskContext"]
@@ -117,19 +122,23 @@ class TaskContext(TaskServices):
     Beyond the card, a handler asks the orchestrator (checked and recorded):
     ``await ctx.read_output(dep_id)``, ``await ctx.tool(name, **args)``,
     ``await ctx.long_term.get(key)`` / ``.list(...)`` / ``.search(text)``; see
-    ``agents.requests``.
+    ``agents.requests``. ``ctx.llm`` counts the tokens of every call made
+    through it; they are the task's usage unless the handler reports usage
+    itself (``ctx.usage``, ``ctx.complete``).
     """
 
     def __init__(self, task: TaskCard, agent_id: str, llm: LLM) -> None:
         self.task = task
         self.agent_id = agent_id
-        self.llm = llm
+        self.llm = MeteredLLM(llm)
+        self._reported = False
         self.confidence = 1.0
         self.notes = ""
         self.input_tokens = 0
         self.output_tokens = 0
 
     def usage(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        self._reported = True
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
 
@@ -224,6 +233,8 @@ class Agent:
         except Exception as e:  # the agent's bug becomes a failed result, not a crash
             status = "failed"
             extra = {"error": f"{type(e).__name__}: {_text(e)}"}
+            if isinstance(e, LLMError):  # a typed reason for the retry policy
+                extra["reason"] = _text(e.error_type)
         result = ResultCard(
             **base,
             status=status,
@@ -271,4 +282,14 @@ def _usage(ctx: TaskContext) -> Usage:
         except Exception:
             return 0
 
-    return Usage(input_tokens=tokens(ctx.input_tokens), output_tokens=tokens(ctx.output_tokens))
+    reported = getattr(ctx, "_reported", False) or (ctx.input_tokens, ctx.output_tokens) != (0, 0)
+    source: Any = ctx if reported else ctx.llm
+    extra: dict[str, Any] = {}
+    models = getattr(ctx.llm, "models", None)
+    if models and "model" in Usage.__struct_fields__:  # once Usage carries the model
+        extra["model"] = _text(models[-1])
+    return Usage(
+        input_tokens=tokens(getattr(source, "input_tokens", 0)),
+        output_tokens=tokens(getattr(source, "output_tokens", 0)),
+        **extra,
+    )

@@ -1,22 +1,76 @@
 """The LLM seam agents call: a protocol, a deterministic mock, an OpenAI-compatible client.
 
-The mock is the default everywhere (demo, tests): the same prompt always gives
-the same text and token counts, so runs are reproducible and need no network.
+Two calls, both answering a ``Completion`` (text, token usage, model):
+
+* ``complete(prompt, *, system)``: the bare prompt -> text call every ``LLM`` has;
+* ``chat(messages, *, model, response_format)``: chat messages, a model chosen
+  per call and optionally OpenAI structured output (``response_format``);
+  ``MockLLM`` and ``OpenAIChatLLM`` have it, and :func:`chat` gives it to any
+  ``LLM`` (a plain one refuses structured output with ``LLMRequestRefused``).
+
+The mock is the default everywhere (demo, tests): the same messages always give
+the same text and token counts, so runs are reproducible and need no network;
+asked for structured output it answers a deterministic instance of the schema.
 ``OpenAIChatLLM`` speaks the chat-completions API of any OpenAI-compatible
-server; it needs the ``openai`` extra (httpx).
+server (vLLM, llama.cpp server, Ollama, OpenAI) through the official ``openai``
+SDK (its retries with Retry-After, its timeouts); it needs the ``openai`` extra.
+Its failures are typed (``eventstore.errors``): ``LLMRateLimited`` (429),
+``LLMTimeout``, ``LLMServerError`` (5xx, unreachable), ``LLMRequestRefused``
+(other 4xx), ``LLMBadOutput`` (a response that is not a chat completion).
+
+:class:`MeteredLLM` is what a handler's ``ctx.llm`` is: it adds every call's
+usage to the task's, and makes each call a GenAI span (``chat <model>``) when
+tracing is on. :func:`configured_llm` picks the endpoint from flags or the
+environment (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``CARDBUS_MODEL``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import Any, Protocol
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 import msgspec
+from opentelemetry import trace
 
-from cardbus.eventstore.errors import LLMError
+from cardbus.eventstore.errors import (
+    ConfigError,
+    LLMBadOutput,
+    LLMError,
+    LLMRateLimited,
+    LLMRequestRefused,
+    LLMServerError,
+    LLMTimeout,
+)
 
-__all__ = ["LLM", "Completion", "LLMError", "MockLLM", "OpenAIChatLLM"]
+__all__ = [
+    "ENV_API_KEY",
+    "ENV_BASE_URL",
+    "ENV_MODEL",
+    "LLM",
+    "ChatLLM",
+    "Completion",
+    "LLMError",
+    "Message",
+    "MeteredLLM",
+    "MockLLM",
+    "OpenAIChatLLM",
+    "chat",
+    "configured_llm",
+    "describe_llm",
+    "schema_instance",
+    "use_tracer_provider",
+]
+
+ENV_BASE_URL = "OPENAI_BASE_URL"
+ENV_API_KEY = "OPENAI_API_KEY"
+ENV_MODEL = "CARDBUS_MODEL"
+
+#: one chat message: ``{"role": "system" | "user" | "assistant", "content": text}``
+Message = Mapping[str, str]
 
 
 class Completion(msgspec.Struct, frozen=True):
@@ -30,6 +84,45 @@ class LLM(Protocol):
     async def complete(self, prompt: str, *, system: str = "") -> Completion: ...
 
 
+@runtime_checkable
+class ChatLLM(Protocol):
+    async def complete(self, prompt: str, *, system: str = "") -> Completion: ...
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str | None = None,
+        response_format: dict[str, Any] | None = None,
+    ) -> Completion: ...
+
+
+async def chat(
+    llm: LLM,
+    messages: Sequence[Message],
+    *,
+    model: str | None = None,
+    response_format: dict[str, Any] | None = None,
+) -> Completion:
+    """``llm.chat(...)`` if it has one; else the messages flattened into ``complete``.
+
+    A plain ``LLM`` cannot honour ``response_format``: asked for it, this
+    raises ``LLMRequestRefused`` (as an endpoint refusing it would), so the
+    caller falls back to instructions in the prompt.
+    """
+    if isinstance(llm, ChatLLM):
+        return await llm.chat(messages, model=model, response_format=response_format)
+    if response_format is not None:
+        raise LLMRequestRefused(f"{type(llm).__name__} has no chat(): no structured output")
+    system = "\n\n".join(m["content"] for m in messages if m.get("role") == "system")
+    rest = [m for m in messages if m.get("role") != "system"]
+    if len(rest) == 1:
+        prompt = rest[0]["content"]
+    else:
+        prompt = "\n\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in rest)
+    return await llm.complete(prompt, system=system)
+
+
 def _tokens(text: str) -> int:
     return max(1, len(text.split())) if text else 0
 
@@ -41,8 +134,18 @@ def _count(value: Any) -> int:
     return value
 
 
+# -- the mock ------------------------------------------------------------------------
+
+
 class MockLLM:
-    """Deterministic: ``respond(prompt)`` if given, else a stable echo of the prompt."""
+    """Deterministic: ``respond(prompt)`` if given, else a stable echo of the prompt.
+
+    ``chat`` hands ``respond`` the last user message; without ``respond`` and
+    asked for structured output it answers :func:`schema_instance` of the
+    schema (seeded by the messages), so an ``LLMAgent`` works on it as is.
+    """
+
+    provider = "cardbus.mock"
 
     def __init__(self, respond: Callable[[str], str] | None = None, model: str = "mock-1") -> None:
         self.respond = respond
@@ -58,9 +161,104 @@ class MockLLM:
             text = f"[{self.model}:{digest}] {prompt[:200]}"
         return Completion(text, _tokens(system) + _tokens(prompt), _tokens(text), self.model)
 
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str | None = None,
+        response_format: dict[str, Any] | None = None,
+    ) -> Completion:
+        model = model or self.model
+        prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        self.calls.append(prompt)
+        seed = hashlib.sha256(
+            json.dumps([dict(m) for m in messages], sort_keys=True).encode()
+        ).hexdigest()[:8]
+        schema = _json_schema_of(response_format)
+        if self.respond is not None:
+            text = self.respond(prompt)
+        elif schema is not None:
+            text = json.dumps(schema_instance(schema, f"{model}:{seed}"))
+        else:
+            text = f"[{model}:{seed}] {prompt[:200]}"
+        used = sum(_tokens(m.get("content", "")) for m in messages)
+        return Completion(text, used, _tokens(text), model)
+
+
+def _json_schema_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return None
+    inner = response_format.get("json_schema")
+    schema = inner.get("schema") if isinstance(inner, dict) else None
+    return schema if isinstance(schema, dict) else None
+
+
+def schema_instance(schema: dict[str, Any], seed: str = "mock") -> Any:
+    """A deterministic value that fits ``schema`` (the subset ``msgspec.json.schema`` emits).
+
+    Every property is filled (strict structured output requires them all);
+    strings say which field they fill, arrays hold ``max(1, minItems)`` items.
+    """
+    defs = schema.get("$defs", {})
+
+    def make(s: Any, name: str, depth: int) -> Any:
+        if not isinstance(s, dict) or depth > 12:
+            return None
+        ref = s.get("$ref")
+        if isinstance(ref, str):
+            return make(defs.get(ref.rsplit("/", 1)[-1], {}), name, depth + 1)
+        if "const" in s:
+            return s["const"]
+        if s.get("enum"):
+            return s["enum"][0]
+        options = s.get("anyOf") or s.get("oneOf")
+        if options:
+            real = [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")]
+            return make((real or options)[0], name, depth + 1)
+        kind = s.get("type")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "null")
+        if kind == "object" or "properties" in s:
+            props = s.get("properties", {})
+            return {k: make(v, k, depth + 1) for k, v in props.items()}
+        if kind == "array":
+            count = max(1, int(s.get("minItems", 1)))
+            if "maxItems" in s:
+                count = min(count, int(s["maxItems"]))
+            return [make(s.get("items", {}), name, depth + 1) for _ in range(count)]
+        if kind == "string":
+            text = f"{name or 'text'} ({seed})"
+            min_len, max_len = int(s.get("minLength", 0)), s.get("maxLength")
+            text = text.ljust(min_len, ".")
+            return text[: int(max_len)] if max_len is not None else text
+        if kind in ("integer", "number"):
+            low: Any = s.get("minimum", s.get("exclusiveMinimum", 0))
+            value = max(1, int(low or 0) + (1 if "exclusiveMinimum" in s else 0))
+            if "maximum" in s:
+                value = min(value, int(s["maximum"]))
+            return value if kind == "integer" else float(value)
+        if kind == "boolean":
+            return True
+        return None
+
+    return make(schema, "", 0)
+
+
+# -- the OpenAI-compatible client ------------------------------------------------------
+
 
 class OpenAIChatLLM:
-    """Chat completions over HTTP (``POST {base_url}/chat/completions``)."""
+    """Chat completions through the ``openai`` SDK (``POST {base_url}/chat/completions``).
+
+    ``max_retries`` and ``timeout_s`` are the SDK's: it retries 408, 409, 429
+    and 5xx with exponential backoff, waiting what a ``Retry-After`` header
+    says (up to two minutes), and times out each try after ``timeout_s``.
+    What is left after the retries is a typed ``LLMError``. Without an API key
+    (argument or ``OPENAI_API_KEY``) no ``Authorization`` header is sent, as
+    local servers expect.
+    """
+
+    provider = "openai"
 
     def __init__(
         self,
@@ -69,59 +267,278 @@ class OpenAIChatLLM:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         temperature: float = 0.0,
+        max_retries: int = 2,
     ) -> None:
         try:
-            import httpx
+            import openai
         except ImportError as e:  # pragma: no cover - depends on the install
-            raise LLMError("OpenAIChatLLM needs httpx: pip install 'cardbus[openai]'") from e
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s
+            raise LLMError(
+                "OpenAIChatLLM needs the openai SDK: pip install 'cardbus[openai]'"
+            ) from e
+        key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
+        self._headers: dict[str, Any] = {} if key else {"Authorization": openai.Omit()}
+        self.base_url = base_url.rstrip("/")
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=key or "unused",
+            timeout=timeout_s,
+            max_retries=max_retries,
         )
         self.model = model
         self.temperature = temperature
+        self.timeout_s = timeout_s
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
-        import httpx
-
-        messages: list[dict[str, str]] = []
+        messages: list[Message] = []
         if system:
             messages.append({"role": "system", "content": system})
         messages.append({"role": "user", "content": prompt})
-        body = {"model": self.model, "messages": messages, "temperature": self.temperature}
+        return await self.chat(messages)
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str | None = None,
+        response_format: dict[str, Any] | None = None,
+    ) -> Completion:
+        import openai
+
+        model = model or self.model
+        extra: dict[str, Any] = {}
+        if response_format is not None:
+            extra["response_format"] = response_format
         try:
-            resp = await self._client.post("/chat/completions", json=body)
-            resp.raise_for_status()
-        except httpx.HTTPError as e:  # connection, timeout, 4xx/5xx
-            raise LLMError(f"chat completion failed: {e}") from e
-        try:
-            doc: Any = msgspec.json.decode(resp.content)
-            text = doc["choices"][0]["message"]["content"]
-            usage = doc.get("usage") or {}
-            completion = Completion(
-                text,
-                _count(usage.get("prompt_tokens", 0)),
-                _count(usage.get("completion_tokens", 0)),
-                str(doc.get("model") or self.model),
+            raw = await self._client.chat.completions.with_raw_response.create(
+                model=model,
+                messages=[dict(m) for m in messages],  # type: ignore[misc]
+                temperature=self.temperature,
+                extra_headers=self._headers,
+                **extra,
             )
-        except (
-            msgspec.DecodeError,  # not JSON
-            KeyError,  # no choices / message / content
-            IndexError,  # empty choices
-            TypeError,  # a field of the wrong type
-            AttributeError,  # "usage" or the document is not an object
-            ValueError,  # a bad token count
-        ) as e:
-            raise LLMError(f"unexpected chat completion response: {e!r}") from e
-        if not isinstance(text, str):
-            raise LLMError("chat completion content is not text")
-        return completion
+            body = raw.http_response.content
+        except openai.OpenAIError as e:
+            raise self._error(e) from e
+        return _completion(body, model)
+
+    def _error(self, e: Exception) -> LLMError:
+        """The SDK's error as ours, most specific first."""
+        import openai
+
+        if isinstance(e, openai.APITimeoutError):
+            return LLMTimeout(f"chat completion failed: no answer within {self.timeout_s}s")
+        if isinstance(e, openai.APIConnectionError):
+            return LLMServerError(f"chat completion failed: cannot reach {self.base_url}: {e}")
+        if isinstance(e, openai.RateLimitError):
+            after = _retry_after(e.response.headers)
+            hint = f" (retry after {after:g}s)" if after is not None else ""
+            return LLMRateLimited(f"chat completion failed: HTTP 429 rate limited{hint}", after)
+        if isinstance(e, openai.APIStatusError):
+            status = e.status_code
+            text = f"chat completion failed: HTTP {status}: {_short(e.response.text)}"
+            if status >= 500:
+                return LLMServerError(text)
+            return LLMRequestRefused(text, status)
+        return LLMError(f"chat completion failed: {e}")
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._client.close()
 
     async def __aenter__(self) -> OpenAIChatLLM:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return float(value) / scale
+        except ValueError:
+            continue  # an HTTP date: the SDK honoured it already; we keep no number
+    return None
+
+
+def _completion(body: bytes, model: str) -> Completion:
+    """A chat-completion response body as a ``Completion``; anything else is LLMBadOutput."""
+    try:
+        doc: Any = msgspec.json.decode(body)
+        text = doc["choices"][0]["message"]["content"]
+        usage = doc.get("usage") or {}
+        completion = Completion(
+            text,
+            _count(usage.get("prompt_tokens", 0)),
+            _count(usage.get("completion_tokens", 0)),
+            str(doc.get("model") or model),
+        )
+    except (
+        msgspec.DecodeError,  # not JSON
+        KeyError,  # no choices / message / content
+        IndexError,  # empty choices
+        TypeError,  # a field of the wrong type
+        AttributeError,  # "usage" or the document is not an object
+        ValueError,  # a bad token count
+    ) as e:
+        raise LLMBadOutput(f"unexpected chat completion response: {e!r}") from e
+    if not isinstance(text, str):
+        raise LLMBadOutput("chat completion content is not text")
+    return completion
+
+
+# -- configuration ---------------------------------------------------------------------
+
+
+def configured_llm(
+    base_url: str | None = None,
+    model: str | None = None,
+    *,
+    api_key: str | None = None,
+    timeout_s: float = 60.0,
+    max_retries: int = 2,
+    env: Mapping[str, str] | None = None,
+) -> LLM:
+    """The endpoint the flags or the environment name, else the mock.
+
+    ``base_url`` falls back to ``OPENAI_BASE_URL``, ``model`` to
+    ``CARDBUS_MODEL``, the key to ``OPENAI_API_KEY``. An endpoint is configured
+    only by a base URL (a key alone never sends anything anywhere); it needs a
+    model (``ConfigError`` otherwise). Without one the answer is ``MockLLM``
+    (named ``model`` when one is given).
+    """
+    env = os.environ if env is None else env
+    base_url = base_url or env.get(ENV_BASE_URL) or None
+    model = model or env.get(ENV_MODEL) or None
+    if not base_url:
+        return MockLLM(model=model) if model else MockLLM()
+    if not model:
+        raise ConfigError(
+            f"an LLM endpoint ({base_url}) needs a model: set {ENV_MODEL} or pass --model"
+        )
+    key = api_key if api_key is not None else env.get(ENV_API_KEY)
+    return OpenAIChatLLM(
+        base_url, model, api_key=key or "", timeout_s=timeout_s, max_retries=max_retries
+    )
+
+
+def describe_llm(llm: LLM) -> str:
+    """One line saying which model answers: the endpoint, or the mock and why."""
+    if isinstance(llm, OpenAIChatLLM):
+        host = urlsplit(llm.base_url).netloc or llm.base_url
+        return f"LLM: {llm.model} at {llm.base_url} ({host})"
+    if isinstance(llm, MockLLM):
+        return (
+            f"LLM: the deterministic mock ({llm.model}); no endpoint configured"
+            f" (set {ENV_BASE_URL} and {ENV_MODEL}, or --llm-base-url and --model)"
+        )
+    return f"LLM: {type(llm).__name__}"
+
+
+# -- metering and spans ----------------------------------------------------------------
+
+_provider: trace.TracerProvider | None = None
+_NOOP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
+def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """Make model-call spans in ``provider`` instead of the global one (None: the global).
+
+    The counterpart of ``bus.telemetry.use_tracer_provider`` for the agents layer.
+    """
+    global _provider
+    _provider = provider
+
+
+def _tracer() -> trace.Tracer | None:
+    provider = _provider if _provider is not None else trace.get_tracer_provider()
+    if isinstance(provider, _NOOP_PROVIDERS):
+        return None  # no SDK: no span objects at all
+    return provider.get_tracer("cardbus")
+
+
+class MeteredLLM:
+    """An ``LLM`` that counts what it spends and traces each call.
+
+    Every completion's tokens are added to ``input_tokens`` / ``output_tokens``
+    and its model to ``models``; with tracing on, each call is a CLIENT span
+    ``chat <model>`` with ``gen_ai.operation.name``, ``gen_ai.request.model``,
+    ``gen_ai.response.model`` and ``gen_ai.usage.input_tokens`` /
+    ``output_tokens`` (a failure sets ``error.type`` to the error's reason).
+    """
+
+    def __init__(self, inner: LLM) -> None:
+        self.inner = inner
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.calls = 0
+        self.models: list[str] = []
+
+    @property
+    def model(self) -> str:
+        return str(getattr(self.inner, "model", "") or "")
+
+    async def complete(self, prompt: str, *, system: str = "") -> Completion:
+        return await self._call(None, lambda: self.inner.complete(prompt, system=system))
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str | None = None,
+        response_format: dict[str, Any] | None = None,
+    ) -> Completion:
+        return await self._call(
+            model,
+            lambda: chat(self.inner, messages, model=model, response_format=response_format),
+        )
+
+    async def _call(self, model: str | None, call: Callable[[], Any]) -> Completion:
+        requested = model or self.model
+        tracer = _tracer()
+        if tracer is None:
+            return self._count(await call())
+        with tracer.start_as_current_span(
+            f"chat {requested}".rstrip(),
+            kind=trace.SpanKind.CLIENT,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            if span.is_recording():
+                span.set_attribute("gen_ai.operation.name", "chat")
+                if requested:
+                    span.set_attribute("gen_ai.request.model", requested)
+                provider = getattr(self.inner, "provider", None)
+                if isinstance(provider, str):
+                    span.set_attribute("gen_ai.provider.name", provider)
+            try:
+                completion = self._count(await call())
+            except Exception as e:
+                reason = getattr(e, "error_type", None) or type(e).__name__
+                span.set_attribute("error.type", str(reason))
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(e)))
+                raise
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "gen_ai.response.model": completion.model,
+                        "gen_ai.usage.input_tokens": completion.input_tokens,
+                        "gen_ai.usage.output_tokens": completion.output_tokens,
+                    }
+                )
+            return completion
+
+    def _count(self, completion: Completion) -> Completion:
+        self.calls += 1
+        self.input_tokens += max(0, int(completion.input_tokens))
+        self.output_tokens += max(0, int(completion.output_tokens))
+        if completion.model and completion.model not in self.models:
+            self.models.append(completion.model)
+        return completion

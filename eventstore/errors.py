@@ -25,6 +25,11 @@ they resemble, so ``except ValueError`` keeps working::
     ├── BusError                  the bus could not deliver or receive
     ├── AccessDenied              an agent asked for something outside its card
     ├── LLMError                  the model endpoint failed or answered something unusable
+    │   ├── LLMRateLimited        429: the endpoint asks to slow down (``retry_after`` seconds)
+    │   ├── LLMTimeout            no answer within the client's timeout
+    │   ├── LLMServerError        5xx, or the endpoint cannot be reached
+    │   ├── LLMRequestRefused     4xx: the request was refused (bad request, key, model)
+    │   └── LLMBadOutput          an answer that is not usable (no JSON, wrong schema)
     └── ToolError                 a tool call did not produce a usable result
         ├── ToolNotFound          no tool of that name is registered
         ├── ToolInputInvalid      the arguments break the tool's input schema
@@ -45,7 +50,12 @@ __all__ = [
     "AccessDenied",
     "AmbiguousId",
     "ConfigError",
+    "LLMBadOutput",
     "LLMError",
+    "LLMRateLimited",
+    "LLMRequestRefused",
+    "LLMServerError",
+    "LLMTimeout",
     "SubjectLayoutError",
     "ToolError",
     "ToolFailed",
@@ -171,7 +181,44 @@ class AccessDenied(CardbusError):
 
 
 class LLMError(CardbusError):
-    """The model endpoint failed or answered something unusable."""
+    """The model endpoint failed or answered something unusable.
+
+    ``error_type`` is the reason a failed attempt carries (``ResultCard.reason``).
+    """
+
+    error_type = "llm_error"
+
+
+class LLMRateLimited(LLMError):
+    """HTTP 429; ``retry_after`` is the server's Retry-After in seconds, if it sent one."""
+
+    error_type = "llm_rate_limited"
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class LLMTimeout(LLMError):
+    error_type = "llm_timeout"
+
+
+class LLMServerError(LLMError):
+    error_type = "llm_server_error"
+
+
+class LLMRequestRefused(LLMError):
+    """A 4xx other than 429; ``status`` is the HTTP status (0: refused by the client side)."""
+
+    error_type = "llm_request_refused"
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class LLMBadOutput(LLMError):
+    error_type = "llm_bad_output"
 
 
 class ToolError(CardbusError):

@@ -19,6 +19,7 @@ PUBLIC = {
     "Completion",
     "Embedder",
     "HashingEmbedder",
+    "LLMAgent",
     "MockLLM",
     "NeedsInput",
     "OpenAIChatLLM",
@@ -28,6 +29,7 @@ PUBLIC = {
     "Started",
     "TaskCard",
     "TaskContext",
+    "configured_llm",
 }
 
 
@@ -37,7 +39,7 @@ def test_the_package_exports_exactly_the_public_names() -> None:
         assert getattr(agents, name) is not None
 
 
-@pytest.mark.parametrize("module", ["cards", "agent", "embedding", "schema", "llm"])
+@pytest.mark.parametrize("module", ["cards", "agent", "embedding", "schema", "llm", "llm_agent"])
 def test_every_module_name_in_all_exists(module: str) -> None:
     mod = importlib.import_module(f"cardbus.agents.{module}")
     missing = [n for n in mod.__all__ if not hasattr(mod, n)]

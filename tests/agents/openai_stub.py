@@ -1,0 +1,167 @@
+"""A stub OpenAI-compatible chat-completions server on loopback, for tests.
+
+It behaves like the real ones where cardbus cares: it answers
+``POST /v1/chat/completions`` with a chat completion (usage included),
+honours or refuses structured output (``refuse_structured``: HTTP 400 for a
+``response_format``, as servers without JSON-schema support do), and plays
+scripted replies in order: any content (JSON, fenced JSON, prose), a status
+with headers (429 with Retry-After, 500), a delay past the client's timeout.
+Every request is recorded (path, headers, JSON body).
+
+    with OpenAIStub() as stub:
+        stub.script(Reply(status=429, headers={"Retry-After": "1"}), Reply(content='{"a": 1}'))
+        llm = OpenAIChatLLM(stub.url, "stub-model")
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["OpenAIStub", "Reply"]
+
+
+@dataclass
+class Reply:
+    """One scripted answer; ``content`` becomes a chat completion, ``body`` is sent as is."""
+
+    content: str | None = "stub answer"
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    body: bytes | None = None
+    usage: dict[str, int] | None = None
+    model: str = "stub-model-2024"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+
+class OpenAIStub:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.replies: deque[Reply] = deque()
+        self.default = Reply()
+        self.refuse_structured = False
+        self.usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        self._lock = threading.Lock()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # -- scripting -------------------------------------------------------------
+
+    def script(self, *replies: Reply | str) -> None:
+        """Answer these next, in order (a str is the content of a 200 reply)."""
+        for r in replies:
+            self.replies.append(Reply(content=r) if isinstance(r, str) else r)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [r["body"] for r in self.requests]
+
+    def _next(self, body: Any) -> Reply:
+        with self._lock:
+            if self.refuse_structured and isinstance(body, dict) and "response_format" in body:
+                return Reply(
+                    status=400,
+                    body=json.dumps(
+                        {
+                            "error": {
+                                "message": "response_format json_schema is not supported",
+                                "type": "invalid_request_error",
+                                "param": "response_format",
+                                "code": None,
+                            }
+                        }
+                    ).encode(),
+                )
+            return self.replies.popleft() if self.replies else self.default
+
+    def _render(self, reply: Reply) -> bytes:
+        if reply.body is not None:
+            return reply.body
+        if reply.status != 200:
+            return json.dumps({"error": {"message": f"stub status {reply.status}"}}).encode()
+        doc = {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": reply.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply.content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": self.usage if reply.usage is None else reply.usage,
+        }
+        return json.dumps(doc).encode()
+
+    # -- serving ---------------------------------------------------------------
+
+    def start(self) -> OpenAIStub:
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    body: Any = json.loads(raw)
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                with stub._lock:
+                    stub.requests.append(
+                        {
+                            "path": self.path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": body,
+                        }
+                    )
+                reply = stub._next(body)
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                data = stub._render(reply)
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    for k, v in reply.headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up (a timeout test)
+                    pass
+
+            def log_message(self, *args: Any) -> None:  # keep the test output quiet
+                pass
+
+        self._server = _Server(("127.0.0.1", 0), Handler)  # a free port
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.01,), daemon=True
+        )
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> OpenAIStub:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
