@@ -14,6 +14,7 @@ import msgspec
 
 from cardbus.eventstore.errors import DecodeError
 from cardbus.eventstore.events import ReviewIssue, Usage
+from cardbus.eventstore.taskspec import DEFAULT_MAX_ATTEMPTS, TaskSpec
 
 __all__ = [
     "constraint_problem",
@@ -47,25 +48,21 @@ class _Card(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.json.schema(cls)
 
 
-class TaskCard(_Card, frozen=True, kw_only=True, tag="task_card"):
+class TaskCard(_Card, TaskSpec, frozen=True, kw_only=True, tag="task_card"):
     """One unit of work, exactly as an agent receives it.
 
-    ``inputs`` holds the task's own inputs with references to its declared
-    dependencies already resolved; nothing else reaches the agent. ``review``
-    is set when the task is re-run after a review, ``supplement`` when it is
-    re-run with input it asked for.
+    The task's spec (capability, goal, inputs, constraints, deps, timeout)
+    is declared once in ``cardbus.eventstore.taskspec``. ``inputs`` holds the
+    task's own inputs with references to its declared dependencies already
+    resolved; nothing else reaches the agent. ``review`` is set when the task
+    is re-run after a review, ``supplement`` when it is re-run with input it
+    asked for.
     """
 
     task_id: str
     root_id: str
     parent_id: str | None = None
-    capability: str
-    goal: str = ""
-    inputs: dict[str, Any] = {}
-    constraints: dict[str, Any] = {}
-    deps: list[str] = []
-    timeout_s: float = 30.0
-    max_attempts: int = 3
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     budget_tokens: int | None = None
     attempt: int = 1
     review: list[ReviewIssue] = []

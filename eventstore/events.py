@@ -16,6 +16,13 @@ from typing import Any
 
 import msgspec
 
+from cardbus.eventstore.taskspec import (
+    DEFAULT_MAX_ATTEMPTS,
+    RetryOverride,
+    TaskOptions,
+    TaskSpec,
+)
+
 __all__ = [
     "EVENT_TYPES",
     "TASK_EVENT_TYPES",
@@ -34,6 +41,7 @@ __all__ = [
     "MemoryWritten",
     "NeedsInput",
     "PlanSubmitted",
+    "RetryOverride",
     "ReviewIssue",
     "RevisionRequested",
     "RunCompleted",
@@ -51,6 +59,8 @@ __all__ = [
     "TaskResultSubmitted",
     "TaskRetryScheduled",
     "TaskNeedsInput",
+    "TaskOptions",
+    "TaskSpec",
     "TaskStarted",
     "TaskTimedOut",
     "ToolCalled",
@@ -88,23 +98,18 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
 # --- task lifecycle -----------------------------------------------------------
 
 
-class TaskCreated(_Event, frozen=True, kw_only=True, tag="task.created.v1"):
-    """A task card entered the system; the fields are the TaskCard's."""
+class TaskCreated(_Event, TaskOptions, frozen=True, kw_only=True, tag="task.created.v1"):
+    """A task entered the system: its spec and options (``taskspec``), and its place in a run.
+
+    ``retry`` holds the plan task's own retry settings as given (None in logs
+    written before it existed: the orchestrator's policy applies);
+    ``max_attempts`` is the resolved attempt budget, the one the card shows.
+    """
 
     root_id: str
     parent_id: str | None = None
-    capability: str
-    goal: str = ""
-    inputs: dict[str, Any] = {}
-    constraints: dict[str, Any] = {}
-    deps: list[str] = []
-    timeout_s: float = 30.0
-    max_attempts: int = 3
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     budget_tokens: int | None = None
-    requires_approval: bool = False
-    fanout: int = 1
-    review_by: str | None = None  # capability of the reviewer, if any
-    max_review_rounds: int = 3
     plan_id: str | None = None
     forked_from: str | None = None  # event id this task's history was taken from
     role: str = ""  # "" for plan tasks, "review" or "supplement" for tasks the orchestrator adds

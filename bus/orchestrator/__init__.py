@@ -4,7 +4,8 @@
 step from state to events; ``runstate`` folds the log into that state;
 ``plan`` checks plans; ``selection`` ranks agents; ``context`` fits a card to
 an agent's input budget; ``access`` checks agents' requests; ``memory`` keeps
-long-term memory; ``policy`` holds the tunables.
+long-term memory; ``policy`` holds the tunables and ``retry`` the retry
+policy; ``checks`` checks every setting where it is made.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 from .core import Orchestrator, RunResult, answer_approval
 from .plan import Plan, PlanTask, as_plan, decode_plan, validate_plan
 from .policy import Policy
+from .retry import RetryPolicy
 
 __all__ = [
     "Orchestrator",
     "Plan",
     "PlanTask",
     "Policy",
+    "RetryPolicy",
     "RunResult",
     "answer_approval",
     "as_plan",

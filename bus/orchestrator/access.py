@@ -36,19 +36,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.bus.orchestrator.checks import allowed_values, check_choice, check_number
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import TaskState
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import AccessDenied
+from cardbus.eventstore.errors import AccessDenied, ConfigError
 
-__all__ = ["AccessPolicy", "Record", "RequestBroker", "access_problem", "digest"]
+__all__ = ["AccessPolicy", "ArgumentsRecord", "Record", "RequestBroker", "access_problem", "digest"]
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,26 @@ Record = Callable[[str, list[ev.Event]], Awaitable[None]]
 _WORKING = (TaskState.DISPATCHED, TaskState.RUNNING)
 
 
+#: what ``tool.called`` keeps of a call's arguments: all of them, or their digest only
+ArgumentsRecord = Literal["full", "digest"]
+
+
 @dataclass(frozen=True)
 class AccessPolicy:
-    arguments: str = "full"  # "full" | "digest": what tool.called keeps of the arguments
+    """What agents may read and what the log keeps of their requests; checked when made."""
+
+    arguments: ArgumentsRecord = "full"
     max_inline_bytes: int = 4096  # larger arguments / results are recorded as digest + size
     memory_reads: bool = True  # may agents read long-term memory at all
     max_memory_results: int = 20
+
+    def __post_init__(self) -> None:
+        me = "AccessPolicy"
+        check_choice(me, "arguments", self.arguments, allowed_values(ArgumentsRecord))
+        check_number(me, "max_inline_bytes", self.max_inline_bytes, at_least=0, integer=True)
+        if not isinstance(self.memory_reads, bool):
+            raise ConfigError(f"{me}.memory_reads must be True or False; got {self.memory_reads!r}")
+        check_number(me, "max_memory_results", self.max_memory_results, at_least=1, integer=True)
 
 
 def digest(value: Any) -> str:

@@ -18,24 +18,37 @@ input schema:
   (an extractive summary, so each item keeps its lead), then trim if that
   is not enough.
 
-Register another one in :data:`POLICIES`.
+Register another one in :data:`POLICIES` (``Policy.context_policy`` accepts
+any name registered there; ``ContextPolicy`` types the built-in ones).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from cardbus.agents.cards import AgentCard, TaskCard
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import ConfigError
 
-__all__ = ["POLICIES", "Fitted", "budget_for", "fit_card", "fit_inputs", "summarise", "trim"]
+__all__ = [
+    "POLICIES",
+    "ContextPolicy",
+    "Fitted",
+    "budget_for",
+    "fit_card",
+    "fit_inputs",
+    "summarise",
+    "trim",
+]
 
 ELLIPSIS = "…"
 Policy = Callable[[dict[str, Any], int, Collection[str]], dict[str, Any]]
+#: the built-in context policies, the keys :data:`POLICIES` starts with
+ContextPolicy = Literal["trim", "summarise"]
 
 
 def size_of(value: Any) -> int:
@@ -152,7 +165,9 @@ def fit_inputs(
     try:
         fn = POLICIES[policy]
     except KeyError:
-        raise ValueError(f"unknown context policy {policy!r}; known: {sorted(POLICIES)}") from None
+        raise ConfigError(
+            f"unknown context policy {policy!r}; must be one of {sorted(POLICIES)}"
+        ) from None
     out = fn(inputs, limit, names)
     changed = [f for f in names if f in inputs and out.get(f) != inputs[f]]
     return Fitted(

@@ -31,7 +31,7 @@ from cardbus.bus import telemetry
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.memory import LongTermMemory
-from cardbus.bus.orchestrator.plan import Plan, as_plan, validate_plan
+from cardbus.bus.orchestrator.plan import Plan, as_plan, task_retry, validate_plan
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.transport.interface import Bus
@@ -55,6 +55,7 @@ from cardbus.eventstore.errors import (
     StreamNotFound,
     ValidationError,
 )
+from cardbus.eventstore.taskspec import restate
 
 __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 
@@ -192,7 +193,7 @@ class Orchestrator:
             return
         stream = f"agent-{card.agent_id}"
         data = ev.AgentRegistered(agent_id=card.agent_id, card=msgspec.to_builtins(card))
-        await self._append_retrying(stream, [data], correlation_id=stream)
+        await self._append_at_current_version(stream, [data], correlation_id=stream)
 
     async def submit(self, plan: Plan | Mapping[str, Any]) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
@@ -200,7 +201,7 @@ class Orchestrator:
         The same plan id runs once.
         """
         plan = as_plan(plan)
-        validate_plan(plan, self.state.agents.values())
+        validate_plan(plan, self.state.agents.values(), self.policy.retry)
         plan_id = plan.plan_id or new_id()
         root_id = self.state.plans.get(plan_id)
         if root_id is not None and root_id in self.state.runs:
@@ -217,19 +218,15 @@ class Orchestrator:
             session=plan.session,
         )
         created = {
-            ids[t.id]: ev.TaskCreated(
+            ids[t.id]: restate(
+                t,
+                ev.TaskCreated,
                 root_id=root_id,
-                capability=t.capability,
-                goal=t.goal,
                 inputs=_rename_refs(t.inputs, ids),
-                constraints=t.constraints,
                 deps=[ids[d] for d in t.deps],
-                timeout_s=t.timeout_s,
-                max_attempts=t.max_attempts,
-                requires_approval=t.requires_approval,
-                fanout=t.fanout,
-                review_by=t.review_by,
-                max_review_rounds=t.max_review_rounds,
+                # the attempt budget is resolved now and logged; the task's other
+                # retry settings are logged as given (`retry`, over Policy.retry)
+                max_attempts=task_retry(t, self.policy.retry).max_attempts,
                 plan_id=t.id,
             )
             for t in plan.tasks
@@ -536,7 +533,8 @@ class Orchestrator:
     def _settle_records(
         self, stream: str, data: list[ev.Event], error: BaseException | None
     ) -> None:
-        """Tell the requests whose events were in this append how it went; retry a race."""
+        """Tell the requests whose events were in this append how it went; after a race,
+        decide them again."""
         for rec in self._records.pop(stream, []):
             if rec.done.done():
                 continue
@@ -563,9 +561,10 @@ class Orchestrator:
         actor = self.policy.actor
         return [NewEvent(data=x, correlation_id=root, actor=actor, traceparent=tp) for x in data]
 
-    async def _append_retrying(
+    async def _append_at_current_version(
         self, stream: str, data: list[ev.Event], correlation_id: str
     ) -> None:
+        """Append at the stream's current version, reading it again after a race (5 tries)."""
         for _ in range(5):
             try:
                 await self._append(

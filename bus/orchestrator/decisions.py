@@ -22,10 +22,13 @@ from cardbus.agents.schema import schema_errors
 from cardbus.bus.orchestrator.context import fit_card
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.bus.orchestrator.selection import hard_filter, rank
 from cardbus.eventstore import TaskState
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import ConfigError
+from cardbus.eventstore.taskspec import restate
 
 __all__ = ["Decider", "Decisions", "loop_hash"]
 
@@ -203,15 +206,12 @@ class Decider:
             review_id = f"{task.task_id}~review{task.review_round + 1}"
             self.d.add(
                 review_id,
-                ev.TaskCreated(
-                    root_id=created.root_id,
-                    parent_id=task.task_id,
+                self._subtask(
+                    task,
+                    "review",
                     capability=created.review_by,
                     goal=f"Review the output of: {created.goal or created.capability}",
                     inputs={"draft": output, "goal": created.goal},
-                    timeout_s=created.timeout_s,
-                    max_attempts=created.max_attempts,
-                    role="review",
                 ),
             )
             return
@@ -275,25 +275,46 @@ class Decider:
         )
         self.d.add(
             supp_id,
-            ev.TaskCreated(
-                root_id=task.created.root_id,
-                parent_id=task.task_id,
+            self._subtask(
+                task,
+                "supplement",
                 capability=capability,
                 goal=reply.missing or "",
                 inputs=dict(reply.supplement_inputs),
-                timeout_s=task.created.timeout_s,
-                max_attempts=task.created.max_attempts,
-                role="supplement",
             ),
         )
 
+    @staticmethod
+    def _subtask(task: TaskView, role: str, **spec: Any) -> ev.TaskCreated:
+        """A task the orchestrator adds for ``task`` (its review, or input it asked for):
+        in the same run, with the same timeout and retry settings."""
+        c = task.created
+        return ev.TaskCreated(
+            root_id=c.root_id,
+            parent_id=task.task_id,
+            timeout_s=c.timeout_s,
+            max_attempts=c.max_attempts,
+            retry=c.retry,
+            role=role,
+            **spec,
+        )
+
+    def retry_policy(self, created: ev.TaskCreated) -> RetryPolicy:
+        """The retry policy a task runs with: ``Policy.retry`` with the task's own settings,
+        and its logged attempt budget."""
+        return self.policy.retry.overridden_by(created.retry, max_attempts=created.max_attempts)
+
     def _fail_attempt(self, task: TaskView, reason: str, error: str) -> None:
         failures = task.failures + 1
-        if failures >= task.created.max_attempts:
+        try:
+            retry = self.retry_policy(task.created)
+        except ConfigError as e:  # settings no submit would log (a hand-written event)
+            self._fail(task, "invalid_retry_policy", f"{reason}: {e}")
+            return
+        if not retry.retries(failures, reason):
             self._fail(task, reason, error)
             return
-        delay = min(self.policy.backoff_max_s, self.policy.backoff_base_s * 2 ** (failures - 1))
-        delay *= 1 + self.policy.jitter * self.rng.random()
+        delay = retry.delay_s(failures, self.rng.random())
         self.d.add(
             task.task_id,
             ev.TaskRetryScheduled(
@@ -471,19 +492,12 @@ class Decider:
         done = self.d.completed
         outputs = {d.task_id: done.get(d.task_id, d.output) for d in self._deps(task)}
         inputs = resolve_inputs(task.created.inputs, outputs, {})
-        c = task.created
-        return TaskCard(
+        return restate(
+            task.created,
+            TaskCard,
             task_id=task.task_id,
-            root_id=c.root_id,
-            parent_id=c.parent_id,
-            capability=c.capability,
-            goal=c.goal,
             inputs=inputs,
-            constraints=c.constraints,
-            deps=list(c.deps),
-            timeout_s=c.timeout_s,
-            max_attempts=c.max_attempts,
-            budget_tokens=c.budget_tokens,
+            deps=list(task.created.deps),
             attempt=attempt,
             # the latest review rides on every attempt of the revision, retries included
             review=list(task.review),

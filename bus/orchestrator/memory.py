@@ -40,8 +40,10 @@ from typing import Any, Protocol
 import msgspec
 
 from cardbus.agents.embedding import Embedder, HashingEmbedder
+from cardbus.bus.orchestrator.checks import check_text
 from cardbus.eventstore import ConcurrencyError, Envelope, EventStore, IdempotencyError, NewEvent
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import ConfigError
 from cardbus.projections.memory import (
     MEMORY_STREAM,
     MemoryFold,
@@ -101,6 +103,18 @@ class ReusablePolicy:
     session_keys: tuple[str, ...] = ("preferences",)
     user_key: str = "user"
     record_failures: bool = True
+
+    def __post_init__(self) -> None:
+        me = "ReusablePolicy"
+        check_text(me, "name", self.name)
+        check_text(me, "user_key", self.user_key)
+        # a bare string would be read as one key per character
+        keys = self.session_keys
+        if not isinstance(keys, (tuple, list)) or not all(isinstance(k, str) and k for k in keys):
+            raise ConfigError(
+                f"{me}.session_keys must be a tuple of non-empty strings; got {keys!r}"
+            )
+        object.__setattr__(self, "session_keys", tuple(keys))
 
     def on_run_completed(
         self, root_id: str, started: ev.RunStarted, outputs: dict[str, Any]

@@ -17,8 +17,10 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.cards import AgentCard
+from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
-from cardbus.eventstore.errors import InvalidPlan
+from cardbus.eventstore.errors import ConfigError, InvalidPlan
+from cardbus.eventstore.taskspec import RetryOverride, TaskOptions
 
 __all__ = [
     "Plan",
@@ -27,23 +29,29 @@ __all__ = [
     "decode_plan",
     "dep_refs",
     "resolve_inputs",
+    "task_retry",
     "validate_plan",
 ]
 
 
-class PlanTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class PlanTask(TaskOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One task of a plan: its spec and options (``cardbus.eventstore.taskspec``) and a local id.
+
+    ``retry`` replaces fields of the orchestrator's ``Policy.retry`` for this
+    task; ``max_attempts`` is kept as the short form of ``retry.max_attempts``
+    (giving both, they must agree). Neither given: the policy's.
+    """
+
     id: str
-    capability: str
-    goal: str = ""
-    inputs: dict[str, Any] = {}
-    constraints: dict[str, Any] = {}
-    deps: list[str] = []
-    timeout_s: float = 30.0
-    max_attempts: int = 3
-    requires_approval: bool = False
-    fanout: int = 1
-    review_by: str | None = None
-    max_review_rounds: int = 3
+    max_attempts: int | None = None
+
+    def retry_override(self) -> RetryOverride | None:
+        """``retry`` with the short form ``max_attempts`` folded in."""
+        if self.max_attempts is None:
+            return self.retry
+        return msgspec.structs.replace(
+            self.retry or RetryOverride(), max_attempts=self.max_attempts
+        )
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -108,8 +116,14 @@ def resolve_inputs(value: Any, outputs: dict[str, Any], rename: dict[str, str]) 
     return value
 
 
-def validate_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None:
-    """Raise ``InvalidPlan`` naming the first problem; ``agents`` enables capability checks."""
+def validate_plan(
+    plan: Plan, agents: Iterable[AgentCard] | None = None, retry: RetryPolicy | None = None
+) -> None:
+    """Raise ``InvalidPlan`` naming the first problem; ``agents`` enables capability checks.
+
+    Each task's retry settings are checked over ``retry`` (the orchestrator's
+    ``Policy.retry``; the default ``RetryPolicy()`` when not given).
+    """
     if not plan.tasks:
         raise InvalidPlan("plan has no tasks")
     if plan.budget_tokens is not None and plan.budget_tokens < 0:
@@ -123,11 +137,13 @@ def validate_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None
         seen.add(t.id)
         # a non-finite timeout would be stored as null and make the log unreadable
         bad_timeout = not math.isfinite(t.timeout_s) or t.timeout_s <= 0
-        if t.max_attempts < 1 or t.fanout < 1 or bad_timeout or t.max_review_rounds < 0:
+        bad_attempts = t.max_attempts is not None and t.max_attempts < 1
+        if bad_attempts or t.fanout < 1 or bad_timeout or t.max_review_rounds < 0:
             raise InvalidPlan(
                 f"task {t.id!r}: max_attempts, fanout and timeout_s must be positive"
                 f" (and timeout_s finite): got {t.max_attempts}, {t.fanout}, {t.timeout_s}"
             )
+        task_retry(t, retry or RetryPolicy())
     for t in plan.tasks:
         for d in t.deps:
             if d not in seen:
@@ -186,3 +202,21 @@ def _check_acyclic(plan: Plan) -> None:
             cycle = sorted(t for t in deps if t not in done)
             raise InvalidPlan(f"plan has a dependency cycle among {cycle}")
         done.update(ready)
+
+
+def task_retry(task: PlanTask, default: RetryPolicy) -> RetryPolicy:
+    """The retry policy ``task`` runs with: ``default`` with the task's own settings.
+
+    ``InvalidPlan`` names the task when its settings are not allowed, or when
+    ``max_attempts`` and ``retry.max_attempts`` are both given and differ.
+    """
+    given = task.retry.max_attempts if task.retry is not None else None
+    if given is not None and task.max_attempts is not None and given != task.max_attempts:
+        raise InvalidPlan(
+            f"task {task.id!r}: max_attempts ({task.max_attempts}) and retry.max_attempts"
+            f" ({given}) differ; give one of them"
+        )
+    try:
+        return default.overridden_by(task.retry_override())
+    except ConfigError as e:
+        raise InvalidPlan(f"task {task.id!r}: retry: {e}") from e

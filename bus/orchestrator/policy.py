@@ -1,26 +1,55 @@
-"""The orchestrator's tunable policy, in one frozen place."""
+"""The orchestrator's tunable policy, in one frozen place, checked when it is made."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
+from cardbus.bus.orchestrator.checks import allowed_values, check_choice, check_number, check_text
+from cardbus.bus.orchestrator.context import POLICIES, ContextPolicy
+from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import Weights
+from cardbus.eventstore.errors import ConfigError
 
-__all__ = ["Policy"]
+__all__ = ["Policy", "RetryPolicy", "TiePolicy"]
+
+#: what a fan-out whose best results tie does: try again, or ask a human
+TiePolicy = Literal["retry", "approval"]
 
 
 @dataclass(frozen=True)
 class Policy:
+    """Every setting is checked here: a bad one is a ``ConfigError`` naming what it allows."""
+
     weights: Weights = field(default_factory=Weights)
-    backoff_base_s: float = 0.05  # first retry waits about this long
-    backoff_max_s: float = 10.0
-    jitter: float = 0.5  # each delay is stretched by a random 0..jitter fraction
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # a plan task's `retry` overrides it
     loop_threshold: int = 3  # the same (capability, inputs) on more tasks than this halts the run
-    tie_policy: str = "retry"  # fan-out tie: "retry" or "approval"
+    tie_policy: TiePolicy = "retry"
     max_needs_input_rounds: int = 10
     tick_s: float = 0.02  # how often due deadlines and backoffs are looked for
     sweep_s: float = 1.0  # how often every open run is looked at anyway
     # finished runs kept in memory (the latest); older ones are read from the log
     retain_finished_runs: int = 1000
     actor: str = "orchestrator"
-    context_policy: str = "trim"  # fits upstream outputs to max_input_bytes: trim | summarise
+    # fits upstream outputs to max_input_bytes: "trim" or "summarise" (or one added to POLICIES)
+    context_policy: ContextPolicy = "trim"
+
+    def __post_init__(self) -> None:
+        me = "Policy"
+        for name, kind in (("weights", Weights), ("retry", RetryPolicy)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(
+                    f"{me}.{name} must be a {kind.__name__}; got {getattr(self, name)!r}"
+                )
+        check_number(me, "loop_threshold", self.loop_threshold, at_least=0, integer=True)
+        check_choice(me, "tie_policy", self.tie_policy, allowed_values(TiePolicy))
+        check_number(
+            me, "max_needs_input_rounds", self.max_needs_input_rounds, at_least=0, integer=True
+        )
+        check_number(me, "tick_s", self.tick_s, above=0)
+        check_number(me, "sweep_s", self.sweep_s, above=0)
+        check_number(
+            me, "retain_finished_runs", self.retain_finished_runs, at_least=0, integer=True
+        )
+        check_text(me, "actor", self.actor)
+        check_choice(me, "context_policy", self.context_policy, POLICIES)

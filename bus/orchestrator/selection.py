@@ -20,6 +20,7 @@ import msgspec
 from cardbus.agents.cards import AgentCard, constraint_problem
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, CachingEmbedder, Embedder, cosine
 from cardbus.agents.schema import schema_errors
+from cardbus.bus.orchestrator.checks import check_number
 from cardbus.eventstore.events import Candidate
 
 __all__ = [
@@ -44,9 +45,15 @@ class StatsSource(Protocol):
 
 @dataclass(frozen=True)
 class Weights:
+    """The weight of each part of the hybrid score; each a finite number >= 0."""
+
     similarity: float = 0.5
     success: float = 0.3
     speed: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("similarity", "success", "speed"):
+            check_number("Weights", name, getattr(self, name), at_least=0)
 
 
 def hard_filter(

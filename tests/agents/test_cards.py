@@ -27,6 +27,7 @@ from cardbus.agents.cards import (
 from cardbus.agents.schema import schema_errors
 from cardbus.eventstore.errors import CardbusError, DecodeError
 from cardbus.eventstore.events import ReviewIssue, Usage
+from cardbus.eventstore.taskspec import TaskSpec
 
 TASK = TaskCard(
     task_id="t1",
@@ -110,6 +111,29 @@ def test_task_card_defaults() -> None:
     card = decode_task_card(b'{"type":"task_card","task_id":"t","root_id":"r","capability":"c"}')
     assert card.inputs == {} and card.deps == [] and card.attempt == 1
     assert card.timeout_s == 30.0 and card.max_attempts == 3 and card.parent_id is None
+
+
+#: a TaskCard as the code before the shared task spec encoded it (a card in flight
+#: between an older orchestrator and a newer agent, or the reverse)
+OLDER_TASK_CARD = (
+    b'{"type":"task_card","task_id":"t1","root_id":"r1","parent_id":"p1",'
+    b'"capability":"research","goal":"find facts","inputs":{"topic":"bees","n":3},'
+    b'"constraints":{"language":"en"},"deps":["t0"],"timeout_s":12.5,"max_attempts":4,'
+    b'"budget_tokens":1000,"attempt":2,"review":[{"issue_type":"gap","section":"intro",'
+    b'"severity":"low","suggestion":"more"}],"supplement":{"facts":["x"]},'
+    b'"traceparent":"00-' + b"a" * 32 + b"-" + b"b" * 16 + b'-01"}'
+)
+
+
+def test_a_card_in_the_older_field_order_decodes_the_same() -> None:
+    assert decode_task_card(OLDER_TASK_CARD) == TASK
+    assert msgspec.json.decode(encode(TASK)) == msgspec.json.decode(OLDER_TASK_CARD)
+
+
+def test_the_card_inherits_the_task_spec() -> None:
+    spec = set(TaskSpec.__struct_fields__)
+    assert issubclass(TaskCard, TaskSpec) and spec <= set(TaskCard.__struct_fields__)
+    assert spec == {"capability", "goal", "inputs", "constraints", "deps", "timeout_s"}
 
 
 BAD_TASKS = [

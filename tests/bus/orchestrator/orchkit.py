@@ -21,11 +21,12 @@ from cardbus.agents.agent import Agent, Capability, TaskContext
 from cardbus.agents.cards import AgentConstraints, TaskCard
 from cardbus.agents.llm import LLM
 from cardbus.bus import InProcessBus, Orchestrator, Plan, PlanTask, Policy, RunResult
+from cardbus.bus.orchestrator import RetryPolicy
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.eventstore import Envelope, EventStore
 from cardbus.eventstore import events as ev
 
-FAST = Policy(backoff_base_s=0.01, tick_s=0.01)
+FAST = Policy(retry=RetryPolicy(initial_interval_s=0.01), tick_s=0.01)
 
 #: every TaskCard each helper agent received, by agent id (cleared per test)
 CARDS: dict[str, list[TaskCard]] = {}

@@ -7,6 +7,7 @@ import asyncio
 from orchkit import TextOut, ev, make_agent, plan, run_log, task, tid, wait_for
 
 from cardbus.bus import Policy
+from cardbus.bus.orchestrator import RetryPolicy
 
 
 def _confident(value: float | list[float], text: str):  # type: ignore[no-untyped-def]
@@ -62,7 +63,7 @@ async def test_a_tie_is_retried_by_default(make_runtime, store):
 
 
 async def test_a_tie_asks_for_approval_with_tie_policy_approval(make_runtime, store):
-    policy = Policy(tie_policy="approval", backoff_base_s=0.01, tick_s=0.01)
+    policy = Policy(tie_policy="approval", retry=RetryPolicy(initial_interval_s=0.01), tick_s=0.01)
     rt = await make_runtime(
         [
             make_agent("x", handler=_confident(0.7, "x")),
@@ -114,7 +115,7 @@ async def test_an_approved_tie_on_a_null_output_completes(make_runtime, store):
         c.confidence = 0.5
 
     agents = [make_agent(a, handler=nothing, output_type=type(None)) for a in ("x", "y")]
-    policy = Policy(tie_policy="approval", backoff_base_s=0.01, tick_s=0.01)
+    policy = Policy(tie_policy="approval", retry=RetryPolicy(initial_interval_s=0.01), tick_s=0.01)
     rt = await make_runtime(agents, policy=policy)
     root = await rt.orch.submit(plan(task("t", fanout=2)))
     t = tid(root, "t")
@@ -148,7 +149,7 @@ async def test_an_approved_tie_still_goes_to_its_reviewer(make_runtime, store):
         make_agent("y", handler=_confident(0.7, "y")),
         make_agent("rev", "review", reviewer, input_type=ReviewIn, output_type=Review),
     ]
-    policy = Policy(tie_policy="approval", backoff_base_s=0.01, tick_s=0.01)
+    policy = Policy(tie_policy="approval", retry=RetryPolicy(initial_interval_s=0.01), tick_s=0.01)
     rt = await make_runtime(agents, policy=policy)
     root = await rt.orch.submit(plan(task("t", fanout=2, review_by="review")))
     t = tid(root, "t")

@@ -7,6 +7,7 @@ import random
 from orchkit import TextOut, ev, make_agent, plan, run_log, task, tid
 
 from cardbus.bus import Policy
+from cardbus.bus.orchestrator import RetryPolicy
 
 
 def _fail_until(n: int):  # type: ignore[no-untyped-def]
@@ -19,7 +20,7 @@ def _fail_until(n: int):  # type: ignore[no-untyped-def]
 
 
 async def test_failed_attempts_are_retried_with_growing_backoff(make_runtime, store):
-    policy = Policy(backoff_base_s=0.05, jitter=0.5, tick_s=0.005)
+    policy = Policy(retry=RetryPolicy(initial_interval_s=0.05, jitter=0.5), tick_s=0.005)
     rt = await make_runtime([make_agent("flaky", handler=_fail_until(3))], policy=policy)
     r = await rt.run(plan(task("t")))
     assert r.status == "completed"
@@ -45,7 +46,7 @@ async def test_failed_attempts_are_retried_with_growing_backoff(make_runtime, st
 
 
 async def test_jitter_spreads_the_delays(make_runtime, store):
-    policy = Policy(backoff_base_s=0.01, jitter=1.0, tick_s=0.005)
+    policy = Policy(retry=RetryPolicy(initial_interval_s=0.01, jitter=1.0), tick_s=0.005)
     rt = await make_runtime(
         [make_agent("flaky", handler=_fail_until(99))], policy=policy, rng=random.Random(7)
     )
