@@ -21,6 +21,7 @@ __all__ = ["cli", "main"]
 # imported only when one of its commands runs (or --help lists them), so a
 # command does not pay for the others' imports (NATS, rich, the orchestrator).
 COMMANDS = {
+    "a2a": "cardbus.tools.cmd_a2a",
     "agent": "cardbus.tools.cmd_nats",
     "approve": "cardbus.tools.cmd_run",
     "demo": "cardbus.tools.cmd_demo",

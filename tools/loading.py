@@ -13,6 +13,10 @@ __all__ = ["load_agent"]
 
 
 def load_agent(path: str) -> type[Agent]:
+    if path.startswith("a2a+"):  # a remote A2A agent: its card is fetched now
+        from cardbus.bus.a2a.remote import load_remote
+
+        return load_remote(path)
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ValidationError(f"agent path {path!r} must look like 'package.module:ClassName'")
