@@ -1,7 +1,8 @@
 """The ``EventStore`` interface: the contract every backend keeps.
 
 Backends are sibling modules (``sqlite``, ``memory``, ``nats``) and all pass
-``tests/contract/test_eventstore_contract.py``. The contract:
+``cardbus.testing.EventStoreContract`` (``tests/contract/eventstore.py``),
+which a third-party backend subclasses too. The contract:
 
 * ``append(stream, events, expected_version)`` is atomic per call: all of the
   events are stored, in order, with versions ``expected_version + 1 ...``, or

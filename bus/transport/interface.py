@@ -1,7 +1,7 @@
 """The ``Bus`` interface: how cards move between the orchestrator and agents.
 
 Backends are sibling modules (``inprocess`` = the embedded default, ``nats``)
-and pass ``tests/contract/test_bus_contract.py``. The contract:
+and pass ``cardbus.testing.BusContract`` (``tests/contract/bus.py``). The contract:
 
 * ``consume(agent_id, handler)`` subscribes one consumer (a replica) to an
   agent's inbox; all replicas of an agent id share the inbox, so each card
