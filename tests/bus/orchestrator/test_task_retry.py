@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
 from orchkit import TextOut, ev, make_agent, plan, run_log, task, tid
 
 from cardbus.agents.cards import ResultCard, Review
-from cardbus.bus.orchestrator import Policy, RetryPolicy, decode_plan, validate_plan
+from cardbus.bus.orchestrator import PlanTask, Policy, RetryPolicy, decode_plan, validate_plan
 from cardbus.bus.orchestrator.decisions import Decider
+from cardbus.bus.orchestrator.plan import task_retry
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import NewEvent
 from cardbus.eventstore.envelope import GENESIS_HASH, seal
@@ -144,3 +147,14 @@ def test_a_logged_retry_no_submit_would_write_fails_the_task_with_a_reason() -> 
     failed = [e for e in decider.d.events["t"] if isinstance(e, ev.TaskFailed)]
     assert [f.reason for f in failed] == ["invalid_retry_policy"]
     assert "RetryPolicy.jitter" in failed[0].error
+
+
+def test_the_readme_retry_example_is_a_valid_plan_task() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    (snippet,) = [b for b in re.findall(r"```json\n(.*?)```", readme, re.S) if '"retry"' in b]
+    t = msgspec.json.decode(snippet.encode(), type=PlanTask)
+    assert task_retry(t, RetryPolicy()) == RetryPolicy(
+        max_attempts=5,
+        initial_interval_s=1.0,
+        non_retryable_reasons=frozenset({"output_schema_mismatch"}),
+    )
