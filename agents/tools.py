@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -99,6 +100,15 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     output_schema: dict[str, Any] = {}
     timeout_s: float = 10.0
     max_result_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        # checked when made: a zero or NaN timeout would fail every call as a "timeout"
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+            raise ConfigError(f"ToolSpec.timeout_s must be a finite number > 0; got {t!r}")
+        n = self.max_result_bytes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"ToolSpec.max_result_bytes must be an integer >= 1; got {n!r}")
 
 
 class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cardbus.agents.tools import Tool, ToolSpec
 from cardbus.bus.orchestrator import Policy
 from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.orchestrator.context import POLICIES, ContextPolicy
@@ -103,3 +104,13 @@ def test_the_memory_policy_refuses_a_bare_string_of_session_keys() -> None:
     assert ReusablePolicy(session_keys=["a", "b"]).session_keys == ("a", "b")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"ReusablePolicy\.name"):
         ReusablePolicy(name="")
+
+
+def test_a_tool_spec_checks_its_limits() -> None:
+    assert Tool.define("t", lambda a: a, timeout_s=0.05).spec.timeout_s == 0.05
+    with pytest.raises(ConfigError, match=r"ToolSpec\.timeout_s must be a finite number > 0"):
+        Tool.define("t", lambda a: a, timeout_s=0)
+    with pytest.raises(ConfigError, match="timeout_s"):
+        ToolSpec(name="t", timeout_s=math.nan)
+    with pytest.raises(ConfigError, match=r"ToolSpec\.max_result_bytes must be an integer >= 1"):
+        ToolSpec(name="t", max_result_bytes=0)
