@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline_bench import pipeline_plan  # noqa: E402  (the same plan as the embedded benchmark)
 
 from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime  # noqa: E402
-from cardbus.bus.transport.natsconn import NatsOptions  # noqa: E402
+from cardbus.eventstore.nats.connection import NatsOptions  # noqa: E402
 
 AGENTS = """
 import msgspec

@@ -104,7 +104,7 @@ from cardbus.agents.cards import (
     encode,
 )
 from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
-from cardbus.eventstore.errors import BusError, DecodeError, PayloadTooLarge
+from cardbus.eventstore.errors import BusError, ConfigError, DecodeError, PayloadTooLarge
 from cardbus.eventstore.nats import encode_token
 from cardbus.eventstore.nats.connection import (
     TRANSPORT_ERRORS,
@@ -266,13 +266,9 @@ class NatsBus(Bus):
         reply_ack_wait: float = 30.0,
         reply_durable: str = ORCHESTRATOR_DURABLE,
         delete_reply_consumer: bool = False,
-        retry_delay: float | None = None,
     ) -> None:
-        """``retry_delay`` is the old name of ``redelivery_delay`` (still accepted)."""
-        if retry_delay is not None:
-            redelivery_delay = retry_delay
         if max_deliver < 2:
-            raise ValueError("max_deliver must be at least 2")
+            raise ConfigError(f"max_deliver must be at least 2: {max_deliver}")
         self.nc = nc
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver

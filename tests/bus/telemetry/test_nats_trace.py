@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from cardbus.agents.demo import DEMO_AGENTS, report_plan
 from cardbus.bus.runtime.nats import NatsRuntime
-from cardbus.bus.transport.natsconn import NatsOptions
+from cardbus.eventstore.nats.connection import NatsOptions
 
 _ROOT = Path(__file__).resolve().parents[3]
 

@@ -16,7 +16,7 @@ class TestNatsBusContract(BusContract):
     @pytest.fixture
     async def bus(self, nats_url: str) -> AsyncIterator[NatsBus]:
         bus = await NatsBus.connect(
-            nats_url, ack_wait=1.0, max_deliver=3, retry_delay=0.02, fetch_wait=0.5
+            nats_url, ack_wait=1.0, max_deliver=3, redelivery_delay=0.02, fetch_wait=0.5
         )
         yield bus
         await bus.close()
