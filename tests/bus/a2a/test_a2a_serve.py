@@ -1,0 +1,181 @@
+"""a2a-sdk's client against `cardbus a2a serve` (a real subprocess on a free loopback port)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+from a2a_support import ServeProcess, a2a_client, collect, data_message, plan, text_message
+from google.protobuf.json_format import MessageToDict
+
+from cardbus.agents.a2a_card import from_a2a
+
+S = TaskState
+AGENTS = ["a2a_support:Slow", "a2a_support:Asker"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    proc = ServeProcess(Path(tmp_path_factory.mktemp("a2a")) / "log.db", AGENTS).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _states(events: list) -> list[str]:  # type: ignore[type-arg]
+    out = []
+    for e in events:
+        if e.HasField("task"):
+            out.append("task:" + S.Name(e.task.status.state))
+        elif e.HasField("status_update"):
+            out.append(S.Name(e.status_update.status.state))
+        elif e.HasField("artifact_update"):
+            out.append("artifact:" + e.artifact_update.artifact.artifact_id)
+    return out
+
+
+def shout(text: str = "hi", seconds: float = 0.0, **task: object) -> dict:  # type: ignore[type-arg]
+    return plan(
+        [{"id": "s", "capability": "shout", "inputs": {"text": text, "seconds": seconds}, **task}]
+    )
+
+
+async def test_card_is_served_and_imports_with_schemas(server: ServeProcess) -> None:
+    doc = httpx.get(server.url + ".well-known/agent-card.json").json()
+    assert doc["supportedInterfaces"][0]["url"] == server.url
+    assert doc["capabilities"]["streaming"] is True
+    imported = from_a2a(doc)
+    assert imported.agent_id == "cardbus"
+    assert imported.capability("run_plan").input_schema["$ref"].endswith("/Plan")
+
+
+async def test_send_returns_the_completed_run(server: ServeProcess) -> None:
+    async with a2a_client(server.url, streaming=False) as client:
+        (resp,) = await collect(client, SendMessageRequest(message=data_message(shout("abc"))))
+    task = resp.task
+    assert S.Name(task.status.state) == "TASK_STATE_COMPLETED"
+    assert MessageToDict(task.artifacts[0].parts[0].data) == {"text": "ABC"}
+
+
+async def test_stream_follows_the_run_to_completion(server: ServeProcess) -> None:
+    async with a2a_client(server.url) as client:
+        events = await collect(client, SendMessageRequest(message=data_message(shout("x", 0.3))))
+    states = _states(events)
+    assert states[0].startswith("task:")
+    assert "TASK_STATE_WORKING" in states
+    assert "artifact:s" in states
+    assert states[-1] == "TASK_STATE_COMPLETED"
+
+
+async def test_get_has_the_history_and_the_first_message(server: ServeProcess) -> None:
+    msg = data_message(shout("hist"))
+    async with a2a_client(server.url, streaming=False) as client:
+        (resp,) = await collect(client, SendMessageRequest(message=msg))
+        task = await client.get_task(GetTaskRequest(id=resp.task.id))
+        short = await client.get_task(GetTaskRequest(id=resp.task.id, history_length=2))
+    assert task.history[0].message_id == msg.message_id
+    assert MessageToDict(task.history[0].parts[0].data)["tasks"][0]["capability"] == "shout"
+    texts = [p.text for m in task.history for p in m.parts if p.text]
+    assert any("dispatched to slow" in t for t in texts)
+    assert len(short.history) == 2
+
+
+async def test_a_goal_without_a_planner_is_a_clear_failure(server: ServeProcess) -> None:
+    async with a2a_client(server.url, streaming=False) as client:
+        (resp,) = await collect(client, SendMessageRequest(message=text_message("write a poem")))
+    assert S.Name(resp.task.status.state) == "TASK_STATE_FAILED"
+    assert "goal decomposition is not available" in resp.task.status.message.parts[0].text
+
+
+async def test_an_invalid_plan_is_a_failed_task_with_the_reason(server: ServeProcess) -> None:
+    bad = plan([{"id": "s", "capability": "fly", "inputs": {}}])
+    async with a2a_client(server.url, streaming=False) as client:
+        (resp,) = await collect(client, SendMessageRequest(message=data_message(bad)))
+    assert S.Name(resp.task.status.state) == "TASK_STATE_FAILED"
+    assert "fly" in resp.task.status.message.parts[0].text
+
+
+async def test_cancel_cancels_the_run(server: ServeProcess) -> None:
+    config = SendMessageConfiguration(return_immediately=True)
+    request = SendMessageRequest(message=data_message(shout("z", 5.0)), configuration=config)
+    async with a2a_client(server.url, streaming=False) as client:
+        (resp,) = await collect(client, request)
+        assert S.Name(resp.task.status.state) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING")
+        cancelled = await client.cancel_task(CancelTaskRequest(id=resp.task.id))
+        again = await client.get_task(GetTaskRequest(id=resp.task.id))
+    assert S.Name(cancelled.status.state) == "TASK_STATE_CANCELED"
+    assert S.Name(again.status.state) == "TASK_STATE_CANCELED"
+
+
+async def test_resubscribe_replays_what_was_missed_then_follows(server: ServeProcess) -> None:
+    config = SendMessageConfiguration(return_immediately=True)
+    request = SendMessageRequest(message=data_message(shout("late", 1.0)), configuration=config)
+    async with a2a_client(server.url, streaming=False) as client:
+        (resp,) = await collect(client, request)
+    await asyncio.sleep(0.3)  # the run goes on without a listener
+    async with a2a_client(server.url) as client:
+        events = [e async for e in client.subscribe(SubscribeToTaskRequest(id=resp.task.id))]
+    first = events[0].task
+    assert first.history[0].message_id == request.message.message_id  # the whole past
+    assert any("dispatched to slow" in p.text for m in first.history for p in m.parts)
+    assert _states(events)[-1] == "TASK_STATE_COMPLETED"
+    # a finished task: subscribing again is the final task, whole
+    async with a2a_client(server.url) as client:
+        again = [e async for e in client.subscribe(SubscribeToTaskRequest(id=resp.task.id))]
+    assert _states(again) == ["task:TASK_STATE_COMPLETED"]
+    assert again[0].task.artifacts[0].artifact_id == "s"
+
+
+async def test_input_required_round_trip(server: ServeProcess) -> None:
+    ask = plan([{"id": "a", "capability": "ask", "inputs": {"topic": "car"}}])
+    async with a2a_client(server.url) as client:
+        first = await collect(client, SendMessageRequest(message=data_message(ask)))
+        assert _states(first)[-1] == "TASK_STATE_INPUT_REQUIRED"
+        task_id = first[0].task.id
+        waiting = first[-1].status_update.status.message.parts[0].text
+        assert "which colour?" in waiting
+        answer = text_message("blue", task_id)
+        second = await collect(client, SendMessageRequest(message=answer))
+        assert _states(second)[-1] == "TASK_STATE_COMPLETED"
+        task = await client.get_task(GetTaskRequest(id=task_id))
+    assert MessageToDict(task.artifacts[0].parts[0].data) == {
+        "topic": "car",
+        "colour": {"text": "blue"},
+    }
+    users = [m.message_id for m in task.history if m.role == 1]  # ROLE_USER
+    assert users[-1] == answer.message_id  # the answer is in the history, from the log
+
+
+async def test_approval_is_input_required_and_a_yes_approves(server: ServeProcess) -> None:
+    async with a2a_client(server.url) as client:
+        first = await collect(
+            client, SendMessageRequest(message=data_message(shout("ok", requires_approval=True)))
+        )
+        assert _states(first)[-1] == "TASK_STATE_INPUT_REQUIRED"
+        assert "awaits approval" in first[-1].status_update.status.message.parts[0].text
+        task_id = first[0].task.id
+        second = await collect(client, SendMessageRequest(message=text_message("yes", task_id)))
+    assert _states(second)[-1] == "TASK_STATE_COMPLETED"
+
+
+async def test_a_message_on_a_task_that_waits_for_nothing_is_an_error(
+    server: ServeProcess,
+) -> None:
+    async with a2a_client(server.url, streaming=False) as client:
+        (resp,) = await collect(client, SendMessageRequest(message=data_message(shout("done"))))
+        with pytest.raises(Exception, match="waits for no input"):
+            await collect(client, SendMessageRequest(message=text_message("hm", resp.task.id)))
+        with pytest.raises(Exception, match="no task"):
+            await client.get_task(GetTaskRequest(id="nope"))
