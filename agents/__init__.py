@@ -16,6 +16,14 @@ from cardbus.agents.cards import (
 from cardbus.agents.embedding import Embedder, HashingEmbedder
 from cardbus.agents.llm import LLM, Completion, MockLLM, OpenAIChatLLM, configured_llm
 from cardbus.agents.llm_agent import LLMAgent
+from cardbus.agents.planning import (
+    LLMPlanner,
+    PlanLimits,
+    PlanProposal,
+    PlanRequest,
+    RulePlanner,
+    plan_json_schema,
+)
 
 __all__ = [
     "LLM",
@@ -29,14 +37,20 @@ __all__ = [
     "Embedder",
     "HashingEmbedder",
     "LLMAgent",
+    "LLMPlanner",
     "MockLLM",
     "NeedsInput",
     "OpenAIChatLLM",
+    "PlanLimits",
+    "PlanProposal",
+    "PlanRequest",
     "Reject",
     "ResultCard",
+    "RulePlanner",
     "Review",
     "Started",
     "TaskCard",
     "TaskContext",
     "configured_llm",
+    "plan_json_schema",
 ]

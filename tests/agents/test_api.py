@@ -20,16 +20,22 @@ PUBLIC = {
     "Embedder",
     "HashingEmbedder",
     "LLMAgent",
+    "LLMPlanner",
     "MockLLM",
     "NeedsInput",
     "OpenAIChatLLM",
+    "PlanLimits",
+    "PlanProposal",
+    "PlanRequest",
     "Reject",
     "ResultCard",
+    "RulePlanner",
     "Review",
     "Started",
     "TaskCard",
     "TaskContext",
     "configured_llm",
+    "plan_json_schema",
 }
 
 
@@ -39,7 +45,9 @@ def test_the_package_exports_exactly_the_public_names() -> None:
         assert getattr(agents, name) is not None
 
 
-@pytest.mark.parametrize("module", ["cards", "agent", "embedding", "schema", "llm", "llm_agent"])
+@pytest.mark.parametrize(
+    "module", ["cards", "agent", "embedding", "schema", "llm", "llm_agent", "planning"]
+)
 def test_every_module_name_in_all_exists(module: str) -> None:
     mod = importlib.import_module(f"cardbus.agents.{module}")
     missing = [n for n in mod.__all__ if not hasattr(mod, n)]

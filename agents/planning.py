@@ -1,0 +1,537 @@
+"""Planners as agents: from a goal and the live agents' cards to a plan.
+
+Both planners offer the capability ``plan`` (:data:`PLAN_CAPABILITY`). A
+planning card's inputs are a :class:`PlanRequest`: the goal, the session
+fields the plan lets through, one :class:`CapabilityInfo` per capability the
+live agents offer (name, description, input and output JSON Schemas), the
+optional :class:`PlanLimits` (capabilities allowed, the capability or output
+type wanted at the end, a maximum number of tasks) and, when a proposal was
+refused, its ``errors`` and the ``previous`` proposal. The output is a
+:class:`PlanProposal`: a plan in the plan format (the JSON ``cardbus run
+PLAN.json`` reads, ``{goal, tasks: [{id, capability, goal, inputs, deps}]}``
+with ``{"$dep": id, "path": "a.b"}`` placing a dependency's output), whose JSON
+Schema is :func:`plan_json_schema`.
+
+* :class:`RulePlanner` needs no model and is deterministic: it chains
+  capabilities by their schemas toward the capability (or output type) wanted,
+  or the one whose description best matches the goal.
+* :class:`LLMPlanner` is an :class:`~cardbus.agents.llm_agent.LLMAgent` asked
+  for the plan schema as structured output; :func:`check_plan` sends a
+  proposal that cannot run back to the model before it leaves the agent.
+
+The orchestrator checks every proposal again, exactly as a hand-written plan.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from cardbus.agents.agent import Agent, Capability, Reject, TaskContext
+from cardbus.agents.cards import AgentCard, TaskCard
+from cardbus.agents.embedding import DEFAULT_EMBEDDER
+from cardbus.agents.llm_agent import LLMAgent
+from cardbus.agents.schema import schema_errors
+
+__all__ = [
+    "PLAN_CAPABILITY",
+    "CapabilityInfo",
+    "LLMPlanner",
+    "PlanLimits",
+    "PlanProposal",
+    "PlanRequest",
+    "ProposedTask",
+    "RulePlanner",
+    "capability_infos",
+    "check_plan",
+    "plan_json_schema",
+    "plan_request",
+]
+
+PLAN_CAPABILITY = "plan"
+
+
+# -- the plan format -------------------------------------------------------------------
+
+
+class ProposedTask(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One task of a plan, in the plan format (a subset of ``cardbus.PlanTask``'s fields)."""
+
+    id: str
+    capability: str
+    goal: str = ""
+    inputs: dict[str, Any] = {}  # literal values, or {"$dep": task id, "path": "a.b"}
+    deps: list[str] = []
+    constraints: dict[str, Any] = {}  # e.g. {"model": "small-model"} for an LLM agent
+    review_by: str | None = None  # the capability that reviews this task's output
+
+
+class PlanProposal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A plan in the plan format: what a planner proposes and ``cardbus run`` reads."""
+
+    goal: str
+    tasks: list[ProposedTask]
+
+
+def plan_json_schema() -> dict[str, Any]:
+    """The JSON Schema of the plan format a planner proposes (:class:`PlanProposal`)."""
+    return msgspec.json.schema(PlanProposal)
+
+
+# -- the planning card ------------------------------------------------------------------
+
+
+class CapabilityInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One capability the live agents offer, as a planner sees it."""
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = {}
+    output_schema: dict[str, Any] = {}
+
+
+class PlanLimits(msgspec.Struct, frozen=True, kw_only=True):
+    capabilities: list[str] | None = None  # the capabilities a plan may use (None: all)
+    final_capability: str | None = None  # the capability wanted at the end
+    final_output: str | None = None  # or the output type wanted at the end (e.g. "Draft")
+    max_tasks: int | None = None
+
+
+class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The inputs of a planning card: all a planner sees."""
+
+    goal: str
+    session: dict[str, Any] = {}  # the session fields the plan lets through
+    capabilities: list[CapabilityInfo] = []
+    limits: PlanLimits = PlanLimits()
+    errors: list[str] = []  # why the previous proposal was refused
+    previous: PlanProposal | None = None  # that proposal
+
+
+def capability_infos(cards: Iterable[AgentCard]) -> list[CapabilityInfo]:
+    """One entry per capability name the cards offer (the first card's wins), ``plan`` left out."""
+    seen: dict[str, CapabilityInfo] = {}
+    for card in cards:
+        for spec in card.capabilities:
+            if spec.name == PLAN_CAPABILITY or spec.name in seen:
+                continue
+            seen[spec.name] = CapabilityInfo(
+                name=spec.name,
+                description=spec.description or card.description,
+                input_schema=spec.input_schema,
+                output_schema=spec.output_schema,
+            )
+    return list(seen.values())
+
+
+def plan_request(
+    goal: str,
+    cards: Iterable[AgentCard],
+    *,
+    session: dict[str, Any] | None = None,
+    limits: PlanLimits | None = None,
+    errors: Sequence[str] = (),
+    previous: PlanProposal | None = None,
+) -> PlanRequest:
+    """The planning card's inputs for ``goal`` and the live agents' ``cards``."""
+    return PlanRequest(
+        goal=goal,
+        session=dict(session or {}),
+        capabilities=capability_infos(cards),
+        limits=limits or PlanLimits(),
+        errors=list(errors),
+        previous=previous,
+    )
+
+
+# -- checks a planner runs on its own proposal ------------------------------------------------
+
+
+def check_plan(plan: PlanProposal, request: PlanRequest) -> list[str]:
+    """Every reason ``plan`` cannot run with the request's capabilities and limits.
+
+    The same kinds of checks the orchestrator makes (it makes them again):
+    task ids, capabilities offered and allowed, deps known and declared,
+    no cycle, required inputs present, literal inputs fitting the schemas,
+    the limits.
+    """
+    errors: list[str] = []
+    caps = {c.name: c for c in request.capabilities}
+    allowed = request.limits.capabilities
+    if not plan.tasks:
+        return ["the plan has no tasks"]
+    limit = request.limits.max_tasks
+    if limit is not None and len(plan.tasks) > limit:
+        errors.append(f"the plan has {len(plan.tasks)} tasks, at most {limit} are allowed")
+    ids = [t.id for t in plan.tasks]
+    for t in plan.tasks:
+        if not t.id or any(c in t.id for c in " .*>~\t\n"):
+            errors.append(f"task id {t.id!r} must be non-empty without spaces or . * > ~")
+        if ids.count(t.id) > 1 and ids.index(t.id) != plan.tasks.index(t):
+            errors.append(f"task id {t.id!r} appears twice")
+        for cap in filter(None, [t.capability, t.review_by]):
+            if cap not in caps:
+                errors.append(f"task {t.id!r}: no registered agent offers capability {cap!r}")
+            elif allowed is not None and cap not in allowed:
+                errors.append(f"task {t.id!r}: capability {cap!r} is not allowed")
+        for d in t.deps:
+            if d not in ids:
+                errors.append(f"task {t.id!r} depends on unknown task {d!r}")
+        for ref in _dep_refs(t.inputs):
+            if ref not in t.deps:
+                errors.append(f"task {t.id!r} reads the output of {ref!r} without declaring it")
+        info = caps.get(t.capability)
+        if info is not None:
+            _props, required, _defs = _shape(info.input_schema)
+            missing = [r for r in required if r not in t.inputs]
+            if missing:
+                errors.append(f"task {t.id!r}: required inputs {missing} are missing")
+            for problem in schema_errors(t.inputs, info.input_schema, partial=True)[:3]:
+                errors.append(f"task {t.id!r}: inputs {problem}")
+    if not errors and _has_cycle(plan):
+        errors.append("the plan has a dependency cycle")
+    final = request.limits.final_capability
+    if (
+        final
+        and plan.tasks
+        and plan.tasks[-1].capability != final
+        and not any(t.capability == final for t in plan.tasks)
+    ):
+        errors.append(f"the plan must end with capability {final!r}")
+    return errors
+
+
+def _dep_refs(value: Any) -> Iterable[str]:
+    if isinstance(value, dict):
+        if "$dep" in value:
+            yield str(value["$dep"])
+        else:
+            for v in value.values():
+                yield from _dep_refs(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _dep_refs(v)
+
+
+def _has_cycle(plan: PlanProposal) -> bool:
+    deps = {t.id: set(t.deps) for t in plan.tasks}
+    done: set[str] = set()
+    while len(done) < len(deps):
+        ready = [t for t, ds in deps.items() if t not in done and ds <= done]
+        if not ready:
+            return True
+        done.update(ready)
+    return False
+
+
+# -- schema helpers (planners see JSON Schemas, never Python types) ----------------------------
+
+_NOISE = ("title", "description", "default", "examples")
+
+
+def _shape(schema: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """(properties, required, $defs) of an object schema, its top-level $ref resolved."""
+    defs = schema.get("$defs", {}) if isinstance(schema, dict) else {}
+    body: Any = schema
+    ref = body.get("$ref") if isinstance(body, dict) else None
+    if isinstance(ref, str):
+        body = defs.get(ref.rsplit("/", 1)[-1], {})
+    if not isinstance(body, dict):
+        return {}, [], defs
+    return dict(body.get("properties", {})), list(body.get("required", [])), defs
+
+
+def _type_name(schema: dict[str, Any]) -> str:
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        return ref.rsplit("/", 1)[-1]
+    return str(schema.get("title", ""))
+
+
+def _sig(schema: Any, defs: dict[str, Any], depth: int = 0) -> Any:
+    """A comparable form of a (sub)schema: refs resolved, titles and defaults dropped."""
+    if depth > 20:
+        return "..."
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            return _sig(defs.get(ref.rsplit("/", 1)[-1], {}), defs, depth + 1)
+        return {k: _sig(v, defs, depth + 1) for k, v in sorted(schema.items()) if k not in _NOISE}
+    if isinstance(schema, list):
+        return [_sig(v, defs, depth + 1) for v in schema]
+    return schema
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+_SUBJECT_FIELDS = {"topic", "subject", "query", "theme", "keywords", "search"}
+_SUBJECT = re.compile(r"\b(?:about|on|regarding|concerning)\s+(.+)", re.I)
+
+
+def goal_subject(goal: str) -> str:
+    """What a goal is about: "Write a short report on tides" -> "tides" (else the goal)."""
+    match = _SUBJECT.search(goal)
+    subject = match.group(1) if match else goal
+    return subject.strip().rstrip(".!?;:").strip() or goal.strip()
+
+
+# -- the rule planner ---------------------------------------------------------------------
+
+
+class _Unplannable(Exception):
+    pass
+
+
+class _Chain:
+    """The tasks planned so far; ``build`` adds a capability and what it needs."""
+
+    def __init__(self, request: PlanRequest, caps: dict[str, CapabilityInfo]) -> None:
+        self.request = request
+        self.caps = caps
+        self.subject = goal_subject(request.goal)
+        self.tasks: dict[str, ProposedTask] = {}  # capability name -> task (id = name)
+        self.similarity = dict(
+            zip(
+                caps,
+                DEFAULT_EMBEDDER.similarities(
+                    request.goal, [f"{c.name}: {c.description}" for c in caps.values()]
+                ),
+                strict=True,
+            )
+        )
+
+    def copy(self) -> _Chain:
+        other = object.__new__(_Chain)
+        other.__dict__.update(self.__dict__)
+        other.tasks = dict(self.tasks)
+        return other
+
+    def build(self, name: str, stack: tuple[str, ...] = (), goal: str | None = None) -> str:
+        if name in self.tasks:
+            return name
+        cap = self.caps[name]
+        props, required, defs = _shape(cap.input_schema)
+        inputs: dict[str, Any] = {}
+        deps: list[str] = []
+        for field in [*required, *(p for p in props if p not in required)]:
+            value = self._source(
+                name, field, props.get(field, {}), defs, field in required, (*stack, name)
+            )
+            if value is _NONE:
+                continue
+            inputs[field] = value
+            if isinstance(value, dict) and "$dep" in value and value["$dep"] not in deps:
+                deps.append(value["$dep"])
+        text = goal or f"{cap.description or cap.name}: {self.subject}"
+        self.tasks[name] = ProposedTask(
+            id=name, capability=name, goal=text, inputs=inputs, deps=deps
+        )
+        return name
+
+    def _source(
+        self,
+        name: str,
+        field: str,
+        schema: Any,
+        defs: dict[str, Any],
+        required: bool,
+        stack: tuple[str, ...],
+    ) -> Any:
+        wanted = _sig(schema, defs)
+        session = self.request.session
+        if field in session and not schema_errors(session[field], {**schema, "$defs": defs}):
+            return session[field]
+        for planned in self.tasks:  # an output already planned, matched by field name
+            if self._yields(planned, field, wanted):
+                return {"$dep": planned, "path": field}
+        if not required:
+            return _NONE
+        options = []
+        for other in self._allowed():
+            if other in stack or other == name:
+                continue
+            if self._yields(other, field, wanted):
+                options.append((other, field))
+            elif other == field:  # the capability named like the input: its one fitting field
+                fits = self._fitting(other, wanted)
+                if len(fits) == 1:
+                    options.append((other, fits[0]))
+        best = self._cheapest(options, stack)
+        if best is not None:
+            return best
+        if wanted.get("type") == "string" if isinstance(wanted, dict) else False:
+            return self.subject if field in _SUBJECT_FIELDS else self.request.goal
+        raise _Unplannable(f"{name}: nothing provides its required input {field!r}")
+
+    def _cheapest(self, options: list[tuple[str, str]], stack: tuple[str, ...]) -> Any:
+        """Of the capabilities that could feed an input, the one adding the fewest tasks."""
+        scored = []
+        for other, path in options:
+            trial = self.copy()
+            try:
+                trial.build(other, stack)
+            except _Unplannable:
+                continue
+            scored.append((len(trial.tasks), -self.similarity.get(other, 0.0), other, path))
+        if not scored:
+            return None
+        _, _, other, path = min(scored)
+        self.build(other, stack)
+        return {"$dep": other, "path": path}
+
+    def _allowed(self) -> list[str]:
+        allowed = self.request.limits.capabilities
+        return sorted(c for c in self.caps if allowed is None or c in allowed)
+
+    def _yields(self, cap: str, field: str, wanted: Any) -> bool:
+        props, _, defs = _shape(self.caps[cap].output_schema)
+        return field in props and _same(_sig(props[field], defs), wanted)
+
+    def _fitting(self, cap: str, wanted: Any) -> list[str]:
+        props, _, defs = _shape(self.caps[cap].output_schema)
+        return [p for p, s in props.items() if _same(_sig(s, defs), wanted)]
+
+    def reviewer_for(self, target: str) -> str | None:
+        """A capability reviewing the target's output: takes it as ``draft``, answers a Review."""
+        out = _sig(
+            self.caps[target].output_schema, self.caps[target].output_schema.get("$defs", {})
+        )
+        for name in self._allowed():
+            if name == target:
+                continue
+            rprops, _, _ = _shape(self.caps[name].output_schema)
+            iprops, required, idefs = _shape(self.caps[name].input_schema)
+            is_review = {"passed", "issues"} <= set(rprops)
+            takes = "draft" in iprops and set(required) <= {"draft", "goal"}
+            if is_review and takes and _same(_sig(iprops["draft"], idefs), out):
+                return name
+        return None
+
+
+_NONE = object()
+
+
+def rule_plan(request: PlanRequest) -> PlanProposal:
+    """The rule planner's plan for ``request``; ``Reject`` (``cannot_plan``) when there is none."""
+    excluded = set(re.findall(r"capability '([^']+)'", " ".join(request.errors)))
+    caps = {
+        c.name: c
+        for c in request.capabilities
+        if c.name != PLAN_CAPABILITY and c.name not in excluded
+    }
+    if not caps:
+        raise Reject("cannot_plan", "no capabilities to plan with")
+    chain = _Chain(request, caps)
+    problems = []
+    for target in _targets(request, chain):  # the best match first; the first that can be planned
+        trial = chain.copy()
+        try:
+            trial.build(target, goal=request.goal)
+        except _Unplannable as e:
+            problems.append(f"{target!r}: {e}")
+            continue
+        chain = trial
+        break
+    else:
+        raise Reject("cannot_plan", "no chain of capabilities reaches " + "; ".join(problems))
+    tasks = list(chain.tasks.values())
+    reviewer = chain.reviewer_for(target)
+    if reviewer is not None:
+        tasks[-1] = msgspec.structs.replace(tasks[-1], review_by=reviewer)
+    limit = request.limits.max_tasks
+    if limit is not None and len(tasks) > limit:
+        raise Reject("cannot_plan", f"reaching {target!r} takes {len(tasks)} tasks, max {limit}")
+    plan = PlanProposal(goal=request.goal, tasks=tasks)
+    if request.previous is not None and plan == request.previous:
+        raise Reject(
+            "cannot_plan", "the rules give the refused plan again: " + "; ".join(request.errors)
+        )
+    return plan
+
+
+def _targets(request: PlanRequest, chain: _Chain) -> list[str]:
+    """The capabilities the plan may end with, in the order to try them."""
+    limits = request.limits
+    allowed = chain._allowed()
+    if limits.final_capability:
+        if limits.final_capability not in allowed:
+            raise Reject("cannot_plan", f"capability {limits.final_capability!r} is not offered")
+        return [limits.final_capability]
+    candidates = allowed
+    if limits.final_output:
+        wanted = limits.final_output.lower()
+        candidates = [
+            c
+            for c in allowed
+            if _type_name(chain.caps[c].output_schema).lower() == wanted
+            or wanted in _shape(chain.caps[c].output_schema)[0]
+        ]
+        if not candidates:
+            raise Reject("cannot_plan", f"no capability outputs {limits.final_output!r}")
+    ranked = sorted(candidates, key=lambda c: (-chain.similarity.get(c, 0.0), c))
+    # by type, any that can be planned will do; by the goal's words, only the best match
+    return ranked if limits.final_output else ranked[:1]
+
+
+class RulePlanner(Agent):
+    """Plans without a model, deterministically, by chaining capabilities by their schemas.
+
+    The last task is the capability wanted (``limits.final_capability``), one
+    that outputs ``limits.final_output``, or else the capability whose
+    description best matches the goal (the hashing embedder). Each input it
+    requires is filled, in order, from: a session field of that name and type;
+    an output field of that name and type of a task already planned; a
+    capability that outputs such a field (or one named like the input with a
+    single output field of its type), planned first, the one adding the
+    fewest tasks; for a string, the goal's subject (``topic``, ``subject``,
+    ``query``: "a short report on tides" -> "tides") or the goal's text.
+    Optional inputs are filled only from the session and planned outputs. A
+    capability that takes the final output as ``draft`` and answers a review
+    (``passed``, ``issues``) becomes its ``review_by``. On a re-proposal,
+    capabilities the errors name are left out. No chain: ``Reject("cannot_plan")``.
+    """
+
+    agent_id = "rule-planner"
+    description = "Plans a goal into tasks by chaining the capabilities' schemas (no model)."
+    capabilities = [
+        Capability(
+            PLAN_CAPABILITY,
+            PlanRequest,
+            PlanProposal,
+            "plan a goal into tasks by rules",
+            tags=["planning"],
+        )
+    ]
+
+    async def handle(self, task: TaskCard, inputs: PlanRequest, ctx: TaskContext) -> PlanProposal:
+        return rule_plan(inputs)
+
+
+class LLMPlanner(LLMAgent):
+    """Plans a goal with a model: structured output against the plan schema, checked."""
+
+    agent_id = "llm-planner"
+    description = "Plans a goal into tasks with a language model, over the agents' cards."
+    capability = PLAN_CAPABILITY
+    input_type = PlanRequest
+    output_type = PlanProposal
+    instructions = (
+        "You are the planner of a multi-agent system. Split the goal into tasks, each done by"
+        " one of the listed capabilities (use only their names). Give each task a short id"
+        " (letters, digits, - or _), the capability, a one-line goal and its inputs: a literal"
+        ' value, or {"$dep": TASK_ID, "path": FIELD} to pass a field of an earlier task\'s'
+        " output; every task you read from must be listed in deps. Inputs must fit the"
+        " capability's input_schema (all required fields present); a field of an output is"
+        " described by the output_schema. Respect the limits. If errors are given, your"
+        " previous plan was refused for them: fix every one. Put the session's fields in"
+        " inputs only where an input asks for them."
+    )
+
+    def check(self, output: Any, inputs: Any, task: TaskCard) -> list[str]:
+        return check_plan(output, inputs)
