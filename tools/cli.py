@@ -34,9 +34,11 @@ COMMANDS = {
     "rebuild": "cardbus.tools.cmd_inspect",
     "replay": "cardbus.tools.cmd_replay",
     "run": "cardbus.tools.cmd_run",
+    "runs": "cardbus.tools.cmd_runs",
     "stats": "cardbus.tools.cmd_inspect",
     "tail": "cardbus.tools.cmd_inspect",
     "tasks": "cardbus.tools.cmd_inspect",
+    "ui": "cardbus.tools.cmd_ui",
     "verify": "cardbus.tools.cmd_inspect",
 }
 COMMAND_MODULES = sorted(set(COMMANDS.values()))

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from cardbus.eventstore import Envelope, SqliteEventStore
+from cardbus.eventstore import Envelope, EventStore, SqliteEventStore
 from cardbus.eventstore.errors import StreamNotFound
 from cardbus.projections import (
     AgentStats,
@@ -41,6 +41,7 @@ from cardbus.projections import (
     build_as_of,
     event_reason,
     projection_path,
+    resolve_id,
 )
 from cardbus.tools.cli import cli
 
@@ -120,6 +121,14 @@ async def read_model(
         await store.close()
 
 
+async def resolve_filter(store: EventStore, text: str) -> str:
+    """A filter's id (``--root``, ``--task``): resolved, or as given if nothing matches yet."""
+    try:
+        return await resolve_id(store, text)
+    except StreamNotFound:
+        return text  # an empty result, or (tail --follow) events still to come
+
+
 def parse_as_of(value: str | None) -> AsOf | None:
     return AsOf.parse(value) if value else None
 
@@ -176,8 +185,9 @@ _STATUS_STYLE = {
     "needs_revision": "magenta",
     "needs_input": "blue",
     "pending": "yellow",
-    "dispatched": "cyan",
+    "awaiting_approval": "yellow",
     "running": "cyan",
+    "dispatched": "cyan",
 }
 
 
@@ -197,7 +207,7 @@ def styled_status(status: str | None) -> str:
 @as_of_option
 @click.option("--status", default=None, help="Only tasks in this status (completed, failed, ...).")
 @click.option("--agent", default=None, help="Only tasks last handled by this agent.")
-@click.option("--root", default=None, help="Only tasks of this run (root id).")
+@click.option("--root", default=None, help="Only tasks of this run (root id, plan id or prefix).")
 @click.option("--capability", default=None, help="Only tasks needing this capability.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="At most this many rows.")
 def tasks(
@@ -214,12 +224,12 @@ def tasks(
     point = parse_as_of(as_of)
 
     async def go() -> list[dict[str, Any]]:
-        async with read_model(db, point, [TaskTable()]) as (_, runner):
+        async with read_model(db, point, [TaskTable()]) as (store, runner):
             return TaskTable().list(
                 runner.conn,
                 status=status,
                 agent=agent,
-                root=root,
+                root=None if root is None else await resolve_filter(store, root),
                 capability=capability,
                 limit=limit,
             )
@@ -241,7 +251,7 @@ def tasks(
     for r in rows:
         table.add_row(
             r["task_id"],
-            (r["root_id"] or "")[:13],
+            r["root_id"] or "",
             r["capability"] or "",
             r["agent_id"] or "",
             styled_status(r["status"]),
@@ -294,7 +304,7 @@ def _echo_event(env: Envelope, as_json: bool) -> None:
         echo_json(env)
         return
     click.echo(
-        f"{env.position:>8}  {fmt_time(env.recorded_at)}  {env.stream[:13]:<13} v{env.version:<3}"
+        f"{env.position:>8}  {fmt_time(env.recorded_at)}  {env.stream:<36} v{env.version:<3}"
         f" {env.type:<28} {_summary(env)}".rstrip()
     )
 
@@ -319,8 +329,8 @@ def _echo_event(env: Envelope, as_json: bool) -> None:
 @click.option(
     "--type", "type_prefix", multiple=True, help="Only event types starting with this (repeatable)."
 )
-@click.option("--task", default=None, help="Only events of this task (stream).")
-@click.option("--root", default=None, help="Only events of this run (correlation id).")
+@click.option("--task", default=None, help="Only events of this task (id or unique prefix).")
+@click.option("--root", default=None, help="Only events of this run (root id, plan id or prefix).")
 @click.option("--agent", default=None, help="Only events naming this agent (or written by it).")
 def tail(
     db: str,
@@ -340,14 +350,17 @@ def tail(
     point = parse_as_of(as_of)
     if point is not None and follow:
         raise click.UsageError("--as-of shows the past: it cannot be combined with --follow")
-    plain = _matcher(type_prefix, task, root, agent)
-    match = plain if point is None else (lambda e: plain(e) and point.includes(e))
     filtered = bool(type_prefix or agent or (point is not None and point.timestamp is not None))
 
     async def go() -> None:
+        nonlocal task, root
         store = await open_store(db)
         printed = 0
         try:
+            task = None if task is None else await resolve_filter(store, task)
+            root = None if root is None else await resolve_filter(store, root)
+            plain = _matcher(type_prefix, task, root, agent)
+            match = plain if point is None else (lambda e: plain(e) and point.includes(e))
             head = await store.last_position()
             if point is not None and point.position is not None:
                 head = min(head, point.position)
@@ -423,15 +436,19 @@ def tail(
 def verify(task_id: str | None, db: str, as_json: bool) -> None:
     """Check the hash chains of one task (or run), or of the whole log.
 
+    TASK_ID is a task or root id, a plan id, or a unique prefix of one.
+
     Exits 1 and names every event where a chain breaks (edited, deleted,
     inserted or reordered events).
     """
 
     async def go() -> tuple[list[str], list[Any], int]:
+        nonlocal task_id
         store = await open_store(db)
         try:
             if task_id is None:
                 return ["*"], await store.verify(), await store.last_position()
+            task_id = await resolve_id(store, task_id)
             own = await store.read_stream(task_id)
             related = await store.read_correlation(task_id)  # a root id: the whole run
             if related:

@@ -7,7 +7,15 @@ from typing import Any
 
 import click
 
-from cardbus.projections import AsOf, Step, TaskNode, Timeline, render_html, replay
+from cardbus.projections import (
+    AsOf,
+    Step,
+    TaskNode,
+    Timeline,
+    render_html,
+    replay,
+    resolve_id,
+)
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import (
     as_of_option,
@@ -93,13 +101,16 @@ def render_tree(t: Timeline) -> Any:
 def replay_cmd(
     task_id: str, db: str, as_json: bool, as_of: str | None, html_path: Path | None
 ) -> None:
-    """Timeline of a task (or a run, by root id) and all its subtasks, from the log."""
+    """Timeline of a task (or a run, by root id) and all its subtasks, from the log.
+
+    TASK_ID is a task or root id, a plan id, or a unique prefix of one.
+    """
     point = AsOf.parse(as_of) if as_of else None
 
     async def go() -> Timeline:
         store = await open_store(db)
         try:
-            return await replay(store, task_id, point)
+            return await replay(store, await resolve_id(store, task_id), point)
         finally:
             await store.close()
 

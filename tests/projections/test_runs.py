@@ -170,3 +170,18 @@ async def test_resolve_id_plan_stream_names_its_run() -> None:
     z = Writer(store, "root-z")
     await z.emit("root-z", ev.RunStarted(goal="g", plan_id="solo"))  # no plan stream
     assert await resolve_id(store, "solo") == "root-z"
+
+
+async def test_resolve_id_by_the_end_when_no_id_begins_so() -> None:
+    store = MemoryEventStore()
+    for root in ("01a230c1-f5d9-7001-b966-97485808139f", "01a230c1-f6df-7001-96af-966afe1ebac5"):
+        w = Writer(store, root)
+        await w.emit(root, ev.RunStarted(goal="g", plan_id=root[::-1]))
+        await w.emit(f"draft-{root[-12:]}", ev.TaskCreated(root_id=root, capability="write"))
+    with pytest.raises(AmbiguousId):  # same minute, same first 8 characters
+        await resolve_id(store, "01a230c1")
+    # the random end of the id: the run (its tasks' ids end the same)
+    assert await resolve_id(store, "5808139f") == "01a230c1-f5d9-7001-b966-97485808139f"
+    assert await resolve_id(store, "draft-9748") == "draft-97485808139f"  # a prefix first
+    with pytest.raises(StreamNotFound):
+        await resolve_id(store, "nothing-ends-so")

@@ -1,0 +1,344 @@
+"""``cardbus ui``: the web console in a real headless Chromium, and its access rules.
+
+The server is ``cardbus ui`` itself, in a subprocess on a free loopback port;
+runs are made by an EmbeddedRuntime in this process (a thread) against the
+same SQLite file, so the page sees them only through the log. Chromium is the
+system one (``/usr/bin/chromium``; ``.ci/run`` installs the Debian package),
+driven by playwright, which never downloads a browser here. Without Chromium
+the browser tests fail when ``CI`` is set and are skipped (reason shown) elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cardbus.agents.demo import DEMO_AGENTS, Researcher, report_plan
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.tools.cli import cli
+
+os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
+
+
+def _chromium() -> str:
+    for path in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if path and os.path.exists(path):
+            return path
+    message = (
+        "headless Chromium is needed to test the web console: install the Debian package"
+        " 'chromium' (apt-get install -y chromium; .ci/run does it)"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, db: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cardbus.tools",
+                "ui",
+                "--db",
+                str(db),
+                "--port",
+                str(self.port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_ready(self, token: str | None = None) -> None:
+        deadline = time.monotonic() + 30
+        probe = self.url + "api/runs" + (f"?token={token}" if token else "")
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"cardbus ui exited: {self.proc.stdout.read()}")  # type: ignore[union-attr]
+            try:
+                with urllib.request.urlopen(probe, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("cardbus ui did not answer within 30 s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "ui.db"
+
+    async def create() -> None:
+        await (await SqliteEventStore.open(path)).close()
+
+    asyncio.run(create())
+    return path
+
+
+@pytest.fixture
+def server(db: Path) -> Iterator[Server]:
+    s = Server(db)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def page(server: Server) -> Iterator[Any]:
+    path = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+        try:
+            pg = browser.new_page()
+            pg.set_default_timeout(30_000)
+            errors: list[str] = []
+            pg.on("pageerror", lambda e: errors.append(str(e)))
+            yield pg
+            assert errors == [], errors  # no script error on the page
+        finally:
+            browser.close()
+
+
+class Background:
+    """Runs on an EmbeddedRuntime in a thread (its own loop), against the same SQLite file."""
+
+    def __init__(self, db: Path, agents: list[Any], plan: dict[str, Any]) -> None:
+        self.root: str | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.submitted = threading.Event()
+        self.thread = threading.Thread(target=self._main, args=(db, agents, plan), daemon=True)
+        self.thread.start()
+
+    def _main(self, db: Path, agents: list[Any], plan: dict[str, Any]) -> None:
+        async def go() -> None:
+            store = await SqliteEventStore.open(db)
+            try:
+                async with EmbeddedRuntime(store, agents) as rt:
+                    self.root = await rt.orchestrator.submit(plan)
+                    self.submitted.set()
+                    self.result = await rt.orchestrator.wait(self.root, 60)
+            finally:
+                await store.close()
+
+        try:
+            asyncio.run(go())
+        except BaseException as e:
+            self.error = e
+        finally:
+            self.submitted.set()
+
+    def join(self) -> Any:
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the run did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _off_loop(fn: Any) -> Any:
+    """``asyncio.run(fn())`` in a thread: playwright's sync API holds a loop in this one."""
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(asyncio.run(fn())))
+    t.start()
+    t.join(30)
+    return out[0]
+
+
+@pytest.mark.timeout(180)
+def test_page_loads_and_a_demo_run_appears_live(server: Server, page: Any, db: Path) -> None:
+    page.goto(server.url)
+    page.wait_for_selector("body[data-live='yes'][data-view='runs']")
+    assert page.locator("#runs tbody tr").count() == 0
+    page.evaluate("window.__sameDocument = 1")
+    run = Background(db, DEMO_AGENTS, report_plan("ocean tides", plan_id="ui-demo"))
+    assert run.submitted.wait(60) and run.root is not None
+    row = page.locator(f"#runs tr[data-root='{run.root}']")
+    row.wait_for()
+    assert run.join().status == "completed"
+    page.wait_for_selector(f"#runs tr[data-root='{run.root}'][data-status='completed']")
+    assert row.locator("[data-tasks]").inner_text() == "6/6"
+    assert run.root in row.inner_text()  # the full id, not cut
+    assert "ui-demo" in row.inner_text()
+    assert page.evaluate("window.__sameDocument") == 1  # updated in place, never reloaded
+    # the run's view: task table and timeline from the log
+    row.locator("a").click()
+    page.wait_for_selector("#run-status[data-status='completed']")
+    assert page.locator("#tasks tbody tr").count() == 6
+    timeline = page.locator("#timeline").inner_text()
+    assert "revision_requested" in timeline and "needs_input" in timeline
+    # a task's steps with its inputs, outputs and reasons
+    page.locator("#tasks a", has_text="draft-").first.click()
+    page.wait_for_selector("#task-status[data-status='completed']")
+    assert "ocean tides" in page.locator("#task-input").inner_text()
+    assert '"sections"' in page.locator("#task-output").inner_text()
+    assert "revision requested (round 1)" in page.locator("#steps").inner_text()
+
+
+APPROVAL_PLAN = {
+    "goal": "Research tides, once a human agrees",
+    "plan_id": "ui-approval",
+    "tasks": [
+        {
+            "id": "research",
+            "capability": "research",
+            "inputs": {"topic": "tides"},
+            "requires_approval": True,
+        }
+    ],
+}
+
+
+@pytest.mark.timeout(180)
+def test_an_approval_click_completes_a_waiting_run(server: Server, page: Any, db: Path) -> None:
+    page.goto(server.url)
+    page.wait_for_selector("body[data-live='yes']")
+    run = Background(db, [Researcher], APPROVAL_PLAN)
+    assert run.submitted.wait(60) and run.root is not None
+    page.wait_for_selector(f"#runs tr[data-root='{run.root}'][data-status='awaiting_approval']")
+    page.locator(f"#runs tr[data-root='{run.root}'] a").click()
+    page.wait_for_selector("#run-status[data-status='awaiting_approval']")
+    task_id = f"research-{run.root[-12:]}"
+    page.wait_for_selector(f"#tasks tr[data-task='{task_id}'][data-status='awaiting_approval']")
+    assert run.thread.is_alive()  # the run waits for the answer
+    page.locator(f"button[data-approve='{task_id}']").click()
+    result = run.join()
+    assert result.status == "completed"
+    # the page follows the run to its end without a reload
+    page.wait_for_selector("#run-status[data-status='completed']")
+    page.wait_for_selector(f"#tasks tr[data-task='{task_id}'][data-status='completed']")
+    assert "approval_granted" in page.locator("#timeline").inner_text()
+
+    async def granted() -> list[Any]:
+        store = await SqliteEventStore.open(db, create=False)
+        try:
+            return [e.data for e in await store.read_stream(task_id)]
+        finally:
+            await store.close()
+
+    answers = [d for d in _off_loop(granted) if isinstance(d, ev.ApprovalGranted)]
+    assert [a.by for a in answers] == ["ui"]  # the same event `cardbus approve` appends
+
+
+# -- access rules (no browser needed) ---------------------------------------------
+
+
+def test_refuses_a_non_loopback_host_without_a_token(db: Path) -> None:
+    r = CliRunner().invoke(cli, ["ui", "--db", str(db), "--host", "0.0.0.0"])
+    assert r.exit_code == 2
+    assert "not loopback" in r.output and "--token" in r.output
+
+
+def test_a_token_is_required_on_every_request(db: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from cardbus.tools.ui import create_app
+
+    with TestClient(create_app(str(db), token="s3cret"), base_url="http://127.0.0.1") as c:
+        assert c.get("/").status_code == 401
+        assert c.get("/api/runs").status_code == 401
+        assert c.get("/api/runs?token=wrong").status_code == 401
+        assert c.get("/?token=s3cret").status_code == 200
+        assert c.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).json() == {
+            "runs": [],
+            "position": 0,
+        }
+        assert c.get("/api/runs", headers={"X-Cardbus-Token": "s3cret"}).status_code == 200
+
+
+def test_host_origin_and_json_checks(db: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from cardbus.tools.ui import create_app
+
+    with TestClient(create_app(str(db)), base_url="http://127.0.0.1") as c:
+        assert c.get("/").status_code == 200
+        # DNS rebinding: a Host that is not the loopback interface served
+        assert c.get("/api/runs", headers={"Host": "evil.example"}).status_code == 400
+        # a cross-site form post cannot approve: JSON only, same origin only
+        form = c.post("/api/tasks/x/approve", data={"by": "x"})
+        assert form.status_code == 415
+        cross = c.post("/api/tasks/x/approve", json={}, headers={"Origin": "http://evil.example"})
+        assert cross.status_code == 403
+        missing = c.post("/api/tasks/nope/approve", json={})
+        assert missing.status_code == 404 and "nope" in missing.json()["error"]
+        assert c.post("/api/tasks/nope/launch", json={}).status_code == 404
+        assert c.get("/api/runs?status=bogus").status_code == 400
+
+
+def test_deny_through_the_api_cancels_a_waiting_task(db: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from cardbus.tools.ui import create_app
+
+    run = Background(db, [Researcher], {**APPROVAL_PLAN, "plan_id": "ui-deny"})
+    assert run.submitted.wait(60) and run.root is not None
+    task_id = f"research-{run.root[-12:]}"
+    with TestClient(create_app(str(db)), base_url="http://127.0.0.1") as c:
+        deadline = time.monotonic() + 30
+        while c.get(f"/api/tasks/{task_id}").json().get("task", {}).get("status") != (
+            "awaiting_approval"
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        runs = c.get("/api/runs", params={"status": "awaiting_approval"}).json()["runs"]
+        assert [r["root_id"] for r in runs] == [run.root]
+        r = c.post(f"/api/tasks/{task_id[:12]}/deny", json={"by": "tester", "note": "no"})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"task_id": task_id, "approved": False, "by": "tester"}
+        assert run.join().status != "completed"
+        again = c.post(f"/api/tasks/{task_id}/approve", json={})
+        assert again.status_code == 409  # no longer awaiting approval
+        steps = c.get(f"/api/tasks/{task_id}").json()["steps"]
+        denied = [s for s in steps if s["type"] == "task.approval_denied.v1"]
+        assert [(s["data"]["by"], s["data"]["note"], s["reason"]) for s in denied] == [
+            ("tester", "no", "approval denied by tester: no")
+        ]

@@ -1,0 +1,65 @@
+"""``cardbus ui``: the local web console (runs, live timelines, approvals) on uvicorn."""
+
+from __future__ import annotations
+
+import click
+
+from cardbus.tools.cli import cli
+
+
+@cli.command()
+@click.option(
+    "--store",
+    "--db",
+    "db",
+    default="cardbus.db",
+    envvar="CARDBUS_DB",
+    show_default=True,
+    show_envvar=True,
+    help="SQLite event store file (created if missing: the console waits for runs).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--token",
+    default=None,
+    envvar="CARDBUS_UI_TOKEN",
+    show_envvar=True,
+    help="Required on every request (?token=...); needed to bind beyond loopback.",
+)
+def ui(db: str, host: str, port: int, token: str | None) -> None:
+    """Serve the web console: the runs, each run's timeline and task table updating live,
+    each task's inputs, outputs and reasons, and approve/deny buttons.
+
+    Bound to loopback by default. On any other interface it refuses to start
+    without --token, and then every request must carry the token.
+    """
+    try:
+        import uvicorn
+
+        from cardbus.tools.ui import create_app, is_loopback
+    except ImportError as e:
+        raise click.ClickException(
+            f"the web console needs the 'ui' extra: pip install 'cardbus[ui]' ({e})"
+        ) from e
+    loopback = is_loopback(host)
+    if not loopback and not token:
+        raise click.UsageError(
+            f"--host {host} is not loopback: anyone who can reach it could approve tasks;"
+            " give --token (or CARDBUS_UI_TOKEN) to require it on every request"
+        )
+    # the Host header must name the interface served (DNS rebinding); "*" when all of them
+    hosts = None if loopback else (["*"] if host in ("0.0.0.0", "::") else [host, f"[{host}]"])
+    app = create_app(db, token=token, hosts=hosts)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    suffix = f"?token={token}" if token else ""
+    click.echo(f"cardbus console on http://{shown}:{port}/{suffix}  (log {db}; Ctrl-C stops)")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=1,
+        lifespan="on",
+    )
+    uvicorn.Server(config).run()
