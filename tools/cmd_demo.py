@@ -14,6 +14,7 @@ from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
 from cardbus.projections.replay import Timeline, replay
 from cardbus.tools.cli import cli
+from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 
 
 def report_text(draft: Any) -> str:
@@ -37,12 +38,15 @@ def timeline_text(timeline: Timeline) -> str:
     return buf.getvalue().rstrip()
 
 
-async def _demo(db: str, parallel: bool, topic: str) -> int:
+async def _demo(
+    db: str, parallel: bool, topic: str, llm_base_url: str | None = None, model: str | None = None
+) -> int:
+    llm = open_llm(llm_base_url, model)
     store = await SqliteEventStore.open(db)
     try:
         plan = parallel_plan(topic) if parallel else report_plan(topic)
         started = time.perf_counter()
-        async with EmbeddedRuntime(store, DEMO_AGENTS) as rt:
+        async with EmbeddedRuntime(store, DEMO_AGENTS, llm=llm) as rt:
             result = await rt.run(plan, timeout=60)
         elapsed = time.perf_counter() - started
         click.echo(report_text(result.outputs.get("draft")))
@@ -54,6 +58,7 @@ async def _demo(db: str, parallel: bool, topic: str) -> int:
         return 0 if result.status == "completed" else 1
     finally:
         await store.close()
+        await close_llm(llm)
 
 
 @cli.command()
@@ -65,6 +70,7 @@ async def _demo(db: str, parallel: bool, topic: str) -> int:
 @click.option(
     "--external-agents", is_flag=True, help="With --nats: agents come from `agent serve`."
 )
+@llm_options
 def demo(
     db: str,
     parallel: bool,
@@ -72,6 +78,8 @@ def demo(
     nats_url: str | None = None,
     start_nats: bool = False,
     external_agents: bool = False,
+    llm_base_url: str | None = None,
+    model: str | None = None,
 ) -> None:
     """Run the demo report pipeline on the embedded default (SQLite + in-process bus).
 
@@ -82,5 +90,7 @@ def demo(
     if nats_url or start_nats:
         from cardbus.tools.cmd_nats import demo_on_nats
 
+        if llm_base_url or model:
+            click.echo("LLM: --llm-base-url/--model are not used on NATS yet: the mock", err=True)
         raise SystemExit(demo_on_nats(nats_url, start_nats, parallel, topic, external_agents))
-    raise SystemExit(asyncio.run(_demo(db, parallel, topic)))
+    raise SystemExit(asyncio.run(_demo(db, parallel, topic, llm_base_url, model)))

@@ -13,6 +13,7 @@ from cardbus.bus.orchestrator.plan import decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
 from cardbus.tools.cli import cli
+from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 from cardbus.tools.loading import load_agent
 
 
@@ -22,8 +23,15 @@ from cardbus.tools.loading import load_agent
 @click.option("--agent", "agent_paths", multiple=True, help="module:Class, added to the plan's.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@llm_options
 def run(
-    plan_file: Path, db: str, agent_paths: tuple[str, ...], timeout: float, as_json: bool
+    plan_file: Path,
+    db: str,
+    agent_paths: tuple[str, ...],
+    timeout: float,
+    as_json: bool,
+    llm_base_url: str | None = None,
+    model: str | None = None,
 ) -> None:
     """Run PLAN_FILE (JSON) with the agents it names, on the SQLite log DB.
 
@@ -34,12 +42,14 @@ def run(
     agents = [load_agent(p) for p in [*plan.agents, *agent_paths]]
 
     async def go() -> None:
+        llm = open_llm(llm_base_url, model)
         store = await SqliteEventStore.open(db)
         try:
-            async with EmbeddedRuntime(store, agents) as rt:
+            async with EmbeddedRuntime(store, agents, llm=llm) as rt:
                 result = await rt.run(plan, timeout)
         finally:
             await store.close()
+            await close_llm(llm)
         if as_json:
             click.echo(
                 json.dumps(
