@@ -28,6 +28,7 @@ COMMANDS = {
     "deny": "cardbus.tools.cmd_run",
     "export": "cardbus.tools.cmd_export",
     "fork": "cardbus.tools.cmd_fork",
+    "head": "cardbus.tools.cmd_audit",
     "memory": "cardbus.tools.cmd_memory",
     "nats": "cardbus.tools.cmd_nats",
     "orchestrator": "cardbus.tools.cmd_nats",
@@ -39,7 +40,7 @@ COMMANDS = {
     "tail": "cardbus.tools.cmd_inspect",
     "tasks": "cardbus.tools.cmd_inspect",
     "ui": "cardbus.tools.cmd_ui",
-    "verify": "cardbus.tools.cmd_inspect",
+    "verify": "cardbus.tools.cmd_audit",
 }
 COMMAND_MODULES = sorted(set(COMMANDS.values()))
 

@@ -1,4 +1,4 @@
-"""Inspection commands: ``tasks``, ``tail``, ``verify``, ``stats``, ``rebuild``.
+"""Inspection commands: ``tasks``, ``tail``, ``stats``, ``rebuild`` (``verify``: cmd_audit).
 
 Shared options live here too (``--db``, ``--json``, ``--as-of``) and are
 used by ``cmd_replay``. Commands are thin: the read models, time travel and
@@ -424,71 +424,6 @@ def tail(
         run(go())
     except KeyboardInterrupt:
         pass
-
-
-# --- verify -------------------------------------------------------------------
-
-
-@cli.command()
-@click.argument("task_id", required=False)
-@db_option
-@json_option
-def verify(task_id: str | None, db: str, as_json: bool) -> None:
-    """Check the hash chains of one task (or run), or of the whole log.
-
-    TASK_ID is a task or root id, a plan id, or a unique prefix of one.
-
-    Exits 1 and names every event where a chain breaks (edited, deleted,
-    inserted or reordered events).
-    """
-
-    async def go() -> tuple[list[str], list[Any], int]:
-        nonlocal task_id
-        store = await open_store(db)
-        try:
-            if task_id is None:
-                return ["*"], await store.verify(), await store.last_position()
-            task_id = await resolve_id(store, task_id)
-            own = await store.read_stream(task_id)
-            related = await store.read_correlation(task_id)  # a root id: the whole run
-            if related:
-                streams = sorted({e.stream for e in related} | ({task_id} if own else set()))
-                count = len({e.position for e in [*own, *related]})
-            elif own:
-                streams = [task_id]
-                count = len(own)
-            else:
-                raise StreamNotFound(task_id)
-            problems = []
-            for s in streams:
-                problems.extend(await store.verify(s))
-            return streams, sorted(problems, key=lambda p: p.position), count
-        finally:
-            await store.close()
-
-    streams, problems, count = run(go())
-    scope = "the whole log" if streams == ["*"] else f"{len(streams)} stream(s) of {task_id}"
-    if as_json:
-        echo_json(
-            {
-                "ok": not problems,
-                "scope": "log" if streams == ["*"] else task_id,
-                "streams": None if streams == ["*"] else streams,
-                "events": count,
-                "problems": problems,
-            }
-        )
-    elif not problems:
-        click.echo(f"OK: hash chains intact in {scope} ({count} events)")
-    else:
-        for p in problems:
-            click.echo(
-                f"BAD event {p.event_id} at position {p.position}"
-                f" (stream {p.stream}, version {p.version}): {p.problem}"
-            )
-    if problems:
-        click.echo(f"verify failed: {len(problems)} broken link(s) in {scope}", err=True)
-        sys.exit(1)
 
 
 # --- stats --------------------------------------------------------------------

@@ -189,7 +189,7 @@ def test_verify_names_edited_event(run_db: tuple[str, RunIds]) -> None:
         r = invoke(*args, "--db", db)
         assert r.exit_code == 1
         assert event_id in r.stdout and "edited" in r.stdout
-        assert "verify failed: 1 broken link" in r.stderr
+        assert "verify failed: 1 problem(s)" in r.stderr
     # other tasks are still fine
     assert invoke("verify", ids.code, "--db", db).exit_code == 0
     problems = json.loads(invoke("verify", "--db", db, "--json").stdout)["problems"]

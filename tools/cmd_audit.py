@@ -1,0 +1,157 @@
+"""Tamper evidence: ``cardbus head`` (keep the log's end elsewhere) and ``cardbus verify``.
+
+Both only read: ``verify`` audits the file read-only (``SqliteEventStore.
+verify_file``), so it never writes a schema into a file that is not a log,
+and a missing, empty or foreign file is one line and exit 1. The checks are
+in ``eventstore.audit``; the head and its signature in ``eventstore.loghead``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore.errors import ConfigError, StreamNotFound
+from cardbus.eventstore.loghead import LogHead, decode_head, encode_head, sign, signature_ok
+from cardbus.projections import resolve_id
+from cardbus.tools.cli import cli
+from cardbus.tools.cmd_inspect import db_option, echo_json, json_option, open_store, run
+
+__all__ = ["head", "verify"]
+
+key_option = click.option(
+    "--key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="CARDBUS_HEAD_KEY_FILE",
+    show_envvar=True,
+    help="A secret kept outside the log: the head is signed (head) or its signature checked"
+    " (verify) with HMAC-SHA256 under it.",
+)
+
+
+def _key(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    key = Path(path).read_bytes().strip()
+    if not key:
+        raise ConfigError(f"key file {path!r} is empty")
+    return key
+
+
+@cli.command()
+@db_option
+@key_option
+def head(db: str, key_file: str | None) -> None:
+    """Print the log's end (position and log hash) as JSON: keep it outside the log.
+
+    ``cardbus verify --head FILE`` later names what was cut off or changed
+    up to that point. With --key-file the head is signed.
+    """
+
+    async def go() -> LogHead:
+        store = await open_store(db)
+        try:
+            return await store.head()
+        finally:
+            await store.close()
+
+    kept = run(go())
+    key = _key(key_file)
+    click.echo(encode_head(sign(kept, key) if key else kept).decode(), nl=False)
+
+
+@cli.command()
+@click.argument("task_id", required=False)
+@db_option
+@click.option(
+    "--head",
+    "head_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A head printed earlier by `cardbus head`: the log must still reach it, unchanged.",
+)
+@key_option
+@json_option
+def verify(
+    task_id: str | None, db: str, head_file: str | None, key_file: str | None, as_json: bool
+) -> None:
+    """Check the log: one task (or run), or the whole log.
+
+    TASK_ID is a task or root id, a plan id, or a unique prefix of one.
+
+    The whole log: every body against its hash, the columns queries read
+    against the body, each task's hash chain, gap-free positions and the log
+    chain over them, and with --head that nothing kept in the head was cut
+    off or changed. Exits 1 naming every problem; the file is only read.
+    """
+    kept = decode_head(Path(head_file).read_bytes()) if head_file else None
+    key = _key(key_file)
+    if kept is not None and key is not None and not signature_ok(kept, key):
+        raise ConfigError(f"the head in {head_file!r} is not signed with that key (or was edited)")
+    if task_id is None:
+        problems, end = run(SqliteEventStore.verify_file(db, kept))
+        scope, streams, count = "the whole log", None, end.position
+    else:
+        if kept is not None:
+            raise click.UsageError("--head checks the whole log: leave out TASK_ID")
+        streams, problems, count = run(_verify_task(db, task_id))
+        scope = f"{len(streams)} stream(s) of {task_id}"
+    _report(problems, scope, task_id, streams, count, kept, as_json)
+
+
+async def _verify_task(db: str, task_id: str) -> tuple[list[str], list[Any], int]:
+    store = await open_store(db)
+    try:
+        task_id = await resolve_id(store, task_id)  # a full id, a plan id or a unique prefix
+        own = await store.read_stream(task_id)
+        related = await store.read_correlation(task_id)  # a root id: the whole run
+        if related:
+            streams = sorted({e.stream for e in related} | ({task_id} if own else set()))
+            count = len({e.position for e in [*own, *related]})
+        elif own:
+            streams, count = [task_id], len(own)
+        else:
+            raise StreamNotFound(task_id)
+        problems = []
+        for s in streams:
+            problems.extend(await store.verify(s))
+        return streams, sorted(problems, key=lambda p: p.position), count
+    finally:
+        await store.close()
+
+
+def _report(
+    problems: list[Any],
+    scope: str,
+    task_id: str | None,
+    streams: list[str] | None,
+    count: int,
+    kept: LogHead | None,
+    as_json: bool,
+) -> None:
+    if as_json:
+        echo_json(
+            {
+                "ok": not problems,
+                "scope": "log" if task_id is None else task_id,
+                "streams": streams,
+                "events": count,
+                "head": kept,
+                "problems": problems,
+            }
+        )
+    elif not problems:
+        against = f", up to the kept head at position {kept.position}" if kept else ""
+        click.echo(f"OK: hash chains intact in {scope} ({count} events{against})")
+    else:
+        for p in problems:
+            click.echo(
+                f"BAD event {p.event_id} at position {p.position}"
+                f" (stream {p.stream}, version {p.version}): {p.problem}"
+            )
+    if problems:
+        click.echo(f"verify failed: {len(problems)} problem(s) in {scope}", err=True)
+        sys.exit(1)
