@@ -4,13 +4,13 @@
 The packages under it keep the rest, by layer (imports only point down)::
 
     cardbus.tools        the `cardbus` command line
-    cardbus.bus          transport, orchestrator, runtimes   (uses the three below)
-    cardbus.agents       cards, Agent, LLM and tool seams    (uses eventstore)
-    cardbus.projections  folds over the log, replay, traces  (uses eventstore)
-    cardbus.eventstore   the log: events, hash chain, stores, the error tree
+    cardbus.bus          transport, orchestrator, runtimes, A2A   (uses the three below)
+    cardbus.agents       cards, Agent, LLM and tool seams, planners (uses eventstore)
+    cardbus.projections  folds over the log, replay, traces        (uses eventstore)
+    cardbus.eventstore   the log: events, hash chains, stores, the error tree
 
 Names are loaded on first use, so ``import cardbus`` (and the CLI, which
-lives under it) stays cheap.
+lives under it) stays cheap; ``RemoteA2AAgent`` needs the ``a2a`` extra.
 """
 
 from __future__ import annotations
@@ -27,12 +27,15 @@ if TYPE_CHECKING:
         Capability,
         CapabilitySpec,
         Completion,
+        LLMAgent,
+        LLMPlanner,
         MockLLM,
         NeedsInput,
         OpenAIChatLLM,
         Reject,
         ResultCard,
         Review,
+        RulePlanner,
         TaskCard,
         TaskContext,
     )
@@ -42,12 +45,18 @@ if TYPE_CHECKING:
         Plan,
         PlanTask,
         Policy,
+        RetryPolicy,
         RunResult,
         Weights,
         decode_plan,
         validate_plan,
     )
-    from cardbus.bus.runtime.nats import NatsRuntime
+    from cardbus.bus.a2a import (
+        RemoteA2AAgent,
+    )
+    from cardbus.bus.runtime.nats import (
+        NatsRuntime,
+    )
     from cardbus.eventstore import (
         EventStore,
         MemoryEventStore,
@@ -56,6 +65,7 @@ if TYPE_CHECKING:
     )
     from cardbus.eventstore.errors import (
         AccessDenied,
+        AmbiguousId,
         BusError,
         CardbusError,
         ConcurrencyError,
@@ -64,7 +74,12 @@ if TYPE_CHECKING:
         IdempotencyError,
         IllegalTransition,
         InvalidPlan,
+        LLMBadOutput,
         LLMError,
+        LLMRateLimited,
+        LLMRequestRefused,
+        LLMServerError,
+        LLMTimeout,
         PayloadTooLarge,
         PrerequisiteNotStored,
         StoreError,
@@ -80,8 +95,14 @@ if TYPE_CHECKING:
         UnknownEventType,
         ValidationError,
     )
-    from cardbus.eventstore.nats import NatsEventStore
-    from cardbus.projections import AsOf, Timeline, replay
+    from cardbus.eventstore.nats import (
+        NatsEventStore,
+    )
+    from cardbus.projections import (
+        AsOf,
+        Timeline,
+        replay,
+    )
 
 # public name -> the module that defines it
 _HOME = {
@@ -94,12 +115,15 @@ _HOME = {
             "Capability",
             "CapabilitySpec",
             "Completion",
+            "LLMAgent",
+            "LLMPlanner",
             "MockLLM",
             "NeedsInput",
             "OpenAIChatLLM",
             "Reject",
             "ResultCard",
             "Review",
+            "RulePlanner",
             "TaskCard",
             "TaskContext",
         ],
@@ -112,6 +136,7 @@ _HOME = {
             "Plan",
             "PlanTask",
             "Policy",
+            "RetryPolicy",
             "RunResult",
             "Weights",
             "decode_plan",
@@ -119,18 +144,50 @@ _HOME = {
         ],
         "cardbus.bus",
     ),
-    "NatsRuntime": "cardbus.bus.runtime.nats",
     **dict.fromkeys(
-        ["EventStore", "MemoryEventStore", "SqliteEventStore", "open_store"], "cardbus.eventstore"
+        [
+            "RemoteA2AAgent",
+        ],
+        "cardbus.bus.a2a",
     ),
-    "NatsEventStore": "cardbus.eventstore.nats",
+    **dict.fromkeys(
+        [
+            "NatsRuntime",
+        ],
+        "cardbus.bus.runtime.nats",
+    ),
+    **dict.fromkeys(
+        [
+            "EventStore",
+            "MemoryEventStore",
+            "SqliteEventStore",
+            "open_store",
+        ],
+        "cardbus.eventstore",
+    ),
     **dict.fromkeys(
         [
             "AccessDenied",
+            "AmbiguousId",
             "BusError",
             "CardbusError",
+            "ConcurrencyError",
             "ConfigError",
+            "DecodeError",
+            "IdempotencyError",
+            "IllegalTransition",
+            "InvalidPlan",
+            "LLMBadOutput",
             "LLMError",
+            "LLMRateLimited",
+            "LLMRequestRefused",
+            "LLMServerError",
+            "LLMTimeout",
+            "PayloadTooLarge",
+            "PrerequisiteNotStored",
+            "StoreError",
+            "StoreUnavailable",
+            "StreamNotFound",
             "SubjectLayoutError",
             "ToolError",
             "ToolFailed",
@@ -138,22 +195,25 @@ _HOME = {
             "ToolNotFound",
             "ToolResultTooLarge",
             "ToolTimeout",
-            "ConcurrencyError",
-            "DecodeError",
-            "IdempotencyError",
-            "IllegalTransition",
-            "InvalidPlan",
-            "PayloadTooLarge",
-            "PrerequisiteNotStored",
-            "StoreError",
-            "StoreUnavailable",
-            "StreamNotFound",
             "UnknownEventType",
             "ValidationError",
         ],
         "cardbus.eventstore.errors",
     ),
-    **dict.fromkeys(["AsOf", "Timeline", "replay"], "cardbus.projections"),
+    **dict.fromkeys(
+        [
+            "NatsEventStore",
+        ],
+        "cardbus.eventstore.nats",
+    ),
+    **dict.fromkeys(
+        [
+            "AsOf",
+            "Timeline",
+            "replay",
+        ],
+        "cardbus.projections",
+    ),
 }
 
 __all__ = [
@@ -161,6 +221,7 @@ __all__ = [
     "Agent",
     "AgentCard",
     "AgentConstraints",
+    "AmbiguousId",
     "AsOf",
     "BusError",
     "Capability",
@@ -176,7 +237,14 @@ __all__ = [
     "IllegalTransition",
     "InvalidPlan",
     "LLM",
+    "LLMAgent",
+    "LLMBadOutput",
     "LLMError",
+    "LLMPlanner",
+    "LLMRateLimited",
+    "LLMRequestRefused",
+    "LLMServerError",
+    "LLMTimeout",
     "MemoryEventStore",
     "MockLLM",
     "NatsEventStore",
@@ -190,8 +258,11 @@ __all__ = [
     "Policy",
     "PrerequisiteNotStored",
     "Reject",
+    "RemoteA2AAgent",
     "ResultCard",
+    "RetryPolicy",
     "Review",
+    "RulePlanner",
     "RunResult",
     "SqliteEventStore",
     "StoreError",
