@@ -57,9 +57,6 @@ class Projection(abc.ABC):
 
     # -- helpers shared by the query methods ---------------------------------
 
-    def table_names(self) -> list[str]:
-        return [t.name for t in self.tables]
-
     @staticmethod
     def query(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Row]:
         cur = conn.execute(sql, args)

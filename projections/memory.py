@@ -89,7 +89,6 @@ class MemoryFold:
     def __init__(self) -> None:
         self.records: dict[str, MemoryRecord] = {}
         self.version = 0  # last applied version of the memory stream
-        self.forgets = 0
         self._vectors: dict[str, list[float]] = {}  # text -> embedding (a cache)
 
     # -- the fold -------------------------------------------------------------
@@ -115,8 +114,8 @@ class MemoryFold:
                 version=env.version,
                 recorded_at=env.recorded_at,
             )
-        elif isinstance(data, ev.MemoryForgotten) and self.records.pop(data.key, None) is not None:
-            self.forgets += 1
+        elif isinstance(data, ev.MemoryForgotten):
+            self.records.pop(data.key, None)
         return True
 
     def apply_all(self, events: Iterable[Envelope]) -> MemoryFold:
