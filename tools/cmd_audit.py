@@ -1,9 +1,14 @@
 """Tamper evidence: ``cardbus head`` (keep the log's end elsewhere) and ``cardbus verify``.
 
-Both only read: ``verify`` audits the file read-only (``SqliteEventStore.
+``--store`` (or ``--db``) names the log: a SQLite file (a path or
+``sqlite:///path``) or a JetStream log (``nats://HOST:PORT``, ``tls://...``;
+credentials from the ``CARDBUS_NATS_*`` variables). Both commands only read:
+on SQLite ``verify`` audits the file read-only (``SqliteEventStore.
 verify_file``), so it never writes a schema into a file that is not a log,
-and a missing, empty or foreign file is one line and exit 1. The checks are
-in ``eventstore.audit``; the head and its signature in ``eventstore.loghead``.
+and a missing, empty or foreign file is one line and exit 1; on NATS the
+stream is never created or changed (``NatsEventStore.audit``). The checks
+are in ``eventstore.audit`` (and ``eventstore.nats.audits``); the head and
+its signature in ``eventstore.loghead``.
 """
 
 from __future__ import annotations
@@ -14,14 +19,59 @@ from typing import Any
 
 import click
 
-from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import STORE_SCHEMES, EventStore, SqliteEventStore
+from cardbus.eventstore import open_store as open_url
+from cardbus.eventstore.envelope import ChainProblem
 from cardbus.eventstore.errors import ConfigError, StreamNotFound
 from cardbus.eventstore.loghead import LogHead, decode_head, encode_head, sign, signature_ok
 from cardbus.projections import resolve_id
 from cardbus.tools.cli import cli
-from cardbus.tools.cmd_inspect import db_option, echo_json, json_option, open_store, run
+from cardbus.tools.cmd_inspect import echo_json, json_option, open_store, run
 
 __all__ = ["head", "verify"]
+
+store_option = click.option(
+    "--store",
+    "--db",
+    "db",
+    default="cardbus.db",
+    envvar="CARDBUS_DB",
+    show_default=True,
+    show_envvar=True,
+    metavar="PATH|URL",
+    help="The log: a SQLite file (a path or sqlite:///path) or nats://HOST:PORT"
+    " (credentials from CARDBUS_NATS_*).",
+)
+
+
+def _nats_url(store: str) -> str | None:
+    """The NATS URL ``store`` names, or None for a SQLite file (any other scheme: refused)."""
+    scheme, sep, _ = store.partition("://")
+    if store.startswith(("nats://", "tls://")):
+        return store
+    if (sep and scheme not in STORE_SCHEMES) or store == "memory:":
+        raise ConfigError(
+            f"store {store!r}: head and verify read a SQLite file (PATH, sqlite:///PATH)"
+            " or a JetStream log (nats://HOST:PORT)"
+        )
+    return None
+
+
+def _sqlite_path(store: str) -> str:
+    return store.removeprefix("sqlite://").removeprefix("sqlite:")
+
+
+async def _open(store: str) -> EventStore:
+    """The log ``store`` names, opened to read: never a file or stream created."""
+    url = _nats_url(store)
+    if url is None:
+        return await open_store(_sqlite_path(store))
+    from cardbus.eventstore.nats.connection import NatsOptions  # only with nats-py
+
+    options = NatsOptions.from_env(url, max_reconnect_attempts=0).store_kwargs()
+    options.pop("url")
+    return await open_url(url, create_stream=False, **options)
+
 
 key_option = click.option(
     "--key-file",
@@ -43,17 +93,17 @@ def _key(path: str | None) -> bytes | None:
 
 
 @cli.command()
-@db_option
+@store_option
 @key_option
 def head(db: str, key_file: str | None) -> None:
     """Print the log's end (position and log hash) as JSON: keep it outside the log.
 
     ``cardbus verify --head FILE`` later names what was cut off or changed
-    up to that point. With --key-file the head is signed.
+    up to that point. With --key-file the head is signed. SQLite or NATS.
     """
 
     async def go() -> LogHead:
-        store = await open_store(db)
+        store = await _open(db)
         try:
             return await store.head()
         finally:
@@ -66,7 +116,7 @@ def head(db: str, key_file: str | None) -> None:
 
 @cli.command()
 @click.argument("task_id", required=False)
-@db_option
+@store_option
 @click.option(
     "--head",
     "head_file",
@@ -85,14 +135,16 @@ def verify(
     The whole log: every body against its hash, the columns queries read
     against the body, each task's hash chain, gap-free positions and the log
     chain over them, and with --head that nothing kept in the head was cut
-    off or changed. Exits 1 naming every problem; the file is only read.
+    off or changed. On NATS also: the positions (stream sequences) against
+    the stream's state, and each subject's tokens against the body. Exits 1
+    naming every problem; the log is only read.
     """
     kept = decode_head(Path(head_file).read_bytes()) if head_file else None
     key = _key(key_file)
     if kept is not None and key is not None and not signature_ok(kept, key):
         raise ConfigError(f"the head in {head_file!r} is not signed with that key (or was edited)")
     if task_id is None:
-        problems, end = run(SqliteEventStore.verify_file(db, kept))
+        problems, end = run(_audit(db, kept))
         scope, streams, count = "the whole log", None, end.position
     else:
         if kept is not None:
@@ -102,8 +154,18 @@ def verify(
     _report(problems, scope, task_id, streams, count, kept, as_json)
 
 
+async def _audit(db: str, kept: LogHead | None) -> tuple[list[ChainProblem], LogHead]:
+    if _nats_url(db) is None:
+        return await SqliteEventStore.verify_file(_sqlite_path(db), kept)
+    store = await _open(db)
+    try:
+        return await store.audit(kept)
+    finally:
+        await store.close()
+
+
 async def _verify_task(db: str, task_id: str) -> tuple[list[str], list[Any], int]:
-    store = await open_store(db)
+    store = await _open(db)
     try:
         task_id = await resolve_id(store, task_id)  # a full id, a plan id or a unique prefix
         own = await store.read_stream(task_id)

@@ -10,7 +10,8 @@ needs are described in the README ("Running on NATS").
 
 Parts: ``subjects`` (pure subject functions), ``wire`` (headers, status and
 error codes), ``connection`` (options, connect, error translation, store
-retries; shared with the bus), ``appends``, ``reads``, ``follow``, ``store``.
+retries; shared with the bus), ``appends``, ``reads``, ``follow``, ``audits``
+(``head`` and ``audit``: whole-log tamper evidence), ``store``.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from cardbus.eventstore.nats.wire import (
     END_OF_BATCH,
     ERR_STREAM_NOT_FOUND,
     HASH_HEADER,
+    MSG_ID,
     NO_MESSAGES,
     NUM_PENDING,
     SEQUENCE,
@@ -268,7 +269,13 @@ class Reads(StoreBase):
                 call.done.set_exception(transient(f"direct get without a sequence: {headers}"))
                 return
             call.msgs.append(
-                Stored(seq, headers.get(SUBJECT, ""), msg.data, headers.get(HASH_HEADER, ""))
+                Stored(
+                    seq,
+                    headers.get(SUBJECT, ""),
+                    msg.data,
+                    headers.get(HASH_HEADER, ""),
+                    headers.get(MSG_ID, ""),
+                )
             )
         elif status == END_OF_BATCH:
             left = headers.get(NUM_PENDING, "0")

@@ -20,6 +20,7 @@ from cardbus.eventstore.errors import (
     SubjectLayoutError,
 )
 from cardbus.eventstore.nats.appends import Appends
+from cardbus.eventstore.nats.audits import Audits
 from cardbus.eventstore.nats.connection import (
     TRANSPORT_ERRORS,
     NatsOptions,
@@ -42,7 +43,7 @@ __all__ = ["NatsEventStore"]
 log = logging.getLogger(__name__)
 
 
-class NatsEventStore(Appends, Follows, EventStore):
+class NatsEventStore(Audits, Appends, Follows, EventStore):
     """Open with ``await NatsEventStore.connect(url, ...)``; close with ``await store.close()``."""
 
     def __init__(

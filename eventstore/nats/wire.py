@@ -111,15 +111,18 @@ class Stored(NamedTuple):
     subject: str
     data: bytes
     hash: str
+    msg_id: str = ""  # the Nats-Msg-Id header: the event id (checked by ``audit``)
 
 
 def stored_of(msg: Msg) -> Stored:
     """A message a consumer delivered (its stream sequence is in the reply subject)."""
+    headers = msg.headers or {}
     return Stored(
         msg.metadata.sequence.stream,
         msg.subject,
         msg.data,
-        (msg.headers or {}).get(HASH_HEADER, ""),
+        headers.get(HASH_HEADER, ""),
+        headers.get(MSG_ID, ""),
     )
 
 

@@ -218,9 +218,10 @@ async def read_log(url: str, **options: Any) -> list[Envelope]:
 
 
 async def verify(url: str, **options: Any) -> list[Any]:
+    """Every problem of the whole log: chains, and (``audit``) gap-free positions, subjects."""
     store = await NatsEventStore.connect(url, create_stream=False, **options)
     try:
-        return await store.verify()
+        return [*await store.verify(), *(await store.audit())[0]]
     finally:
         await store.close()
 

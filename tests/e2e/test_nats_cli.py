@@ -73,3 +73,77 @@ def test_permissions_and_connection_errors() -> None:
     bad = runner.invoke(cli, ["nats", "dead", "--nats", "nats://127.0.0.1:1"])
     assert bad.exit_code == 1
     assert "cannot connect to NATS at nats://127.0.0.1:1" in bad.output
+
+
+# -- cardbus head / verify --store nats://... -------------------------------------------
+
+
+def test_head_and_verify_on_a_jetstream_log_name_each_tamper(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    """A kept head, then a message deleted, the tail cut: verify exits 1 naming each."""
+    import json
+
+    import lifecycle_log
+    import nats
+
+    from cardbus.eventstore.nats import NatsEventStore
+
+    url = nats_server.url
+
+    async def write() -> None:
+        async with await NatsEventStore.connect(url, deny_delete=False) as store:
+            await lifecycle_log.write_run(store, "a-")
+
+    async def delete(*seqs: int) -> None:
+        nc = await nats.connect(url)
+        try:
+            for seq in seqs:
+                await nc.jetstream().delete_msg("CARDBUS_EVENTS", seq)
+        finally:
+            await nc.close()
+
+    asyncio.run(write())
+    runner = CliRunner()
+    r = runner.invoke(cli, ["head", "--store", url])
+    assert r.exit_code == 0, r.output
+    kept = tmp_path / "head.json"
+    kept.write_text(r.stdout)
+    assert json.loads(r.stdout)["position"] == 42
+    ok = runner.invoke(cli, ["verify", "--store", url, "--head", str(kept)])
+    assert ok.exit_code == 0, ok.output
+    assert "(42 events, up to the kept head at position 42)" in ok.output
+
+    asyncio.run(delete(7))
+    r = runner.invoke(cli, ["verify", "--store", url])
+    assert r.exit_code == 1
+    assert "at position 7 (stream (log), version 0): positions 7 missing (deleted)" in r.stdout
+    assert "verify failed" in r.stderr
+
+    asyncio.run(delete(40, 41, 42))
+    r = runner.invoke(cli, ["verify", "--store", url, "--head", str(kept)])
+    assert r.exit_code == 1
+    assert "positions 40..42 missing at the end (deleted or purged)" in r.stdout, r.stdout
+    assert "events 40..42 missing (truncated)" in r.stdout
+    # one run's streams on NATS: position 7 was a-task-write's first event
+    r = runner.invoke(cli, ["verify", "a-run-1", "--store", url])
+    assert r.exit_code == 1
+    assert "position 8 (stream a-task-write, version 2): version 2, expected 1" in r.stdout
+    # refused schemes and an absent stream: one line, exit 1, nothing created
+    r = runner.invoke(cli, ["verify", "--store", "memory:"])
+    assert r.exit_code == 1 and "head and verify read a SQLite file" in r.output
+    other = NatsServer(tmp_path / "empty").start()
+    try:
+        r = runner.invoke(cli, ["verify", "--store", other.url])
+        assert r.exit_code == 1 and "does not exist" in r.output, r.output
+        assert asyncio.run(_streams(other.url)) == []
+    finally:
+        other.stop()
+
+
+async def _streams(url: str) -> list[str]:
+    nc = await NatsOptions(url=url).connect("check")
+    try:
+        return sorted(s.config.name or "" for s in await nc.jetstream().streams_info())
+    finally:
+        await nc.close()
