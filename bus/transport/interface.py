@@ -26,27 +26,53 @@ and pass ``cardbus.testing.BusContract`` (``tests/contract/bus.py``). The contra
   core request/reply on ``cardbus.req.<agent_id>``, served by a queue-group
   subscription on ``cardbus.req.>``; not persisted (a request nobody answers
   times out and the agent sees ``BusError``).
+* Sender identity: a transport that knows who sent a message (NATS: the
+  subject, which the server's permissions restrict to the agent's own user)
+  refuses a reply or request that names another agent than its sender,
+  and reports it to ``on_refused`` as a :class:`Refusal` (the orchestrator
+  records it as ``reply.refused``); it never reaches ``replies()`` or the
+  request handler. The in-process bus has no other senders than the agents
+  its owner constructed: it refuses nothing.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from cardbus.agents.cards import Reply, TaskCard
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.eventstore.errors import BusError
 
-__all__ = ["BadMessage", "Bus", "CardHandler", "RequestHandler"]
+__all__ = ["BadMessage", "Bus", "CardHandler", "Refusal", "Refused", "RequestHandler"]
 
 CardHandler = Callable[[TaskCard], Awaitable[None]]
 RequestHandler = Callable[[AgentRequest], Awaitable[AgentResponse]]
 BadMessage = Callable[[str, bytes, str], Awaitable[None] | None]  # (subject, data, reason)
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A reply or request refused because it speaks for another agent than its sender."""
+
+    kind: str  # "result" | "started" | "announce" | "request"
+    claimed: str  # the agent id the message names
+    sender: str  # the agent the transport knows sent it ("" when it cannot tell)
+    reason: str
+    task_id: str = ""
+    attempt: int = 0
+    subject: str = ""
+
+
+Refused = Callable[[Refusal], Awaitable[None] | None]
+
+
 class Bus(abc.ABC):
     #: called with (subject, raw bytes, reason) for every undecodable message
     on_bad_message: BadMessage | None = None
+    #: called with every reply or request refused for its sender (see the module doc)
+    on_refused: Refused | None = None
 
     @abc.abstractmethod
     async def consume(self, agent_id: str, handler: CardHandler) -> None:

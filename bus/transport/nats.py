@@ -20,7 +20,7 @@ Subjects and streams
   terminated and reported. Redeliveries after a silent replica use the
   consumer's ``BackOff`` (``ack_wait`` doubling). The orchestrator's own task
   timeout still decides task retries of a lost attempt.
-* ``cardbus.reply.<task>`` (``Started``, ``ResultCard``) and
+* ``cardbus.reply.<agent>.<task>`` (``Started``, ``ResultCard``) and
   ``cardbus.announce.<agent>`` (``Announce``) -- answers to the orchestrator,
   in the interest-retention stream ``CARDBUS_REPLIES``. Each orchestrator
   reads them with its own durable pull consumer (``reply_durable``; the
@@ -42,6 +42,20 @@ Subjects and streams
   message is republished there with headers ``Cardbus-Reason`` and
   ``Cardbus-Subject`` (and reported to ``on_bad_message`` and the log), so
   nothing bad is lost silently and nothing is redelivered forever.
+
+* Sender identity. The subject names the agent that sent a reply, an
+  announcement or a request, and the documented permissions
+  (:func:`agent_permissions`) let agent X's user publish only under its own
+  id (``cardbus.reply.X.>``, ``cardbus.announce.X``, ``cardbus.req.X``). So a
+  message whose body names another agent (``ResultCard.agent_id``,
+  ``Started.agent_id``, the announced card's id, ``AgentRequest.agent_id``)
+  than its subject, an announcement on a reply subject or a reply on the
+  announcement subject, a reply for another task than its subject names, or
+  one on a subject without a sender (the layout before it, ``cardbus.reply.<task>``)
+  is refused: dead-lettered with the reason, reported to ``on_refused``
+  (claimed and actual sender), and never handed to the orchestrator; a refused
+  request is answered ``access_denied``. Without per-agent permissions on the
+  server the subject proves nothing: any client may publish anywhere.
 
 * ``cardbus.req.<agent>`` -- an agent's requests to the orchestrator
   (``Bus.request``): core NATS request/reply, not persisted, served by the
@@ -98,14 +112,15 @@ from cardbus.agents.cards import (
     Announce,
     Reply,
     ResultCard,
+    Started,
     TaskCard,
     decode_reply,
     decode_task_card,
     encode,
 )
-from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
+from cardbus.bus.transport.interface import Bus, CardHandler, Refusal, RequestHandler
 from cardbus.eventstore.errors import BusError, ConfigError, DecodeError, PayloadTooLarge
-from cardbus.eventstore.nats import encode_token
+from cardbus.eventstore.nats import decode_token, encode_token
 from cardbus.eventstore.nats.connection import (
     TRANSPORT_ERRORS,
     NatsOptions,
@@ -133,6 +148,7 @@ __all__ = [
     "inbox_subject",
     "orchestrator_permissions",
     "reply_subject",
+    "sender_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -173,9 +189,48 @@ def consumer_name(agent_id: str) -> str:
 
 
 def reply_subject(message: Reply) -> str:
+    """``cardbus.announce.<agent>``, or ``cardbus.reply.<agent>.<task>``: the sender first."""
     if isinstance(message, Announce):
         return f"{ANNOUNCE_PREFIX}.{encode_token(message.card.agent_id)}"
-    return f"{REPLY_PREFIX}.{encode_token(message.task_id)}"
+    return f"{REPLY_PREFIX}.{encode_token(message.agent_id)}.{encode_token(message.task_id)}"
+
+
+def _kind(message: Reply) -> str:
+    if isinstance(message, Announce):
+        return "announce"
+    return "started" if isinstance(message, Started) else "result"
+
+
+def sender_problem(subject: str, message: Reply) -> Refusal | None:
+    """Why ``message``, received on ``subject``, does not come from the agent it names.
+
+    The subject's agent token is the sender (the server lets agent X publish
+    only under X); None when the message speaks for its sender only.
+    """
+    kind = _kind(message)
+    if isinstance(message, Announce):
+        claimed, task_id, attempt = message.card.agent_id, "", 0
+    else:
+        claimed, task_id, attempt = message.agent_id, message.task_id, message.attempt
+    tokens = subject.split(".")
+    sender, reason = "", ""
+    if subject.startswith(ANNOUNCE_PREFIX + ".") and len(tokens) == 3:
+        sender = decode_token(tokens[2])
+        if kind != "announce":
+            reason = f"a {kind} reply on the announcement subject"
+    elif subject.startswith(REPLY_PREFIX + ".") and len(tokens) == 4:
+        sender = decode_token(tokens[2])
+        if kind == "announce":
+            reason = "an announcement on a reply subject"
+        elif (named := decode_token(tokens[3])) != task_id:
+            reason = f"the subject is for task {named!r}, the reply for {task_id!r}"
+    else:
+        reason = "the subject names no sender (cardbus.reply.<agent>.<task>)"
+    if not reason and claimed != sender:
+        reason = f"sent by {sender!r} in the name of {claimed!r}"
+    if not reason:
+        return None
+    return Refusal(kind, claimed, sender, reason, task_id, attempt, subject)
 
 
 def header(msg: Msg, name: str) -> str | None:
@@ -197,8 +252,10 @@ def agent_permissions(agent_id: str) -> dict[str, list[str]]:
     """NATS subject permissions of agent X: consume its own inbox, publish replies.
 
     It may look up the bus streams, create/bind its own durable consumer (with
-    its own filter), pull from it and ack its messages; publish replies,
-    its own announcement and dead letters; and subscribe only to its own reply
+    its own filter), pull from it and ack its messages; publish replies under
+    its own id (``cardbus.reply.X.>``: the orchestrator refuses a reply that
+    names another agent than its subject), its own announcement and requests,
+    and dead letters; and subscribe only to its own reply
     prefix (:func:`agent_inbox_prefix`), so it cannot see another agent's
     deliveries. It cannot publish events, send cards or touch another inbox.
     """
@@ -207,7 +264,7 @@ def agent_permissions(agent_id: str) -> dict[str, list[str]]:
     api = "$JS.API"
     return {
         "publish": [
-            f"{REPLY_PREFIX}.>",
+            f"{REPLY_PREFIX}.{t}.>",
             f"{ANNOUNCE_PREFIX}.{t}",
             f"{REQUEST_PREFIX}.{t}",
             f"{DEAD_PREFIX}.>",
@@ -603,6 +660,11 @@ class NatsBus(Bus):
             except DecodeError as e:
                 await self._reject(msg, str(e))
                 continue
+            refusal = sender_problem(msg.subject, reply)
+            if refusal is not None:
+                await self._reject(msg, f"{refusal.kind} refused: {refusal.reason}")
+                await self._refused(refusal)
+                continue
             yield reply
             with contextlib.suppress(*TRANSPORT_ERRORS):
                 await msg.ack()  # taken by the orchestrator: do not redeliver
@@ -735,6 +797,30 @@ class NatsBus(Bus):
                 rq.AgentResponse(request_id="", ok=False, error=str(e), error_type="bad_request")
             )
         else:
+            sender = msg.subject[len(REQUEST_PREFIX) + 1 :]
+            sender = decode_token(sender) if "." not in sender else ""
+            if request.agent_id != sender:
+                why = f"sent by {sender!r} in the name of {request.agent_id!r}"
+                await self._refused(
+                    Refusal(
+                        "request",
+                        request.agent_id,
+                        sender,
+                        why,
+                        request.task_id,
+                        request.attempt,
+                        msg.subject,
+                    )
+                )
+                refused = rq.AgentResponse(
+                    request_id=request.request_id,
+                    ok=False,
+                    error=f"request refused: {why}",
+                    error_type="access_denied",
+                )
+                with contextlib.suppress(*TRANSPORT_ERRORS):
+                    await self.nc.publish(msg.reply, rq.encode(refused))
+                return
             token = _trace.set(request.traceparent or header(msg, TRACE_HEADER))
             try:
                 data = rq.encode(await handler(request))
@@ -772,6 +858,17 @@ class NatsBus(Bus):
             raise BusError(f"bad answer to request {request.request_id}: {e}") from e
 
     # -- bad messages ------------------------------------------------------------
+
+    async def _refused(self, refusal: Refusal) -> None:
+        """Report a message refused for its sender (``on_refused``); never raises."""
+        log.warning("refused %s on %s: %s", refusal.kind, refusal.subject, refusal.reason)
+        if self.on_refused is not None:
+            try:
+                result = self.on_refused(refusal)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("on_refused failed")
 
     async def _reject(self, msg: Msg, reason: str) -> None:
         """Dead-letter ``msg``, report it, and stop its redelivery."""
