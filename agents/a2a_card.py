@@ -301,9 +301,11 @@ def _cardbus_params(doc: dict[str, Any]) -> dict[str, Any] | None:
                 raise TypeError("the cardbus extension's params must be an object")
             return ints_back(params)
     legacy = doc.get(_LEGACY_KEY)
-    if isinstance(legacy, dict):
-        return ints_back(legacy)
-    return None
+    if legacy is None:
+        return None
+    if not isinstance(legacy, dict):
+        raise TypeError(f"{_LEGACY_KEY} must be an object")
+    return ints_back(legacy)
 
 
 def import_a2a(doc: dict[str, Any] | bytes | str) -> ImportedCard:

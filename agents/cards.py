@@ -3,12 +3,12 @@
 All are frozen msgspec Structs, validated on decode (``decode_task_card`` and
 friends raise ``DecodeError`` with the reason) and each exports a JSON Schema
 (``TaskCard.json_schema()``). ``AgentCard`` converts to and from the A2A
-AgentCard JSON without losing our fields (they ride in ``x-cardbus``).
+AgentCard JSON without losing our fields (``cardbus.agents.a2a_card``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -18,7 +18,6 @@ from cardbus.eventstore.taskspec import DEFAULT_MAX_ATTEMPTS, TaskSpec
 
 __all__ = [
     "constraint_problem",
-    "A2A_PROTOCOL_VERSION",
     "AgentCard",
     "Announce",
     "Reply",
@@ -36,7 +35,6 @@ __all__ = [
     "encode",
 ]
 
-A2A_PROTOCOL_VERSION = "0.3.0"
 ResultStatus = Literal["completed", "failed", "needs_input", "rejected"]
 #: a confidence is a probability: decoding anything outside 0..1 is an error
 Confidence = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -132,98 +130,29 @@ class AgentCard(_Card, frozen=True, kw_only=True):
     provider: str = "cardbus"
     url: str = ""
 
-    A2A_EXTENSION: ClassVar[str] = "x-cardbus"
-
     def capability(self, name: str) -> CapabilitySpec | None:
         return next((c for c in self.capabilities if c.name == name), None)
 
-    def to_a2a(self) -> dict[str, Any]:
-        """The A2A AgentCard JSON; our own fields ride in ``x-cardbus``."""
-        return {
-            "protocolVersion": A2A_PROTOCOL_VERSION,
-            "name": self.name,
-            "description": self.description,
-            "url": self.url,
-            "version": self.version,
-            "provider": {"organization": self.provider, "url": self.url},
-            "capabilities": {"streaming": False, "pushNotifications": False},
-            "defaultInputModes": ["application/json"],
-            "defaultOutputModes": ["application/json"],
-            "skills": [
-                {
-                    "id": c.name,
-                    "name": c.name,
-                    "description": c.description,
-                    "tags": list(c.tags),
-                    "examples": list(c.examples),
-                    "inputModes": ["application/json"],
-                    "outputModes": ["application/json"],
-                }
-                for c in self.capabilities
-            ],
-            self.A2A_EXTENSION: {
-                "agent_id": self.agent_id,
-                "constraints": msgspec.to_builtins(self.constraints),
-                "schemas": {
-                    c.name: {"input": c.input_schema, "output": c.output_schema}
-                    for c in self.capabilities
-                },
-            },
-        }
+    def to_a2a(self, url: str | None = None, *, legacy: bool = False) -> dict[str, Any]:
+        """The A2A AgentCard JSON: v1.0 (``legacy=True``: the v0.3 shape for older clients).
+
+        Our own fields (agent id, schemas, constraints, tools) ride in the
+        spec's extension slot; see ``cardbus.agents.a2a_card``.
+        """
+        from cardbus.agents.a2a_card import to_a2a_v03, to_a2a_v1  # it imports this module
+
+        return to_a2a_v03(self, url) if legacy else to_a2a_v1(self, url)
 
     @classmethod
     def from_a2a(cls, doc: dict[str, Any] | bytes | str) -> AgentCard:
-        """Read an A2A AgentCard (a dict, or its JSON text).
+        """Read any A2A AgentCard, v0.3 or v1.0 (a dict, or its JSON text).
 
-        Cards from other systems (no ``x-cardbus``) get defaults for our
-        fields: ``agent_id`` is the card's name, schemas are empty (accept
-        anything), constraints are the defaults. Anything that is not an A2A
-        AgentCard, or whose fields have the wrong types, is a ``DecodeError``.
+        Anything that is not an A2A AgentCard is a ``DecodeError``; see
+        ``cardbus.agents.a2a_card.from_a2a`` for how foreign cards are read.
         """
-        try:
-            if isinstance(doc, (bytes, str)):
-                doc = msgspec.json.decode(doc)
-            if not isinstance(doc, dict):
-                raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
-            ext = doc.get(cls.A2A_EXTENSION) or {}
-            schemas = ext.get("schemas") or {}
-            skills = doc.get("skills") or []
-            if not isinstance(skills, list):
-                raise TypeError(f"skills must be a list, got {type(skills).__name__}")
-            caps = []
-            for s in skills:
-                own = schemas.get(s["id"]) or {}
-                caps.append(
-                    {
-                        "name": s["id"],
-                        "description": s.get("description", ""),
-                        "tags": s.get("tags") or [],
-                        "examples": s.get("examples") or [],
-                        "input_schema": own.get("input") or {},
-                        "output_schema": own.get("output") or {},
-                    }
-                )
-            provider = doc.get("provider") or {}
-            fields: dict[str, Any] = {
-                "agent_id": ext.get("agent_id") or doc["name"],
-                "name": doc["name"],
-                "description": doc.get("description") or "",
-                "version": doc.get("version") or "0.1.0",
-                "capabilities": caps,
-                "constraints": ext.get("constraints") or {},
-                "provider": provider.get("organization") or "",
-                "url": doc.get("url") or "",
-            }
-            # convert, not the constructor: every field is type-checked
-            return msgspec.convert(fields, cls)
-        except (
-            KeyError,
-            TypeError,
-            AttributeError,
-            msgspec.ValidationError,
-            msgspec.DecodeError,
-        ) as e:
-            raise DecodeError(f"not an A2A AgentCard: {e!r}") from e
+        from cardbus.agents.a2a_card import from_a2a
+
+        return from_a2a(doc)
 
 
 class Announce(_Card, frozen=True, kw_only=True, tag="announce"):
