@@ -235,11 +235,6 @@ def agent_id_from_name(name: str) -> str:
     return slug[:64].rstrip("-_") or "a2a-agent"
 
 
-def _is_json(mode: str) -> bool:
-    mode = mode.split(";")[0].strip().lower()
-    return mode == A2A_JSON or mode.endswith("+json") or mode == "json"
-
-
 def _text_only(modes: list[str]) -> bool:
     return bool(modes) and all(m == "text" or m.lower().startswith("text/") for m in modes)
 
