@@ -1,9 +1,9 @@
 """Tamper evidence: ``cardbus head`` (keep the log's end elsewhere) and ``cardbus verify``.
 
-``--store`` (or ``--db``) names the log: a SQLite file (a path or
-``sqlite:///path``) or a JetStream log (``nats://HOST:PORT``, ``tls://...``;
-credentials from the ``CARDBUS_NATS_*`` variables). Both commands only read:
-on SQLite ``verify`` audits the file read-only (``SqliteEventStore.
+``--store`` (or ``--db``, ``tools.store_option``) names the log: a SQLite
+file (a path or ``sqlite:///path``) or a JetStream log (``nats://HOST:PORT``,
+``tls://...``; the ``--nats-*`` options or the ``CARDBUS_NATS_*`` variables).
+Both commands only read: on SQLite ``verify`` audits the file read-only (``SqliteEventStore.
 verify_file``), so it never writes a schema into a file that is not a log,
 and a missing, empty or foreign file is one line and exit 1; on NATS the
 stream is never created or changed (``NatsEventStore.audit``). The checks
@@ -19,58 +19,21 @@ from typing import Any
 
 import click
 
-from cardbus.eventstore import STORE_SCHEMES, EventStore, SqliteEventStore
-from cardbus.eventstore import open_store as open_url
+from cardbus.eventstore import EventStore, SqliteEventStore
 from cardbus.eventstore.envelope import ChainProblem
 from cardbus.eventstore.errors import ConfigError, StreamNotFound
 from cardbus.eventstore.loghead import LogHead, decode_head, encode_head, sign, signature_ok
 from cardbus.projections import resolve_id
 from cardbus.tools.cli import cli
-from cardbus.tools.cmd_inspect import echo_json, json_option, open_store, run
+from cardbus.tools.cmd_inspect import echo_json, json_option, run
+from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 __all__ = ["head", "verify"]
 
-store_option = click.option(
-    "--store",
-    "--db",
-    "db",
-    default="cardbus.db",
-    envvar="CARDBUS_DB",
-    show_default=True,
-    show_envvar=True,
-    metavar="PATH|URL",
-    help="The log: a SQLite file (a path or sqlite:///path) or nats://HOST:PORT"
-    " (credentials from CARDBUS_NATS_*).",
-)
 
-
-def _nats_url(store: str) -> str | None:
-    """The NATS URL ``store`` names, or None for a SQLite file (any other scheme: refused)."""
-    scheme, sep, _ = store.partition("://")
-    if store.startswith(("nats://", "tls://")):
-        return store
-    if (sep and scheme not in STORE_SCHEMES) or store == "memory:":
-        raise ConfigError(
-            f"store {store!r}: head and verify read a SQLite file (PATH, sqlite:///PATH)"
-            " or a JetStream log (nats://HOST:PORT)"
-        )
-    return None
-
-
-def _sqlite_path(store: str) -> str:
-    return store.removeprefix("sqlite://").removeprefix("sqlite:")
-
-
-async def _open(store: str) -> EventStore:
-    """The log ``store`` names, opened to read: never a file or stream created."""
-    url = _nats_url(store)
-    if url is None:
-        return await open_store(_sqlite_path(store))
-    from cardbus.eventstore.nats.connection import NatsOptions  # only with nats-py
-
-    options = NatsOptions.from_env(url, max_reconnect_attempts=0).store_kwargs()
-    options.pop("url")
-    return await open_url(url, create_stream=False, **options)
+async def _open(db: StoreRef) -> EventStore:
+    """The log ``db`` names, opened to read: never a file or stream created."""
+    return await open_store_option(db)
 
 
 key_option = click.option(
@@ -95,7 +58,7 @@ def _key(path: str | None) -> bytes | None:
 @cli.command()
 @store_option
 @key_option
-def head(db: str, key_file: str | None) -> None:
+def head(db: StoreRef, key_file: str | None) -> None:
     """Print the log's end (position and log hash) as JSON: keep it outside the log.
 
     ``cardbus verify --head FILE`` later names what was cut off or changed
@@ -126,7 +89,7 @@ def head(db: str, key_file: str | None) -> None:
 @key_option
 @json_option
 def verify(
-    task_id: str | None, db: str, head_file: str | None, key_file: str | None, as_json: bool
+    task_id: str | None, db: StoreRef, head_file: str | None, key_file: str | None, as_json: bool
 ) -> None:
     """Check the log: one task (or run), or the whole log.
 
@@ -154,9 +117,9 @@ def verify(
     _report(problems, scope, task_id, streams, count, kept, as_json)
 
 
-async def _audit(db: str, kept: LogHead | None) -> tuple[list[ChainProblem], LogHead]:
-    if _nats_url(db) is None:
-        return await SqliteEventStore.verify_file(_sqlite_path(db), kept)
+async def _audit(db: StoreRef, kept: LogHead | None) -> tuple[list[ChainProblem], LogHead]:
+    if db.path is not None:
+        return await SqliteEventStore.verify_file(db.path, kept)
     store = await _open(db)
     try:
         return await store.audit(kept)
@@ -164,7 +127,7 @@ async def _audit(db: str, kept: LogHead | None) -> tuple[list[ChainProblem], Log
         await store.close()
 
 
-async def _verify_task(db: str, task_id: str) -> tuple[list[str], list[Any], int]:
+async def _verify_task(db: StoreRef, task_id: str) -> tuple[list[str], list[Any], int]:
     store = await _open(db)
     try:
         task_id = await resolve_id(store, task_id)  # a full id, a plan id or a unique prefix

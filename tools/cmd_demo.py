@@ -8,13 +8,14 @@ import time
 from typing import Any
 
 import click
+import msgspec
 
 from cardbus.agents.demo import DEMO_AGENTS, parallel_plan, report_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
-from cardbus.eventstore import SqliteEventStore
 from cardbus.projections.replay import Timeline, replay
 from cardbus.tools.cli import cli
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
+from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
 def report_text(draft: Any) -> str:
@@ -38,23 +39,41 @@ def timeline_text(timeline: Timeline) -> str:
     return buf.getvalue().rstrip()
 
 
+def result_json(result: Any) -> dict[str, Any]:
+    """A run's result as ``--json`` prints it (demo, run, orchestrator --plan)."""
+    return {
+        "root_id": result.root_id,
+        "status": result.status,
+        "reason": result.reason,
+        "outputs": result.outputs,
+    }
+
+
 async def _demo(
-    db: str, parallel: bool, topic: str, llm_base_url: str | None = None, model: str | None = None
+    db: StoreRef,
+    parallel: bool,
+    topic: str,
+    llm_base_url: str | None = None,
+    model: str | None = None,
+    as_json: bool = False,
 ) -> int:
     llm = open_llm(llm_base_url, model)
-    store = await SqliteEventStore.open(db)
+    store = await open_store_option(db, create=True)
     try:
         plan = parallel_plan(topic) if parallel else report_plan(topic)
         started = time.perf_counter()
         async with EmbeddedRuntime(store, DEMO_AGENTS, llm=llm) as rt:
             result = await rt.run(plan, timeout=60)
         elapsed = time.perf_counter() - started
+        if as_json:
+            click.echo(msgspec.json.encode(result_json(result)).decode())
+            return 0 if result.status == "completed" else 1
         click.echo(report_text(result.outputs.get("draft")))
         click.echo("")
         click.echo(f"Timeline of run {result.root_id} ({result.status}, {elapsed:.2f} s):")
         click.echo(timeline_text(await replay(store, result.root_id)))
         click.echo("")
-        click.echo(f"The log is in {db}. Try: cardbus replay {result.root_id} --db {db}")
+        click.echo(f"The log is in {db}. Try: cardbus replay {result.root_id}{db.flag()}")
         return 0 if result.status == "completed" else 1
     finally:
         await store.close()
@@ -62,7 +81,10 @@ async def _demo(
 
 
 @cli.command()
-@click.option("--db", default="cardbus.db", show_default=True, help="SQLite event store file.")
+@store_option
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the result (root id, outputs) as JSON."
+)
 @click.option("--parallel", is_flag=True, help="Research three subtopics in parallel, then merge.")
 @click.option("--topic", default="ocean tides", show_default=True)
 @click.option("--nats", "nats_url", default=None, help="Run across NATS at this URL instead.")
@@ -72,7 +94,8 @@ async def _demo(
 )
 @llm_options
 def demo(
-    db: str,
+    db: StoreRef,
+    as_json: bool,
     parallel: bool,
     topic: str,
     nats_url: str | None = None,
@@ -92,5 +115,7 @@ def demo(
 
         if llm_base_url or model:
             click.echo("LLM: --llm-base-url/--model are not used on NATS yet: the mock", err=True)
-        raise SystemExit(demo_on_nats(nats_url, start_nats, parallel, topic, external_agents))
-    raise SystemExit(asyncio.run(_demo(db, parallel, topic, llm_base_url, model)))
+        raise SystemExit(
+            demo_on_nats(nats_url, start_nats, parallel, topic, external_agents, as_json)
+        )
+    raise SystemExit(asyncio.run(_demo(db, parallel, topic, llm_base_url, model, as_json)))

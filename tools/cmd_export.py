@@ -21,9 +21,11 @@ import click
 from cardbus.eventstore import Envelope, EventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StreamNotFound, ValidationError
+from cardbus.projections import resolve_id
 from cardbus.projections.traces import SpanRecord, agent_names_from, to_readable_spans, trace_spans
 from cardbus.tools.cli import cli
-from cardbus.tools.cmd_inspect import db_option, open_store, run
+from cardbus.tools.cmd_inspect import echo_json, json_option, open_store, run
+from cardbus.tools.store_option import StoreRef, store_option
 
 __all__ = ["collect_spans", "otlp_traces_url", "parse_since"]
 
@@ -151,7 +153,8 @@ def _exporter(otlp: str | None, console: bool, timeout: float) -> list[Any]:
     "--since", default=None, metavar="TIME", help="Only runs started at or after this moment."
 )
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds per OTLP request.")
-@db_option
+@store_option
+@json_option
 def export_cmd(
     task_id: str | None,
     otlp: str | None,
@@ -160,13 +163,16 @@ def export_cmd(
     everything: bool,
     since: str | None,
     timeout: float,
-    db: str,
+    db: StoreRef,
+    as_json: bool,
 ) -> None:
     """Send a task's spans (or a run's, or every run's) to a tracing backend, from the log.
 
     Ids are derived from event ids, so exporting the same run again yields the
-    same trace and span ids. Without --otlp or --console the standard
-    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT is used.
+    same trace and span ids. TASK_ID may be a plan id or a unique prefix.
+    Without --otlp or --console the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+    / OTEL_EXPORTER_OTLP_ENDPOINT is used. --json prints {"spans": N,
+    "traces": [...], "endpoint": URL} on stdout.
     """
     if task_id is None and not everything and since is None:
         raise click.UsageError("give a TASK_ID, --all or --since")
@@ -184,7 +190,8 @@ def export_cmd(
     async def go() -> list[SpanRecord]:
         store = await open_store(db)
         try:
-            return await collect_spans(store, task_id, whole_root, everything, moment)
+            chosen = None if task_id is None else await resolve_id(store, task_id)
+            return await collect_spans(store, chosen, whole_root, everything, moment)
         finally:
             await store.close()
 
@@ -205,6 +212,10 @@ def export_cmd(
     where = f" to {otlp}" if otlp else ""
     if failed:
         raise click.ClickException(f"export of {len(spans)} spans{where} failed")
+    if as_json:
+        ids = [f"{t:032x}" for t in sorted(traces)]
+        echo_json({"spans": len(spans), "traces": ids, "endpoint": otlp})
+        return
     click.echo(f"exported {len(spans)} spans in {len(traces)} traces{where}", err=True)
     for trace_id in sorted(traces):
         click.echo(f"trace {trace_id:032x}", err=True)

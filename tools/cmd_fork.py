@@ -15,15 +15,17 @@ import click
 
 from cardbus.eventstore import NewEvent, new_id
 from cardbus.eventstore.errors import StreamNotFound
+from cardbus.projections import resolve_id
 from cardbus.projections.fork import ForkPlan, plan_fork
 from cardbus.tools.cli import cli
-from cardbus.tools.cmd_inspect import db_option, echo_json, json_option, open_store
+from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
+from cardbus.tools.store_option import StoreRef, store_option
 
 
 @cli.command()
 @click.argument("task_id")
 @click.option("--at", "at", required=True, help="Event id (or global position) to fork at.")
-@db_option
+@store_option
 @json_option
 @click.option("--agent", "agent_paths", multiple=True, help="module:Class (default: the demo's).")
 @click.option("--no-run", is_flag=True, help="Only write the forked run; do not run it.")
@@ -31,7 +33,7 @@ from cardbus.tools.cmd_inspect import db_option, echo_json, json_option, open_st
 def fork(
     task_id: str,
     at: str,
-    db: str,
+    db: StoreRef,
     as_json: bool,
     agent_paths: tuple[str, ...],
     no_run: bool,
@@ -56,7 +58,7 @@ def fork(
     async def go() -> tuple[ForkPlan, Any]:
         store = await open_store(db)
         try:
-            own = await store.read_stream(task_id)
+            own = await store.read_stream(await resolve_id(store, task_id))
             root = own[0].correlation_id if own else task_id
             events = await store.read_correlation(root)
             if not events:
@@ -105,6 +107,6 @@ def fork(
         )
         if result is not None:
             click.echo(f"run {plan.root_id}: {result.status} {result.reason}".rstrip())
-        click.echo(f"cardbus replay {plan.root_id} --db {db}")
+        click.echo(f"cardbus replay {plan.root_id}{db.flag()}")
     if result is not None and result.status != "completed":
-        raise SystemExit(2)
+        raise SystemExit(1)  # a failed run (2 is a usage error)

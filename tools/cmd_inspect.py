@@ -1,12 +1,14 @@
 """Inspection commands: ``tasks``, ``tail``, ``stats``, ``rebuild`` (``verify``: cmd_audit).
 
-Shared options live here too (``--db``, ``--json``, ``--as-of``) and are
-used by ``cmd_replay``. Commands are thin: the read models, time travel and
-chain checks are in ``projections`` and ``eventstore``.
+Shared options live here too (``--json``, ``--as-of``; ``--store`` is
+``tools.store_option``) and are used by the other commands. Commands are
+thin: the read models, time travel and chain checks are in ``projections``
+and ``eventstore``.
 
-The projections' read model is kept in ``<db>.proj`` (see
-``projections.runner``); each command brings it up to date before reading.
-With ``--as-of`` a throw-away in-memory model is folded up to that point.
+The projections' read model is kept in ``<db>.proj`` for a SQLite log and
+in memory for a NATS log (``StoreRef.projection_path``); each command
+brings it up to date before reading. With ``--as-of`` a throw-away
+in-memory model is folded up to that point.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from cardbus.eventstore import Envelope, EventStore, SqliteEventStore
+from cardbus.eventstore import Envelope, EventStore, TaskState
 from cardbus.eventstore.errors import StreamNotFound
 from cardbus.projections import (
     AgentStats,
@@ -40,10 +42,10 @@ from cardbus.projections import (
     all_projections,
     build_as_of,
     event_reason,
-    projection_path,
     resolve_id,
 )
 from cardbus.tools.cli import cli
+from cardbus.tools.store_option import StoreRef, open_store_option, parse_store, store_option
 
 __all__ = [
     "as_of_option",
@@ -61,14 +63,7 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-db_option = click.option(
-    "--db",
-    default="cardbus.db",
-    envvar="CARDBUS_DB",
-    show_default=True,
-    show_envvar=True,
-    help="SQLite event store file.",
-)
+db_option = store_option  # the old name: --store (alias --db) and the NATS options
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 as_of_option = click.option(
     "--as-of",
@@ -85,21 +80,23 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-async def open_store(db: str) -> SqliteEventStore:
-    """The event store at ``db``; a missing file is ``StoreUnavailable`` (one line, exit 1)."""
-    return await SqliteEventStore.open(db, create=False)
+async def open_store(db: str | StoreRef) -> EventStore:
+    """The log ``db`` names; a missing file is ``StoreUnavailable`` (one line, exit 1)."""
+    return await open_store_option(db if isinstance(db, StoreRef) else parse_store(db))
 
 
 @asynccontextmanager
 async def read_model(
-    db: str, as_of: AsOf | None, projections: Sequence[Projection] | None = None
-) -> AsyncIterator[tuple[SqliteEventStore, ProjectionRunner]]:
+    db: str | StoreRef, as_of: AsOf | None, projections: Sequence[Projection] | None = None
+) -> AsyncIterator[tuple[EventStore, ProjectionRunner]]:
     """The store and an up-to-date (or ``as_of``) runner of ``projections`` (default: all).
 
     Each projection has its own checkpoint in the shared read-model file, so a
-    command brings up to date only the projections it reads.
+    command brings up to date only the projections it reads (on NATS the
+    model is folded in memory).
     """
-    store = await open_store(db)
+    ref = db if isinstance(db, StoreRef) else parse_store(db)
+    store = await open_store_option(ref)
     runner: ProjectionRunner | None = None
     chosen = list(projections) if projections else all_projections()
     try:
@@ -107,7 +104,7 @@ async def read_model(
             runner = await build_as_of(store, as_of, chosen)
         else:
             try:
-                runner = ProjectionRunner.open(store, projection_path(db), chosen)
+                runner = ProjectionRunner.open(store, ref.projection_path(), chosen)
                 await runner.catch_up()
             except sqlite3.Error:  # read-only directory, damaged model: fold into memory
                 if runner is not None:
@@ -205,13 +202,18 @@ def styled_status(status: str | None) -> str:
 @db_option
 @json_option
 @as_of_option
-@click.option("--status", default=None, help="Only tasks in this status (completed, failed, ...).")
+@click.option(
+    "--status",
+    default=None,
+    type=click.Choice([state.value for state in TaskState]),
+    help="Only tasks in this status.",
+)
 @click.option("--agent", default=None, help="Only tasks last handled by this agent.")
 @click.option("--root", default=None, help="Only tasks of this run (root id, plan id or prefix).")
 @click.option("--capability", default=None, help="Only tasks needing this capability.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="At most this many rows.")
 def tasks(
-    db: str,
+    db: StoreRef,
     as_json: bool,
     as_of: str | None,
     status: str | None,
@@ -333,7 +335,7 @@ def _echo_event(env: Envelope, as_json: bool) -> None:
 @click.option("--root", default=None, help="Only events of this run (root id, plan id or prefix).")
 @click.option("--agent", default=None, help="Only events naming this agent (or written by it).")
 def tail(
-    db: str,
+    db: StoreRef,
     as_json: bool,
     last: int,
     from_position: int | None,
@@ -436,7 +438,7 @@ def tail(
 @click.option("--agent", default=None, help="Only this agent.")
 @click.option("--capability", default=None, help="Only this capability.")
 def stats(
-    db: str, as_json: bool, as_of: str | None, agent: str | None, capability: str | None
+    db: StoreRef, as_json: bool, as_of: str | None, agent: str | None, capability: str | None
 ) -> None:
     """Agent statistics, cost and quality tables (projections of the log)."""
     point = parse_as_of(as_of)
@@ -538,13 +540,13 @@ _NAMES = [p.name for p in all_projections()]
 @click.argument("names", nargs=-1, type=click.Choice(_NAMES))
 @db_option
 @json_option
-def rebuild(names: tuple[str, ...], db: str, as_json: bool) -> None:
+def rebuild(names: tuple[str, ...], db: StoreRef, as_json: bool) -> None:
     """Drop projections' read models (all by default) and fold the whole log again."""
 
     async def go() -> tuple[int, float]:
         store = await open_store(db)
         try:
-            with ProjectionRunner.open(store, projection_path(db)) as runner:
+            with ProjectionRunner.open(store, db.projection_path()) as runner:
                 t0 = time.perf_counter()
                 position = await runner.rebuild(list(names) or None)
                 return position, time.perf_counter() - t0
@@ -561,11 +563,11 @@ def rebuild(names: tuple[str, ...], db: str, as_json: bool) -> None:
                 "position": position,
                 "seconds": elapsed,
                 "events_per_s": rate,
-                "path": projection_path(db),
+                "path": db.projection_path(),
             }
         )
         return
     click.echo(
         f"rebuilt {', '.join(chosen)} from {position} events in {elapsed:.2f}s"
-        f" ({rate:,.0f} events/s) into {projection_path(db)}"
+        f" ({rate:,.0f} events/s) into {db.projection_path()}"
     )

@@ -17,7 +17,6 @@ from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.projections.memory import MemoryRecord
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import (
-    db_option,
     echo_json,
     fmt_time,
     json_option,
@@ -25,6 +24,7 @@ from cardbus.tools.cmd_inspect import (
     print_rich,
     run,
 )
+from cardbus.tools.store_option import StoreRef, store_option
 
 
 @cli.group()
@@ -57,14 +57,19 @@ def _table(records: list[tuple[MemoryRecord, float | None]], scored: bool = Fals
 
 
 @memory.command("list")
-@db_option
+@store_option
 @json_option
 @click.option("--tag", "tags", multiple=True, help="Only records with this tag (repeatable).")
 @click.option("--kind", default=None, help="record, preference or failure.")
 @click.option("--prefix", default="", help="Only keys starting with this.")
 @click.option("--limit", type=int, default=None)
 def list_(
-    db: str, as_json: bool, tags: tuple[str, ...], kind: str | None, prefix: str, limit: int | None
+    db: StoreRef,
+    as_json: bool,
+    tags: tuple[str, ...],
+    kind: str | None,
+    prefix: str,
+    limit: int | None,
 ) -> None:
     """Every live record, oldest first, filterable by tag, kind and key prefix."""
 
@@ -88,13 +93,13 @@ def list_(
 
 @memory.command()
 @click.argument("text")
-@db_option
+@store_option
 @json_option
 @click.option("-k", "k", type=int, default=5, show_default=True, help="How many hits.")
 @click.option("--tag", "tags", multiple=True, help="Only records with this tag (repeatable).")
 @click.option("--kind", default=None, help="record, preference or failure.")
 def search(
-    text: str, db: str, as_json: bool, k: int, tags: tuple[str, ...], kind: str | None
+    text: str, db: StoreRef, as_json: bool, k: int, tags: tuple[str, ...], kind: str | None
 ) -> None:
     """Records whose text is closest in meaning to TEXT (default embedder: hashing, offline)."""
 
@@ -116,8 +121,9 @@ def search(
 
 @memory.command()
 @click.argument("key")
-@db_option
-def show(key: str, db: str) -> None:
+@store_option
+@click.option("--json", "as_json", is_flag=True, help="JSON (the output is JSON either way).")
+def show(key: str, db: StoreRef, as_json: bool) -> None:
     """One record by exact key, as JSON (exit 1 if there is none)."""
 
     async def go() -> MemoryRecord | None:
@@ -135,9 +141,10 @@ def show(key: str, db: str) -> None:
 
 @memory.command()
 @click.argument("key")
-@db_option
+@store_option
 @click.option("--reason", default="", help="Why it is forgotten (kept in the event).")
-def forget(key: str, db: str, reason: str) -> None:
+@json_option
+def forget(key: str, db: StoreRef, reason: str, as_json: bool) -> None:
     """Forget KEY: a memory.forgotten event; it disappears from list, show and search."""
 
     async def go() -> bool:
@@ -149,4 +156,7 @@ def forget(key: str, db: str, reason: str) -> None:
 
     if not run(go()):
         raise click.ClickException(f"no memory record {key!r}")
-    click.echo(f"forgot {key}")
+    if as_json:
+        echo_json({"key": key, "forgotten": True, "reason": reason})
+    else:
+        click.echo(f"forgot {key}")

@@ -41,7 +41,6 @@ from cardbus.bus.transport.nats import (
     orchestrator_permissions,
 )
 from cardbus.eventstore import EventStore, SqliteEventStore
-from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.connection import ENV_VARS, NatsOptions
 from cardbus.tools.cli import cli
 from cardbus.tools.loading import load_agent
@@ -303,56 +302,72 @@ def nats_group() -> None:
 @nats_group.command("replay")
 @click.argument("root_id")
 @nats_options
-def nats_replay(root_id: str, nats_url: str, **kw: Any) -> None:
-    """The timeline of run ROOT_ID from the event log on NATS."""
-    from cardbus.projections.replay import replay
-    from cardbus.tools.cmd_demo import timeline_text
+@click.option("--json", "as_json", is_flag=True, help="The timeline as JSON.")
+def nats_replay(root_id: str, nats_url: str, as_json: bool, **kw: Any) -> None:
+    """Deprecated: use `cardbus replay ID --store nats://HOST:PORT` (the same timeline).
 
+    Kept as an alias; it prints the same as `cardbus replay`.
+    """
+    from cardbus.tools.cmd_replay import show_replay
+    from cardbus.tools.store_option import StoreRef
+
+    click.echo(
+        f"cardbus nats replay is deprecated: use cardbus replay {root_id} --store {nats_url}",
+        err=True,
+    )
     options = build_options(nats_url, kw)
-
-    async def go() -> str:
-        store = await NatsEventStore.connect(**options.store_kwargs(), create_stream=False)
-        try:
-            return timeline_text(await replay(store, root_id))
-        finally:
-            await store.close()
-
-    click.echo(asyncio.run(go()))
+    given = {k: getattr(options, k) for k in ENV_VARS if k != "url" and getattr(options, k)}
+    show_replay(root_id, StoreRef(nats_url, "nats", None, given), as_json, None, None)
 
 
 @nats_group.command("dead")
 @nats_options
 @click.option("--limit", default=100, show_default=True)
-def nats_dead(nats_url: str, limit: int, **kw: Any) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of the dead letters.")
+def nats_dead(nats_url: str, limit: int, as_json: bool, **kw: Any) -> None:
     """List dead letters: malformed, oversized or undeliverable messages, with the reason."""
     options = build_options(nats_url, kw)
 
-    async def go() -> list[str]:
+    async def go() -> list[dict[str, Any]]:
         nc = await options.connect("cardbus-dead")
         try:
             js = nc.jetstream()
             sub = await js.pull_subscribe("cardbus.dead.>", stream=DEAD_STREAM)
-            lines: list[str] = []
+            found: list[dict[str, Any]] = []
             with contextlib.suppress(Exception):
-                while len(lines) < limit:
-                    for m in await sub.fetch(min(100, limit - len(lines)), timeout=0.5):
-                        lines.append(
-                            f"{m.metadata.sequence.stream}  {header(m, SUBJECT_HEADER)}  "
-                            f"{len(m.data)} bytes  {header(m, REASON_HEADER)}"
+                while len(found) < limit:
+                    for m in await sub.fetch(min(100, limit - len(found)), timeout=0.5):
+                        found.append(
+                            {
+                                "sequence": m.metadata.sequence.stream,
+                                "subject": header(m, SUBJECT_HEADER),
+                                "bytes": len(m.data),
+                                "reason": header(m, REASON_HEADER),
+                            }
                         )
-            return lines
+            return found
         finally:
             await nc.close()
 
-    lines = asyncio.run(go())
+    found = asyncio.run(go())
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    lines = [f"{d['sequence']}  {d['subject']}  {d['bytes']} bytes  {d['reason']}" for d in found]
     click.echo("\n".join(lines) if lines else "no dead letters")
 
 
 @nats_group.command("permissions")
 @click.option("--agent", "agent_ids", multiple=True, help="An agent id (one user each).")
 @click.option("--password", default="CHANGE-ME", show_default=True, help="Placeholder password.")
-def nats_permissions(agent_ids: tuple[str, ...], password: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Each user's permissions as JSON instead.")
+def nats_permissions(agent_ids: tuple[str, ...], password: str, as_json: bool) -> None:
     """Print a nats-server authorization block: one user per role, least privilege."""
+    if as_json:
+        users = {"orchestrator": orchestrator_permissions()}
+        users.update({f"agent-{a}": agent_permissions(a) for a in agent_ids})
+        click.echo(json.dumps(users))
+        return
     click.echo(authorization_config(agent_ids, password))
 
 
@@ -391,6 +406,7 @@ def demo_on_nats(
     parallel: bool,
     topic: str,
     external_agents: bool,
+    as_json: bool = False,
 ) -> int:
     """The demo with the orchestrator in this process, on NATS.
 
@@ -400,7 +416,7 @@ def demo_on_nats(
     store is started for the run and stopped after it.
     """
     from cardbus.agents.demo import DEMO_AGENTS, demo_docs, parallel_plan, report_plan
-    from cardbus.tools.cmd_demo import report_text, timeline_text
+    from cardbus.tools.cmd_demo import report_text, result_json, timeline_text
 
     plan = as_plan(parallel_plan(topic) if parallel else report_plan(topic))
     agents: list[type[Agent]] = [] if external_agents else list(DEMO_AGENTS)
@@ -427,20 +443,21 @@ def demo_on_nats(
         ):
             result = await rt.run(plan, timeout=120)
             elapsed = time.perf_counter() - started
+            if as_json:
+                click.echo(json.dumps(result_json(result)))
+                return 0 if result.status == "completed" else 1
             click.echo(report_text(result.outputs.get("draft")))
             click.echo("")
             click.echo(f"Timeline of run {result.root_id} ({result.status}, {elapsed:.2f} s):")
             click.echo(timeline_text(await replay(rt.store, result.root_id)))
         click.echo("")
         if not start_nats:
-            click.echo(
-                f"The log is on NATS. Try: cardbus nats replay {result.root_id} --nats {url}"
-            )
+            click.echo(f"The log is on NATS. Try: cardbus replay {result.root_id} --store {url}")
         return 0 if result.status == "completed" else 1
 
     if start_nats:
         with LocalNatsServer() as server:
-            click.echo(f"started nats-server on {server.url} (temporary store)")
+            click.echo(f"started nats-server on {server.url} (temporary store)", err=as_json)
             return asyncio.run(go(server.url))
     assert nats_url is not None
     return asyncio.run(go(nats_url))

@@ -19,7 +19,6 @@ from cardbus.projections import (
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import (
     as_of_option,
-    db_option,
     echo_json,
     fmt_duration,
     fmt_time,
@@ -29,6 +28,7 @@ from cardbus.tools.cmd_inspect import (
     run,
     styled_status,
 )
+from cardbus.tools.store_option import StoreRef, store_option
 
 
 def _step_line(step: Step, start: float) -> Any:
@@ -88,7 +88,7 @@ def render_tree(t: Timeline) -> Any:
 
 @cli.command("replay")
 @click.argument("task_id")
-@db_option
+@store_option
 @json_option
 @as_of_option
 @click.option(
@@ -99,12 +99,20 @@ def render_tree(t: Timeline) -> Any:
     help="Also write a self-contained HTML page with a Gantt timeline to this file.",
 )
 def replay_cmd(
-    task_id: str, db: str, as_json: bool, as_of: str | None, html_path: Path | None
+    task_id: str, db: StoreRef, as_json: bool, as_of: str | None, html_path: Path | None
 ) -> None:
     """Timeline of a task (or a run, by root id) and all its subtasks, from the log.
 
-    TASK_ID is a task or root id, a plan id, or a unique prefix of one.
+    TASK_ID is a task or root id, a plan id, or a unique prefix of one. The
+    log is a SQLite file or a JetStream log (--store nats://...).
     """
+    show_replay(task_id, db, as_json, as_of, html_path)
+
+
+def show_replay(
+    task_id: str, db: StoreRef, as_json: bool, as_of: str | None, html_path: Path | None
+) -> None:
+    """``cardbus replay`` (also behind the deprecated ``cardbus nats replay``)."""
     point = AsOf.parse(as_of) if as_of else None
 
     async def go() -> Timeline:

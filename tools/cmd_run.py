@@ -11,39 +11,41 @@ import click
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.bus.orchestrator.plan import decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
-from cardbus.eventstore import SqliteEventStore
+from cardbus.projections import resolve_id
 from cardbus.tools.cli import cli
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 from cardbus.tools.loading import load_agent
+from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
 @cli.command()
 @click.argument("plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--db", default="cardbus.db", show_default=True, envvar="CARDBUS_DB")
+@store_option
 @click.option("--agent", "agent_paths", multiple=True, help="module:Class, added to the plan's.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @llm_options
 def run(
     plan_file: Path,
-    db: str,
+    db: StoreRef,
     agent_paths: tuple[str, ...],
     timeout: float,
     as_json: bool,
     llm_base_url: str | None = None,
     model: str | None = None,
 ) -> None:
-    """Run PLAN_FILE (JSON) with the agents it names, on the SQLite log DB.
+    """Run PLAN_FILE (JSON) with the agents it names, on the log --store (in this process).
 
     Running a plan with a plan_id that is already in the log resumes that
     run instead of starting another: after a crash, run the same command.
+    Exit code 0 when the run completed, 1 when it failed (or halted).
     """
     plan = decode_plan(plan_file.read_bytes())
     agents = [load_agent(p) for p in [*plan.agents, *agent_paths]]
 
     async def go() -> None:
         llm = open_llm(llm_base_url, model)
-        store = await SqliteEventStore.open(db)
+        store = await open_store_option(db, create=True)
         try:
             async with EmbeddedRuntime(store, agents, llm=llm) as rt:
                 result = await rt.run(plan, timeout)
@@ -64,43 +66,51 @@ def run(
         else:
             click.echo(f"run {result.root_id}: {result.status} {result.reason}".rstrip())
         if result.status != "completed":
-            raise SystemExit(2)
+            raise SystemExit(1)  # a failed run; 2 is click's usage error
 
     asyncio.run(go())
 
 
-def _answer(task_id: str, granted: bool, db: str, by: str, note: str) -> None:
-    async def go() -> None:
-        store = await SqliteEventStore.open(db, create=False)
+def _answer(text: str, granted: bool, db: StoreRef, by: str, note: str, as_json: bool) -> None:
+    async def go() -> str:
+        store = await open_store_option(db)
         try:
+            task_id = await resolve_id(store, text)  # a full id or a unique prefix
             await answer_approval(store, task_id, granted, by, note)
+            return task_id
         finally:
             await store.close()
 
-    asyncio.run(go())
-    click.echo(f"{task_id}: {'approved' if granted else 'denied'} by {by}")
+    task_id = asyncio.run(go())
+    answer = "approved" if granted else "denied"
+    if as_json:
+        click.echo(json.dumps({"task_id": task_id, "answer": answer, "by": by, "note": note}))
+    else:
+        click.echo(f"{task_id}: {answer} by {by}")
 
 
 _by = click.option("--by", default="cli", show_default=True, help="Who answers.")
 _note = click.option("--note", default="", help="A note kept in the event.")
-_db = click.option("--db", default="cardbus.db", show_default=True, envvar="CARDBUS_DB")
+_json = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 
 
 @cli.command()
 @click.argument("task_id")
-@_db
+@store_option
 @_by
 @_note
-def approve(task_id: str, db: str, by: str, note: str) -> None:
+@_json
+def approve(task_id: str, db: StoreRef, by: str, note: str, as_json: bool) -> None:
     """Approve TASK_ID, which is waiting for approval."""
-    _answer(task_id, True, db, by, note)
+    _answer(task_id, True, db, by, note, as_json)
 
 
 @cli.command()
 @click.argument("task_id")
-@_db
+@store_option
 @_by
 @_note
-def deny(task_id: str, db: str, by: str, note: str) -> None:
+@_json
+def deny(task_id: str, db: StoreRef, by: str, note: str, as_json: bool) -> None:
     """Deny TASK_ID, which is waiting for approval (it is cancelled)."""
-    _answer(task_id, False, db, by, note)
+    _answer(task_id, False, db, by, note, as_json)

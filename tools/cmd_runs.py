@@ -12,7 +12,6 @@ from cardbus.projections import RUN_STATUSES, Runs, parse_since, run_duration
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import (
     as_of_option,
-    db_option,
     echo_json,
     fmt_duration,
     fmt_time,
@@ -24,6 +23,7 @@ from cardbus.tools.cmd_inspect import (
     run,
     styled_status,
 )
+from cardbus.tools.store_option import StoreRef, store_option
 
 
 def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -36,7 +36,7 @@ def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> flo
 
 
 @cli.command()
-@db_option
+@store_option
 @json_option
 @as_of_option
 @click.option("--status", type=click.Choice(RUN_STATUSES), default=None, help="Only these runs.")
@@ -49,7 +49,7 @@ def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> flo
 )
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="At most this many runs.")
 def runs(
-    db: str,
+    db: StoreRef,
     as_json: bool,
     as_of: str | None,
     status: str | None,
@@ -98,4 +98,5 @@ def runs(
     print_rich(table)
     waiting = [(r["root_id"], t) for r in rows for t in r["waiting"]]
     for _, task in waiting:
-        click.echo(f"waiting for approval: {task}  (cardbus approve {task} / cardbus deny {task})")
+        answer = f"cardbus approve {task}{db.flag()} / cardbus deny {task}{db.flag()}"
+        click.echo(f"waiting for approval: {task}  ({answer})")

@@ -5,18 +5,13 @@ from __future__ import annotations
 import click
 
 from cardbus.tools.cli import cli
+from cardbus.tools.store_option import StoreRef, store_option
 
 
 @cli.command()
-@click.option(
-    "--store",
-    "--db",
-    "db",
-    default="cardbus.db",
-    envvar="CARDBUS_DB",
-    show_default=True,
-    show_envvar=True,
-    help="SQLite event store file (created if missing: the console waits for runs).",
+@store_option(
+    help="The log: a SQLite file (created if missing: the console waits for runs)"
+    " or nats://HOST:PORT[,...]."
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
@@ -27,7 +22,7 @@ from cardbus.tools.cli import cli
     show_envvar=True,
     help="Required on every request (?token=...); needed to bind beyond loopback.",
 )
-def ui(db: str, host: str, port: int, token: str | None) -> None:
+def ui(db: StoreRef, host: str, port: int, token: str | None) -> None:
     """Serve the web console: the runs, each run's timeline and task table updating live,
     each task's inputs, outputs and reasons, and approve/deny buttons.
 

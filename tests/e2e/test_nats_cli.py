@@ -40,11 +40,15 @@ def test_demo_across_an_agent_process_and_a_serving_orchestrator(
         runner = CliRunner()
         result = runner.invoke(cli, ["demo", "--nats", url, "--external-agents", "--parallel"])
         assert result.exit_code == 0, result.output
-        root = re.search(r"cardbus nats replay (\S+)", result.output)
+        root = re.search(r"cardbus replay (\S+) --store " + re.escape(url), result.output)
         assert root is not None, result.output
-        replayed = runner.invoke(cli, ["nats", "replay", root.group(1), "--nats", url])
+        replayed = runner.invoke(cli, ["replay", root.group(1), "--store", url])
         assert replayed.exit_code == 0, replayed.output
         assert "merge-" in replayed.output and "completed" in replayed.output
+        # the old command is a deprecated alias printing the same timeline
+        alias = runner.invoke(cli, ["nats", "replay", root.group(1), "--nats", url])
+        assert alias.exit_code == 0 and alias.stdout == replayed.stdout
+        assert "deprecated: use cardbus replay" in alias.stderr
         dead = runner.invoke(cli, ["nats", "dead", "--nats", url])
         assert dead.exit_code == 0 and "no dead letters" in dead.output
         # the demo's own reply consumer went away with it; the serving orchestrator's stays
@@ -131,7 +135,7 @@ def test_head_and_verify_on_a_jetstream_log_name_each_tamper(
     assert "position 8 (stream a-task-write, version 2): version 2, expected 1" in r.stdout
     # refused schemes and an absent stream: one line, exit 1, nothing created
     r = runner.invoke(cli, ["verify", "--store", "memory:"])
-    assert r.exit_code == 1 and "head and verify read a SQLite file" in r.output
+    assert r.exit_code == 2 and "give a SQLite file (PATH, sqlite:///PATH)" in r.output
     other = NatsServer(tmp_path / "empty").start()
     try:
         r = runner.invoke(cli, ["verify", "--store", other.url])

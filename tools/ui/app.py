@@ -27,7 +27,6 @@ from typing import Any
 import msgspec
 
 from cardbus.bus.orchestrator.core import answer_approval
-from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore.errors import (
     CardbusError,
     StreamNotFound,
@@ -43,6 +42,7 @@ from cardbus.projections import (
     resolve_id,
     run_duration,
 )
+from cardbus.tools.store_option import StoreRef, open_store_option, parse_store
 from cardbus.tools.ui.page import PAGE
 
 try:
@@ -207,13 +207,13 @@ class Console:
 
 
 def create_app(
-    db: str | None = None,
+    db: str | StoreRef | None = None,
     *,
     store: EventStore | None = None,
     token: str | None = None,
     hosts: list[str] | None = None,
 ) -> Starlette:
-    """The console over the SQLite log ``db`` (opened at start-up) or an open ``store``.
+    """The console over the log ``db`` (a path or URL, opened at start-up) or an open ``store``.
 
     ``hosts`` are the names the ``Host`` header may carry (default: loopback
     names); ``token``, if given, is required on every request.
@@ -228,7 +228,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own = store is None
-        opened = store if store is not None else await SqliteEventStore.open(db or "")
+        if store is not None:
+            opened = store
+        else:
+            ref = db if isinstance(db, StoreRef) else parse_store(db or "")
+            opened = await open_store_option(ref, create=True)
         state["console"] = Console(opened)
         try:
             yield
