@@ -1,9 +1,11 @@
 """The ``Agent`` base class: what a user writes to put an agent on the bus.
 
 A subclass declares its card (``agent_id``, ``description``, one or more
-``Capability(name, InputStruct, OutputStruct)``) and implements one async
-``handle(task, inputs, ctx)`` that turns typed inputs into a typed output.
-The base class does the rest in ``run``:
+``Capability(name, InputStruct, OutputStruct)``) and implements one
+``handle(task, inputs, ctx)`` that turns typed inputs into a typed output:
+``async def`` for work that awaits, a plain ``def`` for blocking work (CPU,
+a blocking client, ``time.sleep``), which ``run`` calls in a thread so it
+stalls nothing else in the process. The base class does the rest in ``run``:
 
 * self-check before work: the capability is offered, the inputs decode into
   the input type, the task's constraints are within the agent's limits; a
@@ -21,9 +23,14 @@ The base class does the rest in ``run``:
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
+import inspect
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any, ClassVar
 
 import msgspec
@@ -45,6 +52,11 @@ from cardbus.eventstore.errors import LLMError
 from cardbus.eventstore.events import Usage
 
 __all__ = ["Agent", "Capability", "NeedsInput", "Reject", "TaskContext"]
+
+#: where a sync ``handle`` runs: the serving worker's bounded pool (None: asyncio's default)
+HANDLER_EXECUTOR: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(
+    "cardbus_handler_executor", default=None
+)
 
 
 class Capability:
@@ -160,6 +172,7 @@ class Agent:
     constraints: ClassVar[AgentConstraints] = AgentConstraints()
 
     async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
+        """Turn ``inputs`` into the output; override with ``async def`` or a blocking ``def``."""
         raise NotImplementedError
 
     @classmethod
@@ -214,7 +227,7 @@ class Agent:
         ctx = TaskContext(task, cls.agent_id, llm or MockLLM())
         extra: dict[str, Any]
         try:
-            output = await cls().handle(task, inputs, ctx)
+            output = await _call_handler(cls(), task, inputs, ctx)
             payload = msgspec.to_builtins(output)
             msgspec.json.encode(payload)  # must cross the bus
             status: Any = "completed"
@@ -254,6 +267,19 @@ class Agent:
                 usage=result.usage,
                 duration_s=result.duration_s,
             )
+
+
+async def _call_handler(agent: Agent, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
+    """Await an ``async def handle``; run a sync one in a thread (its context copied)."""
+    handle = agent.handle
+    if inspect.iscoroutinefunction(handle):
+        return await handle(task, inputs, ctx)
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, handle, task, inputs, ctx)
+    output = await loop.run_in_executor(HANDLER_EXECUTOR.get(), call)
+    if inspect.isawaitable(output):  # a def that returns a coroutine
+        output = await output
+    return output
 
 
 def _text(value: Any) -> str:

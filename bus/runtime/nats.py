@@ -180,12 +180,15 @@ async def serve_agents(
     stop: asyncio.Event,
     *,
     replicas: int = 1,
-    concurrency: int = 1,
+    concurrency: int | None = None,
     llm: LLM | None = None,
     bus_options: dict[str, Any] | None = None,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Serve ``agents`` as ``replicas`` consumers, each on its own connection, until ``stop``."""
+    """Serve ``agents`` as ``replicas`` consumers, each on its own connection, until ``stop``.
+
+    ``concurrency``: cards at once per replica (None: each agent's ``max_concurrency``).
+    """
     if not agents:
         raise BusError("no agent to serve")
     buses: list[NatsBus] = []

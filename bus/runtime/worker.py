@@ -10,20 +10,27 @@ a ``(task_id, attempt)`` it already answered gets the same answer again, not
 a second run. A handler still running well past the card's ``timeout_s`` is
 cancelled and answered with a failed result, so a hung agent frees its
 consumer.
+
+Up to ``concurrency`` cards run at once: by default the agent's
+``constraints.max_concurrency``, as that many consumers of its inbox (on
+NATS each fetches a card and acks it when its answer is sent). A blocking
+handler belongs in a sync ``def handle`` (``Agent.run`` runs it in a
+thread), so it stalls neither the other cards of this worker nor other agents.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
-from cardbus.agents.agent import Agent
+from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
 from cardbus.agents.cards import Announce, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
 from cardbus.agents.requests import REQUESTER
 from cardbus.bus import telemetry
 from cardbus.bus.transport.interface import Bus
-from cardbus.eventstore.errors import BusError
+from cardbus.eventstore.errors import BusError, ConfigError
 
 __all__ = ["AgentWorker"]
 
@@ -34,13 +41,24 @@ class AgentWorker:
         bus: Bus,
         agent: type[Agent],
         llm: LLM | None = None,
-        concurrency: int = 1,
+        concurrency: int | None = None,
         started_after_s: float = 0.01,
     ) -> None:
+        """``concurrency``: cards at once (None: the agent's ``constraints.max_concurrency``)."""
         self.bus = bus
         self.agent = agent
         self.llm = llm
+        if concurrency is None:
+            concurrency = agent.constraints.max_concurrency
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(
+                f"{agent.agent_id}: concurrency (max_concurrency) must be an integer >= 1,"
+                f" got {concurrency!r}"
+            )
         self.concurrency = concurrency
+        # a sync handler's threads: as many as cards at once, so none waits for a thread
+        # and a blocking agent cannot take the threads another agent's handlers need
+        self._threads: ThreadPoolExecutor | None = None
         self.started_after_s = started_after_s
         self.handled = 0
         self._answers: OrderedDict[tuple[str, int], ResultCard] = OrderedDict()
@@ -68,6 +86,11 @@ class AgentWorker:
         future: asyncio.Future[ResultCard] = loop.create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
+                self.concurrency, thread_name_prefix=f"cardbus-{self.agent.agent_id}"
+            )
+        HANDLER_EXECUTOR.set(self._threads)
         started = Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)
         reported: list[asyncio.Task[None]] = []  # the Started reply, once sent
         # The handler runs inline; only one still running after started_after_s costs
