@@ -128,12 +128,13 @@ def _resource() -> Any:
     return Resource.create(attrs)
 
 
-def _exporter(otlp: str | None, console: bool, timeout: float) -> list[Any]:
+def _exporter(otlp: str | None, console: bool, timeout: float, as_json: bool) -> list[Any]:
     exporters: list[Any] = []
     if console:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        exporters.append(ConsoleSpanExporter(out=sys.stdout))
+        # with --json the summary is stdout's one document; the spans go to stderr
+        exporters.append(ConsoleSpanExporter(out=sys.stderr if as_json else sys.stdout))
     if otlp is not None:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -184,7 +185,7 @@ def export_cmd(
             raise click.UsageError(
                 "give --otlp URL or --console (or set OTEL_EXPORTER_OTLP_ENDPOINT)"
             )
-    exporters = _exporter(otlp, console, timeout)
+    exporters = _exporter(otlp, console, timeout, as_json)
     moment = parse_since(since) if since is not None else None
 
     async def go() -> list[SpanRecord]:

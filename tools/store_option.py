@@ -111,6 +111,8 @@ def parse_store(url: str, nats: dict[str, Any] | None = None) -> StoreRef:
             " (nats://HOST:PORT[,HOST:PORT...])"
         )
     path = url.removeprefix("sqlite://").removeprefix("sqlite:")
+    if path.startswith("//"):  # sqlite:////abs/path (SQLAlchemy's spelling): the same file
+        path = "/" + path.lstrip("/")
     if not path:
         raise ConfigError(f"store {url!r}: no file path")
     return StoreRef(url, "sqlite", path)
