@@ -52,6 +52,7 @@ from cardbus.eventstore.errors import (
     DecodeError,
     InvalidPlan,
     PrerequisiteNotStored,
+    StoreUnavailable,
     StreamNotFound,
     ValidationError,
 )
@@ -129,6 +130,9 @@ class Orchestrator:
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start)
         self.observers: list[Callable[[Envelope], None]] = []
+        # set when the log cannot be written (disk full, read-only, gone): nothing can be
+        # decided any more, so every waiter gets this error and no step decides again
+        self.store_failure: StoreUnavailable | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -270,10 +274,15 @@ class Orchestrator:
                 self._apply(env)
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
-        """Wait until the run finishes; its outputs by plan task id."""
+        """Wait until the run finishes; its outputs by plan task id.
+
+        Raises ``StoreUnavailable`` once the log cannot be written (see store_failure).
+        """
         done = self._result(root_id) or await self._retired_result(root_id)
         if done is not None:
             return done
+        if self.store_failure is not None:
+            raise self.store_failure
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(root_id, []).append(future)
         try:
@@ -344,6 +353,8 @@ class Orchestrator:
                 log.exception("orchestrator step failed")
 
     async def _step(self, items: list[object]) -> None:
+        if self.store_failure is not None:
+            return  # the log cannot be written: deciding again would only fail again
         decider = Decider(
             self.state, self.policy, time.time(), self.embedder, self.rng, frozenset(self._busy)
         )
@@ -514,6 +525,8 @@ class Orchestrator:
                         self._apply(env)
                 elif isinstance(outcome, PrerequisiteNotStored):
                     log.info("%s not written: the completion it follows was not", stream)
+                elif isinstance(outcome, StoreUnavailable):
+                    self._store_failed(outcome)
                 else:
                     log.error("append to %s failed: %r", stream, outcome)
                 out.append((stream, outcome))
@@ -523,6 +536,17 @@ class Orchestrator:
                 self._settle_records(stream, d.events[stream], None)
                 out.append((stream, None))
         return out
+
+    def _store_failed(self, error: StoreUnavailable) -> None:
+        """The log refuses writes: say so once, end every wait with the error, decide no more."""
+        if self.store_failure is not None:
+            return
+        self.store_failure = error
+        log.error("the log cannot be written, the orchestrator stops deciding: %s", error)
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(error)
 
     def _decided_root(self, stream: str, data: list[ev.Event]) -> str:
         if isinstance(data[0], ev.TaskCreated):
