@@ -21,6 +21,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── IllegalTransition         the task state machine refuses (state, event)
     ├── ValidationError           a card, plan or agent output breaks its schema
     │   ├── InvalidPlan           a plan refused before anything runs
+    │   │   └── PlanConflict      a plan id reused with a different plan body
     │   └── AmbiguousId           an id prefix that matches more than one task or run
     ├── BusError                  the bus could not deliver or receive
     ├── AccessDenied              an agent asked for something outside its card
@@ -71,6 +72,7 @@ __all__ = [
     "IllegalTransition",
     "InvalidPlan",
     "PayloadTooLarge",
+    "PlanConflict",
     "PrerequisiteNotStored",
     "StoreError",
     "StoreUnavailable",
@@ -157,6 +159,23 @@ class ValidationError(CardbusError):
 
 class InvalidPlan(ValidationError):
     """A plan refused before anything runs; the message names the problem."""
+
+
+class PlanConflict(InvalidPlan):
+    """A plan id submitted again with another plan body: the id names one plan for good.
+
+    ``plan_id`` is the id, ``root_id`` the run it already started. The same
+    body resumes (or returns) that run; to run the edited plan, give it a new
+    ``plan_id`` or leave ``plan_id`` out.
+    """
+
+    def __init__(self, plan_id: str, root_id: str) -> None:
+        super().__init__(
+            f"plan id {plan_id!r} already names another plan (run {root_id}): the same plan"
+            " body resumes that run; to run this one, give it a new plan_id or leave plan_id out"
+        )
+        self.plan_id = plan_id
+        self.root_id = root_id
 
 
 class AmbiguousId(ValidationError):

@@ -93,6 +93,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     similarity: float = 0.0
     success_rate: float = 0.0
     speed: float = 0.0
+    recent_failures: float = 0.0  # the recent-failure penalty (0..1) subtracted from score
 
 
 # --- task lifecycle -----------------------------------------------------------
@@ -267,6 +268,9 @@ class RunHalted(_Event, frozen=True, kw_only=True, tag="run.halted.v1"):
 class PlanSubmitted(_Event, frozen=True, kw_only=True, tag="plan.submitted.v1"):
     plan_id: str
     root_id: str
+    # sha256 of the plan body (its fields but plan_id, defaults left out): a later submit of
+    # the same plan id must match it ("" in older logs: not checked)
+    plan_digest: str = ""
 
 
 class AgentRegistered(_Event, frozen=True, kw_only=True, tag="agent.registered.v1"):

@@ -41,6 +41,7 @@ EXPECTED = {
     "IdempotencyError",
     "IllegalTransition",
     "InvalidPlan",
+    "PlanConflict",
     "LLM",
     "LLMAgent",
     "LLMBadOutput",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import time
@@ -51,6 +52,7 @@ from cardbus.eventstore.errors import (
     CardbusError,
     DecodeError,
     InvalidPlan,
+    PlanConflict,
     PrerequisiteNotStored,
     StoreUnavailable,
     StreamNotFound,
@@ -207,7 +209,9 @@ class Orchestrator:
         plan = as_plan(plan)
         validate_plan(plan, self.state.agents.values(), self.policy.retry)
         plan_id = plan.plan_id or new_id()
+        digest = plan_digest(plan)
         root_id = self.state.plans.get(plan_id)
+        self._same_plan(plan_id, digest)
         if root_id is not None and root_id in self.state.runs:
             return root_id
         fresh = root_id is None
@@ -244,7 +248,10 @@ class Orchestrator:
                 raise InvalidPlan(f"{what} is {size} bytes, over the event size limit ({limit})")
         creates: list[tuple[str, ev.Event]] = [(root_id, started), *created.items()]
         if fresh:
-            claim = (f"plan-{plan_id}", ev.PlanSubmitted(plan_id=plan_id, root_id=root_id))
+            claim = (
+                f"plan-{plan_id}",
+                ev.PlanSubmitted(plan_id=plan_id, root_id=root_id, plan_digest=digest),
+            )
             if plan.plan_id is None:  # an id nobody else knows: nothing to race for
                 creates.insert(0, claim)
             else:
@@ -253,12 +260,20 @@ class Orchestrator:
                 except ConcurrencyError:
                     for env in await self.store.read_stream(claim[0]):
                         self.state.apply(env)
+                    self._same_plan(plan_id, digest)
                     return self.state.plans[plan_id]
         # PlanSubmitted claims the id; a submitter that died after it is completed by
         # the next submit of the same plan id (each append below is create-only)
         await self._create(creates, root_id)
         self._queue.put_nowait(_Changed(frozenset([root_id])))
         return root_id
+
+    def _same_plan(self, plan_id: str, digest: str) -> None:
+        """``PlanConflict`` if ``plan_id`` was submitted before with another plan body."""
+        known = self.state.plan_digests.get(plan_id)
+        root_id = self.state.plans.get(plan_id)
+        if known and root_id is not None and known != digest:
+            raise PlanConflict(plan_id, root_id)
 
     async def _create(self, creates: list[tuple[str, ev.Event]], root_id: str) -> None:
         """Create streams (one commit on SQLite); one created earlier is read instead."""
@@ -648,6 +663,31 @@ def _result_of(state: RunState, root_id: str) -> RunResult | None:
         else {name: state.tasks[tid].output for name, tid in run.names.items()}
     )
     return RunResult(root_id, run.finished, outputs, getattr(data, "reason", ""))
+
+
+def plan_digest(plan: Plan) -> str:
+    """sha256 of a plan's body: every field but ``plan_id``, fields at their default left
+    out (so a field added to the plan format later does not change old plans' digests)."""
+    body = _canonical(msgspec.structs.replace(plan, plan_id=None))
+    return hashlib.sha256(msgspec.json.encode(body, order="sorted")).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, msgspec.Struct):
+        out = {}
+        for f in msgspec.structs.fields(value):
+            v = getattr(value, f.name)
+            default = f.default
+            if default is msgspec.NODEFAULT and f.default_factory is not msgspec.NODEFAULT:
+                default = f.default_factory()
+            if default is msgspec.NODEFAULT or v != default:
+                out[f.encode_name] = _canonical(v)
+        return out
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return msgspec.to_builtins(value)
 
 
 def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,7 @@ class Decider:
         self.embedder = embedder or DEFAULT_EMBEDDER
         self.rng = rng or random.Random()
         self.d = Decisions(busy=busy)
+        self._loop_here: Counter[tuple[str, str]] = Counter()  # (root, loop hash) this step
 
     # -- replies from agents -------------------------------------------------
 
@@ -523,6 +525,9 @@ class Decider:
             embedder=self.embedder,
             weights=self.policy.weights,
             exclude=frozenset(task.excluded),
+            penalty=lambda agent: self.state.failure_penalty(
+                agent, c.capability, self.now, self.policy.failure_half_life_s
+            ),
         )
         if not candidates:
             self._fail(task, "no_capable_agent", self._why_no_agent(task, card))
@@ -530,15 +535,15 @@ class Decider:
         h = loop_hash(
             c.capability, [card.inputs, card.supplement, msgspec.to_builtins(card.review)]
         )
-        if (h, task.task_id) not in run.loop_seen and run.loop_counts[
-            h
-        ] + 1 > self.policy.loop_threshold:
-            self._halt(
-                run,
-                "loop_detected",
-                f"{c.capability} with the same inputs on {run.loop_counts[h] + 1} tasks",
-            )
-            return
+        if (h, task.task_id) not in run.loop_seen:
+            # tasks with this hash in the log, and those dispatched earlier in this step
+            count = run.loop_counts[h] + self._loop_here[(run.root_id, h)] + 1
+            if count > self.policy.loop_threshold:
+                self._halt(
+                    run, "loop_detected", f"{c.capability} with the same inputs on {count} tasks"
+                )
+                return
+            self._loop_here[(run.root_id, h)] += 1
         digest = hashlib.sha256(msgspec.json.encode(card.inputs, order="sorted")).hexdigest()
         deadline = self.now + c.timeout_s
         if trimmed is not None:

@@ -33,6 +33,8 @@ class Policy:
     actor: str = "orchestrator"
     # fits upstream outputs to max_input_bytes: "trim" or "summarise" (or one added to POLICIES)
     context_policy: ContextPolicy = "trim"
+    # how fast a recorded failure stops counting against an agent in selection (halves)
+    failure_half_life_s: float = 3600.0
 
     def __post_init__(self) -> None:
         me = "Policy"
@@ -53,3 +55,4 @@ class Policy:
         )
         check_text(me, "actor", self.actor)
         check_choice(me, "context_policy", self.context_policy, POLICIES)
+        check_number(me, "failure_half_life_s", self.failure_half_life_s, above=0)

@@ -90,6 +90,7 @@ class RunState:
         self.tasks: dict[str, TaskView] = {}
         self.agents: dict[str, AgentCard] = {}
         self.plans: dict[str, str] = {}  # plan id -> root id
+        self.plan_digests: dict[str, str] = {}  # plan id -> digest of its body (PlanConflict)
         self.versions: dict[str, int] = {}
         self.position = 0
         # (time, root): when a run has a deadline or backoff due, for the clock to look
@@ -102,6 +103,11 @@ class RunState:
             latency_window=1000 if bounded else None, forget_finished=bounded
         )
         self.anomalies: collections.deque[str] = collections.deque(maxlen=1000)
+        # failure reasons recorded in long-term memory, per (agent, capability): the latest
+        # 20 of each, key -> (recorded at, reason); selection's recent-failure penalty
+        self.failures: dict[tuple[str, str], collections.OrderedDict[str, tuple[float, str]]] = {}
+        self._failure_keys: dict[str, tuple[str, str]] = {}
+
 
     def due(self, now: float) -> set[str]:
         """Open runs with a deadline or backoff that has come (each wakeup counts once)."""
@@ -129,6 +135,33 @@ class RunState:
             return AgentStat(p50_s=s.p50_s)
         return AgentStat(runs=s.runs, success_rate=s.success_rate, p50_s=s.p50_s)
 
+    def failure_penalty(
+        self, agent_id: str, capability: str, now: float, half_life_s: float
+    ) -> float:
+        """``min(1, sum of weight(reason) * 0.5 ** (age / half_life_s))`` over the failures
+        recorded for this agent on this capability (see ``selection``)."""
+        recent = self.failures.get((agent_id, capability))
+        if not recent:
+            return 0.0
+        total = 0.0
+        for at, reason in recent.values():
+            weight = _FAILURE_WEIGHT.get(reason.split(":", 1)[0].strip(), 0.0)
+            total += weight * 0.5 ** (max(0.0, now - at) / half_life_s)
+        return min(1.0, total)
+
+    def _failure_record(self, at: float, data: ev.MemoryWritten) -> None:
+        value = data.value if isinstance(data.value, dict) else {}
+        agent, capability = str(value.get("agent_id") or ""), str(value.get("capability") or "")
+        if not agent or not capability:
+            return
+        pair = (agent, capability)
+        recent = self.failures.setdefault(pair, collections.OrderedDict())
+        recent.pop(data.key, None)
+        recent[data.key] = (at, str(value.get("reason") or ""))
+        self._failure_keys[data.key] = pair
+        while len(recent) > 20:
+            self._failure_keys.pop(recent.popitem(last=False)[0], None)
+
     # -- the fold ------------------------------------------------------------
 
     def apply(self, env: Envelope) -> bool:
@@ -143,6 +176,8 @@ class RunState:
             self._start_run(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
             self.plans[data.plan_id] = data.root_id
+            if data.plan_digest:
+                self.plan_digests[data.plan_id] = data.plan_digest
             self._plan_streams[data.root_id] = env.stream
         elif isinstance(data, ev.AgentRegistered):
             try:
@@ -158,6 +193,13 @@ class RunState:
                 run.finish_event = data
                 self.open.pop(env.stream, None)
                 self._retire(env.stream)
+        elif isinstance(data, ev.MemoryWritten):
+            if data.kind == "failure":
+                self._failure_record(env.recorded_at, data)
+        elif isinstance(data, ev.MemoryForgotten):
+            pair = self._failure_keys.pop(data.key, None)
+            if pair is not None and pair in self.failures:
+                self.failures[pair].pop(data.key, None)
         elif type(data) in _TASK_TYPES:
             self._apply_task(env)
         return True
@@ -277,6 +319,7 @@ class RunState:
                 continue
             self.versions.pop(old.root_id, None)
             self.plans.pop(old.started.plan_id, None)
+            self.plan_digests.pop(old.started.plan_id, None)
             self.versions.pop(self._plan_streams.pop(old.root_id, ""), None)
             for task_id in old.tasks:
                 self.tasks.pop(task_id, None)
@@ -295,3 +338,12 @@ def _finish(data: object) -> str:
 
 
 _TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
+
+# how much a recorded failure of each reason counts against the agent (selection)
+_FAILURE_WEIGHT = {
+    "timeout": 1.0,
+    "agent_lost": 1.0,
+    "agent_error": 0.5,
+    "output_schema_mismatch": 0.5,
+    "all_candidates_failed": 0.5,
+}

@@ -1,7 +1,15 @@
 """Agent selection: a hard filter, then a hybrid score.
 
 ``score = w_similarity * cos(goal, capability description)
-        + w_success * success rate + w_speed * speed``
+        + w_success * success rate + w_speed * speed
+        - w_failures * recent failures``
+
+``recent failures`` (0..1) comes from the failure reasons recorded in
+long-term memory (``failure/<task>/<attempt>`` records of this agent on this
+capability): ``min(1, sum of weight(reason) * 0.5 ** (age / half_life))``,
+``weight`` 1 for ``timeout`` and ``agent_lost``, 0.5 for ``agent_error``,
+``output_schema_mismatch`` and ``all_candidates_failed``, 0 for reasons
+that are not the agent's doing (``conflict_tie``, ...).
 
 Similarity comes from a pluggable ``Embedder``; the default hashes words into
 a fixed-size vector, so it needs no model download and is deterministic.
@@ -11,7 +19,7 @@ Success rate and speed come from past events through any ``StatsSource``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,9 +58,10 @@ class Weights:
     similarity: float = 0.5
     success: float = 0.3
     speed: float = 0.2
+    failures: float = 0.3  # subtracted, times the recent-failure penalty (0..1)
 
     def __post_init__(self) -> None:
-        for name in ("similarity", "success", "speed"):
+        for name in ("similarity", "success", "speed", "failures"):
             check_number("Weights", name, getattr(self, name), at_least=0)
 
 
@@ -88,8 +97,12 @@ def rank(
     embedder: Embedder | None = None,
     weights: Weights = Weights(),
     exclude: frozenset[str] = frozenset(),
+    penalty: Callable[[str], float] | None = None,
 ) -> list[Candidate]:
-    """Qualified agents, best first, each with the parts of its score."""
+    """Qualified agents, best first, each with the parts of its score.
+
+    ``penalty(agent_id)``: the agent's recent-failure penalty (0..1) on this capability.
+    """
     qualified = [
         c
         for c in cards
@@ -114,7 +127,9 @@ def rank(
         success = float(getattr(stat, "success_rate", 0.5)) if stat else 0.5
         p50 = getattr(stat, "p50_s", None) if stat else None
         speed = 1.0 / (1.0 + p50) if p50 is not None else 0.5
+        failed = min(1.0, max(0.0, penalty(card.agent_id))) if penalty else 0.0
         score = weights.similarity * sim + weights.success * success + weights.speed * speed
+        score -= weights.failures * failed
         out.append(
             Candidate(
                 agent_id=card.agent_id,
@@ -122,6 +137,7 @@ def rank(
                 similarity=round(sim, 6),
                 success_rate=round(success, 6),
                 speed=round(speed, 6),
+                recent_failures=round(failed, 6),
             )
         )
     out.sort(key=lambda c: (-c.score, c.agent_id))

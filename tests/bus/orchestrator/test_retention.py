@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from orchkit import FAST, ev, make_agent, plan, run_log, task, tid
 
 from cardbus.agents.cards import ResultCard
+from cardbus.eventstore.errors import PlanConflict
 from cardbus.projections.agent_stats import AgentStatsFold
 
 
@@ -30,8 +32,11 @@ async def test_finished_runs_past_the_limit_leave_memory_not_the_log(make_runtim
     first = results[0]
     assert await rt.orch.wait(first.root_id, 1) == first
     before = await store.last_position()
-    assert await rt.orch.submit(plan(task("a", text="x0"), plan_id="p0")) == first.root_id
+    same = plan(task("a", text="x0"), task("b", deps=["a"], text="y"), plan_id="p0")
+    assert await rt.orch.submit(same) == first.root_id
     assert await store.last_position() == before  # the same plan id does not run again
+    with pytest.raises(PlanConflict, match="p0"):  # nor does another plan under its id
+        await rt.orch.submit(plan(task("a", text="x0"), plan_id="p0"))
     # a late answer for a task of a forgotten run is reported, not acted on
     old_task = tid(first.root_id, "a")
     await rt.bus.reply(
