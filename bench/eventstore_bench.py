@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cardbus.eventstore import NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import GENESIS_HASH, seal
+from cardbus.eventstore.loghead import LOG_GENESIS, link
 from cardbus.eventstore.sqlite import _SCHEMA
 
 EVENTS_PER_APPEND = 3
@@ -40,7 +41,7 @@ TARGET_RATIO = 0.5
 TARGET_P50_MS = 1.0
 TARGET_SCAN = 300_000
 
-Row = tuple[int, str, str, int, str, str, float, bytes, str]
+StoredRow = tuple[int, str, str, int, str, str, float, bytes, str, str]  # + log_hash
 
 
 def make_event(root: str, i: int) -> NewEvent:
@@ -52,9 +53,10 @@ def make_event(root: str, i: int) -> NewEvent:
     )
 
 
-def sealed_rows(n_tasks: int, per_task: int, start_position: int = 1) -> Iterator[Row]:
+def sealed_rows(n_tasks: int, per_task: int, start_position: int = 1) -> Iterator[StoredRow]:
     """Rows exactly as the store writes them: real, chained, verifiable events."""
     position = start_position
+    log = LOG_GENESIS  # the log chain, as the store's writer keeps it
     for t in range(n_tasks):
         stream = f"task-{t:08d}"
         root = f"root-{t // 10:07d}"
@@ -62,6 +64,7 @@ def sealed_rows(n_tasks: int, per_task: int, start_position: int = 1) -> Iterato
         for v in range(1, per_task + 1):
             env, body = seal(make_event(root, v), stream, v, prev)
             prev = env.hash
+            log = link(log, env.hash)
             yield (
                 position,
                 env.event_id,
@@ -72,6 +75,7 @@ def sealed_rows(n_tasks: int, per_task: int, start_position: int = 1) -> Iterato
                 env.recorded_at,
                 body,
                 env.hash,
+                log,
             )
             position += 1
 
@@ -84,18 +88,19 @@ def raw_connect(path: Path, synchronous: str) -> sqlite3.Connection:
     return db
 
 
-INSERT = (
+INSERT_STORED = (
     "INSERT INTO events (position, event_id, stream, version, correlation_id, type,"
-    " recorded_at, body, hash) VALUES (?,?,?,?,?,?,?,?,?)"
+    " recorded_at, body, hash, log_hash) VALUES (?,?,?,?,?,?,?,?,?,?)"
 )
 
 
-def raw_insert(db: sqlite3.Connection, rows: list[Row], batch: int = 1000) -> float:
-    """Seconds to insert ``rows`` with executemany, one transaction per ``batch`` rows."""
+def raw_insert(db: sqlite3.Connection, rows: list[StoredRow], batch: int = 1000) -> float:
+    """Seconds to insert ``rows`` (as the store stored them) with executemany, one
+    transaction per ``batch`` rows."""
     t0 = time.perf_counter()
     for i in range(0, len(rows), batch):
         db.execute("BEGIN")
-        db.executemany(INSERT, rows[i : i + batch])
+        db.executemany(INSERT_STORED, rows[i : i + batch])
         db.execute("COMMIT")
     return time.perf_counter() - t0
 
@@ -134,11 +139,20 @@ async def store_appends(path: Path, n_events: int, appenders: int, synchronous: 
     return total / elapsed
 
 
+def log_chain_seconds(hashes: list[str]) -> float:
+    """Seconds to link ``hashes`` into the log chain, as the store's writer does per event."""
+    t0 = time.perf_counter()
+    log = LOG_GENESIS
+    for h in hashes:
+        log = link(log, h)
+    return time.perf_counter() - t0
+
+
 def build_big_store(path: Path, n_events: int, synchronous: str) -> float:
     per_task = 10
     db = raw_connect(path, synchronous)
     t0 = time.perf_counter()
-    chunk: list[Row] = []
+    chunk: list[StoredRow] = []
     for row in sealed_rows(n_events // per_task, per_task):
         chunk.append(row)
         if len(chunk) == 50_000:
@@ -223,15 +237,16 @@ async def main() -> None:
     raw_rate = raw_small = one = many = 0.0
     ratios: list[float] = []
     body_bytes = 0.0
+    chain_s = 0.0  # the log chain's own work per event (loghead.link), worst run
     for r in range(args.repeat):
         for f in list(base.iterdir()):
             f.unlink()
         last_many = await store_appends(base / f"many{r}.db", args.events, 64, args.synchronous)
         many = max(many, last_many)
         src = sqlite3.connect(base / f"many{r}.db")
-        rows: list[Row] = src.execute(
+        rows: list[StoredRow] = src.execute(
             "SELECT position, event_id, stream, version, correlation_id, type, recorded_at,"
-            " body, hash FROM events ORDER BY position"
+            " body, hash, log_hash FROM events ORDER BY position"
         ).fetchall()
         src.close()
         body_bytes = sum(len(row[7]) for row in rows) / len(rows)
@@ -249,6 +264,7 @@ async def main() -> None:
         raw_rate = max(raw_rate, raw)
         raw_small = max(raw_small, raw192)
         ratios.append(last_many / raw)
+        chain_s = max(chain_s, log_chain_seconds([row[8] for row in rows]) / len(rows))
         one = max(
             one, await store_appends(base / f"one{r}.db", args.events // 4, 1, args.synchronous)
         )
@@ -298,6 +314,12 @@ async def main() -> None:
             "",
             f"{many / raw_small:.0%} of raw-192",
             "",
+        ),
+        (
+            "  of which the log chain (one link per event)",
+            f"{chain_s * 1e6:.2f} us/event",
+            f"{chain_s * many:.1%} of an append's time per event",
+            f"<= 10%: {verdict(chain_s * many <= 0.10)}",
         ),
         (
             f"read_stream, 10-event task in {args.big:,} events",
