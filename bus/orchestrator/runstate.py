@@ -108,7 +108,6 @@ class RunState:
         self.failures: dict[tuple[str, str], collections.OrderedDict[str, tuple[float, str]]] = {}
         self._failure_keys: dict[str, tuple[str, str]] = {}
 
-
     def due(self, now: float) -> set[str]:
         """Open runs with a deadline or backoff that has come (each wakeup counts once)."""
         roots: set[str] = set()
