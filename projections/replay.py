@@ -51,6 +51,7 @@ class Step(msgspec.Struct, kw_only=True):
     reason: str | None = None
     detail: str | None = None
     duration_s: float | None = None  # until the next step of the same task
+    payload: Any = None  # what the step carried: inputs, an output, tool arguments/result, ...
 
 
 class AttemptSpan(msgspec.Struct, kw_only=True):
@@ -63,6 +64,13 @@ class AttemptSpan(msgspec.Struct, kw_only=True):
     outcome: str = "open"
     reason: str | None = None
     latency_s: float | None = None  # dispatch -> result submitted
+    queued_s: float | None = None  # waiting to be dispatched: created/pending -> dispatched
+    started: float | None = None  # task.started (None if the agent never said)
+    run_s: float | None = None  # started -> result submitted: the agent's own time
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str | None = None  # the model that answered, when the result names one
+    output: Any = None  # the result this attempt submitted
 
 
 class TaskNode(msgspec.Struct, kw_only=True):
@@ -72,6 +80,10 @@ class TaskNode(msgspec.Struct, kw_only=True):
     goal: str = ""
     status: str | None = None
     agent_id: str | None = None
+    role: str = ""  # "" for a plan task, "review" or "supplement" for one the orchestrator added
+    inputs: Any = None  # the task's own inputs (dependencies' outputs are not in the log)
+    deps: list[str] = []
+    output: Any = None  # the accepted output
     attempts: int = 0
     reason: str | None = None
     start: float = 0.0
@@ -164,7 +176,31 @@ def _step(env: Envelope) -> Step:
         agent_id=getattr(data, "agent_id", None),
         reason=event_reason(data),
         detail=_detail(data),
+        payload=_payload(data),
     )
+
+
+def _payload(data: Any) -> Any:
+    """The data a step carried, for the collapsed detail of replay --json and the HTML."""
+    match data:
+        case ev.TaskCreated():
+            return {"inputs": data.inputs, "deps": list(data.deps)}
+        case ev.TaskResultSubmitted():
+            return {"status": data.status, "output": data.output, "error": data.error}
+        case ev.TaskCompleted() | ev.InputProvided():
+            return {"output": data.output}
+        case ev.ApprovalRequested() if data.proposed_output is not None:
+            return {"proposed_output": data.proposed_output}
+        case ev.RevisionRequested():
+            issues = msgspec.to_builtins(data.issues)
+            return {
+                "round": data.round,
+                "reviewer_task_id": data.reviewer_task_id,
+                "issues": issues,
+            }
+        case ev.ToolCalled():
+            return {"arguments": data.arguments, "result": data.result, "error": data.error}
+    return None
 
 
 _CLOSE_ALL = {
@@ -182,6 +218,7 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
     node = TaskNode(task_id=task_id, steps=[], spans=[], children=[])
     state: TaskState | None = None
     open_spans: dict[str, AttemptSpan] = {}
+    pending_since: float | None = None  # when the task last became ready for dispatch
     for env in events:
         data = env.data
         step = _step(env)
@@ -200,18 +237,31 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
                 node.parent_id = data.parent_id
                 node.capability = data.capability
                 node.goal = data.goal
+                node.inputs, node.deps, node.role = data.inputs, list(data.deps), data.role
             case ev.TaskDispatched():
                 node.attempts = max(node.attempts, data.attempt)
                 node.agent_id = data.agent_id
                 span = AttemptSpan(attempt=data.attempt, agent_id=data.agent_id, start=t)
+                if pending_since is not None:
+                    span.queued_s = t - pending_since
                 open_spans[data.agent_id] = span
                 node.spans.append(span)
+            case ev.TaskStarted():
+                s = open_spans.get(data.agent_id)
+                if s is not None and s.started is None:
+                    s.started = t
             case ev.TaskResultSubmitted():
                 s = open_spans.get(data.agent_id)
                 if s is not None and s.latency_s is None:
                     s.latency_s = t - s.start
+                    s.run_s = None if s.started is None else t - s.started
+                    s.input_tokens = data.usage.input_tokens
+                    s.output_tokens = data.usage.output_tokens
+                    s.model = getattr(data.usage, "model", None) or None
+                    s.output = data.output
             case ev.TaskCompleted():
                 node.agent_id = data.agent_id
+                node.output = data.output
                 node.reason = None
                 for agent, s in open_spans.items():
                     s.end, s.outcome = t, ("completed" if agent == data.agent_id else "superseded")
@@ -228,6 +278,10 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
                     for s in open_spans.values():
                         s.end, s.outcome, s.reason = t, outcome, step.reason
                     open_spans.clear()
+        if state in (TaskState.PENDING, TaskState.NEEDS_REVISION):
+            pending_since = t if pending_since is None else pending_since
+        elif state is not None:
+            pending_since = None
     for a, b in itertools.pairwise(node.steps):
         a.duration_s = b.time - a.time
     node.status = state.value if state else None

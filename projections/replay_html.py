@@ -12,9 +12,10 @@ import html
 
 import msgspec
 
+from cardbus.eventstore.states import TaskState
 from cardbus.projections.replay import Timeline
 
-__all__ = ["render_html"]
+__all__ = ["COLOURS", "OUTCOMES", "STATUSES", "render_html"]
 
 _CSS = """
 :root { --fg:#1d232b; --muted:#66707c; --line:#e3e7ec; --bg:#fff; }
@@ -31,8 +32,8 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 #gantt { border: 1px solid var(--line); border-radius: 6px; overflow: hidden; }
 .row { display: flex; border-top: 1px solid var(--line); min-height: 28px; }
 .row.axis { border-top: none; background: #f7f8fa; }
-.label { flex: 0 0 330px; padding: 5px 8px; white-space: nowrap; overflow: hidden;
-         text-overflow: ellipsis; border-right: 1px solid var(--line); }
+.label { flex: 0 0 330px; padding: 5px 8px; overflow-wrap: anywhere;
+         border-right: 1px solid var(--line); }
 .track { position: relative; flex: 1 1 auto; min-width: 400px; }
 .tick { position: absolute; top: 0; bottom: 0; border-left: 1px dashed var(--line);
         font-size: 10px; color: var(--muted); padding-left: 2px; }
@@ -43,19 +44,56 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
           opacity: .55; }
 .status { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 11px;
           color: #fff; margin-left: 4px; }
-.completed { background: #2e9d5b; } .rejected { background: #d9822b; }
-.timed_out { background: #c0392b; } .failed { background: #c0392b; }
-.retry { background: #e0a526; } .revision { background: #8e44ad; }
-.halted { background: #6c3483; } .cancelled { background: #7f8c8d; }
-.needs_input { background: #2980b9; } .awaiting_approval { background: #16a085; }
-.open, .running, .dispatched, .pending { background: #3d7edb; }
-.superseded { background: #95a5a6; } .needs_revision { background: #8e44ad; }
 table { border-collapse: collapse; width: 100%; margin-bottom: 8px; }
 th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid var(--line);
          vertical-align: top; }
 th { color: var(--muted); font-weight: 600; }
 td.reason { color: #a03a1d; }
+.queued { position: absolute; top: 9px; height: 10px; border-radius: 2px;
+          background: repeating-linear-gradient(45deg, #c9d3df 0 3px, #eef2f6 3px 6px); }
+details summary { cursor: pointer; color: var(--muted); }
+details pre { margin: 4px 0; white-space: pre-wrap; overflow-wrap: anywhere; max-height: 24em;
+              overflow: auto; background: #f7f8fa; padding: 4px 6px; border-radius: 4px; }
+.legend { margin: 4px 0; } .legend b { margin-right: 8px; color: var(--muted); }
+.legend i.queued { position: static; }
 """
+
+#: every attempt outcome (Gantt bars) and task status, each with its own colour
+OUTCOMES = (
+    "completed",
+    "rejected",
+    "timed_out",
+    "retry",
+    "revision",
+    "failed",
+    "halted",
+    "cancelled",
+    "needs_input",
+    "awaiting_approval",
+    "superseded",
+    "open",
+)
+STATUSES = tuple(s.value for s in TaskState)
+COLOURS = {
+    "completed": "#2e9d5b",
+    "rejected": "#e67e22",
+    "timed_out": "#a04000",
+    "retry": "#c9a300",
+    "revision": "#8e44ad",
+    "failed": "#c0392b",
+    "halted": "#4a235a",
+    "cancelled": "#7f8c8d",
+    "needs_input": "#2471a3",
+    "awaiting_approval": "#16a085",
+    "superseded": "#a9b3bc",
+    "open": "#5dade2",
+    "pending": "#d98880",
+    "dispatched": "#5d6d7e",
+    "running": "#1f3a93",
+    "needs_revision": "#c39bd3",
+}
+_CSS += "".join(f".{name} {{ background: {colour}; }}\n" for name, colour in COLOURS.items())
+
 
 _JS = r"""
 (function () {
@@ -70,7 +108,26 @@ _JS = r"""
     : s < 120 ? s.toFixed(2) + " s" : (s / 60).toFixed(1) + " min";
   const fmtTime = (t) => new Date(t * 1000).toISOString().replace("T", " ").replace("Z", "");
   const rows = [];
-  const walk = (n, d) => { rows.push([d, n]); (n.children || []).forEach((c) => walk(c, d + 1)); };
+  const roundOf = {};  // review subtask id -> its round among the parent's reviews
+  const walk = (n, d) => {
+    rows.push([d, n]);
+    let k = 0;
+    (n.children || []).forEach((c) => { if (c.role === "review") roundOf[c.task_id] = ++k; });
+    (n.steps || []).forEach((s) => {
+      const p = s.payload;
+      if (p && p.reviewer_task_id) roundOf[p.reviewer_task_id] = p.round;
+    });
+    (n.children || []).forEach((c) => walk(c, d + 1));
+  };
+  const name = (n) => (n.capability || "?") +
+    (roundOf[n.task_id] ? " round " + roundOf[n.task_id] : "");
+  const pretty = (v) => JSON.stringify(v, null, 2);
+  const fold = (summary, value) => {  // collapsed by default
+    const d = $("details", "payload");
+    d.appendChild($("summary", null, summary));
+    d.appendChild($("pre", "mono", pretty(value)));
+    return d;
+  };
   (T.tasks || []).forEach((n) => walk(n, 0));
   const start = T.start, span = Math.max(T.end - T.start, 1e-3);
   const pct = (t) => (100 * (t - start) / span).toFixed(3) + "%";
@@ -118,8 +175,8 @@ _JS = r"""
     row.dataset.task = n.task_id;
     const label = $("div", "label");
     label.style.paddingLeft = (8 + depth * 18) + "px";
-    label.appendChild($("span", "mono", (depth ? "\u21b3 " : "") + (n.capability || "?") + " "));
-    label.appendChild($("span", "mono", n.task_id.slice(0, 12)));
+    label.appendChild($("span", "mono", (depth ? "\u21b3 " : "") + name(n) + " "));
+    label.appendChild($("span", "mono task-id", n.task_id));
     label.appendChild($("span", "status " + (n.status || "open"), n.status || "?"));
     label.title = n.task_id + (n.reason ? " \u2014 " + n.reason : "");
     row.appendChild(label);
@@ -130,12 +187,23 @@ _JS = r"""
     track.appendChild(bar);
     (n.spans || []).forEach((s) => {
       const end = s.end == null ? T.end : s.end;
+      if (s.queued_s) {
+        const q = $("div", "queued");
+        q.style.left = pct(s.start - s.queued_s);
+        q.style.width = width(s.start - s.queued_s, s.start);
+        q.title = "attempt " + s.attempt + " queued " + fmtDur(s.queued_s);
+        track.appendChild(q);
+      }
       const e = $("div", "span " + s.outcome, "#" + s.attempt + " " + s.agent_id);
       e.style.left = pct(s.start);
       e.style.width = width(s.start, end);
       e.dataset.outcome = s.outcome;
       e.title = "attempt " + s.attempt + " by " + s.agent_id + ": " + s.outcome + " after " +
-        fmtDur(end - s.start) + (s.reason ? " \u2014 " + s.reason : "");
+        fmtDur(end - s.start) + (s.queued_s != null ? ", queued " + fmtDur(s.queued_s) : "") +
+        (s.run_s != null ? ", ran " + fmtDur(s.run_s) : "") +
+        (s.input_tokens || s.output_tokens ? ", " + s.input_tokens + "+" + s.output_tokens +
+          " tokens" : "") + (s.model ? ", " + s.model : "") +
+        (s.reason ? " \u2014 " + s.reason : "");
       track.appendChild(e);
     });
     (n.steps || []).forEach((s) => {
@@ -149,10 +217,48 @@ _JS = r"""
   });
 
   const details = document.getElementById("details");
-  const cols = ["time", "+", "duration", "step", "attempt", "agent", "status", "reason / detail"];
-  const table = (title, steps, id) => {
+  const cols = ["time", "+", "duration", "step", "attempt", "agent", "status", "reason / detail",
+    "data"];
+  const acols = ["attempt", "agent", "model", "outcome", "queued", "ran", "dispatch \u2192 result",
+    "tokens in", "tokens out", "output"];
+  const attempts = (n) => {
+    const t = $("table", "attempts");
+    t.dataset.task = n.task_id;
+    const head = $("tr");
+    acols.forEach((c) => head.appendChild($("th", null, c)));
+    t.appendChild(head);
+    n.spans.forEach((s) => {
+      const tr = $("tr", "attempt");
+      tr.dataset.attempt = s.attempt;
+      tr.appendChild($("td", null, s.attempt));
+      tr.appendChild($("td", null, s.agent_id));
+      tr.appendChild($("td", "model", s.model || "\u2014"));
+      const o = $("td"); o.appendChild($("span", "status " + s.outcome, s.outcome));
+      tr.appendChild(o);
+      tr.appendChild($("td", "mono queue", fmtDur(s.queued_s)));
+      tr.appendChild($("td", "mono run", fmtDur(s.run_s)));
+      tr.appendChild($("td", "mono", fmtDur(s.latency_s)));
+      tr.appendChild($("td", "mono tokens-in", s.input_tokens));
+      tr.appendChild($("td", "mono tokens-out", s.output_tokens));
+      const out = $("td");
+      if (s.output !== null && s.output !== undefined) out.appendChild(fold("output", s.output));
+      tr.appendChild(out);
+      t.appendChild(tr);
+    });
+    details.appendChild(t);
+  };
+  const table = (title, steps, id, n) => {
     const h = $("h2", null, title);
     details.appendChild(h);
+    if (n) {
+      const io = $("div", "io");
+      io.dataset.task = n.task_id;
+      io.appendChild(fold("inputs", n.inputs == null ? {} : n.inputs));
+      if (n.deps && n.deps.length) io.appendChild($("div", "mono", "after " + n.deps.join(", ")));
+      if (n.output !== null && n.output !== undefined) io.appendChild(fold("output", n.output));
+      details.appendChild(io);
+      if (n.spans && n.spans.length) attempts(n);
+    }
     const t = $("table", "steps");
     t.dataset.task = id;
     const head = $("tr");
@@ -168,16 +274,24 @@ _JS = r"""
       tr.appendChild($("td", null, s.agent_id || ""));
       tr.appendChild($("td", null, s.status || ""));
       tr.appendChild($("td", s.reason ? "reason" : null, s.reason || s.detail || ""));
+      const data = $("td");
+      if (s.payload !== null && s.payload !== undefined) data.appendChild(fold("data", s.payload));
+      tr.appendChild(data);
       t.appendChild(tr);
     });
     details.appendChild(t);
   };
   if (T.run && T.run.length) table("run " + T.root_id, T.run, T.root_id);
-  rows.forEach(([, n]) => table((n.capability || "?") + " \u2014 " + n.task_id + " (" +
-    (n.status || "?") + ")", n.steps || [], n.task_id));
+  rows.forEach(([, n]) => table(name(n) + " \u2014 " + n.task_id + " (" +
+    (n.status || "?") + ")", n.steps || [], n.task_id, n));
   document.body.dataset.rendered = "yes";
 })();
 """
+
+
+def _legend(title: str, names: tuple[str, ...], id: str) -> str:
+    items = "".join(f"<span><i class='{c}'></i>{c.replace('_', ' ')}</span>" for c in names)
+    return f"<div class='legend' id='{id}'><b>{title}</b>{items}</div>"
 
 
 def render_html(timeline: Timeline) -> str:
@@ -191,21 +305,9 @@ def render_html(timeline: Timeline) -> str:
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<style>{_CSS}</style></head><body>"
         f"<h1 id='title'>{title}</h1><div id='summary'>This page needs JavaScript.</div>"
-        "<div class='legend'>"
-        + "".join(
-            f"<span><i class='{c}'></i>{c.replace('_', ' ')}</span>"
-            for c in (
-                "completed",
-                "rejected",
-                "timed_out",
-                "retry",
-                "revision",
-                "failed",
-                "halted",
-                "open",
-            )
-        )
-        + "</div><h2>Timeline</h2><div id='gantt'></div><div id='details'></div>"
+        + _legend("attempts", ("queued", *OUTCOMES), "legend-outcomes")
+        + _legend("task status", STATUSES, "legend-statuses")
+        + "<h2>Timeline</h2><div id='gantt'></div><div id='details'></div>"
         f"<script id='timeline-data' type='application/json'>{data}</script>"
         f"<script>{_JS}</script></body></html>\n"
     )

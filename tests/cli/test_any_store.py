@@ -82,6 +82,24 @@ def test_replay_tree_json_html_and_as_of(log: Log, tmp_path: Path) -> None:
     assert f"replay of run {ids.root}" in tree and "attempts_exhausted" in tree
     timeline = json.loads(ok(cardbus(log, "replay", ids.root, "--json")).stdout)
     assert timeline["root_id"] == ids.root and timeline["events"] == 42
+    # inputs and outputs per task and step; per attempt: queue vs run time, tokens, model
+    write = next(t for t in timeline["tasks"] if t["task_id"] == ids.write)
+    assert write["deps"] == [ids.research] and write["output"] == "final"
+    assert write["steps"][0]["payload"] == {"inputs": {}, "deps": [ids.research]}
+    second = write["spans"][1]
+    assert (second["queued_s"], second["run_s"], second["latency_s"]) == (2.0, 4.0, 5.0)
+    assert (second["input_tokens"], second["output_tokens"], second["output"]) == (
+        200,
+        300,
+        "draft",
+    )
+    assert second["model"] is None  # the log records no model yet
+    review = write["children"][0]
+    assert review["task_id"] == ids.review
+    revision = next(s for s in write["steps"] if s["kind"] == "revision_requested")
+    assert (
+        revision["payload"]["round"] == 1 and revision["payload"]["reviewer_task_id"] == ids.review
+    )
     page = tmp_path / "t.html"
     ok(cardbus(log, "replay", ids.root, "--html", str(page)))
     assert ids.write in page.read_text()

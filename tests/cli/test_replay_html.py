@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 from lifecycle_log import RunIds
 
+from cardbus.projections.replay_html import COLOURS, OUTCOMES, STATUSES
 from cardbus.tools.cli import cli
 
 
@@ -99,6 +100,47 @@ def test_replay_html_renders_in_chromium(run_db: tuple[str, RunIds], tmp_path: P
         "halted: loop_detected (h-loop seen 3 times)",
     ):
         assert f'<td class="reason">{reason}</td>' in dom, reason
+    # full ids in the Gantt labels; the review subtask named by its round
+    assert f'<span class="mono task-id">{ids.review}</span>' in dom
+    assert "↳ review round 1 " in dom and f"review round 1 — {ids.review} (completed)" in dom
+    # inputs and outputs, collapsed by default (<details> without open)
+    io = re.search(rf'<div class="io" data-task="{ids.research}">(.*?)</div>', dom, re.S)
+    assert io is not None
+    assert '<details class="payload"><summary>inputs</summary>' in io.group(1)
+    assert '"q": "cats"' in io.group(1) and '"purr"' in io.group(1)
+    assert "<details open" not in dom
+    # one row per attempt: queue time (pending -> dispatched) apart from run time
+    # (started -> result), tokens, model; the write task's second attempt queued
+    # from its rejection (+1 s) to the retry's dispatch (+1 s after the retry)
+    table = re.search(rf'<table class="attempts" data-task="{ids.write}">(.*?)</table>', dom, re.S)
+    assert table is not None
+    rows = re.findall(r'<tr class="attempt" data-attempt="(\d)">(.*?)</tr>', table.group(1), re.S)
+    cells = {a: re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for a, row in rows}
+    assert cells["2"][1] == "writer-2" and cells["2"][2] == "—"  # no model recorded
+    assert "timed_out" not in cells["2"][3] and "revision" in cells["2"][3]
+    assert cells["2"][4:9] == ["2.00 s", "4.00 s", "5.00 s", "200", "300"]
+    assert '"draft"' in cells["2"][9]
+    # failed and timed-out attempts, and every status, have colours of their own
+    code = re.search(rf'<table class="attempts" data-task="{ids.code}">(.*?)</table>', dom, re.S)
+    assert code is not None and 'class="status timed_out"' in code.group(1)
+    legends = re.findall(r'<div class="legend" id="([\w-]+)">(.*?)</div>', dom, re.S)
+    shown = {k: re.findall(r"<i class=\"(\w+)\"></i>", v) for k, v in legends}
+    assert set(shown["legend-statuses"]) == set(STATUSES)
+    assert set(shown["legend-outcomes"]) == {"queued", *OUTCOMES}
+
+
+def test_every_outcome_and_status_has_its_own_colour() -> None:
+    """The span outcomes replay produces and the task states, each a distinct colour."""
+    import importlib
+
+    replay_module = importlib.import_module("cardbus.projections.replay")
+
+    # _fold_task's own outcomes, then the ones an event closes every open attempt with
+    produced = {"open", "completed", "superseded", "rejected", "timed_out"}
+    produced |= set(replay_module._CLOSE_ALL.values())
+    assert produced <= set(OUTCOMES), produced - set(OUTCOMES)
+    assert set(STATUSES) | set(OUTCOMES) <= set(COLOURS)
+    assert len(set(COLOURS.values())) == len(COLOURS)  # no two share a colour
 
 
 def test_replay_html_escapes_log_content(tmp_path: Path) -> None:
