@@ -7,7 +7,10 @@ and the old class stays in ``EVENT_TYPES`` so the decoder keeps reading it.
 Streams: a task's events live in the stream named by its task id; a run's
 own facts (``run.*``) in the stream named by its root id; agent registrations
 in ``agent-<agent_id>``; plan submissions in ``plan-<plan_id>``; long-term
-memory in ``memory``.
+memory in ``memory``. A run planned from a goal keeps its planning rounds
+(``plan.proposed``, ``plan.refused``, ``plan.accepted``) in the run's stream;
+each round's planning card is a task of its own (``<root_id>~plan<round>``,
+role ``plan``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ __all__ = [
     "MemoryRead",
     "MemoryWritten",
     "NeedsInput",
+    "PlanAccepted",
+    "PlanProposed",
+    "PlanRefused",
     "PlanSubmitted",
+    "PlanningLimits",
+    "PlanningSpec",
     "RetryOverride",
     "ReviewIssue",
     "RevisionRequested",
@@ -242,6 +250,24 @@ class ApprovalDenied(_Event, frozen=True, kw_only=True, tag="task.approval_denie
 # --- runs, plans, agents ------------------------------------------------------
 
 
+class PlanningLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a planned plan may be (the planner's ``PlanLimits``, the same fields)."""
+
+    capabilities: list[str] | None = None  # the capabilities a plan may use (None: all)
+    final_capability: str | None = None  # the capability wanted at the end
+    final_output: str | None = None  # or the output type wanted at the end (e.g. "Draft")
+    max_tasks: int | None = None
+
+
+class PlanningSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How a run given only a goal is planned, resolved when it starts."""
+
+    limits: PlanningLimits = PlanningLimits()
+    max_plan_rounds: int = 3  # proposals per planning, the first included
+    replan_on_failure: int = 0  # re-plannings allowed after tasks fail for good
+    session_fields: list[str] = []  # the session fields the planner sees
+
+
 class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     goal: str
     plan_id: str
@@ -249,6 +275,8 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     budget_tokens: int | None = None
     forked_from: str | None = None  # "<root_id>@<event_id>"
     session: dict[str, Any] = {}  # session memory: what the user asked
+    # set when the plan was a goal alone: the tasks come from a planner (plan.* events)
+    planning: PlanningSpec | None = None
 
 
 class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
@@ -256,8 +284,9 @@ class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
 
 
 class RunFailed(_Event, frozen=True, kw_only=True, tag="run.failed.v1"):
-    reason: str
+    reason: str  # tasks_not_completed | plan_invalid | planning_failed
     failed_tasks: list[str] = []
+    detail: str = ""
 
 
 class RunHalted(_Event, frozen=True, kw_only=True, tag="run.halted.v1"):
@@ -271,6 +300,31 @@ class PlanSubmitted(_Event, frozen=True, kw_only=True, tag="plan.submitted.v1"):
     # sha256 of the plan body (its fields but plan_id, defaults left out): a later submit of
     # the same plan id must match it ("" in older logs: not checked)
     plan_digest: str = ""
+
+
+class PlanProposed(_Event, frozen=True, kw_only=True, tag="plan.proposed.v1"):
+    """A planner's proposal for a goal run (in the run's stream), before it is checked."""
+
+    round: int  # 1, 2, ... in the run, re-plannings included
+    planner_task_id: str
+    agent_id: str = ""
+    proposal: Any = None  # the planner's output, as it came (the plan format, or not)
+
+
+class PlanRefused(_Event, frozen=True, kw_only=True, tag="plan.refused.v1"):
+    """The proposal of ``round`` failed the checks a hand-written plan must pass."""
+
+    round: int
+    errors: list[str]
+    reason: str = "plan_invalid"
+
+
+class PlanAccepted(_Event, frozen=True, kw_only=True, tag="plan.accepted.v1"):
+    """The proposal of ``round`` passed; its tasks are created next, under these ids."""
+
+    round: int
+    task_ids: dict[str, str]  # plan task id -> task id, in the plan's order
+    superseded: list[str] = []  # a re-planning: the unfinished tasks the new ones replace
 
 
 class AgentRegistered(_Event, frozen=True, kw_only=True, tag="agent.registered.v1"):
@@ -374,6 +428,9 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     RunFailed,
     RunHalted,
     PlanSubmitted,
+    PlanProposed,
+    PlanRefused,
+    PlanAccepted,
     AgentRegistered,
     AgentDeregistered,
     MemoryWritten,
@@ -412,6 +469,9 @@ Event = (
     | RunFailed
     | RunHalted
     | PlanSubmitted
+    | PlanProposed
+    | PlanRefused
+    | PlanAccepted
     | AgentRegistered
     | AgentDeregistered
     | MemoryWritten

@@ -9,7 +9,10 @@ attempt spans (dispatch to outcome, one per agent per attempt) for a Gantt
 chart. :func:`build_timeline` is the pure part, from a list of envelopes.
 
 Given a root id, the timeline holds every task of the run plus the run's own
-events (``run.*``); given a task id, that task and its subtasks.
+events (``run.*``, ``plan.*``); given a task id, that task and its subtasks.
+A run planned from a goal also lists its planning rounds (:class:`PlanRound`:
+the planning task, who proposed, the tasks proposed, refused with the errors
+or accepted), so the timeline shows how the plan came to be.
 """
 
 from __future__ import annotations
@@ -29,7 +32,15 @@ from cardbus.eventstore.store import EventStore
 from cardbus.projections.tasks import event_reason
 from cardbus.projections.timetravel import AsOf
 
-__all__ = ["AttemptSpan", "Step", "TaskNode", "Timeline", "build_timeline", "replay"]
+__all__ = [
+    "AttemptSpan",
+    "PlanRound",
+    "Step",
+    "TaskNode",
+    "Timeline",
+    "build_timeline",
+    "replay",
+]
 
 _STATE = {s.value: s for s in TaskState}
 _TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
@@ -94,6 +105,18 @@ class TaskNode(msgspec.Struct, kw_only=True):
     children: list[TaskNode] = []
 
 
+class PlanRound(msgspec.Struct, kw_only=True):
+    """One planning round of a goal run: a proposal and what became of it."""
+
+    round: int
+    planner_task_id: str
+    agent_id: str = ""
+    tasks: list[str] = []  # the proposed tasks, "id (capability)"
+    outcome: str = "proposed"  # "refused" | "accepted" (or "proposed" while undecided)
+    errors: list[str] = []
+    time: float = 0.0
+
+
 class Timeline(msgspec.Struct, kw_only=True):
     id: str  # what was asked for: a task id or a root id
     root_id: str
@@ -104,6 +127,7 @@ class Timeline(msgspec.Struct, kw_only=True):
     events: int = 0
     run: list[Step] = []  # the run's own events (run.*, plan.*), when replaying a root
     tasks: list[TaskNode] = []
+    planning: list[PlanRound] = []  # a goal run's planning rounds, in order
 
     def walk(self) -> list[tuple[int, TaskNode]]:
         """Every task node with its depth, parents before children."""
@@ -157,8 +181,37 @@ def _detail(data: Any) -> str | None:
             return f"tool {data.tool}" + (f" failed: {data.error}" if data.error else "")
         case ev.RunStarted():
             d = f"goal: {data.goal}"
+            if data.planning is not None:
+                d += " (to plan)"
             return d + (f" (forked from {data.forked_from})" if data.forked_from else "")
+        case ev.PlanProposed():
+            return f"round {data.round} by {data.agent_id or '?'}: {_proposed(data.proposal)}"
+        case ev.PlanAccepted():
+            d = f"round {data.round}: {len(data.task_ids)} tasks created"
+            return d + (f", {len(data.superseded)} superseded" if data.superseded else "")
+        case ev.RunFailed() if data.detail:
+            return data.detail
     return None
+
+
+def _proposed(proposal: Any) -> str:
+    """The tasks of a proposal as "a (cap) -> b (cap)", or what it was instead."""
+    tasks = proposal.get("tasks") if isinstance(proposal, dict) else None
+    if not isinstance(tasks, list):
+        return "not a plan"
+    names = [
+        f"{t.get('id')} ({t.get('capability')})" if isinstance(t, dict) else "?" for t in tasks
+    ]
+    shown = " -> ".join(names[:8])
+    return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "no tasks"
+
+
+def _reason(data: Any) -> str | None:
+    if isinstance(data, ev.PlanRefused):
+        return f"refused (round {data.round}): " + "; ".join(data.errors)
+    if isinstance(data, ev.RunFailed) and data.detail:
+        return f"{data.reason}: {data.detail}"
+    return event_reason(data)
 
 
 def _step(env: Envelope) -> Step:
@@ -174,7 +227,7 @@ def _step(env: Envelope) -> Step:
         actor=env.actor,
         attempt=getattr(data, "attempt", None),
         agent_id=getattr(data, "agent_id", None),
-        reason=event_reason(data),
+        reason=_reason(data),
         detail=_detail(data),
         payload=_payload(data),
     )
@@ -308,6 +361,7 @@ def build_timeline(
             else:
                 run.append(_step(env))
     nodes = {tid: _fold_task(tid, evs) for tid, evs in by_task.items()}
+    rounds = _rounds([e for e in events if e.stream == root_id])
     tops: list[TaskNode] = []
     for n in nodes.values():
         parent = nodes.get(n.parent_id) if n.parent_id else None
@@ -346,7 +400,32 @@ def build_timeline(
         events=count,
         run=run,
         tasks=chosen,
+        planning=rounds if id == root_id else [],
     )
+
+
+def _rounds(root_events: Sequence[Envelope]) -> list[PlanRound]:
+    rounds: dict[int, PlanRound] = {}
+    for env in root_events:
+        data = env.data
+        if isinstance(data, ev.PlanProposed):
+            tasks = data.proposal.get("tasks") if isinstance(data.proposal, dict) else None
+            rounds[data.round] = PlanRound(
+                round=data.round,
+                planner_task_id=data.planner_task_id,
+                agent_id=data.agent_id,
+                tasks=[
+                    f"{t.get('id')} ({t.get('capability')})" if isinstance(t, dict) else "?"
+                    for t in (tasks if isinstance(tasks, list) else [])
+                ],
+                time=env.recorded_at,
+            )
+        elif isinstance(data, ev.PlanRefused) and data.round in rounds:
+            rounds[data.round].outcome = "refused"
+            rounds[data.round].errors = list(data.errors)
+        elif isinstance(data, ev.PlanAccepted) and data.round in rounds:
+            rounds[data.round].outcome = "accepted"
+    return [rounds[r] for r in sorted(rounds)]
 
 
 async def replay(store: EventStore, id: str, as_of: AsOf | None = None) -> Timeline:

@@ -32,7 +32,14 @@ from cardbus.bus import telemetry
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.memory import LongTermMemory
-from cardbus.bus.orchestrator.plan import Plan, as_plan, task_retry, validate_plan
+from cardbus.bus.orchestrator.plan import (
+    Plan,
+    as_plan,
+    task_created,
+    validate_goal_plan,
+    validate_plan,
+)
+from cardbus.bus.orchestrator.planning import planning_spec
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.transport.interface import Bus
@@ -58,7 +65,6 @@ from cardbus.eventstore.errors import (
     StreamNotFound,
     ValidationError,
 )
-from cardbus.eventstore.taskspec import restate
 
 __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 
@@ -90,6 +96,7 @@ class RunResult:
     status: str  # completed | failed | halted
     outputs: dict[str, Any]
     reason: str = ""
+    detail: str = ""  # e.g. the errors of a plan refused for good (reason plan_invalid)
 
 
 class Orchestrator:
@@ -132,6 +139,8 @@ class Orchestrator:
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start)
         self.observers: list[Callable[[Envelope], None]] = []
+        # the largest event decided (the store's limit, with room for the envelope)
+        self._event_limit = int(getattr(store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
         # set when the log cannot be written (disk full, read-only, gone): nothing can be
         # decided any more, so every waiter gets this error and no step decides again
         self.store_failure: StoreUnavailable | None = None
@@ -207,7 +216,11 @@ class Orchestrator:
         The same plan id runs once.
         """
         plan = as_plan(plan)
-        validate_plan(plan, self.state.agents.values(), self.policy.retry)
+        goal_only = not plan.tasks
+        if goal_only:  # a planner proposes the tasks (bus.orchestrator.planning)
+            validate_goal_plan(plan, self.state.agents.values())
+        else:
+            validate_plan(plan, self.state.agents.values(), self.policy.retry)
         plan_id = plan.plan_id or new_id()
         digest = plan_digest(plan)
         root_id = self.state.plans.get(plan_id)
@@ -224,23 +237,11 @@ class Orchestrator:
             task_ids=list(ids.values()),
             budget_tokens=plan.budget_tokens,
             session=plan.session,
+            planning=planning_spec(plan, self.policy) if goal_only else None,
         )
-        created = {
-            ids[t.id]: restate(
-                t,
-                ev.TaskCreated,
-                root_id=root_id,
-                inputs=_rename_refs(t.inputs, ids),
-                deps=[ids[d] for d in t.deps],
-                # the attempt budget is resolved now and logged; the task's other
-                # retry settings are logged as given (`retry`, over Policy.retry)
-                max_attempts=task_retry(t, self.policy.retry).max_attempts,
-                plan_id=t.id,
-            )
-            for t in plan.tasks
-        }
+        created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
         # refuse what the log would refuse before writing anything, not half-way
-        limit = int(getattr(self.store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
+        limit = self._event_limit
         named = [(f"task {t.id!r}", created[ids[t.id]]) for t in plan.tasks]
         for what, data in [("the run", started), *named]:
             size = len(msgspec.json.encode(data))
@@ -371,7 +372,13 @@ class Orchestrator:
         if self.store_failure is not None:
             return  # the log cannot be written: deciding again would only fail again
         decider = Decider(
-            self.state, self.policy, time.time(), self.embedder, self.rng, frozenset(self._busy)
+            self.state,
+            self.policy,
+            time.time(),
+            self.embedder,
+            self.rng,
+            frozenset(self._busy),
+            event_limit=self._event_limit,
         )
         dirty: set[str] = set()  # roots something happened to; a tick looks at every run
         # The log's events first: every decision of this step is then made on the
@@ -662,7 +669,13 @@ def _result_of(state: RunState, root_id: str) -> RunResult | None:
         if isinstance(data, ev.RunCompleted)
         else {name: state.tasks[tid].output for name, tid in run.names.items()}
     )
-    return RunResult(root_id, run.finished, outputs, getattr(data, "reason", ""))
+    return RunResult(
+        root_id,
+        run.finished,
+        outputs,
+        getattr(data, "reason", ""),
+        getattr(data, "detail", ""),
+    )
 
 
 def plan_digest(plan: Plan) -> str:
@@ -702,16 +715,6 @@ def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:
         kept -= lacking
     first = [s for s in streams if s in kept and not d.after.get(s)]
     return first + [s for s in streams if s in kept and d.after.get(s)]
-
-
-def _rename_refs(value: Any, ids: dict[str, str]) -> Any:
-    if isinstance(value, dict):
-        if "$dep" in value:
-            return {**value, "$dep": ids.get(str(value["$dep"]), value["$dep"])}
-        return {k: _rename_refs(v, ids) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rename_refs(v, ids) for v in value]
-    return value
 
 
 async def answer_approval(

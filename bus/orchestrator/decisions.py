@@ -20,13 +20,14 @@ import msgspec
 from cardbus.agents.cards import Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import schema_errors
+from cardbus.bus.orchestrator import planning
 from cardbus.bus.orchestrator.context import fit_card
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.bus.orchestrator.selection import hard_filter, rank
-from cardbus.eventstore import TaskState
+from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import ConfigError
 from cardbus.eventstore.taskspec import restate
@@ -85,6 +86,7 @@ class Decider:
         embedder: Embedder | None = None,
         rng: random.Random | None = None,
         busy: frozenset[str] = frozenset(),
+        event_limit: int = DEFAULT_MAX_EVENT_BYTES - 8192,
     ) -> None:
         self.state = state
         self.policy = policy
@@ -93,6 +95,7 @@ class Decider:
         self.rng = rng or random.Random()
         self.d = Decisions(busy=busy)
         self._loop_here: Counter[tuple[str, str]] = Counter()  # (root, loop hash) this step
+        self.event_limit = event_limit  # an event bigger than this is never decided
 
     # -- replies from agents -------------------------------------------------
 
@@ -346,6 +349,8 @@ class Decider:
             self._advance_task(run, task)
             if run.finished is not None or self._halting(run):
                 return
+        if run.started.planning is not None:
+            self._plan(run)
         self._maybe_finish(run)
 
     def _halting(self, run: RunView) -> bool:
@@ -612,20 +617,155 @@ class Decider:
             or self.d.touched(run.root_id)
         ):
             return
-        if any(t not in self.state.tasks for t in run.started.task_ids):
+        if any(t not in self.state.tasks for t in run.expected):
             return  # the plan's tasks are still being created
+        if run.planning_open():
+            return  # planning: the rounds decide (self._plan)
         plan_tasks = {name: self.state.tasks[tid] for name, tid in run.names.items()}
         failed = sorted(
             t.task_id
             for t in plan_tasks.values()
             if t.state is not S.COMPLETED and t.task_id not in done
         )
+        spec = run.started.planning
+        if failed and spec is not None and planning.replans_used(run) < spec.replan_on_failure:
+            self._planning_round(run, errors=[], previous=self._accepted_proposal(run))
+            return
         self._follow_completed(run.root_id, run.tasks)
         if failed:
             self.d.add(run.root_id, ev.RunFailed(reason="tasks_not_completed", failed_tasks=failed))
         else:
             outputs = {name: done.get(t.task_id, t.output) for name, t in plan_tasks.items()}
             self.d.add(run.root_id, ev.RunCompleted(outputs=outputs))
+
+    # -- planning a goal (see bus.orchestrator.planning) ----------------------
+
+    def _plan(self, run: RunView) -> None:
+        """The next planning decision of a goal run: a round, its verdict, or the plan's tasks."""
+        if run.finished is not None or self.d.touched(run.root_id):
+            return
+        latest = len(run.planners)
+        if run.accepted and run.accepted[-1].round == latest:
+            if any(t not in self.state.tasks for t in run.accepted[-1].task_ids.values()):
+                self._create_accepted(run, run.accepted[-1])
+            return
+        if not run.planners:
+            if not run.started.task_ids:
+                self._planning_round(run, errors=[], previous=None)
+            return
+        if latest in run.refusals:
+            previous = run.proposals.get(latest)
+            self._planning_round(
+                run,
+                errors=list(run.refusals[latest].errors),
+                previous=previous.proposal if previous else None,
+            )
+            return
+        if latest in run.proposals:
+            return  # its verdict is written with it: never here
+        planner = self.state.tasks.get(run.planners[-1])
+        if planner is None:
+            return
+        if planner.task_id in self.d.completed:
+            output = self.d.completed[planner.task_id]
+            self._follow_completed(run.root_id, [planner.task_id])
+        elif planner.state is S.COMPLETED:
+            output = planner.output
+        elif planner.terminal:
+            self.d.add(
+                run.root_id,
+                ev.RunFailed(
+                    reason="planning_failed",
+                    failed_tasks=[planner.task_id],
+                    detail=f"the planning task {planner.state}: {planner.reason}"[:2000],
+                ),
+            )
+            return
+        else:
+            return
+        self._judge(run, latest, planner, output)
+
+    def _judge(self, run: RunView, round: int, planner: TaskView, output: Any) -> None:
+        spec = run.started.planning or ev.PlanningSpec()
+        agent = next(
+            (a for a, r in planner.results.items() if r.output == output),
+            next(iter(planner.dispatched_to), ""),
+        )
+        size = len(msgspec.json.encode(output))
+        if size > self.event_limit:
+            proposed = ev.PlanProposed(round=round, planner_task_id=planner.task_id, agent_id=agent)
+            plan = None
+            errors = [f"the proposal is {size} bytes, over the limit ({self.event_limit})"]
+        else:
+            proposed = ev.PlanProposed(
+                round=round, planner_task_id=planner.task_id, agent_id=agent, proposal=output
+            )
+            plan, errors = planning.check_proposal(output, run, self.state, self.policy)
+        if plan is None:
+            events: list[ev.Event] = [proposed, ev.PlanRefused(round=round, errors=errors)]
+            used = round - planning.episode_start(run, round) + 1
+            if used >= spec.max_plan_rounds:
+                events.append(
+                    ev.RunFailed(
+                        reason="plan_invalid",
+                        failed_tasks=[],
+                        detail=f"{used} proposals refused; the last: " + "; ".join(errors),
+                    )
+                )
+            self.d.add(run.root_id, *events)
+            return
+        superseded = []
+        if run.accepted or planning.planned_before(run):
+            done = planning.completed_names(run, self.state)
+            superseded = [t for n, t in run.names.items() if n not in done]
+        ids = planning.accepted_task_ids(plan, run, round)
+        self.d.add(
+            run.root_id,
+            proposed,
+            ev.PlanAccepted(round=round, task_ids=ids, superseded=superseded),
+        )
+
+    def _accepted_proposal(self, run: RunView) -> Any:
+        if not run.accepted:
+            return None
+        proposed = run.proposals.get(run.accepted[-1].round)
+        return proposed.proposal if proposed else None
+
+    def _planning_round(self, run: RunView, errors: list[str], previous: Any) -> None:
+        """A planning task for the next round (the decision that starts it)."""
+        round = len(run.planners) + 1
+        task_id = planning.planner_task_id(run.root_id, round)
+        if self.d.touched(task_id) or task_id in self.state.tasks:
+            return
+        inputs = planning.planning_inputs(
+            run, self.state, errors=errors, previous=previous, limit_bytes=self.event_limit // 2
+        )
+        created = planning.planning_task(run, inputs, self.policy)
+        if len(msgspec.json.encode(created)) > self.event_limit:
+            self.d.add(
+                run.root_id,
+                ev.RunFailed(
+                    reason="planning_failed",
+                    detail="the planning card (the agents' cards and schemas) is over the"
+                    f" event size limit ({self.event_limit} bytes)",
+                ),
+            )
+            return
+        self.d.add(task_id, created)
+
+    def _create_accepted(self, run: RunView, accepted: ev.PlanAccepted) -> None:
+        """The accepted plan's tasks, once the acceptance is in the log."""
+        try:
+            created = planning.created_tasks(run, self.state, accepted, self.policy)
+        except Exception as e:  # a log written by another version: fail, never wedge
+            self.d.add(
+                run.root_id,
+                ev.RunFailed(reason="plan_invalid", detail=f"accepted plan unusable: {e}"[:2000]),
+            )
+            return
+        for task_id, data in created.items():
+            if task_id not in self.state.tasks and not self.d.touched(task_id):
+                self.d.add(task_id, data)
 
 
 _FACTS = (ev.TaskStarted, ev.TaskResultSubmitted, ev.TaskResultIgnored)

@@ -6,6 +6,10 @@ field of the named dependency's output, and may only name a declared
 dependency: that is how context isolation is spelled in a plan.
 ``validate_plan`` refuses a cycle, an unknown dependency, an unknown
 capability or inputs no agent accepts with ``InvalidPlan`` naming the problem.
+
+A plan may also be a goal alone (no tasks): a planner proposes the tasks
+(``cardbus.bus.orchestrator.planning``), within the plan's ``limits``, and each
+proposal is checked exactly as a hand-written plan (``validate_plan``).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.cards import AgentCard
+from cardbus.agents.planning import PLAN_CAPABILITY
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.errors import ConfigError, InvalidPlan
-from cardbus.eventstore.taskspec import RetryOverride, TaskOptions
+from cardbus.eventstore.events import PlanningLimits, TaskCreated
+from cardbus.eventstore.taskspec import RetryOverride, TaskOptions, restate
 
 __all__ = [
     "Plan",
@@ -28,8 +34,13 @@ __all__ = [
     "as_plan",
     "decode_plan",
     "dep_refs",
+    "goal_limits",
+    "rename_refs",
     "resolve_inputs",
+    "PlanningLimits",
+    "task_created",
     "task_retry",
+    "validate_goal_plan",
     "validate_plan",
 ]
 
@@ -55,12 +66,25 @@ class PlanTask(TaskOptions, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A DAG of tasks, or (``tasks`` empty) a goal for a planner to split into tasks.
+
+    The planning fields apply to a goal alone: ``limits`` (capabilities
+    allowed, the capability or output type wanted at the end, a maximum
+    number of tasks), ``max_plan_rounds`` and ``replan_on_failure`` (None: the
+    orchestrator's ``Policy``), ``session_fields`` (the session fields the
+    planner sees; none by default).
+    """
+
     goal: str
-    tasks: list[PlanTask]
+    tasks: list[PlanTask] = []
     plan_id: str | None = None  # submitting the same plan id twice runs it once
     budget_tokens: int | None = None
     session: dict[str, Any] = {}  # what the user asked; agents never see it whole
     agents: list[str] = []  # import paths "module:Class", used by `cardbus run`
+    limits: PlanningLimits | None = None
+    max_plan_rounds: int | None = None  # proposals in all (a refused one is re-proposed)
+    replan_on_failure: int | None = None  # re-plannings after a task fails for good
+    session_fields: list[str] = []
 
 
 def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
@@ -95,6 +119,17 @@ def dep_refs(value: Any) -> Iterable[str]:
     elif isinstance(value, list):
         for v in value:
             yield from dep_refs(v)
+
+
+def rename_refs(value: Any, ids: Mapping[str, str]) -> Any:
+    """``value`` with every ``{"$dep": plan id}`` naming the task id ``ids`` gives it."""
+    if isinstance(value, dict):
+        if "$dep" in value:
+            return {**value, "$dep": ids.get(str(value["$dep"]), value["$dep"])}
+        return {k: rename_refs(v, ids) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rename_refs(v, ids) for v in value]
+    return value
 
 
 def resolve_inputs(value: Any, outputs: dict[str, Any], rename: dict[str, str]) -> Any:
@@ -175,6 +210,43 @@ def validate_plan(
             raise InvalidPlan(f"task {t.id!r}: no agent accepts its inputs ({detail})")
 
 
+def validate_goal_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None:
+    """Raise ``InvalidPlan`` if a goal alone cannot be planned as given.
+
+    The goal must be text; the settings must be in range; with ``agents``,
+    one of them must offer the capability ``plan``.
+    """
+    if not isinstance(plan.goal, str) or not plan.goal.strip():
+        raise InvalidPlan("a plan without tasks needs a goal to plan from")
+    if plan.budget_tokens is not None and plan.budget_tokens < 0:
+        raise InvalidPlan(f"budget_tokens must be >= 0, got {plan.budget_tokens}")
+    if plan.max_plan_rounds is not None and plan.max_plan_rounds < 1:
+        raise InvalidPlan(f"max_plan_rounds must be >= 1, got {plan.max_plan_rounds}")
+    if plan.replan_on_failure is not None and plan.replan_on_failure < 0:
+        raise InvalidPlan(f"replan_on_failure must be >= 0, got {plan.replan_on_failure}")
+    limits = goal_limits(plan)
+    if limits.max_tasks is not None and limits.max_tasks < 1:
+        raise InvalidPlan(f"limits.max_tasks must be >= 1, got {limits.max_tasks}")
+    if limits.capabilities is not None and not limits.capabilities:
+        raise InvalidPlan("limits.capabilities is empty: no task could be planned")
+    if agents is not None and not any(c.capability(PLAN_CAPABILITY) is not None for c in agents):
+        raise InvalidPlan(
+            "a plan without tasks needs a planner: no registered agent offers"
+            f" capability {PLAN_CAPABILITY!r}"
+        )
+
+
+def goal_limits(plan: Plan) -> PlanningLimits:
+    """The plan's ``limits`` as ``PlanningLimits`` (given as one, as the planner's
+    ``PlanLimits`` or as a mapping); ``InvalidPlan`` if they are not limits."""
+    if plan.limits is None:
+        return PlanningLimits()
+    try:
+        return msgspec.convert(msgspec.to_builtins(plan.limits), PlanningLimits)
+    except (msgspec.ValidationError, TypeError) as e:
+        raise InvalidPlan(f"limits: {e}") from e
+
+
 def _missing_inputs(card: AgentCard, t: PlanTask) -> str | None:
     """``input_schema_mismatch`` if a required top-level input is absent.
 
@@ -220,3 +292,21 @@ def task_retry(task: PlanTask, default: RetryPolicy) -> RetryPolicy:
         return default.overridden_by(task.retry_override())
     except ConfigError as e:
         raise InvalidPlan(f"task {task.id!r}: retry: {e}") from e
+
+
+def task_created(
+    task: PlanTask, root_id: str, ids: Mapping[str, str], retry: RetryPolicy
+) -> TaskCreated:
+    """The ``task.created`` event of a plan task in run ``root_id``; ``ids`` maps plan ids
+    to task ids (the task's own, its deps' and those its inputs name)."""
+    return restate(
+        task,
+        TaskCreated,
+        root_id=root_id,
+        inputs=rename_refs(task.inputs, ids),
+        deps=[ids[d] for d in task.deps],
+        # the attempt budget is resolved now and logged; the task's other
+        # retry settings are logged as given (`retry`, over Policy.retry)
+        max_attempts=task_retry(task, retry).max_attempts,
+        plan_id=task.id,
+    )

@@ -35,6 +35,12 @@ class Policy:
     context_policy: ContextPolicy = "trim"
     # how fast a recorded failure stops counting against an agent in selection (halves)
     failure_half_life_s: float = 3600.0
+    # a plan given as a goal alone (see ``planning``): proposals per planning, the first
+    # included; re-plannings after a task fails for good (a plan's own settings win)
+    max_plan_rounds: int = 3
+    replan_on_failure: int = 0
+    max_plan_tasks: int = 200  # a proposal with more tasks is refused, whatever its limits
+    plan_timeout_s: float = 120.0  # the planning card's deadline per attempt
 
     def __post_init__(self) -> None:
         me = "Policy"
@@ -56,3 +62,7 @@ class Policy:
         check_text(me, "actor", self.actor)
         check_choice(me, "context_policy", self.context_policy, POLICIES)
         check_number(me, "failure_half_life_s", self.failure_half_life_s, above=0)
+        check_number(me, "max_plan_rounds", self.max_plan_rounds, at_least=1, integer=True)
+        check_number(me, "replan_on_failure", self.replan_on_failure, at_least=0, integer=True)
+        check_number(me, "max_plan_tasks", self.max_plan_tasks, at_least=1, integer=True)
+        check_number(me, "plan_timeout_s", self.plan_timeout_s, above=0)

@@ -73,6 +73,20 @@ class RunView:
     loop_seen: set[tuple[str, str]] = field(default_factory=set)
     finished: str | None = None  # "completed" | "failed" | "halted"
     finish_event: Any = None
+    # a run planned from a goal (started.planning): its planning rounds, from the log
+    planners: list[str] = field(default_factory=list)  # planning task ids, by round
+    proposals: dict[int, ev.PlanProposed] = field(default_factory=dict)  # round -> proposal
+    refusals: dict[int, ev.PlanRefused] = field(default_factory=dict)
+    accepted: list[ev.PlanAccepted] = field(default_factory=list)
+    expected: list[str] = field(default_factory=list)  # task ids the plan(s) will create
+
+    def planning_open(self) -> bool:
+        """A goal run whose latest planning has not been accepted yet (or not begun)."""
+        if self.started.planning is None:
+            return False
+        if not self.planners:
+            return not self.started.task_ids
+        return not self.accepted or self.accepted[-1].round != len(self.planners)
 
 
 class RunState:
@@ -173,6 +187,8 @@ class RunState:
         data = env.data
         if isinstance(data, ev.RunStarted):
             self._start_run(env.stream, data)
+        elif isinstance(data, (ev.PlanProposed, ev.PlanRefused, ev.PlanAccepted)):
+            self._plan_event(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
             self.plans[data.plan_id] = data.root_id
             if data.plan_digest:
@@ -203,13 +219,29 @@ class RunState:
             self._apply_task(env)
         return True
 
+    def _plan_event(
+        self, root_id: str, data: ev.PlanProposed | ev.PlanRefused | ev.PlanAccepted
+    ) -> None:
+        run = self.runs.get(root_id)
+        if run is None:
+            return
+        if isinstance(data, ev.PlanProposed):
+            run.proposals[data.round] = data
+        elif isinstance(data, ev.PlanRefused):
+            run.refusals[data.round] = data
+        else:
+            run.accepted.append(data)
+            gone = set(data.superseded)
+            run.names = {n: t for n, t in run.names.items() if t not in gone}
+            run.expected.extend(data.task_ids.values())
+
     def _anomaly(self, what: str) -> None:
         """An event the fold cannot use (the log is written by others too): kept and logged."""
         self.anomalies.append(what)
         log.warning("log anomaly: %s", what)
 
     def _start_run(self, root_id: str, data: ev.RunStarted) -> None:
-        run = RunView(root_id, data, tasks=[])
+        run = RunView(root_id, data, tasks=[], expected=list(data.task_ids))
         # a backend may store a run's tasks before the run (append_many's order is free)
         for task_id in data.task_ids:
             task = self.tasks.get(task_id)
@@ -230,6 +262,8 @@ class RunState:
                 run.tasks.append(env.stream)
                 if data.plan_id:
                     run.names[data.plan_id] = env.stream
+                elif data.role == "plan":
+                    run.planners.append(env.stream)
             parent = self.tasks.get(data.parent_id or "")
             if parent is not None and data.role == "review":
                 parent.under_review = env.stream

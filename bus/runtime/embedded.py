@@ -5,6 +5,12 @@
 are stored once the run completes; failure reasons always), and the agents'
 requests are served with a ``doc_search`` tool over a folder of documents
 (by default a small demo folder about tides).
+
+A plan may be a goal alone (``{"goal": ...}``): an agent offering the
+capability ``plan`` proposes its tasks. When none of ``agents`` does, the
+runtime adds the rule planner (``cardbus.agents.planning.RulePlanner``: no
+model, deterministic), so a goal works out of the box; ``default_planner=False``
+leaves it out.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 from cardbus.agents.agent import Agent
 from cardbus.agents.demo import demo_docs
 from cardbus.agents.llm import LLM
+from cardbus.agents.planning import PLAN_CAPABILITY, RulePlanner
 from cardbus.agents.tools import ToolRegistry, doc_search_tool
 from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
@@ -35,7 +42,8 @@ class EmbeddedRuntime:
 
     ``tools`` is the registry agents' tool requests are served from (default:
     ``doc_search`` over ``docs``, or over :data:`cardbus.agents.demo.DEMO_DOCS` in a temporary
-    folder); ``memory_policy`` decides what long-term memory keeps after a run.
+    folder); ``memory_policy`` decides what long-term memory keeps after a run;
+    ``default_planner`` adds a ``RulePlanner`` when no agent offers ``plan``.
     """
 
     def __init__(
@@ -48,6 +56,7 @@ class EmbeddedRuntime:
         memory_policy: MemoryPolicy | None = None,
         docs: str | Path | None = None,
         access: AccessPolicy | None = None,
+        default_planner: bool = True,
     ) -> None:
         self.store = store
         self.bus = InProcessBus()
@@ -63,6 +72,11 @@ class EmbeddedRuntime:
         self.orchestrator = Orchestrator(
             store, self.bus, policy, tools=tools, memory=self.memory, access=access
         )
+        agents = list(agents)
+        if default_planner and not any(
+            c.name == PLAN_CAPABILITY for a in agents for c in a.capabilities
+        ):
+            agents.append(RulePlanner)
         self.workers = [AgentWorker(self.bus, a, llm) for a in agents]
         self.orchestrator.observers.append(self.keeper.observe)  # settle then needs no read
 
@@ -80,7 +94,8 @@ class EmbeddedRuntime:
             self._docs.cleanup()
 
     async def run(self, plan: Plan | Mapping[str, Any], timeout: float | None = 60) -> RunResult:
-        """Run ``plan`` (a Plan or its JSON form); then apply the memory policy to it."""
+        """Run ``plan`` (a Plan or its JSON form, or a goal alone to plan); then apply the
+        memory policy to it."""
         result = await self.orchestrator.run(as_plan(plan), timeout)
         await self.keeper.settle(result.root_id)
         return result

@@ -48,7 +48,9 @@ INVALID_PLANS = {
     ),
     "duplicate ids": (plan(task("a"), task("a")), r"task id 'a' appears twice"),
     "bad id": (plan(task("a.b")), r"task id 'a.b' must be"),
-    "no tasks": (plan(), r"plan has no tasks"),
+    # a goal alone is planned, by an agent offering "plan": here there is none
+    "no tasks, no planner": (plan(), r"no registered agent offers capability .plan."),
+    "no tasks, no goal": (plan(goal=" "), r"needs a goal"),
     "zero timeout": (plan(task("a", timeout_s=0)), r"'a'.*timeout_s"),
     "nan timeout": (plan(task("a", timeout_s=math.nan)), r"'a'.*timeout_s"),
     "infinite timeout": (plan(task("a", timeout_s=math.inf)), r"'a'.*timeout_s"),
