@@ -542,3 +542,214 @@ def test_caching_embedder_matches_its_inner_embedder_and_embeds_each_text_once()
     assert Counting.seen == ["write a report", "review a draft"]
     cached.embed(["a", "b"])  # over the size: the cache starts afresh, still correct
     assert cached.embed(["write a report"]) == HashingEmbedder().embed(["write a report"])
+
+
+# -- every Draft 2020-12 keyword (jsonschema) ----------------------------------------------
+
+# (keyword, schema, a value that fits, a value that breaks it, words of the reason)
+KEYWORDS: list[tuple[str, dict[str, Any], Any, Any, str]] = [
+    ("allOf", {"allOf": [{"minimum": 0}, {"maximum": 10}]}, 5, 11, "$: above 10"),
+    (
+        "oneOf",
+        {"oneOf": [{"multipleOf": 2}, {"multipleOf": 3}]},
+        4,
+        6,
+        "$: matches 2 of the forms under 'oneOf', not exactly one",
+    ),
+    ("not", {"not": {"type": "string"}}, 1, "x", "$: must not match the schema under 'not'"),
+    (
+        "patternProperties",
+        {"patternProperties": {"^n_": {"type": "integer"}}, "additionalProperties": False},
+        {"n_a": 1},
+        {"n_a": "one"},
+        "$.n_a: expected int, got str",
+    ),
+    (
+        "patternProperties+additionalProperties",
+        {"patternProperties": {"^n_": {"type": "integer"}}, "additionalProperties": False},
+        {"n_a": 1},
+        {"other": 1},
+        "$.other: unexpected field (it matches no property pattern)",
+    ),
+    (
+        "dependentRequired",
+        {"dependentRequired": {"card": ["expiry"]}},
+        {"card": "4111", "expiry": "01/30"},
+        {"card": "4111"},
+        "$.expiry: required when 'card' is present",
+    ),
+    ("uniqueItems", {"uniqueItems": True}, [1, 2], [1, 1], "$: items are not unique"),
+    (
+        "if/then",
+        {
+            "if": {"properties": {"kind": {"const": "file"}}, "required": ["kind"]},
+            "then": {"required": ["path"]},
+        },
+        {"kind": "file", "path": "/x"},
+        {"kind": "file"},
+        "$.path: required field missing",
+    ),
+    (
+        "if/else",
+        {"if": {"type": "integer"}, "then": {"minimum": 0}, "else": {"type": "string"}},
+        "x",
+        [1],
+        "$: expected str, got array",
+    ),
+    (
+        "contains",
+        {"contains": {"type": "integer", "minimum": 10}},
+        [1, 12],
+        [1, 2],
+        "$: no item matches the schema under 'contains'",
+    ),
+    (
+        "minContains",
+        {"contains": {"const": 1}, "minContains": 2},
+        [1, 1],
+        [1, 2],
+        "$: Too few items match the given schema",
+    ),
+    (
+        "propertyNames",
+        {"propertyNames": {"pattern": "^[a-z]+$"}},
+        {"ab": 1},
+        {"A": 1},
+        "does not match '^[a-z]+$'",
+    ),
+    (
+        "dependentSchemas",
+        {"dependentSchemas": {"a": {"required": ["b"]}}},
+        {"a": 1, "b": 2},
+        {"a": 1},
+        "$.b: required field missing",
+    ),
+    (
+        "unevaluatedProperties",
+        {"properties": {"a": {}}, "unevaluatedProperties": False},
+        {"a": 1},
+        {"a": 1, "z": 2},
+        "$: Unevaluated properties are not allowed",
+    ),
+    ("const", {"const": "yes"}, "yes", "no", "$: must be 'yes'"),
+    ("false schema", {"properties": {"x": False}}, {}, {"x": 1}, "$.x: nothing is allowed here"),
+    ("false item", {"prefixItems": [{}, False]}, [1], [1, 2], "$[1]: nothing is allowed here"),
+]
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad", "words"),
+    [k[1:] for k in KEYWORDS],
+    ids=[k[0] for k in KEYWORDS],
+)
+def test_every_keyword_is_honoured_and_named(
+    schema: dict[str, Any], good: Any, bad: Any, words: str
+) -> None:
+    assert schema_errors(good, schema) == []
+    errors = schema_errors(bad, schema)
+    assert errors, f"{bad!r} broke {schema} and was accepted"
+    assert any(words in e for e in errors), errors
+
+
+class Where(msgspec.Struct):
+    region: str
+    zone: str | None = None
+    sites: list[Author] = []
+
+
+WHERE = msgspec.json.schema(Where)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"region": 5}, "$.region: expected str, got int"),
+        ({"region": "eu", "zone": 3}, "$.zone: expected str or None, got int"),
+        ({}, "$.region: required field missing"),
+        ({"region": "eu", "sites": [{"name": 1}]}, "$.sites[0].name: expected str, got int"),
+        ({"region": "eu", "sites": ["x"]}, "$.sites[0]: expected object, got str"),
+        ({"region": True}, "$.region: expected str, got bool"),
+        ({1: "x", "region": "eu"}, "$: key 1 is not a string"),
+    ],
+)
+def test_an_error_names_the_field_and_the_reason(value: Any, message: str) -> None:
+    assert message in schema_errors(value, WHERE)
+
+
+def test_a_union_of_objects_names_the_closest_form() -> None:
+    schema = {"anyOf": [{"type": "object", "required": ["a"]}, {"type": "integer"}]}
+    (error,) = schema_errors({"b": 1}, schema)
+    assert error.startswith("$: matches none of the forms under 'anyOf'")
+    assert "$.a: required field missing" in error
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-3, 3), max_size=5))
+def test_unique_items_and_contains_as_the_draft_says(items: list[int]) -> None:
+    assert (schema_errors(items, {"uniqueItems": True}) == []) == (len(set(items)) == len(items))
+    assert (schema_errors(items, {"contains": {"minimum": 2}}) == []) == any(i >= 2 for i in items)
+    one_of = {"oneOf": [{"items": {"minimum": 0}}, {"minItems": 3}]}
+    fits = [all(i >= 0 for i in items), len(items) >= 3]
+    assert (schema_errors(items, one_of) == []) == (sum(fits) == 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.sampled_from(["a", "b", "n_1", "n_x", "z"]), st.integers() | st.text()))
+def test_object_keywords_as_the_draft_says(value: dict[str, Any]) -> None:
+    pattern = {"patternProperties": {"^n_": {"type": "integer"}}, "additionalProperties": False}
+    fits = all(k.startswith("n_") and isinstance(v, int) for k, v in value.items())
+    assert (schema_errors(value, pattern) == []) == fits
+    dep = {"dependentRequired": {"a": ["b"]}}
+    assert (schema_errors(value, dep) == []) == ("a" not in value or "b" in value)
+    neg = {"not": {"required": ["z"]}}
+    assert (schema_errors(value, neg) == []) == ("z" not in value)
+    cond = {"if": {"required": ["a"]}, "then": {"properties": {"a": {"type": "integer"}}}}
+    assert (schema_errors(value, cond) == []) == ("a" not in value or isinstance(value["a"], int))
+
+
+def test_partial_mode_with_the_new_keywords() -> None:
+    dep = {"$dep": "q", "path": "x"}
+    # a placeholder fits every branch and every whole-value check until it is filled in
+    assert schema_errors([dep, dep], {"uniqueItems": True}, partial=True) == []
+    assert schema_errors(dep, {"not": {"type": "object"}}, partial=True) == []
+    assert schema_errors({"a": dep}, {"not": {"required": ["a"]}}, partial=True) == []
+    one_of = {"oneOf": [{"type": "string"}, {"type": "object"}]}
+    assert schema_errors({"v": dep}, {"properties": {"v": one_of}}, partial=True) == []
+    assert schema_errors([dep], {"oneOf": [{"minItems": 1}, {"maxItems": 5}]}, partial=True) == []
+    assert schema_errors({"card": 1}, {"dependentRequired": {"card": ["e"]}}, partial=True) == []
+    assert schema_errors({"a": dep}, {"properties": {"a": {"const": 3}}}, partial=True) == []
+    # literal values are still checked, and a literal matching no branch is refused
+    assert schema_errors(3, one_of, partial=True) == ["$: expected str or object, got int"]
+    assert schema_errors([1, 1], {"uniqueItems": True}, partial=True)
+    assert schema_errors({"card": 1}, {"dependentRequired": {"card": ["e"]}}) != []
+
+
+@pytest.mark.parametrize(
+    ("schema", "words"),
+    [
+        ({"type": "text"}, "the schema cannot be checked"),
+        ({"pattern": "("}, "the schema cannot be checked"),
+        ({"properties": {"a": {"$ref": "#/$defs/Gone"}}}, "$.a: unresolvable $ref #/$defs/Gone"),
+    ],
+)
+def test_a_schema_that_cannot_be_used_is_an_error_not_a_crash(
+    schema: dict[str, Any], words: str
+) -> None:
+    errors = schema_errors({"a": "x"} if "properties" in schema else "x", schema)
+    assert errors and any(words in e for e in errors), errors
+
+
+def test_dep_path_problem_names_the_dependency_and_the_path() -> None:
+    from cardbus.agents.schema import dep_path_problem, resolve_path
+
+    output = {"facts": ["a", "b"], "meta": {"n": 2}}
+    assert dep_path_problem("q", "facts.1", output) is None
+    assert dep_path_problem("q", "", output) is None
+    assert dep_path_problem("q", "nosuch.field", output) == "$dep 'q' has no path 'nosuch.field'"
+    assert dep_path_problem("q", "meta.x", output) == (
+        "$dep 'q' has no path 'meta.x' (it stops after 'meta')"
+    )
+    assert dep_path_problem("q", "facts.5", output) is not None
+    assert resolve_path(output, "meta.n") == (True, 2)
+    assert resolve_path(output, "facts.x") == (False, None)
+    assert resolve_path({"v": None}, "v") == (True, None)  # a null value is found, not missing
