@@ -780,6 +780,7 @@ class NatsBus(Bus):
 
         with translated("cannot serve requests", error=BusError, refused=BusError):
             sub = await self.nc.subscribe(f"{REQUEST_PREFIX}.>", queue=REQUEST_QUEUE, cb=on_request)
+            await self.nc.flush()  # the server knows of it: requests sent from now on are served
         self._subs.append(sub)
 
     async def _answer(self, msg: Msg, handler: RequestHandler) -> None:
