@@ -32,6 +32,7 @@ COMMANDS = {
     "memory": "cardbus.tools.cmd_memory",
     "nats": "cardbus.tools.cmd_nats",
     "orchestrator": "cardbus.tools.cmd_nats",
+    "plan": "cardbus.tools.cmd_plan",
     "rebuild": "cardbus.tools.cmd_inspect",
     "replay": "cardbus.tools.cmd_replay",
     "run": "cardbus.tools.cmd_run",

@@ -49,6 +49,29 @@ def result_json(result: Any) -> dict[str, Any]:
     }
 
 
+def goal_plan(topic: str, goal: str | None = None) -> dict[str, Any]:
+    """The demo as a goal alone: the report plan's goal and session, for a planner to split.
+
+    The planner sees the session's ``user`` (the writer looks its preferred
+    format up in long-term memory), nothing else of it.
+    """
+    base = report_plan(topic)
+    return {
+        "goal": goal or base["goal"],
+        "session": base["session"],
+        "session_fields": ["user"],
+    }
+
+
+def final_draft(outputs: dict[str, Any]) -> Any:
+    """The report among a run's outputs: the hand-written plan's ``draft``, or a planned
+    plan's last output shaped like a draft (title and sections)."""
+    if "draft" in outputs:
+        return outputs["draft"]
+    drafts = [o for o in outputs.values() if isinstance(o, dict) and "sections" in o]
+    return drafts[-1] if drafts else None
+
+
 async def _demo(
     db: StoreRef,
     parallel: bool,
@@ -56,11 +79,12 @@ async def _demo(
     llm_base_url: str | None = None,
     model: str | None = None,
     as_json: bool = False,
+    goal: str | None = None,
 ) -> int:
     llm = open_llm(llm_base_url, model)
     store = await open_store_option(db, create=True)
     try:
-        plan = parallel_plan(topic) if parallel else report_plan(topic)
+        plan = parallel_plan(topic) if parallel else goal_plan(topic, goal)
         started = time.perf_counter()
         async with EmbeddedRuntime(store, DEMO_AGENTS, llm=llm) as rt:
             result = await rt.run(plan, timeout=60)
@@ -68,10 +92,14 @@ async def _demo(
         if as_json:
             click.echo(msgspec.json.encode(result_json(result)).decode())
             return 0 if result.status == "completed" else 1
-        click.echo(report_text(result.outputs.get("draft")))
+        click.echo(report_text(final_draft(result.outputs)))
         click.echo("")
+        timeline = await replay(store, result.root_id)
+        for r in timeline.planning:
+            how = f"refused: {'; '.join(r.errors)}" if r.errors else r.outcome
+            click.echo(f"Planning round {r.round} by {r.agent_id}: {' -> '.join(r.tasks)} ({how})")
         click.echo(f"Timeline of run {result.root_id} ({result.status}, {elapsed:.2f} s):")
-        click.echo(timeline_text(await replay(store, result.root_id)))
+        click.echo(timeline_text(timeline))
         click.echo("")
         click.echo(f"The log is in {db}. Try: cardbus replay {result.root_id}{db.flag()}")
         return 0 if result.status == "completed" else 1
@@ -87,6 +115,11 @@ async def _demo(
 )
 @click.option("--parallel", is_flag=True, help="Research three subtopics in parallel, then merge.")
 @click.option("--topic", default="ocean tides", show_default=True)
+@click.option(
+    "--goal",
+    default=None,
+    help="The goal to plan (default: Write a short report on TOPIC); not with --parallel.",
+)
 @click.option("--nats", "nats_url", default=None, help="Run across NATS at this URL instead.")
 @click.option("--start-nats", is_flag=True, help="Start a local nats-server for the run.")
 @click.option(
@@ -98,6 +131,7 @@ def demo(
     as_json: bool,
     parallel: bool,
     topic: str,
+    goal: str | None = None,
     nats_url: str | None = None,
     start_nats: bool = False,
     external_agents: bool = False,
@@ -105,6 +139,10 @@ def demo(
     model: str | None = None,
 ) -> None:
     """Run the demo report pipeline on the embedded default (SQLite + in-process bus).
+
+    The pipeline is planned from a goal by the rule planner (research ->
+    outline -> write, reviewed); the planning rounds are printed with the
+    timeline. --parallel runs a hand-written plan: three research tasks, merged.
 
     With --nats URL (or --start-nats) it runs on NATS JetStream instead: the
     orchestrator in this process, the agents in this process too unless
@@ -118,4 +156,4 @@ def demo(
         raise SystemExit(
             demo_on_nats(nats_url, start_nats, parallel, topic, external_agents, as_json)
         )
-    raise SystemExit(asyncio.run(_demo(db, parallel, topic, llm_base_url, model, as_json)))
+    raise SystemExit(asyncio.run(_demo(db, parallel, topic, llm_base_url, model, as_json, goal)))

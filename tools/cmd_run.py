@@ -9,24 +9,35 @@ from pathlib import Path
 import click
 
 from cardbus.bus.orchestrator.core import answer_approval
-from cardbus.bus.orchestrator.plan import decode_plan
+from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.projections import resolve_id
 from cardbus.tools.cli import cli
+from cardbus.tools.cmd_plan import DEMO_AGENT_PATHS, goal_plan, limit_options
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 from cardbus.tools.loading import load_agent
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
 @cli.command()
-@click.argument("plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument(
+    "plan_file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option("--goal", default=None, help="Plan this goal and run it (instead of PLAN_FILE).")
+@limit_options
 @store_option
 @click.option("--agent", "agent_paths", multiple=True, help="module:Class, added to the plan's.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @llm_options
 def run(
-    plan_file: Path,
+    plan_file: Path | None,
+    goal: str | None,
+    capabilities: tuple[str, ...],
+    final_capability: str | None,
+    final_output: str | None,
+    max_tasks: int | None,
+    max_plan_rounds: int | None,
     db: StoreRef,
     agent_paths: tuple[str, ...],
     timeout: float,
@@ -36,12 +47,28 @@ def run(
 ) -> None:
     """Run PLAN_FILE (JSON) with the agents it names, on the log --store (in this process).
 
+    With --goal GOAL instead, a planner agent (the rule planner unless an
+    --agent offers the capability plan) splits the goal into tasks over the
+    agents' cards (the demo's agents unless --agent names others), and the
+    checked plan runs; the planning rounds are in the log (cardbus replay).
+
     Running a plan with a plan_id that is already in the log resumes that
     run instead of starting another: after a crash, run the same command.
     Exit code 0 when the run completed, 1 when it failed (or halted).
     """
-    plan = decode_plan(plan_file.read_bytes())
-    agents = [load_agent(p) for p in [*plan.agents, *agent_paths]]
+    if (plan_file is None) == (goal is None):
+        raise click.UsageError("give PLAN_FILE or --goal GOAL (one of them)")
+    if goal is not None:
+        paths = list(agent_paths) or DEMO_AGENT_PATHS
+        spec = goal_plan(
+            goal, paths, capabilities, final_capability, final_output, max_tasks, max_plan_rounds
+        )
+        plan = as_plan(spec)
+        agents = [load_agent(p) for p in paths]
+    else:
+        assert plan_file is not None
+        plan = decode_plan(plan_file.read_bytes())
+        agents = [load_agent(p) for p in [*plan.agents, *agent_paths]]
 
     async def go() -> None:
         llm = open_llm(llm_base_url, model)
@@ -59,12 +86,14 @@ def run(
                         "root_id": result.root_id,
                         "status": result.status,
                         "reason": result.reason,
+                        "detail": result.detail,
                         "outputs": result.outputs,
                     }
                 )
             )
         else:
-            click.echo(f"run {result.root_id}: {result.status} {result.reason}".rstrip())
+            line = f"run {result.root_id}: {result.status} {result.reason}".rstrip()
+            click.echo(line + (f" ({result.detail})" if result.detail else ""))
         if result.status != "completed":
             raise SystemExit(1)  # a failed run; 2 is click's usage error
 

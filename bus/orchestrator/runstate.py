@@ -42,6 +42,7 @@ class TaskView:
     results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
     settled: set[int] = field(default_factory=set)  # attempts already decided
     excluded: set[str] = field(default_factory=set)  # agents that rejected this task
+    rejections: list[str] = field(default_factory=list)  # "agent: reason (detail)", latest 5
     not_before: float = 0.0
     output: Any = None
     reason: str = ""
@@ -300,6 +301,10 @@ class RunState:
                     run.tokens += max(0, data.usage.input_tokens) + max(0, data.usage.output_tokens)
             case ev.TaskRejected():
                 task.excluded.add(data.agent_id)
+                why = f"{data.agent_id}: {data.reason}" + (
+                    f" ({data.detail})" if data.detail else ""
+                )
+                task.rejections = [*task.rejections[-4:], why[:500]]
                 task.settled.add(data.attempt)
             case ev.TaskRetryScheduled():
                 task.settled.add(task.attempt)

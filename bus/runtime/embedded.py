@@ -15,10 +15,15 @@ leaves it out.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from cardbus.agents.agent import Agent
 from cardbus.agents.demo import demo_docs
@@ -29,12 +34,16 @@ from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper, MemoryPolicy
 from cardbus.bus.orchestrator.plan import Plan, as_plan
+from cardbus.bus.orchestrator.planning import proposal_plan
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
-from cardbus.eventstore import EventStore
+from cardbus.eventstore import Envelope, EventStore, MemoryEventStore
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import InvalidPlan
+from cardbus.projections.replay import PlanRound, build_timeline
 
-__all__ = ["EmbeddedRuntime"]
+__all__ = ["EmbeddedRuntime", "PlannedGoal", "plan_goal", "with_planner"]
 
 
 class EmbeddedRuntime:
@@ -72,11 +81,7 @@ class EmbeddedRuntime:
         self.orchestrator = Orchestrator(
             store, self.bus, policy, tools=tools, memory=self.memory, access=access
         )
-        agents = list(agents)
-        if default_planner and not any(
-            c.name == PLAN_CAPABILITY for a in agents for c in a.capabilities
-        ):
-            agents.append(RulePlanner)
+        agents = with_planner(agents) if default_planner else list(agents)
         self.workers = [AgentWorker(self.bus, a, llm) for a in agents]
         self.orchestrator.observers.append(self.keeper.observe)  # settle then needs no read
 
@@ -99,3 +104,100 @@ class EmbeddedRuntime:
         result = await self.orchestrator.run(as_plan(plan), timeout)
         await self.keeper.settle(result.root_id)
         return result
+
+
+def with_planner(agents: Sequence[type[Agent]]) -> list[type[Agent]]:
+    """``agents``, and a ``RulePlanner`` if none of them offers the capability ``plan``."""
+    out = list(agents)
+    if not any(_plans(a) for a in out):
+        out.append(RulePlanner)
+    return out
+
+
+def _plans(agent: type[Agent]) -> bool:
+    return any(c.name == PLAN_CAPABILITY for c in agent.capabilities)
+
+
+@dataclass(frozen=True)
+class PlannedGoal:
+    """What planning a goal gave: the checked plan (None if none was accepted) and how."""
+
+    plan: Plan | None
+    rounds: list[PlanRound]  # each proposal, refused with its errors or accepted
+    status: str  # "accepted" | "failed" | "halted"
+    reason: str = ""  # why none was accepted (plan_invalid, planning_failed, ...)
+    detail: str = ""
+    events: int = 0  # events the planning wrote
+    duration_s: float = 0.0
+
+
+async def plan_goal(
+    plan: Plan | Mapping[str, Any],
+    agents: Sequence[type[Agent]],
+    *,
+    llm: LLM | None = None,
+    policy: Policy | None = None,
+    timeout: float = 60.0,
+) -> PlannedGoal:
+    """Plan a goal alone (``plan`` without tasks) without running it, on a throw-away log.
+
+    The orchestrator sees every agent's card but only the planners (agents
+    offering ``plan``; a ``RulePlanner`` if none does) run, so nothing but
+    planning happens; the proposals are checked exactly as in a run. The
+    accepted plan is returned in the plan format, ready for ``cardbus run``.
+    """
+    plan = as_plan(plan)
+    if plan.tasks:
+        raise InvalidPlan("plan_goal plans a goal alone: this plan has tasks already")
+    agents = with_planner(agents)
+    store = MemoryEventStore()
+    bus = InProcessBus()
+    orchestrator = Orchestrator(store, bus, policy)
+    done = asyncio.Event()
+    root: list[str] = []
+
+    def observe(env: Envelope) -> None:
+        if root and env.stream == root[0] and isinstance(env.data, _PLAN_ENDS):
+            done.set()
+
+    orchestrator.observers.append(observe)
+    workers = [AgentWorker(bus, a, llm) for a in agents if _plans(a)]
+    started = time.perf_counter()
+    await orchestrator.start()
+    try:
+        for a in agents:
+            await orchestrator.register(a.card())
+        for w in workers:
+            await w.start()
+        root.append(await orchestrator.submit(plan))
+        run = orchestrator.state.runs.get(root[0])
+        if run is None or not (run.accepted or run.finished):
+            await asyncio.wait_for(done.wait(), timeout)
+    finally:
+        await orchestrator.stop()
+        await bus.close()
+    elapsed = time.perf_counter() - started
+    events = await store.read_correlation(root[0])
+    timeline = build_timeline(events, root[0], root[0])
+    run = orchestrator.state.runs[root[0]]
+    # up to the verdict: the accepted plan's tasks are created after it, and not counted
+    end = max((e.position for e in events if isinstance(e.data, _PLAN_ENDS)), default=0)
+    count = sum(1 for e in events if e.position <= end)
+    if run.accepted:
+        proposed = run.proposals[run.accepted[-1].round]
+        tasks = proposal_plan(proposed.proposal, plan.goal).tasks
+        checked = msgspec.structs.replace(plan, tasks=tasks)
+        return PlannedGoal(checked, timeline.planning, "accepted", events=count, duration_s=elapsed)
+    finish = run.finish_event
+    return PlannedGoal(
+        None,
+        timeline.planning,
+        run.finished or "failed",
+        getattr(finish, "reason", ""),
+        getattr(finish, "detail", ""),
+        events=count,
+        duration_s=elapsed,
+    )
+
+
+_PLAN_ENDS = (ev.PlanAccepted, ev.RunFailed, ev.RunHalted, ev.RunCompleted)
