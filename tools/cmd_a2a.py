@@ -7,6 +7,7 @@ import asyncio
 import click
 
 from cardbus.tools.cli import cli
+from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 _DEMO = [
     "cardbus.agents.demo:Researcher",
@@ -24,36 +25,27 @@ def a2a() -> None:
 @a2a.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=9999, show_default=True, type=int)
-@click.option(
-    "--store",
-    "--db",
-    "db",
-    default="cardbus.db",
-    show_default=True,
-    envvar="CARDBUS_DB",
-    help="The SQLite log (the A2A tasks are read from it).",
-)
+@store_option(help="The log the A2A tasks are read from: a SQLite file or nats://HOST:PORT.")
 @click.option(
     "--agent",
     "agent_paths",
     multiple=True,
     help="module:Class or a2a+http://host:port, served in this process (default: the demo's).",
 )
-def serve(host: str, port: int, db: str, agent_paths: tuple[str, ...]) -> None:
+def serve(host: str, port: int, db: StoreRef, agent_paths: tuple[str, ...]) -> None:
     """Serve the orchestrator as an A2A agent: a message with a plan starts a run.
 
     The card is at http://HOST:PORT/.well-known/agent-card.json, JSON-RPC
     (A2A 1.0 and 0.3, streaming over SSE) at http://HOST:PORT/.
     """
     from cardbus.bus.a2a.serve import serve as run_server
-    from cardbus.eventstore import SqliteEventStore
     from cardbus.tools.loading import load_agent
 
     paths = list(agent_paths) or _DEMO
     agents = [load_agent(p) for p in paths]
 
     async def go() -> None:
-        store = await SqliteEventStore.open(db)
+        store = await open_store_option(db, create=True)
         try:
             await run_server(
                 store,

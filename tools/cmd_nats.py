@@ -57,20 +57,39 @@ def nats_options(func: F) -> F:
             "--nats",
             "nats_url",
             envvar=ENV_VARS["url"],
+            show_envvar=True,
             default="nats://127.0.0.1:4222",
             show_default=True,
             help="NATS server URL(s), comma-separated for a cluster.",
         ),
-        click.option("--nats-token", "token", envvar=ENV_VARS["token"], help="Auth token."),
-        click.option("--nats-user", "user", envvar=ENV_VARS["user"], help="User name."),
-        click.option("--nats-password", "password", envvar=ENV_VARS["password"]),
-        click.option("--nats-nkey", "nkey", envvar=ENV_VARS["nkeys_seed"], help="Nkey seed file."),
         click.option(
-            "--nats-creds", "creds", envvar=ENV_VARS["user_credentials"], help=".creds file."
+            "--nats-token", "token", envvar=ENV_VARS["token"], show_envvar=True, help="Auth token."
         ),
-        click.option("--tls-ca", envvar=ENV_VARS["tls_ca"], help="CA bundle for TLS."),
-        click.option("--tls-cert", envvar=ENV_VARS["tls_cert"], help="Client certificate."),
-        click.option("--tls-key", envvar=ENV_VARS["tls_key"], help="Client key."),
+        click.option(
+            "--nats-user", "user", envvar=ENV_VARS["user"], show_envvar=True, help="User name."
+        ),
+        click.option("--nats-password", "password", envvar=ENV_VARS["password"], show_envvar=True),
+        click.option(
+            "--nats-nkey",
+            "nkey",
+            envvar=ENV_VARS["nkeys_seed"],
+            show_envvar=True,
+            help="Nkey seed file.",
+        ),
+        click.option(
+            "--nats-creds",
+            "creds",
+            envvar=ENV_VARS["user_credentials"],
+            show_envvar=True,
+            help=".creds file.",
+        ),
+        click.option(
+            "--tls-ca", envvar=ENV_VARS["tls_ca"], show_envvar=True, help="CA bundle for TLS."
+        ),
+        click.option(
+            "--tls-cert", envvar=ENV_VARS["tls_cert"], show_envvar=True, help="Client certificate."
+        ),
+        click.option("--tls-key", envvar=ENV_VARS["tls_key"], show_envvar=True, help="Client key."),
     ]
     for o in reversed(opts):
         func = o(func)

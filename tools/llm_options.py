@@ -30,6 +30,7 @@ def llm_options(f: F) -> F:
         "model",
         default=None,
         envvar="CARDBUS_MODEL",
+        show_envvar=True,
         help="Model the LLM agents ask (env CARDBUS_MODEL); an LLM agent's own wins.",
     )(f)
     f = click.option(
@@ -37,6 +38,7 @@ def llm_options(f: F) -> F:
         "llm_base_url",
         default=None,
         envvar="OPENAI_BASE_URL",
+        show_envvar=True,
         help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (env OPENAI_BASE_URL;"
         " key from OPENAI_API_KEY). None: the deterministic mock.",
     )(f)
