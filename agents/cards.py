@@ -54,7 +54,10 @@ class TaskCard(_Card, TaskSpec, frozen=True, kw_only=True, tag="task_card"):
     task's own inputs with references to its declared dependencies already
     resolved; nothing else reaches the agent. ``review`` is set when the task
     is re-run after a review, ``supplement`` when it is re-run with input it
-    asked for.
+    asked for. A revision's card carries ``previous_output``, the draft the
+    review's issues are about, so the agent can make targeted edits; a
+    reviewer's card carries the task's ``checklist`` (and its inputs the draft,
+    the goal and the checklist).
     """
 
     task_id: str
@@ -64,6 +67,7 @@ class TaskCard(_Card, TaskSpec, frozen=True, kw_only=True, tag="task_card"):
     budget_tokens: int | None = None
     attempt: int = 1
     review: list[ReviewIssue] = []
+    previous_output: Any = None  # a revision: the output the review was about, to edit
     supplement: Any = None
     traceparent: str | None = None
 

@@ -61,6 +61,7 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     constraints: dict[str, Any] = {}
     deps: list[str] = []
     timeout_s: float = 30.0
+    checklist: list[str] = []  # what a reviewer checks the output against (on its card too)
 
 
 class TaskOptions(TaskSpec, frozen=True, kw_only=True):
@@ -71,6 +72,11 @@ class TaskOptions(TaskSpec, frozen=True, kw_only=True):
     review_by: str | None = None  # capability of the reviewer, if any
     max_review_rounds: int = 3
     retry: RetryOverride | None = None  # None: the orchestrator's retry policy as it is
+    # a fan-out whose best results tie with different outputs: "retry" | "approval"
+    # (None: the orchestrator's Policy.tie_policy); equal outputs are agreement, not a tie
+    tie_policy: str | None = None
+    reviewers: int = 1  # reviewers per review round (cross-checking: different agents)
+    review_quorum: str = "all"  # with several reviewers: "all" must pass, or a "majority"
 
 
 def restate(source: msgspec.Struct, as_type: type[S], **changes: Any) -> S:

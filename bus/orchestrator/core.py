@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -97,6 +97,9 @@ class RunResult:
     outputs: dict[str, Any]
     reason: str = ""
     detail: str = ""  # e.g. the errors of a plan refused for good (reason plan_invalid)
+    # False if a reviewed task completed with its review not passed (max_review_rounds spent)
+    quality_met: bool = True
+    open_issues: dict[str, list[ev.ReviewIssue]] = field(default_factory=dict)  # by plan task id
 
 
 class Orchestrator:
@@ -669,12 +672,19 @@ def _result_of(state: RunState, root_id: str) -> RunResult | None:
         if isinstance(data, ev.RunCompleted)
         else {name: state.tasks[tid].output for name, tid in run.names.items()}
     )
+    unmet = {  # plan tasks that completed without passing their review, and what is open
+        name: list(state.tasks[tid].open_issues)
+        for name, tid in run.names.items()
+        if tid in state.tasks and not state.tasks[tid].quality_met
+    }
     return RunResult(
         root_id,
         run.finished,
         outputs,
         getattr(data, "reason", ""),
         getattr(data, "detail", ""),
+        quality_met=not unmet,
+        open_issues=unmet,
     )
 
 

@@ -216,7 +216,10 @@ class Decider:
                     "review",
                     capability=created.review_by,
                     goal=f"Review the output of: {created.goal or created.capability}",
-                    inputs={"draft": output, "goal": created.goal},
+                    inputs=review_inputs(output, created),
+                    checklist=list(created.checklist),
+                    fanout=created.reviewers,  # cross-checking: each to another agent
+                    review_quorum=created.review_quorum,
                 ),
             )
             return
@@ -247,16 +250,21 @@ class Decider:
         if not good:
             self._fail_attempt(task, "all_candidates_failed", "")
             return
+        if task.created.role == "review":  # cross-checking reviewers: their verdicts combine
+            self._accept_output(task, *_combined_review(good, task.created.review_quorum))
+            return
         good.sort(key=lambda r: -r.confidence)
         best = good[0]
-        if len(good) > 1 and abs(good[1].confidence - best.confidence) < 1e-9:
-            if self.policy.tie_policy == "approval":
+        tied = [r for r in good if abs(r.confidence - best.confidence) < 1e-9]
+        # equal outputs (canonical JSON) agree: only different outputs at the top tie
+        if len({_canonical_json(r.output) for r in tied}) > 1:
+            if (task.created.tie_policy or self.policy.tie_policy) == "approval":
                 self.d.add(
                     task.task_id,
                     ev.ApprovalRequested(reason="conflict_tie", proposed_output=best.output),
                 )
             else:
-                self._fail_attempt(task, "conflict_tie", f"{len(good)} results tied")
+                self._fail_attempt(task, "conflict_tie", f"{len(tied)} results tied")
             return
         self._accept_output(task, best.agent_id, best.output, best.confidence)
 
@@ -414,11 +422,17 @@ class Decider:
                 next(iter(task.dispatched_to), ""),
             )
         )
+        produced = task.results.get(agent_id)
+        confidence = produced.confidence if produced is not None else 0.0  # the producer's
         if reviewer.state is not S.COMPLETED:
             self.d.add(
                 task.task_id,
                 ev.TaskCompleted(
-                    attempt=task.attempt, agent_id=agent_id, output=output, quality_met=False
+                    attempt=task.attempt,
+                    agent_id=agent_id,
+                    output=output,
+                    confidence=confidence,
+                    quality_met=False,
                 ),
             )
             return
@@ -429,7 +443,9 @@ class Decider:
         if review.passed:
             self.d.add(
                 task.task_id,
-                ev.TaskCompleted(attempt=task.attempt, agent_id=agent_id, output=output),
+                ev.TaskCompleted(
+                    attempt=task.attempt, agent_id=agent_id, output=output, confidence=confidence
+                ),
             )
         elif task.review_round < task.created.max_review_rounds:
             self.d.add(
@@ -447,6 +463,7 @@ class Decider:
                     attempt=task.attempt,
                     agent_id=agent_id,
                     output=output,
+                    confidence=confidence,
                     quality_met=False,
                     open_issues=list(review.issues),
                 ),
@@ -508,6 +525,7 @@ class Decider:
             attempt=attempt,
             # the latest review rides on every attempt of the revision, retries included
             review=list(task.review),
+            previous_output=task.previous_output if task.review else None,
             supplement=task.supplement,
         )
 
@@ -772,3 +790,36 @@ class Decider:
 
 
 _FACTS = (ev.TaskStarted, ev.TaskResultSubmitted, ev.TaskResultIgnored)
+
+
+def review_inputs(output: Any, created: ev.TaskCreated) -> dict[str, Any]:
+    """A reviewer's inputs: the draft, the task's goal, and its checklist when it has one."""
+    inputs: dict[str, Any] = {"draft": output, "goal": created.goal}
+    if created.checklist:
+        inputs["checklist"] = list(created.checklist)
+    return inputs
+
+
+def _canonical_json(value: Any) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
+
+
+def _combined_review(results: list[ev.TaskResultSubmitted], quorum: str) -> tuple[str, Any, float]:
+    """Several reviewers' verdicts as one ``Review``: passed if all (or a majority) passed;
+    the issues of those that did not. Returns (agent, output, confidence) for the review."""
+    reviews = []
+    for r in results:
+        try:
+            reviews.append(msgspec.convert(r.output, Review))
+        except msgspec.ValidationError:
+            reviews.append(Review(passed=False))
+    passes = sum(rv.passed for rv in reviews)
+    passed = passes == len(reviews) if quorum == "all" else 2 * passes > len(reviews)
+    issues: list[ev.ReviewIssue] = []
+    for rv in reviews:
+        for issue in rv.issues if not rv.passed else []:
+            if issue not in issues:
+                issues.append(issue)
+    combined = msgspec.to_builtins(Review(passed=passed, issues=[] if passed else issues))
+    best = max(results, key=lambda r: r.confidence)
+    return best.agent_id, combined, best.confidence

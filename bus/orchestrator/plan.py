@@ -179,6 +179,7 @@ def validate_plan(
                 f" (and timeout_s finite): got {t.max_attempts}, {t.fanout}, {t.timeout_s}"
             )
         task_retry(t, retry or RetryPolicy())
+        _check_conflict_options(t)
     for t in plan.tasks:
         for d in t.deps:
             if d not in seen:
@@ -245,6 +246,20 @@ def goal_limits(plan: Plan) -> PlanningLimits:
         return msgspec.convert(msgspec.to_builtins(plan.limits), PlanningLimits)
     except (msgspec.ValidationError, TypeError) as e:
         raise InvalidPlan(f"limits: {e}") from e
+
+
+def _check_conflict_options(t: PlanTask) -> None:
+    """A task's tie policy, reviewers and quorum are among the allowed values."""
+    if t.tie_policy not in (None, "retry", "approval"):
+        raise InvalidPlan(
+            f"task {t.id!r}: tie_policy must be 'retry' or 'approval', got {t.tie_policy!r}"
+        )
+    if isinstance(t.reviewers, bool) or t.reviewers < 1:
+        raise InvalidPlan(f"task {t.id!r}: reviewers must be >= 1, got {t.reviewers!r}")
+    if t.review_quorum not in ("all", "majority"):
+        raise InvalidPlan(
+            f"task {t.id!r}: review_quorum must be 'all' or 'majority', got {t.review_quorum!r}"
+        )
 
 
 def _missing_inputs(card: AgentCard, t: PlanTask) -> str | None:

@@ -57,6 +57,9 @@ class TaskView:
     proposed_output: Any = None
     proposed_agent: str = ""
     has_proposal: bool = False  # an approval asked about an output in hand (a fan-out tie)
+    previous_output: Any = None  # the output the latest revision was asked to improve
+    quality_met: bool = True  # from task.completed: False if its review never passed
+    open_issues: list[ev.ReviewIssue] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
@@ -323,6 +326,7 @@ class RunState:
                 task.supplement = data.output
             case ev.RevisionRequested():
                 task.settled.add(task.attempt)
+                task.previous_output = task.output_in_review
                 task.review_round = data.round
                 task.review = list(data.issues)
                 task.under_review = None
@@ -339,6 +343,8 @@ class RunState:
             case ev.TaskCompleted():
                 task.settled.add(task.attempt)
                 task.output = data.output
+                task.quality_met = data.quality_met
+                task.open_issues = list(data.open_issues)
                 task.under_review = None
             case ev.TaskFailed() | ev.TaskCancelled() | ev.TaskHalted():
                 task.settled.add(task.attempt)

@@ -110,23 +110,20 @@ async def test_fanout_with_a_hanging_candidate_settles_at_the_deadline(make_runt
     assert log.first(ev.TaskCompleted, t).recorded_at >= first.deadline
 
 
-async def test_an_approved_tie_on_a_null_output_completes(make_runtime, store):
+async def test_equal_null_outputs_agree_and_need_no_approval(make_runtime, store):
     def nothing(t, i, c):  # type: ignore[no-untyped-def]
         c.confidence = 0.5
 
     agents = [make_agent(a, handler=nothing, output_type=type(None)) for a in ("x", "y")]
     policy = Policy(tie_policy="approval", retry=RetryPolicy(initial_interval_s=0.01), tick_s=0.01)
     rt = await make_runtime(agents, policy=policy)
-    root = await rt.orch.submit(plan(task("t", fanout=2)))
-    t = tid(root, "t")
-    asked = await wait_for(store, lambda e: isinstance(e.data, ev.ApprovalRequested))
-    assert asked.data.proposed_output is None
-    await rt.orch.approve(t)
-    r = await rt.orch.wait(root, 5)
+    r = await rt.run(plan(task("t", fanout=2)))
     assert r.status == "completed" and r.outputs["t"] is None
-    log = await run_log(store, root)
-    assert len(log.of(ev.ApprovalRequested, t)) == 1
+    log = await run_log(store, r.root_id)
+    t = tid(r.root_id, "t")
+    assert not log.of(ev.ApprovalRequested, t)
     assert [d.attempt for d in log.of(ev.TaskDispatched, t)] == [1, 1]
+    assert log.first(ev.TaskCompleted, t).data.confidence == 0.5
 
 
 async def test_an_approved_tie_still_goes_to_its_reviewer(make_runtime, store):

@@ -57,8 +57,10 @@ async def test_issues_lead_to_a_revision_with_the_review_as_only_extra_input(mak
     assert review_task.inputs["draft"] == {"text": "text"}
     first, second = CARDS["writer"]
     assert first.review == [] and second.review == [ISSUE]
+    # the revision carries the draft the issues are about, for targeted edits
+    assert first.previous_output is None and second.previous_output == {"text": "text"}
     # nothing else changed between the two cards
-    strip = {"attempt", "review"}
+    strip = {"attempt", "review", "previous_output"}
     a, b = (
         {k: v for k, v in msgspec.to_builtins(c).items() if k not in strip} for c in (first, second)
     )
