@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/nats_bench.py
 	$(BIN)/python bench/nats_log_growth_bench.py
 	$(BIN)/python bench/memory_bench.py
+	$(BIN)/python bench/planning_bench.py
 
 clean:
 	rm -rf $(VENV) .typecheck cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj*
