@@ -106,7 +106,7 @@ async def main(runs: int, sqlite: bool) -> None:
             ),
         ]
     base = rows[0]
-    store = "SQLite (synchronous=NORMAL)" if sqlite else "in-memory store"
+    store = "SQLite file (synchronous=FULL)" if sqlite else "in-memory store"
     print(f"goal {GOAL!r}: {len(tasks)} tasks; {runs} runs each on the {store}; medians\n")
     print(
         f"{'':<20} {'run ms':>8} {'events':>7} {'planning ms':>12} {'planning events':>16}"
