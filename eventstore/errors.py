@@ -24,6 +24,7 @@ they resemble, so ``except ValueError`` keeps working::
     │   │   └── PlanConflict      a plan id reused with a different plan body
     │   └── AmbiguousId           an id prefix that matches more than one task or run
     ├── BusError                  the bus could not deliver or receive
+    ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
     ├── AccessDenied              an agent asked for something outside its card
     ├── LLMError                  the model endpoint failed or answered something unusable
     │   ├── LLMRateLimited        429: the endpoint asks to slow down (``retry_after`` seconds)
@@ -66,6 +67,7 @@ __all__ = [
     "ToolTimeout",
     "BusError",
     "CardbusError",
+    "NotStarted",
     "ConcurrencyError",
     "DecodeError",
     "IdempotencyError",
@@ -193,6 +195,15 @@ class AmbiguousId(ValidationError):
 
 class BusError(CardbusError):
     """The bus could not deliver or receive a card."""
+
+
+class NotStarted(CardbusError, RuntimeError):
+    """A runtime (``EmbeddedRuntime``, ``NatsRuntime``) used before it was started.
+
+    The runtime starts its store, bus, workers and orchestrator in ``async with``
+    (``__aenter__``) and stops them on the way out; ``run`` and ``submit``
+    outside it raise this, naming the runtime.
+    """
 
 
 class AccessDenied(CardbusError):

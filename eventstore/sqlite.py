@@ -47,6 +47,7 @@ import functools
 import itertools
 import os
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -455,7 +456,7 @@ class SqliteEventStore(EventStore):
         try:
             writer = await loop.run_in_executor(executor, _Writer.connect, path, mode, create)
             try:
-                reader = await aiosqlite.connect(path, isolation_level=None)
+                reader = await _daemon(aiosqlite.connect(path, isolation_level=None))
                 await reader.execute("PRAGMA busy_timeout=10000")
                 await reader.execute("PRAGMA query_only=1")
             except BaseException:
@@ -757,3 +758,13 @@ def _verify_file(path: str, head: LogHead | None) -> tuple[list[ChainProblem], L
         raise StoreUnavailable(f"cannot read {path!r}: {e}") from e
     finally:
         conn.close()
+
+
+def _daemon(connection: aiosqlite.Connection) -> aiosqlite.Connection:
+    """The reader's thread as a daemon: a store never closed (an exception in the
+    caller's code) must not keep the process from exiting. It only reads; the
+    writer's pool is joined at exit after the writes it was given."""
+    thread = getattr(connection, "_thread", connection)  # aiosqlite < 0.20: a Thread itself
+    if isinstance(thread, threading.Thread) and not thread.is_alive():
+        thread.daemon = True
+    return connection

@@ -56,6 +56,7 @@ EXPECTED = {
     "NatsEventStore",
     "NatsRuntime",
     "NeedsInput",
+    "NotStarted",
     "OpenAIChatLLM",
     "Orchestrator",
     "PayloadTooLarge",

@@ -24,7 +24,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,8 @@ from cardbus.agents.llm import LLM
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
-from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import NatsBus
 from cardbus.bus.transport.nats import agent_inbox_prefix as inbox_prefix_of
@@ -82,6 +82,7 @@ class NatsRuntime:
         self.bus: NatsBus
         self.orchestrator: Orchestrator
         self._agent_buses: list[NatsBus] = []
+        self._state = "new"  # running inside `async with`, then stopped
 
     async def __aenter__(self) -> NatsRuntime:
         nc = await self.options.connect(self.name)
@@ -116,9 +117,11 @@ class NatsRuntime:
         except BaseException:
             await self._close()
             raise
+        self._state = "running"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._state = "stopped"
         await self._close()
 
     async def _close(self) -> None:
@@ -136,6 +139,7 @@ class NatsRuntime:
 
     async def wait_for_capabilities(self, capabilities: Iterable[str], timeout: float) -> None:
         """Wait until agents offering every capability have announced themselves."""
+        require_started(self, self._state)
         wanted = set(capabilities)
         deadline = time.monotonic() + timeout
         while True:
@@ -154,8 +158,13 @@ class NatsRuntime:
                 )
             await asyncio.sleep(0.05)
 
-    async def submit(self, plan: Plan | Mapping[str, Any], agent_timeout: float = 30.0) -> str:
-        plan = as_plan(plan)
+    async def submit(self, plan: PlanLike, agent_timeout: float = 30.0) -> str:
+        """Submit ``plan`` (a Plan, a mapping or JSON text) once its capabilities are offered.
+
+        Only inside ``async with``: before or after it, ``NotStarted``.
+        """
+        require_started(self, self._state)
+        plan = plan_of(plan)
         needed = {t.capability for t in plan.tasks} | {
             t.review_by for t in plan.tasks if t.review_by
         }
@@ -164,7 +173,7 @@ class NatsRuntime:
 
     async def run(
         self,
-        plan: Plan | Mapping[str, Any],
+        plan: PlanLike,
         timeout: float | None = 60,
         agent_timeout: float = 30.0,
     ) -> RunResult:
