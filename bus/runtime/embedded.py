@@ -36,6 +36,7 @@ from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper, Memory
 from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.orchestrator.planning import proposal_plan
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
 from cardbus.eventstore import Envelope, EventStore, MemoryEventStore
@@ -84,24 +85,28 @@ class EmbeddedRuntime:
         agents = with_planner(agents) if default_planner else list(agents)
         self.workers = [AgentWorker(self.bus, a, llm) for a in agents]
         self.orchestrator.observers.append(self.keeper.observe)  # settle then needs no read
+        self._state = "new"  # running inside `async with`, then stopped
 
     async def __aenter__(self) -> EmbeddedRuntime:
         await self.orchestrator.start()
         for w in self.workers:
             await self.orchestrator.register(w.agent.card())
             await w.start()
+        self._state = "running"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._state = "stopped"
         await self.orchestrator.stop()
         await self.bus.close()
         if self._docs is not None:
             self._docs.cleanup()
 
-    async def run(self, plan: Plan | Mapping[str, Any], timeout: float | None = 60) -> RunResult:
-        """Run ``plan`` (a Plan or its JSON form, or a goal alone to plan); then apply the
-        memory policy to it."""
-        result = await self.orchestrator.run(as_plan(plan), timeout)
+    async def run(self, plan: PlanLike, timeout: float | None = 60) -> RunResult:
+        """Run ``plan`` (a Plan, a mapping or JSON text of the plan format, or a goal alone
+        to plan); then apply the memory policy to it. Only inside ``async with``."""
+        require_started(self, self._state)  # NotStarted outside `async with`
+        result = await self.orchestrator.run(plan_of(plan), timeout)
         await self.keeper.settle(result.root_id)
         return result
 

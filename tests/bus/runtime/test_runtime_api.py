@@ -142,3 +142,19 @@ def test_a_failure_never_leaves_the_process_unable_to_exit(tmp_path: Path, where
     )
     assert proc.returncode == 1, proc.stderr
     assert "RuntimeError: boom" in proc.stderr
+
+
+async def test_embedded_runtime_runs_json_and_refuses_outside_its_block() -> None:
+    store = cardbus.MemoryEventStore()
+    rt = cardbus.EmbeddedRuntime(store, [Upper])
+    with pytest.raises(cardbus.NotStarted, match=r"EmbeddedRuntime is not started.*async with"):
+        await rt.run(PLAN)  # before: not "no registered agent offers capability"
+    assert await store.last_position() == 0  # nothing was written
+    async with rt:
+        result = await rt.run(json.dumps({**PLAN, "plan_id": "text"}).encode())
+    assert result.status == "completed", result.reason
+    events = await store.read_correlation(result.root_id)
+    assert [e.data.plan_id for e in events if isinstance(e.data, RunStarted)] == ["text"]
+    assert any(isinstance(e.data, TaskCompleted) for e in events)
+    with pytest.raises(cardbus.NotStarted, match="was stopped"):
+        await rt.run(PLAN)
