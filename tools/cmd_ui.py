@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from cardbus.tools.cli import cli
-from cardbus.tools.store_option import StoreRef, store_option
+from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
 @cli.command()
@@ -45,7 +45,8 @@ def ui(db: StoreRef, host: str, port: int, token: str | None) -> None:
         )
     # the Host header must name the interface served (DNS rebinding); "*" when all of them
     hosts = None if loopback else (["*"] if host in ("0.0.0.0", "::") else [host, f"[{host}]"])
-    app = create_app(db, token=token, hosts=hosts)
+    # opened in uvicorn's loop at start-up; a SQLite file is created if missing
+    app = create_app(opener=lambda: open_store_option(db, create=True), token=token, hosts=hosts)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     suffix = f"?token={token}" if token else ""
     click.echo(f"cardbus console on http://{shown}:{port}/{suffix}  (log {db}; Ctrl-C stops)")

@@ -201,10 +201,11 @@ def test_fork(log: Log) -> None:
 def test_ui_reads_the_same_store(log: Log) -> None:
     from starlette.testclient import TestClient
 
-    from cardbus.tools.store_option import parse_store
+    from cardbus.tools.store_option import open_store_option, parse_store
     from cardbus.tools.ui import create_app
 
-    with TestClient(create_app(parse_store(log.url)), base_url="http://127.0.0.1") as c:
+    app = create_app(opener=lambda: open_store_option(parse_store(log.url)))
+    with TestClient(app, base_url="http://127.0.0.1") as c:
         roots = {r["root_id"] for r in c.get("/api/runs").json()["runs"]}
         assert roots == {log.ids.root, GATE_ROOT}
         r = c.post(f"/api/tasks/{APPROVE}/approve", json={"note": "fine"})

@@ -21,12 +21,13 @@ import contextlib
 import hmac
 import ipaddress
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
 
 from cardbus.bus.orchestrator.core import answer_approval
+from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore.errors import (
     CardbusError,
     StreamNotFound,
@@ -42,7 +43,6 @@ from cardbus.projections import (
     resolve_id,
     run_duration,
 )
-from cardbus.tools.store_option import StoreRef, open_store_option, parse_store
 from cardbus.tools.ui.page import PAGE
 
 try:
@@ -207,19 +207,20 @@ class Console:
 
 
 def create_app(
-    db: str | StoreRef | None = None,
+    db: str | None = None,
     *,
     store: EventStore | None = None,
+    opener: Callable[[], Awaitable[EventStore]] | None = None,
     token: str | None = None,
     hosts: list[str] | None = None,
 ) -> Starlette:
-    """The console over the log ``db`` (a path or URL, opened at start-up) or an open ``store``.
+    """The console over the SQLite log ``db``, a log ``opener`` opens at start-up, or ``store``.
 
     ``hosts`` are the names the ``Host`` header may carry (default: loopback
     names); ``token``, if given, is required on every request.
     """
-    if (db is None) == (store is None):
-        raise ValidationError("create_app needs exactly one of db and store")
+    if [db, store, opener].count(None) != 2:
+        raise ValidationError("create_app needs exactly one of db, opener and store")
     state: dict[str, Console] = {}
 
     def console() -> Console:
@@ -230,9 +231,10 @@ def create_app(
         own = store is None
         if store is not None:
             opened = store
+        elif opener is not None:
+            opened = await opener()  # cardbus ui --store: SQLite or NATS
         else:
-            ref = db if isinstance(db, StoreRef) else parse_store(db or "")
-            opened = await open_store_option(ref, create=True)
+            opened = await SqliteEventStore.open(db or "")
         state["console"] = Console(opened)
         try:
             yield
