@@ -4,7 +4,9 @@
 an event of that run (the fork point), it computes the events of a new root:
 
 * ``RunStarted`` copied, with ``forked_from = "<old root>@<event id>"`` and the
-  new task ids;
+  new task ids (of a run planned from a goal: the tasks its ``plan.accepted``
+  events named by the fork point, so the fork does not plan again; forked
+  before any acceptance, it does);
 * for every plan task of the run (``RunStarted.task_ids``), its ``TaskCreated``
   copied under a new id (``forked_from`` = the fork point's event id; ``deps``
   and ``$dep`` references in the inputs renamed to the new ids);
@@ -85,7 +87,14 @@ def plan_fork(events: Sequence[Envelope], at: str, new_root_id: str) -> ForkPlan
                 created[e.stream] = e.data
             elif isinstance(e.data, ev.TaskCompleted) and e.position <= point.position:
                 completed[e.stream] = e
-    plan_tasks = [t for t in run.task_ids if t in created]
+    # a run planned from a goal: the tasks its plans accepted by then (plan.accepted)
+    accepted: list[str] = list(run.task_ids)
+    for e in events:
+        data = e.data
+        if e.stream == root and isinstance(data, ev.PlanAccepted) and e.position <= point.position:
+            accepted = [t for t in accepted if t not in set(data.superseded)]
+            accepted += list(data.task_ids.values())
+    plan_tasks = [t for t in accepted if t in created]
     ids = {t: fork_task_id(t, root, new_root_id) for t in plan_tasks}
     streams: list[tuple[str, list[ev.Event]]] = [
         (
