@@ -72,6 +72,7 @@ __all__ = [
     "TaskStarted",
     "TaskTimedOut",
     "ToolCalled",
+    "ToolRequested",
     "Usage",
     "tag_of",
 ]
@@ -370,6 +371,19 @@ class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
     duration_s: float = 0.0
 
 
+class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
+    """A tool call about to run: logged before its side effect (invariant 2), so a crash
+    between the two shows as a ``tool.requested`` without its ``tool.called``."""
+
+    task_id: str
+    agent_id: str
+    tool: str
+    request_id: str
+    arguments: Any = None  # per AccessPolicy.arguments, as in tool.called
+    arguments_digest: str = ""
+    attempt: int = 0
+
+
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     task_id: str
     agent_id: str
@@ -383,6 +397,7 @@ class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     arguments_digest: str = ""  # sha256 of the arguments (always; ``arguments`` per policy)
     result_digest: str = ""
     result_bytes: int = 0
+    request_id: str = ""  # of the tool.requested it answers ("" in logs before it existed)
 
 
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
@@ -436,6 +451,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     MemoryWritten,
     MemoryForgotten,
     MemoryRead,
+    ToolRequested,
     ToolCalled,
     AccessRefused,
     ContextTrimmed,
@@ -477,6 +493,7 @@ Event = (
     | MemoryWritten
     | MemoryForgotten
     | MemoryRead
+    | ToolRequested
     | ToolCalled
     | AccessRefused
     | ContextTrimmed

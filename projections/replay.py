@@ -177,6 +177,8 @@ def _detail(data: Any) -> str | None:
             return f"input from {data.supplementary_task_id}"
         case ev.ApprovalGranted():
             return f"approved by {data.by}"
+        case ev.ToolRequested():
+            return f"tool {data.tool} requested"
         case ev.ToolCalled():
             return f"tool {data.tool}" + (f" failed: {data.error}" if data.error else "")
         case ev.RunStarted():
@@ -251,6 +253,8 @@ def _payload(data: Any) -> Any:
                 "reviewer_task_id": data.reviewer_task_id,
                 "issues": issues,
             }
+        case ev.ToolRequested():
+            return {"arguments": data.arguments}
         case ev.ToolCalled():
             return {"arguments": data.arguments, "result": data.result, "error": data.error}
     return None

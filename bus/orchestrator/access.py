@@ -16,9 +16,11 @@ orchestrator. For each one it
    through the ``ToolRegistry`` (time-out, size limit, schemas), reads
    long-term memory - and records what happened: ``memory.read`` (mode
    ``output`` for task memory, ``get``/``list``/``search`` for long-term
-   memory) or ``tool.called`` with the arguments (or only their digest, per
-   :class:`AccessPolicy`), the result (inline when small, else its digest and
-   size), the error and its type, and the duration;
+   memory) or, for a tool, ``tool.requested`` *before* the call (the log
+   knows of a side effect before it can happen) and ``tool.called`` after it
+   with the arguments (or only their digest, per :class:`AccessPolicy`), the
+   result (inline when small, else its digest and size), the error and its
+   type, and the duration;
 4. answers only once those events are durable (``record`` returns after the
    append): the log knows of every effect before the agent does.
 
@@ -201,6 +203,17 @@ class RequestBroker:
         error: str | None = None
         error_type: str | None = None
         extra: list[ev.Event] = []
+        # invariant 2: the call is in the log before its side effect can happen
+        requested = ev.ToolRequested(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            tool=req.target,
+            request_id=req.request_id,
+            arguments=args if inline_args else None,
+            arguments_digest=arg_digest,
+            attempt=req.attempt,
+        )
+        await self._record(req, [requested])
         try:
             outcome = await self.tools.call(req.target, args)
             result = outcome.result
@@ -233,6 +246,7 @@ class RequestBroker:
             arguments_digest=arg_digest,
             result_digest="" if error else digest(result),
             result_bytes=size,
+            request_id=req.request_id,
         )
         await self._record(req, [called, *extra])
         if error is not None:

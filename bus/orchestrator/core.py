@@ -144,9 +144,11 @@ class Orchestrator:
         self.observers: list[Callable[[Envelope], None]] = []
         # the largest event decided (the store's limit, with room for the envelope)
         self._event_limit = int(getattr(store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
-        # set when the log cannot be written (disk full, read-only, gone): nothing can be
-        # decided any more, so every waiter gets this error and no step decides again
+        # set when the log has refused writes for Policy.store_grace_s (disk full, read-only,
+        # gone): nothing can be decided any more, so every waiter gets this error and no
+        # step decides again; a refusal shorter than that (a hiccup) is retried
         self.store_failure: StoreUnavailable | None = None
+        self._store_trouble_since: float | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -551,16 +553,36 @@ class Orchestrator:
                 elif isinstance(outcome, PrerequisiteNotStored):
                     log.info("%s not written: the completion it follows was not", stream)
                 elif isinstance(outcome, StoreUnavailable):
-                    self._store_failed(outcome)
+                    self._store_refused(outcome)
                 else:
                     log.error("append to %s failed: %r", stream, outcome)
                 out.append((stream, outcome))
             else:
+                self._store_trouble_since = None  # the log takes writes again
                 for env in outcome:
                     self._apply(env)
                 self._settle_records(stream, d.events[stream], None)
                 out.append((stream, None))
         return out
+
+    def _store_refused(self, error: StoreUnavailable) -> None:
+        """A write refused by the log: retried (the step is decided again) until the log has
+        refused writes for ``Policy.store_grace_s``; then the orchestrator stops deciding."""
+        now = time.monotonic()
+        if self._store_trouble_since is None:
+            self._store_trouble_since = now
+            log.warning("cannot write to the log, retrying: %s", error)
+            # nothing may try to write again soon (the decision lost was the only one):
+            # look again when the grace is over; a write that worked meanwhile resets it
+            asyncio.get_running_loop().call_later(
+                self.policy.store_grace_s, self._store_grace_over, now, error
+            )
+        elif now - self._store_trouble_since >= self.policy.store_grace_s:
+            self._store_failed(error)
+
+    def _store_grace_over(self, since: float, error: StoreUnavailable) -> None:
+        if self._store_trouble_since == since:  # no write has worked since that refusal
+            self._store_failed(error)
 
     def _store_failed(self, error: StoreUnavailable) -> None:
         """The log refuses writes: say so once, end every wait with the error, decide no more."""

@@ -41,6 +41,9 @@ class Policy:
     replan_on_failure: int = 0
     max_plan_tasks: int = 200  # a proposal with more tasks is refused, whatever its limits
     plan_timeout_s: float = 120.0  # the planning card's deadline per attempt
+    # how long the log may refuse writes (StoreUnavailable: disk full, read-only, server
+    # gone) before the orchestrator gives up: every wait then raises it, nothing is decided
+    store_grace_s: float = 2.0
 
     def __post_init__(self) -> None:
         me = "Policy"
@@ -62,6 +65,7 @@ class Policy:
         check_text(me, "actor", self.actor)
         check_choice(me, "context_policy", self.context_policy, POLICIES)
         check_number(me, "failure_half_life_s", self.failure_half_life_s, above=0)
+        check_number(me, "store_grace_s", self.store_grace_s, at_least=0)
         check_number(me, "max_plan_rounds", self.max_plan_rounds, at_least=1, integer=True)
         check_number(me, "replan_on_failure", self.replan_on_failure, at_least=0, integer=True)
         check_number(me, "max_plan_tasks", self.max_plan_tasks, at_least=1, integer=True)

@@ -199,8 +199,10 @@ async def test_an_agent_not_on_the_task_or_a_stale_attempt_is_refused(world: Wor
 async def test_tool_call_is_recorded_with_arguments_result_and_duration(world: World) -> None:
     result = await world.ctx().tool("echo", q="tides", k=2)
     assert result == {"echo": {"q": "tides", "k": 2}}
-    (called,) = await world.own_events()
-    assert isinstance(called, ev.ToolCalled)
+    requested, called = await world.own_events()  # the request first: before the effect
+    assert isinstance(requested, ev.ToolRequested) and isinstance(called, ev.ToolCalled)
+    assert requested.request_id and called.request_id == requested.request_id
+    assert requested.arguments == {"q": "tides", "k": 2} and requested.tool == "echo"
     assert called.tool == "echo" and called.arguments == {"q": "tides", "k": 2}
     assert called.result == result and called.error is None and called.duration_s >= 0
     assert called.arguments_digest == digest({"q": "tides", "k": 2})
@@ -210,9 +212,30 @@ async def test_tool_call_is_recorded_with_arguments_result_and_duration(world: W
 async def test_digest_policy_keeps_only_digests(world: World) -> None:
     world.broker.policy = AccessPolicy(arguments="digest", max_inline_bytes=10)
     await world.ctx().tool("echo", secret="hunter2")
-    (called,) = await world.own_events()
+    requested, called = await world.own_events()
+    assert requested.arguments is None and requested.arguments_digest == called.arguments_digest
     assert called.arguments is None and called.result is None
     assert called.arguments_digest == digest({"secret": "hunter2"}) and called.result_digest
+
+
+async def test_a_crash_during_a_tool_call_leaves_its_request_in_the_log(world: World) -> None:
+    """Invariant 2: the side effect comes after the log knows of it."""
+    effects: list[str] = []
+
+    async def crash(args: dict) -> dict:  # type: ignore[type-arg]
+        effects.append("charged the card")
+        raise asyncio.CancelledError  # the process going down mid-call
+
+    world.tools.register(Tool.define("pay", crash))
+    world.state.agents["writer"] = msgspec.structs.replace(
+        world.state.agents["writer"], constraints=AgentConstraints(tools=["pay"])
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await world.ctx().tool("pay", amount=5)
+    assert effects == ["charged the card"]
+    events = await world.own_events()
+    assert [type(e) for e in events] == [ev.ToolRequested]  # requested, never called
+    assert events[0].tool == "pay" and events[0].arguments == {"amount": 5}
 
 
 async def test_tool_not_on_the_allow_list_is_refused(world: World) -> None:
@@ -230,7 +253,7 @@ async def test_tool_not_on_the_allow_list_is_refused(world: World) -> None:
 async def test_oversized_tool_result_is_a_typed_error_and_an_event(world: World) -> None:
     with pytest.raises(ToolResultTooLarge):
         await world.ctx().tool("big")
-    (called,) = await world.own_events()
+    _, called = await world.own_events()
     assert called.error_type == "result_too_large" and called.result is None
 
 
@@ -239,14 +262,14 @@ async def test_a_hanging_tool_times_out_cleanly(world: World) -> None:
     with pytest.raises(ToolTimeout):
         await world.ctx().tool("hang")
     assert time.monotonic() - started < 1
-    (called,) = await world.own_events()
+    _, called = await world.own_events()
     assert called.error_type == "timeout" and called.tool == "hang"
 
 
 async def test_a_tool_refusing_a_host_is_access_denied_twice_recorded(world: World) -> None:
     with pytest.raises(AccessDenied):
         await world.ctx().tool("fetch", url="http://evil.example/")
-    called, refused = await world.own_events()
+    _, called, refused = await world.own_events()
     assert called.error_type == "access_denied"
     assert isinstance(refused, ev.AccessRefused) and refused.action == "tool"
 
