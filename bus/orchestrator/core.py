@@ -149,6 +149,7 @@ class Orchestrator:
         # step decides again; a refusal shorter than that (a hiccup) is retried
         self.store_failure: StoreUnavailable | None = None
         self._store_trouble_since: float | None = None
+        self._refused_runs: set[str] = set()  # runs failed because the log refused a decision
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -507,7 +508,10 @@ class Orchestrator:
         time out; this way the failure is recorded with its reason and retried.
         """
         reply = d.origins.get(stream)
-        if reply is None or not isinstance(error, (DecodeError, ValidationError)):
+        if not isinstance(error, (DecodeError, ValidationError)):
+            return
+        if reply is None:  # a decision of the orchestrator's own: deciding it again would loop
+            self._fail_refused(stream, error)
             return
         if reply.status == "failed" and reply.output is None:
             return  # already the replacement: do not loop
@@ -522,6 +526,20 @@ class Orchestrator:
                 supplement_inputs={},
             )
         )
+
+    def _fail_refused(self, stream: str, error: BaseException) -> None:
+        """The log refused a decision (too large, not storable): the run fails with the
+        reason ``decision_unstorable`` (once) instead of the step being decided forever."""
+        root = self._root_of(stream)
+        if root in self._refused_runs or root not in self.state.open:
+            return
+        self._refused_runs.add(root)
+        failed = [stream] if stream != root else []
+        detail = f"the log refused the events decided for {stream}: {type(error).__name__}: {error}"
+        data = ev.RunFailed(reason="decision_unstorable", failed_tasks=failed, detail=detail[:2000])
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
+        self._parked.append(_Record(root, [data], done))
 
     async def _append_streams(
         self, d: Decisions, streams: list[str]

@@ -654,7 +654,20 @@ class Decider:
             self.d.add(run.root_id, ev.RunFailed(reason="tasks_not_completed", failed_tasks=failed))
         else:
             outputs = {name: done.get(t.task_id, t.output) for name, t in plan_tasks.items()}
-            self.d.add(run.root_id, ev.RunCompleted(outputs=outputs))
+            completed = ev.RunCompleted(outputs=outputs)
+            size = len(msgspec.json.encode(completed))
+            if size > self.event_limit:  # it could never be stored: fail, never retry
+                self.d.add(
+                    run.root_id,
+                    ev.RunFailed(
+                        reason="result_too_large",
+                        detail=f"run.completed would be {size} bytes, over the event size"
+                        f" limit ({self.event_limit} bytes); each output is in its task's"
+                        " task.completed",
+                    ),
+                )
+                return
+            self.d.add(run.root_id, completed)
 
     # -- planning a goal (see bus.orchestrator.planning) ----------------------
 
