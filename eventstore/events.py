@@ -85,6 +85,7 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     input_tokens: int = 0
     output_tokens: int = 0
+    model: str = ""  # the model that answered the attempt's last LLM call ("" for none)
 
 
 class ReviewIssue(msgspec.Struct, frozen=True, kw_only=True):

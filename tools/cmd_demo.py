@@ -151,9 +151,9 @@ def demo(
     if nats_url or start_nats:
         from cardbus.tools.cmd_nats import demo_on_nats
 
-        if llm_base_url or model:
-            click.echo("LLM: --llm-base-url/--model are not used on NATS yet: the mock", err=True)
         raise SystemExit(
-            demo_on_nats(nats_url, start_nats, parallel, topic, external_agents, as_json)
+            demo_on_nats(
+                nats_url, start_nats, parallel, topic, external_agents, as_json, llm_base_url, model
+            )
         )
     raise SystemExit(asyncio.run(_demo(db, parallel, topic, llm_base_url, model, as_json, goal)))

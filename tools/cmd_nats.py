@@ -43,6 +43,7 @@ from cardbus.bus.transport.nats import (
 from cardbus.eventstore import EventStore, SqliteEventStore
 from cardbus.eventstore.nats.connection import ENV_VARS, NatsOptions
 from cardbus.tools.cli import cli
+from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 from cardbus.tools.loading import load_agent
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -156,7 +157,12 @@ def agent() -> None:
 @click.argument("agent_paths", nargs=-1, required=True)
 @nats_options
 @click.option("--replicas", default=1, show_default=True, help="Consumers (connections) to run.")
-@click.option("--concurrency", default=1, show_default=True, help="Cards at once per replica.")
+@click.option(
+    "--concurrency",
+    type=int,
+    default=None,
+    help="Cards at once per replica (default: each agent's max_concurrency).",
+)
 @click.option(
     "--inbox-prefix",
     default=None,
@@ -165,15 +171,18 @@ def agent() -> None:
 @_ack_wait
 @_max_deliver
 @_stream_replicas
+@llm_options
 def agent_serve(
     agent_paths: tuple[str, ...],
     nats_url: str,
     replicas: int,
-    concurrency: int,
+    concurrency: int | None,
     inbox_prefix: str | None,
     ack_wait: float,
     max_deliver: int,
     stream_replicas: int,
+    llm_base_url: str | None = None,
+    model: str | None = None,
     **kw: Any,
 ) -> None:
     """Serve AGENT_PATHS (module:AgentClass ...) from this process, on NATS.
@@ -189,6 +198,7 @@ def agent_serve(
         stop = asyncio.Event()
         _until_signal(stop)
         ready = asyncio.Event()
+        llm = open_llm(llm_base_url, model)
         serving = asyncio.ensure_future(
             serve_agents(
                 options,
@@ -196,19 +206,23 @@ def agent_serve(
                 stop,
                 replicas=replicas,
                 concurrency=concurrency,
+                llm=llm,
                 bus_options=_bus_options(ack_wait, max_deliver, stream_replicas),
                 ready=ready,
             )
         )
-        waiter = asyncio.ensure_future(ready.wait())
-        await asyncio.wait([serving, waiter], return_when=asyncio.FIRST_COMPLETED)
-        if ready.is_set():
-            ids = ", ".join(a.agent_id for a in agents)
-            click.echo(f"serving {ids} ({replicas} replica(s)) on {nats_url}")
-            sys.stdout.flush()
-        else:
-            waiter.cancel()
-        await serving
+        try:
+            waiter = asyncio.ensure_future(ready.wait())
+            await asyncio.wait([serving, waiter], return_when=asyncio.FIRST_COMPLETED)
+            if ready.is_set():
+                ids = ", ".join(a.agent_id for a in agents)
+                click.echo(f"serving {ids} ({replicas} replica(s)) on {nats_url}")
+                sys.stdout.flush()
+            else:
+                waiter.cancel()
+            await serving
+        finally:
+            await close_llm(llm)
 
     asyncio.run(go())
 
@@ -238,6 +252,7 @@ def agent_serve(
 @_ack_wait
 @_max_deliver
 @_stream_replicas
+@llm_options
 def orchestrator(
     nats_url: str,
     db: str | None,
@@ -250,6 +265,8 @@ def orchestrator(
     ack_wait: float,
     max_deliver: int,
     stream_replicas: int,
+    llm_base_url: str | None = None,
+    model: str | None = None,
     **kw: Any,
 ) -> None:
     """Run the orchestrator on NATS; it resumes every open run from the log.
@@ -264,11 +281,13 @@ def orchestrator(
     plan = decode_plan(Path(plan_file).read_bytes()) if plan_file else None
 
     async def go() -> int:
+        llm = open_llm(llm_base_url, model)  # for any agent the runtime runs in-process
         store: EventStore | None = await SqliteEventStore.open(db) if db else None
         try:
             async with NatsRuntime(
                 options,
                 store=store,
+                llm=llm,
                 bus_options={
                     **_bus_options(ack_wait, max_deliver, stream_replicas),
                     "reply_durable": consumer,
@@ -290,6 +309,7 @@ def orchestrator(
         finally:
             if store is not None:
                 await store.close()
+            await close_llm(llm)
 
     raise SystemExit(asyncio.run(go()))
 
@@ -419,6 +439,15 @@ async def _temporary(folder: tempfile.TemporaryDirectory[str]) -> AsyncIterator[
         folder.cleanup()
 
 
+@contextlib.asynccontextmanager
+async def _closing_llm(llm: Any) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        if llm is not None:
+            await close_llm(llm)
+
+
 def demo_on_nats(
     nats_url: str | None,
     start_nats: bool,
@@ -426,6 +455,8 @@ def demo_on_nats(
     topic: str,
     external_agents: bool,
     as_json: bool = False,
+    llm_base_url: str | None = None,
+    model: str | None = None,
 ) -> int:
     """The demo with the orchestrator in this process, on NATS.
 
@@ -449,13 +480,16 @@ def demo_on_nats(
             "reply_durable": f"cardbus-demo-{os.getpid()}",
             "delete_reply_consumer": True,
         }
+        llm = open_llm(llm_base_url, model) if agents else None
         # the researcher's doc_search over the demo documents, as on the embedded default
         async with (
+            _closing_llm(llm),
             _temporary(demo_docs()) as docs,
             NatsRuntime(
                 NatsOptions(url=url),
                 agents,
                 policy=Policy(),
+                llm=llm,
                 bus_options=bus_options,
                 tools=ToolRegistry([doc_search_tool(docs)]),
             ) as rt,

@@ -177,7 +177,8 @@ class Decider:
                     if len(results) == len(task.dispatched_to):
                         self._settle_fanout(task, results)
                     return
-                self._fail_attempt(task, "agent_error", reply.error or "")
+                # the agent's own reason (llm_timeout, ...) for the retry policy, if it gave one
+                self._fail_attempt(task, reply.reason or "agent_error", reply.error or "")
             case "needs_input":
                 self._needs_input(task, reply)
             case _:

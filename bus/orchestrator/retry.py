@@ -18,7 +18,7 @@ from cardbus.bus.orchestrator.checks import allowed_values, check_choices, check
 from cardbus.eventstore.errors import ConfigError
 from cardbus.eventstore.taskspec import DEFAULT_MAX_ATTEMPTS, RetryOverride
 
-__all__ = ["RETRY_REASONS", "RetryPolicy", "RetryReason"]
+__all__ = ["DEFAULT_NON_RETRYABLE", "RETRY_REASONS", "RetryPolicy", "RetryReason"]
 
 #: why an attempt failed, as ``task.retry_scheduled`` and ``task.failed`` record it
 RetryReason = Literal[
@@ -27,8 +27,16 @@ RetryReason = Literal[
     "conflict_tie",  # a fan-out tie, under Policy(tie_policy="retry")
     "output_schema_mismatch",  # the output broke the capability's output schema
     "timeout",  # no result by the deadline
+    # an LLM agent's typed failures (eventstore.errors.LLMError's error_type)
+    "llm_rate_limited",  # 429, after the SDK's own retries
+    "llm_timeout",  # the model did not answer in time
+    "llm_server_error",  # 5xx, or the endpoint unreachable
+    "llm_request_refused",  # another 4xx (key, model): not retried by default
+    "llm_bad_output",  # no usable answer after the repairs: not retried by default
 ]
 RETRY_REASONS = allowed_values(RetryReason)
+#: failures that another attempt would only repeat (``RetryPolicy.non_retryable_reasons``)
+DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset({"llm_request_refused", "llm_bad_output"})
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,8 @@ class RetryPolicy:
         jitter: each wait is stretched by a random fraction of itself in
             ``[0, jitter)``, so that tasks failing together do not retry together.
         non_retryable_reasons: failure reasons (``RETRY_REASONS``) that fail
-            the task at once instead of retrying it.
+            the task at once instead of retrying it; by default
+            ``llm_request_refused`` and ``llm_bad_output`` (``DEFAULT_NON_RETRYABLE``).
     """
 
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -54,7 +63,7 @@ class RetryPolicy:
     backoff_coefficient: float = 2.0
     maximum_interval_s: float = 10.0
     jitter: float = 0.5
-    non_retryable_reasons: frozenset[RetryReason] = frozenset()
+    non_retryable_reasons: frozenset[RetryReason] = DEFAULT_NON_RETRYABLE
 
     def __post_init__(self) -> None:
         me = "RetryPolicy"
