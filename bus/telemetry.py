@@ -107,9 +107,13 @@ def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
 
     For tests and for programs that keep cardbus's spans apart; the global
     provider (``opentelemetry.trace.set_tracer_provider``) is the usual way.
+    The agents' model-call spans (``chat <model>``) follow it too.
     """
+    from cardbus.agents.llm import use_tracer_provider as use_for_llm_calls
+
     global _provider
     _provider = provider
+    use_for_llm_calls(provider)
 
 
 _tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer]] = {}
