@@ -29,14 +29,56 @@ from cardbus.eventstore.errors import (
 )
 from cardbus.eventstore.events import EVENT_TYPES, Event
 
-__all__ = ["check_append_args", "check_replay", "seal_batch"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_EVENT_ID_CHARS",
+    "MAX_ID_CHARS",
+    "MAX_STREAM_CHARS",
+    "MAX_TOKENS",
+    "check_append_args",
+    "check_replay",
+    "nesting_problem",
+    "seal_batch",
+]
 
 _KNOWN = frozenset(EVENT_TYPES)
 
+#: the longest stream name an append takes (every backend)
+MAX_STREAM_CHARS = 512
+#: the longest event id
+MAX_EVENT_ID_CHARS = 200
+#: the longest plan task id, capability name or agent id: the streams named after
+#: them (``<task>-<root tail>``, ``~review<n>``, ``~plan<n>``, ``agent-<id>``) stay
+#: well within MAX_STREAM_CHARS
+MAX_ID_CHARS = 128
+#: the deepest nesting of lists and objects in a plan's inputs or an agent's output
+MAX_DEPTH = 64
+#: the largest token count a result may report (an integer JSON numbers hold exactly)
+MAX_TOKENS = 2**53
+
+
+def nesting_problem(value: object, limit: int = MAX_DEPTH, what: str = "value") -> str:
+    """'' if ``value`` nests lists and dicts at most ``limit`` deep, else the problem
+    naming the limit; iterative, so any depth is measured without recursion."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list | tuple):
+            if depth >= limit:
+                return f"{what} is nested deeper than {limit} levels (MAX_DEPTH)"
+            items = v.values() if isinstance(v, dict) else v
+            stack.extend((x, depth + 1) for x in items)
+    return ""
+
 
 def check_append_args(stream: object, events: object, expected_version: object) -> None:
-    if type(stream) is not str or not stream or len(stream) > 512:
-        raise ValidationError(f"stream must be a non-empty string of at most 512 chars: {stream!r}")
+    if type(stream) is not str or not stream or len(stream) > MAX_STREAM_CHARS:
+        shown = repr(stream)
+        if isinstance(stream, str) and len(stream) > 80:
+            shown = f"{stream[:80]!r}... ({len(stream)} chars)"
+        raise ValidationError(
+            f"stream must be a non-empty string of at most 512 chars (MAX_STREAM_CHARS): {shown}"
+        )
     if not stream.isascii():
         _check_utf8("stream", stream)
     if type(expected_version) is not int:

@@ -24,6 +24,7 @@ from cardbus.agents.cards import AgentCard
 from cardbus.agents.planning import PLAN_CAPABILITY
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
+from cardbus.eventstore.batch import MAX_DEPTH, MAX_ID_CHARS, nesting_problem
 from cardbus.eventstore.errors import ConfigError, InvalidPlan
 from cardbus.eventstore.events import PlanningLimits, TaskCreated
 from cardbus.eventstore.taskspec import RetryOverride, TaskOptions, restate
@@ -246,6 +247,31 @@ def goal_limits(plan: Plan) -> PlanningLimits:
         return msgspec.convert(msgspec.to_builtins(plan.limits), PlanningLimits)
     except (msgspec.ValidationError, TypeError) as e:
         raise InvalidPlan(f"limits: {e}") from e
+
+
+def _check_limits(plan: Plan) -> None:
+    """Ids within MAX_ID_CHARS and values within MAX_DEPTH (``cardbus.eventstore.batch``):
+    the streams and events a plan becomes must all be storable, or nothing is written."""
+
+    def named(what: str, value: object) -> None:
+        if isinstance(value, str) and len(value) > MAX_ID_CHARS:
+            raise InvalidPlan(
+                f"{what} {value[:40]!r}... is {len(value)} chars, over the limit of"
+                f" {MAX_ID_CHARS} (MAX_ID_CHARS)"
+            )
+
+    named("plan_id", plan.plan_id)
+    problem = nesting_problem(plan.session, what="session")
+    for t in plan.tasks:
+        named("task id", t.id)
+        for cap in (t.capability, t.review_by):
+            named(f"task {t.id[:40]!r}: capability", cap)
+        for d in t.deps:
+            named(f"task {t.id[:40]!r}: dependency", d)
+        problem = problem or nesting_problem(t.inputs, what=f"task {t.id[:40]!r}: inputs")
+        problem = problem or nesting_problem(t.constraints, what=f"task {t.id[:40]!r}: constraints")
+    if problem:
+        raise InvalidPlan(problem)
 
 
 def _check_conflict_options(t: PlanTask) -> None:
