@@ -201,25 +201,6 @@ class Decider:
                     return
                 self._accept_output(task, reply.agent_id, reply.output, reply.confidence)
 
-    def _redelivered(self, task: TaskView, reply: Started | ResultCard) -> None:
-        """A Started or result of a delivery not seen yet (> 1): the card was redelivered."""
-        decided = max(
-            (e.delivery for e in self.d.events.get(task.task_id, []) if isinstance(e, _WHO)),
-            default=0,
-        )
-        if reply.delivery > 1 and reply.delivery > max(task.delivered, decided):
-            self.d.add(
-                task.task_id,
-                ev.TaskRedelivered(
-                    attempt=reply.attempt,
-                    agent_id=reply.agent_id,
-                    delivery=reply.delivery,
-                    replica_id=reply.replica_id,
-                    host=reply.host,
-                    pid=reply.pid,
-                ),
-            )
-
     def _only_started(self, task_id: str, attempt: int) -> bool:
         """This step decided only that ``attempt`` started: its result can join that append
         (an instant agent's Started and result arrive together: one write, not two)."""
@@ -227,10 +208,7 @@ class Decider:
         return (
             task_id not in self.d.busy
             and decided is not None
-            and all(
-                isinstance(e, (ev.TaskStarted, ev.TaskRedelivered)) and e.attempt == attempt
-                for e in decided
-            )
+            and all(isinstance(e, ev.TaskStarted) and e.attempt == attempt for e in decided)
         )
 
     def _accept_output(self, task: TaskView, agent_id: str, output: Any, confidence: float) -> None:
@@ -513,22 +491,6 @@ class Decider:
             if waiting and all(d <= self.now for d in waiting):
                 self._settle_fanout(task, task.results)
             return
-        lost = [a for a in task.dispatched_to if self._lost(task, a)]
-        if lost and len(lost) == len(task.dispatched_to):
-            # its agent is gone (lease lapsed, deregistered, or died with the previous
-            # process): no answer will come, so the attempt times out now, not at the deadline
-            agent = lost[0]
-            self.d.add(
-                task.task_id,
-                ev.TaskTimedOut(
-                    attempt=task.attempt,
-                    agent_id=agent,
-                    deadline=task.dispatched_to[agent],
-                    reason="agent_lost",
-                ),
-            )
-            self._fail_attempt(task, "agent_lost", f"{agent} went before it answered")
-            return
         overdue = [a for a, deadline in task.dispatched_to.items() if deadline <= self.now]
         if not overdue or len(overdue) < len(task.dispatched_to):
             return
@@ -540,36 +502,6 @@ class Decider:
             ),
         )
         self._fail_attempt(task, "timeout", f"no result from {agent} by the deadline")
-
-    def _lost(self, task: TaskView, agent_id: str) -> bool:
-        """The attempt's agent will never answer it."""
-        if (task.task_id, task.attempt) in self.lost_attempts:
-            return True
-        if self.leases is None:
-            return False
-        return agent_id not in self.state.agents or self.leases.lost(agent_id, self.now)
-
-    def _selectable(self, run: RunView) -> list[AgentCard]:
-        """The agents a dispatch of ``run`` may choose from: live ones, of the run's named
-        agents when it names some."""
-        named = set(run.started.agents)
-        return [
-            a
-            for a in self.state.agents.values()
-            if (not named or a.agent_id in named)
-            and (self.leases is None or self.leases.live(a.agent_id, self.now))
-        ]
-
-    def _awaited(self, run: RunView, capability: str) -> bool:
-        """An unconfirmed agent (in the log, not yet renewed) that could do it: wait for it."""
-        if self.leases is None:
-            return False
-        named = set(run.started.agents)
-        return any(
-            self.leases.waiting(a.agent_id, self.now) and a.capability(capability) is not None
-            for a in self.state.agents.values()
-            if not named or a.agent_id in named
-        )
 
     def _deps(self, task: TaskView) -> list[TaskView]:
         return [self.state.tasks[d] for d in task.created.deps if d in self.state.tasks]
