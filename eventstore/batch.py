@@ -201,6 +201,10 @@ def seal_batch(
             body = encode(env)
         except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as e:
             raise ValidationError(f"event {new.event_id} cannot be encoded: {e}") from e
+        except RecursionError as e:  # nested too deep for the encoder
+            raise ValidationError(
+                f"event {new.event_id} cannot be encoded: nested too deep ({e})"
+            ) from e
         size = len(body)
         if size > max_bytes:
             raise PayloadTooLarge(size, max_bytes)

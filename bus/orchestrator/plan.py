@@ -100,6 +100,8 @@ def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
         return msgspec.convert(dict(plan), type=Plan)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise InvalidPlan(f"plan is not valid JSON of the plan format: {e}") from e
+    except RecursionError as e:
+        raise InvalidPlan(f"plan is nested deeper than {MAX_DEPTH} levels (MAX_DEPTH)") from e
 
 
 def decode_plan(data: bytes) -> Plan:
@@ -107,6 +109,8 @@ def decode_plan(data: bytes) -> Plan:
         return msgspec.json.decode(data, type=Plan)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise InvalidPlan(f"plan is not valid JSON of the plan format: {e}") from e
+    except RecursionError as e:
+        raise InvalidPlan(f"plan is nested deeper than {MAX_DEPTH} levels (MAX_DEPTH)") from e
 
 
 def dep_refs(value: Any) -> Iterable[str]:
@@ -164,6 +168,7 @@ def validate_plan(
         raise InvalidPlan("plan has no tasks")
     if plan.budget_tokens is not None and plan.budget_tokens < 0:
         raise InvalidPlan(f"budget_tokens must be >= 0, got {plan.budget_tokens}")
+    _check_limits(plan)
     seen: set[str] = set()
     for t in plan.tasks:
         if not t.id or any(c in t.id for c in " .*>~\t\n"):
@@ -220,6 +225,7 @@ def validate_goal_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) ->
     """
     if not isinstance(plan.goal, str) or not plan.goal.strip():
         raise InvalidPlan("a plan without tasks needs a goal to plan from")
+    _check_limits(plan)
     if plan.budget_tokens is not None and plan.budget_tokens < 0:
         raise InvalidPlan(f"budget_tokens must be >= 0, got {plan.budget_tokens}")
     if plan.max_plan_rounds is not None and plan.max_plan_rounds < 1:
