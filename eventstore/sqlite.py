@@ -739,6 +739,7 @@ def _verify_file(path: str, head: LogHead | None) -> tuple[list[ChainProblem], L
         raise StoreUnavailable(f"no event store at {path!r}")
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=10000")  # a writer in another process: wait
     except sqlite3.Error as e:
         raise StoreUnavailable(f"cannot open event store {path!r}: {e}") from e
     try:
