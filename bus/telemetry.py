@@ -2,10 +2,17 @@
 
 Spans, all on the tracer ``cardbus``::
 
-    invoke_workflow                       INTERNAL  one per root run (submit .. run.* finish)
-      send cardbus.agent.<agent>          PRODUCER  the orchestrator hands a card to the bus
-        process cardbus.agent.<agent>     CONSUMER  an agent worker takes the card (any process)
-          invoke_agent <agent name>       INTERNAL  the agent's attempt, with gen_ai usage
+    invoke_workflow                         INTERNAL  one per root run (submit .. run.* finish)
+      task <capability>                     INTERNAL  task.created .. the task's end
+        invoke_agent <agent name>           CLIENT    one attempt: task.dispatched .. outcome
+          send cardbus.agent.<agent>        PRODUCER  the orchestrator hands a card to the bus
+            process cardbus.agent.<agent>   CONSUMER  an agent worker takes the card (any process)
+              invoke_agent <agent name>     INTERNAL  the agent's run, with gen_ai usage
+        task <capability>                   INTERNAL  a review or supplementary task
+
+The orchestrator's spans (workflow, task, attempt) are the ones ``cardbus
+export`` rebuilds from the log, with the same ids and span events
+(:class:`RunTracing`), so exporting a run traced live adds to its trace.
 
 The W3C ``traceparent`` links them across processes: the orchestrator stores
 the run span's in every event envelope it appends (``NewEvent.traceparent``)
@@ -26,9 +33,11 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from opentelemetry import context as otel_context
@@ -42,6 +51,9 @@ from opentelemetry.trace import (
     StatusCode,
     TraceFlags,
 )
+
+from cardbus.eventstore import events as ev
+from cardbus.projections import traces
 
 if TYPE_CHECKING:
     from cardbus.agents.agent import Agent
@@ -117,6 +129,29 @@ def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
 
 
 _tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer]] = {}
+# (trace id or None, span id) for the span being started, see _ChosenIds
+_CHOSEN: ContextVar[tuple[int | None, int] | None] = ContextVar("cardbus_ids", default=None)
+
+
+class _ChosenIds:
+    """Wraps an SDK tracer's id generator: the ids in ``_CHOSEN`` when set (the workflow,
+    task and attempt spans, whose ids derive from the log), its own otherwise."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def generate_trace_id(self) -> int:
+        chosen = _CHOSEN.get()
+        if chosen is not None and chosen[0]:
+            return chosen[0]
+        return int(self.inner.generate_trace_id())
+
+    def generate_span_id(self) -> int:
+        chosen = _CHOSEN.get()
+        return chosen[1] if chosen is not None else int(self.inner.generate_span_id())
+
+    def is_trace_id_random(self) -> bool:
+        return bool(getattr(self.inner, "is_trace_id_random", lambda: True)())
 
 
 def tracer() -> trace.Tracer:
@@ -124,7 +159,11 @@ def tracer() -> trace.Tracer:
     provider = _provider if _provider is not None else trace.get_tracer_provider()
     cached = _tracers.get(id(provider))
     if cached is None or cached[0] is not provider:
-        cached = (provider, provider.get_tracer(TRACER_NAME))
+        made = provider.get_tracer(TRACER_NAME)
+        inner = getattr(made, "id_generator", None)  # the SDK's Tracer (only ours is wrapped)
+        if inner is not None and not isinstance(inner, _ChosenIds):
+            made.id_generator = _ChosenIds(inner)  # type: ignore[attr-defined]
+        cached = (provider, made)
         _tracers[id(provider)] = cached
     return cached[1]
 
@@ -202,17 +241,61 @@ def _message_id(card: TaskCard) -> str:
 # -- the orchestrator's side ---------------------------------------------------
 
 
-class RunTracing:
-    """The orchestrator's spans: one ``invoke_workflow`` per run it submitted, open until
-    the run's ``run.completed|failed|halted`` is applied; cheap no-ops without an SDK."""
+class _Run:
+    """One traced run: its workflow span, its tasks' spans, its open attempts' spans."""
 
-    def __init__(self) -> None:
-        self._runs: dict[str, Span] = {}
+    __slots__ = ("attempts", "resumed", "seen", "span", "tasks")
+
+    def __init__(self, span: Span, resumed: bool = False) -> None:
+        self.span = span
+        self.resumed = resumed  # started before a restart: its task spans are named, not open
+        self.tasks: dict[str, Span] = {}  # open task spans
+        self.seen: set[str] = set()  # every task of the run (their tool calls are no run events)
+        self.attempts: dict[tuple[str, str], Span] = {}  # (task id, agent id) -> open attempt
+
+    def task(self, task_id: str) -> Span | None:
+        """The open span of a task; for a task created before a restart, its span's context
+        (its id derives from the task id), so what follows joins the first trace."""
+        span = self.tasks.get(task_id)
+        if span is None and self.resumed and task_id and task_id not in self.seen:
+            self.seen.add(task_id)
+            ctx = self.span.get_span_context()
+            span = self.tasks[task_id] = NonRecordingSpan(
+                SpanContext(
+                    ctx.trace_id,
+                    traces.task_span_id(task_id),
+                    is_remote=True,
+                    trace_flags=ctx.trace_flags,
+                )
+            )
+        return span
+
+
+class RunTracing:
+    """The orchestrator's spans, the tree ``cardbus export`` draws from the log::
+
+        invoke_workflow                     submit .. run.completed|failed|halted
+          task {capability}                 task.created .. completed|failed|halted|cancelled
+            invoke_agent {agent}  CLIENT    task.dispatched .. the attempt's outcome
+              send cardbus.agent.<agent>    the card handed to the bus (worker spans below)
+            task {capability}               a review or supplementary task, under its task
+
+    with the same ids (trace id ``sha256(root)[:16]``, span ids from the root, the task
+    id and the dispatch's event id, see ``projections.traces``) and span events, so
+    exporting a run traced live lands in the same trace. The ids are chosen through the SDK tracer's
+    ``id_generator`` (other API implementations keep their own ids). Fed by the
+    events the orchestrator applies (:meth:`on_event`); cheap no-ops without an SDK.
+    """
+
+    def __init__(self, agent_name: Callable[[str], str] | None = None) -> None:
+        self._runs: dict[str, _Run] = {}
+        self._agent_name = agent_name or (lambda agent_id: agent_id)
 
     def start_run(self, root_id: str, plan_id: str | None = None, goal: str = "") -> None:
         if not enabled() or root_id in self._runs:
             return
-        span = tracer().start_span("invoke_workflow", kind=SpanKind.INTERNAL)
+        trace_id, span_id = _ids(root_id)
+        span = _start("invoke_workflow", None, SpanKind.INTERNAL, trace_id, span_id)
         if span.is_recording():
             span.set_attributes(
                 {"gen_ai.operation.name": "invoke_workflow", "cardbus.root_id": root_id}
@@ -221,60 +304,270 @@ class RunTracing:
                 span.set_attribute("cardbus.plan_id", plan_id)
             if goal:
                 span.set_attribute("cardbus.run.goal", goal)
-        self._runs[root_id] = span
+        self._runs[root_id] = _Run(span)
 
-    def resume_run(self, root_id: str, traceparent: str | None) -> None:
-        """Rejoin the trace of a run started before a restart: its workflow span (named by
-        its ``run.started`` envelope) becomes the parent of what follows, though this
-        process cannot end it (the export from the log draws the whole run)."""
+    def resume_run(self, root_id: str, traceparent: str | None = None) -> None:
+        """Rejoin the trace of a run started before a restart: its workflow and task spans
+        (ids derived from the root and the log) become the parents of what follows, though
+        this process cannot end them (the export from the log draws the whole run)."""
         if not enabled() or root_id in self._runs:
             return
+        trace_id = traces.trace_id_for(root_id)
         ctx = parse_traceparent(traceparent)
-        if ctx is not None:
-            self._runs[root_id] = NonRecordingSpan(ctx)
+        if ctx is None or ctx.trace_id != trace_id:  # traced before ids were derived: keep it
+            flags = TraceFlags(TraceFlags.SAMPLED)
+            ctx = ctx or SpanContext(
+                trace_id, traces.workflow_span_id(root_id), is_remote=True, trace_flags=flags
+            )
+        self._runs[root_id] = _Run(NonRecordingSpan(ctx), resumed=True)
 
     def traceparent(self, root_id: str) -> str | None:
         """What to store in the envelope of an event of ``root_id``'s run."""
         if not self._runs:
             return current_traceparent() if enabled() else None
-        span = self._runs.get(root_id)
-        if span is None:
+        run = self._runs.get(root_id)
+        if run is None:
             return current_traceparent()
-        return format_traceparent(span.get_span_context())
+        return format_traceparent(run.span.get_span_context())
 
-    def context(self, root_id: str) -> otel_context.Context | None:
-        span = self._runs.get(root_id)
-        return trace.set_span_in_context(span) if span is not None else None
+    def context(self, root_id: str, task_id: str = "", agent_id: str = "") -> Any:
+        """The context to start a span in: the open attempt's, else the task's, else the run's."""
+        run = self._runs.get(root_id)
+        if run is None:
+            return None
+        span = run.attempts.get((task_id, agent_id)) or run.tasks.get(task_id) or run.span
+        return trace.set_span_in_context(span)
 
     def on_event(self, env: Envelope) -> None:
-        """Follow the log: end a run's span when the run finishes."""
-        if not self._runs or env.stream not in self._runs:
+        """Follow the log: open, annotate and end the run's task and attempt spans."""
+        if not self._runs:
             return
-        tag = env.type
-        if not tag.startswith("run.") or tag.startswith("run.started"):
+        run = self._runs.get(env.correlation_id)
+        if run is None:
             return
-        span = self._runs.pop(env.stream)
+        data = env.data
+        t = round(env.recorded_at * 1e9)
+        if isinstance(data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
+            self._end_run(env.stream, run, env, t)
+            return
+        if type(data) not in _TASK_TYPES:  # the run's (run.*, plan.*) or a task's tool call
+            owner = getattr(data, "task_id", None)
+            run_event = owner not in run.seen and not isinstance(data, ev.RunStarted)
+            if run_event and run.span.is_recording():
+                _add_event(run.span, traces.span_event(env))
+            return
+        task_id = env.stream
+        if isinstance(data, ev.TaskCreated):
+            run.seen.add(task_id)
+            parent = run.task(data.parent_id or "") or run.span
+            run.tasks[task_id] = self._task_span(env, data, parent, t)
+            return
+        task = run.task(task_id)
+        if task is None:
+            return
+        if isinstance(data, ev.TaskDispatched):
+            run.attempts[(task_id, data.agent_id)] = self._attempt_span(env, data, task, t)
+            return
+        record = traces.span_event(env)
+        kind = record.name.split(".", 1)[-1]
+        home = traces.event_home(kind)
+        agent = getattr(data, "agent_id", None)
+        attempt = run.attempts.get((task_id, agent)) if isinstance(agent, str) else None
+        if home == "attempt" and attempt is not None and attempt.is_recording():
+            _add_event(attempt, record)
+        elif home == "task" and task.is_recording():
+            _add_event(task, record)
+        match data:
+            case ev.TaskResultSubmitted() if attempt is not None and attempt.is_recording():
+                _record_usage(attempt, data)
+            case ev.TaskRejected() | ev.TaskTimedOut():
+                span = run.attempts.pop((task_id, data.agent_id), None)
+                if span is not None:
+                    error = data.reason if isinstance(data, ev.TaskRejected) else "timeout"
+                    why = traces.span_event(env).attributes.get("cardbus.reason", error)
+                    _end(span, t, "rejected" if error != "timeout" else "timed_out", error, why)
+            case ev.TaskCompleted():
+                for (tid, agent_id), span in list(run.attempts.items()):
+                    if tid == task_id:
+                        del run.attempts[(tid, agent_id)]
+                        done = "completed" if agent_id == data.agent_id else "superseded"
+                        _end(span, t, done)
+                _end_task(run, task_id, t, "completed")
+            case _:
+                outcome = _CLOSE_ALL.get(type(data))
+                if outcome is not None:
+                    reason = str(record.attributes.get("cardbus.reason", outcome))
+                    fault = _outcome_error(outcome, data)
+                    for tid, agent_id in [k for k in run.attempts if k[0] == task_id]:
+                        _end(run.attempts.pop((tid, agent_id)), t, outcome, fault, reason)
+                if isinstance(data, (ev.TaskFailed, ev.TaskHalted, ev.TaskCancelled)):
+                    status = record.name.split(".", 1)[-1]
+                    why = str(record.attributes.get("cardbus.reason", data.reason))
+                    _end_task(run, task_id, t, status, data.reason, why)
+
+    def _task_span(self, env: Envelope, data: ev.TaskCreated, parent: Span, t: int) -> Span:
+        ctx = trace.set_span_in_context(parent)
+        span = _start(
+            f"task {data.capability or 'unknown'}",
+            ctx,
+            SpanKind.INTERNAL,
+            None,
+            traces.task_span_id(env.stream),
+            t,
+        )
         if span.is_recording():
-            span.set_attribute("cardbus.run.status", tag.split(".")[1])
+            attrs: dict[str, Any] = {
+                "cardbus.task.id": env.stream,
+                "cardbus.root_id": env.correlation_id,
+            }
+            if data.capability:
+                attrs["cardbus.task.capability"] = data.capability
+            if data.parent_id:
+                attrs["cardbus.task.parent_id"] = data.parent_id
+            if data.role:
+                attrs["cardbus.task.role"] = data.role
+            span.set_attributes(attrs)
+        return span
+
+    def _attempt_span(self, env: Envelope, data: ev.TaskDispatched, task: Span, t: int) -> Span:
+        name = self._agent_name(data.agent_id) or data.agent_id
+        span = _start(
+            f"invoke_agent {name}",
+            trace.set_span_in_context(task),
+            SpanKind.CLIENT,
+            None,
+            traces.span_id_for(env.event_id),
+            t,
+        )
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.agent.id": data.agent_id,
+                    "gen_ai.agent.name": name,
+                    "cardbus.task.id": env.stream,
+                    "cardbus.task.attempt": data.attempt,
+                }
+            )
+        return span
+
+    def _end_run(self, root_id: str, run: _Run, env: Envelope, t: int) -> None:
+        del self._runs[root_id]
+        status = env.type.split(".")[1]
+        for span in run.attempts.values():
+            _end(span, t, "open")
+        for span in run.tasks.values():
+            _end(span, t, "open", attribute="cardbus.task.status")
+        span = run.span
+        if span.is_recording():
+            _add_event(span, traces.span_event(env))
+            span.set_attribute("cardbus.run.status", status)
             reason = getattr(env.data, "reason", None)
-            if tag.startswith(("run.failed", "run.halted")):
-                span.set_attribute("error.type", str(reason or tag.split(".")[1]))
+            if isinstance(env.data, (ev.RunFailed, ev.RunHalted)):
+                span.set_attribute("error.type", str(reason or status))
                 span.set_status(Status(StatusCode.ERROR, str(reason or "")))
-        span.end(end_time=round(env.recorded_at * 1e9))
+        span.end(end_time=t)
 
     def send_task(self, bus: Bus, agent_id: str, card: TaskCard) -> Awaitable[None]:
-        """``bus.send_task`` inside a PRODUCER span whose context travels in the card."""
+        """``bus.send_task`` inside a PRODUCER span (under the attempt's) that the card carries."""
         if not enabled():
             return bus.send_task(agent_id, card)
-        return send_task(bus, agent_id, card, self.context(card.root_id))
+        return send_task(bus, agent_id, card, self.context(card.root_id, card.task_id, agent_id))
 
     def close(self) -> None:
         """End the spans of runs still open (the orchestrator stops before they finish)."""
-        for span in self._runs.values():
-            if span.is_recording():
-                span.set_attribute("cardbus.run.status", "open")
-            span.end()
+        for run in self._runs.values():
+            for span in [*run.attempts.values(), *run.tasks.values(), run.span]:
+                if span.is_recording():
+                    span.set_attribute("cardbus.run.status", "open")
+                span.end()
         self._runs.clear()
+
+
+_TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
+_CLOSE_ALL: dict[type, str] = {
+    ev.RevisionRequested: "revision",
+    ev.TaskRetryScheduled: "retry",
+    ev.TaskFailed: "failed",
+    ev.TaskHalted: "halted",
+    ev.TaskCancelled: "cancelled",
+    ev.TaskNeedsInput: "needs_input",
+    ev.ApprovalRequested: "awaiting_approval",
+}
+_ERROR_OUTCOMES = frozenset({"retry", "failed", "halted", "cancelled"})
+
+
+def _outcome_error(outcome: str, data: Any) -> str | None:
+    if outcome not in _ERROR_OUTCOMES:
+        return None
+    reason = str(getattr(data, "reason", "") or outcome)
+    if outcome == "retry":
+        head = reason.split(":", 1)[0].strip()
+        return head if head and " " not in head and len(head) <= 64 else "error"
+    return outcome
+
+
+def _ids(root_id: str) -> tuple[int, int]:
+    return traces.trace_id_for(root_id), traces.workflow_span_id(root_id)
+
+
+def _start(
+    name: str,
+    context: otel_context.Context | None,
+    kind: SpanKind,
+    trace_id: int | None,
+    span_id: int,
+    start_time: int | None = None,
+) -> Span:
+    """A span started with the ids asked for (when the tracer takes chosen ids)."""
+    token = _CHOSEN.set((trace_id, span_id))
+    try:
+        return tracer().start_span(name, context=context, kind=kind, start_time=start_time)
+    finally:
+        _CHOSEN.reset(token)
+
+
+def _end(
+    span: Span,
+    t: int,
+    outcome: str,
+    error: str | None = None,
+    message: str = "",
+    attribute: str = "cardbus.attempt.outcome",
+) -> None:
+    if span.is_recording():
+        span.set_attribute(attribute, outcome)
+        if error:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR, message or error))
+    span.end(end_time=t)
+
+
+def _end_task(
+    run: _Run, task_id: str, t: int, status: str, error: str | None = None, message: str = ""
+) -> None:
+    span = run.tasks.pop(task_id, None)
+    if span is not None:
+        _end(span, t, status, error, message, attribute="cardbus.task.status")
+
+
+def _add_event(span: Span, record: traces.SpanEventRecord) -> None:
+    span.add_event(record.name, dict(record.attributes), round(record.time * 1e9))
+
+
+def _record_usage(span: Span, data: ev.TaskResultSubmitted) -> None:
+    span.set_attributes(
+        {
+            "gen_ai.usage.input_tokens": data.usage.input_tokens,
+            "gen_ai.usage.output_tokens": data.usage.output_tokens,
+            "cardbus.result.status": data.status,
+        }
+    )
+    if data.status == "failed":
+        error = data.error or ""
+        head = error.split(":", 1)[0].strip()
+        span.set_attribute("error.type", head if head and " " not in head else "agent_error")
+        span.set_status(Status(StatusCode.ERROR, error))
 
 
 async def send_task(
@@ -369,10 +662,29 @@ async def invoke_agent(agent: type[Agent], card: TaskCard, llm: LLM | None) -> R
             )
             if agent.description:
                 span.set_attribute("gen_ai.agent.description", agent.description)
-        result = await agent.run(card, llm)
+        began = time.monotonic()
+        try:
+            result = await agent.run(card, llm)
+        except BaseException:  # cancelled (a hung handler let go, a worker stopping)
+            if recording:
+                _past_deadline(span, card, began)
+            raise
         if recording:
             _record_result(span, result)
+            if result.status != "failed":
+                _past_deadline(span, card, began)
         return result
+
+
+def _past_deadline(span: Span, card: TaskCard, began: float) -> None:
+    """An attempt that ran past its deadline (the orchestrator has timed it out): an error."""
+    took = time.monotonic() - began
+    if card.timeout_s and took > card.timeout_s:
+        span.set_attribute("error.type", "timeout")
+        deadline = f"{card.timeout_s * 1000:.0f}ms"
+        span.set_status(
+            Status(StatusCode.ERROR, f"ran {took * 1000:.0f}ms, past its {deadline} deadline")
+        )
 
 
 def _record_result(span: Span, result: ResultCard) -> None:

@@ -27,10 +27,15 @@ Ids are deterministic, so exporting the same run twice (or a task, then its
 whole run) gives the same ids and a tracing backend sees one trace, not two:
 
 * trace id = the first 16 bytes of ``sha256(root id)``;
-* span id = the first 8 bytes of ``sha256(event id)`` of the span's opening
-  event (``run.started`` for the workflow, ``task.created`` for a task,
-  ``task.dispatched`` for an attempt); a run whose ``run.started`` is missing
-  uses ``sha256("run:" + root id)``.
+* span id = the first 8 bytes of ``sha256(event id)`` of an attempt's opening
+  event (``task.dispatched``); a task's is ``sha256("task:" + task id)`` and the
+  workflow's ``sha256("run:" + root id)``: known without reading the log (the
+  workflow's before ``run.started`` is written, whose envelope names it; a task's
+  by an orchestrator that resumes a run from a snapshot).
+
+Live tracing (``bus.telemetry.RunTracing``) opens its spans with the same ids
+and the same span events (:func:`span_event`), so a run traced live and then
+exported is one trace, each exported span the twin of a live one.
 
 Times are the recorded times (``recorded_at``) of the events, so a run from
 last week is sent with last week's times.
@@ -46,14 +51,18 @@ import msgspec
 
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
-from cardbus.projections.replay import AttemptSpan, Step, TaskNode, build_timeline
+from cardbus.projections.replay import AttemptSpan, Step, TaskNode, _step, build_timeline
 
 __all__ = [
     "SCOPE_NAME",
     "SpanEventRecord",
     "SpanRecord",
     "agent_names_from",
+    "event_home",
+    "span_event",
     "span_id_for",
+    "task_span_id",
+    "workflow_span_id",
     "trace_id_for",
     "trace_spans",
     "to_readable_spans",
@@ -120,6 +129,64 @@ def span_id_for(event_id: str) -> int:
     return int.from_bytes(_digest(event_id)[:8], "big") or 1
 
 
+def workflow_span_id(root_id: str) -> int:
+    """The span id of a run's ``invoke_workflow`` span: ``sha256("run:" + root_id)``."""
+    return span_id_for(f"run:{root_id}")
+
+
+def task_span_id(task_id: str) -> int:
+    """The span id of a task's span: ``sha256("task:" + task_id)``."""
+    return span_id_for(f"task:{task_id}")
+
+
+def event_home(kind: str) -> str | None:
+    """Which span a step of this kind (``Step.kind``) is an event of: attempt, task or None."""
+    if kind in _ATTEMPT_KINDS:
+        return "attempt"
+    if kind in _TASK_EVENT_KINDS:
+        return "task"
+    return None
+
+
+def span_event(env: Envelope) -> SpanEventRecord:
+    """The span event an event becomes (the same live and exported)."""
+    return _span_event(_step(env), env.data)
+
+
+def _span_event(step: Step, data: Any, extra: dict[str, Any] | None = None) -> SpanEventRecord:
+    attrs: dict[str, Any] = {"cardbus.event.id": step.event_id}
+    if step.attempt is not None:
+        attrs["cardbus.task.attempt"] = step.attempt
+    if step.agent_id:
+        attrs["gen_ai.agent.id"] = step.agent_id
+    if step.reason:
+        attrs["cardbus.reason"] = step.reason
+    if step.actor:
+        attrs["cardbus.actor"] = step.actor
+    match data:
+        case ev.TaskRejected():
+            attrs["error.type"] = data.reason
+        case ev.TaskTimedOut():
+            attrs["error.type"] = "timeout"
+        case ev.TaskRetryScheduled():
+            attrs["cardbus.retry.delay_s"] = data.delay_s
+            attrs["error.type"] = _error_type(data.reason)
+        case ev.RevisionRequested():
+            attrs["cardbus.revision.round"] = data.round
+            attrs["cardbus.revision.reviewer_task_id"] = data.reviewer_task_id
+        case ev.ApprovalGranted() | ev.ApprovalDenied():
+            attrs["cardbus.approval.by"] = data.by
+        case ev.ApprovalRequested():
+            attrs["cardbus.approval.reason"] = data.reason
+        case ev.TaskResultSubmitted():
+            attrs["cardbus.result.status"] = data.status
+        case ev.TaskFailed():
+            attrs["error.type"] = data.reason
+    if extra:
+        attrs.update(extra)
+    return SpanEventRecord(name=step.type.rsplit(".", 1)[0], time=step.time, attributes=attrs)
+
+
 def agent_names_from(events: Iterable[Envelope]) -> dict[str, str]:
     """Agent id -> display name, from ``agent.registered`` events (the latest wins)."""
     names: dict[str, str] = {}
@@ -129,6 +196,17 @@ def agent_names_from(events: Iterable[Envelope]) -> dict[str, str]:
             name = data.card.get("name") if isinstance(data.card, dict) else None
             names[data.agent_id] = str(name or data.agent_id)
     return names
+
+
+def parse_traceparent_ids(value: str | None) -> tuple[int, int] | None:
+    """(trace id, span id) of a W3C ``traceparent``, None if absent or malformed."""
+    parts = (value or "").strip().split("-")
+    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        return int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
 
 
 def _error_type(text: str | None) -> str:
@@ -152,38 +230,8 @@ class _Builder:
         self.tokens_out = 0
 
     def event(self, step: Step, extra: dict[str, Any] | None = None) -> SpanEventRecord:
-        attrs: dict[str, Any] = {"cardbus.event.id": step.event_id}
-        if step.attempt is not None:
-            attrs["cardbus.task.attempt"] = step.attempt
-        if step.agent_id:
-            attrs["gen_ai.agent.id"] = step.agent_id
-        if step.reason:
-            attrs["cardbus.reason"] = step.reason
-        if step.actor:
-            attrs["cardbus.actor"] = step.actor
         data = self.by_id[step.event_id].data if step.event_id in self.by_id else None
-        match data:
-            case ev.TaskRejected():
-                attrs["error.type"] = data.reason
-            case ev.TaskTimedOut():
-                attrs["error.type"] = "timeout"
-            case ev.TaskRetryScheduled():
-                attrs["cardbus.retry.delay_s"] = data.delay_s
-                attrs["error.type"] = _error_type(data.reason)
-            case ev.RevisionRequested():
-                attrs["cardbus.revision.round"] = data.round
-                attrs["cardbus.revision.reviewer_task_id"] = data.reviewer_task_id
-            case ev.ApprovalGranted() | ev.ApprovalDenied():
-                attrs["cardbus.approval.by"] = data.by
-            case ev.ApprovalRequested():
-                attrs["cardbus.approval.reason"] = data.reason
-            case ev.TaskResultSubmitted():
-                attrs["cardbus.result.status"] = data.status
-            case ev.TaskFailed():
-                attrs["error.type"] = data.reason
-        if extra:
-            attrs.update(extra)
-        return SpanEventRecord(name=step.type.rsplit(".", 1)[0], time=step.time, attributes=attrs)
+        return _span_event(step, data, extra)
 
     def run_span(self, run_steps: list[Step], start: float, end: float) -> SpanRecord:
         started = next(
@@ -192,7 +240,7 @@ class _Builder:
         opening = started.event_id if started else ""
         span = SpanRecord(
             trace_id=self.trace_id,
-            span_id=span_id_for(opening) if opening else span_id_for(f"run:{self.root_id}"),
+            span_id=workflow_span_id(self.root_id),
             name="invoke_workflow",
             start=started.time if started else start,
             end=end,
@@ -212,8 +260,9 @@ class _Builder:
                     span.attributes["cardbus.plan_id"] = data.plan_id
                     if data.goal:
                         span.attributes["cardbus.run.goal"] = data.goal
-                    if env is not None and env.traceparent:
-                        span.link_traceparent = env.traceparent
+                    live = parse_traceparent_ids(env.traceparent if env else None)
+                    if live is not None and live[0] != self.trace_id:  # another trace
+                        span.link_traceparent = env.traceparent if env else None
                 case ev.RunCompleted():
                     status, span.end = "completed", step.time
                 case ev.RunFailed():
@@ -249,7 +298,7 @@ class _Builder:
         end = node.end if node.status in _TERMINAL else max(node.end, run_end)
         span = SpanRecord(
             trace_id=self.trace_id,
-            span_id=span_id_for(opening),
+            span_id=task_span_id(node.task_id),
             parent_span_id=parent,
             name=f"task {node.capability or 'unknown'}",
             start=node.start,

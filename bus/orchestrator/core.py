@@ -129,7 +129,8 @@ class Orchestrator:
         self._parked: list[object] = []  # replies waiting for a busy stream
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
-        self.tracing = telemetry.RunTracing()  # spans per run; no-ops without an SDK
+        # spans per run, the tree cardbus export draws (agents by name); no-ops without an SDK
+        self.tracing = telemetry.RunTracing(lambda a: getattr(self.state.agents.get(a), "name", a))
         # agent requests (task and long-term memory, tools): checked, recorded, answered;
         # served when asked to, or (None) when given tools, memory or an access policy
         self.serve_requests = (

@@ -73,6 +73,13 @@ def test_export_sends_the_run_with_recorded_times_and_derived_ids(
 
     events = asyncio.run(_events(db, root_id))
     by_span_id = {_sha(e.event_id, 8): e for e in events}
+    # the workflow's is sha256("run:" + root)[:8], known before run.started is written
+    by_span_id[_sha(f"run:{root_id}", 8)] = next(
+        e for e in events if isinstance(e.data, ev.RunStarted)
+    )
+    for e in events:  # a task's is sha256("task:" + task id)[:8], known without the log
+        if isinstance(e.data, ev.TaskCreated):
+            by_span_id[_sha(f"task:{e.stream}", 8)] = e
     trace_id = _sha(root_id, 16)
     assert {s.trace_id for s, _ in spans} == {trace_id}
 
@@ -116,10 +123,7 @@ def test_export_sends_the_run_with_recorded_times_and_derived_ids(
         assert a["gen_ai.usage.input_tokens"] == result.usage.input_tokens
         assert a["gen_ai.usage.output_tokens"] == result.usage.output_tokens
         assert span.status.code != Status.STATUS_CODE_ERROR
-        created = next(
-            e for e in events if e.stream == opening.stream and isinstance(e.data, ev.TaskCreated)
-        )
-        assert span.parent_span_id == _sha(created.event_id, 8)
+        assert span.parent_span_id == _sha(f"task:{opening.stream}", 8)
 
     # tasks: plan tasks under the workflow, the review and supplement tasks under their parent
     tasks = {

@@ -23,6 +23,7 @@ from cardbus.bus import telemetry
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import MemoryEventStore
 from cardbus.eventstore import events as ev
+from cardbus.projections import traces
 
 _ROOT = Path(__file__).resolve().parents[3]
 
@@ -56,13 +57,25 @@ async def test_demo_run_is_one_trace(sdk_spans: InMemorySpanExporter) -> None:
     by_id = {s.context.span_id: s for s in spans}
     sends = _by_kind(spans, "send cardbus.agent.")
     processes = _by_kind(spans, "process cardbus.agent.")
-    agents = _by_kind(spans, "invoke_agent ")
+    agents = [s for s in _by_kind(spans, "invoke_agent ") if s.kind is SpanKind.INTERNAL]
+    attempts = [s for s in _by_kind(spans, "invoke_agent ") if s.kind is SpanKind.CLIENT]
     events = await store.read_correlation(result.root_id)
     dispatches = [e for e in events if isinstance(e.data, ev.TaskDispatched)]
-    assert len(sends) == len(processes) == len(agents) == len(dispatches)
+    assert len(sends) == len(processes) == len(agents) == len(attempts) == len(dispatches)
+    tasks = _by_kind(spans, "task ")
+    assert len(tasks) == len({e.stream for e in events if isinstance(e.data, ev.TaskCreated)})
+    for t in tasks:  # a plan task under the workflow, a review under the task it serves
+        parent = by_id[_parent(t)]
+        if t.attributes.get("cardbus.task.parent_id"):
+            assert parent.attributes["cardbus.task.id"] == t.attributes["cardbus.task.parent_id"]
+        else:
+            assert parent is workflow
+    for a in attempts:  # the orchestrator's attempt span, under its task's span
+        assert by_id[_parent(a)].name.startswith("task ")
+        assert by_id[_parent(a)].attributes["cardbus.task.id"] == a.attributes["cardbus.task.id"]
 
     for s in sends:
-        assert s.kind is SpanKind.PRODUCER and _parent(s) == workflow.context.span_id
+        assert s.kind is SpanKind.PRODUCER and by_id[_parent(s)] in attempts
         a = s.attributes
         assert a["messaging.system"] == "inprocess"
         assert a["messaging.operation.type"] == "send"
@@ -215,7 +228,16 @@ async def test_a_restarted_orchestrator_rejoins_the_runs_trace(
         after = list(sdk_spans.get_finished_spans())
         sends = _by_kind(after, "send cardbus.agent.")
         assert sends and all(s.context.trace_id == workflow.context.trace_id for s in sends)
-        assert all(_parent(s) == workflow.context.span_id for s in sends)
+        created = {
+            e.stream: traces.task_span_id(e.stream)
+            for e in await store.read_correlation(root)
+            if isinstance(e.data, ev.TaskCreated)
+        }
+        by_id = {s.context.span_id: s for s in after}
+        for s in sends:  # under a new attempt span, under the task span of the first trace
+            attempt = by_id[_parent(s)]
+            assert attempt.kind is SpanKind.CLIENT
+            assert _parent(attempt) == created[attempt.attributes["cardbus.task.id"]]
         resumed = [e for e in await store.read_correlation(root) if e.position > waiting.position]
         expected = telemetry.format_traceparent(workflow.context)
         assert {e.traceparent for e in resumed if e.actor == "orchestrator"} == {expected}
