@@ -18,6 +18,11 @@ A subclass declares a capability name, input and output msgspec Structs and
 4. its usage is the calls' (``ctx.llm`` counts them), and the model that
    answered goes into the result's ``notes`` (``model: <name>``).
 
+On the deterministic mock (a ``MockLLM`` without ``respond``), an agent that
+defines :meth:`LLMAgent.mock_answer` gets that answer from the model instead
+of a schema-shaped placeholder: built from its inputs, it goes through the
+same call, parsing and checks, so an offline run reads like a real one.
+
 The model: ``model`` on the class (None: the endpoint's default, e.g.
 ``CARDBUS_MODEL``), overridden per plan task by ``constraints: {"model": ...}``,
 which must be one of the class's ``models`` (it is offered in the agent card's
@@ -37,7 +42,7 @@ import msgspec
 
 from cardbus.agents.agent import Agent, Capability, TaskContext
 from cardbus.agents.cards import TaskCard
-from cardbus.agents.llm import Message, MeteredLLM
+from cardbus.agents.llm import Message, MeteredLLM, MockLLM
 from cardbus.agents.schema import schema_errors
 from cardbus.eventstore.errors import LLMBadOutput, LLMRequestRefused
 
@@ -190,6 +195,11 @@ class LLMAgent(Agent):
         if task.goal:
             parts.append(f"Task: {task.goal}")
         parts.append("Inputs:\n" + _json(msgspec.to_builtins(inputs)))
+        if task.previous_output is not None:
+            parts.append(
+                "Your previous answer, to revise (keep what is right):\n"
+                + _json(task.previous_output)
+            )
         if task.review:
             issues = [msgspec.to_builtins(i) for i in task.review]
             parts.append(
@@ -215,6 +225,15 @@ class LLMAgent(Agent):
         """Problems with an output that fits the schema (sent back to the model); none here."""
         return []
 
+    def mock_answer(self, task: TaskCard, inputs: Any) -> Any:
+        """What the deterministic mock model answers this agent (None: a schema instance).
+
+        Build it from the card alone (its inputs, ``task.previous_output`` and
+        ``task.review`` on a revision), as a model would: offline runs then
+        produce usable outputs. Real endpoints never see it.
+        """
+        return None
+
     # -- the loop ----------------------------------------------------------------------
 
     async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
@@ -222,6 +241,28 @@ class LLMAgent(Agent):
         output_type = cap.output_type if cap is not None else self.output_type
         schema = msgspec.json.schema(output_type)
         model = self.model_for(task)
+        llm = ctx.llm
+        inner = llm.inner if isinstance(llm, MeteredLLM) else llm
+        if isinstance(llm, MeteredLLM) and isinstance(inner, MockLLM) and inner.respond is None:
+            answer = self.mock_answer(task, inputs)
+            if answer is not None:  # the mock answers what the agent built from its card
+                text = json.dumps(msgspec.to_builtins(answer), ensure_ascii=False)
+                llm.inner = MockLLM(respond=lambda _prompt: text, model=inner.model)
+                try:
+                    return await self._converse(task, inputs, ctx, output_type, schema, model)
+                finally:
+                    llm.inner = inner
+        return await self._converse(task, inputs, ctx, output_type, schema, model)
+
+    async def _converse(
+        self,
+        task: TaskCard,
+        inputs: Any,
+        ctx: TaskContext,
+        output_type: type,
+        schema: dict[str, Any],
+        model: str | None,
+    ) -> Any:
         llm = ctx.llm
         inner = llm.inner if isinstance(llm, MeteredLLM) else llm
         model_key = model or str(getattr(inner, "model", "") or "")

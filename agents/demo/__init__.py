@@ -20,6 +20,7 @@ from .roles import (
     Reviewer,
     Section,
     Writer,
+    compose_draft,
     preferred_format,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "Reviewer",
     "Section",
     "Writer",
+    "compose_draft",
     "demo_docs",
     "parallel_plan",
     "preferred_format",

@@ -23,7 +23,7 @@ def report_plan(
     user: str = "demo",
     preferences: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """research -> outline (asks for figures once) -> draft (reviewed).
+    """research -> outline (asks for figures once, passes them on) -> draft (reviewed).
 
     The session (what the user asked) holds the user's ``preferences``, by
     default ``{"report_format": "markdown"}``; the writer never sees it: it
@@ -59,6 +59,7 @@ def report_plan(
                     "topic": topic,
                     "outline": _dep("outline", "sections"),
                     "facts": _dep("research", "facts"),
+                    "figures": _dep("outline", "figures"),
                     "user": user,
                 },
             },

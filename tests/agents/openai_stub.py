@@ -6,6 +6,10 @@ honours or refuses structured output (``refuse_structured``: HTTP 400 for a
 ``response_format``, as servers without JSON-schema support do), and plays
 scripted replies in order: any content (JSON, fenced JSON, prose), a status
 with headers (429 with Retry-After, 500), a delay past the client's timeout.
+With ``honour_schema`` set, an unscripted request for structured output is
+answered with an instance of its schema, as a real server constrained to it
+would (any schema: a run of LLM agents completes on the stub); ``responder``
+(request body -> Reply, content or None) answers unscripted requests first.
 Every request is recorded (path, headers, JSON body).
 
     with OpenAIStub() as stub:
@@ -19,11 +23,20 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from cardbus.agents.llm import schema_instance
+
 __all__ = ["OpenAIStub", "Reply"]
+
+
+def _schema_of(body: Any) -> Any:
+    fmt = body.get("response_format") if isinstance(body, dict) else None
+    inner = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    return inner.get("schema") if isinstance(inner, dict) else None
 
 
 @dataclass
@@ -50,6 +63,8 @@ class OpenAIStub:
         self.replies: deque[Reply] = deque()
         self.default = Reply()
         self.refuse_structured = False
+        self.honour_schema = False
+        self.responder: Callable[[Any], Reply | str | None] | None = None
         self.usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -82,7 +97,15 @@ class OpenAIStub:
                         }
                     ).encode(),
                 )
-            return self.replies.popleft() if self.replies else self.default
+            if self.replies:
+                return self.replies.popleft()
+            answer = self.responder(body) if self.responder is not None else None
+            if answer is not None:
+                return Reply(content=answer) if isinstance(answer, str) else answer
+            schema = _schema_of(body) if self.honour_schema else None
+            if schema is not None:
+                return Reply(content=json.dumps(schema_instance(schema, "stub")))
+            return self.default
 
     def _render(self, reply: Reply) -> bytes:
         if reply.body is not None:

@@ -26,6 +26,7 @@ def no_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def stub() -> Iterator[OpenAIStub]:
     with OpenAIStub() as s:
+        s.honour_schema = True  # the demo's agents are LLM agents: they ask for their schema
         yield s
 
 

@@ -79,6 +79,7 @@ async def test_rule_planner_plans_the_demo_pipeline_from_a_goal() -> None:
         "topic": "tides",
         "outline": {"$dep": "outline", "path": "sections"},  # the capability named "outline"
         "facts": {"$dep": "research", "path": "facts"},
+        "figures": {"$dep": "outline", "path": "figures"},  # optional: from a planned output
         "user": "demo",  # a session field of that name
     }
     assert write.goal == GOAL and write.review_by == "review"

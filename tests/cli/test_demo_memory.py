@@ -56,6 +56,7 @@ async def test_writer_sees_only_its_dependencies_and_the_second_run_remembers(
             "topic": "ocean tides",
             "outline": outline["sections"],
             "facts": research["facts"],
+            "figures": outline["figures"],  # the supplementary research, through the outline
             "user": "demo",
         }
         assert card.supplement is None and card.review == []
