@@ -12,9 +12,13 @@ import msgspec
 
 from cardbus.agents.demo import DEMO_AGENTS, parallel_plan, report_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import new_id
 from cardbus.projections.replay import Timeline, replay
 from cardbus.tools.cli import cli
+from cardbus.tools.cmd_plan import planner_option, with_planner_path
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
+from cardbus.tools.loading import load_agent
+from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
@@ -80,14 +84,21 @@ async def _demo(
     model: str | None = None,
     as_json: bool = False,
     goal: str | None = None,
+    planner: str | None = None,
 ) -> int:
     llm = open_llm(llm_base_url, model)
     store = await open_store_option(db, create=True)
     try:
         plan = parallel_plan(topic) if parallel else goal_plan(topic, goal)
+        plan["plan_id"] = plan_id = new_id()  # how the progress finds the run in the log
         started = time.perf_counter()
-        async with EmbeddedRuntime(store, DEMO_AGENTS, llm=llm) as rt:
-            result = await rt.run(plan, timeout=60)
+        agents = [load_agent(p) for p in with_planner_path([], planner)]
+        async with EmbeddedRuntime(store, [*DEMO_AGENTS, *agents], llm=llm) as rt:
+            if as_json:  # stdout: the result alone
+                result = await rt.run(plan, timeout=60)
+            else:
+                async with RunProgress(store, plan_id, db.flag(), echo=click.echo):
+                    result = await rt.run(plan, timeout=60)
         elapsed = time.perf_counter() - started
         if as_json:
             click.echo(msgspec.json.encode(result_json(result)).decode())
@@ -125,6 +136,7 @@ async def _demo(
 @click.option(
     "--external-agents", is_flag=True, help="With --nats: agents come from `agent serve`."
 )
+@planner_option
 @llm_options
 def demo(
     db: StoreRef,
@@ -135,6 +147,7 @@ def demo(
     nats_url: str | None = None,
     start_nats: bool = False,
     external_agents: bool = False,
+    planner: str | None = None,
     llm_base_url: str | None = None,
     model: str | None = None,
 ) -> None:
@@ -156,4 +169,6 @@ def demo(
                 nats_url, start_nats, parallel, topic, external_agents, as_json, llm_base_url, model
             )
         )
-    raise SystemExit(asyncio.run(_demo(db, parallel, topic, llm_base_url, model, as_json, goal)))
+    raise SystemExit(
+        asyncio.run(_demo(db, parallel, topic, llm_base_url, model, as_json, goal, planner))
+    )

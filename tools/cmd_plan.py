@@ -23,6 +23,31 @@ DEMO_AGENT_PATHS = [
 ]
 
 
+#: ``--planner``: the planner agent added for a goal
+PLANNER_PATHS = {
+    "rule": "cardbus.agents.planning:RulePlanner",
+    "llm": "cardbus.agents.planning:LLMPlanner",
+}
+
+
+def planner_option(f: Any) -> Any:
+    """``--planner rule|llm`` (keyword ``planner``), shared by ``plan``, ``run`` and ``demo``."""
+    return click.option(
+        "--planner",
+        type=click.Choice(sorted(PLANNER_PATHS)),
+        default=None,
+        help="The planner for a goal: rule (no model) or llm (asks the model of"
+        " --llm-base-url/--model). Default: an --agent offering plan, else rule.",
+    )(f)
+
+
+def with_planner_path(paths: list[str], planner: str | None) -> list[str]:
+    """``paths`` and the ``--planner``'s agent, if one was chosen."""
+    if planner is None or PLANNER_PATHS[planner] in paths:
+        return paths
+    return [*paths, PLANNER_PATHS[planner]]
+
+
 def goal_plan(
     goal: str,
     agent_paths: list[str],
@@ -138,6 +163,7 @@ def _short(value: Any) -> str:
     help="Also write the plan file here (for cardbus run PLAN.json).",
 )
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for a plan.")
+@planner_option
 @llm_options
 def plan_cmd(
     goal: str,
@@ -150,6 +176,7 @@ def plan_cmd(
     as_json: bool,
     out: Path | None,
     timeout: float,
+    planner: str | None = None,
     llm_base_url: str | None = None,
     model: str | None = None,
 ) -> None:
@@ -163,7 +190,7 @@ def plan_cmd(
     from cardbus.bus.runtime.embedded import plan_goal
     from cardbus.tools.loading import load_agent
 
-    paths = list(agent_paths) or DEMO_AGENT_PATHS
+    paths = with_planner_path(list(agent_paths) or DEMO_AGENT_PATHS, planner)
     agents = [load_agent(p) for p in paths]
     spec = goal_plan(
         goal, paths, capabilities, final_capability, final_output, max_tasks, max_plan_rounds

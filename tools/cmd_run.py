@@ -7,15 +7,24 @@ import json
 from pathlib import Path
 
 import click
+import msgspec
 
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import new_id
 from cardbus.projections import resolve_id
 from cardbus.tools.cli import cli
-from cardbus.tools.cmd_plan import DEMO_AGENT_PATHS, goal_plan, limit_options
+from cardbus.tools.cmd_plan import (
+    DEMO_AGENT_PATHS,
+    goal_plan,
+    limit_options,
+    planner_option,
+    with_planner_path,
+)
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 from cardbus.tools.loading import load_agent
+from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
@@ -29,6 +38,7 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 @click.option("--agent", "agent_paths", multiple=True, help="module:Class, added to the plan's.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@planner_option
 @llm_options
 def run(
     plan_file: Path | None,
@@ -42,6 +52,7 @@ def run(
     agent_paths: tuple[str, ...],
     timeout: float,
     as_json: bool,
+    planner: str | None = None,
     llm_base_url: str | None = None,
     model: str | None = None,
 ) -> None:
@@ -52,6 +63,11 @@ def run(
     agents' cards (the demo's agents unless --agent names others), and the
     checked plan runs; the planning rounds are in the log (cardbus replay).
 
+    It prints the root id first, then each task's progress (a live display
+    on a terminal; one line per change otherwise, and the `cardbus approve`
+    command for a task that waits for approval), then the result (--json:
+    the result alone, with the outputs).
+
     Running a plan with a plan_id that is already in the log resumes that
     run instead of starting another: after a crash, run the same command.
     Exit code 0 when the run completed, 1 when it failed (or halted).
@@ -59,7 +75,7 @@ def run(
     if (plan_file is None) == (goal is None):
         raise click.UsageError("give PLAN_FILE or --goal GOAL (one of them)")
     if goal is not None:
-        paths = list(agent_paths) or DEMO_AGENT_PATHS
+        paths = with_planner_path(list(agent_paths) or DEMO_AGENT_PATHS, planner)
         spec = goal_plan(
             goal, paths, capabilities, final_capability, final_output, max_tasks, max_plan_rounds
         )
@@ -68,14 +84,23 @@ def run(
     else:
         assert plan_file is not None
         plan = decode_plan(plan_file.read_bytes())
-        agents = [load_agent(p) for p in [*plan.agents, *agent_paths]]
+        paths = with_planner_path([*plan.agents, *agent_paths], planner)
+        agents = [load_agent(p) for p in paths]
+
+    # the run is found in the log by its plan id (a plan without one gets it here)
+    plan = msgspec.structs.replace(plan, plan_id=plan.plan_id or new_id())
 
     async def go() -> None:
         llm = open_llm(llm_base_url, model)
         store = await open_store_option(db, create=True)
         try:
             async with EmbeddedRuntime(store, agents, llm=llm) as rt:
-                result = await rt.run(plan, timeout)
+                if as_json:  # stdout: the result alone
+                    result = await rt.run(plan, timeout)
+                else:
+                    assert plan.plan_id is not None
+                    async with RunProgress(store, plan.plan_id, db.flag(), echo=click.echo):
+                        result = await rt.run(plan, timeout)
         finally:
             await store.close()
             await close_llm(llm)
