@@ -56,6 +56,7 @@ __all__ = [
     "RunFailed",
     "RunHalted",
     "RunStarted",
+    "ReplyRefused",
     "TaskCancelled",
     "TaskCompleted",
     "TaskCreated",
@@ -410,6 +411,24 @@ class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
     attempt: int = 0
 
 
+class ReplyRefused(_Event, frozen=True, kw_only=True, tag="reply.refused.v1"):
+    """A reply, announcement or request refused for who sent it: never acted on.
+
+    On the task's stream when the task is known, else on ``agent-<sender>``.
+    ``kind``: result | started | announce | request. ``sender`` is the agent the
+    transport knows sent it (NATS: the subject its user may publish on; ""
+    when it cannot tell); ``claimed_agent_id`` the one the message names.
+    """
+
+    kind: str
+    claimed_agent_id: str
+    sender: str
+    reason: str
+    task_id: str = ""
+    attempt: int = 0
+    subject: str = ""
+
+
 class ContextTrimmed(_Event, frozen=True, kw_only=True, tag="context.trimmed.v1"):
     task_id: str
     policy: str
@@ -456,6 +475,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ToolCalled,
     AccessRefused,
     ContextTrimmed,
+    ReplyRefused,
 )
 
 TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
@@ -498,6 +518,7 @@ Event = (
     | ToolCalled
     | AccessRefused
     | ContextTrimmed
+    | ReplyRefused
 )
 
 

@@ -30,6 +30,7 @@ from cardbus.agents.agent import Agent
 from cardbus.agents.tools import ToolRegistry, doc_search_tool
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime, agent_inbox_prefix, serve_agents
 from cardbus.bus.transport.nats import (
     DEAD_STREAM,
@@ -249,6 +250,17 @@ def agent_serve(
     type=click.Path(exists=True, file_okay=False),
     help="Serve agents the doc_search tool over this folder.",
 )
+@click.option(
+    "--agents",
+    "agents_file",
+    default=None,
+    envvar="CARDBUS_AGENTS_FILE",
+    show_envvar=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The operator's agents file (a JSON list of AgentCards): only these agents may"
+    " register, with at most these capabilities, tools and limits. Default: open (each"
+    " agent's first card is its ceiling).",
+)
 @_ack_wait
 @_max_deliver
 @_stream_replicas
@@ -262,6 +274,7 @@ def orchestrator(
     agent_timeout: float,
     consumer: str,
     docs: str | None,
+    agents_file: str | None,
     ack_wait: float,
     max_deliver: int,
     stream_replicas: int,
@@ -279,6 +292,7 @@ def orchestrator(
     """
     options = build_options(nats_url, kw)
     plan = decode_plan(Path(plan_file).read_bytes()) if plan_file else None
+    grants = AgentGrants.load(agents_file) if agents_file else None
 
     async def go() -> int:
         llm = open_llm(llm_base_url, model)  # for any agent the runtime runs in-process
@@ -294,6 +308,7 @@ def orchestrator(
                 },
                 store_options={"replicas": stream_replicas},
                 tools=ToolRegistry([doc_search_tool(docs)]) if docs else None,
+                grants=grants,
             ) as rt:
                 if plan is None:
                     stop = asyncio.Event()

@@ -41,8 +41,9 @@ from cardbus.bus.orchestrator.plan import (
 )
 from cardbus.bus.orchestrator.planning import planning_spec
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.runstate import RunState
-from cardbus.bus.transport.interface import Bus
+from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
     Append,
@@ -114,8 +115,14 @@ class Orchestrator:
         memory: LongTermMemory | None = None,
         access: AccessPolicy | None = None,
         serve_requests: bool | None = None,
+        agents: AgentGrants | Iterable[AgentCard] | None = None,
     ) -> None:
+        """``agents``: the operator's grants (``AgentGrants``, or the cards themselves):
+        which agents may register through their announcements, with at most what
+        (``bus.orchestrator.registry``); None: open, each agent's first card is its
+        ceiling."""
         self.store = store
+        self.grants = agents if isinstance(agents, AgentGrants) else AgentGrants(agents)
         self.bus = bus
         self.policy = policy or Policy()
         self.embedder = embedder
@@ -170,6 +177,7 @@ class Orchestrator:
         for root in self.state.open:  # runs resumed from the log rejoin their traces
             self.tracing.resume_run(root, started.get(root))
         self.bus.on_bad_message = self._on_bad_message
+        self.bus.on_refused = self._on_refused
         if self.serve_requests:
             try:
                 await self.bus.serve_requests(self.broker.handle)
@@ -210,12 +218,34 @@ class Orchestrator:
     # -- public API ----------------------------------------------------------
 
     async def register(self, card: AgentCard) -> None:
-        """Record an agent's card in the log (a no-op if the same card is there)."""
+        """Record an agent's card in the log (a no-op if the same card is there).
+
+        The operator's path, not checked against the grants: an agent's own
+        announcement goes through :meth:`announced`.
+        """
         if self.state.agents.get(card.agent_id) == card:
             return
         stream = f"agent-{card.agent_id}"
         data = ev.AgentRegistered(agent_id=card.agent_id, card=msgspec.to_builtins(card))
         await self._append_at_current_version(stream, [data], correlation_id=stream)
+
+    async def announced(self, card: AgentCard) -> None:
+        """An agent's announcement: registered as far as the grants allow, the rest refused
+        (``reply.refused`` on ``agent-<id>``). The transport has made sure it comes from
+        the agent it names."""
+        admission = self.grants.admit(card, self.state.agents.get(card.agent_id))
+        stream = f"agent-{card.agent_id}"
+        if admission.refused:
+            refused = ev.ReplyRefused(
+                kind="announce",
+                claimed_agent_id=card.agent_id,
+                sender=card.agent_id,
+                reason="not granted: " + "; ".join(admission.refused),
+            )
+            log.warning("announcement of %s: %s", card.agent_id, refused.reason)
+            await self._append_at_current_version(stream, [refused], correlation_id=stream)
+        if admission.card is not None:
+            await self.register(admission.card)
 
     async def submit(self, plan: Plan | Mapping[str, Any]) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
@@ -406,7 +436,7 @@ class Orchestrator:
             elif isinstance(item, Envelope):
                 continue
             elif isinstance(item, Announce):
-                await self.register(item.card)
+                await self.announced(item.card)
             elif isinstance(item, _Record):
                 if decider.d.touched(item.stream):
                     self._parked.append(item)  # after the stream's append in flight
@@ -693,6 +723,25 @@ class Orchestrator:
             state.apply(env)
         return _result_of(state, root_id)
 
+    def _on_refused(self, refusal: Refusal) -> None:
+        """A reply or request the bus refused for its sender: recorded through the decision
+        loop, on the task's stream if the task is known, else on ``agent-<sender>``."""
+        known = refusal.task_id in self.state.tasks
+        who = refusal.sender or refusal.claimed
+        stream = refusal.task_id if known else f"agent-{who}"
+        event = ev.ReplyRefused(
+            kind=refusal.kind,
+            claimed_agent_id=refusal.claimed,
+            sender=refusal.sender,
+            reason=refusal.reason[:1000],
+            task_id=refusal.task_id,
+            attempt=refusal.attempt,
+            subject=refusal.subject[:1000],
+        )
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(_log_unrecorded)
+        self._queue.put_nowait(_Record(stream, [event], done))
+
     def _on_bad_message(self, subject: str, data: bytes, reason: str) -> None:
         self._bad(subject, reason)
 
@@ -700,6 +749,11 @@ class Orchestrator:
         self.bad_messages.append((subject, reason))
         if len(self.bad_messages) > 1000:  # a long-lived orchestrator keeps the latest
             del self.bad_messages[:500]
+
+
+def _log_unrecorded(done: asyncio.Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("a refusal could not be recorded: %r", done.exception())
 
 
 def _result_of(state: RunState, root_id: str) -> RunResult | None:

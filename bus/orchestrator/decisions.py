@@ -106,7 +106,9 @@ class Decider:
             if task is not None and self.d.touched(task.task_id):
                 self.d.deferred.append(reply)  # e.g. the dispatch is still being written
                 return
-            if (
+            if task is not None and reply.agent_id not in task.assigned:
+                self._refuse(task, reply, "started")
+            elif (
                 task is not None
                 and task.state is S.DISPATCHED
                 and reply.attempt == task.attempt
@@ -136,6 +138,9 @@ class Decider:
             )
         if self.d.touched(task.task_id) and not self._only_started(task.task_id, reply.attempt):
             self.d.deferred.append(reply)
+            return
+        if reply.agent_id not in task.assigned:
+            self._refuse(task, reply, "result")  # misaddressed: never its task
             return
         if (
             task.terminal
@@ -200,6 +205,24 @@ class Decider:
                         self._settle_fanout(task, results)
                     return
                 self._accept_output(task, reply.agent_id, reply.output, reply.confidence)
+
+    def _refuse(self, task: TaskView, reply: ResultCard | Started, kind: str) -> None:
+        """A reply from an agent no attempt of the task was sent to: recorded, not acted on.
+
+        (The transport vouched that the agent named is its sender; on NATS a reply
+        naming another agent than its sender never gets here: ``Bus.on_refused``.)
+        """
+        self.d.add(
+            task.task_id,
+            ev.ReplyRefused(
+                kind=kind,
+                claimed_agent_id=reply.agent_id,
+                sender=reply.agent_id,
+                reason=f"task {task.task_id!r} was never dispatched to {reply.agent_id!r}",
+                task_id=task.task_id,
+                attempt=reply.attempt,
+            ),
+        )
 
     def _only_started(self, task_id: str, attempt: int) -> bool:
         """This step decided only that ``attempt`` started: its result can join that append

@@ -38,6 +38,7 @@ class TaskView:
     attempt: int = 0  # number of the latest dispatched attempt
     failures: int = 0  # attempts that failed, timed out or broke the output schema
     dispatched_to: dict[str, float] = field(default_factory=dict)  # agent -> deadline (current)
+    assigned: set[str] = field(default_factory=set)  # every agent any attempt was sent to
     dispatched_at: float = 0.0
     results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
     settled: set[int] = field(default_factory=set)  # attempts already decided
@@ -290,6 +291,7 @@ class RunState:
                     task.dispatched_to = {}
                     task.results = {}
                 task.dispatched_to[data.agent_id] = data.deadline
+                task.assigned.add(data.agent_id)
                 self._wake(data.deadline, task.created.root_id)
                 task.dispatched_at = env.recorded_at
                 key = (data.loop_hash, env.stream)

@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.cards import AgentCard
 from cardbus.agents.llm import LLM
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import NatsBus
@@ -67,10 +69,19 @@ class NatsRuntime:
         store_options: dict[str, Any] | None = None,
         name: str = "cardbus-orchestrator",
         tools: ToolRegistry | None = None,
+        grants: AgentGrants | Iterable[AgentCard] | None = None,
     ) -> None:
-        """``tools``: the registry agents' tool requests are served from (none: refused)."""
+        """``tools``: the registry agents' tool requests are served from (none: refused).
+
+        ``grants``: the operator's word on which agents may register, with what
+        (``AgentGrants.load("agents.json")``; see ``bus.orchestrator.registry``);
+        None: open registration (each agent's first card is its ceiling). The
+        ``agents`` served in this process are registered by it directly: trusted
+        by construction, as on the embedded runtime.
+        """
         self.options = options
         self.tools = tools
+        self.grants = grants
         self.agents = list(agents)
         self.policy = policy
         self.llm = llm
@@ -103,6 +114,7 @@ class NatsRuntime:
                 tools=self.tools,
                 memory=self.memory,
                 serve_requests=True,
+                agents=self.grants,
             )
             self.orchestrator.observers.append(self.keeper.observe)
             await self.orchestrator.start()
@@ -113,6 +125,7 @@ class NatsRuntime:
                 )
                 self._agent_buses.append(agent_bus)
                 for a in self.agents:
+                    await self.orchestrator.register(a.card())  # ours: trusted
                     await AgentWorker(agent_bus, a, self.llm).start()
         except BaseException:
             await self._close()

@@ -66,7 +66,7 @@ async def test_a_duplicate_result_for_a_settled_attempt_is_ignored(make_runtime,
     assert len(log.of(ev.TaskStarted, t)) == 1
 
 
-async def test_a_result_from_an_agent_never_dispatched_is_ignored(make_runtime, store):
+async def test_a_result_from_an_agent_never_dispatched_is_refused(make_runtime, store):
     async def slow(t, i, c):  # type: ignore[no-untyped-def]
         await asyncio.sleep(0.2)
         return TextOut(text="real")
@@ -82,8 +82,9 @@ async def test_a_result_from_an_agent_never_dispatched_is_ignored(make_runtime, 
     r = await rt.orch.wait(root, 5)
     assert r.outputs["t"] == {"text": "real"}
     log = await run_log(store, root)
-    assert [(x.agent_id, x.reason) for x in log.of(ev.TaskResultIgnored, t)] == [
-        ("impostor", "duplicate")
+    assert log.of(ev.TaskResultIgnored, t) == []
+    assert [(x.claimed_agent_id, x.kind) for x in log.of(ev.ReplyRefused, t)] == [
+        ("impostor", "result")
     ]
     assert [x.agent_id for x in log.of(ev.TaskResultSubmitted, t)] == ["slow"]
 

@@ -1,0 +1,134 @@
+"""Registration authority: which agents may exist, and with what, is the operator's to say.
+
+An agent's announcement (``Announce`` on the bus) is a claim about itself,
+not a grant. :class:`AgentGrants` decides what of it is registered:
+
+* **Operator's grants** (``AgentGrants(cards)``, ``AgentGrants.load(path)``:
+  an agents file, ``cardbus orchestrator --agents FILE``): only the agents
+  it lists may register, each with at most the capabilities, tools and
+  limits of its card there. An unlisted agent's announcement is refused.
+* **Open** (``AgentGrants()``, the default): the first card registered for
+  an agent id is its ceiling, from ``Orchestrator.register`` (the operator's
+  code: the embedded runtime registers the agents it constructs, so
+  in-process agents are trusted by construction) or else from the agent's
+  first announcement (trust on first use).
+
+Either way an announcement refreshes the descriptive fields (name,
+description, version, provider, url) and can narrow what is registered
+(fewer capabilities or tools, lower limits), but never widen it: whatever it
+asks for beyond the ceiling is left out, and named (the orchestrator
+records it as ``reply.refused``). The capability specs (schemas) and the
+free-form ``limits`` are always the ceiling's. An announcement can speak
+only for its sender: that is the transport's part (``Bus.on_refused``).
+``Orchestrator.register(card)`` is the operator's path and is not checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from cardbus.agents.cards import AgentCard, AgentConstraints
+from cardbus.eventstore.errors import ConfigError
+
+__all__ = ["Admission", "AgentGrants", "narrowed"]
+
+#: what an announcement may change freely
+DESCRIPTIVE = ("name", "description", "version", "provider", "url")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What to register of an announcement (None: nothing), and what of it was refused."""
+
+    card: AgentCard | None
+    refused: list[str] = field(default_factory=list)
+
+
+def _lower(name: str, granted: Any, asked: Any, refused: list[str]) -> Any:
+    """The lower of two limits (None: no limit); asking above the grant is refused."""
+    if granted is None:
+        return asked
+    if asked is None or asked > granted:
+        refused.append(f"{name} {'unlimited' if asked is None else asked} (granted {granted})")
+        return granted
+    return asked
+
+
+def narrowed(ceiling: AgentCard, announced: AgentCard) -> Admission:
+    """``announced`` cut down to ``ceiling``: its descriptive fields, the ceiling's powers."""
+    refused: list[str] = []
+    caps = []
+    for c in announced.capabilities:
+        granted = ceiling.capability(c.name)
+        if granted is None:
+            refused.append(f"capability {c.name!r}")
+        else:
+            caps.append(granted)
+    g, a = ceiling.constraints, announced.constraints
+    tools = [t for t in a.tools if t in g.tools]
+    refused += [f"tool {t!r}" for t in a.tools if t not in g.tools]
+    if a.limits != g.limits:
+        refused.append("limits (the granted ones are kept)")
+    constraints = AgentConstraints(
+        max_timeout_s=_lower("max_timeout_s", g.max_timeout_s, a.max_timeout_s, refused),
+        max_input_bytes=_lower("max_input_bytes", g.max_input_bytes, a.max_input_bytes, refused),
+        max_concurrency=_lower("max_concurrency", g.max_concurrency, a.max_concurrency, refused),
+        limits=g.limits,
+        tools=tools,
+    )
+    card = msgspec.structs.replace(
+        ceiling,
+        **{f: getattr(announced, f) for f in DESCRIPTIVE},
+        capabilities=caps,
+        constraints=constraints,
+    )
+    return Admission(card, refused)
+
+
+class AgentGrants:
+    """The operator's word on which agents may register with what (None: open)."""
+
+    def __init__(self, cards: Iterable[AgentCard] | None = None) -> None:
+        self.cards: dict[str, AgentCard] | None = None
+        if cards is not None:
+            self.cards = {}
+            for c in cards:
+                if c.agent_id in self.cards:
+                    raise ConfigError(f"agent {c.agent_id!r} is granted twice")
+                self.cards[c.agent_id] = c
+
+    @property
+    def closed(self) -> bool:
+        """Only the listed agents may register."""
+        return self.cards is not None
+
+    @classmethod
+    def load(cls, path: str | Path) -> AgentGrants:
+        """An agents file: a JSON list of AgentCards, or ``{"agents": [...]}``."""
+        try:
+            raw = msgspec.json.decode(Path(path).read_bytes())
+            if isinstance(raw, dict):
+                raw = raw.get("agents")
+            if not isinstance(raw, list):
+                raise TypeError("expected a list of agent cards (or {'agents': [...]})")
+            cards = msgspec.convert(raw, list[AgentCard])
+        except (OSError, TypeError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise ConfigError(f"agents file {str(path)!r}: {e}") from e
+        return cls(cards)
+
+    def admit(self, announced: AgentCard, registered: AgentCard | None) -> Admission:
+        """What of ``announced`` to register, given what is registered for its id now."""
+        if self.cards is not None:
+            grant = self.cards.get(announced.agent_id)
+            if grant is None:
+                return Admission(None, [f"agent {announced.agent_id!r} is not granted"])
+            # narrower than the grant already (an earlier announcement): stays so
+            return narrowed(grant, announced)
+        if registered is None:
+            return Admission(announced)  # open: the first card is the ceiling
+        return narrowed(registered, announced)
