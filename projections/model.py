@@ -32,6 +32,26 @@ Row = dict[str, Any]
 Key = tuple[Any, ...]
 
 _json_encode = msgspec.json.Encoder().encode
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _executemany(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``executemany``; an integer past SQLite's 64 bits (an odd value in the log) is
+    stored at the nearest bound instead of failing the fold (checked only on failure)."""
+    conn.execute("SAVEPOINT cardbus_rows")
+    try:
+        conn.executemany(sql, rows)
+        conn.execute("RELEASE cardbus_rows")
+    except OverflowError:  # the rows before the odd one are taken back, then all go again
+        conn.execute("ROLLBACK TO cardbus_rows")
+        conn.execute("RELEASE cardbus_rows")
+        lo, hi = _INT64
+        conn.executemany(
+            sql,
+            [[min(max(v, lo), hi) if type(v) is int else v for v in row] for row in rows],
+        )
+
+
 _json_decode = msgspec.json.decode
 
 
@@ -199,11 +219,12 @@ class SqliteTable:
             if deletes:
                 self.conn.executemany(self._delete, deletes)
             if upserts:
-                self.conn.executemany(self._upsert, upserts)
+                _executemany(self.conn, self._upsert, upserts)
             self._dirty.clear()
         if self._added:
             cols = self._names
-            self.conn.executemany(
+            _executemany(
+                self.conn,
                 f"INSERT INTO {self.spec.name} ({', '.join(cols)})"
                 f" VALUES ({', '.join('?' * len(cols))})",
                 self._added,
