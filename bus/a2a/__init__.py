@@ -12,6 +12,7 @@ from cardbus.bus.a2a.remote import RemoteA2AAgent, load_remote, remote_a2a_agent
 from cardbus.bus.a2a.serve import serve
 from cardbus.bus.a2a.server import (
     A2AGateway,
+    GoalPlanning,
     LogTaskStore,
     Planner,
     build_app,
@@ -24,6 +25,7 @@ __all__ = [
     "USER_AGENT_ID",
     "USER_CAPABILITY",
     "A2AGateway",
+    "GoalPlanning",
     "LogTaskStore",
     "Planner",
     "RemoteA2AAgent",

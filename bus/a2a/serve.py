@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from cardbus.agents.agent import Agent
-from cardbus.bus.a2a.server import A2AGateway, Planner, build_app
+from cardbus.bus.a2a.server import A2AGateway, GoalPlanning, Planner, build_app
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import EventStore
 
@@ -26,13 +26,24 @@ async def serve(
     served: Sequence[str] = (),
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then stop the runtime."""
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then stop the runtime.
+
+    A goal sent as text is planned by the orchestrator (``GoalPlanning``) with
+    the planner agents among ``agents``, or the runtime's ``RulePlanner``;
+    ``planner`` replaces that.
+    """
     import uvicorn
 
     url = f"http://{host}:{port}/"
     async with EmbeddedRuntime(store, agents) as rt:
         names = {*served, *(a.agent_id for a in agents)}
-        gateway = A2AGateway(store, rt.orchestrator, rt.bus, planner=planner, served=sorted(names))
+        gateway = A2AGateway(
+            store,
+            rt.orchestrator,
+            rt.bus,
+            planner=planner if planner is not None else GoalPlanning(),
+            served=sorted(names),
+        )
         await gateway.start()
         app = build_app(gateway, url)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")

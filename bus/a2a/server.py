@@ -5,10 +5,13 @@ reads every answer back from the log (``TaskFold``):
 
 * ``SendMessage`` / ``SendStreamingMessage`` without a task id starts a run:
   a data part holding a plan (the plan format's JSON) is submitted as it is; a
-  text goal with no plan is handed to the gateway's ``planner`` (none by
-  default: the answer is a failed task saying goal decomposition is not
-  available). The A2A task id is the run's root id; the context id and the
-  message are kept in ``run.started``'s session, the plan id is
+  text goal with no plan is handed to the gateway's ``planner``:
+  :class:`GoalPlanning` (what ``serve`` uses) makes it a plan of the goal
+  alone, which the orchestrator splits with its planner agents (capability
+  ``plan``) like any goal plan; with no planner the answer is a failed task
+  saying goal decomposition is not available. The A2A task id is the run's
+  root id; the context id and the message are kept in ``run.started``'s
+  session, the plan id is
   ``a2a-<message id>`` (so a resent message runs once);
 * a message on a task that is input-required answers what it waits for: an
   approval (``{"approve": true|false}`` or a text beginning with yes/approve
@@ -69,6 +72,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 
 from cardbus.agents.a2a_card import ints_back, to_a2a_v1
 from cardbus.agents.cards import AgentCard, CapabilitySpec, ResultCard, TaskCard
+from cardbus.agents.planning import PLAN_CAPABILITY
 from cardbus.bus.a2a.fold import (
     CANCEL_REASON,
     USER_AGENT_ID,
@@ -82,10 +86,11 @@ from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore import EventStore, new_id
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import CardbusError
+from cardbus.eventstore.errors import CardbusError, InvalidPlan
 
 __all__ = [
     "A2AGateway",
+    "GoalPlanning",
     "LogTaskStore",
     "Planner",
     "build_app",
@@ -102,6 +107,21 @@ class Planner(Protocol):
     """Decomposes a goal into a plan (another engineer's goal planning plugs in here)."""
 
     async def plan(self, goal: str, agents: Sequence[AgentCard]) -> Plan: ...
+
+
+class GoalPlanning:
+    """The orchestrator's own goal planning as the gateway's :class:`Planner`.
+
+    A goal becomes a plan of the goal alone (no tasks): the orchestrator sends
+    it to an agent offering ``plan`` (``RulePlanner``, ``LLMPlanner``, ...),
+    checks the proposal and runs it, every round in the log (``plan.proposed``,
+    ``plan.refused``, ``plan.accepted``); the A2A task streams it all.
+    """
+
+    async def plan(self, goal: str, agents: Sequence[AgentCard]) -> Plan:
+        if not any(a.capability(PLAN_CAPABILITY) is not None for a in agents):
+            raise InvalidPlan(f"no agent offers the capability {PLAN_CAPABILITY!r} to plan a goal")
+        return Plan(goal=goal)
 
 
 def user_agent_card() -> AgentCard:

@@ -98,11 +98,27 @@ async def test_get_has_the_history_and_the_first_message(server: ServeProcess) -
     assert len(short.history) == 2
 
 
-async def test_a_goal_without_a_planner_is_a_clear_failure(server: ServeProcess) -> None:
-    async with a2a_client(server.url, streaming=False) as client:
-        (resp,) = await collect(client, SendMessageRequest(message=text_message("write a poem")))
-    assert S.Name(resp.task.status.state) == "TASK_STATE_FAILED"
-    assert "goal decomposition is not available" in resp.task.status.message.parts[0].text
+async def test_a_text_goal_is_planned_and_streams_to_completion(server: ServeProcess) -> None:
+    """Issue 13's done-when: the client sends a goal and streams the run to completion."""
+    goal = "Upper-case a text: high tide"
+    async with a2a_client(server.url) as client:
+        events = await collect(client, SendMessageRequest(message=text_message(goal)))
+        task_id = events[0].task.id
+        task = await client.get_task(GetTaskRequest(id=task_id))
+    assert _final(events) == "TASK_STATE_COMPLETED"
+    # planned by the orchestrator's planner agent (the rule planner), then run
+    streamed = [
+        p.text
+        for e in events
+        if e.HasField("status_update") and e.status_update.status.HasField("message")
+        for p in e.status_update.status.message.parts
+    ]
+    assert any("plan" in t and "rule-planner" in t for t in streamed), streamed
+    assert any("dispatched to slow" in t for t in streamed), streamed
+    (artifact,) = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
+    assert MessageToDict(artifact.parts[0].data) == {"text": goal.upper()}
+    assert S.Name(task.status.state) == "TASK_STATE_COMPLETED"
+    assert task.history[0].parts[0].text == goal
 
 
 async def test_an_invalid_plan_is_a_failed_task_with_the_reason(server: ServeProcess) -> None:
