@@ -57,7 +57,9 @@ def test_the_demo_report_uses_every_fact_and_writes_its_conclusion(tmp_path: Pat
 def test_the_printed_report(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["demo", "--db", str(tmp_path / "d.db")])
     assert result.exit_code == 0, result.output
-    report = result.stdout.split("\nPlanning round", 1)[0]
+    lines = result.stdout.splitlines()  # the progress lines first (tools/progress.py)
+    body = "\n".join(line for line in lines if not line.startswith(("run ", "  [")))
+    report = body.split("\nPlanning round", 1)[0]
     sections = _sections(report)
     assert report.startswith("# Report: ocean tides")
     assert "figures fact 2" in sections["Figures"] and SUGGESTION not in report
