@@ -72,6 +72,8 @@ def test_permissions_and_connection_errors() -> None:
     runner = CliRunner()
     out = runner.invoke(cli, ["nats", "permissions", "--agent", "researcher"]).output
     assert '"cardbus.announce.researcher"' in out and '"_INBOX.researcher.>"' in out
+    # replies only under its own id: the orchestrator refuses one naming another agent
+    assert '"cardbus.reply.researcher.>"' in out and '"cardbus.reply.>"' not in out
     assert "allow_responses: true" in out
     # nobody listens on port 1: a clear one-line error, exit code 1
     bad = runner.invoke(cli, ["nats", "dead", "--nats", "nats://127.0.0.1:1"])

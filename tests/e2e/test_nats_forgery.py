@@ -177,6 +177,12 @@ async def test_forged_results_and_announcements_change_nothing(tmp_path: Any) ->
                 for r in registered
             )
             assert await rt.store.verify() == [] and (await rt.store.audit())[0] == []
+            for r in refusals():  # shown with pytest -s
+                print(f"reply.refused {r.kind:<8} claimed={r.claimed_agent_id:<6}"
+                      f" sender={r.sender:<6} {r.reason}")  # fmt: skip
+            print(
+                f"run {result.status}: {result.outputs}; task.completed by {done[0].data.agent_id}"
+            )  # type: ignore[union-attr]
             for s in stops.values():
                 s.set()
             await asyncio.gather(*serving)
