@@ -700,6 +700,10 @@ class SqliteEventStore(EventStore):
         rows = await self._query(_AUDIT + " ORDER BY position")
         return audit((StoredRow(*r) for r in rows), head)
 
+    async def log_hash_at(self, position: int) -> str | None:
+        rows = await self._query("SELECT log_hash FROM events WHERE position = ?", (position,))
+        return rows[0][0] if rows else None
+
     async def head(self) -> LogHead:
         rows = await self._query(_LAST)
         if not rows:

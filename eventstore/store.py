@@ -36,7 +36,8 @@ which a third-party backend subclasses too. The contract:
   are appended (live), in position order, with no gap and no duplicate.
 * ``verify(stream=None)`` re-checks hash chains and names every event where a
   chain breaks.
-* ``head()`` is the end of the log (position and log hash, see ``loghead``);
+* ``head()`` is the end of the log (position and log hash, see ``loghead``;
+  ``log_hash_at(position)`` the log hash at any position, None if not kept);
   ``audit(head)`` checks the whole log (both chains, positions, and, against
   a head kept outside it, truncation). The defaults compute both from
   ``read_all``; a backend that stores the log chain answers from it.
@@ -129,6 +130,10 @@ class EventStore(abc.ABC):
     @abc.abstractmethod
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
         """Every broken link of one stream's hash chain, or of the whole log."""
+
+    async def log_hash_at(self, position: int) -> str | None:
+        """The log hash at ``position`` if the backend keeps one (SQLite does), else None."""
+        return None
 
     async def head(self) -> LogHead:
         """The end of the log: its last position and the log hash there."""

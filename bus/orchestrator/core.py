@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -29,6 +30,7 @@ from cardbus.agents.cards import AgentCard, Announce
 from cardbus.agents.embedding import Embedder
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
+from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.memory import LongTermMemory
@@ -116,12 +118,29 @@ class Orchestrator:
         access: AccessPolicy | None = None,
         serve_requests: bool | None = None,
         agents: AgentGrants | Iterable[AgentCard] | None = None,
+        snapshot: str | Path | None = "auto",
     ) -> None:
         """``agents``: the operator's grants (``AgentGrants``, or the cards themselves):
         which agents may register through their announcements, with at most what
         (``bus.orchestrator.registry``); None: open, each agent's first card is its
-        ceiling."""
+        ceiling.
+
+        ``snapshot``: the file a start reads the state from and a stop (and every
+        ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
+        ``<db>.snap`` beside a SQLite log, none for other stores; None: never."""
         self.store = store
+        self.snapshot_path = (
+            _snapshot.snapshot_path_for(store)
+            if snapshot == "auto"
+            else Path(snapshot)
+            if snapshot
+            else None
+        )
+        self.snapshot_position = 0  # where the latest start's snapshot ended (0: none)
+        self._unfolded: set[int] = set()  # positions the log follower saw before the fold did
+        self._followed = 0  # the latest position the log follower saw
+        self._since_snapshot = 0  # events folded since the latest snapshot
+        self._saving: asyncio.Task[None] | None = None
         self.grants = agents if isinstance(agents, AgentGrants) else AgentGrants(agents)
         self.bus = bus
         self.policy = policy or Policy()
@@ -164,6 +183,14 @@ class Orchestrator:
     async def start(self) -> None:
         """Rebuild state from the log, then follow the log, the bus and the clock."""
         started: dict[str, str | None] = {}  # root -> its run.started's traceparent
+        loaded = (
+            await _snapshot.load(self.snapshot_path, self.store) if self.snapshot_path else None
+        )
+        if loaded is not None:  # the open runs as of a position: fold only what follows
+            snap, data = loaded
+            _snapshot.restore(data, self.state)
+            self.state.position = self.snapshot_position = snap.position
+            started.update(snap.traceparents)
         while True:
             page = await self.store.read_all(self.state.position + 1, 5000)
             for env in page:
@@ -174,6 +201,7 @@ class Orchestrator:
                     started.pop(env.stream, None)
             if len(page) < 5000:
                 break
+        self._followed = self.state.position
         for root in self.state.open:  # runs resumed from the log rejoin their traces
             self.tracing.resume_run(root, started.get(root))
         self.bus.on_bad_message = self._on_bad_message
@@ -191,8 +219,12 @@ class Orchestrator:
         ]
 
     async def stop(self) -> None:
+        ran = bool(self._loops)
         if self._commits:  # let decisions already made finish their writes
             await asyncio.gather(*self._commits, return_exceptions=True)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            if self._saving is not None:
+                await self._saving
         for t in self._loops:
             t.cancel()
         for t in self._loops:
@@ -206,6 +238,8 @@ class Orchestrator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._loops = []
+        if self.snapshot_path is not None and ran:
+            await self._final_snapshot(self.snapshot_path)
         self.tracing.close()  # runs still open end their spans here (a restart rejoins them)
 
     async def __aenter__(self) -> Orchestrator:
@@ -368,12 +402,25 @@ class Orchestrator:
     async def _follow_log(self) -> None:
         versions = self.state.versions
         busy = self._busy
+        every = self.policy.snapshot_every
         async for env in self.store.subscribe(self.state.position + 1):
             # Only news wakes the loop. Our own appends come back already applied, or
             # (the log can be quicker than the append's caller) onto a stream still
             # busy with our append: that applies them, or on a conflict reads the stream.
-            if env.version > versions.get(env.stream, 0) and env.stream not in busy:
-                self._queue.put_nowait(env)
+            self._followed = env.position
+            if env.version > versions.get(env.stream, 0):
+                self._unfolded.add(env.position)
+                if env.stream not in busy:
+                    self._queue.put_nowait(env)
+            elif (
+                every
+                and self._since_snapshot >= every
+                and self.snapshot_path is not None
+                and not self._unfolded  # every event up to here is folded ...
+                and self.state.position == env.position  # ... and none after it
+                and self._saving is None
+            ):
+                self._save_snapshot(self.snapshot_path, env.position)
 
     async def _pump_replies(self) -> None:
         async for reply in self.bus.replies():
@@ -424,8 +471,10 @@ class Orchestrator:
         for item in items:
             # our own appends come back from the log already applied: only news
             # (another writer's event) can change what to decide
-            if isinstance(item, Envelope) and self._apply(item):
-                dirty.add(item.correlation_id)
+            if isinstance(item, Envelope):
+                if self._apply(item):
+                    dirty.add(item.correlation_id)
+                self._unfolded.discard(item.position)  # folded now or before
         for item in items:
             if item is _TICK:
                 dirty.update(self.state.open)
@@ -698,6 +747,8 @@ class Orchestrator:
         """Fold ``env`` into the state; False if it was already there."""
         if not self.state.apply(env):
             return False
+        self._since_snapshot += 1
+        self._unfolded.discard(env.position)
         self.tracing.on_event(env)
         for observe in self.observers:
             try:
@@ -713,6 +764,46 @@ class Orchestrator:
 
     def _result(self, root_id: str) -> RunResult | None:
         return _result_of(self.state, root_id)
+
+    # -- snapshots (see bus.orchestrator.snapshot) ---------------------------
+
+    def _save_snapshot(self, path: Path, position: int) -> None:
+        """Capture the state now (it covers the log up to ``position`` exactly), write it
+        in the background."""
+        self._since_snapshot = 0
+        data = _snapshot.encode_state(self.state)
+        runs = self.tracing._runs
+        traceparents = {
+            r: self.tracing.traceparent(r) if r in runs else None for r in self.state.open
+        }
+
+        async def save() -> None:
+            try:
+                await _snapshot.save(path, self.store, data, position, traceparents)
+            except Exception as e:  # a snapshot is only a shortcut: the log has it all
+                log.warning("snapshot %s not written: %s", path, e)
+            finally:
+                self._saving = None
+
+        self._saving = asyncio.create_task(save(), name="orchestrator-snapshot")
+
+    async def _final_snapshot(self, path: Path) -> None:
+        """On stop: fold what the log has that the state lacks, then snapshot it all."""
+        try:
+            start = min(self._unfolded, default=self._followed + 1)
+            end = max(self.state.position, self._followed)
+            while page := await self.store.read_all(start, 5000):
+                for env in page:
+                    self.state.apply(env)
+                start = page[-1].position + 1
+                end = max(end, page[-1].position)
+            self._unfolded.clear()
+            self.state.position = end
+            self._save_snapshot(path, end)
+            if self._saving is not None:
+                await self._saving
+        except Exception as e:
+            log.warning("snapshot %s not written: %s", path, e)
 
     async def _retired_result(self, root_id: str) -> RunResult | None:
         """The result of a finished run no longer kept in memory, from the log."""

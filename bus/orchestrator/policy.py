@@ -44,6 +44,9 @@ class Policy:
     # how long the log may refuse writes (StoreUnavailable: disk full, read-only, server
     # gone) before the orchestrator gives up: every wait then raises it, nothing is decided
     store_grace_s: float = 2.0
+    # the orchestrator's state is written to its snapshot file (see ``snapshot``) after
+    # this many events folded, and on stop; 0: on stop only
+    snapshot_every: int = 10_000
 
     def __post_init__(self) -> None:
         me = "Policy"
@@ -66,6 +69,7 @@ class Policy:
         check_choice(me, "context_policy", self.context_policy, POLICIES)
         check_number(me, "failure_half_life_s", self.failure_half_life_s, above=0)
         check_number(me, "store_grace_s", self.store_grace_s, at_least=0)
+        check_number(me, "snapshot_every", self.snapshot_every, at_least=0, integer=True)
         check_number(me, "max_plan_rounds", self.max_plan_rounds, at_least=1, integer=True)
         check_number(me, "replan_on_failure", self.replan_on_failure, at_least=0, integer=True)
         check_number(me, "max_plan_tasks", self.max_plan_tasks, at_least=1, integer=True)
