@@ -75,6 +75,13 @@ def test_permissions_and_connection_errors() -> None:
     # replies only under its own id: the orchestrator refuses one naming another agent
     assert '"cardbus.reply.researcher.>"' in out and '"cardbus.reply.>"' not in out
     assert "allow_responses: true" in out
+    # an agents file that is not a list of agent cards: refused before connecting
+    with runner.isolated_filesystem():
+        Path("agents.json").write_text('{"agents": [{"agent_id": 1}]}')
+        bad_file = runner.invoke(
+            cli, ["orchestrator", "--agents", "agents.json", "--nats", "nats://127.0.0.1:1"]
+        )
+    assert bad_file.exit_code == 1 and "agents file 'agents.json'" in bad_file.output
     # nobody listens on port 1: a clear one-line error, exit code 1
     bad = runner.invoke(cli, ["nats", "dead", "--nats", "nats://127.0.0.1:1"])
     assert bad.exit_code == 1

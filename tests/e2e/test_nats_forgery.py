@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 from natsprocs import FAST_BUS, N
 from natsserver import NatsServer
 
@@ -22,6 +23,7 @@ from cardbus.agents import Agent, Capability
 from cardbus.agents.cards import Announce, ResultCard, Started, encode
 from cardbus.agents.requests import AgentRequest
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
 from cardbus.bus.transport.nats import NatsBus, agent_inbox_prefix
 from cardbus.eventstore import Envelope
@@ -189,8 +191,35 @@ async def test_forged_results_and_announcements_change_nothing(tmp_path: Any) ->
 
 
 def msgspec_replace_tools(card: Any, tools: list[str]) -> Any:
-    import msgspec
-
     return msgspec.structs.replace(
         card, constraints=msgspec.structs.replace(card.constraints, tools=tools)
     )
+
+
+async def test_with_an_agents_file_only_granted_agents_register_on_nats(tmp_path: Any) -> None:
+    """The operator grants quick alone, without its capability's tools: slow's announcement
+    is refused and recorded, quick registers within its grant and runs its task."""
+    path = tmp_path / "agents.json"
+    path.write_bytes(msgspec.json.encode([Quick.card()]))
+    with NatsServer(tmp_path / "nats") as server:
+        opts = NatsOptions(url=server.url)
+        async with NatsRuntime(opts, bus_options=FAST_BUS, grants=AgentGrants.load(path)) as rt:
+            stop = asyncio.Event()
+            serving = asyncio.create_task(
+                serve_agents(opts, [Quick, Slow], stop, bus_options=FAST_BUS)
+            )
+            plan = Plan(goal="g", tasks=[PlanTask(id="a", capability="quick", inputs={"n": 1})])
+            result = await rt.run(plan, timeout=20, agent_timeout=10)
+            assert result.status == "completed" and result.outputs["a"] == {"n": 2}
+            for _ in range(100):
+                log = await rt.store.read_all(0, 10_000)
+                refused = [e for e in log if isinstance(e.data, ev.ReplyRefused)]
+                if refused:
+                    break
+                await asyncio.sleep(0.05)
+            assert [(e.stream, e.data.reason) for e in refused] == [  # type: ignore[union-attr]
+                ("agent-slow", "not granted: agent 'slow' is not granted")
+            ]
+            assert sorted(rt.orchestrator.state.agents) == ["quick"]
+            stop.set()
+            await serving
