@@ -57,6 +57,7 @@ from cardbus.eventstore import (
     new_id,
 )
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.batch import MAX_ID_CHARS
 from cardbus.eventstore.errors import (
     BusError,
     CardbusError,
@@ -257,6 +258,11 @@ class Orchestrator:
         The operator's path, not checked against the grants: an agent's own
         announcement goes through :meth:`announced`.
         """
+        if not isinstance(card.agent_id, str) or not 0 < len(card.agent_id) <= MAX_ID_CHARS:
+            shown = card.agent_id[:40] if isinstance(card.agent_id, str) else card.agent_id
+            raise ValidationError(
+                f"agent id {shown!r} must be 1 to {MAX_ID_CHARS} chars (MAX_ID_CHARS)"
+            )
         if self.state.agents.get(card.agent_id) == card:
             return
         stream = f"agent-{card.agent_id}"
@@ -485,7 +491,10 @@ class Orchestrator:
             elif isinstance(item, Envelope):
                 continue
             elif isinstance(item, Announce):
-                await self.announced(item.card)
+                try:
+                    await self.announced(item.card)
+                except CardbusError as e:  # a bad announcement: dead-lettered, the step goes on
+                    self._bad(f"cardbus.announce.{str(item.card.agent_id)[:64]}", str(e)[:500])
             elif isinstance(item, _Record):
                 if decider.d.touched(item.stream):
                     self._parked.append(item)  # after the stream's append in flight
@@ -834,9 +843,11 @@ class Orchestrator:
         self._queue.put_nowait(_Record(stream, [event], done))
 
     def _on_bad_message(self, subject: str, data: bytes, reason: str) -> None:
-        self._bad(subject, reason)
+        self._bad(subject, reason, logged=True)  # the bus logged and dead-lettered it
 
-    def _bad(self, subject: str, reason: str) -> None:
+    def _bad(self, subject: str, reason: str, logged: bool = False) -> None:
+        if not logged:
+            log.warning("bad message on %s: %s", subject, reason)  # one line, no traceback
         self.bad_messages.append((subject, reason))
         if len(self.bad_messages) > 1000:  # a long-lived orchestrator keeps the latest
             del self.bad_messages[:500]
