@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
 import sqlite3
 import sys
+import textwrap
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -141,17 +143,74 @@ def new_table(title: str) -> Any:
     return Table(title=title, title_justify="left", header_style="bold")
 
 
-def print_rich(*renderables: Any) -> None:
-    """Render tables to stdout: colours on a terminal, plain and wide otherwise."""
+def out_width(default: int | None = 100) -> int | None:
+    """The width output fits: the terminal's; else ``COLUMNS`` if set; else ``default``."""
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((100, 40)).columns
+    try:
+        return max(40, int(os.environ["COLUMNS"]))
+    except (KeyError, ValueError):
+        return default
+
+
+def print_rich(*renderables: Any, width: int | None = None) -> None:
+    """Render to stdout (colours on a terminal). A table fits ``width`` (the terminal's,
+    ``COLUMNS``, else 100) without cutting a token: one too wide for its columns' longest
+    words is stacked (:func:`stacked`), one block per row, its first cell (an id) in full
+    on its own line. Other renderables get the terminal's width (200 off a terminal).
+    """
     from rich.console import Console
+    from rich.table import Table
 
     tty = sys.stdout.isatty()
     buf = io.StringIO()
-    width = shutil.get_terminal_size((200, 40)).columns if tty else 200
-    console = Console(file=buf, force_terminal=tty, width=width, highlight=False, soft_wrap=False)
+    fit = width or out_width(100) or 100
+    console = Console(
+        file=buf,
+        force_terminal=tty,
+        width=width or out_width(200) or 200,
+        highlight=False,
+        soft_wrap=False,
+    )
     for r in renderables:
+        if isinstance(r, Table) and not fits(console, r, fit):
+            r = stacked(r)
         console.print(r)
     click.echo(buf.getvalue(), nl=False)
+
+
+def fits(console: Any, table: Any, width: int) -> bool:
+    """True if ``table`` fits ``width`` columns without breaking a word of any cell."""
+    from rich.measure import Measurement
+
+    wide = console.options.update(max_width=100_000)  # measured unclamped
+    return Measurement.get(console, wide, table).minimum <= width
+
+
+def stacked(table: Any) -> Any:
+    """``table`` as one block per row: the first cell alone (in bold), then each other
+    column's header and value, indented; values wrap between words."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    columns = table.columns
+    cells = [list(c.cells) for c in columns]
+    blocks: list[Any] = []
+    if table.title:
+        blocks.append(Text(str(table.title), style="italic"))
+    for i in range(table.row_count):
+        first = cells[0][i]
+        blocks.append(Text.from_markup(first, style="bold") if isinstance(first, str) else first)
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="dim", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for column, values in zip(columns[1:], cells[1:], strict=True):
+            value = values[i]
+            if value not in ("", None):
+                grid.add_row("  " + str(column.header), value)
+        blocks.append(grid)
+    return Group(*blocks)
 
 
 def fmt_time(t: float | None) -> str:
@@ -239,9 +298,11 @@ def tasks(
     rows = run(go())
     if as_json:
         for r in rows:
-            for col in ("input", "output"):
-                if r[col] is not None:
+            for col in ("input", "output", "open_issues"):
+                if r.get(col) is not None:
                     r[col] = msgspec.json.decode(r[col])
+            if r.get("quality_met") is not None:
+                r["quality_met"] = bool(r["quality_met"])
         echo_json(rows)
         return
     title = f"{len(rows)} task{'s' if len(rows) != 1 else ''}"
@@ -249,7 +310,7 @@ def tasks(
         title += f" as of {point.describe()}"
     table = new_table(title)
     for col in ("task", "root", "capability", "agent", "status", "att", "updated", "reason"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col)
     for r in rows:
         table.add_row(
             r["task_id"],
@@ -305,10 +366,20 @@ def _echo_event(env: Envelope, as_json: bool) -> None:
     if as_json:
         echo_json(env)
         return
-    click.echo(
+    line = (
         f"{env.position:>8}  {fmt_time(env.recorded_at)}  {env.stream:<36} v{env.version:<3}"
         f" {env.type:<28} {_summary(env)}".rstrip()
     )
+    width = out_width(None)  # a terminal's or COLUMNS; piped, one line per event
+    if width and len(line) > width:  # wrapped between words, never inside an id
+        line = textwrap.fill(
+            line,
+            width,
+            subsequent_indent=" " * 10,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    click.echo(line)
 
 
 @cli.command()

@@ -77,7 +77,7 @@ def runs(
     table = new_table(title)
     for col in ("root", "status", "goal", "plan", "started", "duration", "tasks", "tokens"):
         right = col in ("duration", "tasks", "tokens")
-        table.add_column(col, overflow="fold", justify="right" if right else "left")
+        table.add_column(col, justify="right" if right else "left")
     for r in rows:
         tasks = f"{r['tasks_done']}/{r['tasks_total']}"
         if r["tasks_failed"]:
