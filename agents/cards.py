@@ -70,6 +70,7 @@ class TaskCard(_Card, TaskSpec, frozen=True, kw_only=True, tag="task_card"):
     previous_output: Any = None  # a revision: the output the review was about, to edit
     supplement: Any = None
     traceparent: str | None = None
+    delivery: int = 1  # set by the transport: 2 or more when the card was redelivered
 
 
 class ResultCard(_Card, frozen=True, kw_only=True, tag="result_card"):
@@ -88,6 +89,11 @@ class ResultCard(_Card, frozen=True, kw_only=True, tag="result_card"):
     supplement_inputs: dict[str, Any] = {}
     usage: Usage = Usage()
     duration_s: float = 0.0
+    # who ran it (set by the worker): its process, and the delivery count of the card
+    replica_id: str = ""
+    host: str = ""
+    pid: int = 0
+    delivery: int = 1
 
 
 class Started(_Card, frozen=True, kw_only=True, tag="started"):
@@ -96,6 +102,10 @@ class Started(_Card, frozen=True, kw_only=True, tag="started"):
     task_id: str
     attempt: int
     agent_id: str
+    replica_id: str = ""  # who runs it: the worker process, as on ResultCard
+    host: str = ""
+    pid: int = 0
+    delivery: int = 1
 
 
 class Review(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,10 +170,17 @@ class AgentCard(_Card, frozen=True, kw_only=True):
 
 
 class Announce(_Card, frozen=True, kw_only=True, tag="announce"):
-    """An agent coming online (or leaving); the orchestrator records it as an event."""
+    """An agent coming online (or leaving); the orchestrator records it as an event.
+
+    A worker announces again every ``lease_s / 3`` (a renewal, held in the
+    orchestrator's memory, never logged); one that stops announces ``online=False``.
+    An agent none of whose replicas renewed within ``lease_s`` is deregistered.
+    """
 
     card: AgentCard
     online: bool = True
+    lease_s: float = 10.0
+    replica_id: str = ""  # the announcing worker process (an agent may have several)
 
 
 _task_decoder = msgspec.json.Decoder(TaskCard)

@@ -6,8 +6,9 @@ and the old class stays in ``EVENT_TYPES`` so the decoder keeps reading it.
 
 Streams: a task's events live in the stream named by its task id; a run's
 own facts (``run.*``) in the stream named by its root id; agent registrations
-in ``agent-<agent_id>``; plan submissions in ``plan-<plan_id>``; long-term
-memory in ``memory``. A run planned from a goal keeps its planning rounds
+in ``agent-<agent_id>``; an orchestrator's starts in ``orchestrator-<id>``;
+plan submissions in ``plan-<plan_id>``; long-term memory in ``memory``.
+A run planned from a goal keeps its planning rounds
 (``plan.proposed``, ``plan.refused``, ``plan.accepted``) in the run's stream;
 each round's planning card is a task of its own (``<root_id>~plan<round>``,
 role ``plan``).
@@ -43,6 +44,7 @@ __all__ = [
     "MemoryRead",
     "MemoryWritten",
     "NeedsInput",
+    "OrchestratorStarted",
     "PlanAccepted",
     "PlanProposed",
     "PlanRefused",
@@ -55,6 +57,7 @@ __all__ = [
     "RunCompleted",
     "RunFailed",
     "RunHalted",
+    "RunResumed",
     "RunStarted",
     "ReplyRefused",
     "TaskCancelled",
@@ -71,6 +74,7 @@ __all__ = [
     "TaskOptions",
     "TaskSpec",
     "TaskStarted",
+    "TaskRedelivered",
     "TaskTimedOut",
     "ToolCalled",
     "ToolRequested",
@@ -142,6 +146,23 @@ class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
     agent_id: str
     # True: no Started reply came (a fast agent sends none); its answer implied the start
     implied: bool = False
+    # who ran it: the worker process (replica) of the agent, and the card's delivery count
+    replica_id: str = ""
+    host: str = ""
+    pid: int = 0
+    delivery: int = 1
+
+
+class TaskRedelivered(_Event, frozen=True, kw_only=True, tag="task.redelivered.v1"):
+    """The card of ``attempt`` reached an agent again (delivery ``delivery`` > 1): the
+    replica that had it died or gave it back, and the transport redelivered it."""
+
+    attempt: int
+    agent_id: str
+    delivery: int
+    replica_id: str = ""
+    host: str = ""
+    pid: int = 0
 
 
 class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_submitted.v1"):
@@ -157,6 +178,10 @@ class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_su
     error: str | None = None
     usage: Usage = Usage()
     duration_s: float = 0.0
+    replica_id: str = ""  # who ran it (see TaskStarted)
+    host: str = ""
+    pid: int = 0
+    delivery: int = 1
 
 
 class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_ignored.v1"):
@@ -206,6 +231,9 @@ class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
     attempt: int
     agent_id: str
     deadline: float
+    # "deadline"; "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
+    # the previous embedded process), so the attempt was timed out at once
+    reason: str = "deadline"
 
 
 class TaskCompleted(_Event, frozen=True, kw_only=True, tag="task.completed.v1"):
@@ -280,6 +308,17 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     session: dict[str, Any] = {}  # session memory: what the user asked
     # set when the plan was a goal alone: the tasks come from a planner (plan.* events)
     planning: PlanningSpec | None = None
+    agents: list[str] = []  # the run's named agents: selection considers only them ([]: all)
+
+
+class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
+    """An orchestrator that started found the run open and goes on with it (its
+    ``orchestrator.started`` lists the run too): replay shows the restart here."""
+
+    orchestrator_id: str
+    host: str = ""
+    pid: int = 0
+    lost_attempts: list[str] = []  # "<task>#<attempt>" of this run timed out at once
 
 
 class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
@@ -333,11 +372,24 @@ class PlanAccepted(_Event, frozen=True, kw_only=True, tag="plan.accepted.v1"):
 class AgentRegistered(_Event, frozen=True, kw_only=True, tag="agent.registered.v1"):
     agent_id: str
     card: dict[str, Any]  # the AgentCard as JSON
+    # the lease its workers renew (every lease_s / 3, in memory, never logged); 0: registered
+    # by the operator, live while the orchestrator that registered it runs
+    lease_s: float = 0.0
 
 
 class AgentDeregistered(_Event, frozen=True, kw_only=True, tag="agent.deregistered.v1"):
     agent_id: str
-    reason: str = ""
+    reason: str = ""  # "stopped" (its workers left) | "lease_expired" (no renewal came)
+
+
+class OrchestratorStarted(_Event, frozen=True, kw_only=True, tag="orchestrator.started.v1"):
+    """An orchestrator started (stream ``orchestrator-<id>``): the runs it resumed."""
+
+    orchestrator_id: str
+    resumed: list[str] = []  # root ids of the open runs it found in the log
+    host: str = ""
+    pid: int = 0
+    lost_attempts: list[str] = []  # "<task>#<attempt>" timed out at once (embedded resume)
 
 
 # --- memory, tools and access (issue 7) ---------------------------------------
@@ -443,6 +495,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     TaskCreated,
     TaskDispatched,
     TaskStarted,
+    TaskRedelivered,
     TaskResultSubmitted,
     TaskResultIgnored,
     TaskRejected,
@@ -459,6 +512,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ApprovalGranted,
     ApprovalDenied,
     RunStarted,
+    RunResumed,
     RunCompleted,
     RunFailed,
     RunHalted,
@@ -468,6 +522,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     PlanAccepted,
     AgentRegistered,
     AgentDeregistered,
+    OrchestratorStarted,
     MemoryWritten,
     MemoryForgotten,
     MemoryRead,
@@ -486,6 +541,7 @@ Event = (
     TaskCreated
     | TaskDispatched
     | TaskStarted
+    | TaskRedelivered
     | TaskResultSubmitted
     | TaskResultIgnored
     | TaskRejected
@@ -502,6 +558,7 @@ Event = (
     | ApprovalGranted
     | ApprovalDenied
     | RunStarted
+    | RunResumed
     | RunCompleted
     | RunFailed
     | RunHalted
@@ -511,6 +568,7 @@ Event = (
     | PlanAccepted
     | AgentRegistered
     | AgentDeregistered
+    | OrchestratorStarted
     | MemoryWritten
     | MemoryForgotten
     | MemoryRead

@@ -82,6 +82,8 @@ class AttemptSpan(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     model: str | None = None  # the model that answered, when the result names one
     output: Any = None  # the result this attempt submitted
+    replica: str | None = None  # who ran it: the worker process that answered (or started)
+    deliveries: int = 1  # the card's delivery count at the end (2 or more: redelivered)
 
 
 class TaskNode(msgspec.Struct, kw_only=True):
@@ -95,6 +97,8 @@ class TaskNode(msgspec.Struct, kw_only=True):
     inputs: Any = None  # the task's own inputs (dependencies' outputs are not in the log)
     deps: list[str] = []
     output: Any = None  # the accepted output
+    quality_met: bool = True  # False: completed with its review not passed
+    open_issues: list[ev.ReviewIssue] = []  # what that review left open
     attempts: int = 0
     reason: str | None = None
     start: float = 0.0
@@ -165,14 +169,24 @@ def _detail(data: Any) -> str | None:
             if data.score:
                 d += f" (score {data.score:.2f})"
             return d
-        case ev.TaskStarted() if data.implied:
-            return "implied by the answer"
+        case ev.TaskStarted():
+            d = "implied by the answer" if data.implied else ""
+            return ", ".join(x for x in (d, _who(data)) if x) or None
+        case ev.TaskRedelivered():
+            return f"delivery {data.delivery}, now {_who(data) or 'another replica'}"
         case ev.TaskResultSubmitted():
             u = data.usage
             d = f"result {data.status}, {u.input_tokens}+{u.output_tokens} tokens"
-            return d + (f", ran {data.duration_s * 1000:.0f}ms" if data.duration_s else "")
+            d += f", ran {data.duration_s * 1000:.0f}ms" if data.duration_s else ""
+            return d + (f", {_who(data)}" if _who(data) else "")
         case ev.TaskCompleted() if data.reused_from:
             return f"reused from {data.reused_from}"
+        case ev.TaskCompleted() if not data.quality_met:
+            return f"quality not met: {len(data.open_issues)} open issue(s)"
+        case ev.RunResumed():
+            d = f"resumed by orchestrator {data.orchestrator_id}"
+            d += f" on {data.host} (pid {data.pid})" if data.host else ""
+            return d + (f"; lost: {', '.join(data.lost_attempts)}" if data.lost_attempts else "")
         case ev.InputProvided():
             return f"input from {data.supplementary_task_id}"
         case ev.ApprovalGranted():
@@ -194,6 +208,14 @@ def _detail(data: Any) -> str | None:
         case ev.RunFailed() if data.detail:
             return data.detail
     return None
+
+
+def _who(data: Any) -> str:
+    """Who ran an attempt, as a step shows it: "by <replica> (delivery n)"."""
+    if not data.replica_id:
+        return "" if data.delivery <= 1 else f"delivery {data.delivery}"
+    d = f"by {data.replica_id}"
+    return d + (f" (delivery {data.delivery})" if data.delivery > 1 else "")
 
 
 def _proposed(proposal: Any) -> str:
@@ -242,6 +264,9 @@ def _payload(data: Any) -> Any:
             return {"inputs": data.inputs, "deps": list(data.deps)}
         case ev.TaskResultSubmitted():
             return {"status": data.status, "output": data.output, "error": data.error}
+        case ev.TaskCompleted() if not data.quality_met:
+            issues = msgspec.to_builtins(data.open_issues)
+            return {"output": data.output, "quality_met": False, "open_issues": issues}
         case ev.TaskCompleted() | ev.InputProvided():
             return {"output": data.output}
         case ev.ApprovalRequested() if data.proposed_output is not None:
@@ -303,12 +328,18 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
                     span.queued_s = t - pending_since
                 open_spans[data.agent_id] = span
                 node.spans.append(span)
-            case ev.TaskStarted():
+            case ev.TaskStarted() | ev.TaskRedelivered():
                 s = open_spans.get(data.agent_id)
                 if s is not None and s.started is None:
                     s.started = t
+                if s is not None:
+                    s.replica = data.replica_id or s.replica
+                    s.deliveries = max(s.deliveries, data.delivery)
             case ev.TaskResultSubmitted():
                 s = open_spans.get(data.agent_id)
+                if s is not None:
+                    s.replica = data.replica_id or s.replica
+                    s.deliveries = max(s.deliveries, data.delivery)
                 if s is not None and s.latency_s is None:
                     s.latency_s = t - s.start
                     s.run_s = None if s.started is None else t - s.started
@@ -320,6 +351,8 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
                 node.agent_id = data.agent_id
                 node.output = data.output
                 node.reason = None
+                node.quality_met = data.quality_met
+                node.open_issues = list(data.open_issues)
                 for agent, s in open_spans.items():
                     s.end, s.outcome = t, ("completed" if agent == data.agent_id else "superseded")
                 open_spans.clear()

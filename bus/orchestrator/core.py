@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
+from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
     Plan,
@@ -69,12 +72,14 @@ from cardbus.eventstore.errors import (
     StreamNotFound,
     ValidationError,
 )
+from cardbus.projections.agents import capability_overlaps
 
 __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 
 log = logging.getLogger(__name__)
 _TICK = object()  # look at every open run
 _DUE = object()  # look at the runs whose deadline or backoff has come
+_LAPSED = object()  # an agent's lease ran out: deregister it
 
 
 @dataclass(frozen=True)
@@ -118,18 +123,30 @@ class Orchestrator:
         memory: LongTermMemory | None = None,
         access: AccessPolicy | None = None,
         serve_requests: bool | None = None,
-        agents: AgentGrants | Iterable[AgentCard] | None = None,
         snapshot: str | Path | None = "auto",
+        lease_s: float = 10.0,
+        attempts_survive_restart: bool = True,
+        agents: AgentGrants | Iterable[AgentCard] | None = None,
     ) -> None:
-        """``agents``: the operator's grants (``AgentGrants``, or the cards themselves):
+        """``snapshot``: the file a start reads the state from and a stop (and every
+        ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
+        ``<db>.snap`` beside a SQLite log, none for other stores; None: never.
+
+        ``lease_s``: the lease of an agent found in the log on start that gave none (it
+        is selected again once it renews: ``liveness``). ``attempts_survive_restart=False``
+        (the embedded runtime, whose agents die with the process): the attempts in flight
+        in the log on start time out at once (reason ``agent_lost``) and are retried.
+
+        ``agents``: the operator's grants (``AgentGrants``, or the cards themselves):
         which agents may register through their announcements, with at most what
         (``bus.orchestrator.registry``); None: open, each agent's first card is its
-        ceiling.
-
-        ``snapshot``: the file a start reads the state from and a stop (and every
-        ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
-        ``<db>.snap`` beside a SQLite log, none for other stores; None: never."""
+        ceiling."""
         self.store = store
+        self.grants = agents if isinstance(agents, AgentGrants) else AgentGrants(agents)
+        self.leases = Leases(lease_s)
+        self.attempts_survive_restart = attempts_survive_restart
+        self.orchestrator_id = new_id()
+        self._lost_attempts: frozenset[tuple[str, int]] = frozenset()
         self.snapshot_path = (
             _snapshot.snapshot_path_for(store)
             if snapshot == "auto"
@@ -142,7 +159,6 @@ class Orchestrator:
         self._followed = 0  # the latest position the log follower saw
         self._since_snapshot = 0  # events folded since the latest snapshot
         self._saving: asyncio.Task[None] | None = None
-        self.grants = agents if isinstance(agents, AgentGrants) else AgentGrants(agents)
         self.bus = bus
         self.policy = policy or Policy()
         self.embedder = embedder
@@ -205,6 +221,7 @@ class Orchestrator:
         self._followed = self.state.position
         for root in self.state.open:  # runs resumed from the log rejoin their traces
             self.tracing.resume_run(root, started.get(root))
+        await self._started()
         self.bus.on_bad_message = self._on_bad_message
         self.bus.on_refused = self._on_refused
         if self.serve_requests:
@@ -218,6 +235,47 @@ class Orchestrator:
             asyncio.create_task(self._tick(), name="orchestrator-clock"),
             asyncio.create_task(self._decide_loop(), name="orchestrator-decide"),
         ]
+
+    async def _started(self) -> None:
+        """After the replay: agents in the log wait for a renewal; the attempts of a previous
+        embedded process are lost; ``orchestrator.started`` names the runs resumed."""
+        now = time.time()
+        for agent_id in self.state.agents:
+            self.leases.unconfirm(agent_id, self.state.agent_leases.get(agent_id, 0.0), now)
+        lost = []
+        if not self.attempts_survive_restart:
+            for run in self.state.open.values():
+                for task_id in run.tasks:
+                    task = self.state.tasks[task_id]
+                    if task.state in (TaskState.DISPATCHED, TaskState.RUNNING) and (
+                        task.attempt not in task.settled
+                    ):
+                        lost.append((task_id, task.attempt))
+        self._lost_attempts = frozenset(lost)
+        stream = f"orchestrator-{self.orchestrator_id}"
+        data = ev.OrchestratorStarted(
+            orchestrator_id=self.orchestrator_id,
+            resumed=list(self.state.open),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            lost_attempts=[f"{t}#{a}" for t, a in lost],
+        )
+        try:
+            await self._append(stream, [data], 0, stream)
+            for root in list(self.state.open):  # each resumed run's replay shows the restart
+                resumed = ev.RunResumed(
+                    orchestrator_id=self.orchestrator_id,
+                    host=data.host,
+                    pid=data.pid,
+                    lost_attempts=[
+                        f"{t}#{a}" for t, a in lost if self.state.tasks[t].created.root_id == root
+                    ],
+                )
+                await self._append_at_current_version(root, [resumed], correlation_id=root)
+        except CardbusError as e:  # a log that refuses writes: the first decision will say
+            log.warning("orchestrator.started not written: %s", e)
+        if self.state.open:  # resumed runs are looked at now (lost attempts time out)
+            self._queue.put_nowait(_Changed(frozenset(self.state.open)))
 
     async def stop(self) -> None:
         ran = bool(self._loops)
@@ -252,24 +310,55 @@ class Orchestrator:
 
     # -- public API ----------------------------------------------------------
 
-    async def register(self, card: AgentCard) -> None:
+    async def register(self, card: AgentCard, lease_s: float = 0.0, replica_id: str = "") -> None:
         """Record an agent's card in the log (a no-op if the same card is there).
 
-        The operator's path, not checked against the grants: an agent's own
-        announcement goes through :meth:`announced`.
-        """
+        ``lease_s`` 0 (the operator's path): the agent is live while this orchestrator
+        runs; else (an announcement) while ``replica_id`` renews within ``lease_s``.
+        Not checked against the grants: an agent's own announcement goes through
+        :meth:`announced`."""
         if not isinstance(card.agent_id, str) or not 0 < len(card.agent_id) <= MAX_ID_CHARS:
             shown = card.agent_id[:40] if isinstance(card.agent_id, str) else card.agent_id
             raise ValidationError(
                 f"agent id {shown!r} must be 1 to {MAX_ID_CHARS} chars (MAX_ID_CHARS)"
             )
+        now = time.time()
+        was_live = self.leases.live(card.agent_id, now)
+        if lease_s > 0:
+            self.leases.renew(card.agent_id, replica_id, lease_s, now)
+        else:
+            self.leases.pin(card.agent_id, now)
+        if not was_live and self.state.open:
+            self._queue.put_nowait(_TICK)  # tasks waiting for an agent look again
         if self.state.agents.get(card.agent_id) == card:
             return
         stream = f"agent-{card.agent_id}"
-        data = ev.AgentRegistered(agent_id=card.agent_id, card=msgspec.to_builtins(card))
+        data = ev.AgentRegistered(
+            agent_id=card.agent_id, card=msgspec.to_builtins(card), lease_s=lease_s
+        )
         await self._append_at_current_version(stream, [data], correlation_id=stream)
+        caps = {a: [c.name for c in x.capabilities] for a, x in self.state.agents.items()}
+        for other, share in capability_overlaps(caps).get(card.agent_id, []):
+            log.warning(  # seed 003: a near duplicate (or the same agent under a new id)
+                "agent %s: %.0f%% of its capabilities are offered by %s too",
+                card.agent_id,
+                share * 100,
+                other,
+            )
 
-    async def announced(self, card: AgentCard) -> None:
+    async def deregister(self, agent_id: str, reason: str = "stopped") -> None:
+        """Record that an agent left (a no-op if it is not registered); it is selected no
+        more, and an attempt it has in flight times out at once (``agent_lost``)."""
+        self.leases.forget(agent_id)
+        if agent_id not in self.state.agents:
+            return
+        stream = f"agent-{agent_id}"
+        data = ev.AgentDeregistered(agent_id=agent_id, reason=reason)
+        await self._append_at_current_version(stream, [data], correlation_id=stream)
+        if self.state.open:
+            self._queue.put_nowait(_TICK)  # its attempts in flight are lost
+
+    async def announced(self, card: AgentCard, lease_s: float = 0.0, replica_id: str = "") -> None:
         """An agent's announcement: registered as far as the grants allow, the rest refused
         (``reply.refused`` on ``agent-<id>``). The transport has made sure it comes from
         the agent it names."""
@@ -285,10 +374,12 @@ class Orchestrator:
             log.warning("announcement of %s: %s", card.agent_id, refused.reason)
             await self._append_at_current_version(stream, [refused], correlation_id=stream)
         if admission.card is not None:
-            await self.register(admission.card)
+            await self.register(admission.card, lease_s, replica_id)
 
-    async def submit(self, plan: Plan | Mapping[str, Any]) -> str:
+    async def submit(self, plan: Plan | Mapping[str, Any], agents: Iterable[str] = ()) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
+
+        ``agents``: the run's agents (ids); selection considers only them (none: all).
 
         The same plan id runs once.
         """
@@ -315,6 +406,7 @@ class Orchestrator:
             budget_tokens=plan.budget_tokens,
             session=plan.session,
             planning=planning_spec(plan, self.policy) if goal_only else None,
+            agents=sorted(set(agents)),
         )
         created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
         # refuse what the log would refuse before writing anything, not half-way
@@ -387,8 +479,13 @@ class Orchestrator:
                 if not waiters:
                     self._waiters.pop(root_id, None)
 
-    async def run(self, plan: Plan | Mapping[str, Any], timeout: float | None = None) -> RunResult:
-        return await self.wait(await self.submit(plan), timeout)
+    async def run(
+        self,
+        plan: Plan | Mapping[str, Any],
+        timeout: float | None = None,
+        agents: Iterable[str] = (),
+    ) -> RunResult:
+        return await self.wait(await self.submit(plan, agents), timeout)
 
     async def approve(self, task_id: str, by: str = "api", note: str = "") -> None:
         await answer_approval(self.store, task_id, True, by, note)
@@ -445,6 +542,8 @@ class Orchestrator:
                     self._queue.put_nowait(_TICK)
             elif self.state.wakeups and self.state.wakeups[0][0] <= time.time():
                 self._queue.put_nowait(_DUE)
+            if self.leases.lapsed(list(self.state.agents), time.time()):
+                self._queue.put_nowait(_LAPSED)
 
     async def _decide_loop(self) -> None:
         while True:
@@ -469,6 +568,8 @@ class Orchestrator:
             self.rng,
             frozenset(self._busy),
             event_limit=self._event_limit,
+            leases=self.leases,
+            lost_attempts=self._lost_attempts,
         )
         dirty: set[str] = set()  # roots something happened to; a tick looks at every run
         # The log's events first: every decision of this step is then made on the
@@ -490,9 +591,16 @@ class Orchestrator:
                 dirty.update(item.roots)
             elif isinstance(item, Envelope):
                 continue
+            elif item is _LAPSED:
+                for agent_id in self.leases.lapsed(list(self.state.agents), decider.now):
+                    await self.deregister(agent_id, "lease_expired")
+            elif isinstance(item, Announce) and not item.online:
+                # a worker stopping: the agent leaves when its last live replica has
+                if self.leases.leave(item.card.agent_id, item.replica_id, decider.now):
+                    await self.deregister(item.card.agent_id, "stopped")
             elif isinstance(item, Announce):
                 try:
-                    await self.announced(item.card)
+                    await self.announced(item.card, item.lease_s, item.replica_id)
                 except CardbusError as e:  # a bad announcement: dead-lettered, the step goes on
                     self._bad(f"cardbus.announce.{str(item.card.agent_id)[:64]}", str(e)[:500])
             elif isinstance(item, _Record):
@@ -756,6 +864,10 @@ class Orchestrator:
         """Fold ``env`` into the state; False if it was already there."""
         if not self.state.apply(env):
             return False
+        if isinstance(env.data, ev.AgentRegistered):  # by another writer: await its renewal
+            self.leases.unconfirm(env.data.agent_id, env.data.lease_s, time.time())
+        elif isinstance(env.data, ev.AgentDeregistered):
+            self.leases.forget(env.data.agent_id)
         self._since_snapshot += 1
         self._unfolded.discard(env.position)
         self.tracing.on_event(env)

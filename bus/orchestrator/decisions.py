@@ -17,11 +17,12 @@ from typing import Any
 
 import msgspec
 
-from cardbus.agents.cards import Reply, ResultCard, Review, Started, TaskCard
+from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import schema_errors
 from cardbus.bus.orchestrator import planning
 from cardbus.bus.orchestrator.context import fit_card
+from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.retry import RetryPolicy
@@ -88,7 +89,13 @@ class Decider:
         rng: random.Random | None = None,
         busy: frozenset[str] = frozenset(),
         event_limit: int = DEFAULT_MAX_EVENT_BYTES - 8192,
+        leases: Leases | None = None,
+        lost_attempts: frozenset[tuple[str, int]] = frozenset(),
     ) -> None:
+        """``leases``: which agents are live (None: every registered agent);
+        ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now)."""
+        self.leases = leases
+        self.lost_attempts = lost_attempts
         self.state = state
         self.policy = policy
         self.now = now
@@ -110,13 +117,13 @@ class Decider:
                 self._refuse(task, reply, "started")
             elif (
                 task is not None
-                and task.state is S.DISPATCHED
+                and task.state in (S.DISPATCHED, S.RUNNING)
                 and reply.attempt == task.attempt
                 and reply.agent_id in task.dispatched_to
             ):
-                self.d.add(
-                    task.task_id, ev.TaskStarted(attempt=reply.attempt, agent_id=reply.agent_id)
-                )
+                if task.state is S.DISPATCHED:
+                    self.d.add(task.task_id, ev.TaskStarted(**_started_fields(reply)))
+                self._redelivered(task, reply)
             return
         if not isinstance(reply, ResultCard):
             return
@@ -169,13 +176,15 @@ class Decider:
             error=reply.error,
             usage=reply.usage,
             duration_s=reply.duration_s,
+            replica_id=reply.replica_id,
+            host=reply.host,
+            pid=reply.pid,
+            delivery=reply.delivery,
         )
         if task.state is S.DISPATCHED and not self.d.events.get(task.task_id):
             # an answer with no Started before it (a fast agent sends none): it did start
-            self.d.add(
-                task.task_id,
-                ev.TaskStarted(attempt=reply.attempt, agent_id=reply.agent_id, implied=True),
-            )
+            self.d.add(task.task_id, ev.TaskStarted(**_started_fields(reply), implied=True))
+        self._redelivered(task, reply)
         self.d.add(task.task_id, submitted)
         self.d.origins[task.task_id] = reply
         results = {**task.results, reply.agent_id: submitted}
@@ -206,6 +215,25 @@ class Decider:
                     return
                 self._accept_output(task, reply.agent_id, reply.output, reply.confidence)
 
+    def _redelivered(self, task: TaskView, reply: Started | ResultCard) -> None:
+        """A Started or result of a delivery not seen yet (> 1): the card was redelivered."""
+        decided = max(
+            (e.delivery for e in self.d.events.get(task.task_id, []) if isinstance(e, _WHO)),
+            default=0,
+        )
+        if reply.delivery > 1 and reply.delivery > max(task.delivered, decided):
+            self.d.add(
+                task.task_id,
+                ev.TaskRedelivered(
+                    attempt=reply.attempt,
+                    agent_id=reply.agent_id,
+                    delivery=reply.delivery,
+                    replica_id=reply.replica_id,
+                    host=reply.host,
+                    pid=reply.pid,
+                ),
+            )
+
     def _refuse(self, task: TaskView, reply: ResultCard | Started, kind: str) -> None:
         """A reply from an agent no attempt of the task was sent to: recorded, not acted on.
 
@@ -231,7 +259,10 @@ class Decider:
         return (
             task_id not in self.d.busy
             and decided is not None
-            and all(isinstance(e, ev.TaskStarted) and e.attempt == attempt for e in decided)
+            and all(
+                isinstance(e, (ev.TaskStarted, ev.TaskRedelivered)) and e.attempt == attempt
+                for e in decided
+            )
         )
 
     def _accept_output(self, task: TaskView, agent_id: str, output: Any, confidence: float) -> None:
@@ -514,6 +545,22 @@ class Decider:
             if waiting and all(d <= self.now for d in waiting):
                 self._settle_fanout(task, task.results)
             return
+        lost = [a for a in task.dispatched_to if self._lost(task, a)]
+        if lost and len(lost) == len(task.dispatched_to):
+            # its agent is gone (lease lapsed, deregistered, or died with the previous
+            # process): no answer will come, so the attempt times out now, not at the deadline
+            agent = lost[0]
+            self.d.add(
+                task.task_id,
+                ev.TaskTimedOut(
+                    attempt=task.attempt,
+                    agent_id=agent,
+                    deadline=task.dispatched_to[agent],
+                    reason="agent_lost",
+                ),
+            )
+            self._fail_attempt(task, "agent_lost", f"{agent} went before it answered")
+            return
         overdue = [a for a, deadline in task.dispatched_to.items() if deadline <= self.now]
         if not overdue or len(overdue) < len(task.dispatched_to):
             return
@@ -525,6 +572,36 @@ class Decider:
             ),
         )
         self._fail_attempt(task, "timeout", f"no result from {agent} by the deadline")
+
+    def _lost(self, task: TaskView, agent_id: str) -> bool:
+        """The attempt's agent will never answer it."""
+        if (task.task_id, task.attempt) in self.lost_attempts:
+            return True
+        if self.leases is None:
+            return False
+        return agent_id not in self.state.agents or self.leases.lost(agent_id, self.now)
+
+    def _selectable(self, run: RunView) -> list[AgentCard]:
+        """The agents a dispatch of ``run`` may choose from: live ones, of the run's named
+        agents when it names some."""
+        named = set(run.started.agents)
+        return [
+            a
+            for a in self.state.agents.values()
+            if (not named or a.agent_id in named)
+            and (self.leases is None or self.leases.live(a.agent_id, self.now))
+        ]
+
+    def _awaited(self, run: RunView, capability: str) -> bool:
+        """An unconfirmed agent (in the log, not yet renewed) that could do it: wait for it."""
+        if self.leases is None:
+            return False
+        named = set(run.started.agents)
+        return any(
+            self.leases.waiting(a.agent_id, self.now) and a.capability(capability) is not None
+            for a in self.state.agents.values()
+            if not named or a.agent_id in named
+        )
 
     def _deps(self, task: TaskView) -> list[TaskView]:
         return [self.state.tasks[d] for d in task.created.deps if d in self.state.tasks]
@@ -571,11 +648,10 @@ class Decider:
         card = self.card_for(task, attempt)
         c = task.created
         # context budget: fit upstream outputs into the capable agents' max input size
-        card, trimmed = fit_card(
-            card, c.inputs, self.state.agents.values(), self.policy.context_policy
-        )
+        agents = self._selectable(run)
+        card, trimmed = fit_card(card, c.inputs, agents, self.policy.context_policy)
         candidates = rank(
-            self.state.agents.values(),
+            agents,
             c.capability,
             c.goal,
             card.inputs,
@@ -590,7 +666,9 @@ class Decider:
             ),
         )
         if not candidates:
-            self._fail(task, "no_capable_agent", self._why_no_agent(task, card))
+            if self._awaited(run, c.capability):
+                return  # an agent from the log may renew its lease: the task waits for it
+            self._fail(task, "no_capable_agent", self._why_no_agent(task, card, run))
             return
         h = loop_hash(
             c.capability, [card.inputs, card.supplement, msgspec.to_builtins(card.review)]
@@ -623,14 +701,19 @@ class Decider:
             )
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))
 
-    def _why_no_agent(self, task: TaskView, card: TaskCard) -> str:
+    def _why_no_agent(self, task: TaskView, card: TaskCard, run: RunView | None = None) -> str:
         """Each agent offering the capability, with why it was left out."""
         c = task.created
         why = []
+        named = set(run.started.agents) if run is not None else set()
         for agent in sorted(self.state.agents.values(), key=lambda a: a.agent_id):
             if agent.capability(c.capability) is None:
                 continue
-            if agent.agent_id in task.excluded:
+            if named and agent.agent_id not in named:
+                why.append(f"{agent.agent_id}: not one of the run's agents")
+            elif self.leases is not None and not self.leases.live(agent.agent_id, self.now):
+                why.append(f"{agent.agent_id}: no live lease")
+            elif agent.agent_id in task.excluded:
                 why.append(f"{agent.agent_id}: rejected it")
             else:
                 reason = hard_filter(agent, c.capability, card.inputs, c.constraints, c.timeout_s)
@@ -839,7 +922,20 @@ class Decider:
                 self.d.add(task_id, data)
 
 
-_FACTS = (ev.TaskStarted, ev.TaskResultSubmitted, ev.TaskResultIgnored)
+_FACTS = (ev.TaskStarted, ev.TaskResultSubmitted, ev.TaskResultIgnored, ev.TaskRedelivered)
+_WHO = (ev.TaskStarted, ev.TaskResultSubmitted, ev.TaskRedelivered)
+
+
+def _started_fields(reply: Started | ResultCard) -> dict[str, Any]:
+    """A TaskStarted's fields from the reply that started it: the attempt and who ran it."""
+    return {
+        "attempt": reply.attempt,
+        "agent_id": reply.agent_id,
+        "replica_id": reply.replica_id,
+        "host": reply.host,
+        "pid": reply.pid,
+        "delivery": reply.delivery,
+    }
 
 
 def review_inputs(output: Any, created: ev.TaskCreated) -> dict[str, Any]:

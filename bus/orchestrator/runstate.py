@@ -61,6 +61,7 @@ class TaskView:
     previous_output: Any = None  # the output the latest revision was asked to improve
     quality_met: bool = True  # from task.completed: False if its review never passed
     open_issues: list[ev.ReviewIssue] = field(default_factory=list)
+    delivered: int = 0  # the highest delivery count recorded for the current attempt
 
     @property
     def terminal(self) -> bool:
@@ -108,6 +109,7 @@ class RunState:
         self.open: dict[str, RunView] = {}  # runs not finished yet, in start order
         self.tasks: dict[str, TaskView] = {}
         self.agents: dict[str, AgentCard] = {}
+        self.agent_leases: dict[str, float] = {}  # agent -> the lease_s it registered with
         self.plans: dict[str, str] = {}  # plan id -> root id
         self.plan_digests: dict[str, str] = {}  # plan id -> digest of its body (PlanConflict)
         self.versions: dict[str, int] = {}
@@ -202,6 +204,7 @@ class RunState:
         elif isinstance(data, ev.AgentRegistered):
             try:
                 self.agents[data.agent_id] = msgspec.convert(data.card, AgentCard)
+                self.agent_leases[data.agent_id] = data.lease_s
             except Exception as e:  # a bad card in the log must not stop the orchestrator
                 self._anomaly(f"{env.event_id}: unreadable agent card: {e}")
         elif isinstance(data, ev.AgentDeregistered):
@@ -290,6 +293,7 @@ class RunState:
                     task.attempt = data.attempt
                     task.dispatched_to = {}
                     task.results = {}
+                    task.delivered = 0
                 task.dispatched_to[data.agent_id] = data.deadline
                 task.assigned.add(data.agent_id)
                 self._wake(data.deadline, task.created.root_id)
@@ -298,9 +302,13 @@ class RunState:
                 if run is not None and data.loop_hash and key not in run.loop_seen:
                     run.loop_seen.add(key)
                     run.loop_counts[data.loop_hash] += 1
+            case ev.TaskStarted() | ev.TaskRedelivered():
+                if data.attempt == task.attempt:
+                    task.delivered = max(task.delivered, data.delivery)
             case ev.TaskResultSubmitted():
                 if data.attempt == task.attempt:
                     task.results[data.agent_id] = data
+                    task.delivered = max(task.delivered, data.delivery)
                 if run is not None:
                     # a negative count from a broken agent must not buy budget back
                     run.tokens += max(0, data.usage.input_tokens) + max(0, data.usage.output_tokens)

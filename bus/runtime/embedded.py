@@ -79,8 +79,16 @@ class EmbeddedRuntime:
                 docs = self._docs.name
             tools = ToolRegistry([doc_search_tool(docs)])
         self.tools = tools
+        # its agents live in this process: the attempts a previous process left in flight
+        # died with it, and time out at once on resume
         self.orchestrator = Orchestrator(
-            store, self.bus, policy, tools=tools, memory=self.memory, access=access
+            store,
+            self.bus,
+            policy,
+            tools=tools,
+            memory=self.memory,
+            access=access,
+            attempts_survive_restart=False,
         )
         agents = with_planner(agents) if default_planner else list(agents)
         self.workers = [AgentWorker(self.bus, a, llm) for a in agents]
@@ -97,6 +105,11 @@ class EmbeddedRuntime:
 
     async def __aexit__(self, *exc: object) -> None:
         self._state = "stopped"
+        # Its agents stop renewing, but are not deregistered: another process on the same
+        # log may run agents of the same ids (its runs name their own agents, and a later
+        # start finds these unconfirmed until they renew).
+        for w in self.workers:
+            await w.stop(announce=False)
         await self.orchestrator.stop()
         await self.bus.close()
         if self._docs is not None:
@@ -106,7 +119,9 @@ class EmbeddedRuntime:
         """Run ``plan`` (a Plan, a mapping or JSON text of the plan format, or a goal alone
         to plan); then apply the memory policy to it. Only inside ``async with``."""
         require_started(self, self._state)  # NotStarted outside `async with`
-        result = await self.orchestrator.run(plan_of(plan), timeout)
+        # the run's agents are this runtime's: none registered by an earlier process is chosen
+        agents = [w.agent.agent_id for w in self.workers]
+        result = await self.orchestrator.run(plan_of(plan), timeout, agents=agents)
         await self.keeper.settle(result.root_id)
         return result
 

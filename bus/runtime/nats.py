@@ -214,17 +214,23 @@ async def serve_agents(
     if not agents:
         raise BusError("no agent to serve")
     buses: list[NatsBus] = []
+    workers: list[AgentWorker] = []
     name = "cardbus-agent-" + "+".join(a.agent_id for a in agents)
     try:
         for r in range(replicas):
             bus = await NatsBus.connect(options, name=f"{name}-{r}", **(bus_options or {}))
             buses.append(bus)
             for a in agents:
-                await AgentWorker(bus, a, llm, concurrency).start()
+                worker = AgentWorker(bus, a, llm, concurrency)
+                await worker.start()
+                workers.append(worker)
         if ready is not None:
             ready.set()
         await stop.wait()
     finally:
+        for w in workers:  # each replica says it goes (the last: agent.deregistered, stopped)
+            with contextlib.suppress(Exception):
+                await w.stop()
         for b in buses:
             with contextlib.suppress(Exception):
                 await b.close()

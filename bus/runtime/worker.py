@@ -16,13 +16,25 @@ Up to ``concurrency`` cards run at once: by default the agent's
 NATS each fetches a card and acks it when its answer is sent). A blocking
 handler belongs in a sync ``def handle`` (``Agent.run`` runs it in a
 thread), so it stalls neither the other cards of this worker nor other agents.
+
+Liveness: the worker announces with a lease (``lease_s``, 10 s by default) and
+announces again every ``lease_s / 3``; ``stop()`` announces it offline. Every
+``Started`` and ``ResultCard`` it sends says who ran the card: its
+``replica_id`` (host, pid and a random part), ``host``, ``pid``, and the
+card's delivery count (2 or more: a redelivery).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
+import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
 
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
 from cardbus.agents.cards import Announce, ResultCard, Started, TaskCard
@@ -43,8 +55,10 @@ class AgentWorker:
         llm: LLM | None = None,
         concurrency: int | None = None,
         started_after_s: float = 0.01,
+        lease_s: float = 10.0,
     ) -> None:
-        """``concurrency``: cards at once (None: the agent's ``constraints.max_concurrency``)."""
+        """``concurrency``: cards at once (None: the agent's ``constraints.max_concurrency``);
+        ``lease_s``: the lease announced, renewed every third of it (0: never renewed)."""
         self.bus = bus
         self.agent = agent
         self.llm = llm
@@ -60,15 +74,60 @@ class AgentWorker:
         # and a blocking agent cannot take the threads another agent's handlers need
         self._threads: ThreadPoolExecutor | None = None
         self.started_after_s = started_after_s
+        if not lease_s >= 0:
+            raise ConfigError(f"{agent.agent_id}: lease_s must be >= 0, got {lease_s!r}")
+        self.lease_s = float(lease_s)
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.replica_id = f"{self.host}-{self.pid}-{uuid.uuid4().hex[:6]}"
+        self._renewing: asyncio.Task[None] | None = None
         self.handled = 0
         self._answers: OrderedDict[tuple[str, int], ResultCard] = OrderedDict()
         self._running: dict[tuple[str, int], asyncio.Future[ResultCard]] = {}
 
+    def _announce(self, online: bool = True) -> Announce:
+        return Announce(
+            card=self.agent.card(), online=online, lease_s=self.lease_s, replica_id=self.replica_id
+        )
+
     async def start(self) -> None:
-        await self.bus.reply(Announce(card=self.agent.card()))
+        await self.bus.reply(self._announce())
         for _ in range(self.concurrency):
             handler = telemetry.traced_handler(self._on_card, self.bus, self.agent.agent_id)
             await self.bus.consume(self.agent.agent_id, handler)
+        if self.lease_s > 0:
+            self._renewing = asyncio.create_task(self._renew(), name=f"lease-{self.agent.agent_id}")
+
+    async def _renew(self) -> None:
+        """Announce again every third of the lease, until stopped or the bus closes."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self.bus.reply(self._announce())
+            except BusError as e:
+                if "closed" in str(e):
+                    return
+            except Exception:  # a hiccup: the next renewal may pass (the lease has room)
+                continue
+
+    async def stop(self, announce: bool = True) -> None:
+        """Stop renewing the lease and (``announce``) say the agent is going offline."""
+        renewing, self._renewing = self._renewing, None
+        if renewing is not None:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await renewing
+        if announce:
+            with contextlib.suppress(Exception):
+                await self.bus.reply(self._announce(online=False))
+
+    def _who(self, card: TaskCard) -> dict[str, object]:
+        return {
+            "replica_id": self.replica_id,
+            "host": self.host,
+            "pid": self.pid,
+            "delivery": card.delivery,
+        }
 
     async def _on_card(self, card: TaskCard) -> None:
         key = (card.task_id, card.attempt)
@@ -79,6 +138,8 @@ class AgentWorker:
                 answer = await asyncio.shield(running)
             else:
                 answer = await self._run(card, key)
+        if answer.delivery != card.delivery:  # answered before: say which delivery this is
+            answer = msgspec.structs.replace(answer, delivery=card.delivery)
         await self.bus.reply(answer)
 
     async def _run(self, card: TaskCard, key: tuple[str, int]) -> ResultCard:
@@ -91,7 +152,12 @@ class AgentWorker:
                 self.concurrency, thread_name_prefix=f"cardbus-{self.agent.agent_id}"
             )
         HANDLER_EXECUTOR.set(self._threads)
-        started = Started(task_id=card.task_id, attempt=card.attempt, agent_id=self.agent.agent_id)
+        started = Started(
+            task_id=card.task_id,
+            attempt=card.attempt,
+            agent_id=self.agent.agent_id,
+            **self._who(card),  # type: ignore[arg-type]
+        )
         reported: list[asyncio.Task[None]] = []  # the Started reply, once sent
         # The handler runs inline; only one still running after started_after_s costs
         # a Started reply (sent from a timer, so a fast agent costs no task or message).
@@ -122,6 +188,7 @@ class AgentWorker:
                     error=f"TimeoutError: still running {limit:g}s after it started; cancelled",
                     duration_s=limit,
                 )
+            answer = msgspec.structs.replace(answer, **self._who(card))
             if timer is not None:
                 timer.cancel()
             for sending in reported:  # Started goes out before the answer

@@ -8,6 +8,8 @@ import inspect
 import logging
 from collections.abc import AsyncIterator
 
+import msgspec
+
 from cardbus.agents import requests as rq
 from cardbus.agents.cards import Reply, TaskCard, decode_reply, decode_task_card, encode
 from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
@@ -46,6 +48,8 @@ class InProcessBus(Bus):
             except DecodeError as e:
                 await self._bad(subject, data, str(e))
                 continue
+            if delivered:  # a redelivery (the first delivery is 0 here, 1 on the card)
+                card = msgspec.structs.replace(card, delivery=delivered + 1)
             try:
                 await handler(card)
             except asyncio.CancelledError:

@@ -532,6 +532,9 @@ class NatsBus(Bus):
         trace = header(msg, TRACE_HEADER)
         if card.traceparent is None and trace:
             card = msgspec.structs.replace(card, traceparent=trace)
+        delivered = _delivered(msg)
+        if delivered != card.delivery:  # who ran it: the worker reports the delivery count
+            card = msgspec.structs.replace(card, delivery=delivered)
         beat = asyncio.ensure_future(self._keep_alive(msg))
         token = _trace.set(card.traceparent)
         try:

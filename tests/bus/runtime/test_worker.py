@@ -8,6 +8,7 @@ sent (the handler has not finished at the first look); the two
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -88,11 +89,28 @@ async def test_announces_then_replies_started_then_result(bus: InProcessBus) -> 
 
     await bus.send_task("counting", card())
     started, result = await take(replies, 2)
-    assert started == Started(task_id="t1", attempt=1, agent_id="counting")
+    who = {"replica_id": worker.replica_id, "host": worker.host, "pid": os.getpid()}
+    assert started == Started(task_id="t1", attempt=1, agent_id="counting", **who)
     assert isinstance(result, ResultCard)
     assert result.status == "completed" and result.output == {"text": "HI"}
     assert (result.task_id, result.attempt, result.agent_id) == ("t1", 1, "counting")
+    assert (result.replica_id, result.pid, result.delivery) == (worker.replica_id, os.getpid(), 1)
     assert worker.handled == 1
+    await worker.stop()
+    (offline,) = await take(replies, 1)  # stopping: the replica says it goes
+    assert isinstance(offline, Announce) and not offline.online
+    assert offline.replica_id == worker.replica_id == announce.replica_id
+
+
+async def test_renews_its_lease_every_third_of_it(bus: InProcessBus) -> None:
+    worker = AgentWorker(bus, Counting, lease_s=0.3)
+    replies = bus.replies()
+    await worker.start()
+    first, second, third = await take(replies, 3)
+    assert all(
+        isinstance(a, Announce) and a.online and a.lease_s == 0.3 for a in (first, second, third)
+    )
+    await worker.stop(announce=False)
 
 
 class Gated(Agent):
@@ -125,11 +143,13 @@ async def test_a_handler_still_running_after_started_after_sends_started(
 ) -> None:
     Gated.gate = asyncio.Event()
     replies = bus.replies()
-    await AgentWorker(bus, Gated, started_after_s=0.001).start()
+    worker = AgentWorker(bus, Gated, started_after_s=0.001)
+    await worker.start()
     await take(replies, 1)
     await bus.send_task("gated", card())
     (started,) = await take(replies, 1)  # while the handler is still waiting on its gate
-    assert started == Started(task_id="t1", attempt=1, agent_id="gated")
+    assert (started.task_id, started.attempt, started.agent_id) == ("t1", 1, "gated")
+    assert isinstance(started, Started) and started.replica_id == worker.replica_id
     Gated.gate.set()
     (result,) = await take(replies, 1)
     assert isinstance(result, ResultCard) and result.output == {"text": "hi"}
@@ -233,7 +253,9 @@ async def test_a_raising_handler_is_redelivered_up_to_max_deliver(bus: InProcess
     await bus.send_task("flaky", card())
     await asyncio.wait_for(gave_up.wait(), 2)
     assert len(seen) == bus.max_deliver == 3
-    assert all(c == card() for c in seen)
+    # the same card each time, but for its delivery count (the worker reports it)
+    assert [c.delivery for c in seen] == [1, 2, 3]
+    assert all(msgspec.structs.replace(c, delivery=1) == card() for c in seen)
     ((subject, data, reason),) = bad
     assert data == msgspec.json.encode(card())
     assert subject == "cardbus.agent.flaky"
