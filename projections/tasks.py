@@ -7,7 +7,8 @@ the fold never raises on it.
 
 ``reason`` holds the latest explanation of where the task is: a rejection,
 retry, time-out, failure, halt, cancellation, revision request or missing
-input; it is cleared when the task completes.
+input; it is cleared when the task completes, unless its review never passed
+(then ``quality_met`` is 0 and ``open_issues`` holds what was left open).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ TASKS = TableSpec(
         ("updated_at", "REAL"),
         ("goal", "TEXT"),
         ("version", "INTEGER"),
+        ("quality_met", "INTEGER"),  # a completion: 0 if its review never passed
+        ("open_issues", "TEXT"),  # and the issues still open then (JSON)
     ),
     key=("task_id",),
     indexes=(("root_id",),),
@@ -65,8 +68,13 @@ def event_reason(data: Any) -> str | None:
             return f"{r} ({data.detail})" if data.detail else r
         case ev.TaskRetryScheduled():
             return f"retry as attempt {data.attempt} in {data.delay_s:g}s: {data.reason}"
+        case ev.TaskTimedOut() if data.reason == "agent_lost":
+            return f"attempt {data.attempt} lost: {data.agent_id} went before it answered"
         case ev.TaskTimedOut():
             return f"attempt {data.attempt} by {data.agent_id} timed out"
+        case ev.TaskCompleted() if not data.quality_met:
+            r = "completed, quality not met"
+            return f"{r}: {_issues(data.open_issues)}" if data.open_issues else r
         case ev.TaskFailed():
             return f"failed: {data.reason}" + (f" ({data.error})" if data.error else "")
         case ev.TaskHalted():
@@ -115,7 +123,9 @@ def _on_result(row: Row, data: Any) -> None:
 def _on_completed(row: Row, data: Any) -> None:
     row["agent_id"] = data.agent_id
     row["output"] = _json(data.output).decode()
-    row["reason"] = None
+    row["reason"] = event_reason(data)  # None, or the quality not met and its open issues
+    row["quality_met"] = int(data.quality_met)
+    row["open_issues"] = _json(data.open_issues).decode() if data.open_issues else None
 
 
 def _clear_reason(row: Row, data: Any) -> None:
@@ -159,6 +169,8 @@ def _new_row(env: Envelope) -> Row:
         "updated_at": env.recorded_at,
         "goal": None,
         "version": 0,
+        "quality_met": None,
+        "open_issues": None,
     }
     data = env.data
     if isinstance(data, ev.TaskCreated):
@@ -181,7 +193,7 @@ class TaskTable(Projection):
     """``proj_tasks``: the columns of the source designs, plus ``goal`` and stream ``version``."""
 
     name = "tasks"
-    version = 1
+    version = 2  # 2: quality_met, open_issues
     tables = (TASKS,)
     handles = frozenset(ev.TASK_EVENT_TYPES)
 

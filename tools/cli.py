@@ -23,6 +23,7 @@ __all__ = ["cli", "main"]
 COMMANDS = {
     "a2a": "cardbus.tools.cmd_a2a",
     "agent": "cardbus.tools.cmd_nats",
+    "agents": "cardbus.tools.cmd_agents",
     "approve": "cardbus.tools.cmd_run",
     "demo": "cardbus.tools.cmd_demo",
     "deny": "cardbus.tools.cmd_run",

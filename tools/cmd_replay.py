@@ -53,10 +53,15 @@ def _step_line(step: Step, start: float) -> Any:
 
 
 def _task_label(n: TaskNode) -> str:
+    from rich.markup import escape
+
     label = f"[bold]{n.capability or '?'}[/] {n.task_id}  {styled_status(n.status)}"
     if n.agent_id:
         label += f"  agent [cyan]{n.agent_id}[/]"
     label += f"  attempts {n.attempts}  {fmt_duration(n.duration_s)}"
+    if not n.quality_met:
+        issues = "; ".join(f"[{i.severity}] {i.section}: {i.suggestion}" for i in n.open_issues)
+        label += "  [yellow]quality not met[/]" + (f" ({escape(issues)})" if issues else "")
     return label
 
 

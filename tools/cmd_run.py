@@ -113,12 +113,19 @@ def run(
                         "reason": result.reason,
                         "detail": result.detail,
                         "outputs": result.outputs,
+                        "quality_met": result.quality_met,
+                        "open_issues": msgspec.to_builtins(result.open_issues),
                     }
                 )
             )
         else:
             line = f"run {result.root_id}: {result.status} {result.reason}".rstrip()
             click.echo(line + (f" ({result.detail})" if result.detail else ""))
+            if not result.quality_met:  # completed, but a review never passed
+                click.echo("quality not met:")
+                for name, issues in result.open_issues.items():
+                    shown = "; ".join(f"[{i.severity}] {i.section}: {i.suggestion}" for i in issues)
+                    click.echo(f"  {name}: {shown or 'the review did not pass'}")
         if result.status != "completed":
             raise SystemExit(1)  # a failed run; 2 is click's usage error
 

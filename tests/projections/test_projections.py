@@ -264,7 +264,7 @@ async def test_version_change_rebuilds(tmp_path: Path) -> None:
         await runner.catch_up()
 
     class TaskTableV2(TaskTable):
-        version = 2
+        version = TaskTable.version + 1
 
     with ProjectionRunner.open(store, path, [TaskTableV2()]) as runner:
         assert runner.position == 0
