@@ -6,10 +6,12 @@ where the fault is a process dying; AckWait is 1 s so a lost card comes back fas
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
 
+from click.testing import CliRunner
 from natsprocs import (
     FAST_BUS,
     Proc,
@@ -31,6 +33,7 @@ from cardbus.bus.orchestrator.plan import decode_plan
 from cardbus.bus.runtime.nats import NatsRuntime
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.nats.connection import NatsOptions
+from cardbus.tools.cli import cli
 
 
 async def test_sigkill_an_agent_mid_task_another_replica_finishes_it(
@@ -71,6 +74,30 @@ async def test_sigkill_an_agent_mid_task_another_replica_finishes_it(
     assert {k: count(v, ev.TaskCompleted) for k, v in tasks.items()} == {"a": 1, "b": 1, "c": 1}
     assert count(tasks["b"], ev.TaskDispatched) == 1  # redelivered by the bus, no retry
     assert count(tasks["b"], ev.TaskTimedOut) == 0
+    # the incident is in the log: the redelivery, and the replica that finished the task
+    survivor = next(p for p in replicas if p.pid != victim_pid)
+    (again,) = [e for e in tasks["b"] if isinstance(e, ev.TaskRedelivered)]
+    assert again.attempt == 1 and again.delivery >= 2 and again.pid == survivor.pid
+    (answered,) = [e for e in tasks["b"] if isinstance(e, ev.TaskResultSubmitted)]
+    assert answered.pid == survivor.pid and answered.replica_id == again.replica_id
+    assert answered.delivery == again.delivery and answered.host
+    # ... and cardbus replay shows them (the tree, and --json)
+    b = f"b-{root[-12:]}"
+    shown = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["replay", b, "--store", url, "--json"], catch_exceptions=False
+    )
+    assert shown.exit_code == 0, shown.output
+    (node,) = json.loads(shown.stdout)["tasks"]
+    (redelivered,) = [s for s in node["steps"] if s["kind"] == "redelivered"]
+    assert f"delivery {again.delivery}" in redelivered["detail"]
+    assert again.replica_id in redelivered["detail"]
+    (span,) = node["spans"]
+    assert span["replica"] == again.replica_id and span["deliveries"] == again.delivery
+    assert span["outcome"] == "completed"
+    tree = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["replay", b, "--store", url], catch_exceptions=False
+    )
+    assert "redelivered" in tree.stdout and f"-{survivor.pid}-" in tree.stdout, tree.stdout
 
 
 async def test_nats_server_stopped_and_restarted_mid_run(
