@@ -68,7 +68,7 @@ async def _reply_consumers(url: str) -> list[str]:
         await nc.close()
 
 
-def test_permissions_and_connection_errors() -> None:
+def test_permissions_and_connection_errors(tmp_path: Path) -> None:
     runner = CliRunner()
     out = runner.invoke(cli, ["nats", "permissions", "--agent", "researcher"]).output
     assert '"cardbus.announce.researcher"' in out and '"_INBOX.researcher.>"' in out
@@ -76,12 +76,12 @@ def test_permissions_and_connection_errors() -> None:
     assert '"cardbus.reply.researcher.>"' in out and '"cardbus.reply.>"' not in out
     assert "allow_responses: true" in out
     # an agents file that is not a list of agent cards: refused before connecting
-    with runner.isolated_filesystem():
-        Path("agents.json").write_text('{"agents": [{"agent_id": 1}]}')
-        bad_file = runner.invoke(
-            cli, ["orchestrator", "--agents", "agents.json", "--nats", "nats://127.0.0.1:1"]
-        )
-    assert bad_file.exit_code == 1 and "agents file 'agents.json'" in bad_file.output
+    agents_file = tmp_path / "agents.json"
+    agents_file.write_text('{"agents": [{"agent_id": 1}]}')
+    bad_file = runner.invoke(
+        cli, ["orchestrator", "--agents", str(agents_file), "--nats", "nats://127.0.0.1:1"]
+    )
+    assert bad_file.exit_code == 1 and "agents file" in bad_file.output, bad_file.output
     # nobody listens on port 1: a clear one-line error, exit code 1
     bad = runner.invoke(cli, ["nats", "dead", "--nats", "nats://127.0.0.1:1"])
     assert bad.exit_code == 1
