@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import shutil
 import sqlite3
 import sys
@@ -144,38 +143,34 @@ def new_table(title: str) -> Any:
 
 
 def out_width(default: int | None = 100) -> int | None:
-    """The width output fits: the terminal's; else ``COLUMNS`` if set; else ``default``."""
+    """The width output fits: the terminal's, else ``default``."""
     if sys.stdout.isatty():
         return shutil.get_terminal_size((100, 40)).columns
-    try:
-        return max(40, int(os.environ["COLUMNS"]))
-    except (KeyError, ValueError):
-        return default
+    return default
 
 
 def print_rich(*renderables: Any, width: int | None = None) -> None:
     """Render to stdout (colours on a terminal). A table fits ``width`` (the terminal's,
-    ``COLUMNS``, else 100) without cutting a token: one too wide for its columns' longest
-    words is stacked (:func:`stacked`), one block per row, its first cell (an id) in full
-    on its own line. Other renderables get the terminal's width (200 off a terminal).
+    else 100) without cutting a token: one too wide for its columns' longest words is
+    stacked (:func:`stacked`), one block per row, its first cell (an id) in full on its
+    own line. Other renderables get the terminal's width (200 off a terminal).
     """
     from rich.console import Console
     from rich.table import Table
 
     tty = sys.stdout.isatty()
     buf = io.StringIO()
-    fit = width or out_width(100) or 100
-    console = Console(
-        file=buf,
-        force_terminal=tty,
-        width=width or out_width(200) or 200,
-        highlight=False,
-        soft_wrap=False,
-    )
+
+    def console(w: int) -> Console:
+        return Console(file=buf, force_terminal=tty, width=w, highlight=False, soft_wrap=False)
+
+    narrow = console(width or out_width(100) or 100)
+    wide = console(width or out_width(200) or 200)
     for r in renderables:
-        if isinstance(r, Table) and not fits(console, r, fit):
-            r = stacked(r)
-        console.print(r)
+        if isinstance(r, Table):
+            narrow.print(r if fits(narrow, r, narrow.width) else stacked(r))
+        else:
+            wide.print(r)
     click.echo(buf.getvalue(), nl=False)
 
 
@@ -370,7 +365,7 @@ def _echo_event(env: Envelope, as_json: bool) -> None:
         f"{env.position:>8}  {fmt_time(env.recorded_at)}  {env.stream:<36} v{env.version:<3}"
         f" {env.type:<28} {_summary(env)}".rstrip()
     )
-    width = out_width(None)  # a terminal's or COLUMNS; piped, one line per event
+    width = out_width(None)  # on a terminal; piped, one line per event (for grep)
     if width and len(line) > width:  # wrapped between words, never inside an id
         line = textwrap.fill(
             line,

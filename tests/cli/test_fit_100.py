@@ -1,6 +1,6 @@
 """Tables fit 100 columns without cutting a token (issue 16 item 7).
 
-Each table command renders at ``COLUMNS=100``: no line is longer, and every
+Each table command renders on a 100-column terminal: no line is longer, and every
 full id (task, root, agent) of the log appears intact on some line. Without the
 stacked layout these tables need more than 100 columns (checked too, so the
 test fails if a table quietly stops holding its ids).
@@ -16,6 +16,7 @@ from lifecycle_log import RunIds
 
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
+from cardbus.tools import cmd_inspect
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import fits
 
@@ -43,7 +44,7 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _show(*args: str) -> list[str]:
-    out = CliRunner().invoke(cli, list(args), env={"COLUMNS": "100"})
+    out = CliRunner().invoke(cli, list(args))
     assert out.exit_code == 0, out.output
     return out.stdout.splitlines()
 
@@ -59,8 +60,10 @@ def _check(lines: list[str], ids: set[str]) -> None:
 
 @pytest.mark.parametrize("which", ["demo", "lifecycle"])
 def test_tasks_runs_stats_agents_and_tail_fit_100_columns(
-    which: str, demo_db: str, run_db: tuple[str, RunIds]
+    which: str, demo_db: str, run_db: tuple[str, RunIds], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a terminal 100 columns wide (off a terminal tables fit 100 too; tail lines do not wrap)
+    monkeypatch.setattr(cmd_inspect, "out_width", lambda default=None: 100)
     db = demo_db if which == "demo" else run_db[0]
     ids = asyncio.run(_ids(db))
     _check(_show("tasks", "--store", db), ids["task"] | ids["root"])
@@ -70,6 +73,12 @@ def test_tasks_runs_stats_agents_and_tail_fit_100_columns(
         _check(_show("agents", "--store", db), ids["agent"])
     tail = _show("tail", "-n", "1000", "--store", db)
     _check(tail, ids["task"])
+
+
+def test_tables_fit_100_columns_off_a_terminal_too(demo_db: str) -> None:
+    ids = asyncio.run(_ids(demo_db))
+    _check(_show("tasks", "--store", demo_db), ids["task"] | ids["root"])
+    _check(_show("runs", "--store", demo_db), ids["root"])
 
 
 def test_the_task_table_needs_the_stacked_layout_at_100_columns(demo_db: str) -> None:
