@@ -39,8 +39,15 @@ check: $(STAMP) typecheck-tree
 test: check
 	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
 
+# every bench appends its figures (JSON lines) to $(BENCH_JSON); bench/summary.py prints
+# them as one table at the end
+export CARDBUS_BENCH_JSON := bench/.figures.jsonl
+BENCH_JSON := $(CARDBUS_BENCH_JSON)
+
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
+	@rm -f $(BENCH_JSON)
+	@uptime
 	$(BIN)/python bench/eventstore_bench.py
 	$(BIN)/python bench/pipeline_bench.py
 	$(BIN)/python bench/replay_bench.py --events 100000
@@ -49,6 +56,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/nats_log_growth_bench.py
 	$(BIN)/python bench/memory_bench.py
 	$(BIN)/python bench/planning_bench.py
+	$(BIN)/python bench/restart_bench.py --json $(BENCH_JSON)
+	$(BIN)/python bench/agent_latency_bench.py --json $(BENCH_JSON)
+	@uptime
+	$(BIN)/python bench/summary.py $(BENCH_JSON)
 
 clean:
-	rm -rf $(VENV) .typecheck cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj*
+	rm -rf $(VENV) .typecheck cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj* cardbus.db.snap
