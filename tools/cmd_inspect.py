@@ -151,7 +151,7 @@ def out_width(default: int | None = 100) -> int | None:
 
 def print_rich(*renderables: Any, width: int | None = None) -> None:
     """Render to stdout (colours on a terminal). A table fits ``width`` (the terminal's,
-    else 100) without cutting a token: one too wide for its columns' longest words is
+    else 100) without cutting a token: one whose rows do not fit on one line each is
     stacked (:func:`stacked`), one block per row, its first cell (an id) in full on its
     own line. Other renderables get the terminal's width (200 off a terminal).
     """
@@ -171,15 +171,15 @@ def print_rich(*renderables: Any, width: int | None = None) -> None:
             narrow.print(r if fits(narrow, r, narrow.width) else stacked(r))
         else:
             wide.print(r)
-    click.echo(buf.getvalue(), nl=False)
+    click.echo("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()), nl=False)
 
 
 def fits(console: Any, table: Any, width: int) -> bool:
-    """True if ``table`` fits ``width`` columns without breaking a word of any cell."""
+    """True if ``table`` fits ``width`` columns with no cell wrapped (so no word broken)."""
     from rich.measure import Measurement
 
     wide = console.options.update(max_width=100_000)  # measured unclamped
-    return Measurement.get(console, wide, table).minimum <= width
+    return Measurement.get(console, wide, table).maximum <= width
 
 
 def stacked(table: Any) -> Any:

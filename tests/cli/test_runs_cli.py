@@ -20,10 +20,8 @@ def invoke(*args: str) -> Result:
     return CliRunner().invoke(cli, list(args))
 
 
-def test_runs_table_and_json(run_db: tuple[str, RunIds], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runs_table_and_json(run_db: tuple[str, RunIds]) -> None:
     db, ids = run_db
-    # a wide terminal: each row on one line (at 100 columns the cells wrap, test_fit_100.py)
-    monkeypatch.setattr("cardbus.tools.cmd_inspect.out_width", lambda default=None: 200)
     r = invoke("runs", "--db", db)
     assert r.exit_code == 0, r.output
     assert "1 run" in r.stdout
