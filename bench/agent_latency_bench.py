@@ -1,0 +1,446 @@
+"""Benchmark: agents that wait like model calls (issue 17, item 1), embedded.
+
+    .venv/bin/python bench/agent_latency_bench.py                # 1, 100, 1,000 in flight
+    .venv/bin/python bench/agent_latency_bench.py --huge         # and 10,000
+    .venv/bin/python bench/agent_latency_bench.py --inflight 1,100 --runs-per-slot 2
+
+Runs of the 3-step plan (research -> draft -> review) whose agents each wait
+``--agent-ms`` (200 ms) stretched by a jitter in [-``--jitter``, +``--jitter``]
+(``asyncio.sleep``: a model call that holds no CPU), on the embedded default
+(SQLite, synchronous=FULL), at each number of runs in flight (a closed loop:
+a run starts as one ends, ``--runs-per-slot`` runs per slot). Every agent
+records how long it waited, so for each run:
+
+* added per step = (run wall time - its three agents' waits) / 3; p50, p99;
+* throughput against the ideal: ideal = in flight / mean agent time per run
+  (what a bus adding nothing would reach with that many in flight);
+* CPU per step: the process's CPU time (orchestrator, SQLite writer, the
+  in-process workers; the agents' waits use none) over the steps run;
+* RSS per waiting run: RSS with every run in flight parked in its first
+  agent (waiting on an event), less RSS before they were submitted, divided
+  by their number; each in a fresh process (100 in flight and more).
+
+The same workload on LangGraph + AsyncSqliteSaver (the ``bench`` extra),
+measured in the same run: each node waits the same way. Targets (issue 17):
+added p50 <= 2 ms per step and throughput >= 90% of ideal at 1,000 in flight;
+<= 20 KiB RSS per waiting run. Figures also go to ``--json`` as JSON lines
+(``bench/summary.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypedDict
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).parent))
+import itertools
+
+from summary import record
+
+from cardbus.agents import Agent, Capability
+from cardbus.agents.cards import AgentConstraints
+from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import SqliteEventStore
+
+BENCH = "agent latency"
+STEPS = ("research", "draft", "review")
+
+
+class Text(msgspec.Struct):
+    text: str
+
+
+class Waits:
+    """What every agent call waited, by (task id, attempt); a gate for the RSS phase."""
+
+    def __init__(self, agent_s: float, jitter: float, seed: int = 7) -> None:
+        self.agent_s = agent_s
+        self.jitter = jitter
+        self.rng = random.Random(seed)
+        self.by_run: dict[str, float] = {}  # run's marker -> seconds its agents waited
+        self.gate: asyncio.Event | None = None  # set: agents park until it opens
+        self.parked = 0
+
+    def draw(self) -> float:
+        return self.agent_s * (1 + self.rng.uniform(-self.jitter, self.jitter))
+
+    async def wait(self, marker: str) -> None:
+        if self.gate is not None and not self.gate.is_set():
+            self.parked += 1
+            await self.gate.wait()
+            return
+        s = self.draw()
+        self.by_run[marker] = self.by_run.get(marker, 0.0) + s
+        await asyncio.sleep(s)
+
+
+WAITS = Waits(0.2, 0.25)
+
+
+def _agent(name: str) -> type[Agent]:
+    async def handle(self: Agent, task: Any, inputs: Text, ctx: Any) -> Text:
+        await WAITS.wait(inputs.text.split("|", 1)[0])
+        return Text(text=f"{inputs.text}|{name}")
+
+    return type(
+        name.title(),
+        (Agent,),
+        {
+            "agent_id": name,
+            "description": f"waits like a model call: {name}",
+            "capabilities": [Capability(name, Text, Text, name)],
+            "constraints": AgentConstraints(max_concurrency=20_000),
+            "handle": handle,
+        },
+    )
+
+
+AGENTS = [_agent(n) for n in STEPS]
+
+
+def plan_for(marker: str) -> Plan:
+    tasks = []
+    for i, name in enumerate(STEPS):
+        inputs: dict[str, Any] = (
+            {"text": marker} if i == 0 else {"text": {"$dep": STEPS[i - 1], "path": "text"}}
+        )
+        deps = [STEPS[i - 1]] if i else []
+        tasks.append(PlanTask(id=name, capability=name, inputs=inputs, deps=deps, timeout_s=120))
+    return Plan(goal="bench", tasks=tasks)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Figures(msgspec.Struct):
+    system: str
+    inflight: int
+    runs: int
+    added_p50_ms: float
+    added_p99_ms: float
+    throughput: float  # runs/s
+    ideal: float  # runs/s
+    cpu_per_step_ms: float
+    rss_per_waiting_kib: float | None
+
+
+async def closed_loop(
+    run_one: Callable[[str], Awaitable[None]], runs: int, inflight: int, tag: str
+) -> tuple[float, list[float], list[str]]:
+    """``runs`` runs, ``inflight`` at a time: (wall s, per-run wall s, markers)."""
+    walls: list[float] = []
+    markers: list[str] = []
+    counter = iter(range(runs))
+
+    async def slot() -> None:
+        for i in counter:
+            marker = f"{tag}{i}"
+            t = time.perf_counter()
+            await run_one(marker)
+            walls.append(time.perf_counter() - t)
+            markers.append(marker)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(slot() for _ in range(inflight)))
+    return time.perf_counter() - start, walls, markers
+
+
+def figures(
+    system: str,
+    inflight: int,
+    wall: float,
+    walls: list[float],
+    markers: list[str],
+    cpu: float,
+    rss: float | None,
+) -> Figures:
+    added = [(w - WAITS.by_run[m]) / len(STEPS) * 1000 for w, m in zip(walls, markers, strict=True)]
+    mean_agent = statistics.fmean(WAITS.by_run[m] for m in markers)
+    q = statistics.quantiles(added, n=100, method="inclusive") if len(added) > 1 else added * 99
+    return Figures(
+        system=system,
+        inflight=inflight,
+        runs=len(walls),
+        added_p50_ms=statistics.median(added),
+        added_p99_ms=q[98],
+        throughput=len(walls) / wall,
+        ideal=inflight / mean_agent,
+        cpu_per_step_ms=cpu / (len(walls) * len(STEPS)) * 1000,
+        rss_per_waiting_kib=rss,
+    )
+
+
+async def bench_cardbus(tmp: Path, inflight: int, runs: int, park_only: bool = False) -> Figures:
+    store = await SqliteEventStore.open(tmp / f"cardbus-{inflight}.db")
+    async with EmbeddedRuntime(store, AGENTS) as rt:
+
+        async def run_one(marker: str) -> None:
+            r = await rt.run(plan_for(marker), timeout=600)
+            assert r.status == "completed", r
+
+        await closed_loop(run_one, 3, 1, f"warm{inflight}-")
+        # RSS per waiting run: every run in flight parked in its first agent
+        gc.collect()
+        before = rss_bytes()
+        WAITS.gate, WAITS.parked = asyncio.Event(), 0
+        roots = [
+            await rt.orchestrator.submit(plan_for(f"park{inflight}-{i}")) for i in range(inflight)
+        ]
+        deadline = time.monotonic() + 120
+        while WAITS.parked < inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        gc.collect()
+        rss = (rss_bytes() - before) / inflight / 1024
+        WAITS.gate.set()
+        for root in roots:
+            await rt.orchestrator.wait(root, 600)
+        WAITS.gate = None
+        if park_only:
+            await store.close()
+            return _parked("cardbus", inflight, rss)
+        # the measured loop
+        cpu0 = time.process_time()
+        wall, walls, markers = await closed_loop(run_one, runs, inflight, f"c{inflight}-")
+        cpu = time.process_time() - cpu0
+    await store.close()
+    return figures("cardbus", inflight, wall, walls, markers, cpu, rss)
+
+
+def _parked(system: str, inflight: int, rss: float) -> Figures:
+    return Figures(system, inflight, 0, 0, 0, 0, 0, 0, rss)
+
+
+def rss_in_fresh_process(system: str, inflight: int) -> float:
+    """RSS per waiting run, measured in a process of its own: memory an earlier
+    measurement freed (and the heap kept) must not hide what these runs take."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-probe", system, str(inflight)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "CARDBUS_BENCH_JSON": ""},
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+async def bench_langgraph(tmp: Path, inflight: int, runs: int, park_only: bool = False) -> Figures:
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    from langgraph.graph import END, START, StateGraph
+
+    class State(TypedDict):
+        text: str
+
+    def step(name: str) -> Callable[[State], Awaitable[State]]:
+        async def node(s: State) -> State:
+            await WAITS.wait(s["text"].split("|", 1)[0])
+            return {"text": f"{s['text']}|{name}"}
+
+        return node
+
+    graph = StateGraph(State)
+    for name in STEPS:
+        graph.add_node(name, step(name))
+    graph.add_edge(START, STEPS[0])
+    for a, b in itertools.pairwise(STEPS):
+        graph.add_edge(a, b)
+    graph.add_edge(STEPS[-1], END)
+    async with AsyncSqliteSaver.from_conn_string(str(tmp / f"lg-{inflight}.db")) as saver:
+        app = graph.compile(checkpointer=saver)
+
+        async def run_one(marker: str) -> None:
+            out = await app.ainvoke({"text": marker}, {"configurable": {"thread_id": marker}})
+            assert out["text"].endswith("|review")
+
+        await closed_loop(run_one, 3, 1, f"lgwarm{inflight}-")
+        gc.collect()
+        before = rss_bytes()
+        WAITS.gate, WAITS.parked = asyncio.Event(), 0
+        parked = [asyncio.create_task(run_one(f"lgpark{inflight}-{i}")) for i in range(inflight)]
+        deadline = time.monotonic() + 120
+        while WAITS.parked < inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        gc.collect()
+        rss = (rss_bytes() - before) / inflight / 1024
+        WAITS.gate.set()
+        await asyncio.gather(*parked)
+        WAITS.gate = None
+        if park_only:
+            return _parked("LangGraph", inflight, rss)
+        cpu0 = time.process_time()
+        wall, walls, markers = await closed_loop(run_one, runs, inflight, f"lg{inflight}-")
+        cpu = time.process_time() - cpu0
+    return figures("LangGraph", inflight, wall, walls, markers, cpu, rss)
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def report(f: Figures, peer: Figures | None, json_path: str | None) -> None:
+    share = f.throughput / f.ideal
+    line = (
+        f"{f.system:>9} {f.inflight:>6} in flight, {f.runs} runs:"
+        f" added per step p50 {f.added_p50_ms:.2f} ms, p99 {f.added_p99_ms:.2f} ms;"
+        f" {f.throughput:.1f} runs/s = {share:.1%} of ideal {f.ideal:.1f};"
+        f" CPU {f.cpu_per_step_ms:.2f} ms/step"
+    )
+    if f.inflight >= 100:  # (below that a page or two of noise would dominate)
+        line += f"; RSS {f.rss_per_waiting_kib:.1f} KiB per waiting run"
+    else:
+        f.rss_per_waiting_kib = None
+    if f.system == "cardbus":
+        marks = []
+        if f.inflight == 1000:
+            marks.append(f"added p50 <= 2 ms: {_verdict(f.added_p50_ms <= 2)}")
+            marks.append(f"throughput >= 90%: {_verdict(share >= 0.9)}")
+        if f.rss_per_waiting_kib is not None and f.inflight >= 100:
+            marks.append(f"RSS <= 20 KiB: {_verdict(f.rss_per_waiting_kib <= 20)}")
+        if marks:
+            line += "\n" + " " * 10 + "targets: " + "; ".join(marks)
+        if peer is not None:
+            line += (
+                "\n"
+                + " " * 10
+                + f"vs LangGraph: added p50 {_x(peer.added_p50_ms, f.added_p50_ms)},"
+                f" throughput {_x(f.throughput, peer.throughput)},"
+                f" CPU/step {_x(peer.cpu_per_step_ms, f.cpu_per_step_ms)}"
+                + (
+                    f", RSS/run {_x(peer.rss_per_waiting_kib or 0, f.rss_per_waiting_kib or 0)}"
+                    if f.rss_per_waiting_kib is not None
+                    else ""
+                )
+                + " (>1x: cardbus ahead)"
+            )
+    print(line, flush=True)
+    if json_path is None and not os.environ.get("CARDBUS_BENCH_JSON"):
+        return
+    name = f"{f.system}, {f.inflight:,} in flight"
+    is_target = f.system == "cardbus" and f.inflight == 1000
+
+    def ratio(mine: float, theirs: float | None, higher_better: bool) -> dict[str, Any]:
+        if peer is None or theirs is None or f.system != "cardbus" or not mine:
+            return {}
+        r = mine / theirs if higher_better else theirs / mine
+        return {"ratio": r, "ratio_of": "LangGraph (>1: ahead)"}
+
+    record(
+        json_path,
+        BENCH,
+        f"added per step p50, {name}",
+        f.added_p50_ms,
+        "ms",
+        target="<= 2 ms" if is_target else "",
+        met=(f.added_p50_ms <= 2) if is_target else None,
+        **ratio(f.added_p50_ms, peer and peer.added_p50_ms, False),
+    )
+    record(
+        json_path,
+        BENCH,
+        f"added per step p99, {name}",
+        f.added_p99_ms,
+        "ms",
+        **ratio(f.added_p99_ms, peer and peer.added_p99_ms, False),
+    )
+    record(
+        json_path,
+        BENCH,
+        f"throughput vs ideal, {name}",
+        share * 100,
+        "%",
+        target=">= 90%" if is_target else "",
+        met=(share >= 0.9) if is_target else None,
+        **ratio(f.throughput, peer and peer.throughput, True),
+    )
+    record(
+        json_path,
+        BENCH,
+        f"CPU per step, {name}",
+        f.cpu_per_step_ms,
+        "ms",
+        **ratio(f.cpu_per_step_ms, peer and peer.cpu_per_step_ms, False),
+    )
+    if f.rss_per_waiting_kib is not None:
+        rss_target = f.system == "cardbus" and f.inflight >= 100
+        record(
+            json_path,
+            BENCH,
+            f"RSS per waiting run, {name}",
+            f.rss_per_waiting_kib,
+            "KiB",
+            target="<= 20 KiB" if rss_target else "",
+            met=(f.rss_per_waiting_kib <= 20) if rss_target else None,
+            **ratio(f.rss_per_waiting_kib, peer and peer.rss_per_waiting_kib, False),
+        )
+
+
+def _x(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "n/a"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--inflight", default="1,100,1000", help="runs in flight, comma-separated")
+    ap.add_argument("--huge", action="store_true", help="also 10,000 in flight")
+    ap.add_argument("--runs-per-slot", type=int, default=3, help="runs per in-flight slot")
+    ap.add_argument("--min-runs", type=int, default=20, help="at least this many runs")
+    ap.add_argument("--agent-ms", type=float, default=200.0)
+    ap.add_argument("--jitter", type=float, default=0.25, help="+- this share of agent-ms")
+    ap.add_argument("--no-peers", action="store_true", help="cardbus only")
+    ap.add_argument("--json", default=None, help="append the figures as JSON lines here")
+    ap.add_argument("--rss-probe", nargs=2, metavar=("SYSTEM", "N"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rss_probe:  # one RSS measurement, in this fresh process
+        system, n = args.rss_probe[0], int(args.rss_probe[1])
+        probe = bench_cardbus if system == "cardbus" else bench_langgraph
+        with tempfile.TemporaryDirectory() as d:
+            print((await probe(Path(d), n, 0, park_only=True)).rss_per_waiting_kib)
+        return
+    WAITS.agent_s, WAITS.jitter = args.agent_ms / 1000, args.jitter
+    levels = [int(x) for x in args.inflight.split(",")] + ([10_000] if args.huge else [])
+    peers = not args.no_peers
+    if peers:
+        try:
+            import langgraph.checkpoint.sqlite.aio  # noqa: F401
+        except ImportError:
+            peers = False
+            print(
+                "peers: LangGraph + SqliteSaver not installed (pip install -e '.[bench]'):"
+                " cardbus figures only"
+            )
+    print(
+        f"agents wait {args.agent_ms:.0f} ms +- {args.jitter:.0%}; load"
+        f" {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1/5 min), cpus {os.cpu_count()}"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for n in levels:
+            runs = max(args.min_runs, n * args.runs_per_slot)
+            peer = await bench_langgraph(tmp, n, runs) if peers else None
+            mine = await bench_cardbus(tmp, n, runs)
+            if n >= 100:
+                mine.rss_per_waiting_kib = rss_in_fresh_process("cardbus", n)
+                if peer is not None:
+                    peer.rss_per_waiting_kib = rss_in_fresh_process("LangGraph", n)
+            report(mine, peer, args.json)
+            if peer is not None:
+                report(peer, None, args.json)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
