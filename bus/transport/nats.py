@@ -69,7 +69,8 @@ Ids are encoded into subject tokens with ``cardbus.eventstore.nats.encode_token`
 Headers
 -------
 ``Nats-Msg-Id`` is a digest of the message bytes, so a publish tried again after
-a lost ack is stored once (the streams' duplicate window is 2 minutes).
+a lost ack is stored once (the streams' duplicate window is 2 minutes); not on
+an ``Announce``, which a worker repeats byte for byte to renew its lease.
 Transient failures (a reconnect, a leader election, a server starting) are
 tried again for ``transient_retry_timeout`` seconds, then are a ``BusError``.
 ``traceparent`` (W3C) travels in a header: ``send_task`` sets it from the
@@ -596,7 +597,10 @@ class NatsBus(Bus):
             data = encode(message)
         if len(data) > self.max_message_bytes:
             raise PayloadTooLarge(len(data), self.max_message_bytes)
-        headers = {MSG_ID_HEADER: _msg_id(data)}
+        # An announcement is sent again, byte for byte, to renew the agent's lease: a
+        # digest id would have JetStream drop every renewal within the duplicate window
+        # as a repeat (and the lease lapse). Announcements are idempotent: no id.
+        headers = {} if isinstance(message, Announce) else {MSG_ID_HEADER: _msg_id(data)}
         trace = _trace.get()
         if trace:
             headers[TRACE_HEADER] = trace

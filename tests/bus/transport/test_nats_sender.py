@@ -4,6 +4,7 @@ subject, or it is refused (dead-lettered, reported to ``on_refused``, never hand
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -136,3 +137,27 @@ async def _until(cond: Any, timeout: float = 5.0) -> None:
         if loop.time() > end:
             raise AssertionError("condition not met")
         await asyncio.sleep(0.02)
+
+
+async def test_a_repeated_announcement_is_delivered_again(nats_url: str) -> None:
+    """A lease renewal is the same bytes again: JetStream's dedup must not drop it."""
+    orch = await NatsBus.connect(nats_url, fetch_wait=0.5)
+    agent = await NatsBus.connect(nats_url)
+    try:
+        renewal = Announce(card=AgentCard(agent_id="a", name="A"), replica_id="r1")
+        for _ in range(3):
+            await agent.reply(renewal)
+        got: list[Any] = []
+
+        async def collect() -> None:
+            async for r in orch.replies():
+                got.append(r)
+                if len(got) == 3:
+                    return
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(collect(), 5)
+        assert got == [renewal] * 3
+    finally:
+        await agent.close()
+        await orch.close()
