@@ -26,6 +26,7 @@ from orchkit import (
     wait_for,
 )
 
+from cardbus.bus import InProcessBus, Orchestrator
 from cardbus.bus.orchestrator import snapshot as snap
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import Envelope, MemoryEventStore, NewEvent, SqliteEventStore
@@ -335,4 +336,53 @@ async def test_where_the_snapshot_lives(db_path):
     try:
         assert snap.snapshot_path_for(store) == Path(f"{db_path}.snap")
     finally:
+        await store.close()
+
+
+async def test_no_snapshot_covers_an_event_the_state_has_not_folded(db_path):
+    """Another writer's event seen by the log follower but not folded yet (still queued
+    for the decision loop): a snapshot must not be taken past it, even when an own
+    append after it is folded (it would be lost on the next start)."""
+    store = await SqliteEventStore.open(db_path, poll_interval=0.01)
+    orch = Orchestrator(store, InProcessBus(), dataclasses.replace(FAST, snapshot_every=1))
+    await orch.start()
+    path = Path(f"{db_path}.snap")
+    held: list[object] = []
+    real = orch._queue.put_nowait
+
+    def hold(item: object) -> None:  # the decision loop does not get to the log's news
+        (held.append if isinstance(item, Envelope) else real)(item)
+
+    orch._queue.put_nowait = hold  # type: ignore[method-assign]
+    try:
+        other = make_agent("other", "other").card()
+        data = ev.AgentRegistered(agent_id="other", card=msgspec.to_builtins(other))
+        [theirs] = await store.append(
+            "agent-other", [NewEvent(data=data, correlation_id="agent-other", actor="cli")], 0
+        )
+        await orch.register(make_agent("quick", "quick").card())  # own, folded at once
+        assert orch.state.position > theirs.position
+        for _ in range(50):  # the follower sees both
+            if orch._followed >= orch.state.position:
+                break
+            await asyncio.sleep(0.01)
+        assert orch._followed >= orch.state.position and held
+        await asyncio.sleep(0.05)
+        assert not path.exists()  # nothing covers the unfolded event
+        for item in held:
+            real(item)
+        orch._queue.put_nowait = real  # type: ignore[method-assign]
+        for _ in range(100):
+            if "other" in orch.state.agents:
+                break
+            await asyncio.sleep(0.01)
+        await orch.register(make_agent("third", "third").card())
+        for _ in range(100):  # the next own event, once the follower sees it, is covered
+            if path.exists():
+                break
+            await asyncio.sleep(0.01)
+        loaded = await snap.load(path, store)
+        assert loaded is not None and "other" in loaded[1].agents
+    finally:
+        await orch.stop()
         await store.close()
