@@ -172,6 +172,22 @@ async def main() -> None:
         f"(cardbus wrote {rows[-1][5]} events for {args.runs + 10} runs in the last row,"
         " every one durable before its effect)"
     )
+    sys.path.insert(0, str(Path(__file__).parent))
+    from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
+
+    for conc, cb, lg, _cbl, _lgl, _events in rows:
+        top = conc == args.concurrency
+        record(
+            None,
+            "pipeline",
+            f"3-step pipeline, instant agents, {conc} in flight",
+            cb,
+            "runs/s",
+            target=">= 10x LangGraph" if top else "",
+            met=(cb / lg >= 10) if top else None,
+            ratio=cb / lg,
+            ratio_of="LangGraph",
+        )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ empties that file first, runs every bench, then runs this module, which
 prints one Markdown table: bench, figure, value, target, ``met``/``MISSED``
 and the ratio to the peer or baseline it was measured against in the same run.
 
-    .venv/bin/python bench/summary.py [FILE]
+    .venv/bin/python bench/summary.py [FILE] [--compact]
+
+``--compact`` leaves out the peers' own rows (their figures are in the ratios).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 __all__ = ["record", "summary_path"]
 
 DEFAULT = "bench/.figures.jsonl"
+PEERS = ("LangGraph", "DBOS")
 
 
 def summary_path(path: str | None = None) -> str | None:
@@ -80,11 +83,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else summary_path() or DEFAULT)
+    args = [a for a in sys.argv[1:] if a != "--compact"]
+    compact = "--compact" in sys.argv[1:]
+    path = Path(args[0] if args else summary_path() or DEFAULT)
     if not path.exists():
         print(f"no bench figures in {path}")
         return
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if compact:
+        rows = [r for r in rows if not any(f", {p}," in f"{r['figure']}," for p in PEERS)]
     loads = [r["load"] for r in rows if "load" in r]
     print()
     print(
