@@ -181,6 +181,9 @@ class Announce(_Card, frozen=True, kw_only=True, tag="announce"):
     online: bool = True
     lease_s: float = 10.0
     replica_id: str = ""  # the announcing worker process (an agent may have several)
+    # counts the replica's announcements, so each renewal is a message of its own (JetStream
+    # drops a message whose id, the hash of its bytes, matches one it still holds)
+    renewal: int = 0
 
 
 _task_decoder = msgspec.json.Decoder(TaskCard)

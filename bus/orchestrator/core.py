@@ -147,6 +147,7 @@ class Orchestrator:
         self.attempts_survive_restart = attempts_survive_restart
         self.orchestrator_id = new_id()
         self._lost_attempts: frozenset[tuple[str, int]] = frozenset()
+        self._announce_refused: dict[str, str] = {}  # agent -> the refusal recorded last
         self.snapshot_path = (
             _snapshot.snapshot_path_for(store)
             if snapshot == "auto"
@@ -346,6 +347,15 @@ class Orchestrator:
                 other,
             )
 
+    def _alive(self, reply: object) -> None:
+        """A Started or result from a replica proves it alive: as good as a renewal."""
+        agent_id, replica_id = getattr(reply, "agent_id", None), getattr(reply, "replica_id", "")
+        if not replica_id or agent_id not in self.state.agents:
+            return
+        lease = self.state.agent_leases.get(agent_id) or self.leases.default_lease_s
+        if self.leases.renew(agent_id, replica_id, lease, time.time()) and self.state.open:
+            self._queue.put_nowait(_TICK)  # tasks waiting for it look again
+
     async def deregister(self, agent_id: str, reason: str = "stopped") -> None:
         """Record that an agent left (a no-op if it is not registered); it is selected no
         more, and an attempt it has in flight times out at once (``agent_lost``)."""
@@ -364,12 +374,15 @@ class Orchestrator:
         the agent it names."""
         admission = self.grants.admit(card, self.state.agents.get(card.agent_id))
         stream = f"agent-{card.agent_id}"
-        if admission.refused:
+        reason = "not granted: " + "; ".join(admission.refused)
+        # a lease renewal repeats the announcement every lease/3: its refusal is logged once
+        if admission.refused and self._announce_refused.get(card.agent_id) != reason:
+            self._announce_refused[card.agent_id] = reason
             refused = ev.ReplyRefused(
                 kind="announce",
                 claimed_agent_id=card.agent_id,
                 sender=card.agent_id,
-                reason="not granted: " + "; ".join(admission.refused),
+                reason=reason,
             )
             log.warning("announcement of %s: %s", card.agent_id, refused.reason)
             await self._append_at_current_version(stream, [refused], correlation_id=stream)
@@ -610,6 +623,7 @@ class Orchestrator:
                     decider.d.add(item.stream, *item.events)
                     self._records.setdefault(item.stream, []).append(item)
             else:
+                self._alive(item)
                 # no advance for it (but for a completion, below): the reply's events
                 # change the state only once appended, and their commit marks the run
                 decider.on_reply(item)  # type: ignore[arg-type]

@@ -121,9 +121,9 @@ class Decider:
                 and reply.attempt == task.attempt
                 and reply.agent_id in task.dispatched_to
             ):
+                self._redelivered(task, reply)  # first: it compares with what is recorded
                 if task.state is S.DISPATCHED:
                     self.d.add(task.task_id, ev.TaskStarted(**_started_fields(reply)))
-                self._redelivered(task, reply)
             return
         if not isinstance(reply, ResultCard):
             return
@@ -181,10 +181,11 @@ class Decider:
             pid=reply.pid,
             delivery=reply.delivery,
         )
-        if task.state is S.DISPATCHED and not self.d.events.get(task.task_id):
+        implied = task.state is S.DISPATCHED and not self.d.events.get(task.task_id)
+        self._redelivered(task, reply)  # first: it compares with what is recorded
+        if implied:
             # an answer with no Started before it (a fast agent sends none): it did start
             self.d.add(task.task_id, ev.TaskStarted(**_started_fields(reply), implied=True))
-        self._redelivered(task, reply)
         self.d.add(task.task_id, submitted)
         self.d.origins[task.task_id] = reply
         results = {**task.results, reply.agent_id: submitted}

@@ -93,6 +93,7 @@ class NatsRuntime:
         self.bus: NatsBus
         self.orchestrator: Orchestrator
         self._agent_buses: list[NatsBus] = []
+        self._workers: list[AgentWorker] = []
         self._state = "new"  # running inside `async with`, then stopped
 
     async def __aenter__(self) -> NatsRuntime:
@@ -126,7 +127,9 @@ class NatsRuntime:
                 self._agent_buses.append(agent_bus)
                 for a in self.agents:
                     await self.orchestrator.register(a.card())  # ours: trusted
-                    await AgentWorker(agent_bus, a, self.llm).start()
+                    worker = AgentWorker(agent_bus, a, self.llm)
+                    await worker.start()
+                    self._workers.append(worker)  # held: its lease renewals run on
         except BaseException:
             await self._close()
             raise
@@ -138,6 +141,9 @@ class NatsRuntime:
         await self._close()
 
     async def _close(self) -> None:
+        for w in self._workers:  # renewals stop; the orchestrator stops with them
+            with contextlib.suppress(Exception):
+                await w.stop(announce=False)
         with contextlib.suppress(Exception):
             await self.orchestrator.stop()
         for b in self._agent_buses:

@@ -81,13 +81,19 @@ class AgentWorker:
         self.pid = os.getpid()
         self.replica_id = f"{self.host}-{self.pid}-{uuid.uuid4().hex[:6]}"
         self._renewing: asyncio.Task[None] | None = None
+        self._announced = 0  # announcements sent (Announce.renewal)
         self.handled = 0
         self._answers: OrderedDict[tuple[str, int], ResultCard] = OrderedDict()
         self._running: dict[tuple[str, int], asyncio.Future[ResultCard]] = {}
 
     def _announce(self, online: bool = True) -> Announce:
+        self._announced += 1
         return Announce(
-            card=self.agent.card(), online=online, lease_s=self.lease_s, replica_id=self.replica_id
+            card=self.agent.card(),
+            online=online,
+            lease_s=self.lease_s,
+            replica_id=self.replica_id,
+            renewal=self._announced,
         )
 
     async def start(self) -> None:

@@ -264,3 +264,49 @@ async def test_who_ran_each_attempt_and_each_redelivery_is_recorded(store: Any) 
     finally:
         await orch.stop()
         await bus.close()
+
+
+async def test_a_refused_announcement_is_recorded_once_not_on_every_renewal(store: Any) -> None:
+    """Closed registration: an ungranted agent renews its lease every lease/3; the refusal
+    is one reply.refused, not one per renewal."""
+    bus = InProcessBus()
+    orch = Orchestrator(store, bus, FAST, agents=[Y.card()])  # only y is granted
+    await orch.start()
+    worker = AgentWorker(bus, X, lease_s=0.15)
+    try:
+        await worker.start()
+        await wait_for(store, is_(ev.ReplyRefused, "agent-x"))
+        await asyncio.sleep(0.5)  # several renewals
+        refused = [e for e in await store.read_stream("agent-x") if e.type == "reply.refused.v1"]
+        assert len(refused) == 1 and "not granted" in refused[0].data.reason
+        assert "x" not in orch.state.agents
+    finally:
+        await worker.stop(announce=False)
+        await orch.stop()
+        await bus.close()
+
+
+async def test_a_reply_from_a_replica_confirms_its_agent_like_a_renewal(db_path: Path) -> None:
+    """After a restart an agent's Started or result (it is working on a card from before)
+    proves it alive: it is selected again without waiting for its next announcement."""
+    await _registered_by_an_earlier_process(db_path, X)
+    store = await SqliteEventStore.open(db_path, poll_interval=0.01)
+    bus = InProcessBus()
+    orch = Orchestrator(store, bus, FAST, lease_s=30)
+    await orch.start()
+    try:
+        assert not orch.leases.live("x", time.time())  # unconfirmed
+        await bus.reply(Started(task_id="gone", attempt=1, agent_id="x", replica_id="r9"))
+        for _ in range(200):
+            if orch.leases.live("x", time.time()):
+                break
+            await asyncio.sleep(0.01)
+        assert orch.leases.live("x", time.time())
+        root = await orch.submit(plan(task("a", goal=GOAL, timeout_s=0.5, max_attempts=1)))
+        await wait_for(store, is_(ev.TaskDispatched, tid(root, "a")))
+        log = await run_log(store, root)
+        assert [d.agent_id for d in log.of(ev.TaskDispatched)] == ["x"]
+    finally:
+        await orch.stop()
+        await bus.close()
+        await store.close()
