@@ -7,6 +7,7 @@ Each test drives the public API (``Orchestrator``, ``EmbeddedRuntime``,
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
