@@ -19,7 +19,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
-from cardbus.agents.schema import schema_errors
+from cardbus.agents.schema import dep_path_problem, schema_errors
 from cardbus.bus.orchestrator import planning
 from cardbus.bus.orchestrator.context import fit_card
 from cardbus.bus.orchestrator.liveness import Leases
@@ -718,9 +718,39 @@ class Decider:
                 why.append(f"{agent.agent_id}: rejected it")
             else:
                 reason = hard_filter(agent, c.capability, card.inputs, c.constraints, c.timeout_s)
+                spec = agent.capability(c.capability)
+                if reason == "input_schema_mismatch" and spec is not None:
+                    # name the fields: "$.region: expected str, got int"
+                    reason += " (" + "; ".join(schema_errors(card.inputs, spec.input_schema)[:3])
+                    reason += ")"
                 why.append(f"{agent.agent_id}: {reason}")
         detail = "; ".join(why) or "no registered agent offers it"
+        unresolved = self._unresolved_deps(c.inputs)
+        if unresolved:  # an input that came out empty because its $dep path leads nowhere
+            detail += "; " + "; ".join(unresolved)
         return f"no agent left for {c.capability!r} ({detail})"
+
+    def _unresolved_deps(self, value: Any) -> list[str]:
+        """``$dep 'q' has no path 'nosuch.field'`` for each placeholder leading nowhere."""
+        found: list[str] = []
+        stack = [value]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, dict):
+                if "$dep" in v and v.get("path"):
+                    dep = self.state.tasks.get(str(v["$dep"]))
+                    done = self.d.completed  # completions decided in this very step too
+                    if dep is not None and (dep.task_id in done or dep.state is S.COMPLETED):
+                        output = done.get(dep.task_id, dep.output)
+                        name = dep.created.plan_id or dep.task_id
+                        problem = dep_path_problem(name, str(v["path"]), output)
+                        if problem:
+                            found.append(problem)
+                    continue
+                stack.extend(v.values())
+            elif isinstance(v, list):
+                stack.extend(v)
+        return sorted(found)
 
     def _halt(self, run: RunView, reason: str, detail: str) -> None:
         # a completion decided in this step stands; the halt is written after it
@@ -772,7 +802,14 @@ class Decider:
             return
         self._follow_completed(run.root_id, run.tasks)
         if failed:
-            self.d.add(run.root_id, ev.RunFailed(reason="tasks_not_completed", failed_tasks=failed))
+            self.d.add(
+                run.root_id,
+                ev.RunFailed(
+                    reason="tasks_not_completed",
+                    failed_tasks=failed,
+                    detail=_failed_detail(plan_tasks, set(failed)),
+                ),
+            )
         else:
             outputs = {name: done.get(t.task_id, t.output) for name, t in plan_tasks.items()}
             completed = ev.RunCompleted(outputs=outputs)
@@ -983,3 +1020,15 @@ def result_problem(reply: ResultCard) -> str:
     return nesting_problem(reply.output, what="output") or nesting_problem(
         reply.supplement_inputs, what="supplement_inputs"
     )
+
+
+def _failed_detail(plan_tasks: dict[str, TaskView], failed: set[str]) -> str:
+    """Each failed plan task and why: ``draft: attempts_exhausted (agent error: ...)``."""
+    parts = []
+    for name, task in sorted(plan_tasks.items()):
+        if task.task_id in failed:
+            why = task.reason or str(task.state.value)
+            if task.error:
+                why += f" ({task.error[:200]})"
+            parts.append(f"{name}: {why}")
+    return "; ".join(parts)

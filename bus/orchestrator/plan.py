@@ -22,6 +22,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard
 from cardbus.agents.planning import PLAN_CAPABILITY
+from cardbus.agents.schema import schema_errors
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.batch import MAX_DEPTH, MAX_ID_CHARS, nesting_problem
@@ -199,6 +200,7 @@ def validate_plan(
     if agents is None:
         return
     cards = list(agents)
+    by_id = {c.agent_id: c for c in cards}
     for t in plan.tasks:
         for cap in filter(None, [t.capability, t.review_by]):
             offering = [c for c in cards if c.capability(cap) is not None]
@@ -213,8 +215,19 @@ def validate_plan(
             if c.capability(t.capability) is not None
         }
         if all(reasons.values()):
-            detail = ", ".join(f"{a}: {r}" for a, r in sorted(reasons.items()))
+            detail = ", ".join(
+                f"{a}: {_with_fields(r, by_id[a], t)}" for a, r in sorted(reasons.items())
+            )
             raise InvalidPlan(f"task {t.id!r}: no agent accepts its inputs ({detail})")
+
+
+def _with_fields(reason: str | None, card: AgentCard, t: PlanTask) -> str | None:
+    """An input_schema_mismatch with the fields that break it: ``$.region: expected str, ...``."""
+    spec = card.capability(t.capability)
+    if reason != "input_schema_mismatch" or spec is None:
+        return reason
+    errors = schema_errors(t.inputs, spec.input_schema, partial=True)[:3]
+    return f"{reason} ({'; '.join(errors)})" if errors else reason
 
 
 def validate_goal_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None:

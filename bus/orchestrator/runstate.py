@@ -47,6 +47,7 @@ class TaskView:
     not_before: float = 0.0
     output: Any = None
     reason: str = ""
+    error: str = ""  # what the failure says beyond its reason (task.failed's error)
     review_round: int = 0
     review: list[ev.ReviewIssue] = field(default_factory=list)
     under_review: str | None = None  # reviewer task id while a review runs
@@ -359,6 +360,7 @@ class RunState:
             case ev.TaskFailed() | ev.TaskCancelled() | ev.TaskHalted():
                 task.settled.add(task.attempt)
                 task.reason = data.reason
+                task.error = data.error if isinstance(data, ev.TaskFailed) else ""
             case _:
                 pass
 

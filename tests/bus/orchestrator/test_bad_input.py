@@ -40,7 +40,7 @@ INVALID_PLANS = {
     ),
     "bad inputs": (
         plan(task("a", inputs={"text": 5})),
-        r"'a': no agent accepts its inputs \(echo: input_schema_mismatch\)",
+        r"'a': no agent accepts its inputs \(echo: input_schema_mismatch \(\$\.text: expected str",
     ),
     "missing inputs": (
         plan(task("a", inputs={})),
