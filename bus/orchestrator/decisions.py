@@ -1027,7 +1027,7 @@ def _failed_detail(plan_tasks: dict[str, TaskView], failed: set[str]) -> str:
     parts = []
     for name, task in sorted(plan_tasks.items()):
         if task.task_id in failed:
-            why = task.reason or str(task.state.value)
+            why = task.reason or (task.state.value if task.state else "not created")
             if task.error:
                 why += f" ({task.error[:200]})"
             parts.append(f"{name}: {why}")
