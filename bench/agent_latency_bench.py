@@ -407,12 +407,16 @@ async def main() -> None:
     args = ap.parse_args()
     if args.rss_probe:  # one RSS measurement, in this fresh process
         system, n = args.rss_probe[0], int(args.rss_probe[1])
+        for agent in AGENTS:
+            agent.constraints = AgentConstraints(max_concurrency=n)
         probe = bench_cardbus if system == "cardbus" else bench_langgraph
         with tempfile.TemporaryDirectory() as d:
             print((await probe(Path(d), n, 0, park_only=True)).rss_per_waiting_kib)
         return
     WAITS.agent_s, WAITS.jitter = args.agent_ms / 1000, args.jitter
     levels = [int(x) for x in args.inflight.split(",")] + ([10_000] if args.huge else [])
+    for agent in AGENTS:  # one consumer per card at once: as many as runs in flight
+        agent.constraints = AgentConstraints(max_concurrency=max(levels))
     peers = not args.no_peers
     if peers:
         try:
