@@ -154,12 +154,52 @@ def _validator(schema: dict[str, Any], partial: bool) -> tuple[Any, bytes | None
     cls = _CLASSES.get(partial)
     if cls is None:
         cls = _CLASSES[partial] = _make_class(partial)
-    validator = cls(_false_with_path(schema))
+    validator = cls(_false_with_path(_inline_refs(schema)))
     if key is not None:
         _CACHE[key] = validator
         if len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return validator, key
+
+
+class _Recursive(Exception):
+    pass
+
+
+def _inline_refs(schema: Any) -> Any:
+    """``schema`` with each ``{"$ref": "#/$defs/X"}`` replaced by the definition itself, as
+    msgspec's schemas name every Struct: jsonschema resolves a ``$ref`` on every check
+    (most of the time of checking a small output). A recursive definition, or any other
+    kind of reference, leaves the schema as it is."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("$defs"), dict):
+        return schema
+    defs = schema["$defs"]
+
+    def walk(node: Any, stack: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [walk(x, stack) for x in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and set(node) - {"$defs"} == {"$ref"}:
+            name = ref[len("#/$defs/") :]
+            if (
+                not ref.startswith("#/$defs/")
+                or name in stack
+                or name not in defs
+                or "/" in name
+                or "~" in name
+                or not isinstance(defs[name], dict)
+            ):
+                raise _Recursive(name)
+            found = walk(defs[name], (*stack, name))
+            return {**found, "$defs": node["$defs"]} if "$defs" in node else found
+        return {k: (v if k == "$defs" else walk(v, stack)) for k, v in node.items()}
+
+    try:
+        return walk(schema, ())
+    except (_Recursive, RecursionError):
+        return schema
 
 
 _ONE = ("not", "if", "then", "else", "contains", "propertyNames", "items", "additionalProperties")

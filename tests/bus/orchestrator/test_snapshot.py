@@ -362,7 +362,7 @@ async def test_no_snapshot_covers_an_event_the_state_has_not_folded(db_path):
         )
         await orch.register(make_agent("quick", "quick").card())  # own, folded at once
         assert orch.state.position > theirs.position
-        for _ in range(50):  # the follower sees both
+        for _ in range(500):  # the follower sees both
             if orch._followed >= orch.state.position:
                 break
             await asyncio.sleep(0.01)
@@ -372,12 +372,12 @@ async def test_no_snapshot_covers_an_event_the_state_has_not_folded(db_path):
         for item in held:
             real(item)
         orch._queue.put_nowait = real  # type: ignore[method-assign]
-        for _ in range(100):
+        for _ in range(500):
             if "other" in orch.state.agents:
                 break
             await asyncio.sleep(0.01)
         await orch.register(make_agent("third", "third").card())
-        for _ in range(100):  # the next own event, once the follower sees it, is covered
+        for _ in range(500):  # the next own event, once the follower sees it, is covered
             if path.exists():
                 break
             await asyncio.sleep(0.01)
