@@ -48,6 +48,7 @@ import itertools
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -190,23 +191,41 @@ class _Writer:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA busy_timeout=10000")
-            kind = _kind_of_file(conn)
-            if kind == "foreign":
-                raise _not_ours(path)
-            if kind == "empty" and not create:
-                raise StoreUnavailable(f"{path!r} is not a cardbus log: it holds no tables")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={synchronous}")
-            if kind == "empty":
-                conn.executescript(_SCHEMA)
-                conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-            else:
-                conn.executescript(_SCHEMA)  # the index, should it be missing
-                _add_log_chain(conn)
+            # Two processes opening a new file at once: switching it to WAL takes an
+            # exclusive lock that SQLite's busy handler does not always wait for, so the
+            # set-up is tried again (reading the file's kind afresh) until it works.
+            deadline = time.monotonic() + 10.0
+            delay = 0.02
+            while True:
+                try:
+                    cls._set_up(conn, path, synchronous, create)
+                    break
+                except sqlite3.OperationalError as e:
+                    busy = "locked" in str(e) or "busy" in str(e)
+                    if not busy or time.monotonic() + delay > deadline:
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.5)
         except BaseException:
             conn.close()
             raise
         return cls(conn)
+
+    @staticmethod
+    def _set_up(conn: sqlite3.Connection, path: str, synchronous: str, create: bool) -> None:
+        kind = _kind_of_file(conn)
+        if kind == "foreign":
+            raise _not_ours(path)
+        if kind == "empty" and not create:
+            raise StoreUnavailable(f"{path!r} is not a cardbus log: it holds no tables")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        if kind == "empty":
+            conn.executescript(_SCHEMA)
+            conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        else:
+            conn.executescript(_SCHEMA)  # the index, should it be missing
+            _add_log_chain(conn)
 
     def _read_top(self) -> int:
         row = self.conn.execute(_LAST).fetchone()
