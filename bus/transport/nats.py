@@ -850,13 +850,27 @@ class NatsBus(Bus):
             raise BusError(f"request {request.request_id} is too large: {len(data)} bytes")
         headers = {TRACE_HEADER: request.traceparent} if request.traceparent else None
         subject = f"{REQUEST_PREFIX}.{encode_token(request.agent_id)}"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pause = 0.05
         with translated(f"request {request.request_id} failed", error=BusError, refused=BusError):
-            try:
-                msg = await self.nc.request(subject, data, timeout=timeout, headers=headers)
-            except nats.errors.NoRespondersError as e:  # what it means on this subject
-                raise BusError("no orchestrator serves agent requests on this bus") from e
-            except TimeoutError as e:
-                raise BusError(f"no answer to request {request.request_id} in {timeout:g}s") from e
+            while True:
+                try:
+                    left = max(0.001, deadline - loop.time())
+                    msg = await self.nc.request(subject, data, timeout=left, headers=headers)
+                    break
+                except nats.errors.NoRespondersError as e:  # what it means on this subject
+                    # an orchestrator (re)starting has no subscription for a moment: ask
+                    # again until the request's own time is up (no responder means nobody
+                    # got it, so asking again cannot do anything twice)
+                    if loop.time() + pause >= deadline:
+                        raise BusError("no orchestrator serves agent requests on this bus") from e
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 1.0)
+                except TimeoutError as e:
+                    raise BusError(
+                        f"no answer to request {request.request_id} in {timeout:g}s"
+                    ) from e
         failure = header(msg, ERROR_HEADER)
         if failure is not None:
             raise BusError(f"request {request.request_id} failed on the server: {failure}")
