@@ -377,11 +377,13 @@ async def test_no_snapshot_covers_an_event_the_state_has_not_folded(db_path):
                 break
             await asyncio.sleep(0.01)
         await orch.register(make_agent("third", "third").card())
-        for _ in range(500):  # the next own event, once the follower sees it, is covered
-            if path.exists():
+        loaded = None
+        for _ in range(2000):  # the next own event, once the follower sees it, is covered
+            # (a generous bound: the snapshot is written in the background, late on a busy box)
+            loaded = await snap.load(path, store) if path.exists() else None
+            if loaded is not None and "other" in loaded[1].agents:
                 break
             await asyncio.sleep(0.01)
-        loaded = await snap.load(path, store)
         assert loaded is not None and "other" in loaded[1].agents
     finally:
         await orch.stop()
