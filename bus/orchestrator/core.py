@@ -273,7 +273,7 @@ class Orchestrator:
                         f"{t}#{a}" for t, a in lost if self.state.tasks[t].created.root_id == root
                     ],
                 )
-                await self._append_at_current_version(root, [resumed], correlation_id=root)
+                await self._append_folded(root, [resumed])
         except CardbusError as e:  # a log that refuses writes: the first decision will say
             log.warning("orchestrator.started not written: %s", e)
         if self.state.open:  # resumed runs are looked at now (lost attempts time out)
@@ -861,6 +861,25 @@ class Orchestrator:
         tp = self.tracing.traceparent(root)
         actor = self.policy.actor
         return [NewEvent(data=x, correlation_id=root, actor=actor, traceparent=tp) for x in data]
+
+    async def _append_folded(self, root: str, data: list[ev.Event]) -> None:
+        """Append to an open run's stream at the version this orchestrator has folded; after a
+        race, fold what the other writer wrote first and go on only if the run is still open.
+
+        Never at a version read fresh from the store: that would put our event after
+        events we have not folded, and the follower then skips them as already seen (a
+        run another process completed meanwhile would look open here for ever).
+        """
+        for _ in range(5):
+            if root not in self.state.open:
+                return
+            version = self.state.versions.get(root, 0)
+            try:
+                await self._append(root, data, version, root)
+                return
+            except ConcurrencyError:
+                for env in await self.store.read_stream(root, version + 1):
+                    self._apply(env)
 
     async def _append_at_current_version(
         self, stream: str, data: list[ev.Event], correlation_id: str
