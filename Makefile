@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/nats_bench.py
 	$(BIN)/python bench/nats_log_growth_bench.py
 	$(BIN)/python bench/memory_bench.py
+	$(BIN)/python bench/concurrency_bench.py
 	$(BIN)/python bench/planning_bench.py
 	$(BIN)/python bench/restart_bench.py --json $(BENCH_JSON)
 	$(BIN)/python bench/agent_latency_bench.py --json $(BENCH_JSON)

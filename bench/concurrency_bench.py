@@ -23,6 +23,9 @@ from typing import Any
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
 
 from cardbus.agents import Agent, AgentConstraints, Capability
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
@@ -100,6 +103,17 @@ async def main(work: float) -> None:
             f"  {kind:15} max_concurrency 1: {one:5.2f} s   3: {three:5.2f} s"
             f"   ratio {three / one:.2f} (target < 0.67)"
         )
+        record(
+            None,
+            "concurrency",
+            f"three {work:g} s tasks, {kind}, max_concurrency 3",
+            three,
+            "s",
+            target="< 0.67x max_concurrency 1",
+            met=three / one < 0.67,
+            ratio=three / one,
+            ratio_of="max_concurrency 1",
+        )
     quick = agent("quick", "quick", 1, False, work / 4)
     blocker = agent("blocker", "block", 1, True, work)
     _, alone = await timed([quick], ["quick"])
@@ -108,6 +122,15 @@ async def main(work: float) -> None:
         f"  an async {work / 4:g} s task done after {alone['quick']:5.2f} s alone,"
         f" {beside['quick']:5.2f} s beside a blocking {work:g} s def"
         f" (done after {beside['blocker']:5.2f} s): ratio {beside['quick'] / alone['quick']:.2f}"
+    )
+    record(
+        None,
+        "concurrency",
+        f"async {work / 4:g} s task beside a blocking {work:g} s def",
+        beside["quick"],
+        "s",
+        ratio=beside["quick"] / alone["quick"],
+        ratio_of="alone",
     )
 
 

@@ -341,6 +341,58 @@ async def main() -> None:
     print("  ".join("-" * w for w in widths))
     for line in lines:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
+
+    bench = f"eventstore ({args.synchronous})"
+    record(None, bench, "raw executemany, batches of 1000", raw_rate, "events/s")
+    record(
+        None,
+        bench,
+        "store append, 1 appender, 3 events/append",
+        one,
+        "events/s",
+        ratio=one / raw_rate,
+        ratio_of="raw-1000",
+    )
+    record(
+        None,
+        bench,
+        "store append, 64 appenders, 3 events/append",
+        many,
+        "events/s",
+        target=f">= {TARGET_RATIO:.0%} raw-1000",
+        met=many / raw_rate >= TARGET_RATIO,
+        ratio=many / raw_rate,
+        ratio_of="raw-1000",
+    )
+    record(
+        None,
+        bench,
+        "log chain per event",
+        chain_s * 1e6,
+        "us",
+        target="<= 10% of an append",
+        met=chain_s * many <= 0.10,
+    )
+    record(
+        None,
+        bench,
+        f"read_stream p50, 10-event task in {args.big:,} events",
+        p50,
+        "ms",
+        target=f"<= {TARGET_P50_MS} ms",
+        met=p50 <= TARGET_P50_MS,
+    )
+    record(
+        None,
+        bench,
+        f"read_all scan and decode, {scanned:,} events",
+        rate,
+        "events/s",
+        target=f">= {TARGET_SCAN:,}/s",
+        met=rate >= TARGET_SCAN,
+    )
     if not args.dir:
         for f in base.iterdir():
             f.unlink()

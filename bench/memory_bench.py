@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pipeline_bench import AGENTS, measure, pipeline_plan
+from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
 
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
@@ -53,6 +54,7 @@ async def main() -> None:
 
             before = object_counts()
             done = 0
+            rss: list[float] = []
             for phase in range(1, args.phases + 1):
                 await measure(run_one, args.runs, 32)
                 done += args.runs
@@ -60,12 +62,33 @@ async def main() -> None:
                 grown = {k: now[k] - before[k] for k in now if now[k] - before[k] >= 100}
                 before = now
                 state = rt.orchestrator.state
+                rss.append(rss_mb())
                 print(
                     f"phase {phase}: {done:>7} runs  RSS {rss_mb():6.1f} MB"
                     f"  runs/tasks in memory {len(state.runs)}/{len(state.tasks)}"
                     f"  types grown by >=100 objects: {dict(sorted(grown.items())) or 'none'}"
                 )
+            held = len(state.runs)
         await store.close()
+    bench = "memory"
+    record(None, bench, f"RSS after {done:,} runs", rss[-1], "MB")
+    if len(rss) > 1:
+        record(
+            None,
+            bench,
+            f"RSS growth, phase 2 to {len(rss)} ({done - args.runs:,} runs)",
+            rss[-1] - rss[0],
+            "MB",
+        )
+    record(
+        None,
+        bench,
+        f"runs held in memory after {done:,} runs",
+        held,
+        "runs",
+        target="<= 1000 (retain_finished_runs)",
+        met=held <= 1000,
+    )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline_bench import pipeline_plan  # noqa: E402  (the same plan as the embedded benchmark)
+from summary import record  # noqa: E402  (the figures for bench/summary.py)
 
 from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime  # noqa: E402
 from cardbus.eventstore.nats.connection import NatsOptions  # noqa: E402
@@ -233,6 +234,22 @@ def main() -> None:
         )
         cpu = ", ".join(f"{k[4:]} {v * 100:.0f}%" for k, v in r.items() if k.startswith("cpu_"))
         print(f"  CPU while the {args.runs} runs went (of one core): {cpu}")
+        share = r["events/s"] / r["raw/s"]
+        name = f"{storage} storage, {args.concurrency} in flight"
+        record(None, "nats", f"3-step pipeline, {name}", r["runs/s"], "runs/s")
+        record(
+            None,
+            "nats",
+            f"events/s in the log, {name}",
+            r["events/s"],
+            "events/s",
+            target=">= 50% raw publish_async",
+            met=share >= 0.5,
+            ratio=share,
+            ratio_of="raw nats-py publish_async",
+        )
+        record(None, "nats", f"one run at a time p50, {storage} storage", r["p50"], "ms")
+        record(None, "nats", f"one run at a time p99, {storage} storage", r["p99"], "ms")
 
 
 if __name__ == "__main__":

@@ -147,6 +147,20 @@ async def main(args: argparse.Namespace) -> None:
     print("|---|---|---|---|")
     for name in empty:
         print(line(name, empty[name], full[name]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
+
+    for name in empty:
+        p50, base = statistics.median(full[name]), statistics.median(empty[name])
+        record(
+            None,
+            "nats log growth",
+            f"{name} p50 after {args.roots:,} roots, {args.storage} storage",
+            p50,
+            "us",
+            ratio=p50 / base,
+            ratio_of="empty log",
+        )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +34,10 @@ from cardbus.agents.planning import LLMPlanner, RulePlanner
 from cardbus.bus.runtime.embedded import EmbeddedRuntime, plan_goal
 from cardbus.eventstore import EventStore, MemoryEventStore, SqliteEventStore
 from cardbus.eventstore import events as ev
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
 
 GOAL = "Write a short report on tides"
 SESSION = {"user": "bench", "preferences": {"report_format": "markdown"}}
@@ -88,8 +93,8 @@ async def main(runs: int, sqlite: bool) -> None:
     goal = {"goal": GOAL, "session": SESSION}
     answer = json.dumps({"goal": GOAL, "tasks": tasks})
 
-    def respond(prompt: str) -> str:  # the "model": the plan for the planner, else an echo
-        return answer if "input_schema" in prompt else f"[mock] {prompt[:80]}"
+    def respond(prompt: str) -> str | None:  # the "model": the plan for the planner
+        return answer if "input_schema" in prompt else None
 
     with tempfile.TemporaryDirectory() as folder:
         rows = [
@@ -102,7 +107,7 @@ async def main(runs: int, sqlite: bool) -> None:
                 runs,
                 sqlite,
                 folder,
-                llm=MockLLM(respond=respond),
+                llm=_Mock(respond),
             ),
         ]
     base = rows[0]
@@ -118,6 +123,52 @@ async def main(runs: int, sqlite: bool) -> None:
             f" {r['plan_events']:>16.0f} {r['ms'] / base['ms']:>8.2f}x"
             f" {r['events'] / base['events']:>12.2f}x"
         )
+    where = "SQLite" if sqlite else "memory"
+    for r in rows:
+        planned_row = r is not base
+        record(
+            None,
+            "planning",
+            f"run of the report goal, {r['name']}, {where}",
+            r["ms"],
+            "ms",
+            **({"ratio": r["ms"] / base["ms"], "ratio_of": "hand-written"} if planned_row else {}),
+        )
+        record(
+            None,
+            "planning",
+            f"events per run, {r['name']}",
+            r["events"],
+            "events",
+            **(
+                {"ratio": r["events"] / base["events"], "ratio_of": "hand-written"}
+                if planned_row
+                else {}
+            ),
+        )
+        if planned_row:
+            record(None, "planning", f"planning alone, {r['name']}", r["plan_ms"], "ms")
+
+
+class _Mock(MockLLM):
+    """``MockLLM`` answering the planner with the plan, every other call as ``MockLLM`` does
+    without ``respond`` (an instance of the asked output schema: the demo's LLM agents
+    want structured output)."""
+
+    def __init__(self, plan_for: Any) -> None:
+        super().__init__()
+        self.plan_for = plan_for
+
+    async def chat(self, messages: Any, **kw: Any) -> Any:
+        prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        text = self.plan_for(prompt)
+        self.respond = None if text is None else (lambda _p: text)
+        return await super().chat(messages, **kw)
+
+    async def complete(self, prompt: str, *, system: str = "") -> Any:
+        text = self.plan_for(prompt)
+        self.respond = (lambda _p: text) if text is not None else (lambda p: f"[mock] {p[:80]}")
+        return await super().complete(prompt, system=system)
 
 
 def _task(t: Any) -> dict[str, Any]:

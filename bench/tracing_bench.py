@@ -35,6 +35,9 @@ def _strip_tracing() -> None:
     from cardbus.bus import telemetry
 
     class NoTracing:
+        def __init__(self, *a: Any, **k: Any) -> None:
+            return None
+
         def start_run(self, *a: Any, **k: Any) -> None:
             return None
 
@@ -146,6 +149,25 @@ def main() -> None:
             f"{mode:<5} | {r['rate_1']:>9.1f} | {r['p50_1']:>8.3f} | {r['cpu_1']:>12.0f} |"
             f" {r[f'rate_{c}']:>9.1f} | {r[f'cpu_{c}']:>13.0f} | {d1:+.1f}% / {dc:+.1f}%"
         )
+    from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
+
+    for mode in MODES:
+        r = best[mode]
+        for conc in (1, c):
+            name = f"tracing {mode}, {conc} in flight, {args.store} store"
+            record(None, "tracing", f"3-step pipeline, {name}", r[f"rate_{conc}"], "runs/s")
+            record(
+                None,
+                "tracing",
+                f"CPU per run, {name}",
+                r[f"cpu_{conc}"],
+                "us",
+                **(
+                    {"ratio": r[f"cpu_{conc}"] / base[f"cpu_{conc}"], "ratio_of": "no tracing"}
+                    if mode != "none"
+                    else {}
+                ),
+            )
 
 
 if __name__ == "__main__":
