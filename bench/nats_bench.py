@@ -41,7 +41,7 @@ from cardbus.eventstore.nats.connection import NatsOptions  # noqa: E402
 
 AGENTS = """
 import msgspec
-from agents import Agent, Capability
+from cardbus.agents import Agent, Capability
 
 
 class Text(msgspec.Struct):
@@ -169,7 +169,7 @@ def run_on_fresh_server(args: argparse.Namespace, storage: str) -> dict[str, flo
         (Path(d) / "bench_agents.py").write_text(AGENTS)
         server = None if args.nats else LocalNatsServer().start()
         url = args.nats or server.url  # type: ignore[union-attr]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), d])}
+        env = {**os.environ, "PYTHONPATH": d}  # the bench agents module; cardbus is installed
         paths = ["bench_agents:Research", "bench_agents:Draft", "bench_agents:Review"]
         serve = [
             "agent",
@@ -182,7 +182,10 @@ def run_on_fresh_server(args: argparse.Namespace, storage: str) -> dict[str, flo
         ]
         agents = [
             subprocess.Popen(
-                [sys.executable, "-m", "tools", *serve], cwd=d, env=env, stdout=subprocess.DEVNULL
+                [sys.executable, "-m", "cardbus.tools", *serve],
+                cwd=d,
+                env=env,
+                stdout=subprocess.DEVNULL,
             )
             for _ in range(2)
         ]

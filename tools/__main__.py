@@ -1,4 +1,4 @@
-"""``python -m tools`` runs the ``cardbus`` command line."""
+"""``python -m cardbus.tools`` runs the ``cardbus`` command line."""
 
 from cardbus.tools.cli import main
 

@@ -21,8 +21,6 @@ from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.nats import NatsEventStore
 
-REPO = Path(__file__).resolve().parents[2]
-
 # Bus settings that make redelivery and reply acks quick enough for tests.
 FAST_BUS = {"ack_wait": 1.0, "fetch_wait": 0.5, "reply_ack_wait": 2.0}
 
@@ -44,7 +42,7 @@ class Quick(Agent):
 
 AGENTS = """
 import asyncio, os, msgspec
-from agents import Agent, Capability
+from cardbus.agents import Agent, Capability
 
 
 class N(msgspec.Struct):
@@ -118,13 +116,13 @@ def chain_plan(plan_id: str, slow_timeout: float = 20.0) -> dict[str, Any]:
 
 
 class Proc:
-    """A ``python -m tools ...`` subprocess with its output in a file."""
+    """A ``python -m cardbus.tools ...`` subprocess with its output in a file."""
 
     def __init__(self, args: Sequence[str], cwd: Path, env: dict[str, str], name: str) -> None:
         self.log = cwd / f"{name}.log"
         self._out = open(self.log, "wb")  # noqa: SIM115 - closed in wait/kill
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tools", *args],
+            [sys.executable, "-m", "cardbus.tools", *args],
             cwd=cwd,
             env=env,
             stdout=self._out,
@@ -173,7 +171,7 @@ class Proc:
 def env_for(directory: Path, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(directory)]),
+        "PYTHONPATH": str(directory),  # the agents module a test writes; cardbus is installed
         "PYTHONUNBUFFERED": "1",
         **extra,
     }

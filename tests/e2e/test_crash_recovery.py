@@ -19,7 +19,7 @@ from cardbus.eventstore import events as ev
 AGENTS = """
 import asyncio
 import msgspec
-from agents import Agent, Capability
+from cardbus.agents import Agent, Capability
 
 
 class N(msgspec.Struct):
@@ -84,8 +84,8 @@ async def test_sigkill_orchestrator_mid_run_then_resume(tmp_path: Path) -> None:
     (tmp_path / "crash_agents.py").write_text(AGENTS)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
     db = tmp_path / "run.db"
-    cmd = [sys.executable, "-m", "tools", "run", "plan.json", "--db", str(db), "--json"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [sys.executable, "-m", "cardbus.tools", "run", "plan.json", "--db", str(db), "--json"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # crash_agents.py; cardbus is installed
 
     first = subprocess.Popen(cmd, cwd=tmp_path, env=env)
     deadline = time.monotonic() + 30

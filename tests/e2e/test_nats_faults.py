@@ -1,6 +1,6 @@
 """Faults survived on a real nats-server: agent SIGKILL, server restart, orchestrator SIGKILL.
 
-Agents and orchestrators run as real ``cardbus`` processes (``python -m tools``)
+Agents and orchestrators run as real ``cardbus`` processes (``python -m cardbus.tools``)
 where the fault is a process dying; AckWait is 1 s so a lost card comes back fast.
 """
 

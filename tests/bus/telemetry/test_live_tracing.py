@@ -162,7 +162,7 @@ def test_cardbus_demo_sends_one_trace_per_run_to_the_env_endpoint(
     env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.url, "OTEL_SERVICE_NAME": "demo-test"}
     db = tmp_path / "demo.db"
     out = subprocess.run(
-        [sys.executable, "-m", "tools", "demo", "--db", str(db)],
+        [sys.executable, "-m", "cardbus.tools", "demo", "--db", str(db)],
         cwd=_ROOT,
         env=env,
         capture_output=True,

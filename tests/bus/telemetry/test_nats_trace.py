@@ -46,7 +46,7 @@ async def test_agent_spans_in_another_process_join_the_orchestrators_trace(
     }
     paths = [f"cardbus.agents.demo:{a.__name__}" for a in DEMO_AGENTS]
     server = subprocess.Popen(
-        [sys.executable, "-m", "tools", "agent", "serve", *paths, "--nats", nats_url],
+        [sys.executable, "-m", "cardbus.tools", "agent", "serve", *paths, "--nats", nats_url],
         cwd=_ROOT,
         env=env,
         stdout=subprocess.PIPE,
