@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from cardbus.eventstore import MemoryEventStore, NewEvent
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.batch import MAX_TOKENS
 from cardbus.projections import (
     AgentStats,
     Cost,
@@ -101,20 +102,29 @@ async def append_results(store: MemoryEventStore, results: list[dict[str, Any]])
         await store.append(stream, events, 0)
 
 
-async def fold_everything(store: MemoryEventStore) -> None:
+async def fold_everything(store: MemoryEventStore) -> list[Any]:
+    """What stats, cost, tasks, quality and runs list, folded as the log came and then
+    rebuilt: the two must be the same (rebuild is the fold from zero). Returns the listing."""
     runner = ProjectionRunner.open(store, ":memory:")
     try:
         await runner.catch_up()
+        listings = []
         for _ in range(2):  # cardbus stats / cost / tasks / runs, then cardbus rebuild
-            AgentStats().all(runner.conn)
-            Cost().list(runner.conn)
-            Cost().list(runner.conn, "root")
-            TaskTable().list(runner.conn)
-            Quality().list(runner.conn)
-            Runs().list(runner.conn)
+            listings.append(
+                [
+                    AgentStats().all(runner.conn),
+                    Cost().list(runner.conn),
+                    Cost().list(runner.conn, "root"),
+                    TaskTable().list(runner.conn),
+                    Quality().list(runner.conn),
+                    Runs().list(runner.conn),
+                ]
+            )
             await runner.rebuild()
     finally:
         runner.close()
+    assert repr(listings[0]) == repr(listings[1])  # repr: NaN-safe equality of the rows
+    return listings[0]
 
 
 @settings(
@@ -127,7 +137,9 @@ def test_stats_and_rebuild_work_over_any_results(results: list[dict[str, Any]]) 
     async def go() -> None:
         store = MemoryEventStore()
         await append_results(store, results)
-        await fold_everything(store)
+        _, _, _, tasks, _, runs = await fold_everything(store)
+        assert len(tasks) == len(results)  # every task is in the table, however odd
+        assert len(runs) == 1
 
     asyncio.run(go())
 
@@ -149,6 +161,8 @@ def test_tokens_past_any_integer_column_do_not_break_stats_or_rebuild() -> None:
     async def go() -> None:
         store = MemoryEventStore()
         await append_results(store, [one, one])
-        await fold_everything(store)
+        _, _, per_root, _, _, _ = await fold_everything(store)
+        # counted at the bound of the token range, not lost and not wrapped around
+        assert [r["input_tokens"] for r in per_root] == [2 * MAX_TOKENS]
 
     asyncio.run(go())
