@@ -911,10 +911,12 @@ class Orchestrator:
             except Exception:  # an observer's bug must not stop the orchestrator
                 log.exception("observer %r failed on %s", observe, env.event_id)
         if isinstance(env.data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
-            result = self._result(env.stream)
-            for future in self._waiters.pop(env.stream, []):
-                if result is not None and not future.done():
-                    future.set_result(result)
+            waiters = self._waiters.pop(env.stream, None)
+            if waiters:  # the result (a pass over the run's tasks) only for someone waiting
+                result = self._result(env.stream)
+                for future in waiters:
+                    if result is not None and not future.done():
+                        future.set_result(result)
         return True
 
     def _result(self, root_id: str) -> RunResult | None:

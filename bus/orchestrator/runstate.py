@@ -39,7 +39,6 @@ class TaskView:
     failures: int = 0  # attempts that failed, timed out or broke the output schema
     dispatched_to: dict[str, float] = field(default_factory=dict)  # agent -> deadline (current)
     assigned: set[str] = field(default_factory=set)  # every agent any attempt was sent to
-    dispatched_at: float = 0.0
     results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
     settled: set[int] = field(default_factory=set)  # attempts already decided
     excluded: set[str] = field(default_factory=set)  # agents that rejected this task
@@ -298,7 +297,6 @@ class RunState:
                 task.dispatched_to[data.agent_id] = data.deadline
                 task.assigned.add(data.agent_id)
                 self._wake(data.deadline, task.created.root_id)
-                task.dispatched_at = env.recorded_at
                 key = (data.loop_hash, env.stream)
                 if run is not None and data.loop_hash and key not in run.loop_seen:
                     run.loop_seen.add(key)
