@@ -30,6 +30,7 @@ from cardbus.eventstore.errors import (
 from cardbus.eventstore.events import EVENT_TYPES, Event
 
 __all__ = [
+    "tokens_in_range",
     "MAX_DEPTH",
     "MAX_EVENT_ID_CHARS",
     "MAX_ID_CHARS",
@@ -57,6 +58,12 @@ MAX_DEPTH = 64
 MAX_TOKENS = 2**53
 
 
+def tokens_in_range(n: object) -> int:
+    """A token count as a fold should add it: in 0..MAX_TOKENS (a log written before the
+    orchestrator checked the range may hold 2**64 or a negative count), 0 if not an int."""
+    return min(max(n, 0), MAX_TOKENS) if type(n) is int else 0
+
+
 def nesting_problem(value: object, limit: int = MAX_DEPTH, what: str = "value") -> str:
     """'' if ``value`` nests lists and dicts at most ``limit`` deep, else the problem
     naming the limit; iterative, so any depth is measured without recursion."""
@@ -77,7 +84,7 @@ def check_append_args(stream: object, events: object, expected_version: object) 
         if isinstance(stream, str) and len(stream) > 80:
             shown = f"{stream[:80]!r}... ({len(stream)} chars)"
         raise ValidationError(
-            f"stream must be a non-empty string of at most 512 chars (MAX_STREAM_CHARS): {shown}"
+            f"stream must be a non-empty string of at most {MAX_STREAM_CHARS} chars: {shown}"
         )
     if not stream.isascii():
         _check_utf8("stream", stream)
@@ -102,7 +109,7 @@ def check_append_args(stream: object, events: object, expected_version: object) 
         )
         if not (
             type(event_id) is str
-            and 0 < len(event_id) <= 200
+            and 0 < len(event_id) <= MAX_EVENT_ID_CHARS
             and event_id.isascii()
             and type(ev.correlation_id) is str
             and type(ev.actor) is str
@@ -119,9 +126,10 @@ def check_append_args(stream: object, events: object, expected_version: object) 
 def _check_metadata(ev: NewEvent) -> None:
     """The envelope fields a writer sets must have their declared types (cheap checks)."""
     event_id = ev.event_id
-    if type(event_id) is not str or not 0 < len(event_id) <= 200:
+    if type(event_id) is not str or not 0 < len(event_id) <= MAX_EVENT_ID_CHARS:
         raise ValidationError(
-            f"event_id must be a non-empty string of at most 200 chars: {event_id!r}"
+            f"event_id must be a non-empty string of at most {MAX_EVENT_ID_CHARS} chars:"
+            f" {event_id!r}"
         )
     if not event_id.isascii():
         _check_utf8("event_id", event_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.batch import MAX_TOKENS
+from cardbus.eventstore.batch import tokens_in_range
 from cardbus.eventstore.envelope import Envelope
 from cardbus.projections.base import Projection
 from cardbus.projections.model import Model, Row, TableSpec
@@ -68,8 +68,8 @@ class Cost(Projection):
                     "output_tokens": 0,
                     "results": 0,
                 }
-            row["input_tokens"] += _tokens(usage.input_tokens)
-            row["output_tokens"] += _tokens(usage.output_tokens)
+            row["input_tokens"] += tokens_in_range(usage.input_tokens)
+            row["output_tokens"] += tokens_in_range(usage.output_tokens)
             row["results"] += 1
             table.put(key, row)
 
@@ -81,9 +81,3 @@ class Cost(Projection):
     def get(self, conn: sqlite3.Connection, scope: str, key: str) -> Row | None:
         rows = self.query(conn, "SELECT * FROM proj_cost WHERE scope = ? AND key = ?", (scope, key))
         return rows[0] if rows else None
-
-
-def _tokens(n: object) -> int:
-    """A token count as the log holds it, in 0..MAX_TOKENS (a log written before the
-    orchestrator checked the range may hold 2**64 or a negative count)."""
-    return min(max(n, 0), MAX_TOKENS) if type(n) is int else 0

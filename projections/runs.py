@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.batch import tokens_in_range
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import ConfigError
 from cardbus.projections.base import Projection
@@ -98,8 +99,8 @@ def _fold(row: Row, env: Envelope) -> None:
     data: Any = env.data  # one of ``Runs.handles``: dispatched on its exact type
     t = type(data)
     if t is ev.TaskResultSubmitted:
-        row["input_tokens"] += data.usage.input_tokens
-        row["output_tokens"] += data.usage.output_tokens
+        row["input_tokens"] += tokens_in_range(data.usage.input_tokens)
+        row["output_tokens"] += tokens_in_range(data.usage.output_tokens)
     elif t is ev.TaskCreated:
         row["tasks_total"] += 1
     elif t is ev.RunStarted:

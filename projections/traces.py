@@ -50,6 +50,7 @@ from typing import Any
 import msgspec
 
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.batch import tokens_in_range
 from cardbus.eventstore.envelope import Envelope
 from cardbus.projections.replay import AttemptSpan, Step, TaskNode, _step, build_timeline
 
@@ -371,8 +372,8 @@ class _Builder:
             attrs["gen_ai.usage.input_tokens"] = result.usage.input_tokens
             attrs["gen_ai.usage.output_tokens"] = result.usage.output_tokens
             attrs["cardbus.result.status"] = result.status
-            self.tokens_in += result.usage.input_tokens
-            self.tokens_out += result.usage.output_tokens
+            self.tokens_in += tokens_in_range(result.usage.input_tokens)
+            self.tokens_out += tokens_in_range(result.usage.output_tokens)
             if result.status == "failed":
                 span.error = _error_type(result.error) if result.error else "agent_error"
                 span.status_message = result.error or ""

@@ -160,10 +160,6 @@ class Audits(Reads):
 
         return await self._retry(info)
 
-    async def head(self) -> LogHead:
-        """The end of the log: its last stored position and the log hash computed there."""
-        return (await self.audit())[1]
-
     async def audit(self, head: LogHead | None = None) -> tuple[list[ChainProblem], LogHead]:
         """Every problem of the whole log on JetStream; see the module docstring."""
         state = await self.stream_state()  # first: appends during the read come after it
