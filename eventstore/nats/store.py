@@ -205,32 +205,37 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
             error=StoreUnavailable,
             refused=StoreUnavailable,
         ):
-            try:
-                info = await self._js.stream_info(self.stream_name)
-            except nats.js.errors.NotFoundError:
-                if not create:
-                    raise StoreUnavailable(
-                        f"JetStream stream {self.stream_name!r} does not exist"
-                    ) from None
-                config = js_api.StreamConfig(
-                    name=self.stream_name,
-                    description="cardbus event log",
-                    subjects=[f"{self.subject_prefix}.>"],
-                    retention=js_api.RetentionPolicy.LIMITS,
-                    storage=js_api.StorageType(storage),
-                    num_replicas=replicas,
-                    duplicate_window=duplicate_window,
-                    allow_direct=True,
-                    deny_delete=deny_delete,
-                    deny_purge=deny_delete,
-                    allow_atomic=want_atomic or None,
-                    metadata={SUBJECT_LAYOUT_KEY: SUBJECT_LAYOUT},
-                )
+
+            async def get_or_create() -> js_api.StreamInfo:
                 try:
-                    info = await self._js.add_stream(config)
-                except nats.js.errors.BadRequestError:
-                    # Created concurrently by another process? Then it is there now.
-                    info = await self._js.stream_info(self.stream_name)
+                    return await self._js.stream_info(self.stream_name)
+                except nats.js.errors.NotFoundError:
+                    if not create:
+                        raise StoreUnavailable(
+                            f"JetStream stream {self.stream_name!r} does not exist"
+                        ) from None
+                    config = js_api.StreamConfig(
+                        name=self.stream_name,
+                        description="cardbus event log",
+                        subjects=[f"{self.subject_prefix}.>"],
+                        retention=js_api.RetentionPolicy.LIMITS,
+                        storage=js_api.StorageType(storage),
+                        num_replicas=replicas,
+                        duplicate_window=duplicate_window,
+                        allow_direct=True,
+                        deny_delete=deny_delete,
+                        deny_purge=deny_delete,
+                        allow_atomic=want_atomic or None,
+                        metadata={SUBJECT_LAYOUT_KEY: SUBJECT_LAYOUT},
+                    )
+                    try:
+                        return await self._js.add_stream(config)
+                    except nats.js.errors.BadRequestError:
+                        # Created concurrently by another process? Then it is there now.
+                        return await self._js.stream_info(self.stream_name)
+
+            # store retries: a cluster still electing the stream's leader times out at first
+            info = await self._retry(get_or_create)
             await self._check_layout(info)
             if want_atomic and not info.config.allow_atomic:
                 try:
