@@ -134,7 +134,10 @@ class AgentConstraints(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[str] = []  # tool allow-list
 
 
-class AgentCard(_Card, frozen=True, kw_only=True):
+class AgentCard(_Card, frozen=True, kw_only=True, dict=True):
+    """What an agent can do. ``dict=True`` gives each card a ``__dict__`` (no field, never
+    encoded) that holds its capabilities by name, made on the first :meth:`capability`."""
+
     agent_id: str
     name: str
     description: str = ""
@@ -145,7 +148,20 @@ class AgentCard(_Card, frozen=True, kw_only=True):
     url: str = ""
 
     def capability(self, name: str) -> CapabilitySpec | None:
-        return next((c for c in self.capabilities if c.name == name), None)
+        """The capability called ``name`` (the first, if several are), or None.
+
+        The orchestrator asks this some 50 times a run (selection, plan checks), so the
+        card keeps its capabilities in a dict, made once: the card is frozen, and its
+        ``capabilities`` list is not to be changed in place once it is asked.
+        """
+        try:
+            by_name: dict[str, CapabilitySpec] = self.__dict__["_by_name"]
+        except KeyError:
+            by_name = {}
+            for c in self.capabilities:
+                by_name.setdefault(c.name, c)
+            self.__dict__["_by_name"] = by_name
+        return by_name.get(name)
 
     def to_a2a(self, url: str | None = None, *, legacy: bool = False) -> dict[str, Any]:
         """The A2A AgentCard JSON: v1.0 (``legacy=True``: the v0.3 shape for older clients).
