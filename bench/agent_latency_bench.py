@@ -54,6 +54,7 @@ from cardbus.agents import Agent, Capability
 from cardbus.agents.cards import AgentConstraints
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.bus.runtime.loop import run
 from cardbus.eventstore import SqliteEventStore
 
 BENCH = "agent latency"
@@ -447,4 +448,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main())  # uvloop when installed (CARDBUS_UVLOOP=0: asyncio's), as cardbus commands run

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cardbus.agents import Agent, Capability
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.bus.runtime.loop import run
 from cardbus.eventstore import SqliteEventStore
 
 
@@ -157,7 +158,8 @@ async def main() -> None:
             cb_rate, cb_lat, events = await bench_cardbus(tmp, args.runs, conc)
             lg_rate, lg_lat = await bench_langgraph(tmp, args.runs, conc)
             rows.append((conc, cb_rate, lg_rate, cb_lat, lg_lat, events))
-    print(f"3-step pipeline, {args.runs} runs per row, SQLite file on the same disk")
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # both sides share it
+    print(f"3-step pipeline, {args.runs} runs per row, SQLite file on the same disk, {loop} loop")
     print(
         f"{'in flight':>9} | {'cardbus runs/s':>14} | {'LangGraph runs/s':>16} | {'ratio':>6} |"
         f" {'cardbus p50/p99 ms':>18} | {'LangGraph p50/p99 ms':>20}"
@@ -191,4 +193,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main())  # uvloop when installed (CARDBUS_UVLOOP=0: asyncio's), as cardbus commands run

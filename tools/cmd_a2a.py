@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 
+from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.tools.cli import cli
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
@@ -58,4 +57,4 @@ def serve(host: str, port: int, db: StoreRef, agent_paths: tuple[str, ...]) -> N
         finally:
             await store.close()
 
-    asyncio.run(go())
+    run_loop(go())

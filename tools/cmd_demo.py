@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import time
 from typing import Any
@@ -12,6 +11,7 @@ import msgspec
 
 from cardbus.agents.demo import DEMO_AGENTS, parallel_plan, report_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.eventstore import new_id
 from cardbus.projections.replay import Timeline, replay
 from cardbus.tools.cli import cli
@@ -170,5 +170,5 @@ def demo(
             )
         )
     raise SystemExit(
-        asyncio.run(_demo(db, parallel, topic, llm_base_url, model, as_json, goal, planner))
+        run_loop(_demo(db, parallel, topic, llm_base_url, model, as_json, goal, planner))
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import msgspec
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.eventstore import new_id
 from cardbus.projections import resolve_id
 from cardbus.tools.cli import cli
@@ -129,7 +129,7 @@ def run(
         if result.status != "completed":
             raise SystemExit(1)  # a failed run; 2 is click's usage error
 
-    asyncio.run(go())
+    run_loop(go())
 
 
 def _answer(text: str, granted: bool, db: StoreRef, by: str, note: str, as_json: bool) -> None:
@@ -142,7 +142,7 @@ def _answer(text: str, granted: bool, db: StoreRef, by: str, note: str, as_json:
         finally:
             await store.close()
 
-    task_id = asyncio.run(go())
+    task_id = run_loop(go())
     answer = "approved" if granted else "denied"
     if as_json:
         click.echo(json.dumps({"task_id": task_id, "answer": answer, "by": by, "note": note}))

@@ -36,6 +36,7 @@ from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper, Memory
 from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.orchestrator.planning import proposal_plan
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
@@ -96,6 +97,7 @@ class EmbeddedRuntime:
         self._state = "new"  # running inside `async with`, then stopped
 
     async def __aenter__(self) -> EmbeddedRuntime:
+        tune_gc()
         await self.orchestrator.start()
         for w in self.workers:
             await self.orchestrator.register(w.agent.card())
