@@ -30,7 +30,11 @@ class InProcessBus(Bus):
         self._request_handler: RequestHandler | None = None
 
     def _inbox(self, agent_id: str) -> asyncio.Queue[tuple[bytes, int]]:
-        return self._inboxes.setdefault(agent_id, asyncio.Queue())
+        # not setdefault(agent_id, asyncio.Queue()): that builds a queue for every card sent
+        inbox = self._inboxes.get(agent_id)
+        if inbox is None:
+            inbox = self._inboxes[agent_id] = asyncio.Queue()
+        return inbox
 
     async def consume(self, agent_id: str, handler: CardHandler) -> None:
         inbox = self._inbox(agent_id)
