@@ -128,6 +128,7 @@ class Orchestrator:
         lease_s: float = 10.0,
         attempts_survive_restart: bool = True,
         agents: AgentGrants | Iterable[AgentCard] | None = None,
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
         """``snapshot``: the file a start reads the state from and a stop (and every
         ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
@@ -141,7 +142,11 @@ class Orchestrator:
         ``agents``: the operator's grants (``AgentGrants``, or the cards themselves):
         which agents may register through their announcements, with at most what
         (``bus.orchestrator.registry``); None: open, each agent's first card is its
-        ceiling."""
+        ceiling.
+
+        ``owns``: several orchestrator processes share the runs (``partition``): this one
+        decides only the runs (roots) it owns; None: every run."""
+        self.owns = owns
         self.store = store
         self.grants = agents if isinstance(agents, AgentGrants) else AgentGrants(agents)
         self.leases = Leases(lease_s)
@@ -264,7 +269,7 @@ class Orchestrator:
         )
         try:
             await self._append(stream, [data], 0, stream)
-            for root in list(self.state.open):  # each resumed run's replay shows the restart
+            for root in [r for r in self.state.open if self.owns is None or self.owns(r)]:
                 resumed = ev.RunResumed(
                     orchestrator_id=self.orchestrator_id,
                     host=data.host,
@@ -507,6 +512,16 @@ class Orchestrator:
     async def deny(self, task_id: str, by: str = "api", note: str = "") -> None:
         await answer_approval(self.store, task_id, False, by, note)
 
+    def wake(self) -> None:
+        """Look at every open run again (e.g. the runs of a partition just acquired)."""
+        self._queue.put_nowait(_TICK)
+
+    def _reply_owned(self, reply: object) -> bool:
+        """A reply is decided by its run's owner; a task not folded yet is not ours: the
+        owner folded the dispatch before it sent the card."""
+        task = self.state.tasks.get(getattr(reply, "task_id", ""))
+        return task is not None and self.owns is not None and self.owns(task.created.root_id)
+
     async def record(self, stream: str, events: list[ev.Event]) -> None:
         """Append an agent request's events to ``stream`` through the decision loop (so
         they never race the stream's own decisions); returns once they are durable."""
@@ -623,6 +638,8 @@ class Orchestrator:
                 else:
                     decider.d.add(item.stream, *item.events)
                     self._records.setdefault(item.stream, []).append(item)
+            elif self.owns is not None and not self._reply_owned(item):
+                continue  # another process decides its run (partition)
             else:
                 self._alive(item)
                 # no advance for it (but for a completion, below): the reply's events
@@ -632,7 +649,7 @@ class Orchestrator:
         dirty.update(self._root_of(t) for t in decider.d.completed)
         for root in dirty:
             run = self.state.open.get(root)
-            if run is not None:
+            if run is not None and (self.owns is None or self.owns(root)):
                 decider.advance(run)
         d = decider.d
         self._parked.extend(d.deferred)

@@ -1,0 +1,260 @@
+"""Which orchestrator process decides which run: partitions of the roots, each held by a
+lease in a NATS KV bucket.
+
+Several orchestrator processes on one log all fold every event (any of them can accept a
+submit and answer ``wait``), but a run's decisions are made only by the process that holds
+its partition: ``partition_of(root_id)`` (a stable CRC-32 of the root id, the same in
+every process) names one of ``partitions`` keys ``p.<n>`` in the bucket; the process whose
+``create`` (revision 0) or ``update`` (at the revision it holds: compare-and-set) of that
+key succeeded holds it, and renews it every third of ``lease_s``. The bucket's TTL is
+``lease_s``: the key of a process that died (or stopped renewing) expires on the server,
+and a live process creates it on its next round, then wakes those runs (``on_acquired``):
+it has folded their events all along, so it goes on from the log as a restart does.
+
+A process counts itself owner only until ``lease_s`` after it *sent* its latest successful
+renewal (less a margin): the server's TTL starts when it receives the write, later, so
+the old holder stops deciding before anyone else can take the key. A decision already in
+flight when a lease lapses is still appended at the version it was decided on, so the
+log's optimistic concurrency keeps a handover consistent.
+
+Every process also renews ``member.<id>``; the live members share the partitions: each
+holds at most ``ceil(partitions / members)``, releasing what is over its share (a new
+member joined) and taking free ones up to it. A stopping process deletes its keys, so the
+others take over at once rather than after the lease.
+
+The partition count and lease are written into the bucket's description: a process
+started with others than the bucket's gets a ``ConfigError`` (two counts would give a
+root two owners).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import time
+import zlib
+from collections.abc import Callable
+
+import nats.errors
+import nats.js.errors
+from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
+
+from cardbus.eventstore import new_id
+from cardbus.eventstore.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "OWNERS_BUCKET",
+    "Partitions",
+    "check_settings",
+    "partition_of",
+]
+
+log = logging.getLogger(__name__)
+
+OWNERS_BUCKET = "cardbus-owners"
+DEFAULT_PARTITIONS = 32
+MAX_PARTITIONS = 4096
+_MARGIN = 0.9  # a holder stops deciding at 90% of the lease: clocks and scheduling slack
+_MEMBER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one KV key token
+_KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
+
+
+def partition_of(root_id: str, partitions: int) -> int:
+    """The partition of a run: stable across processes and restarts (not ``hash``)."""
+    return zlib.crc32(root_id.encode()) % partitions
+
+
+def check_settings(
+    partitions: int, lease_s: float, member: str | None = None, bucket: str = OWNERS_BUCKET
+) -> str:
+    """``ConfigError`` for a setting out of range; the member name (a new one for None)."""
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise ConfigError(f"partitions must be an integer: {partitions!r}")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ConfigError(f"partitions must be 1 to {MAX_PARTITIONS}: {partitions}")
+    if (
+        isinstance(lease_s, bool)
+        or not isinstance(lease_s, (int, float))
+        or not math.isfinite(lease_s)
+        or not 0.5 <= lease_s <= 3600
+    ):
+        raise ConfigError(f"lease_s must be 0.5 to 3600 seconds: {lease_s!r}")
+    member = member if member is not None else new_id().replace("-", "")
+    if not isinstance(member, str) or not _MEMBER.match(member):
+        raise ConfigError(f"member must be 1 to 64 of A-Z a-z 0-9 _ -: {member!r}")
+    if not isinstance(bucket, str) or not _MEMBER.match(bucket):
+        raise ConfigError(f"bucket must be 1 to 64 of A-Z a-z 0-9 _ -: {bucket!r}")
+    return member
+
+
+class Partitions:
+    """This process's share of the runs; ``owns(root_id)`` is the orchestrator's hook."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        partitions: int = DEFAULT_PARTITIONS,
+        lease_s: float = 6.0,
+        *,
+        member: str | None = None,
+        bucket: str = OWNERS_BUCKET,
+        replicas: int = 1,
+        on_acquired: Callable[[], None] | None = None,
+    ) -> None:
+        member = check_settings(partitions, lease_s, member, bucket)
+        self.js = js
+        self.partitions = partitions
+        self.lease_s = float(lease_s)
+        self.member = member
+        self.bucket = bucket
+        self.replicas = replicas
+        self.on_acquired = on_acquired
+        self.members = 1  # live members seen in the latest round
+        self._kv: KeyValue | None = None
+        self._revision: dict[int, int] = {}  # partition -> the revision of our lease
+        self._until: dict[int, float] = {}  # partition -> monotonic time our lease is good to
+        start = zlib.crc32(member.encode()) % partitions  # members try different ones first
+        self._order = [(start + i) % partitions for i in range(partitions)]
+        self._loop: asyncio.Task[None] | None = None
+
+    # -- the hook ----------------------------------------------------------------
+
+    def owns(self, root_id: str) -> bool:
+        """Whether this process may decide run ``root_id`` now."""
+        return self._until.get(partition_of(root_id, self.partitions), 0.0) > time.monotonic()
+
+    @property
+    def held(self) -> frozenset[int]:
+        """The partitions whose lease this process holds now."""
+        now = time.monotonic()
+        return frozenset(p for p, until in self._until.items() if until > now)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open (or create) the bucket, take a first share, then renew in the background."""
+        self._kv = await self._open()
+        await self.round()
+        self._loop = asyncio.create_task(self._renew(), name="partition-leases")
+
+    async def stop(self) -> None:
+        """Stop renewing and give every lease back, so the others take over at once."""
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._loop
+            self._loop = None
+        if self._kv is None:
+            return
+        for p in sorted(self._revision):
+            await self._release(p)
+        with contextlib.suppress(*_KV_ERRORS):
+            await self._kv.delete(f"member.{self.member}")
+
+    async def _open(self) -> KeyValue:
+        description = (
+            f"cardbus run ownership: partitions={self.partitions} lease_s={self.lease_s:g}"
+        )
+        for _ in range(3):
+            try:
+                info = await self.js.stream_info(f"KV_{self.bucket}")
+            except nats.js.errors.NotFoundError:
+                try:
+                    return await self.js.create_key_value(
+                        bucket=self.bucket,
+                        ttl=self.lease_s,
+                        history=1,
+                        description=description,
+                        replicas=self.replicas,
+                    )
+                except nats.js.errors.BadRequestError:
+                    continue  # created by another process meanwhile: look at its settings
+            if info.config.description != description:
+                raise ConfigError(
+                    f"the bucket {self.bucket!r} says {info.config.description!r}, this process"
+                    f" {description!r}: every orchestrator on a log needs the same partitions"
+                    " and lease"
+                )
+            return await self.js.key_value(self.bucket)
+        raise ConfigError(f"the bucket {self.bucket!r} could not be opened")
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self.round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the server away: leases lapse by themselves, retry
+                log.warning("partition leases not renewed: %r", e)
+
+    # -- one round ---------------------------------------------------------------
+
+    async def round(self) -> None:
+        """Renew what is held, then release or take partitions towards this member's share."""
+        kv = self._kv
+        if kv is None:
+            raise ConfigError("Partitions.round before start")
+        me = self.member.encode()
+        await kv.put(f"member.{self.member}", me)
+        sent = time.monotonic()
+        held = sorted(self._revision)
+        outcomes = await asyncio.gather(
+            *(kv.update(_key(p), me, last=self._revision[p]) for p in held),
+            return_exceptions=True,
+        )
+        for p, outcome in zip(held, outcomes, strict=True):
+            if isinstance(outcome, int):
+                self._revision[p] = outcome
+                self._until[p] = sent + self.lease_s * _MARGIN
+            elif isinstance(outcome, nats.js.errors.KeyWrongLastSequenceError):
+                self._forget(p)  # it lapsed and someone else has it (or it is gone)
+            elif not isinstance(outcome, _KV_ERRORS):
+                raise outcome
+            # a transport error: the lease lapses by itself unless the next round renews it
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            keys = []
+        self.members = max(1, sum(k.startswith("member.") for k in keys))
+        share = -(-self.partitions // self.members)
+        mine = [p for p in self._order if p in self._revision]
+        for p in mine[share:]:  # over the share (a member joined): the last ones go
+            await self._release(p)
+        taken = {int(k[2:]) for k in keys if k.startswith("p.")}
+        acquired = False
+        for p in self._order:
+            if len(self._revision) >= share:
+                break
+            if p in taken or p in self._revision:
+                continue
+            sent = time.monotonic()
+            try:
+                self._revision[p] = await kv.create(_key(p), me)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # another member was quicker
+            self._until[p] = sent + self.lease_s * _MARGIN
+            acquired = True
+        if acquired and self.on_acquired is not None:
+            self.on_acquired()  # their runs are looked at now
+
+    async def _release(self, p: int) -> None:
+        """Stop deciding the partition first, then delete its key (at our revision only)."""
+        revision = self._revision.get(p)
+        self._forget(p)
+        if revision is not None and self._kv is not None:
+            with contextlib.suppress(*_KV_ERRORS):
+                await self._kv.delete(_key(p), last=revision)
+
+    def _forget(self, p: int) -> None:
+        self._revision.pop(p, None)
+        self._until.pop(p, None)
+
+
+def _key(p: int) -> str:
+    return f"p.{p}"

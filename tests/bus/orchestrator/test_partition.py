@@ -1,0 +1,182 @@
+"""Run ownership by partition leases in a NATS KV bucket (``bus.orchestrator.partition``):
+settings checked, one holder per partition at any instant, a dead member's partitions
+taken over after the lease, a stopping member's at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from natsserver import NatsServer
+from nats.aio.client import Client
+
+from cardbus.bus.orchestrator.partition import Partitions, check_settings, partition_of
+from cardbus.bus.runtime.nats import NatsRuntime
+from cardbus.eventstore.errors import ConfigError
+from cardbus.eventstore.nats.connection import NatsOptions
+
+
+@pytest.mark.parametrize(
+    ("partitions", "lease_s", "member"),
+    [
+        (0, 6.0, None),
+        (-3, 6.0, None),
+        (True, 6.0, None),
+        ("8", 6.0, None),
+        (5000, 6.0, None),
+        (8, 0.0, None),
+        (8, -1.0, None),
+        (8, math.nan, None),
+        (8, math.inf, None),
+        (8, "6", None),
+        (8, 6.0, "a.b"),
+        (8, 6.0, ""),
+        (8, 6.0, "x" * 65),
+    ],
+)
+def test_bad_settings_are_config_errors(partitions: object, lease_s: object, member: object) -> None:
+    with pytest.raises(ConfigError):
+        check_settings(partitions, lease_s, member)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):  # at construction, before any connection
+        NatsRuntime(
+            NatsOptions(url="nats://127.0.0.1:1"),
+            partitions=partitions,  # type: ignore[arg-type]
+            partition_lease_s=lease_s,  # type: ignore[arg-type]
+            member=member,  # type: ignore[arg-type]
+        )
+
+
+def test_partition_of_is_stable_and_spread() -> None:
+    roots = [f"0190-{i:08d}" for i in range(4000)]
+    counts = [0] * 8
+    for r in roots:
+        counts[partition_of(r, 8)] += 1
+    assert partition_of("some-root", 8) == partition_of("some-root", 8)
+    assert min(counts) > 350  # about 500 each: no partition left empty or overloaded
+
+
+@pytest.fixture
+async def connections(nats_server: NatsServer) -> AsyncIterator[list[Client]]:
+    ncs = [await nats.connect(nats_server.url) for _ in range(5)]
+    yield ncs
+    for nc in ncs:
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+
+async def test_a_bucket_with_other_settings_is_refused(connections: list[Client]) -> None:
+    a = Partitions(connections[0].jetstream(), 8, 2.0, member="a")
+    await a.start()
+    try:
+        for count, lease in [(16, 2.0), (8, 3.0)]:
+            other = Partitions(connections[1].jetstream(), count, lease, member="b")
+            with pytest.raises(ConfigError, match="same partitions"):
+                await other.start()
+        same = Partitions(connections[1].jetstream(), 8, 2.0, member="c")
+        await same.start()  # the same settings join
+        await same.stop()
+    finally:
+        await a.stop()
+
+
+def _check_disjoint(members: list[Partitions]) -> None:
+    seen: dict[int, str] = {}
+    for m in members:
+        for p in m.held:
+            assert p not in seen, f"partition {p} held by {seen[p]} and {m.member}"
+            seen[p] = m.member
+
+
+async def test_a_partition_is_never_held_by_two(connections: list[Client]) -> None:
+    """Five members race for eight partitions over many rounds, members dying (no release)
+    and stopping (release) and joining again; at every instant sampled no partition is
+    held by two, and the holders' belief agrees with the bucket."""
+    lease = 1.0
+    members = [
+        Partitions(nc.jetstream(), 8, lease, member=f"m{i}") for i, nc in enumerate(connections)
+    ]
+    await asyncio.gather(*(m.start() for m in members))
+    problems: list[str] = []
+    running = True
+
+    async def sample() -> None:
+        while running:
+            try:
+                _check_disjoint(members)
+            except AssertionError as e:
+                problems.append(str(e))
+            await asyncio.sleep(0.003)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        for turn in range(6):
+            # every member's rounds at once, several times: creates and updates collide
+            for _ in range(3):
+                await asyncio.gather(*(m.round() for m in members))
+            victim = members[turn % len(members)]
+            if turn % 2:  # dies: stops renewing, keeps its keys until they expire
+                assert victim._loop is not None
+                victim._loop.cancel()
+                victim._loop = None
+                await asyncio.sleep(lease * 1.2)  # its leases lapse, on the server too
+                assert not victim.held
+                victim._revision.clear()
+                victim._until.clear()
+            else:  # stops: gives its keys back
+                await victim.stop()
+            await asyncio.gather(*(m.round() for m in members if m is not victim))
+            victim._loop = asyncio.create_task(victim._renew())  # joins again
+        # settled: every partition has one holder, and the bucket names it
+        deadline = time.monotonic() + 20
+        while sum(len(m.held) for m in members) < 8:
+            assert time.monotonic() < deadline, [sorted(m.held) for m in members]
+            await asyncio.gather(*(m.round() for m in members))
+        kv = await connections[0].jetstream().key_value("cardbus-owners")
+        for m in members:
+            for p in m.held:
+                assert (await kv.get(f"p.{p}")).value == m.member.encode()
+    finally:
+        running = False
+        await sampler
+        await asyncio.gather(*(m.stop() for m in members), return_exceptions=True)
+    assert problems == []
+
+
+async def test_a_dead_members_partitions_are_taken_over_after_the_lease(
+    connections: list[Client],
+) -> None:
+    lease = 1.0
+    acquired = itertools.count()
+    a = Partitions(connections[0].jetstream(), 8, lease, member="a")
+    b = Partitions(
+        connections[1].jetstream(), 8, lease, member="b", on_acquired=lambda: next(acquired)
+    )
+    await a.start()
+    assert len(a.held) == 8  # alone: everything
+    await b.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not (len(a.held) == 4 and len(b.held) == 4):  # a gives half away
+            assert time.monotonic() < deadline, (sorted(a.held), sorted(b.held))
+            await asyncio.sleep(0.05)
+        assert a.held.isdisjoint(b.held)
+        before = next(acquired)
+        root = next(f"r{i}" for i in itertools.count() if a.owns(f"r{i}"))
+        assert not b.owns(root)
+        await connections[0].close()  # a dies: no release, no renewal
+        while not b.owns(root):
+            assert time.monotonic() < deadline + 20, sorted(b.held)
+            await asyncio.sleep(0.05)
+        assert not a.owns(root)  # its own belief lapsed with the lease
+        while len(b.held) < 8:
+            assert time.monotonic() < deadline + 20, sorted(b.held)
+            await asyncio.sleep(0.05)
+        assert next(acquired) > before  # the orchestrator was told to look again
+    finally:
+        await b.stop()
