@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -610,10 +610,7 @@ def traced_handler(handler: CardHandler, bus: Bus, agent_id: str) -> CardHandler
     continuing the trace named by the card's ``traceparent``."""
     destination = f"cardbus.agent.{agent_id}"
 
-    async def handle(card: TaskCard) -> None:
-        if not enabled():
-            await handler(card)
-            return
+    async def traced(card: TaskCard) -> None:
         parent = context_from_traceparent(card.traceparent)
         with tracer().start_as_current_span(
             f"process {destination}", context=parent, kind=SpanKind.CONSUMER
@@ -633,13 +630,27 @@ def traced_handler(handler: CardHandler, bus: Bus, agent_id: str) -> CardHandler
                 )
             await handler(card)
 
+    def handle(card: TaskCard) -> Awaitable[None]:
+        # a plain function: untraced, the handler's own coroutine is the one awaited (an
+        # ``async def`` here would add a coroutine to create and step for every card)
+        return handler(card) if not enabled() else traced(card)
+
     return handle
 
 
-async def invoke_agent(agent: type[Agent], card: TaskCard, llm: LLM | None) -> ResultCard:
-    """``agent.run(card, llm)`` in an ``invoke_agent <name>`` span with the gen_ai attributes."""
+def invoke_agent(
+    agent: type[Agent], card: TaskCard, llm: LLM | None
+) -> Coroutine[Any, Any, ResultCard]:
+    """``agent.run(card, llm)`` in an ``invoke_agent <name>`` span with the gen_ai attributes.
+
+    A plain function returning the coroutine to await: untraced, that is ``agent.run``'s
+    own (no wrapping coroutine per card)."""
     if not enabled():
-        return await agent.run(card, llm)
+        return agent.run(card, llm)
+    return _invoke_traced(agent, card, llm)
+
+
+async def _invoke_traced(agent: type[Agent], card: TaskCard, llm: LLM | None) -> ResultCard:
     name = agent.name or agent.agent_id
     parent = None
     if not trace.get_current_span().get_span_context().is_valid:
