@@ -261,6 +261,26 @@ def agent_serve(
     " register, with at most these capabilities, tools and limits. Default: open (each"
     " agent's first card is its ceiling).",
 )
+@click.option(
+    "--partitions",
+    type=int,
+    default=None,
+    help="Share the runs with the other orchestrators started with the same count: each"
+    " decides the runs of the partitions it holds a lease on (NATS KV bucket cardbus-owners)"
+    " and takes over a dead one's after --partition-lease. Default: this one decides all.",
+)
+@click.option(
+    "--partition-lease",
+    default=6.0,
+    show_default=True,
+    help="Seconds a partition's lease lasts unrenewed (the same for every orchestrator).",
+)
+@click.option(
+    "--member",
+    default=None,
+    help="This orchestrator's name among the --partitions ones (default: new each start);"
+    " it names its reply consumer unless --consumer does.",
+)
 @_ack_wait
 @_max_deliver
 @_stream_replicas
@@ -275,6 +295,9 @@ def orchestrator(
     consumer: str,
     docs: str | None,
     agents_file: str | None,
+    partitions: int | None,
+    partition_lease: float,
+    member: str | None,
     ack_wait: float,
     max_deliver: int,
     stream_replicas: int,
@@ -288,7 +311,8 @@ def orchestrator(
     submits that plan, waits for it and exits; a plan whose plan_id is already
     in the log is resumed, not started again. Several orchestrators may run
     on the same log: optimistic concurrency keeps each task's stream
-    consistent.
+    consistent; with --partitions they share the work instead of all deciding
+    every run.
     """
     options = build_options(nats_url, kw)
     plan = decode_plan(Path(plan_file).read_bytes()) if plan_file else None
@@ -309,6 +333,9 @@ def orchestrator(
                 store_options={"replicas": stream_replicas},
                 tools=ToolRegistry([doc_search_tool(docs)]) if docs else None,
                 grants=grants,
+                partitions=partitions,
+                partition_lease_s=partition_lease,
+                member=member,
             ) as rt:
                 if plan is None:
                     stop = asyncio.Event()

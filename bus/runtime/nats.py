@@ -5,6 +5,9 @@ and a throw-away local nats-server (what the ``cardbus`` NATS commands call).
   connection unless another store is given) + ``NatsBus`` + ``Orchestrator``,
   optionally with agents served in this process too. On start the
   orchestrator replays the log and resumes open runs.
+  With ``partitions`` several such runtimes (processes) share the open runs: each
+  decides only the runs of the partitions it holds a lease on
+  (``bus.orchestrator.partition``).
 * :func:`serve_agents` -- serve agent classes as ``replicas`` independent
   consumers (each its own connection), until ``stop`` is set.
 * :class:`LocalNatsServer` -- start the ``nats-server`` binary of the
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import socket
@@ -34,11 +38,12 @@ from cardbus.agents.llm import LLM
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
+from cardbus.bus.orchestrator.partition import Partitions, check_settings
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
-from cardbus.bus.transport.nats import NatsBus
+from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, NatsBus
 from cardbus.bus.transport.nats import agent_inbox_prefix as inbox_prefix_of
 from cardbus.eventstore import EventStore
 from cardbus.eventstore.errors import BusError, CardbusError
@@ -70,6 +75,9 @@ class NatsRuntime:
         name: str = "cardbus-orchestrator",
         tools: ToolRegistry | None = None,
         grants: AgentGrants | Iterable[AgentCard] | None = None,
+        partitions: int | None = None,
+        partition_lease_s: float = 6.0,
+        member: str | None = None,
     ) -> None:
         """``tools``: the registry agents' tool requests are served from (none: refused).
 
@@ -78,6 +86,14 @@ class NatsRuntime:
         None: open registration (each agent's first card is its ceiling). The
         ``agents`` served in this process are registered by it directly: trusted
         by construction, as on the embedded runtime.
+
+        ``partitions``: share the runs with the other orchestrator processes started
+        with the same count (and ``partition_lease_s``): this one decides only the runs
+        of the partitions it holds (``bus.orchestrator.partition``), takes over a dead
+        one's after its lease, and accepts submits for any run. ``member``: this
+        process's name among them (default: a new id each start); it names the reply
+        consumer (``cardbus-orchestrator-<member>``) unless ``bus_options`` name one.
+        None: this process decides every run (no KV bucket).
         """
         self.options = options
         self.tools = tools
@@ -89,12 +105,33 @@ class NatsRuntime:
         self.store_options = store_options or {}
         self.name = name
         self._given_store = store
+        self.partitions: Partitions | None = None
+        self._partition_args = (partitions, partition_lease_s, member)
+        if partitions is not None:
+            self._partitioned(member)
         self.store: EventStore
         self.bus: NatsBus
         self.orchestrator: Orchestrator
         self._agent_buses: list[NatsBus] = []
         self._workers: list[AgentWorker] = []
         self._state = "new"  # running inside `async with`, then stopped
+
+    def _partitioned(self, member: str | None) -> None:
+        """Settings of a process that shares the runs: its own reply consumer (every
+        orchestrator must see every reply, its runs' among them) and its own actor name
+        on the events it decides."""
+        count, lease_s, _ = self._partition_args
+        self.member = check_settings(count or 0, lease_s, member)
+        if self.bus_options.get("reply_durable", ORCHESTRATOR_DURABLE) == ORCHESTRATOR_DURABLE:
+            self.bus_options = {
+                **self.bus_options,
+                "reply_durable": f"{ORCHESTRATOR_DURABLE}-{self.member}"[:200],
+                # a name of this start only: nobody resumes its consumer, so it goes
+                "delete_reply_consumer": member is None,
+            }
+        policy = self.policy or Policy()
+        if policy.actor == Policy().actor:
+            self.policy = dataclasses.replace(policy, actor=f"orchestrator-{self.member}"[:200])
 
     async def __aenter__(self) -> NatsRuntime:
         nc = await self.options.connect(self.name)
@@ -108,6 +145,16 @@ class NatsRuntime:
             # Agents' requests (read_output, long-term memory) are served here too.
             self.memory = LongTermMemory(self.store)
             self.keeper = MemoryKeeper(self.store, None, self.memory)
+            count, lease_s, _ = self._partition_args
+            if count is not None:
+                self.partitions = Partitions(
+                    nc.jetstream(timeout=self.bus.request_timeout),
+                    count,
+                    lease_s,
+                    member=self.member,
+                    replicas=self.bus.replicas,
+                    on_acquired=lambda: self.orchestrator.wake(),
+                )
             self.orchestrator = Orchestrator(
                 self.store,
                 self.bus,
@@ -116,8 +163,11 @@ class NatsRuntime:
                 memory=self.memory,
                 serve_requests=True,
                 agents=self.grants,
+                owns=self.partitions.owns if self.partitions is not None else None,
             )
             self.orchestrator.observers.append(self.keeper.observe)
+            if self.partitions is not None:  # a first share before the resume: its runs
+                await self.partitions.start()
             await self.orchestrator.start()
             if self.agents:
                 # the agents get their own connection, as they would in their own process
@@ -146,6 +196,9 @@ class NatsRuntime:
                 await w.stop(announce=False)
         with contextlib.suppress(Exception):
             await self.orchestrator.stop()
+        if self.partitions is not None:  # after the last decision: the others take over now
+            with contextlib.suppress(Exception):
+                await self.partitions.stop()
         for b in self._agent_buses:
             with contextlib.suppress(Exception):
                 await b.close()

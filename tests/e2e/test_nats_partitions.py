@@ -1,0 +1,210 @@
+"""Orchestrators sharing the runs by partition (``NatsRuntime(partitions=...)``,
+``cardbus orchestrator --partitions``): every run decided by one process, and a killed
+process's runs finished by the other once its leases lapse."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+from natsprocs import (
+    FAST_BUS,
+    N,
+    Proc,
+    Quick,
+    check_log,
+    count,
+    env_for,
+    per_task,
+    read_log,
+    until,
+    verify,
+)
+from natsserver import NatsServer
+
+from cardbus.agents import Agent, Capability
+from cardbus.bus.orchestrator.partition import partition_of
+from cardbus.bus.orchestrator.plan import decode_plan
+from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
+from cardbus.eventstore import Envelope
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats.connection import NatsOptions
+
+PARTITIONS = 8
+# what only a run's owner writes (a submit's events are the submitter's)
+DECISIONS = (ev.TaskDispatched, ev.TaskStarted, ev.TaskCompleted, ev.RunCompleted)
+
+
+class Slow(Agent):
+    agent_id = "slow"
+    description = "adds ten, a little slowly"
+    capabilities = [Capability("slow", N, N, "add ten")]
+
+    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.6)
+        return N(n=inputs.n + 10)
+
+
+def plan(plan_id: str, slow_timeout: float = 20.0):  # type: ignore[no-untyped-def]
+    return decode_plan(
+        json.dumps(
+            {
+                "plan_id": plan_id,
+                "goal": "share the runs",
+                "tasks": [
+                    {"id": "a", "capability": "quick", "inputs": {"n": 1}},
+                    {
+                        "id": "b",
+                        "capability": "slow",
+                        "deps": ["a"],
+                        "timeout_s": slow_timeout,
+                        "max_attempts": 5,
+                        "inputs": {"n": {"$dep": "a", "path": "n"}},
+                    },
+                    {
+                        "id": "c",
+                        "capability": "quick",
+                        "deps": ["b"],
+                        "inputs": {"n": {"$dep": "b", "path": "n"}},
+                    },
+                ],
+            }
+        ).encode()
+    )
+
+
+def decisions(events: list[Envelope], root: str) -> list[str]:
+    """The actors of run ``root``'s decisions, in log order."""
+    return [e.actor for e in events if e.correlation_id == root and isinstance(e.data, DECISIONS)]
+
+
+def check_runs(events: list[Envelope], roots: list[str]) -> None:
+    check_log(events)
+    for root in roots:
+        tasks = per_task(events, root)
+        assert {k: count(v, ev.TaskCompleted) for k, v in tasks.items()} == {
+            "a": 1,
+            "b": 1,
+            "c": 1,
+        }, root
+        finished = [e for e in events if e.stream == root and isinstance(e.data, ev.RunCompleted)]
+        assert len(finished) == 1, root
+
+
+async def _agents(url: str, stop: asyncio.Event) -> asyncio.Task[None]:
+    ready = asyncio.Event()
+    serving = asyncio.create_task(
+        serve_agents(
+            NatsOptions(url=url), [Quick, Slow], stop, replicas=2, bus_options=FAST_BUS, ready=ready
+        )
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    return serving
+
+
+def _runtime(url: str, member: str, lease_s: float) -> NatsRuntime:
+    return NatsRuntime(
+        NatsOptions(url=url),
+        bus_options=FAST_BUS,
+        name=member,
+        partitions=PARTITIONS,
+        partition_lease_s=lease_s,
+        member=member,
+    )
+
+
+async def test_two_orchestrators_share_the_runs_each_decided_by_one(
+    nats_server: NatsServer,
+) -> None:
+    url = nats_server.url
+    stop = asyncio.Event()
+    serving = await _agents(url, stop)
+    try:
+        async with _runtime(url, "a", 3.0) as a, _runtime(url, "b", 3.0) as b:
+            assert a.partitions is not None and b.partitions is not None
+            pa, pb = a.partitions, b.partitions
+            await until(lambda: len(pa.held) == len(pb.held) == 4, what="half each")
+            assert pa.held.isdisjoint(pb.held)
+            owner = {p: "orchestrator-a" for p in pa.held} | {p: "orchestrator-b" for p in pb.held}
+            # either accepts a submit: the run's owner decides it from then on
+            roots = [
+                await (a if i % 2 else b).submit(plan(f"run-{i}"), agent_timeout=10)
+                for i in range(16)
+            ]
+            results = await asyncio.gather(
+                *((b if i % 2 else a).orchestrator.wait(r, timeout=60) for i, r in enumerate(roots))
+            )
+    finally:
+        stop.set()
+        await serving
+    assert [r.status for r in results] == ["completed"] * len(roots)
+    assert all(r.outputs["c"] == {"n": 13} for r in results)
+    events = await read_log(url)
+    check_runs(events, roots)
+    assert await verify(url) == []
+    for root in roots:
+        assert set(decisions(events, root)) == {owner[partition_of(root, PARTITIONS)]}, root
+    # both decided (the runs' roots are random: all 16 on one side is a 2**-15 chance)
+    assert set(Counter(a for r in roots for a in decisions(events, r))) == set(owner.values())
+
+
+async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    url = nats_server.url
+    lease = 2.0
+    stop = asyncio.Event()
+    serving = await _agents(url, stop)
+    killed = Proc(
+        [
+            *("orchestrator", "--nats", url, "--partitions", str(PARTITIONS)),
+            *("--partition-lease", str(lease), "--member", "k", "--ack-wait", "1"),
+        ],
+        tmp_path,
+        env_for(tmp_path),
+        "orchestrator-k",
+    )
+    try:
+        killed.wait_for("open run(s) resumed", timeout=30)
+        async with _runtime(url, "b", lease) as b:
+            pb = b.partitions
+            assert pb is not None
+            await until(lambda: len(pb.held) == 4, timeout=30, what="the killed one to share")
+            roots = [await b.submit(plan(f"run-{i}", 3.0), agent_timeout=10) for i in range(12)]
+            theirs = [r for r in roots if not pb.owns(r)]
+            assert theirs  # all 12 on one side is a 2**-11 chance
+
+            def slow_step_running() -> bool:  # the killed one's run is mid-way
+                tasks = b.orchestrator.state.tasks
+                return any(
+                    t.task_id.startswith("b-")
+                    and t.created.root_id in theirs
+                    and t.state.value in ("dispatched", "running")
+                    for t in tasks.values()
+                )
+
+            await until(slow_step_running, timeout=30, what="a slow step of the other's run")
+            killed.kill()  # kill -9: no release, its leases lapse on the server
+            results = await asyncio.gather(*(b.orchestrator.wait(r, timeout=90) for r in roots))
+            assert len(pb.held) == PARTITIONS
+    finally:
+        killed.kill()
+        stop.set()
+        await serving
+    assert [r.status for r in results] == ["completed"] * len(roots)
+    events = await read_log(url)
+    check_runs(events, roots)
+    assert await verify(url) == []
+    for root in roots:
+        actors = decisions(events, root)
+        if root in theirs:  # the killed one's decisions, then only the survivor's
+            assert actors[-1] == "orchestrator-b"
+            first_b = actors.index("orchestrator-b")
+            assert set(actors[:first_b]) <= {"orchestrator-k"}
+            assert set(actors[first_b:]) == {"orchestrator-b"}
+        else:
+            assert set(actors) == {"orchestrator-b"}
+    # a run was taken over mid-way: decided by both
+    assert any("orchestrator-k" in decisions(events, r) for r in theirs)
