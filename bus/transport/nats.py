@@ -294,6 +294,7 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             f"{DEAD_PREFIX}.>",
             "$JS.API.>",
             f"$JS.ACK.{REPLY_STREAM}.>",
+            "$KV.cardbus-owners.>",  # run partitions' leases (bus.orchestrator.partition)
         ],
         # and allow_responses (answers to agents' requests), see authorization_config
         "subscribe": ["_INBOX.>", f"{REQUEST_PREFIX}.>", MAX_DELIVERIES_ADVISORY],
