@@ -1,0 +1,392 @@
+"""Benchmark: more orchestrator processes on NATS (issue 17, item 3).
+
+    .venv/bin/python bench/nats_scale_bench.py                      # 1 and 2 orchestrators
+    .venv/bin/python bench/nats_scale_bench.py --agents 1,2,3 --repeats 3 --seconds 12
+
+Runs of the 3-step plan (research -> draft -> review) whose agents each wait
+200 ms +- 25% (``asyncio.sleep``, as in ``agent_latency_bench``: a model call
+that holds no CPU), ``--inflight`` runs in flight (a closed loop: a run starts as
+one ends), on a fresh local nats-server per measurement, with
+
+* 1 orchestrator process (today's default: it decides every run), or 2
+  (``NatsRuntime(partitions=...)``: each decides the runs of the partitions it
+  holds a lease on; each submits and waits for half the runs in flight, and a
+  run it submitted may be decided by the other);
+* 1..k agent processes, each serving the three agents as one replica (the
+  agents' work-queue consumers share the cards).
+
+Every process is a separate OS process (the point is the second core). After
+``--warmup`` seconds the runs finished in the next ``--seconds`` are counted:
+runs/s, per-run wall p50, and each process's CPU over that window (from
+/proc, % of one core: orchestrators, agents, nats-server). Each configuration
+``--repeats`` times (a fresh server each), the median printed with the range.
+The figure of issue 17: the best 2-orchestrator median over the best
+1-orchestrator median (target >= 1.5x). Figures go to ``--json`` as JSON lines
+(``bench/summary.py``).
+
+On a 2-core machine the second orchestrator shares the cores with nats-server
+and the agent processes, so what it can add is bounded by the CPU they leave:
+the CPU column says where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from summary import record
+
+from cardbus.agents import Agent, Capability
+from cardbus.agents.cards import AgentConstraints
+from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.runtime.loop import run
+from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime, serve_agents
+from cardbus.eventstore.nats.connection import NatsOptions
+
+BENCH = "nats scale"
+STEPS = ("research", "draft", "review")
+PARTITIONS = 32
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class Text(msgspec.Struct):
+    text: str
+
+
+_RNG = random.Random()
+_AGENT_S, _JITTER = 0.2, 0.25
+
+
+def _agent(name: str) -> type[Agent]:
+    async def handle(self: Agent, task: Any, inputs: Text, ctx: Any) -> Text:
+        await asyncio.sleep(_AGENT_S * (1 + _RNG.uniform(-_JITTER, _JITTER)))
+        return Text(text=f"{inputs.text}|{name}")
+
+    return type(
+        name.title(),
+        (Agent,),
+        {
+            "agent_id": name,
+            "description": f"waits like a model call: {name}",
+            "capabilities": [Capability(name, Text, Text, name)],
+            "constraints": AgentConstraints(max_concurrency=20_000),
+            "handle": handle,
+        },
+    )
+
+
+AGENTS = [_agent(n) for n in STEPS]
+
+
+def plan_for(marker: str) -> Plan:
+    tasks = []
+    for i, name in enumerate(STEPS):
+        inputs: dict[str, Any] = (
+            {"text": marker} if i == 0 else {"text": {"$dep": STEPS[i - 1], "path": "text"}}
+        )
+        deps = [STEPS[i - 1]] if i else []
+        tasks.append(PlanTask(id=name, capability=name, inputs=inputs, deps=deps, timeout_s=120))
+    return Plan(goal="bench", tasks=tasks)
+
+
+# -- the processes ---------------------------------------------------------------
+
+
+def _say(**line: Any) -> None:
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
+
+
+async def _go_line() -> dict[str, Any]:
+    """The parent's start signal: one JSON line on stdin."""
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    data: dict[str, Any] = json.loads(line)
+    return data
+
+
+async def agents_role(url: str, inflight: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    ready = asyncio.Event()
+    serving = asyncio.create_task(
+        serve_agents(NatsOptions(url=url), AGENTS, stop, concurrency=inflight, ready=ready)
+    )
+    await ready.wait()
+    _say(ready=True)
+    await serving
+
+
+async def orchestrator_role(url: str, index: int, of: int, inflight: int) -> None:
+    rt = NatsRuntime(
+        NatsOptions(url=url),
+        name=f"bench-orchestrator-{index}",
+        partitions=PARTITIONS if of > 1 else None,
+        member=f"o{index}" if of > 1 else None,
+    )
+    async with rt:
+        await rt.wait_for_capabilities(STEPS, 60)
+        if rt.partitions is not None:  # every member has its share before the clock starts
+            share = PARTITIONS // of
+            while not (rt.partitions.members == of and len(rt.partitions.held) == share):
+                await asyncio.sleep(0.05)
+        _say(ready=True)
+        go = await _go_line()
+        warm_end, end = go["warm_end"], go["end"]
+        walls: list[float] = []
+        orch = rt.orchestrator
+        slots = inflight // of + (inflight % of if index == 0 else 0)
+
+        async def slot(s: int) -> None:
+            i = 0
+            while time.time() < end:
+                t = time.time()
+                root = await orch.submit(plan_for(f"o{index}s{s}r{i}"))
+                result = await orch.wait(root, timeout=300)
+                assert result.status == "completed", result
+                if t >= warm_end and time.time() <= end:  # started and ended in the window
+                    walls.append(time.time() - t)
+                i += 1
+
+        loops = [asyncio.create_task(slot(s)) for s in range(slots)]
+        counted = 0
+
+        def count_finished(env: Any) -> None:  # runs this process waited for, by end time
+            nonlocal counted
+            if env.stream in orch._waiters and warm_end <= time.time() <= end:
+                counted += type(env.data).__name__ == "RunCompleted"
+
+        orch.observers.append(count_finished)
+        await asyncio.sleep(max(0.0, end - time.time()))
+        _say(completed=counted, walls=walls)
+        for t in loops:
+            t.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+
+# -- the parent ------------------------------------------------------------------
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime
+
+
+class _Child:
+    def __init__(self, args: list[str], name: str) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def line(self, timeout: float = 120.0) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.proc.stdout.readline()
+            if text.startswith("{"):
+                data: dict[str, Any] = json.loads(text)
+                return data
+            if not text and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+        raise RuntimeError(f"{self.name}: nothing after {timeout} s")
+
+    def send(self, data: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(data) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement on a fresh nats-server: runs/s, wall p50, CPU % per process."""
+    server = LocalNatsServer().start()
+    children: list[_Child] = []
+    try:
+        base = ["--url", server.url, "--inflight", str(args.inflight)]
+        agent_procs = [_Child(["--role", "agents", *base], f"agents-{j}") for j in range(agents)]
+        children += agent_procs
+        for c in agent_procs:
+            c.line()
+        orch_procs = [
+            _Child(
+                ["--role", "orchestrator", *base, "--index", str(i), "--of", str(orchestrators)],
+                f"orchestrator-{i}",
+            )
+            for i in range(orchestrators)
+        ]
+        children += orch_procs
+        for c in orch_procs:
+            c.line()
+        warm_end = time.time() + 0.2 + args.warmup
+        end = warm_end + args.seconds
+        for c in orch_procs:
+            c.send({"warm_end": warm_end, "end": end})
+        pids = {c.name: c.proc.pid for c in children}
+        assert server.proc is not None
+        pids["nats-server"] = server.proc.pid
+        time.sleep(max(0.0, warm_end - time.time()))
+        before = {n: _cpu_s(p) for n, p in pids.items()}
+        time.sleep(max(0.0, end - time.time()))
+        cpu = {n: (_cpu_s(p) - before[n]) / args.seconds * 100 for n, p in pids.items()}
+        done = [c.line(timeout=60 + args.seconds) for c in orch_procs]
+    finally:
+        for c in children:
+            c.stop()
+        server.stop()
+    walls = [w for d in done for w in d["walls"]]
+    runs_s = sum(d["completed"] for d in done) / args.seconds
+    per_run = {  # CPU ms per run finished, by role: robust to the machine's other load
+        role: sum(v for n, v in cpu.items() if n.startswith(role)) * 10 / max(runs_s, 1e-9)
+        for role in ("orchestrator", "agents", "nats-server")
+    }
+    return {
+        "runs_s": runs_s,
+        "wall_p50_ms": statistics.median(walls) * 1000 if walls else float("nan"),
+        "cpu": cpu,
+        "per_run": per_run,
+    }
+
+
+def _cpu_text(cpu: dict[str, float]) -> str:
+    orch = [v for n, v in cpu.items() if n.startswith("orchestrator")]
+    agents = [v for n, v in cpu.items() if n.startswith("agents")]
+    return (
+        f"orch {'+'.join(f'{v:.0f}' for v in orch)}%,"
+        f" agents {'+'.join(f'{v:.0f}' for v in agents)}%, nats-server {cpu['nats-server']:.0f}%"
+    )
+
+
+def _project(one_ms: float, two_ms: float, rest_ms: list[float]) -> None:
+    """What the CPU per run says about more cores. Every orchestrator folds every event
+    (any of them answers a wait, and takes over a partition from its folded state), so
+    per run: one ms of folding in each process, plus deciding, shared among k:
+    1 process: fold + decide = one_ms; 2 processes: 2 fold + decide = two_ms."""
+    fold = max(0.0, two_ms - one_ms)
+    decide = max(0.0, one_ms - fold)
+    rest = statistics.median(rest_ms)
+    cores = os.cpu_count() or 1
+    print(
+        f"# CPU per run: orchestrators {one_ms:.1f} ms with 1, {two_ms:.1f} ms with 2"
+        f" (so about {fold:.1f} ms folding in each, {decide:.1f} ms deciding, shared);"
+        f" agents + nats-server {rest:.1f} ms"
+    )
+    print(
+        f"# this machine ({cores} cores) cannot pass about {cores * 1000 / (one_ms + rest):.0f}"
+        f" runs/s with 1 orchestrator, {cores * 1000 / (two_ms + rest):.0f} with 2 (all CPU"
+        " used);"
+    )
+    each = {k: fold + decide / k for k in (1, 2, 4, 8)}  # CPU ms per run in each process
+    line = ", ".join(f"{k}: {1000 / ms:.0f} runs/s ({each[1] / ms:.2f}x)" for k, ms in each.items())
+    print(f"# with cores to spare for agents and nats-server, k orchestrators reach about {line}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--inflight", type=int, default=500)
+    ap.add_argument(
+        "--orchestrators", default="1,2", help="orchestrator processes, comma-separated"
+    )
+    ap.add_argument("--agents", default="1,2", help="agent processes, comma-separated")
+    ap.add_argument("--seconds", type=float, default=10.0, help="the measured window")
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="append the figures as JSON lines here")
+    ap.add_argument("--role", choices=("agents", "orchestrator"), help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--of", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role == "agents":
+        run(agents_role(args.url, args.inflight))
+        return
+    if args.role == "orchestrator":
+        run(orchestrator_role(args.url, args.index, args.of, args.inflight))
+        return
+    orchestrators = [int(x) for x in args.orchestrators.split(",")]
+    agent_counts = [int(x) for x in args.agents.split(",")]
+    print(
+        f"# nats scale: 3-step runs, agents 200 ms +- 25%, {args.inflight} in flight,"
+        f" {args.seconds:.0f} s window after {args.warmup:.0f} s warm-up, median of"
+        f" {args.repeats}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+    )
+    print(f"# ideal (no overhead): {args.inflight / (3 * _AGENT_S):.0f} runs/s")
+    print(
+        "| orchestrators | agent procs | runs/s (range) | run wall p50 | CPU % of a core"
+        " | CPU ms per run: orch / agents / nats-server |"
+    )
+    print("|---|---|---|---|---|---|")
+    medians: dict[tuple[int, int], float] = {}
+    orch_ms: dict[int, list[float]] = {}  # orchestrators -> orchestrator CPU ms per run
+    rest_ms: list[float] = []  # agents + nats-server CPU ms per run
+    for o in orchestrators:
+        for a in agent_counts:
+            got = [measure(o, a, args) for _ in range(args.repeats)]
+            rates = sorted(g["runs_s"] for g in got)
+            mid = sorted(got, key=lambda g: g["runs_s"])[len(got) // 2]
+            medians[(o, a)] = statistics.median(rates)
+            pr = mid["per_run"]
+            orch_ms.setdefault(o, []).append(pr["orchestrator"])
+            rest_ms.append(pr["agents"] + pr["nats-server"])
+            print(
+                f"| {o} | {a} | {medians[(o, a)]:.0f} ({rates[0]:.0f}-{rates[-1]:.0f})"
+                f" | {mid['wall_p50_ms']:.0f} ms | {_cpu_text(mid['cpu'])}"
+                f" | {pr['orchestrator']:.1f} / {pr['agents']:.1f} / {pr['nats-server']:.1f} |",
+                flush=True,
+            )
+            record(
+                args.json,
+                BENCH,
+                f"runs/s, {o} orchestrator process(es), {a} agent process(es), {args.inflight}"
+                " in flight",
+                round(medians[(o, a)], 1),
+                "runs/s",
+            )
+    if 1 in orchestrators and 2 in orchestrators:
+        one = max(v for (o, _), v in medians.items() if o == 1)
+        two = max(v for (o, _), v in medians.items() if o == 2)
+        ratio = two / one if one else 0.0
+        print(f"2 orchestrator processes vs 1 (best of each): {ratio:.2f}x (target >= 1.5x)")
+        _project(statistics.median(orch_ms[1]), statistics.median(orch_ms[2]), rest_ms)
+        record(
+            args.json,
+            BENCH,
+            f"2 orchestrator processes vs 1, {args.inflight} in flight",
+            round(ratio, 2),
+            "x",
+            target=">= 1.5x one orchestrator",
+            met=ratio >= 1.5,
+            ratio=round(ratio, 2),
+            ratio_of="1 orchestrator process",
+        )
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
