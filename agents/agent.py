@@ -170,6 +170,9 @@ class Agent:
     version: ClassVar[str] = "0.1.0"
     capabilities: ClassVar[Sequence[Capability]] = ()
     constraints: ClassVar[AgentConstraints] = AgentConstraints()
+    _capabilities_by_name: ClassVar[tuple[Sequence[Capability], dict[str, Capability]] | None] = (
+        None
+    )
 
     async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
         """Turn ``inputs`` into the output; override with ``async def`` or a blocking ``def``."""
@@ -188,7 +191,18 @@ class Agent:
 
     @classmethod
     def capability_for(cls, name: str) -> Capability | None:
-        return next((c for c in cls.capabilities if c.name == name), None)
+        """The capability called ``name`` (the first, if several are), or None."""
+        # asked once per card: a dict made once per class, kept on the class with the
+        # ``capabilities`` it was made from (a subclass, or a class given new ones, whose
+        # ``capabilities`` are not those makes its own)
+        cached = cls._capabilities_by_name
+        if cached is None or cached[0] is not cls.capabilities:
+            by_name: dict[str, Capability] = {}
+            for c in cls.capabilities:
+                by_name.setdefault(c.name, c)
+            cached = (cls.capabilities, by_name)
+            cls._capabilities_by_name = cached
+        return cached[1].get(name)
 
     @classmethod
     async def run(cls, task: TaskCard, llm: LLM | None = None) -> ResultCard:
@@ -228,8 +242,7 @@ class Agent:
         extra: dict[str, Any]
         try:
             output = await _call_handler(cls(), task, inputs, ctx)
-            payload = msgspec.to_builtins(output)
-            msgspec.json.encode(payload)  # must cross the bus
+            payload = msgspec.to_builtins(output)  # it must cross the bus: checked below
             status: Any = "completed"
             extra = {"output": payload}
         except NeedsInput as e:
@@ -258,7 +271,19 @@ class Agent:
             **extra,
         )
         try:  # the answer must survive the trip across the bus
-            return decode_result_card(encode(result))
+            try:
+                data = encode(result)
+            except Exception:
+                # An output that cannot be encoded is the handler's failure, as if it had
+                # raised (it is encoded once, with the card, not first on its own as well).
+                problem = _encode_problem(extra.get("output")) if status == "completed" else None
+                if problem is None:
+                    raise
+                result = msgspec.structs.replace(
+                    result, status="failed", output=None, error=problem
+                )
+                data = encode(result)
+            return decode_result_card(data)
         except Exception as e:
             return ResultCard(
                 **base,
@@ -269,10 +294,34 @@ class Agent:
             )
 
 
+def _encode_problem(payload: Any) -> str | None:
+    """Why ``payload`` cannot be encoded (in the words of a handler's failure), or None."""
+    try:
+        msgspec.json.encode(payload)
+    except Exception as e:
+        return f"{type(e).__name__}: {_text(e)}"
+    return None
+
+
+#: whether a class's ``handle`` function is ``async def`` (``inspect.iscoroutinefunction``
+#: costs ~0.8 us, asked for every card): keyed by the function, a class's or a subclass's
+_IS_ASYNC: dict[Any, bool] = {}
+
+
+def _is_async(handle: Any) -> bool:
+    func = getattr(handle, "__func__", None)  # a bound method: ask once per function
+    if func is None:  # anything else (an instance's own callable): ask every time
+        return inspect.iscoroutinefunction(handle)
+    known = _IS_ASYNC.get(func)
+    if known is None:
+        known = _IS_ASYNC[func] = inspect.iscoroutinefunction(handle)
+    return known
+
+
 async def _call_handler(agent: Agent, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
     """Await an ``async def handle``; run a sync one in a thread (its context copied)."""
     handle = agent.handle
-    if inspect.iscoroutinefunction(handle):
+    if _is_async(handle):
         return await handle(task, inputs, ctx)
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, handle, task, inputs, ctx)
@@ -301,21 +350,29 @@ def _confidence(value: Any) -> float:
     return min(1.0, max(0.0, c))
 
 
-def _usage(ctx: TaskContext) -> Usage:
-    def tokens(v: Any) -> int:
-        try:
-            return max(0, int(v))
-        except Exception:
-            return 0
+def _tokens(v: Any) -> int:
+    if type(v) is int:  # the usual case, without int() and its try
+        return v if v > 0 else 0
+    try:
+        return max(0, int(v))
+    except Exception:
+        return 0
 
+
+_USAGE_HAS_MODEL = "model" in Usage.__struct_fields__  # once Usage carries the model
+_NO_USAGE = Usage()  # frozen: the one answer of every task that spent nothing
+
+
+def _usage(ctx: TaskContext) -> Usage:
     reported = getattr(ctx, "_reported", False) or (ctx.input_tokens, ctx.output_tokens) != (0, 0)
     source: Any = ctx if reported else ctx.llm
-    extra: dict[str, Any] = {}
+    input_tokens = _tokens(getattr(source, "input_tokens", 0))
+    output_tokens = _tokens(getattr(source, "output_tokens", 0))
     models = getattr(ctx.llm, "models", None)
-    if models and "model" in Usage.__struct_fields__:  # once Usage carries the model
-        extra["model"] = _text(models[-1])
-    return Usage(
-        input_tokens=tokens(getattr(source, "input_tokens", 0)),
-        output_tokens=tokens(getattr(source, "output_tokens", 0)),
-        **extra,
-    )
+    if models and _USAGE_HAS_MODEL:
+        return Usage(
+            input_tokens=input_tokens, output_tokens=output_tokens, model=_text(models[-1])
+        )
+    if not input_tokens and not output_tokens:
+        return _NO_USAGE
+    return Usage(input_tokens=input_tokens, output_tokens=output_tokens)
