@@ -65,7 +65,11 @@ def schema_errors(value: Any, schema: dict[str, Any], *, partial: bool = False) 
     """
     if not schema:
         return []
-    errors = [f"{p}: key {k!r} is not a string" for p, k in _non_string_keys(value, "$")]
+    errors = (
+        []
+        if _string_keys_only(value)
+        else [f"{p}: key {k!r} is not a string" for p, k in _non_string_keys(value, "$")]
+    )
     try:
         validator, schema_key = _validator(schema, partial)
         # the same value checked again (rank() asks for every candidate, a resubmitted
@@ -142,10 +146,14 @@ def _encoded(value: Any) -> bytes:
 
 def _validator(schema: dict[str, Any], partial: bool) -> tuple[Any, bytes | None]:
     """The validator for ``schema`` (made once per schema) and its cache key."""
+    # keyed by the schema's bytes, not its identity: a schema is a dict, which a caller
+    # may change between checks
     try:
-        key: bytes | None = msgspec.json.encode(schema) + (b"~partial" if partial else b"")
+        key: bytes | None = msgspec.json.encode(schema)
     except Exception:
         key = None
+    if partial and key is not None:
+        key += b"~partial"
     if key is not None:
         cached = _CACHE.get(key)
         if cached is not None:
@@ -351,6 +359,25 @@ def _holds_placeholder(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_holds_placeholder(v) for v in value)
     return False
+
+
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
+def _string_keys_only(value: Any) -> bool:
+    """True when every key of every dict in ``value`` is a string: the usual answer, told
+    without the generators and paths :func:`_non_string_keys` builds for the messages."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return False
+            if type(v) not in _LEAVES and not _string_keys_only(v):
+                return False
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if type(v) not in _LEAVES and not _string_keys_only(v):
+                return False
+    return True
 
 
 def _non_string_keys(value: Any, path: str) -> Iterator[tuple[str, Any]]:
