@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from cardbus.agents.cards import AgentCard
+from cardbus.agents.cards import AgentCard, CapabilitySpec
 from cardbus.agents.planning import PLAN_CAPABILITY
 from cardbus.agents.schema import schema_errors
 from cardbus.bus.orchestrator.retry import RetryPolicy
@@ -172,7 +172,7 @@ def validate_plan(
     _check_limits(plan)
     seen: set[str] = set()
     for t in plan.tasks:
-        if not t.id or any(c in t.id for c in " .*>~\t\n"):
+        if not t.id or _forbidden_in(t.id):
             raise InvalidPlan(f"task id {t.id!r} must be non-empty without spaces or . * > ~")
         if t.id in seen:
             raise InvalidPlan(f"task id {t.id!r} appears twice")
@@ -187,6 +187,8 @@ def validate_plan(
             )
         task_retry(t, retry or RetryPolicy())
         _check_conflict_options(t)
+    earlier: set[str] = set()
+    in_order = True  # each task's deps are tasks before it: that order has no cycle
     for t in plan.tasks:
         for d in t.deps:
             if d not in seen:
@@ -196,23 +198,25 @@ def validate_plan(
                 raise InvalidPlan(
                     f"task {t.id!r} reads the output of {ref!r} without declaring it in deps"
                 )
-    _check_acyclic(plan)
+        in_order = in_order and earlier.issuperset(t.deps)
+        earlier.add(t.id)
+    if not in_order:  # a plan written in dependency order (most are) needs no search
+        _check_acyclic(plan)
     if agents is None:
         return
     cards = list(agents)
     by_id = {c.agent_id: c for c in cards}
+    offers = _Offers(cards)
     for t in plan.tasks:
         for cap in filter(None, [t.capability, t.review_by]):
-            offering = [c for c in cards if c.capability(cap) is not None]
-            if not offering:
+            if not offers.of(cap):
                 raise InvalidPlan(f"task {t.id!r}: no registered agent offers capability {cap!r}")
         reasons = {
             c.agent_id: hard_filter(
                 c, t.capability, t.inputs, t.constraints, t.timeout_s, partial_inputs=True
             )
-            or _missing_inputs(c, t)
-            for c in cards
-            if c.capability(t.capability) is not None
+            or _missing_inputs(spec, t)
+            for c, spec in offers.of(t.capability)
         }
         if all(reasons.values()):
             detail = ", ".join(
@@ -228,6 +232,19 @@ def _with_fields(reason: str | None, card: AgentCard, t: PlanTask) -> str | None
         return reason
     errors = schema_errors(t.inputs, spec.input_schema, partial=True)[:3]
     return f"{reason} ({'; '.join(errors)})" if errors else reason
+
+
+_FORBIDDEN = " .*>~\t\n"  # in a task id (the id becomes part of stream names)
+_FORBIDDEN_SET = frozenset(_FORBIDDEN)
+
+
+def _forbidden_in(task_id: Any) -> bool:
+    """Whether ``task_id`` holds a character of ``_FORBIDDEN``: for a ``str``, one set
+    operation instead of a generator testing each character (a plan built in Python
+    may hold any id, tested as it always was)."""
+    if type(task_id) is str:
+        return not _FORBIDDEN_SET.isdisjoint(task_id)
+    return any(c in task_id for c in _FORBIDDEN)
 
 
 def validate_goal_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None:
@@ -280,13 +297,24 @@ def _check_limits(plan: Plan) -> None:
             )
 
     named("plan_id", plan.plan_id)
-    problem = nesting_problem(plan.session, what="session")
+    values: list[object] = [plan.session]
     for t in plan.tasks:
         named("task id", t.id)
+        task = f"task {t.id[:40]!r}"  # once a task (it was made for each name checked)
         for cap in (t.capability, t.review_by):
-            named(f"task {t.id[:40]!r}: capability", cap)
+            if isinstance(cap, str) and len(cap) > MAX_ID_CHARS:
+                named(f"{task}: capability", cap)
         for d in t.deps:
-            named(f"task {t.id[:40]!r}: dependency", d)
+            if isinstance(d, str) and len(d) > MAX_ID_CHARS:
+                named(f"{task}: dependency", d)
+        values += (t.inputs, t.constraints)
+    # One walk over all the values, each one level down in ``values`` (so the limit is
+    # one more), finds a problem exactly when one of them has one: 1 call instead of
+    # 1 + 2 a task. Only a plan refused walks them one by one, for the first to name.
+    if not nesting_problem(values, MAX_DEPTH + 1):
+        return
+    problem = nesting_problem(plan.session, what="session")
+    for t in plan.tasks:
         problem = problem or nesting_problem(t.inputs, what=f"task {t.id[:40]!r}: inputs")
         problem = problem or nesting_problem(t.constraints, what=f"task {t.id[:40]!r}: constraints")
     if problem:
@@ -307,15 +335,46 @@ def _check_conflict_options(t: PlanTask) -> None:
         )
 
 
-def _missing_inputs(card: AgentCard, t: PlanTask) -> str | None:
+class _Offers:
+    """Which cards offer a capability, and their spec of it, in the cards' order.
+
+    ``AgentCard.capability`` scans a card's capabilities: asked for every task's
+    capability and reviewer, for every card, it made 24 scans of each 3-task run
+    (a quarter of ``validate_plan``). The cards are indexed by capability name
+    once per validation instead; a name that is not a ``str`` (a plan built in
+    Python, unchecked) is looked up by the scan, as before, never hashed.
+    """
+
+    def __init__(self, cards: list[AgentCard]) -> None:
+        self.cards = cards
+        self.by_name: dict[str, list[tuple[AgentCard, CapabilitySpec]]] | None = {}
+        for card in cards:
+            mine: set[str] = set()
+            for spec in card.capabilities:
+                if type(spec.name) is not str:  # compared with ==, never hashed: scan
+                    self.by_name = None
+                    return
+                if spec.name not in mine:  # the first of a name is the card's, as capability()
+                    mine.add(spec.name)
+                    self.by_name.setdefault(spec.name, []).append((card, spec))
+
+    def of(self, name: Any) -> list[tuple[AgentCard, CapabilitySpec]]:
+        """(card, its spec of ``name``) for each card offering ``name``."""
+        if self.by_name is not None and type(name) is str:
+            return self.by_name.get(name, [])
+        found = ((c, c.capability(name)) for c in self.cards)
+        return [(c, spec) for c, spec in found if spec is not None]
+
+
+def _missing_inputs(spec: CapabilitySpec, t: PlanTask) -> str | None:
     """``input_schema_mismatch`` if a required top-level input is absent.
 
     The partial check skips missing required fields; but a plan's inputs are
     all there is (a dependency fills a placeholder, never an absent key), so
-    an absent required field can be refused before anything runs.
+    an absent required field can be refused before anything runs. ``spec``: the
+    agent's spec of the task's capability.
     """
-    spec = card.capability(t.capability)
-    schema: Any = spec.input_schema if spec else {}
+    schema: Any = spec.input_schema
     ref = schema.get("$ref")
     if isinstance(ref, str):
         schema = schema.get("$defs", {}).get(ref.rsplit("/", 1)[-1], {})
