@@ -144,7 +144,8 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
     attempt: int
     agent_id: str
-    # True: no Started reply came (a fast agent sends none); its answer implied the start
+    # True only in logs written before the orchestrator stopped recording an implied start
+    # (a fast agent sends no Started; its result now stands for the start, README)
     implied: bool = False
     # who ran it: the worker process (replica) of the agent, and the card's delivery count
     replica_id: str = ""

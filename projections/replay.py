@@ -340,6 +340,8 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
                 if s is not None:
                     s.replica = data.replica_id or s.replica
                     s.deliveries = max(s.deliveries, data.delivery)
+                    if s.started is None:  # no Started came: the answer implies the start
+                        s.started = t
                 if s is not None and s.latency_s is None:
                     s.latency_s = t - s.start
                     s.run_s = None if s.started is None else t - s.started

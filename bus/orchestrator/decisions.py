@@ -181,11 +181,10 @@ class Decider:
             pid=reply.pid,
             delivery=reply.delivery,
         )
-        implied = task.state is S.DISPATCHED and not self.d.events.get(task.task_id)
         self._redelivered(task, reply)  # first: it compares with what is recorded
-        if implied:
-            # an answer with no Started before it (a fast agent sends none): it did start
-            self.d.add(task.task_id, ev.TaskStarted(**_started_fields(reply), implied=True))
+        # An answer with no Started before it (a fast agent sends none) is not preceded
+        # by a TaskStarted: the start is implied by the result, which says who ran it,
+        # where and on which delivery (README "Why no implied task.started").
         self.d.add(task.task_id, submitted)
         self.d.origins[task.task_id] = reply
         results = {**task.results, reply.agent_id: submitted}

@@ -4,7 +4,7 @@ It announces the agent's card, then for every card runs the agent
 (self-check, handler, error capture: ``Agent.run``) and replies with the
 ``ResultCard``; a handler still running after ``started_after_s`` first gets
 a ``Started`` reply (``0``: always, before it runs). A faster answer implies
-the start (the orchestrator records ``TaskStarted`` with the result), so an
+the start (the orchestrator records no ``TaskStarted``: the result says who ran it), so an
 instant agent costs one reply and one write, not two. A redelivered card for
 a ``(task_id, attempt)`` it already answered gets the same answer again, not
 a second run. A handler still running well past the card's ``timeout_s`` is

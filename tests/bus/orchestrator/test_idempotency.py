@@ -63,7 +63,7 @@ async def test_a_duplicate_result_for_a_settled_attempt_is_ignored(make_runtime,
     assert len(log.of(ev.TaskCompleted, t)) == 1
     assert log.first(ev.TaskCompleted, t).data.output == {"text": "once"}
     assert len(log.of(ev.TaskResultSubmitted, t)) == 1
-    assert len(log.of(ev.TaskStarted, t)) == 1
+    assert not log.of(ev.TaskStarted, t)  # a fast answer implies its start: none written
 
 
 async def test_a_result_from_an_agent_never_dispatched_is_refused(make_runtime, store):

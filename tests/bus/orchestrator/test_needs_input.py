@@ -37,12 +37,10 @@ async def test_supplementary_task_then_input_provided_then_rerun(make_runtime, s
     assert log.tags(a) == [
         "created",
         "dispatched",
-        "started",
         "result_submitted",
         "needs_input",
         "input_provided",
         "dispatched",
-        "started",
         "result_submitted",
         "completed",
     ]

@@ -27,11 +27,9 @@ async def test_rejected_attempt_goes_to_the_next_candidate(make_runtime, store):
     assert log.tags(t) == [
         "created",
         "dispatched",
-        "started",
         "result_submitted",
         "rejected",
         "dispatched",
-        "started",
         "result_submitted",
         "completed",
     ]

@@ -24,7 +24,7 @@ from cardbus.agents.cards import AgentConstraints
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
 from cardbus.eventstore.envelope import Envelope
-from cardbus.eventstore.events import TaskCompleted, TaskStarted
+from cardbus.eventstore.events import TaskCompleted, TaskDispatched, TaskStarted
 
 WORK_S = 0.3
 
@@ -76,8 +76,11 @@ def three_jobs(capability: str, plan_id: str) -> dict[str, Any]:
 
 
 def spans(events: list[Envelope]) -> dict[str, tuple[float, float]]:
-    """Per task: when its attempt started and when it completed (recorded_at)."""
+    """Per task: when its attempt started and when it completed (recorded_at); a fast
+    answer has no TaskStarted before it, and then its dispatch dates the start."""
+    sent = {e.stream: e.recorded_at for e in events if isinstance(e.data, TaskDispatched)}
     started = {e.stream: e.recorded_at for e in events if isinstance(e.data, TaskStarted)}
+    started = {**sent, **started}
     done = {e.stream: e.recorded_at for e in events if isinstance(e.data, TaskCompleted)}
     assert started.keys() == done.keys()
     return {t: (started[t], done[t]) for t in started}
@@ -178,7 +181,9 @@ def _task_of(events: list[Envelope], agent_id: str) -> str:
 
 def _agent_of(events: list[Envelope], task_id: str) -> str:
     return next(
-        e.data.agent_id for e in events if isinstance(e.data, TaskStarted) and e.stream == task_id
+        e.data.agent_id
+        for e in events
+        if isinstance(e.data, TaskDispatched) and e.stream == task_id
     )
 
 
