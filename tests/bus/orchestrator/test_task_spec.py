@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from orchkit import CARDS, ev, make_agent, plan, run_log, task, tid
 
 from cardbus.agents.cards import TaskCard
@@ -92,3 +93,22 @@ async def test_a_card_carries_the_spec_from_the_log(make_runtime, store):
     for name in TaskSpec.__struct_fields__:
         assert getattr(card, name) == getattr(created, name)
     assert (card.max_attempts, card.root_id, card.task_id) == (2, r.root_id, tid(r.root_id, "a"))
+
+
+def test_restate_between_types_sharing_one_field_or_none() -> None:
+    """The fields shared are worked out once a pair of types: one shared field gives that
+    value (not a 1-tuple), none gives only the changes."""
+
+    class One(msgspec.Struct, kw_only=True):
+        goal: str
+        other: int = 0
+
+    class Neither(msgspec.Struct, kw_only=True):
+        note: str = ""
+
+    t = PlanTask(id="a", capability="write", goal="g")
+    assert restate(t, One) == One(goal="g")
+    assert restate(t, One, other=3) == One(goal="g", other=3)
+    assert restate(t, Neither) == Neither()
+    assert restate(t, Neither, note="n") == Neither(note="n")
+    assert restate(One(goal="x", other=2), One, goal="y") == One(goal="y", other=2)
