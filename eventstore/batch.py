@@ -92,7 +92,11 @@ def check_append_args(stream: object, events: object, expected_version: object) 
         raise ValidationError(f"expected_version must be an int: {expected_version!r}")
     if expected_version < 0:
         raise ValidationError(f"expected_version must be >= 0: {expected_version}")
-    if not isinstance(events, Sequence) or isinstance(events, str | bytes) or not events:
+    if type(events) is not list and (  # a list is the common case: no ABC check for it
+        not isinstance(events, Sequence) or isinstance(events, str | bytes)
+    ):
+        raise ValidationError("append needs a non-empty sequence of NewEvent")
+    if not events:
         raise ValidationError("append needs a non-empty sequence of NewEvent")
     for ev in events:
         if type(ev) is not NewEvent and not isinstance(ev, NewEvent):

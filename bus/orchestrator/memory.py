@@ -275,6 +275,21 @@ class _TaskFacts:
     attempt: int = 0
 
 
+# the event types MemoryKeeper.decide folds or acts on (the cases of its match)
+_DECIDED = frozenset(
+    {
+        ev.RunStarted,
+        ev.TaskCreated,
+        ev.TaskDispatched,
+        ev.RunCompleted,
+        ev.RunFailed,
+        ev.RunHalted,
+        ev.TaskRetryScheduled,
+        ev.TaskFailed,
+    }
+)
+
+
 class MemoryKeeper:
     """Applies a :class:`MemoryPolicy` to the log and writes what it marks reusable."""
 
@@ -298,6 +313,8 @@ class MemoryKeeper:
     def decide(self, env: Envelope) -> list[NewEvent]:
         """The memory events one log event calls for (pure but for the keeper's fold)."""
         data = env.data
+        if type(data) not in _DECIDED:  # most events: nothing to fold or decide
+            return []
         pending: list[ev.MemoryWritten] = []
         match data:
             case ev.RunStarted():

@@ -192,7 +192,9 @@ class RunState:
         self.position = max(self.position, env.position)
         self._stats.apply(env)
         data = env.data
-        if isinstance(data, ev.RunStarted):
+        if type(data) in _TASK_TYPES:  # most events: tested first, by one set lookup
+            self._apply_task(env)
+        elif isinstance(data, ev.RunStarted):
             self._start_run(env.stream, data)
         elif isinstance(data, (ev.PlanProposed, ev.PlanRefused, ev.PlanAccepted)):
             self._plan_event(env.stream, data)
@@ -223,8 +225,6 @@ class RunState:
             pair = self._failure_keys.pop(data.key, None)
             if pair is not None and pair in self.failures:
                 self.failures[pair].pop(data.key, None)
-        elif type(data) in _TASK_TYPES:
-            self._apply_task(env)
         return True
 
     def _plan_event(

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from orchkit import CARDS, FAST, ev, make_agent, plan, run_log, task, tid
 
 from cardbus.agents.agent import NeedsInput
 from cardbus.bus import Policy
+from cardbus.bus.orchestrator.decisions import loop_hash
 
 
 def _always_asking(t, i, c):  # type: ignore[no-untyped-def]
@@ -121,3 +128,16 @@ async def test_a_halt_drops_subtasks_decided_in_the_same_step_and_keeps_results(
     assert [type(e).__name__ for e in d.events["dup"]] == ["TaskHalted"]
     assert [e.reason for e in d.events["root"]] == ["loop_detected"]
     assert not d.sends
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40))
+def test_loop_hash_folds_whitespace_and_case_as_the_pattern_says(text: str) -> None:
+    # the hash is stored with every dispatch: its folding must stay exactly
+    # "strip, lower, runs of whitespace (\s+) to one space"
+    folded = re.sub(r"\s+", " ", text.strip().lower())
+    assert loop_hash("echo", {"t": text}) == loop_hash("echo", {"t": folded})
+    assert (
+        loop_hash("echo", [text])
+        == hashlib.sha256(b"echo\0" + msgspec.json.encode([folded])).hexdigest()[:32]
+    )
