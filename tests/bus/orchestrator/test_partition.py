@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 
 import nats
 import pytest
-from natsserver import NatsServer
 from nats.aio.client import Client
+from natsserver import NatsServer
 
 from cardbus.bus.orchestrator.partition import Partitions, check_settings, partition_of
 from cardbus.bus.runtime.nats import NatsRuntime
@@ -40,7 +40,9 @@ from cardbus.eventstore.nats.connection import NatsOptions
         (8, 6.0, "x" * 65),
     ],
 )
-def test_bad_settings_are_config_errors(partitions: object, lease_s: object, member: object) -> None:
+def test_bad_settings_are_config_errors(
+    partitions: object, lease_s: object, member: object
+) -> None:
     with pytest.raises(ConfigError):
         check_settings(partitions, lease_s, member)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):  # at construction, before any connection
