@@ -1070,18 +1070,28 @@ def _fields_of(kind: type) -> tuple[tuple[str, str, Any], ...]:
     return tuple(out)
 
 
+#: the types ``msgspec.to_builtins`` hands back as they are (exact types: a subclass, an
+#: IntEnum say, is converted as before)
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def _canonical(value: Any) -> Any:
+    """``value`` as builtins, a Struct's fields at their default left out. A plain value
+    (``_PLAIN``) is taken as it is, not recursed into and converted: the recursion was
+    26 calls a 3-task plan, 14 of them on plain values (plan_digest 15 -> 11 us)."""
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, msgspec.Struct):
         out = {}
         for name, encode_name, default in _fields_of(type(value)):
             v = getattr(value, name)
             if default is msgspec.NODEFAULT or v != default:
-                out[encode_name] = _canonical(v)
+                out[encode_name] = v if type(v) in _PLAIN else _canonical(v)
         return out
     if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
+        return {str(k): v if type(v) in _PLAIN else _canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [v if type(v) in _PLAIN else _canonical(v) for v in value]
     return msgspec.to_builtins(value)
 
 
