@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
+import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +87,9 @@ class AgentWorker:
         self.handled = 0
         self._answers: OrderedDict[tuple[str, int], ResultCard] = OrderedDict()
         self._running: dict[tuple[str, int], asyncio.Future[ResultCard]] = {}
+        self._watched: dict[tuple[str, int], _Watch] = {}  # cards running: see _sweep_due
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = 0.0
 
     def _announce(self, online: bool = True) -> Announce:
         self._announced += 1
@@ -119,6 +124,9 @@ class AgentWorker:
     async def stop(self, announce: bool = True) -> None:
         """Stop renewing the lease and (``announce``) say the agent is going offline."""
         renewing, self._renewing = self._renewing, None
+        if self._sweep is not None and not self._watched:  # nothing left to watch
+            self._sweep.cancel()
+            self._sweep = None
         if renewing is not None:
             renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -148,6 +156,14 @@ class AgentWorker:
             answer = msgspec.structs.replace(answer, delivery=card.delivery)
         await self.bus.reply(answer)
 
+    def _started(self, card: TaskCard) -> Started:
+        return Started(
+            task_id=card.task_id,
+            attempt=card.attempt,
+            agent_id=self.agent.agent_id,
+            **self._who(card),  # type: ignore[arg-type]
+        )
+
     async def _run(self, card: TaskCard, key: tuple[str, int]) -> ResultCard:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[ResultCard] = loop.create_future()
@@ -158,34 +174,34 @@ class AgentWorker:
                 self.concurrency, thread_name_prefix=f"cardbus-{self.agent.agent_id}"
             )
         HANDLER_EXECUTOR.set(self._threads)
-        started = Started(
-            task_id=card.task_id,
-            attempt=card.attempt,
-            agent_id=self.agent.agent_id,
-            **self._who(card),  # type: ignore[arg-type]
-        )
-        reported: list[asyncio.Task[None]] = []  # the Started reply, once sent
-        # The handler runs inline; only one still running after started_after_s costs
-        # a Started reply (sent from a timer, so a fast agent costs no task or message).
-        timer = (
-            loop.call_later(
-                self.started_after_s,
-                lambda: reported.append(loop.create_task(self.bus.reply(started))),
-            )
-            if self.started_after_s > 0
-            else None
-        )
+        # Well past the card's timeout the orchestrator has timed this attempt out
+        # (the margin lets it decide first): a handler that hangs must not keep this
+        # consumer, and the cards queued behind it, busy forever.
+        limit = card.timeout_s + max(0.1, card.timeout_s / 2)
+        task = asyncio.current_task()
+        assert task is not None  # a consumer's task
+        watch: _Watch | None = None
         try:
-            if timer is None:
-                await self.bus.reply(started)
-            # Well past the card's timeout the orchestrator has timed this attempt out
-            # (the margin lets it decide first): a handler that hangs must not keep this
-            # consumer, and the cards queued behind it, busy forever.
-            limit = card.timeout_s + max(0.1, card.timeout_s / 2)
+            if self.started_after_s <= 0:
+                await self.bus.reply(self._started(card))
+            now = loop.time()
+            due = now + self.started_after_s if self.started_after_s > 0 else None
+            watch = _Watch(card, due, now + limit, task)
+            # as asyncio.timeout does: a cancel from elsewhere while expiring is not ours
+            cancelling = task.cancelling()
             try:
-                async with asyncio.timeout(limit):
-                    answer = await telemetry.invoke_agent(self.agent, card, self.llm)
-            except TimeoutError:
+                self._watched[key] = watch
+                self._arm(loop, watch.first())
+                answer = await telemetry.invoke_agent(self.agent, card, self.llm)
+            except BaseException as e:
+                # past the deadline the sweep cancelled the handler: a failed result, unless
+                # someone else cancelled this task as well (then it ends, as it must)
+                if not (
+                    watch.expired
+                    and task.uncancel() <= cancelling
+                    and isinstance(e, asyncio.CancelledError)
+                ):
+                    raise
                 answer = ResultCard(
                     task_id=card.task_id,
                     attempt=card.attempt,
@@ -194,10 +210,13 @@ class AgentWorker:
                     error=f"TimeoutError: still running {limit:g}s after it started; cancelled",
                     duration_s=limit,
                 )
+            else:
+                if watch.expired:  # the handler swallowed our cancel: take it back
+                    task.uncancel()
+            finally:
+                self._watched.pop(key, None)
             answer = msgspec.structs.replace(answer, **self._who(card))
-            if timer is not None:
-                timer.cancel()
-            for sending in reported:  # Started goes out before the answer
+            for sending in watch.reported:  # Started goes out before the answer
                 await sending
             self.handled += 1
             self._answers[key] = answer
@@ -206,9 +225,8 @@ class AgentWorker:
             future.set_result(answer)
             return answer
         finally:
-            if timer is not None:
-                timer.cancel()
-            for sending in reported:  # not awaited (the run was abandoned): no stray warning
+            # not awaited (the run was abandoned): no stray warning
+            for sending in watch.reported if watch is not None else ():
                 sending.add_done_callback(_retrieve)
             self._running.pop(key, None)
             if not future.done():
@@ -217,6 +235,65 @@ class AgentWorker:
                 # its consumer.
                 future.set_exception(BusError(f"attempt {key} was abandoned before answering"))
                 future.exception()  # retrieved: no "never retrieved" warning if nobody waits
+
+    # One timer for the cards running, not two per card: an instant agent answers long
+    # before either would fire, and every timer is a heap push and a cancel on the loop.
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        """Have the sweep run at ``at`` at the latest."""
+        if self._sweep is not None:
+            if self._sweep_at <= at:
+                return
+            self._sweep.cancel()
+        self._sweep_at = at
+        self._sweep = loop.call_at(at, self._sweep_due, loop)
+
+    def _sweep_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send Started for the cards running past ``started_after_s`` and cancel those
+        past their deadline; then sleep until the next such moment, if a card is running."""
+        self._sweep = None
+        now = loop.time() + _CLOCK_SLACK  # the loop runs a timer this early
+        soonest = math.inf
+        for watch in list(self._watched.values()):
+            if watch.due is not None:
+                if watch.due <= now:
+                    watch.due = None
+                    started = self._started(watch.card)
+                    watch.reported.append(loop.create_task(self.bus.reply(started)))
+                else:
+                    soonest = min(soonest, watch.due)
+            if not watch.expired:
+                if watch.deadline <= now:
+                    watch.expired = True
+                    watch.task.cancel()
+                else:
+                    soonest = min(soonest, watch.deadline)
+        if soonest < math.inf:
+            self._arm(loop, soonest)
+
+
+#: how early an event loop may run a timer (asyncio: its clock's resolution; uvloop rounds
+#: to milliseconds): the sweep counts a moment that near as come, not one to sleep until
+_CLOCK_SLACK = max(time.get_clock_info("monotonic").resolution, 1e-3)
+
+
+class _Watch:
+    """A card being run: when its Started is due (None: sent, or not to be sent) and when
+    its handler is cancelled; the Started replies sent for it."""
+
+    __slots__ = ("card", "deadline", "due", "expired", "reported", "task")
+
+    def __init__(
+        self, card: TaskCard, due: float | None, deadline: float, task: asyncio.Task[object]
+    ) -> None:
+        self.card = card
+        self.due = due
+        self.deadline = deadline
+        self.task = task
+        self.expired = False
+        self.reported: list[asyncio.Task[None]] = []
+
+    def first(self) -> float:
+        return self.deadline if self.due is None else min(self.due, self.deadline)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
