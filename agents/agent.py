@@ -139,15 +139,29 @@ class TaskContext(TaskServices):
     itself (``ctx.usage``, ``ctx.complete``).
     """
 
-    def __init__(self, task: TaskCard, agent_id: str, llm: LLM) -> None:
+    def __init__(self, task: TaskCard, agent_id: str, llm: LLM | None) -> None:
+        """``llm``: the model to call (None: a ``MockLLM``)."""
         self.task = task
         self.agent_id = agent_id
-        self.llm = MeteredLLM(llm)
+        self._given = llm
+        self._metered: MeteredLLM | None = None
         self._reported = False
         self.confidence = 1.0
         self.notes = ""
         self.input_tokens = 0
         self.output_tokens = 0
+
+    @property
+    def llm(self) -> MeteredLLM:
+        """The task's model, every call counted; made when first asked (most agents of a
+        pipeline never call one, and each task would make two objects for nothing)."""
+        if self._metered is None:
+            self._metered = MeteredLLM(self._given or MockLLM())
+        return self._metered
+
+    @llm.setter
+    def llm(self, value: MeteredLLM) -> None:
+        self._metered = value
 
     def usage(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
         self._reported = True
@@ -238,7 +252,7 @@ class Agent:
         if problem:
             return reject("over_constraint", problem)
 
-        ctx = TaskContext(task, cls.agent_id, llm or MockLLM())
+        ctx = TaskContext(task, cls.agent_id, llm)
         extra: dict[str, Any]
         try:
             output = await _call_handler(cls(), task, inputs, ctx)
@@ -365,10 +379,11 @@ _NO_USAGE = Usage()  # frozen: the one answer of every task that spent nothing
 
 def _usage(ctx: TaskContext) -> Usage:
     reported = getattr(ctx, "_reported", False) or (ctx.input_tokens, ctx.output_tokens) != (0, 0)
-    source: Any = ctx if reported else ctx.llm
+    llm = getattr(ctx, "_metered", None)  # None: the handler never asked for ctx.llm
+    source: Any = ctx if reported else llm
     input_tokens = _tokens(getattr(source, "input_tokens", 0))
     output_tokens = _tokens(getattr(source, "output_tokens", 0))
-    models = getattr(ctx.llm, "models", None)
+    models = getattr(llm, "models", None)
     if models and _USAGE_HAS_MODEL:
         return Usage(
             input_tokens=input_tokens, output_tokens=output_tokens, model=_text(models[-1])
