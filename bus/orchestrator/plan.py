@@ -114,6 +114,10 @@ def decode_plan(data: bytes) -> Plan:
         raise InvalidPlan(f"plan is nested deeper than {MAX_DEPTH} levels (MAX_DEPTH)") from e
 
 
+#: what a placeholder can be in (or be): the walks below call themselves for these alone
+_NESTS = (dict, list)
+
+
 def dep_refs(value: Any) -> Iterable[str]:
     """Every dependency named by a ``{"$dep": ...}`` placeholder inside ``value``."""
     if isinstance(value, dict):
@@ -121,10 +125,12 @@ def dep_refs(value: Any) -> Iterable[str]:
             yield str(value["$dep"])
         else:
             for v in value.values():
-                yield from dep_refs(v)
+                if isinstance(v, _NESTS):  # a leaf names nothing: no generator made for it
+                    yield from dep_refs(v)
     elif isinstance(value, list):
         for v in value:
-            yield from dep_refs(v)
+            if isinstance(v, _NESTS):
+                yield from dep_refs(v)
 
 
 def rename_refs(value: Any, ids: Mapping[str, str]) -> Any:
@@ -132,9 +138,10 @@ def rename_refs(value: Any, ids: Mapping[str, str]) -> Any:
     if isinstance(value, dict):
         if "$dep" in value:
             return {**value, "$dep": ids.get(str(value["$dep"]), value["$dep"])}
-        return {k: rename_refs(v, ids) for k, v in value.items()}
+        # a leaf comes back as it is, so it is not called for (most values are leaves)
+        return {k: rename_refs(v, ids) if isinstance(v, _NESTS) else v for k, v in value.items()}
     if isinstance(value, list):
-        return [rename_refs(v, ids) for v in value]
+        return [rename_refs(v, ids) if isinstance(v, _NESTS) else v for v in value]
     return value
 
 
@@ -151,9 +158,12 @@ def resolve_inputs(value: Any, outputs: dict[str, Any], rename: dict[str, str]) 
                 else:
                     out = None
             return out
-        return {k: resolve_inputs(v, outputs, rename) for k, v in value.items()}
+        return {
+            k: resolve_inputs(v, outputs, rename) if isinstance(v, _NESTS) else v
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [resolve_inputs(v, outputs, rename) for v in value]
+        return [resolve_inputs(v, outputs, rename) if isinstance(v, _NESTS) else v for v in value]
     return value
 
 

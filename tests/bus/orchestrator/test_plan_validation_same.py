@@ -22,6 +22,8 @@ from cardbus.bus.orchestrator.plan import (
     _check_conflict_options,
     _with_fields,
     dep_refs,
+    rename_refs,
+    resolve_inputs,
     task_retry,
     validate_plan,
 )
@@ -241,3 +243,62 @@ def test_the_generated_plans_reach_every_outcome() -> None:
         got = _outcome(validate_plan, plan, [card], RetryPolicy())
         assert got is not None and got[0] == "InvalidPlan"
         assert got == _outcome(_reference, plan, [card], RetryPolicy())
+
+
+def _reference_dep_refs(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        if "$dep" in value:
+            return [str(value["$dep"])]
+        return [r for v in value.values() for r in _reference_dep_refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in _reference_dep_refs(v)]
+    return []
+
+
+def _reference_rename(value: Any, ids: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        if "$dep" in value:
+            return {**value, "$dep": ids.get(str(value["$dep"]), value["$dep"])}
+        return {k: _reference_rename(v, ids) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_reference_rename(v, ids) for v in value]
+    return value
+
+
+def _reference_resolve(value: Any, outputs: dict[str, Any], rename: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        if "$dep" in value:
+            out = outputs.get(rename.get(str(value["$dep"]), str(value["$dep"])))
+            for key in filter(None, str(value.get("path", "")).split(".")):
+                if isinstance(out, dict):
+                    out = out.get(key)
+                elif isinstance(out, list) and key.isdigit() and int(key) < len(out):
+                    out = out[int(key)]
+                else:
+                    out = None
+            return out
+        return {k: _reference_resolve(v, outputs, rename) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_reference_resolve(v, outputs, rename) for v in value]
+    return value
+
+
+JSON = st.recursive(
+    st.one_of(st.none(), st.integers(), st.text(max_size=3), VALUES),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_the_placeholder_walks_find_and_rename_what_they_did(value: Any) -> None:
+    """The placeholder walks no longer call themselves for a leaf: the same refs in the
+    same order, the same renamed value, the same resolved inputs."""
+    ids = {"a": "a-1", "b": "b-1"}
+    assert list(dep_refs(value)) == _reference_dep_refs(value)
+    assert rename_refs(value, ids) == _reference_rename(value, ids)
+    outputs = {"a-1": {"text": "t"}, "b": {"text": ["u"]}}
+    assert resolve_inputs(value, outputs, ids) == _reference_resolve(value, outputs, ids)
