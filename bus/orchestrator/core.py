@@ -14,6 +14,7 @@ was down time out and are retried, finished work is not redone.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import hashlib
@@ -147,6 +148,11 @@ class Orchestrator:
         ``owns``: several orchestrator processes share the runs (``partition``): this one
         decides only the runs (roots) it owns; None: every run."""
         self.owns = owns
+        # replies for runs another process decides (time, reply): its partition's next owner
+        # offers them again (``wake``), in case that process died before recording them
+        self.foreign_replies: collections.deque[tuple[float, object]] = collections.deque(
+            maxlen=8192
+        )
         self.store = store
         self.grants = agents if isinstance(agents, AgentGrants) else AgentGrants(agents)
         self.leases = Leases(lease_s)
@@ -512,8 +518,11 @@ class Orchestrator:
     async def deny(self, task_id: str, by: str = "api", note: str = "") -> None:
         await answer_approval(self.store, task_id, False, by, note)
 
-    def wake(self) -> None:
-        """Look at every open run again (e.g. the runs of a partition just acquired)."""
+    def wake(self, replies: Iterable[object] = ()) -> None:
+        """Look at every open run again (e.g. the runs of a partition just acquired), after
+        ``replies`` (those of ``foreign_replies`` its previous owner left unrecorded)."""
+        for reply in replies:
+            self._queue.put_nowait(reply)
         self._queue.put_nowait(_TICK)
 
     def _reply_owned(self, reply: object) -> bool:
@@ -639,7 +648,7 @@ class Orchestrator:
                     decider.d.add(item.stream, *item.events)
                     self._records.setdefault(item.stream, []).append(item)
             elif self.owns is not None and not self._reply_owned(item):
-                continue  # another process decides its run (partition)
+                self.foreign_replies.append((time.monotonic(), item))  # another decides it
             else:
                 self._alive(item)
                 # no advance for it (but for a completion, below): the reply's events

@@ -36,14 +36,16 @@ import math
 import re
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from cardbus.eventstore import new_id
+from cardbus.agents.cards import ResultCard
+from cardbus.eventstore import TaskState, new_id
 from cardbus.eventstore.errors import ConfigError
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "Partitions",
     "check_settings",
     "partition_of",
+    "sort_held_replies",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,36 @@ def check_settings(
     if not isinstance(bucket, str) or not _MEMBER.match(bucket):
         raise ConfigError(f"bucket must be 1 to 64 of A-Z a-z 0-9 _ -: {bucket!r}")
     return member
+
+
+def sort_held_replies(
+    held: Iterable[tuple[float, Any]],
+    tasks: Any,
+    owns: Callable[[str], bool],
+    since: float,
+) -> tuple[list[tuple[float, Any]], list[Any]]:
+    """Replies held for runs another member decided: (those to keep holding, those to
+    offer now). A reply is offered once its run is ours and its attempt still waits
+    for it (its dead owner never recorded it: without it the attempt would only time
+    out); one recorded already is dropped (offering it would log a duplicate), as is
+    one received before ``since``. ``tasks``: the orchestrator's ``state.tasks``."""
+    keep: list[tuple[float, Any]] = []
+    offer: list[Any] = []
+    for at, reply in held:
+        task = tasks.get(getattr(reply, "task_id", ""))
+        if at < since or task is None:
+            continue
+        if not owns(task.created.root_id):
+            keep.append((at, reply))
+        elif (
+            task.state in (TaskState.DISPATCHED, TaskState.RUNNING)
+            and getattr(reply, "attempt", None) == task.attempt
+            and task.attempt not in task.settled
+            and reply.agent_id not in task.results
+            and (isinstance(reply, ResultCard) or task.state is TaskState.DISPATCHED)
+        ):
+            offer.append(reply)
+    return keep, offer
 
 
 class Partitions:

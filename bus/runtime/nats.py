@@ -38,7 +38,7 @@ from cardbus.agents.llm import LLM
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
-from cardbus.bus.orchestrator.partition import Partitions, check_settings
+from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_held_replies
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
@@ -153,7 +153,7 @@ class NatsRuntime:
                     lease_s,
                     member=self.member,
                     replicas=self.bus.replicas,
-                    on_acquired=lambda: self.orchestrator.wake(),
+                    on_acquired=self._acquired,
                 )
             self.orchestrator = Orchestrator(
                 self.store,
@@ -185,6 +185,17 @@ class NatsRuntime:
             raise
         self._state = "running"
         return self
+
+    def _acquired(self) -> None:
+        """Partitions just taken (from a member that died or stopped): their runs are looked
+        at, and the replies this process held for them that nobody recorded are offered."""
+        o, partitions = self.orchestrator, self.partitions
+        assert partitions is not None  # called by them
+        since = time.monotonic() - 4 * partitions.lease_s
+        keep, offer = sort_held_replies(o.foreign_replies, o.state.tasks, partitions.owns, since)
+        o.foreign_replies.clear()
+        o.foreign_replies.extend(keep)
+        o.wake(offer)
 
     async def __aexit__(self, *exc: object) -> None:
         self._state = "stopped"

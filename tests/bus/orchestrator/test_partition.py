@@ -182,3 +182,42 @@ async def test_a_dead_members_partitions_are_taken_over_after_the_lease(
         assert next(acquired) > before  # the orchestrator was told to look again
     finally:
         await b.stop()
+
+
+def test_held_replies_are_offered_once_owned_and_only_if_unrecorded() -> None:
+    from types import SimpleNamespace
+
+    from cardbus.agents.cards import ResultCard, Started
+    from cardbus.bus.orchestrator.partition import sort_held_replies
+    from cardbus.eventstore import TaskState
+
+    def task(root: str, state: TaskState, attempt: int = 1, **kw: object) -> SimpleNamespace:
+        fields = {"settled": set(), "results": {}, **kw}
+        return SimpleNamespace(
+            created=SimpleNamespace(root_id=root), state=state, attempt=attempt, **fields
+        )
+
+    tasks = {
+        "open": task("mine", TaskState.RUNNING),
+        "dispatched": task("mine", TaskState.DISPATCHED),
+        "recorded": task("mine", TaskState.RUNNING, results={"ag": object()}),
+        "settled": task("mine", TaskState.RUNNING, settled={1}),
+        "done": task("mine", TaskState.COMPLETED),
+        "retried": task("mine", TaskState.DISPATCHED, attempt=2),
+        "theirs": task("other", TaskState.RUNNING),
+    }
+
+    def result(task_id: str) -> ResultCard:
+        return ResultCard(task_id=task_id, agent_id="ag", attempt=1, status="completed")
+
+    started_running = Started(task_id="open", agent_id="ag", attempt=1)
+    started_dispatched = Started(task_id="dispatched", agent_id="ag", attempt=1)
+    held = [(10.0, result(t)) for t in tasks] + [
+        (10.0, started_running),
+        (10.0, started_dispatched),
+        (1.0, result("open")),  # too old
+        (10.0, result("unknown")),
+    ]
+    keep, offer = sort_held_replies(held, tasks, lambda root: root == "mine", since=5.0)
+    assert [r.task_id for _, r in keep] == ["theirs"]  # not ours yet: held on
+    assert offer == [result("open"), result("dispatched"), started_dispatched]
