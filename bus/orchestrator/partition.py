@@ -10,6 +10,9 @@ key succeeded holds it, and renews it every third of ``lease_s``. The bucket's T
 ``lease_s``: the key of a process that died (or stopped renewing) expires on the server,
 and a live process creates it on its next round, then wakes those runs (``on_acquired``):
 it has folded their events all along, so it goes on from the log as a restart does.
+Every member sees every reply; one for a run another member decides is held for a while
+(``Orchestrator.foreign_replies``) and, if that member dies before recording it, offered
+by the next owner (``sort_held_replies``), so the attempt is not timed out and redone.
 
 A process counts itself owner only until ``lease_s`` after it *sent* its latest successful
 renewal (less a margin): the server's TTL starts when it receives the write, later, so
