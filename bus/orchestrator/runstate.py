@@ -30,7 +30,9 @@ __all__ = ["RunState", "RunView", "TaskView"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
+# slots: thousands of open tasks and runs are held at once; an instance without a
+# __dict__ is a quarter of the size and its fields are quicker to read
+@dataclass(slots=True)
 class TaskView:
     task_id: str
     created: ev.TaskCreated
@@ -38,10 +40,12 @@ class TaskView:
     attempt: int = 0  # number of the latest dispatched attempt
     failures: int = 0  # attempts that failed, timed out or broke the output schema
     dispatched_to: dict[str, float] = field(default_factory=dict)  # agent -> deadline (current)
-    assigned: set[str] = field(default_factory=set)  # every agent any attempt was sent to
+    # Sets as frozensets, replaced (never changed) on a write: most tasks of a waiting
+    # run are never dispatched, and one shared empty frozenset is no set of its own
+    assigned: frozenset[str] = frozenset()  # every agent any attempt was sent to
     results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
-    settled: set[int] = field(default_factory=set)  # attempts already decided
-    excluded: set[str] = field(default_factory=set)  # agents that rejected this task
+    settled: frozenset[int] = frozenset()  # attempts already decided
+    excluded: frozenset[str] = frozenset()  # agents that rejected this task
     rejections: list[str] = field(default_factory=list)  # "agent: reason (detail)", latest 5
     not_before: float = 0.0
     output: Any = None
@@ -68,7 +72,7 @@ class TaskView:
         return self.state in TERMINAL
 
 
-@dataclass
+@dataclass(slots=True)
 class RunView:
     root_id: str
     started: ev.RunStarted
@@ -76,7 +80,7 @@ class RunView:
     names: dict[str, str] = field(default_factory=dict)  # plan task id -> task id
     tokens: int = 0
     loop_counts: Counter[str] = field(default_factory=Counter)  # hash -> distinct tasks
-    loop_seen: set[tuple[str, str]] = field(default_factory=set)
+    loop_seen: frozenset[tuple[str, str]] = frozenset()  # replaced on a write (TaskView)
     finished: str | None = None  # "completed" | "failed" | "halted"
     finish_event: Any = None
     # a run planned from a goal (started.planning): its planning rounds, from the log
@@ -295,11 +299,11 @@ class RunState:
                     task.results = {}
                     task.delivered = 0
                 task.dispatched_to[data.agent_id] = data.deadline
-                task.assigned.add(data.agent_id)
+                task.assigned |= {data.agent_id}
                 self._wake(data.deadline, task.created.root_id)
                 key = (data.loop_hash, env.stream)
                 if run is not None and data.loop_hash and key not in run.loop_seen:
-                    run.loop_seen.add(key)
+                    run.loop_seen |= {key}
                     run.loop_counts[data.loop_hash] += 1
             case ev.TaskStarted() | ev.TaskRedelivered():
                 if data.attempt == task.attempt:
@@ -312,29 +316,29 @@ class RunState:
                     # a negative count from a broken agent must not buy budget back
                     run.tokens += max(0, data.usage.input_tokens) + max(0, data.usage.output_tokens)
             case ev.TaskRejected():
-                task.excluded.add(data.agent_id)
+                task.excluded |= {data.agent_id}
                 why = f"{data.agent_id}: {data.reason}" + (
                     f" ({data.detail})" if data.detail else ""
                 )
                 task.rejections = [*task.rejections[-4:], why[:500]]
-                task.settled.add(data.attempt)
+                task.settled |= {data.attempt}
             case ev.TaskRetryScheduled():
-                task.settled.add(task.attempt)
+                task.settled |= {task.attempt}
                 task.failures += 1
                 task.not_before = data.not_before
                 task.reason = data.reason
                 self._wake(data.not_before, task.created.root_id)
             case ev.TaskTimedOut():
-                task.settled.add(data.attempt)
+                task.settled |= {data.attempt}
             case ev.TaskNeedsInput():
-                task.settled.add(data.attempt)
+                task.settled |= {data.attempt}
                 task.waiting_for = data.supplementary_task_id
                 task.needs_input_rounds += 1
             case ev.InputProvided():
                 task.waiting_for = None
                 task.supplement = data.output
             case ev.RevisionRequested():
-                task.settled.add(task.attempt)
+                task.settled |= {task.attempt}
                 task.previous_output = task.output_in_review
                 task.review_round = data.round
                 task.review = list(data.issues)
@@ -350,13 +354,13 @@ class RunState:
             case ev.ApprovalGranted():
                 task.approved = True
             case ev.TaskCompleted():
-                task.settled.add(task.attempt)
+                task.settled |= {task.attempt}
                 task.output = data.output
                 task.quality_met = data.quality_met
                 task.open_issues = list(data.open_issues)
                 task.under_review = None
             case ev.TaskFailed() | ev.TaskCancelled() | ev.TaskHalted():
-                task.settled.add(task.attempt)
+                task.settled |= {task.attempt}
                 task.reason = data.reason
                 task.error = data.error if isinstance(data, ev.TaskFailed) else ""
             case _:
