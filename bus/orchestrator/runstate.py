@@ -12,6 +12,7 @@ import collections
 import heapq
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,81 +291,9 @@ class RunState:
         except IllegalTransition as e:
             self._anomaly(f"{env.event_id}: {e}")
             return
-        run = self.runs.get(task.created.root_id)
-        match data:
-            case ev.TaskDispatched():
-                if data.attempt != task.attempt:
-                    task.attempt = data.attempt
-                    task.dispatched_to = {}
-                    task.results = {}
-                    task.delivered = 0
-                task.dispatched_to[data.agent_id] = data.deadline
-                task.assigned |= {data.agent_id}
-                self._wake(data.deadline, task.created.root_id)
-                key = (data.loop_hash, env.stream)
-                if run is not None and data.loop_hash and key not in run.loop_seen:
-                    run.loop_seen |= {key}
-                    run.loop_counts[data.loop_hash] += 1
-            case ev.TaskStarted() | ev.TaskRedelivered():
-                if data.attempt == task.attempt:
-                    task.delivered = max(task.delivered, data.delivery)
-            case ev.TaskResultSubmitted():
-                if data.attempt == task.attempt:
-                    task.results[data.agent_id] = data
-                    task.delivered = max(task.delivered, data.delivery)
-                if run is not None:
-                    # a negative count from a broken agent must not buy budget back
-                    run.tokens += max(0, data.usage.input_tokens) + max(0, data.usage.output_tokens)
-            case ev.TaskRejected():
-                task.excluded |= {data.agent_id}
-                why = f"{data.agent_id}: {data.reason}" + (
-                    f" ({data.detail})" if data.detail else ""
-                )
-                task.rejections = [*task.rejections[-4:], why[:500]]
-                task.settled |= {data.attempt}
-            case ev.TaskRetryScheduled():
-                task.settled |= {task.attempt}
-                task.failures += 1
-                task.not_before = data.not_before
-                task.reason = data.reason
-                self._wake(data.not_before, task.created.root_id)
-            case ev.TaskTimedOut():
-                task.settled |= {data.attempt}
-            case ev.TaskNeedsInput():
-                task.settled |= {data.attempt}
-                task.waiting_for = data.supplementary_task_id
-                task.needs_input_rounds += 1
-            case ev.InputProvided():
-                task.waiting_for = None
-                task.supplement = data.output
-            case ev.RevisionRequested():
-                task.settled |= {task.attempt}
-                task.previous_output = task.output_in_review
-                task.review_round = data.round
-                task.review = list(data.issues)
-                task.under_review = None
-            case ev.ApprovalRequested():
-                # asked with results in hand: the output itself awaits approval (it
-                # may be None); asked before any dispatch: the task itself does
-                task.has_proposal = bool(task.results)
-                task.proposed_output = data.proposed_output
-                task.proposed_agent = next(  # who produced it (a fan-out tie)
-                    (a for a, r in task.results.items() if r.output == data.proposed_output), ""
-                )
-            case ev.ApprovalGranted():
-                task.approved = True
-            case ev.TaskCompleted():
-                task.settled |= {task.attempt}
-                task.output = data.output
-                task.quality_met = data.quality_met
-                task.open_issues = list(data.open_issues)
-                task.under_review = None
-            case ev.TaskFailed() | ev.TaskCancelled() | ev.TaskHalted():
-                task.settled |= {task.attempt}
-                task.reason = data.reason
-                task.error = data.error if isinstance(data, ev.TaskFailed) else ""
-            case _:
-                pass
+        fold = _TASK_FOLDS.get(type(data))
+        if fold is not None:  # one lookup, not a match down a list of classes
+            fold(self, task, self.runs.get(task.created.root_id), env, data)
 
     def _retire(self, root_id: str) -> None:
         """Past ``retain_finished``, drop the oldest finished run and its tasks."""
@@ -396,6 +325,161 @@ def _finish(data: object) -> str:
 
 
 _TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
+
+# How each task event changes its TaskView (after the state transition), by type
+
+
+def _dispatched(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskDispatched
+) -> None:
+    if data.attempt != task.attempt:
+        task.attempt = data.attempt
+        task.dispatched_to = {}
+        task.results = {}
+        task.delivered = 0
+    task.dispatched_to[data.agent_id] = data.deadline
+    task.assigned |= {data.agent_id}
+    state._wake(data.deadline, task.created.root_id)
+    key = (data.loop_hash, env.stream)
+    if run is not None and data.loop_hash and key not in run.loop_seen:
+        run.loop_seen |= {key}
+        run.loop_counts[data.loop_hash] += 1
+
+
+def _started(
+    state: RunState,
+    task: TaskView,
+    run: RunView | None,
+    env: Envelope,
+    data: ev.TaskStarted | ev.TaskRedelivered,
+) -> None:
+    if data.attempt == task.attempt:
+        task.delivered = max(task.delivered, data.delivery)
+
+
+def _result(
+    state: RunState,
+    task: TaskView,
+    run: RunView | None,
+    env: Envelope,
+    data: ev.TaskResultSubmitted,
+) -> None:
+    if data.attempt == task.attempt:
+        task.results[data.agent_id] = data
+        task.delivered = max(task.delivered, data.delivery)
+    if run is not None:
+        # a negative count from a broken agent must not buy budget back
+        run.tokens += max(0, data.usage.input_tokens) + max(0, data.usage.output_tokens)
+
+
+def _rejected(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskRejected
+) -> None:
+    task.excluded |= {data.agent_id}
+    why = f"{data.agent_id}: {data.reason}" + (f" ({data.detail})" if data.detail else "")
+    task.rejections = [*task.rejections[-4:], why[:500]]
+    task.settled |= {data.attempt}
+
+
+def _retry_scheduled(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskRetryScheduled
+) -> None:
+    task.settled |= {task.attempt}
+    task.failures += 1
+    task.not_before = data.not_before
+    task.reason = data.reason
+    state._wake(data.not_before, task.created.root_id)
+
+
+def _timed_out(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskTimedOut
+) -> None:
+    task.settled |= {data.attempt}
+
+
+def _needs_input(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskNeedsInput
+) -> None:
+    task.settled |= {data.attempt}
+    task.waiting_for = data.supplementary_task_id
+    task.needs_input_rounds += 1
+
+
+def _input_provided(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.InputProvided
+) -> None:
+    task.waiting_for = None
+    task.supplement = data.output
+
+
+def _revision_requested(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.RevisionRequested
+) -> None:
+    task.settled |= {task.attempt}
+    task.previous_output = task.output_in_review
+    task.review_round = data.round
+    task.review = list(data.issues)
+    task.under_review = None
+
+
+def _approval_requested(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.ApprovalRequested
+) -> None:
+    # asked with results in hand: the output itself awaits approval (it
+    # may be None); asked before any dispatch: the task itself does
+    task.has_proposal = bool(task.results)
+    task.proposed_output = data.proposed_output
+    task.proposed_agent = next(  # who produced it (a fan-out tie)
+        (a for a, r in task.results.items() if r.output == data.proposed_output), ""
+    )
+
+
+def _approval_granted(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.ApprovalGranted
+) -> None:
+    task.approved = True
+
+
+def _completed(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskCompleted
+) -> None:
+    task.settled |= {task.attempt}
+    task.output = data.output
+    task.quality_met = data.quality_met
+    task.open_issues = list(data.open_issues)
+    task.under_review = None
+
+
+def _ended(
+    state: RunState,
+    task: TaskView,
+    run: RunView | None,
+    env: Envelope,
+    data: ev.TaskFailed | ev.TaskCancelled | ev.TaskHalted,
+) -> None:
+    task.settled |= {task.attempt}
+    task.reason = data.reason
+    task.error = data.error if isinstance(data, ev.TaskFailed) else ""
+
+
+_TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, Any], None]] = {
+    ev.TaskDispatched: _dispatched,
+    ev.TaskStarted: _started,
+    ev.TaskRedelivered: _started,
+    ev.TaskResultSubmitted: _result,
+    ev.TaskRejected: _rejected,
+    ev.TaskRetryScheduled: _retry_scheduled,
+    ev.TaskTimedOut: _timed_out,
+    ev.TaskNeedsInput: _needs_input,
+    ev.InputProvided: _input_provided,
+    ev.RevisionRequested: _revision_requested,
+    ev.ApprovalRequested: _approval_requested,
+    ev.ApprovalGranted: _approval_granted,
+    ev.TaskCompleted: _completed,
+    ev.TaskFailed: _ended,
+    ev.TaskCancelled: _ended,
+    ev.TaskHalted: _ended,
+}
 
 # how much a recorded failure of each reason counts against the agent (selection)
 _FAILURE_WEIGHT = {
