@@ -344,6 +344,8 @@ class MemoryKeeper:
                     )
             case _:
                 pass
+        if not pending:
+            return []
         return [
             NewEvent(
                 data=m,
