@@ -414,6 +414,26 @@ def _outcome(future: asyncio.Future[list[Envelope]]) -> list[Envelope] | Excepti
     return error
 
 
+def _all_done(futures: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
+    """A future done when all of ``futures`` are; cancelling it cancels none of them.
+
+    ``asyncio.wait`` does the same with a set, a waiter and a callback added and
+    removed on each: this runs for every append of the orchestrator.
+    """
+    done: asyncio.Future[None] = futures[0].get_loop().create_future()
+    left = len(futures)
+
+    def one_done(_: object) -> None:
+        nonlocal left
+        left -= 1
+        if not left and not done.done():
+            done.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(one_done)
+    return done
+
+
 class SqliteEventStore(EventStore):
     """Open with ``await SqliteEventStore.open(path)``; close with ``await store.close()``."""
 
@@ -543,7 +563,7 @@ class SqliteEventStore(EventStore):
                 loop.call_soon(self._kick)
         pending = [f for f in futures if isinstance(f, asyncio.Future)]
         if pending:
-            await asyncio.wait(pending)
+            await _all_done(pending)
         return [f if isinstance(f, Exception) else _outcome(f) for f in futures]
 
     def _kick(self) -> None:
