@@ -307,7 +307,7 @@ def _check_limits(plan: Plan) -> None:
             )
 
     named("plan_id", plan.plan_id)
-    values: list[object] = [plan.session]
+    values: list[object] = []
     for t in plan.tasks:
         named("task id", t.id)
         task = f"task {t.id[:40]!r}"  # once a task (it was made for each name checked)
@@ -320,7 +320,9 @@ def _check_limits(plan: Plan) -> None:
         values += (t.inputs, t.constraints)
     # One walk over all the values, each one level down in ``values`` (so the limit is
     # one more), finds a problem exactly when one of them has one: 1 call instead of
-    # 1 + 2 a task. Only a plan refused walks them one by one, for the first to name.
+    # 1 + 2 a task, an empty dict (most constraints and sessions) left out as it nests
+    # nothing. Only a plan refused walks them one by one, for the first to name.
+    values = [v for v in (plan.session, *values) if type(v) is not dict or v]
     if not nesting_problem(values, MAX_DEPTH + 1):
         return
     problem = nesting_problem(plan.session, what="session")
