@@ -71,16 +71,19 @@ def schema_errors(value: Any, schema: dict[str, Any], *, partial: bool = False) 
         else [f"{p}: key {k!r} is not a string" for p, k in _non_string_keys(value, "$")]
     )
     try:
-        validator, schema_key = _validator(schema, partial)
+        schema_key = _schema_key(schema, partial)
         # the same value checked again (rank() asks for every candidate, a resubmitted
-        # plan, replicas sharing a card): a value known to fit costs one encode
-        seen = (schema_key, _encoded(value)) if schema_key and not errors else None
-        if seen is not None and not seen[1]:
-            seen = None
-        if seen is not None and seen in _FITS:
-            _FITS.move_to_end(seen)
-            return []
-        found = list(validator.iter_errors(value))
+        # plan, replicas sharing a card): a value known to fit costs the encodes of the
+        # schema and the value, and one lookup (not the validator's too)
+        seen = None
+        if schema_key is not None and not errors:
+            encoded = _encoded(value)
+            if encoded:
+                seen = (schema_key, encoded)
+                if seen in _FITS:
+                    _FITS.move_to_end(seen)
+                    return []
+        found = list(_validator(schema, partial, schema_key).iter_errors(value))
     except Exception as e:  # a schema jsonschema cannot apply: say so, do not crash
         return [*errors, f"$: the schema cannot be checked: {type(e).__name__}: {e}"]
     if not found and seen is not None:
@@ -144,21 +147,24 @@ def _encoded(value: Any) -> bytes:
         return b""
 
 
-def _validator(schema: dict[str, Any], partial: bool) -> tuple[Any, bytes | None]:
-    """The validator for ``schema`` (made once per schema) and its cache key."""
-    # keyed by the schema's bytes, not its identity: a schema is a dict, which a caller
-    # may change between checks
+def _schema_key(schema: dict[str, Any], partial: bool) -> bytes | None:
+    """What a schema's validator is cached under (None: a schema that is not JSON)."""
+    # the schema's bytes, not its identity: a schema is a dict, which a caller may change
+    # between checks
     try:
-        key: bytes | None = msgspec.json.encode(schema)
+        key = msgspec.json.encode(schema)
     except Exception:
-        key = None
-    if partial and key is not None:
-        key += b"~partial"
+        return None
+    return key + b"~partial" if partial else key
+
+
+def _validator(schema: dict[str, Any], partial: bool, key: bytes | None) -> Any:
+    """The validator for ``schema`` (made once per schema, cached under ``key``)."""
     if key is not None:
         cached = _CACHE.get(key)
         if cached is not None:
             _CACHE.move_to_end(key)
-            return cached, key
+            return cached
     cls = _CLASSES.get(partial)
     if cls is None:
         cls = _CLASSES[partial] = _make_class(partial)
@@ -167,7 +173,7 @@ def _validator(schema: dict[str, Any], partial: bool) -> tuple[Any, bytes | None
         _CACHE[key] = validator
         if len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
-    return validator, key
+    return validator
 
 
 class _Recursive(Exception):
