@@ -64,13 +64,16 @@ def tokens_in_range(n: object) -> int:
     return min(max(n, 0), MAX_TOKENS) if type(n) is int else 0
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def nesting_problem(value: object, limit: int = MAX_DEPTH, what: str = "value") -> str:
     """'' if ``value`` nests lists and dicts at most ``limit`` deep, else the problem
     naming the limit; iterative, so any depth is measured without recursion."""
     stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, dict | list | tuple):
+        if isinstance(v, _CONTAINERS):  # a constant: `dict | list | tuple` is built per call
             if depth >= limit:
                 return f"{what} is nested deeper than {limit} levels (MAX_DEPTH)"
             items = v.values() if isinstance(v, dict) else v
