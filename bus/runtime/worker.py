@@ -27,7 +27,10 @@ card's delivery count (2 or more: a redelivery).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import heapq
+import itertools
 import math
 import os
 import socket
@@ -88,6 +91,12 @@ class AgentWorker:
         self._answers: OrderedDict[tuple[str, int], ResultCard] = OrderedDict()
         self._running: dict[tuple[str, int], asyncio.Future[ResultCard]] = {}
         self._watched: dict[tuple[str, int], _Watch] = {}  # cards running: see _sweep_due
+        # what the sweep looks at, soonest first: Started dues in the order the cards
+        # began (started_after_s is one for the worker), deadlines in a heap; a card
+        # that ended leaves its entries, dropped when reached (or when there are many)
+        self._dues: collections.deque[_Watch] = collections.deque()
+        self._deadlines: list[tuple[float, int, _Watch]] = []
+        self._order = itertools.count()
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at = 0.0
 
@@ -190,7 +199,7 @@ class AgentWorker:
             # as asyncio.timeout does: a cancel from elsewhere while expiring is not ours
             cancelling = task.cancelling()
             try:
-                self._watched[key] = watch
+                self._watch(watch)
                 self._arm(loop, watch.first())
                 answer = await telemetry.invoke_agent(self.agent, card, self.llm)
             except BaseException as e:
@@ -215,6 +224,7 @@ class AgentWorker:
                     task.uncancel()
             finally:
                 self._watched.pop(key, None)
+                watch.ended = True
             answer = msgspec.structs.replace(answer, **self._who(card))
             for sending in watch.reported:  # Started goes out before the answer
                 await sending
@@ -247,26 +257,40 @@ class AgentWorker:
         self._sweep_at = at
         self._sweep = loop.call_at(at, self._sweep_due, loop)
 
+    def _watch(self, watch: _Watch) -> None:
+        self._watched[(watch.card.task_id, watch.card.attempt)] = watch
+        if watch.due is not None:
+            self._dues.append(watch)
+        heapq.heappush(self._deadlines, (watch.deadline, next(self._order), watch))
+        if len(self._deadlines) > 2 * len(self._watched) + 64:  # mostly ended cards' entries
+            self._deadlines = [e for e in self._deadlines if not e[2].ended]
+            heapq.heapify(self._deadlines)
+
     def _sweep_due(self, loop: asyncio.AbstractEventLoop) -> None:
         """Send Started for the cards running past ``started_after_s`` and cancel those
-        past their deadline; then sleep until the next such moment, if a card is running."""
+        past their deadline; then sleep until the next such moment, if a card is running.
+
+        Only the cards whose moment has come are looked at (not every card running:
+        with a thousand in flight that was a thousand per Started)."""
         self._sweep = None
         now = loop.time() + _CLOCK_SLACK  # the loop runs a timer this early
-        soonest = math.inf
-        for watch in list(self._watched.values()):
-            if watch.due is not None:
-                if watch.due <= now:
-                    watch.due = None
-                    started = self._started(watch.card)
-                    watch.reported.append(loop.create_task(self.bus.reply(started)))
-                else:
-                    soonest = min(soonest, watch.due)
-            if not watch.expired:
-                if watch.deadline <= now:
-                    watch.expired = True
-                    watch.task.cancel()
-                else:
-                    soonest = min(soonest, watch.deadline)
+        dues = self._dues
+        while dues and (dues[0].ended or dues[0].due is None or dues[0].due <= now):
+            watch = dues.popleft()
+            if not watch.ended and watch.due is not None:
+                watch.due = None
+                started = self._started(watch.card)
+                watch.reported.append(loop.create_task(self.bus.reply(started)))
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][2].ended or deadlines[0][0] <= now):
+            watch = heapq.heappop(deadlines)[2]
+            if not watch.ended and not watch.expired:
+                watch.expired = True
+                watch.task.cancel()
+        soonest = min(
+            dues[0].due if dues and dues[0].due is not None else math.inf,
+            deadlines[0][0] if deadlines else math.inf,
+        )
         if soonest < math.inf:
             self._arm(loop, soonest)
 
@@ -280,7 +304,7 @@ class _Watch:
     """A card being run: when its Started is due (None: sent, or not to be sent) and when
     its handler is cancelled; the Started replies sent for it."""
 
-    __slots__ = ("card", "deadline", "due", "expired", "reported", "task")
+    __slots__ = ("card", "deadline", "due", "ended", "expired", "reported", "task")
 
     def __init__(
         self, card: TaskCard, due: float | None, deadline: float, task: asyncio.Task[object]
@@ -290,6 +314,7 @@ class _Watch:
         self.deadline = deadline
         self.task = task
         self.expired = False
+        self.ended = False  # its handler is done: nothing left to send or cancel
         self.reported: list[asyncio.Task[None]] = []
 
     def first(self) -> float:
