@@ -26,7 +26,7 @@ import functools
 import random
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 import nats.errors
@@ -42,8 +42,14 @@ from cardbus.eventstore.errors import (
     ValidationError,
 )
 from cardbus.eventstore.nats.connection import is_transient, transient, translated
+from cardbus.eventstore.nats.follow import offer_appended
 from cardbus.eventstore.nats.reads import Reads
-from cardbus.eventstore.nats.subjects import checked, event_subject, stream_filter
+from cardbus.eventstore.nats.subjects import (
+    MAX_SUBJECT_LEN,
+    checked,
+    event_subject,
+    stream_filter,
+)
 from cardbus.eventstore.nats.wire import (
     BATCH_COMMIT,
     BATCH_ID,
@@ -66,8 +72,7 @@ __all__ = ["Appends", "Head"]
 _MAYBE_STORED = "it may or may not be stored; appending the same events again is safe"
 
 
-@dataclass(frozen=True)
-class Head:
+class Head(NamedTuple):
     """A task's last event: its version, stream sequence and hash."""
 
     version: int
@@ -76,6 +81,12 @@ class Head:
 
 
 _EMPTY_HEAD = Head(0, 0, GENESIS_HASH)
+# more than the headers of an append can take: two subjects (MAX_SUBJECT_LEN), ids, a hash
+_HEADROOM = 2 * MAX_SUBJECT_LEN + 1024
+
+
+def _too_large(sealed: list[tuple[Envelope, bytes]], limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(max(len(body) for _, body in sealed), limit)
 
 
 class _Part:
@@ -113,8 +124,12 @@ class Appends(Reads):
     _heads: dict[str, Head]
     _waiting: list[_Part]  # multi-event appends waiting for the next batch
     _committer: asyncio.Future[None] | None
+    _batch_prefix: str
+    _batches: int
 
     def _init_appends(self) -> None:
+        self._batch_prefix = uuid.uuid4().hex[:16]
+        self._batches = 0
         self._heads = {}
         self._waiting = []
         self._committer = None
@@ -126,11 +141,14 @@ class Appends(Reads):
     ) -> list[Envelope]:
         check_append_args(stream, events, expected_version)
         try:
-            return await self._retry(lambda: self._append(stream, events, expected_version))
+            stored = await self._retry(lambda: self._append(stream, events, expected_version))
         except StoreUnavailable as e:
             if e.__cause__ is not None and is_transient(e.__cause__):  # gave up retrying
                 e.add_note(f"append to {stream!r} not confirmed: {_MAYBE_STORED}")
             raise
+        # the followers on this connection get them from here, not back from the server
+        offer_appended(self.nc, (self.stream_name, self.subject_prefix), stored)
+        return stored
 
     async def stream_version(self, stream: str) -> int:
         self._check_open()
@@ -164,9 +182,7 @@ class Appends(Reads):
             sealed = seal_batch(
                 stream, events, expected_version, head.version, head.hash, self.max_event_bytes
             )
-            too_large = functools.partial(
-                PayloadTooLarge, max(len(body) for _, body in sealed), self.nc.max_payload
-            )
+            too_large = functools.partial(_too_large, sealed, self.nc.max_payload)
             with translated(f"append to {stream!r}", error=transient, too_large=too_large):
                 try:
                     if len(sealed) == 1:
@@ -209,16 +225,16 @@ class Appends(Reads):
         return h
 
     def _check_size(self, body: bytes, headers: dict[str, str], subject: str) -> None:
-        overhead = 12 + sum(len(k) + len(v) + 4 for k, v in headers.items())
         limit = self.nc.max_payload
+        if len(body) + _HEADROOM <= limit:
+            return  # (our headers: ids, a hash, a subject filter of at most MAX_SUBJECT_LEN)
+        overhead = 12 + sum(len(k) + len(v) + 4 for k, v in headers.items())
         if len(body) + overhead > limit:
             raise PayloadTooLarge(len(body), max(limit - overhead, 0))
 
     async def _request(self, subject: str, body: bytes, headers: dict[str, str]) -> PubAck:
         try:
-            msg = await self.nc.request(
-                subject, body, timeout=self.request_timeout, headers=headers
-            )
+            msg = await self._mux.request(subject, body, headers)
         except nats.errors.NoRespondersError as e:
             raise transient(f"no JetStream stream answers on {subject!r}") from e
         try:
@@ -262,10 +278,12 @@ class Appends(Reads):
     ) -> list[Envelope]:
         """A multi-event append as (part of) one atomic batch: see :meth:`_commit_groups`."""
         part = _Part(stream, filt, head, sealed, subjects, asyncio.get_running_loop())
-        for (_, body), subject, h in zip(
-            sealed, subjects, self._batch_headers([part]), strict=True
-        ):
-            self._check_size(body, h, subject)
+        limit = self.nc.max_payload
+        if any(len(body) + _HEADROOM > limit for _, body in sealed):
+            for (_, body), subject, h in zip(
+                sealed, subjects, self._batch_headers([part]), strict=True
+            ):
+                self._check_size(body, h, subject)
         self._waiting.append(part)
         if self._committer is None:
             self._committer = asyncio.ensure_future(self._commit_groups())
@@ -339,7 +357,8 @@ class Appends(Reads):
                 self._close_appends()
 
     def _batch_headers(self, group: list[_Part]) -> list[dict[str, str]]:
-        batch_id = uuid.uuid4().hex
+        self._batches += 1
+        batch_id = f"{self._batch_prefix}{self._batches}"  # unique: a random part, a count
         out: list[dict[str, str]] = []
         for part in group:
             for i, (env, _) in enumerate(part.sealed):

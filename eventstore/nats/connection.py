@@ -20,6 +20,12 @@
   redelivery of cards (the bus's ``MaxDeliver``/``BackOff``) or the
   orchestrator's task retries.
 
+The event store opens its connections with ``no_echo`` (the server never
+sends it its own publishes: ``subscribe`` skips its own appends so, see
+``follow.py``); a connection made here remembers how (:func:`opened_with`), so
+a store handed one that echoes (shared with a bus, which may answer its own
+requests) can open its own like it.
+
 ``inbox_prefix`` sets the prefix of the connection's reply subjects (JetStream
 acks, pull deliveries); give each agent its own (``_INBOX.<agent>``) when the
 server enforces the per-role permissions of the README, so no agent can
@@ -35,6 +41,7 @@ import math
 import os
 import random
 import ssl
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
@@ -59,6 +66,7 @@ __all__ = [
     "NatsOptions",
     "connect",
     "is_too_large",
+    "opened_with",
     "is_transient",
     "reconnect_backoff",
     "retry_transient",
@@ -251,7 +259,19 @@ async def connect(
                 raise last[0] from e  # the reason, rather than "timed out"
             raise
     connecting = False
+    _OPENED[nc] = (options, name, dict(extra))
     return nc
+
+
+_OPENED: weakref.WeakKeyDictionary[NatsClient, tuple[NatsOptions, str, dict[str, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def opened_with(nc: NatsClient) -> tuple[NatsOptions, str, dict[str, Any]] | None:
+    """The options, name and extra keywords :func:`connect` opened ``nc`` with (None: it
+    did not)."""
+    return _OPENED.get(nc)
 
 
 def _is_permanent(e: Exception) -> bool:

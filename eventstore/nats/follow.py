@@ -1,11 +1,30 @@
-"""Following the log: ``subscribe`` on an ephemeral pull consumer (AckNone, memory, R1),
-catch-up then live, in stream sequence order.
+"""Following the log: ``subscribe``, catch-up then live, in stream sequence order, in one
+of two ways.
 
-The consumer is kept open with long-poll pulls and idle heartbeats, and its
-consumer sequence is tracked: on a gap, a missed heartbeat, a deleted consumer
-or a reconnect the consumer is recreated from the position after the last
-event yielded, so there is no gap and no duplicate. Bounded reads use the same
-consumer where direct get is not available (``reads.py``).
+* *Without our own echo* (a connection opened with ``no_echo``, as the store
+  opens its own, and direct get): what this connection appended is handed to the
+  follower by the append itself, with its position from the ack, so the
+  server sends nothing back for it. What others append is read with direct
+  get, when the follower learns of it: a core subscription on the log's
+  subjects, which on a ``no_echo`` connection hears only other connections'
+  publishes (a *hint*: it may be refused or not stored yet, so the stored
+  messages are read, never the hint); a position below this connection's last
+  acknowledged one that it did not write (a gap: read at once, up to that
+  position); a reconnect; and, when nothing happened for ``heartbeat``
+  seconds, a read of what follows (hints lost in a disconnect). Every event
+  yielded is the stored one at its position, in order, no gap, no duplicate.
+  The server sends nothing for an own event and, for another writer's, the
+  publish heard and the stored copy read (direct get batches, so a few events a
+  request): with one writer one message an event fewer than a consumer, with
+  two as many, with three or more writers following the whole log more.
+* *Through a consumer* (a connection that echoes, no direct get, a user not
+  allowed to subscribe to the log's subjects, or ``follow="consumer"``): an
+  ephemeral pull consumer (AckNone, memory, R1) kept open with long-poll pulls
+  and idle heartbeats, its consumer sequence tracked: on a gap, a missed
+  heartbeat, a deleted consumer or a reconnect the consumer is recreated from
+  the position after the last event yielded, so there is no gap and no
+  duplicate. Bounded reads use the same consumer where direct get is not
+  available (``reads.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +33,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator
-from typing import Any
+import weakref
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import nats.errors
@@ -23,13 +43,16 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from cardbus.eventstore.envelope import Envelope
-from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, transient
+from cardbus.eventstore.errors import StoreUnavailable
+from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, is_transient, transient
 from cardbus.eventstore.nats.subjects import all_filter
 from cardbus.eventstore.nats.wire import (
     HEARTBEAT,
+    MSG_ID,
     NO_MESSAGES,
     REQUEST_TIMEOUT,
     StoreBase,
+    Stored,
     description,
     envelope_of,
     next_msg,
@@ -39,7 +62,7 @@ from cardbus.eventstore.nats.wire import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EphemeralConsumer", "Follows"]
+__all__ = ["EphemeralConsumer", "Follows", "echoes", "offer_appended"]
 
 
 class _ConsumerLost(Exception):
@@ -186,15 +209,227 @@ class EphemeralConsumer:
                 )
 
 
+# -- following without our own echo ------------------------------------------------------
+
+_OWN_CAP = 100_000  # own events held for a follower behind; beyond, it reads them back
+_HINTS_CAP = 10_000  # other writers' event ids awaited; beyond, one read settles them
+_GAP_GRACE = 0.002  # an own append acked after a later one is handed over this late at most
+_HINT_TRIES = 8  # reads for a hinted event not stored yet: 1 ms doubling, ~0.25 s in all
+
+# connection -> the followers on it; every store on the connection hands its appends over
+_FOLLOWERS: weakref.WeakKeyDictionary[Any, list[_Follower]] = weakref.WeakKeyDictionary()
+
+
+class _Follower:
+    """One ``subscribe`` without echo: its own envelopes by position, and what it knows."""
+
+    __slots__ = ("closed", "hinted", "hints", "key", "known", "next", "offered", "own", "wake")
+
+    def __init__(self, key: tuple[str, str], start: int) -> None:
+        self.key = key  # (stream name, subject prefix)
+        self.next = start  # the position to yield next
+        self.own: dict[int, Envelope] = {}  # appended through this connection, >= next
+        self.known = 0  # the highest position an append on this connection was acked at
+        self.hinted: set[str] = set()  # event ids others published that no read had yet
+        self.hints = 0  # others' publishes heard since the last read
+        self.offered = False  # an append was handed over since the follower last looked
+        self.wake = asyncio.Event()
+        self.closed = False
+
+    def offer(self, envs: Iterable[Envelope]) -> None:
+        own, start = self.own, self.next
+        for env in envs:
+            p = env.position
+            if p >= start and len(own) < _OWN_CAP:
+                own[p] = env
+            if p > self.known:
+                self.known = p
+        self.offered = True
+        self.wake.set()
+
+    async def on_hint(self, msg: Msg) -> None:
+        # (no id: not a cardbus append; looked for as long as an id would be)
+        event_id = (msg.headers or {}).get(MSG_ID) or ""
+        if len(self.hinted) < _HINTS_CAP:
+            self.hinted.add(event_id)
+        self.hints += 1
+        self.wake.set()
+
+    async def close(self) -> None:  # (the store's close: the loop sees the store closed)
+        self.closed = True
+        self.wake.set()
+
+
+def offer_appended(nc: Any, key: tuple[str, str], envs: list[Envelope]) -> None:
+    """Hand the envelopes an append on ``nc`` stored to the followers on ``nc``."""
+    followers = _FOLLOWERS.get(nc)
+    if followers:
+        for f in followers:
+            if f.key == key:
+                f.offer(envs)
+
+
+def echoes(nc: Any) -> bool:
+    """Whether the server sends this connection its own publishes."""
+    return not (getattr(nc, "options", None) or {}).get("no_echo")
+
+
 _FOLLOW_ERRORS: tuple[type[BaseException], ...] = (_ConsumerLost, *TRANSPORT_ERRORS)
+_READ_ERRORS: tuple[type[BaseException], ...] = (StoreUnavailable, *TRANSPORT_ERRORS)
 
 
 class Follows(StoreBase):
     """``subscribe``: the part of ``NatsEventStore`` that follows the log."""
 
     read_batch: int
+    follow: str
+    _direct_reads: bool
+
+    if TYPE_CHECKING:  # (reads.py; NatsEventStore has both parts)
+
+        async def _read_direct(
+            self, filt: str, start: int, limit: int | None, target: int
+        ) -> list[Stored]: ...
 
     async def subscribe(self, from_position: int = 0) -> AsyncIterator[Envelope]:
+        self._check_open()
+        hints = await self._hint_subscription() if self._echo_free() else None
+        if hints is None:
+            source = self._subscribe_consumer(from_position)
+        else:
+            source = self._subscribe_echo_free(from_position, *hints)
+        async for env in source:
+            yield env
+
+    def _echo_free(self) -> bool:
+        return self.follow == "auto" and self._direct_reads and not echoes(self.nc)
+
+    async def _hint_subscription(self) -> tuple[_Follower, Any] | None:
+        """A follower listening to other connections' publishes on the log, or None when
+        this connection may not subscribe to them (then: the consumer)."""
+        filt = all_filter(self.subject_prefix)
+        follower = _Follower((self.stream_name, self.subject_prefix), 1)
+        try:
+            sub = await self.nc.subscribe(
+                filt,
+                cb=follower.on_hint,
+                pending_msgs_limit=1_000_000,
+                pending_bytes_limit=1 << 30,
+            )
+            await self.nc.flush(max(1, round(self.request_timeout)))
+        except TRANSPORT_ERRORS as e:
+            log.debug("no subscription to %s (%r): following through a consumer", filt, e)
+            return None
+        err = self.nc.last_error
+        if err is not None and "permissions violation" in str(err).lower() and filt in str(err):
+            log.info("not allowed to subscribe to %s: following through a consumer", filt)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            return None
+        return follower, sub
+
+    async def _subscribe_echo_free(
+        self, from_position: int, f: _Follower, sub: Any
+    ) -> AsyncIterator[Envelope]:
+        """See the module docstring: own appends handed over, the rest read."""
+        loop = asyncio.get_running_loop()
+        filt = all_filter(self.subject_prefix)
+        f.next = max(from_position, 1)
+        followers = _FOLLOWERS.setdefault(self.nc, [])
+        followers.append(f)
+        self._readers.add(f)
+        own = f.own
+        catch_up = True  # read until a short page: the stored events first, after reconnects
+        gap_since = -1.0
+        hint_tries = 0
+        hint_due = 0.0
+        idle_since = loop.time()
+        reconnects = self.nc.stats.get("reconnects", 0)
+        failures = 0
+        limit = 1000
+        try:
+            while True:
+                while own:  # what this connection appended, in order
+                    env = own.pop(f.next, None)
+                    if env is None:
+                        break
+                    f.next += 1
+                    yield env
+                self._check_open()
+                now = loop.time()
+                if f.offered:
+                    f.offered = False
+                    idle_since = now
+                if self.nc.stats.get("reconnects", 0) != reconnects:
+                    reconnects = self.nc.stats.get("reconnects", 0)
+                    catch_up = True  # others' publishes while away were not heard
+                target = 0
+                read = catch_up
+                if f.known >= f.next:  # a position before our last ack that is not ours
+                    if gap_since < 0:
+                        gap_since = now
+                    elif now - gap_since >= _GAP_GRACE:
+                        read, target = True, f.known
+                else:
+                    gap_since = -1.0
+                if not read and (f.hints or f.hinted) and now >= hint_due:
+                    read = True
+                if not read and now - idle_since >= self.heartbeat:
+                    read = True  # nothing for a while: anything lost in a disconnect?
+                if not read:
+                    waits = [idle_since + self.heartbeat - now]
+                    if gap_since >= 0:
+                        waits.append(gap_since + _GAP_GRACE - now)
+                    if f.hints or f.hinted:
+                        waits.append(hint_due - now)
+                    f.wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(f.wake.wait(), max(min(waits), 0.0005))
+                    continue
+                f.hints = 0
+                try:
+                    page = await self._read_direct(filt, f.next, limit, target)
+                except _READ_ERRORS as e:
+                    self._check_open()
+                    if isinstance(e, StoreUnavailable) and not is_transient(e):
+                        raise
+                    failures += 1
+                    log.debug("following %s: read failed (%r); again", filt, e)
+                    pause = min(0.02 * 2 ** min(failures, 7), 2.0) * (1 + random.random() / 4)
+                    await asyncio.sleep(pause)
+                    continue
+                failures = 0
+                idle_since = loop.time()
+                for m in page:
+                    if m.seq < f.next:
+                        continue
+                    env = envelope_of(m)  # a poison message is named, never skipped
+                    if f.hinted:
+                        f.hinted.discard(m.msg_id)
+                    f.next = m.seq + 1
+                    yield env
+                catch_up = len(page) >= limit
+                if target and not catch_up:
+                    f.next = max(f.next, target + 1)  # all up to the ack was in the read
+                if own and min(own) < f.next:
+                    for p in [p for p in own if p < f.next]:
+                        del own[p]
+                if f.hinted and not catch_up:  # heard, not stored yet (or refused): look again
+                    hint_tries += 1
+                    if hint_tries > _HINT_TRIES:
+                        f.hinted.clear()
+                        hint_tries = 0
+                    hint_due = loop.time() + 0.001 * 2 ** (hint_tries - 1)
+                else:
+                    hint_tries = 0
+        finally:
+            self._readers.discard(f)
+            with contextlib.suppress(ValueError):
+                followers.remove(f)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _subscribe_consumer(self, from_position: int) -> AsyncIterator[Envelope]:
         next_position = max(from_position, 1)
         failures = 0
         while True:

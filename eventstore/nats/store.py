@@ -18,6 +18,7 @@ from cardbus.eventstore.errors import (
     StoreError,
     StoreUnavailable,
     SubjectLayoutError,
+    ValidationError,
 )
 from cardbus.eventstore.nats.appends import Appends
 from cardbus.eventstore.nats.audits import Audits
@@ -25,10 +26,11 @@ from cardbus.eventstore.nats.connection import (
     TRANSPORT_ERRORS,
     NatsOptions,
     connect,
+    opened_with,
     translated,
     version_at_least,
 )
-from cardbus.eventstore.nats.follow import Follows
+from cardbus.eventstore.nats.follow import Follows, echoes
 from cardbus.eventstore.nats.subjects import (
     DEFAULT_STREAM,
     DEFAULT_SUBJECT_PREFIX,
@@ -36,6 +38,7 @@ from cardbus.eventstore.nats.subjects import (
     SUBJECT_LAYOUT,
     SUBJECT_LAYOUT_KEY,
 )
+from cardbus.eventstore.nats.wire import RequestMux
 from cardbus.eventstore.store import EventStore
 
 __all__ = ["NatsEventStore"]
@@ -60,8 +63,16 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         read_batch: int = 256,
         heartbeat: float = 1.0,
         store_retry_timeout: float = 15.0,
+        follow: str = "auto",
     ) -> None:
+        if follow not in ("auto", "consumer"):
+            raise ValidationError(f"follow must be 'auto' or 'consumer': {follow!r}")
         self.nc = nc
+        #: how ``subscribe`` follows the log (follow.py): "auto" hands this connection's own
+        #: appends over and reads the others' (when the connection does not echo); "consumer"
+        #: has the server deliver every event (fewer messages once three or more processes
+        #: write the log, each following all of it)
+        self.follow = follow
         self.stream_name = stream_name
         self.subject_prefix = subject_prefix
         self.max_event_bytes = max_event_bytes
@@ -72,6 +83,7 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         self.heartbeat = heartbeat
         self.store_retry_timeout = store_retry_timeout
         self._js = nc.jetstream(timeout=request_timeout)
+        self._mux = RequestMux(nc, request_timeout)
         self._owns_connection = owns_connection
         self._closed = False
         self._readers = set()
@@ -96,6 +108,8 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         request_timeout: float = 5.0,
         store_retry_timeout: float = 15.0,
+        heartbeat: float = 1.0,
+        follow: str = "auto",
         token: str | None = None,
         user: str | None = None,
         password: str | None = None,
@@ -127,7 +141,10 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         denied. Each request waits ``request_timeout`` seconds; transient
         failures (a reconnect, a stream leader election) are tried again with
         backoff for ``store_retry_timeout`` seconds (store retries) before
-        ``StoreUnavailable``. The connection options are those of
+        ``StoreUnavailable``. A subscription looks for what it may have missed
+        (other writers' events while disconnected) after ``heartbeat`` seconds
+        without news; ``follow="consumer"`` has it follow through a consumer instead
+        (see ``follow.py``). The connection options are those of
         :class:`~cardbus.eventstore.nats.connection.NatsOptions`.
         ``atomic=None`` uses atomic batches when the server has them.
         Any other keyword goes to ``nats.connect``.
@@ -148,7 +165,10 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
             reconnect_time_wait=reconnect_time_wait,
             reconnect_max_wait=reconnect_max_wait,
         )
-        nc = await connect(options, name, error=StoreUnavailable, **nats_options)
+        # no_echo: the server does not send this connection its own appends (follow.py)
+        nc = await connect(
+            options, name, error=StoreUnavailable, **{"no_echo": True, **nats_options}
+        )
         try:
             store = cls(
                 nc,
@@ -157,6 +177,8 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
                 max_event_bytes=max_event_bytes,
                 request_timeout=request_timeout,
                 store_retry_timeout=store_retry_timeout,
+                heartbeat=heartbeat,
+                follow=follow,
             )
             await store._ensure_stream(
                 create=create_stream,
@@ -174,14 +196,48 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
 
     @classmethod
     async def from_connection(
-        cls, nc: NatsClient, *, create_stream: bool = True, **options: Any
+        cls,
+        nc: NatsClient,
+        *,
+        create_stream: bool = True,
+        own_connection: bool | None = None,
+        **options: Any,
     ) -> NatsEventStore:
-        """A store on an existing connection (shared with a bus); ``close`` leaves it open."""
+        """A store beside an existing connection (shared with a bus); ``close`` leaves it open.
+
+        A connection that hears its own publishes (a bus's: it may answer its own
+        requests) would have the log's follower get every event this store appends
+        back from the server. So when ``nc`` echoes and cardbus opened it
+        (``NatsOptions.connect``), the store opens its own connection the same way
+        with ``no_echo`` (named ``<name>-log``) and closes it on ``close``;
+        ``own_connection=False`` keeps the store on ``nc`` (followed through a
+        consumer), ``True`` asks for its own even if ``nc`` does not echo.
+        """
         setup = {
             k: options.pop(k)
             for k in ("replicas", "storage", "duplicate_window", "deny_delete", "atomic")
             if k in options
         }
+        made = opened_with(nc)
+        if own_connection is None:
+            own_connection = made is not None and echoes(nc)
+        if own_connection and made is None:
+            raise ValidationError(
+                "own_connection=True needs a connection opened by NatsOptions.connect"
+            )
+        if own_connection and made is not None:
+            opts, name, extra = made
+            mine = await connect(
+                opts, f"{name}-log", error=StoreUnavailable, **{**extra, "no_echo": True}
+            )
+            try:
+                store = cls(mine, owns_connection=True, **options)
+                await store._ensure_stream(create=create_stream, **setup)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await mine.close()
+                raise
+            return store
         store = cls(nc, owns_connection=False, **options)
         await store._ensure_stream(create=create_stream, **setup)
         return store
@@ -295,6 +351,7 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
             await reader.close()
         self._close_appends()
         self._close_reads()
+        await self._mux.close()
         if self._direct_sub is not None:
             with contextlib.suppress(Exception):
                 await self._direct_sub.unsubscribe()

@@ -10,10 +10,13 @@ ADR-50 atomic batches), written here once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -43,6 +46,7 @@ __all__ = [
     "NUM_PENDING",
     "PubAck",
     "REQUEST_TIMEOUT",
+    "RequestMux",
     "SEQUENCE",
     "STATUS",
     "SUBJECT",
@@ -152,11 +156,113 @@ async def next_msg(sub: Any, timeout: float) -> Msg:
     return await sub.next_msg(timeout=timeout)
 
 
+NO_RESPONDERS = "503"  # a request nobody subscribes to (no stream captures the subject)
+
+
+class RequestMux:
+    """Requests with one answer each (JetStream publishes and API calls) on one wildcard
+    reply subscription, lighter than ``nc.request``: a counter for the reply token and
+    one timer for all the deadlines, no per-request subject validation, inbox or timer.
+
+    ``request`` raises ``nats.errors.TimeoutError`` after ``timeout`` seconds,
+    ``NoRespondersError`` on a 503 answer, and ``ConnectionClosedError`` once closed.
+    """
+
+    def __init__(self, nc: NatsClient, timeout: float) -> None:
+        self.nc = nc
+        self.timeout = timeout
+        self._prefix = ""
+        self._sub: Any = None
+        self._next = 0
+        # token -> (future, deadline), in the order made: every request has one timeout,
+        # so the first ones expire first
+        self._calls: OrderedDict[str, tuple[asyncio.Future[Msg], float]] = OrderedDict()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._opening: asyncio.Future[None] | None = None
+        self.closed = False
+
+    async def _open(self) -> None:
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._subscribe())
+        await asyncio.shield(self._opening)
+
+    async def _subscribe(self) -> None:
+        prefix = self.nc.new_inbox()
+        try:
+            self._sub = await self.nc.subscribe(
+                f"{prefix}.*",
+                cb=self._on_answer,
+                pending_msgs_limit=1_000_000,
+                pending_bytes_limit=1 << 30,
+            )
+        except BaseException:
+            self._opening = None
+            raise
+        self._prefix = prefix
+
+    async def request(
+        self, subject: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> Msg:
+        if self.closed:
+            raise nats.errors.ConnectionClosedError
+        if not self._prefix:
+            await self._open()
+        self._next += 1
+        token = str(self._next)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Msg] = loop.create_future()
+        self._calls[token] = (future, loop.time() + self.timeout)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self.timeout, self._sweep)
+        try:
+            await self.nc.publish(subject, body, reply=f"{self._prefix}.{token}", headers=headers)
+            msg = await future
+        finally:
+            self._calls.pop(token, None)
+        if not msg.data and msg.headers and msg.headers.get(STATUS) == NO_RESPONDERS:
+            raise nats.errors.NoRespondersError
+        return msg
+
+    async def _on_answer(self, msg: Msg) -> None:
+        call = self._calls.pop(msg.subject[len(self._prefix) + 1 :], None)
+        if call is not None and not call[0].done():
+            call[0].set_result(msg)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        calls = self._calls
+        now = asyncio.get_running_loop().time()
+        while calls:
+            token, (future, deadline) = next(iter(calls.items()))
+            if deadline > now:
+                self._sweeper = asyncio.get_running_loop().call_later(
+                    deadline - now + 0.01, self._sweep
+                )
+                return
+            del calls[token]
+            if not future.done():
+                future.set_exception(nats.errors.TimeoutError())
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for future, _ in self._calls.values():
+            if not future.done():
+                future.set_exception(nats.errors.ConnectionClosedError())
+        self._calls.clear()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+
 class StoreBase:
     """What every part of ``NatsEventStore`` (reads, appends, follow) works with."""
 
     nc: NatsClient
     _js: JetStreamContext
+    _mux: RequestMux  # publishes and their acks
     stream_name: str
     subject_prefix: str
     request_timeout: float
