@@ -10,7 +10,8 @@ Subjects and streams
 * ``cardbus.agent.<agent>`` -- an agent's inbox, in the work-queue stream
   ``CARDBUS_INBOX``. Each agent id has one durable pull consumer
   ``agent-<agent>`` filtered on its inbox and shared by all its replicas
-  (every ``consume`` call is one pull loop on it), so each card goes to one
+  (the ``consume`` calls for one agent on a bus share one pull loop, asking
+  for as many cards as they have handlers idle), so each card goes to one
   replica. ``AckWait`` (``ack_wait``) bounds how long a replica may hold a
   card silently: while the handler works the replica sends in-progress acks
   (``+WPI``) every third of it, so a long task keeps its card and a crashed
@@ -30,10 +31,14 @@ Subjects and streams
   Every orchestrator on the same log sees every reply: one whose state lags
   cannot lose a result the others need; the log's optimistic concurrency
   makes sure each is recorded once. A reply is acked once the orchestrator
-  has taken it from ``replies()`` (put it into its decide loop: the ack is
-  sent when the iterator is asked for the next one), so an orchestrator
-  killed before that gets it again; a reply seen twice is harmless (it is
-  recorded once, or as ``task.result_ignored``). A new consumer starts with
+  has taken it from ``replies()`` (put it into its decide loop: the iterator
+  was asked for the next one), so an orchestrator killed before that gets it
+  again; a reply seen twice is harmless (it is recorded once, or as
+  ``task.result_ignored``). The consumer acks with ``AckAll``: one ack at
+  most every 20 ms for the last reply taken covers every one before it
+  (``_ReplyAcks``: replies are taken in delivery order; what a stopped
+  predecessor left unacked is waited for first); a consumer created by an
+  earlier version, with explicit acks, is acked reply by reply. A new consumer starts with
   the replies the stream still holds (not yet acked by every consumer); one
   with another name than the default is deleted by the server an hour after
   its last pull.
@@ -129,6 +134,7 @@ from cardbus.eventstore.nats.connection import (
     retry_transient,
     translated,
 )
+from cardbus.eventstore.nats.wire import RequestMux, decode_ack
 
 __all__ = [
     "ANNOUNCE_PREFIX",
@@ -172,6 +178,7 @@ SUBJECT_HEADER = "Cardbus-Subject"
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
 MSG_ID_HEADER = Header.MSG_ID.value
+EXPECTED_STREAM_HEADER = Header.EXPECTED_STREAM.value
 _STATUS = Header.STATUS.value
 _HEARTBEAT = StatusCode.CONTROL_MESSAGE.value  # 100
 _PULL_OVER = (StatusCode.NO_MESSAGES.value, StatusCode.REQUEST_TIMEOUT.value)  # 404, 408
@@ -344,10 +351,13 @@ class NatsBus(Bus):
         #: so the stream does not keep replies for it
         self.delete_reply_consumer = delete_reply_consumer and reply_durable != ORCHESTRATOR_DURABLE
         self._reading_replies = False
+        self._reply_acks: _ReplyAcks | None = None
         self._js: JetStreamContext = nc.jetstream(timeout=request_timeout)
+        self._mux = RequestMux(nc, request_timeout)  # publishes to the streams, their acks
         self._owns = owns_connection
         self._tasks: set[asyncio.Task[None]] = set()
         self._subs: list[Any] = []
+        self._slots: dict[str, _Slots] = {}  # agent -> the handlers of its consume calls
         self._closed = False
 
     @classmethod
@@ -490,11 +500,15 @@ class NatsBus(Bus):
             max_ack_pending=10_000,
             max_waiting=4096,
         )
-        sub = await self._transient(
-            lambda: self._bind(INBOX_STREAM, durable, config), f"consume the inbox of {agent_id!r}"
+        slots = self._slots.get(agent_id)
+        if slots is not None:  # one more card at once on the agent's pull loop
+            slots.add(handler)
+            return
+        await self._transient(
+            lambda: self._bind_config(INBOX_STREAM, config), f"consume the inbox of {agent_id!r}"
         )
-        self._subs.append(sub)
-        self._spawn(self._serve(sub, handler, inbox_subject(agent_id)), f"inbox-{agent_id}")
+        slots = self._slots[agent_id] = _Slots(handler)
+        self._spawn(self._serve(slots, durable, inbox_subject(agent_id)), f"inbox-{agent_id}")
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -502,25 +516,84 @@ class NatsBus(Bus):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(
-        self, sub: JetStreamContext.PullSubscription, handler: CardHandler, subject: str
-    ) -> None:
+    async def _serve(self, slots: _Slots, durable: str, subject: str) -> None:
+        """One pull loop for all of an agent's ``consume`` calls on this bus: it asks for as
+        many cards as handlers are idle (a request for several when at least half are, so
+        a card costs less than one pull request), and each card goes to an idle handler.
+
+        Never more cards asked for than handlers idle, so no card waits here while another
+        replica could take it. A request lost to a reconnect is noticed when nothing, not
+        even its expiry, came for longer than it could live, and is made again.
+        """
+        queue: asyncio.Queue[Msg | None] = asyncio.Queue()  # None: a handler is free
+        slots.freed = queue.put_nowait
+
+        async def on_msg(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        loop = asyncio.get_running_loop()
+        request_subject = f"$JS.API.CONSUMER.MSG.NEXT.{INBOX_STREAM}.{durable}"
+        expires = max(self.fetch_wait, 0.1)
+        inbox = self.nc.new_inbox()
+        sub = await self._until_done(
+            lambda: self.nc.subscribe(inbox, cb=on_msg), f"subscribe to {inbox}"
+        )
+        self._subs.append(sub)
+        pending = 0  # cards asked for and not yet delivered or expired
+        asked = 0.0
         pause = 0.05
+        backlog: list[Msg] = []  # (only if the server delivers more than was asked for)
         while not self._closed:
+            now = loop.time()
+            if now - asked > expires + 1.0:
+                pending = 0  # the requests are gone (expired unseen, or a reconnect)
+            idle = len(slots.idle)
+            want = idle - pending
+            if want > 0 and (pending == 0 or 2 * want >= slots.total):
+                request = json.dumps({"batch": want, "expires": int(expires * 1e9)})
+                try:
+                    await self.nc.publish(request_subject, request.encode(), reply=inbox)
+                except TRANSPORT_ERRORS as e:
+                    log.debug("pull request on %s failed: %r", subject, e)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 2.0)
+                    continue
+                pending += want
+                asked = now
             try:
-                msgs = await sub.fetch(1, timeout=self.fetch_wait)
-            except asyncio.CancelledError:
-                raise
+                msg = await asyncio.wait_for(queue.get(), expires + 1.0)
             except TimeoutError:
+                pending = 0
                 continue
-            except TRANSPORT_ERRORS as e:  # disconnected, reconnecting, consumer leader moving
-                log.debug("fetch on %s failed: %r", subject, e)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
+            if msg is None:  # a handler is free: a card waiting here, else ask for more
+                if backlog and slots.idle:
+                    card = backlog.pop(0)
+                    self._spawn(self._run_slot(slots, card, slots.idle.pop()), "card")
+                continue
+            status = (msg.headers or {}).get(_STATUS) if not msg.data else None
+            if status is not None:
+                if status == _HEARTBEAT:
+                    continue
+                left = (msg.headers or {}).get(_PENDING_MESSAGES)
+                pending = max(0, pending - int(left)) if left and left.isdigit() else 0
+                if status not in _PULL_OVER:  # 409: leader change, consumer deleted...
+                    log.debug("pull on %s: %s %s", subject, status, msg.headers)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 2.0)
                 continue
             pause = 0.05
-            for msg in msgs:
-                await self._deliver(msg, handler)
+            pending = max(0, pending - 1)
+            if slots.idle:
+                self._spawn(self._run_slot(slots, msg, slots.idle.pop()), "card")
+            else:
+                backlog.append(msg)
+
+    async def _run_slot(self, slots: _Slots, msg: Msg, handler: CardHandler) -> None:
+        try:
+            await self._deliver(msg, handler)
+        finally:
+            slots.idle.append(handler)
+            slots.freed(None)
 
     async def _deliver(self, msg: Msg, handler: CardHandler) -> None:
         if len(msg.data) > self.max_message_bytes:
@@ -611,6 +684,23 @@ class NatsBus(Bus):
         """Publish raw bytes as a reply (for tests of malformed messages)."""
         await self._publish(subject, data, {}, REPLY_STREAM)
 
+    async def _js_publish(
+        self, subject: str, data: bytes, headers: dict[str, str], stream: str
+    ) -> None:
+        """``js.publish`` on the request mux (lighter than ``nc.request``) with the same
+        errors: no stream captures the subject, or the stream refused the message."""
+        headers[EXPECTED_STREAM_HEADER] = stream
+        try:
+            msg = await self._mux.request(subject, data, headers)
+        except nats.errors.NoRespondersError:
+            raise nats.js.errors.NoStreamResponseError from None
+        try:
+            ack = decode_ack(msg.data)
+        except msgspec.DecodeError as e:
+            raise nats.errors.Error(f"not a JetStream ack: {msg.data[:100]!r}") from e
+        if ack.error is not None:
+            raise nats.js.errors.APIError.from_error(ack.error)
+
     async def _publish(
         self, subject: str, data: bytes, headers: dict[str, str], stream: str
     ) -> None:
@@ -624,9 +714,7 @@ class NatsBus(Bus):
             too_large=functools.partial(PayloadTooLarge, len(data), self.nc.max_payload),
         ):
             await retry_transient(
-                lambda: self._js.publish(
-                    subject, data, timeout=self.request_timeout, stream=stream, headers=headers
-                ),
+                lambda: self._js_publish(subject, data, headers, stream),
                 within=self.transient_retry_timeout,
                 stopped=lambda: self._closed,
                 # any failure but a message too large (a stream may be recovering)
@@ -642,7 +730,9 @@ class NatsBus(Bus):
             # a new consumer starts with every reply the stream still holds, i.e. those
             # some other consumer has not acked yet (announcements included)
             deliver_policy=js_api.DeliverPolicy.ALL,
-            ack_policy=js_api.AckPolicy.EXPLICIT,
+            # one ack for every reply taken so far (see _ReplyAcks); a consumer made by an
+            # earlier version (explicit acks) keeps one ack a reply
+            ack_policy=js_api.AckPolicy.ALL,
             ack_wait=self.reply_ack_wait,
             max_deliver=-1,
             max_ack_pending=20_000,
@@ -657,25 +747,48 @@ class NatsBus(Bus):
 
     async def replies(self) -> AsyncIterator[Reply]:
         await self._until_done(self._reply_sub, "bind the reply consumer")  # it exists now
+        info = await self._until_done(
+            lambda: self._js.consumer_info(REPLY_STREAM, self.reply_durable),
+            "look up the reply consumer",
+        )
         self._reading_replies = True
         await self._watch_max_deliveries()
-        async for msg in self._pull(REPLY_STREAM, self.reply_durable, self.reply_batch):
-            if len(msg.data) > self.max_message_bytes:
-                await self._reject(msg, f"reply too large: {len(msg.data)} bytes")
-                continue
-            try:
-                reply = decode_reply(msg.data)
-            except DecodeError as e:
-                await self._reject(msg, str(e))
-                continue
-            refusal = sender_problem(msg.subject, reply)
-            if refusal is not None:
-                await self._reject(msg, f"{refusal.kind} refused: {refusal.reason}")
-                await self._refused(refusal)
-                continue
-            yield reply
-            with contextlib.suppress(*TRANSPORT_ERRORS):
-                await msg.ack()  # taken by the orchestrator: do not redeliver
+        acks = _ReplyAcks(self, info) if info.config.ack_policy == js_api.AckPolicy.ALL else None
+        self._reply_acks = acks
+        try:
+            async for msg in self._pull(REPLY_STREAM, self.reply_durable, self.reply_batch):
+                problem = ""
+                refusal = None
+                if len(msg.data) > self.max_message_bytes:
+                    problem = f"reply too large: {len(msg.data)} bytes"
+                else:
+                    try:
+                        reply = decode_reply(msg.data)
+                    except DecodeError as e:
+                        problem = str(e)
+                    else:
+                        refusal = sender_problem(msg.subject, reply)
+                        if refusal is not None:
+                            problem = f"{refusal.kind} refused: {refusal.reason}"
+                if problem:
+                    if acks is None:
+                        await self._reject(msg, problem)
+                    else:  # dead-lettered, and acked with the replies around it
+                        await self._bad(msg.subject, msg.data, problem)
+                        acks.taken(msg)
+                    if refusal is not None:
+                        await self._refused(refusal)
+                    continue
+                yield reply
+                # taken by the orchestrator: do not redeliver
+                if acks is None:
+                    with contextlib.suppress(*TRANSPORT_ERRORS):
+                        await msg.ack()
+                else:
+                    acks.taken(msg)
+        finally:
+            if acks is not None:
+                acks.flush()
 
     async def _watch_max_deliveries(self) -> None:
         """Cards no replica acked within ``max_deliver`` deliveries (replicas that crash or
@@ -926,6 +1039,9 @@ class NatsBus(Bus):
         if self._closed:
             return
         self._closed = True
+        if self._reply_acks is not None:  # the replies taken are acked before we go
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._reply_acks.drain(), 2.0)
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -935,12 +1051,114 @@ class NatsBus(Bus):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(sub.unsubscribe(), 2.0)
         self._subs.clear()
+        await self._mux.close()
         if self.delete_reply_consumer and self._reading_replies:
             with contextlib.suppress(Exception):
                 await self._js.delete_consumer(REPLY_STREAM, self.reply_durable)
         if self._owns:  # every publish was acked already: nothing to drain
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), 5.0)
+
+
+class _Slots:
+    """The handlers of one agent's ``consume`` calls on a bus: each takes one card at a
+    time."""
+
+    __slots__ = ("freed", "idle", "total")
+
+    def __init__(self, handler: CardHandler) -> None:
+        self.idle: list[CardHandler] = [handler]
+        self.total = 1
+        self.freed: Callable[[None], None] = lambda _: None  # wakes the pull loop
+
+    def add(self, handler: CardHandler) -> None:
+        self.idle.append(handler)
+        self.total += 1
+        self.freed(None)
+
+
+class _ReplyAcks:
+    """Acks of a reply consumer with ``AckAll``: one ack, at most every ``interval`` seconds,
+    for the reply taken with the highest stream sequence, acknowledging every reply
+    before it with it.
+
+    Safe because the replies are taken in the order they are delivered, and JetStream
+    delivers a consumer's new messages in stream order (a redelivery only after
+    ``ack_wait``): every message before one taken was delivered before it, so was
+    taken before it. Except what a predecessor
+    (an orchestrator of the same consumer name that stopped) had delivered and not
+    acked: found at bind (the consumer's ack floor below what it delivered), nothing is
+    acked until each of those has been redelivered and taken (or, should one never come
+    back, for two ``ack_wait``).
+    """
+
+    interval = 0.02
+
+    def __init__(self, bus: NatsBus, info: js_api.ConsumerInfo) -> None:
+        self.bus = bus
+        self.latest: Msg | None = None  # the reply taken with the highest stream sequence
+        self.latest_seq = 0
+        self.unsent = ""  # the ack subject of the last reply taken, not sent yet
+        self.timer: asyncio.TimerHandle | None = None
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        delivered = int(getattr(info.delivered, "stream_seq", 0) or 0)
+        floor = int(getattr(info.ack_floor, "stream_seq", 0) or 0)
+        outstanding = int(info.num_ack_pending or 0)
+        # (hold) the predecessor's unacked deliveries: stream sequences up to `delivered`
+        self.hold_upto = delivered if outstanding and delivered > floor else 0
+        self.hold_left = outstanding
+        self.hold_seen: set[int] = set()
+        self.hold_until = loop.time() + 2 * bus.reply_ack_wait + 5
+
+    def taken(self, msg: Msg) -> None:
+        seq = _stream_seq(msg.reply)
+        if seq >= self.latest_seq:  # (a redelivery of an older one: the newer ack covers it)
+            self.latest, self.latest_seq = msg, seq
+        if self.hold_upto:
+            if 0 < seq <= self.hold_upto and seq not in self.hold_seen:
+                self.hold_seen.add(seq)
+                self.hold_left -= 1
+            if self.hold_left > 0 and self.loop.time() < self.hold_until:
+                return  # some of the predecessor's are still to come: ack none yet
+            self.hold_upto = 0
+            self.hold_seen = set()
+        if self.timer is None:
+            self.timer = self.loop.call_later(self.interval, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.hold_upto:
+            return
+        msg, self.latest = self.latest, None
+        if msg is None or not msg.reply:
+            return
+        self.unsent = msg.reply
+        self.bus._spawn(self._send(), "reply-ack")
+
+    async def _send(self) -> None:
+        subject, self.unsent = self.unsent, ""
+        if subject and not self.bus.nc.is_closed:
+            with contextlib.suppress(*TRANSPORT_ERRORS):
+                await self.bus.nc.publish(subject, b"+ACK")
+
+    async def drain(self) -> None:
+        """Ack what was taken now (the bus is closing)."""
+        self.flush()
+        await self._send()
+
+
+def _stream_seq(reply: str) -> int:
+    """The stream sequence in a JetStream ack subject (what ``msg.metadata`` parses, without
+    the rest): ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>
+    .<pending>``, or with ``<domain>.<account hash>`` after ``ACK`` and a token at the end."""
+    tokens = reply.split(".")
+    try:
+        return int(tokens[5] if len(tokens) == 9 else tokens[7])
+    except (IndexError, ValueError):
+        return 0
 
 
 def _delivered(msg: Msg) -> int:
