@@ -227,7 +227,7 @@ class Partitions:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the server away: leases lapse by themselves, retry
-                log.warning("partition leases not renewed: %r", e)
+                log.warning("partition leases not renewed: %r %s", e, getattr(e, "description", ""))
 
     # -- one round ---------------------------------------------------------------
 
@@ -244,8 +244,12 @@ class Partitions:
             *(kv.update(_key(p), me, last=self._revision[p]) for p in held),
             return_exceptions=True,
         )
+        acquired = False
         for p, outcome in zip(held, outcomes, strict=True):
             if isinstance(outcome, int):
+                # lapsed here meanwhile (a late round): its replies were held, as if another
+                # member had it, so they are offered again as on an acquisition
+                acquired |= self._until.get(p, 0.0) <= time.monotonic()
                 self._revision[p] = outcome
                 self._until[p] = sent + self.lease_s * _MARGIN
             elif isinstance(outcome, nats.js.errors.KeyWrongLastSequenceError):
@@ -253,31 +257,50 @@ class Partitions:
             elif not isinstance(outcome, _KV_ERRORS):
                 raise outcome
             # a transport error: the lease lapses by itself unless the next round renews it
-        try:
-            keys = await kv.keys()
-        except nats.js.errors.NoKeysError:
-            keys = []
-        self.members = max(1, sum(k.startswith("member.") for k in keys))
+        self.members = max(1, await self._live_members(kv))
         share = -(-self.partitions // self.members)
         mine = [p for p in self._order if p in self._revision]
         for p in mine[share:]:  # over the share (a member joined): the last ones go
             await self._release(p)
-        taken = {int(k[2:]) for k in keys if k.startswith("p.")}
-        acquired = False
-        for p in self._order:
+        if len(self._revision) < share:
+            acquired |= await self._take(kv, share)
+        if acquired and self.on_acquired is not None:
+            self.on_acquired()  # their runs are looked at now
+
+    async def _take(self, kv: KeyValue, share: int) -> bool:
+        """Create free partitions' keys (absent, expired or deleted) up to ``share``."""
+        others = [p for p in self._order if p not in self._revision]
+        found = await asyncio.gather(*(kv.get(_key(p)) for p in others), return_exceptions=True)
+        took = False
+        for p, entry in zip(others, found, strict=True):
             if len(self._revision) >= share:
                 break
-            if p in taken or p in self._revision:
+            if not isinstance(entry, nats.js.errors.NotFoundError):  # held, or not known
+                if isinstance(entry, BaseException) and not isinstance(entry, _KV_ERRORS):
+                    raise entry
                 continue
             sent = time.monotonic()
             try:
-                self._revision[p] = await kv.create(_key(p), me)
+                self._revision[p] = await kv.create(_key(p), self.member.encode())
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue  # another member was quicker
             self._until[p] = sent + self.lease_s * _MARGIN
-            acquired = True
-        if acquired and self.on_acquired is not None:
-            self.on_acquired()  # their runs are looked at now
+            took = True
+        return took
+
+    async def _live_members(self, kv: KeyValue) -> int:
+        """Members whose key is there and not deleted (a stopped member deletes its own).
+
+        Not ``kv.keys()``: its watcher waits for the last pending key, which never comes
+        when a key expires meanwhile (a lease lapsing), and that round would hang."""
+        info = await self.js.stream_info(
+            f"KV_{self.bucket}", subjects_filter=f"$KV.{self.bucket}.member.>"
+        )
+        names = [s.rsplit(".", 1)[1] for s in (info.state.subjects or {})]
+        found = await asyncio.gather(
+            *(kv.get(f"member.{n}") for n in names), return_exceptions=True
+        )
+        return sum(not isinstance(f, BaseException) for f in found)
 
     async def _release(self, p: int) -> None:
         """Stop deciding the partition first, then delete its key (at our revision only)."""

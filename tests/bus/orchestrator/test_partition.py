@@ -221,3 +221,25 @@ def test_held_replies_are_offered_once_owned_and_only_if_unrecorded() -> None:
     keep, offer = sort_held_replies(held, tasks, lambda root: root == "mine", since=5.0)
     assert [r.task_id for _, r in keep] == ["theirs"]  # not ours yet: held on
     assert offer == [result("open"), result("dispatched"), started_dispatched]
+
+
+async def test_a_lease_renewed_after_it_lapsed_here_counts_as_acquired(
+    connections: list[Client],
+) -> None:
+    """A late round (the process stalled): the replies held meanwhile must be offered
+    again, so the renewal tells the orchestrator as an acquisition does."""
+    woken = itertools.count()
+    a = Partitions(connections[0].jetstream(), 4, 30.0, member="a", on_acquired=lambda: next(woken))
+    await a.start()
+    try:
+        assert len(a.held) == 4
+        before = next(woken)
+        await a.round()  # renewed in time: nothing new
+        assert next(woken) == before + 1
+        a._until = dict.fromkeys(a._until, 0.0)  # as if the renewals came too late here
+        assert not a.held and not a.owns("any root")
+        await a.round()
+        assert len(a.held) == 4
+        assert next(woken) == before + 3  # one wake for the lapsed leases renewed
+    finally:
+        await a.stop()
