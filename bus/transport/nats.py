@@ -519,7 +519,8 @@ class NatsBus(Bus):
     async def _serve(self, slots: _Slots, durable: str, subject: str) -> None:
         """One pull loop for all of an agent's ``consume`` calls on this bus: it asks for as
         many cards as handlers are idle (a request for several when at least half are, so
-        a card costs less than one pull request), and each card goes to an idle handler.
+        a card costs less than one pull request; for each one freed while cards wait in
+        the inbox), and each card goes to an idle handler.
 
         Never more cards asked for than handlers idle, so no card waits here while another
         replica could take it. A request lost to a reconnect is noticed when nothing, not
@@ -543,13 +544,14 @@ class NatsBus(Bus):
         asked = 0.0
         pause = 0.05
         backlog: list[Msg] = []  # (only if the server delivers more than was asked for)
+        waiting = False  # the last card came with more in the inbox: ask for each handler
         while not self._closed:
             now = loop.time()
             if now - asked > expires + 1.0:
                 pending = 0  # the requests are gone (expired unseen, or a reconnect)
             idle = len(slots.idle)
             want = idle - pending
-            if want > 0 and (pending == 0 or 2 * want >= slots.total):
+            if want > 0 and (pending == 0 or waiting or 2 * want >= slots.total):
                 request = json.dumps({"batch": want, "expires": int(expires * 1e9)})
                 try:
                     await self.nc.publish(request_subject, request.encode(), reply=inbox)
@@ -583,6 +585,7 @@ class NatsBus(Bus):
                 continue
             pause = 0.05
             pending = max(0, pending - 1)
+            waiting = _left(msg.reply or "") > 0
             if slots.idle:
                 self._spawn(self._run_slot(slots, msg, slots.idle.pop()), "card")
             else:
@@ -1150,15 +1153,25 @@ class _ReplyAcks:
         await self._send()
 
 
-def _stream_seq(reply: str) -> int:
-    """The stream sequence in a JetStream ack subject (what ``msg.metadata`` parses, without
-    the rest): ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>
-    .<pending>``, or with ``<domain>.<account hash>`` after ``ACK`` and a token at the end."""
+def _ack_field(reply: str, v1: int) -> int:
+    """A number of a JetStream ack subject (what ``msg.metadata`` parses, without the rest):
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``
+    (``v1``: its token index), or with ``<domain>.<account hash>`` after ``ACK`` and a
+    token at the end; 0 if it is not one."""
     tokens = reply.split(".")
     try:
-        return int(tokens[5] if len(tokens) == 9 else tokens[7])
+        return int(tokens[v1] if len(tokens) == 9 else tokens[v1 + 2])
     except (IndexError, ValueError):
         return 0
+
+
+def _stream_seq(reply: str) -> int:
+    return _ack_field(reply, 5)
+
+
+def _left(reply: str) -> int:
+    """How many messages the consumer still had for others after this one."""
+    return _ack_field(reply, 8)
 
 
 def _delivered(msg: Msg) -> int:

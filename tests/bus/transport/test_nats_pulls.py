@@ -156,8 +156,10 @@ async def test_an_agents_handlers_share_one_pull_loop_that_never_asks_for_too_ma
 
 
 def test_the_stream_sequence_of_an_ack_subject() -> None:
-    from cardbus.bus.transport.nats import _stream_seq
+    from cardbus.bus.transport.nats import _left, _stream_seq
 
     assert _stream_seq("$JS.ACK.CARDBUS_REPLIES.o1.1.42.7.1700000000000000000.0") == 42
     assert _stream_seq("$JS.ACK.hub.ACCHASH.CARDBUS_REPLIES.o1.2.43.8.1700000000.3.tok") == 43
     assert _stream_seq("") == 0 and _stream_seq("$JS.ACK.x") == 0
+    assert _left("$JS.ACK.CARDBUS_INBOX.agent-a.1.42.7.1700000000000000000.5") == 5
+    assert _left("$JS.ACK.hub.ACCHASH.CARDBUS_INBOX.agent-a.1.42.7.1700000000.3.tok") == 3
