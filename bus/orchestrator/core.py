@@ -496,7 +496,9 @@ class Orchestrator:
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(root_id, []).append(future)
         try:
-            return await asyncio.wait_for(future, timeout)
+            # asyncio.timeout, not wait_for: no wrapping future and callbacks per run
+            async with asyncio.timeout(timeout):
+                return await future
         finally:  # a waiter that gave up must not stay registered
             waiters = self._waiters.get(root_id, [])
             if future in waiters:
