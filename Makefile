@@ -50,6 +50,7 @@ bench: $(STAMP)
 	@uptime
 	$(BIN)/python bench/eventstore_bench.py
 	$(BIN)/python bench/pipeline_bench.py
+	CARDBUS_UVLOOP=0 $(BIN)/python bench/pipeline_bench.py
 	$(BIN)/python bench/replay_bench.py --events 100000
 	$(BIN)/python bench/tracing_bench.py
 	$(BIN)/python bench/nats_bench.py
