@@ -132,9 +132,12 @@ async def agents_role(url: str, inflight: int) -> None:
     await serving
 
 
-async def orchestrator_role(url: str, index: int, of: int, inflight: int) -> None:
+async def orchestrator_role(
+    url: str, index: int, of: int, inflight: int, follow: str | None
+) -> None:
     rt = NatsRuntime(
         NatsOptions(url=url),
+        store_options={"follow": follow} if follow else None,
         name=f"bench-orchestrator-{index}",
         partitions=PARTITIONS if of > 1 else None,
         member=f"o{index}" if of > 1 else None,
@@ -241,7 +244,11 @@ def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[s
             c.line()
         orch_procs = [
             _Child(
-                ["--role", "orchestrator", *base, "--index", str(i), "--of", str(orchestrators)],
+                [
+                    *("--role", "orchestrator", *base),
+                    *(("--follow", args.follow) if args.follow else ()),
+                    *("--index", str(i), "--of", str(orchestrators)),
+                ],
                 f"orchestrator-{i}",
             )
             for i in range(orchestrators)
@@ -268,7 +275,9 @@ def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[s
     walls = [w for d in done for w in d["walls"]]
     runs_s = sum(d["completed"] for d in done) / args.seconds
     per_run = {  # CPU ms per run finished, by role: robust to the machine's other load
-        role: sum(v for n, v in cpu.items() if n.startswith(role)) * 10 / max(runs_s, 1e-9)
+        role: sum(v for n, v in cpu.items() if n.startswith(role)) * 10 / runs_s
+        if runs_s
+        else float("nan")
         for role in ("orchestrator", "agents", "nats-server")
     }
     return {
@@ -323,6 +332,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="append the figures as JSON lines here")
+    ap.add_argument(
+        "--follow",
+        choices=("auto", "consumer"),
+        default=None,
+        help="how each orchestrator's store follows the log (NatsEventStore follow=;"
+        " default: NatsRuntime's choice)",
+    )
     ap.add_argument("--role", choices=("agents", "orchestrator"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -332,7 +348,7 @@ def main() -> None:
         run(agents_role(args.url, args.inflight))
         return
     if args.role == "orchestrator":
-        run(orchestrator_role(args.url, args.index, args.of, args.inflight))
+        run(orchestrator_role(args.url, args.index, args.of, args.inflight, args.follow))
         return
     orchestrators = [int(x) for x in args.orchestrators.split(",")]
     agent_counts = [int(x) for x in args.agents.split(",")]
