@@ -290,9 +290,10 @@ def orchestrator_permissions() -> dict[str, list[str]]:
     """NATS subject permissions of the orchestrator (and of ``cardbus`` tools reading the log).
 
     It writes the log and sends cards, administers the cardbus streams and
-    consumers through the JetStream API, reads and acks replies, and answers
-    agents' requests (``cardbus.req.>``; its user also needs
-    ``allow_responses: true``).
+    consumers through the JetStream API, reads and acks replies, hears other
+    writers' appends to the log (``cardbus.evt.>``: see
+    ``eventstore/nats/follow.py``), and answers agents' requests
+    (``cardbus.req.>``; its user also needs ``allow_responses: true``).
     """
     return {
         "publish": [
@@ -303,8 +304,10 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             f"$JS.ACK.{REPLY_STREAM}.>",
             "$KV.cardbus-owners.>",  # run partitions' leases (bus.orchestrator.partition)
         ],
-        # and allow_responses (answers to agents' requests), see authorization_config
-        "subscribe": ["_INBOX.>", f"{REQUEST_PREFIX}.>", MAX_DELIVERIES_ADVISORY],
+        # and allow_responses (answers to agents' requests), see authorization_config;
+        # cardbus.evt.>: the log's store hears other writers' appends (without it, it
+        # follows the log through a consumer: every event sent back, its own too)
+        "subscribe": ["_INBOX.>", f"{REQUEST_PREFIX}.>", MAX_DELIVERIES_ADVISORY, "cardbus.evt.>"],
     }
 
 
