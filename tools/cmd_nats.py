@@ -31,6 +31,7 @@ from cardbus.agents.tools import ToolRegistry, doc_search_tool
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
+from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime, agent_inbox_prefix, serve_agents
 from cardbus.bus.transport.nats import (
     DEAD_STREAM,
@@ -225,7 +226,7 @@ def agent_serve(
         finally:
             await close_llm(llm)
 
-    asyncio.run(go())
+    run_loop(go())
 
 
 # -- cardbus orchestrator -------------------------------------------------------------
@@ -353,7 +354,7 @@ def orchestrator(
                 await store.close()
             await close_llm(llm)
 
-    raise SystemExit(asyncio.run(go()))
+    raise SystemExit(run_loop(go()))
 
 
 def _print_result(result: Any, as_json: bool) -> None:
@@ -553,6 +554,6 @@ def demo_on_nats(
     if start_nats:
         with LocalNatsServer() as server:
             click.echo(f"started nats-server on {server.url} (temporary store)", err=as_json)
-            return asyncio.run(go(server.url))
+            return run_loop(go(server.url))
     assert nats_url is not None
-    return asyncio.run(go(nats_url))
+    return run_loop(go(nats_url))

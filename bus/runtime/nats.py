@@ -41,6 +41,7 @@ from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
 from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_held_replies
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
+from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, NatsBus
@@ -138,6 +139,7 @@ class NatsRuntime:
             self.policy = dataclasses.replace(policy, actor=f"orchestrator-{self.member}"[:200])
 
     async def __aenter__(self) -> NatsRuntime:
+        tune_gc()
         nc = await self.options.connect(self.name)
         try:
             self.bus = NatsBus(nc, owns_connection=True, **self.bus_options)
@@ -287,6 +289,7 @@ async def serve_agents(
     """
     if not agents:
         raise BusError("no agent to serve")
+    tune_gc()
     buses: list[NatsBus] = []
     workers: list[AgentWorker] = []
     name = "cardbus-agent-" + "+".join(a.agent_id for a in agents)
