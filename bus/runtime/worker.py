@@ -9,11 +9,14 @@ instant agent costs one reply and one write, not two. A redelivered card for
 a ``(task_id, attempt)`` it already answered gets the same answer again, not
 a second run. A handler still running well past the card's ``timeout_s`` is
 cancelled and answered with a failed result, so a hung agent frees its
-consumer.
+handler for the next card.
 
 Up to ``concurrency`` cards run at once: by default the agent's
-``constraints.max_concurrency``, as that many consumers of its inbox (on
-NATS each fetches a card and acks it when its answer is sent). A blocking
+``constraints.max_concurrency``, as that many handlers of its inbox
+(``bus.consume`` once each). In process each is a consumer of the inbox queue;
+on NATS the handlers of one agent on one bus share one pull loop that asks for
+several cards at once, never more than handlers are idle, and each card is
+acked when its answer is sent. A blocking
 handler belongs in a sync ``def handle`` (``Agent.run`` runs it in a
 thread), so it stalls neither the other cards of this worker nor other agents.
 

@@ -21,8 +21,8 @@
   orchestrator's task retries.
 
 The event store opens its connections with ``no_echo`` (the server never
-sends it its own publishes: ``subscribe`` skips its own appends so, see
-``follow.py``); a connection made here remembers how (:func:`opened_with`), so
+sends it its own publishes: ``subscribe`` gets its own appends from the
+append itself, see ``follow.py``); a connection made here remembers how (:func:`opened_with`), so
 a store handed one that echoes (shared with a bus, which may answer its own
 requests) can open its own like it.
 

@@ -268,7 +268,7 @@ class StoreBase:
     request_timeout: float
     heartbeat: float
     _closed: bool
-    _readers: set[Any]  # open ephemeral consumers, closed with the store
+    _readers: set[Any]  # open readers (ephemeral consumers, followers), closed with the store
 
     store_retry_timeout: float
 
