@@ -19,6 +19,7 @@ when no replica renewed in time (written by the orchestrator's clock).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 __all__ = ["Leases"]
@@ -83,6 +84,13 @@ class Leases:
     def lapsed(self, agents: list[str], now: float) -> list[str]:
         """Registered agents whose lease (or grace) ran out: to deregister."""
         return [a for a in agents if self.lost(a, now) and self._known(a)]
+
+    def next_lapse(self) -> float:
+        """The soonest moment an agent not pinned may lapse (inf: none can): when the
+        last lease of one of its replicas, or its grace, ends."""
+        ends = [max(r.values()) for a, r in self.replicas.items() if r and a not in self.pinned]
+        ends += [t for a, t in self.unconfirmed.items() if a not in self.pinned]
+        return min(ends, default=math.inf)
 
     def _known(self, agent_id: str) -> bool:
         return agent_id in self.replicas or agent_id in self.unconfirmed

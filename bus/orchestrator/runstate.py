@@ -122,6 +122,7 @@ class RunState:
         # (time, root): when a run has a deadline or backoff due, for the clock to look
         self.wakeups: list[tuple[float, str]] = []
         self._wake_limit = 1000
+        self.on_wake: Callable[[float], None] | None = None  # told of each new wakeup
         # the agent-statistics projection's counting rules: a timeout or an
         # output-schema mismatch is a failure, a rejection is not a run
         bounded = retain_finished is not None
@@ -145,6 +146,8 @@ class RunState:
 
     def _wake(self, at: float, root_id: str) -> None:
         heapq.heappush(self.wakeups, (at, root_id))
+        if self.on_wake is not None:
+            self.on_wake(at)
         if len(self.wakeups) > self._wake_limit:
             # runs that finished before their deadlines came leave their wakeups
             # behind: drop those (at most once per doubling, so cheap on average)

@@ -78,8 +78,8 @@ class StateData(msgspec.Struct, kw_only=True):
     extras: dict[str, dict[str, Any]] = {}
 
 
-#: RunState attributes a snapshot carries (or, for ``_wake_limit``, need not): a test
-#: fails when RunState gains one that is not here
+#: RunState attributes a snapshot carries (or, for ``_wake_limit`` and the ``on_wake``
+#: hook, need not): a test fails when RunState gains one that is not here
 HANDLED = frozenset(
     {
         "retain_finished",
@@ -95,6 +95,7 @@ HANDLED = frozenset(
         "position",
         "wakeups",
         "_wake_limit",
+        "on_wake",
         "_stats",
         "anomalies",
         "failures",

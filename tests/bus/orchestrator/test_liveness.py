@@ -7,6 +7,7 @@ Each test drives the public API (``Orchestrator``, ``EmbeddedRuntime``,
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,9 @@ from orchkit import CARDS, FAST, TextOut, is_, make_agent, plan, run_log, task, 
 
 from cardbus.agents.cards import ResultCard, Started
 from cardbus.bus import EmbeddedRuntime, InProcessBus, Orchestrator
+from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.runtime.worker import AgentWorker
-from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import MemoryEventStore, SqliteEventStore
 from cardbus.eventstore import events as ev
 
 GOAL = "summarise the tides of the northern coast"
@@ -311,3 +313,30 @@ async def test_a_reply_from_a_replica_confirms_its_agent_like_a_renewal(db_path:
         await orch.stop()
         await bus.close()
         await store.close()
+
+
+def test_the_clock_sleeps_until_the_soonest_lease_can_lapse() -> None:
+    # Leases.next_lapse is what the orchestrator's clock sleeps until (with wakeups
+    # and the sweep): a pinned agent never lapses, a replica's lease and a grace do
+    leases = Leases(default_lease_s=10.0)
+    assert leases.next_lapse() == math.inf
+    leases.pin("mine", 100.0)
+    assert leases.next_lapse() == math.inf
+    leases.renew("far", "r1", 30.0, 100.0)
+    leases.renew("far", "r2", 5.0, 100.0)  # the agent lapses with its last replica
+    assert leases.next_lapse() == 130.0
+    leases.unconfirm("logged", 8.0, 100.0)
+    assert leases.next_lapse() == 108.0
+    leases.forget("logged")
+    assert leases.next_lapse() == 130.0
+
+
+async def test_a_new_wakeup_wakes_a_sleeping_clock() -> None:
+    """A backoff due sooner than the clock's sleep is noticed at its time, not the sweep's."""
+    orch = Orchestrator(MemoryEventStore(), InProcessBus(), FAST)
+    orch._clock_due = time.time() + 60
+    orch.state._wake(time.time() + 0.05, "root")
+    assert orch._clock.is_set()
+    orch._clock.clear()
+    orch.state._wake(time.time() + 120, "root")  # later than the sleep: no need
+    assert not orch._clock.is_set()
