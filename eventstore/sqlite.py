@@ -162,6 +162,7 @@ _MAX_INFLIGHT = 2  # batches handed to the writer thread at once (a two-stage pi
 _MAX_CACHED_HEADS = 100_000
 _IN_CHUNK = 500  # bound on "IN (?, ...)" parameters per statement
 _PAGE = 2000  # events per read while a subscription catches up
+_FULL_POLL_S = 1.0  # a live subscription reads the file at least this often (see subscribe)
 _RECENT = 8192  # committed envelopes kept for live subscribers in this process
 
 Outcome = list[Envelope] | CardbusError
@@ -447,6 +448,7 @@ class SqliteEventStore(EventStore):
         poll_interval: float,
     ) -> None:
         self.path = path
+        self._wal_path = f"{path}-wal"
         self.max_event_bytes = max_event_bytes
         self.poll_interval = poll_interval
         self.commits = 0  # write transactions committed: group commit makes this < appends
@@ -479,7 +481,8 @@ class SqliteEventStore(EventStore):
         commit durable against power loss; ``NORMAL`` survives process crashes
         only and is faster; ``OFF`` leaves flushing to the OS. ``poll_interval``
         is how often a subscription looks for events appended by *other*
-        processes (its own store's appends wake it at once).
+        processes (its own store's appends wake it at once): a stat of the WAL file,
+        the file read when the stat changed, and at least every second.
         """
         path = os.fspath(path)
         mode = str(synchronous).upper()
@@ -709,6 +712,9 @@ class SqliteEventStore(EventStore):
     async def subscribe(self, from_position: int = 0) -> AsyncIterator[Envelope]:
         next_position = max(from_position, 1)
         while True:
+            # taken before the read: a commit after it changes the file from this mark
+            mark = self._wal_mark()
+            read_at = time.monotonic()
             # Live subscribers in this process are served what this process just
             # committed without reading it back; anything else comes from the file.
             page = self._cached_from(next_position) or await self.read_all(next_position, _PAGE)
@@ -718,15 +724,34 @@ class SqliteEventStore(EventStore):
             if len(page) >= _PAGE:
                 continue
             # Live: woken by our own commits, polling for other processes' commits.
-            if self._last_committed >= next_position:
-                continue
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._commit_waiters.append(waiter)
-            try:
-                await asyncio.wait_for(waiter, self.poll_interval)
-            except TimeoutError:
-                with contextlib.suppress(ValueError):
-                    self._commit_waiters.remove(waiter)
+            while self._last_committed < next_position and not self._closed:
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._commit_waiters.append(waiter)
+                try:
+                    await asyncio.wait_for(waiter, self.poll_interval)
+                    break  # our own commit
+                except TimeoutError:
+                    with contextlib.suppress(ValueError):
+                        self._commit_waiters.remove(waiter)
+                # Another process's commit writes the WAL file: while its size and
+                # mtime stay as they were there is nothing to read (a stat, not a
+                # query through the reader thread: an idle orchestrator's follower
+                # read the file 20 times a second). A file's mtime is coarse, so
+                # the file is read every _FULL_POLL_S whatever the stat says.
+                if (
+                    mark is None
+                    or self._wal_mark() != mark
+                    or time.monotonic() - read_at >= _FULL_POLL_S
+                ):
+                    break
+
+    def _wal_mark(self) -> tuple[int, int] | None:
+        """The WAL file's (size, mtime): a commit, by any process, changes it."""
+        try:
+            st = os.stat(self._wal_path)
+        except OSError:  # no WAL file (yet): always read
+            return None
+        return st.st_size, st.st_mtime_ns
 
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
         if stream is not None:

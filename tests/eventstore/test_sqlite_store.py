@@ -300,3 +300,43 @@ async def test_live_subscriber_misses_nothing_when_two_processes_interleave(tmp_
         await asyncio.wait_for(task, 10)
         assert [e.position for e in seen] == list(range(1, total + 1))
         assert seen == await ours.read_all()
+
+
+async def test_an_idle_subscription_reads_the_file_only_when_another_process_wrote(
+    tmp_path: Path,
+) -> None:
+    """Polling for other connections' commits looks at the WAL file first: while it is
+    unchanged the file is not read (it was read every poll_interval), and a commit by
+    another connection is still seen."""
+    path = tmp_path / "log.db"
+    async with opened(path) as writer, opened(path, poll_interval=0.01) as reader:
+        await writer.append("t0", [created()], 0)
+        reads: list[int] = []
+        real = reader.read_all
+
+        async def counting(from_position: int = 0, limit: int = 1000) -> list[Envelope]:
+            reads.append(from_position)
+            return await real(from_position, limit)
+
+        reader.read_all = counting  # type: ignore[method-assign]
+        seen: list[Envelope] = []
+
+        async def follow() -> None:
+            async with contextlib.aclosing(reader.subscribe()) as it:  # type: ignore[type-var]
+                async for env in it:
+                    seen.append(env)
+                    if len(seen) == 2:
+                        return
+
+        task = asyncio.ensure_future(follow())
+        for _ in range(500):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.position for e in seen] == [1]
+        before = len(reads)
+        await asyncio.sleep(0.3)  # 30 polls: none finds the WAL file changed
+        assert len(reads) - before < 5, reads
+        await writer.append("t1", [created()], 0)
+        await asyncio.wait_for(task, 10)
+        assert [e.position for e in seen] == [1, 2]
