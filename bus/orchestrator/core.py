@@ -551,7 +551,6 @@ class Orchestrator:
     async def _follow_log(self) -> None:
         versions = self.state.versions
         busy = self._busy
-        every = self.policy.snapshot_every
         async for env in self.store.subscribe(self.state.position + 1):
             # Only news wakes the loop. Our own appends come back already applied, or
             # (the log can be quicker than the append's caller) onto a stream still
@@ -561,15 +560,29 @@ class Orchestrator:
                 self._unfolded.add(env.position)
                 if env.stream not in busy:
                     self._queue.put_nowait(env)
-            elif (
-                every
-                and self._since_snapshot >= every
-                and self.snapshot_path is not None
-                and not self._unfolded  # every event up to here is folded ...
-                and self.state.position == env.position  # ... and none after it
-                and self._saving is None
-            ):
-                self._save_snapshot(self.snapshot_path, env.position)
+            else:
+                self._maybe_snapshot()
+
+    def _maybe_snapshot(self) -> None:
+        """Save a snapshot once ``snapshot_every`` events were folded since the last, at a
+        moment when exactly the events up to ``state.position`` are folded: the follower
+        has seen them all, and none it saw still waits to be folded.
+
+        Called by the follower (when it is behind our appends) and by ``_apply`` (when
+        it is ahead of them): checked on the follower's side alone, a follower always
+        quicker than the appender never found that moment and no periodic snapshot was
+        written (30 runs one after the other, 450 events, ``snapshot_every=20``: none).
+        """
+        every = self.policy.snapshot_every
+        if (
+            every
+            and self._since_snapshot >= every
+            and self.snapshot_path is not None
+            and not self._unfolded
+            and self._followed >= self.state.position
+            and self._saving is None
+        ):
+            self._save_snapshot(self.snapshot_path, self.state.position)
 
     async def _pump_replies(self) -> None:
         async for reply in self.bus.replies():
@@ -960,6 +973,7 @@ class Orchestrator:
             self.leases.forget(env.data.agent_id)
         self._since_snapshot += 1
         self._unfolded.discard(env.position)
+        self._maybe_snapshot()
         self.tracing.on_event(env)
         for observe in self.observers:
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from pathlib import Path
 
 import msgspec
@@ -215,6 +216,8 @@ async def test_restart_mid_run_from_a_snapshot_resumes_it(db_path, crash):
     if crash:  # what a crash leaves: the latest periodic snapshot, and the log after it
         rt1.orch.snapshot_path = None
         copy = path.read_bytes()
+        # periodic snapshots keep up with the log: one more event, for the log after it
+        await rt1.orch.register(make_agent("late", "late").card())
     await rt1.stop()
     await store1.close()
     if crash:
@@ -388,3 +391,37 @@ async def test_no_snapshot_covers_an_event_the_state_has_not_folded(db_path):
     finally:
         await orch.stop()
         await store.close()
+
+
+async def test_periodic_snapshots_are_written_while_runs_go_one_after_another(db_path):
+    """Runs one after the other: the log follower is quicker than the appender (it sees
+    each commit before the appender has folded it), so the moment when exactly the
+    events up to the state's position are folded is found by the fold, not the
+    follower. Each snapshot written then loads, checked against the log, and covers a
+    position at least snapshot_every past the one before."""
+    store = await SqliteEventStore.open(db_path, poll_interval=0.01)
+    rt = await Runtime(
+        store, [make_agent("echo")], policy=dataclasses.replace(FAST, snapshot_every=20)
+    ).start()
+    path = Path(f"{db_path}.snap")
+    covered: list[int] = []
+    try:
+        for i in range(12):
+            r = await rt.orch.run(
+                plan(task("a", text=f"x{i}"), task("b", deps=["a"], text="y")), 30
+            )
+            assert r.status == "completed"
+            for _ in range(100):  # written in the background
+                if rt.orch._saving is None:
+                    break
+                await asyncio.sleep(0.01)
+            if path.exists():
+                loaded = await snap.load(path, store)
+                assert loaded is not None  # it names a position, an event and a hash the log has
+                if not covered or loaded[0].position != covered[-1]:
+                    covered.append(loaded[0].position)
+    finally:
+        await rt.stop()
+        await store.close()
+    assert len(covered) >= 2, covered  # written as the runs went, not only on the stop
+    assert all(b - a >= 20 for a, b in itertools.pairwise(covered))
