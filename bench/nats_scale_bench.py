@@ -46,28 +46,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 sys.path.insert(0, str(Path(__file__).parent))
+from agent_latency_bench import STEPS, Text, plan_for  # the same workload, in processes
 from summary import record
 
 from cardbus.agents import Agent, Capability
 from cardbus.agents.cards import AgentConstraints
-from cardbus.bus.orchestrator.plan import Plan, PlanTask
 from cardbus.bus.runtime.loop import run
 from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime, serve_agents
 from cardbus.eventstore.nats.connection import NatsOptions
 
 BENCH = "nats scale"
-STEPS = ("research", "draft", "review")
 PARTITIONS = 32
 _TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class Text(msgspec.Struct):
-    text: str
-
-
 _RNG = random.Random()
 _AGENT_S, _JITTER = 0.2, 0.25
 
@@ -91,17 +82,6 @@ def _agent(name: str) -> type[Agent]:
 
 
 AGENTS = [_agent(n) for n in STEPS]
-
-
-def plan_for(marker: str) -> Plan:
-    tasks = []
-    for i, name in enumerate(STEPS):
-        inputs: dict[str, Any] = (
-            {"text": marker} if i == 0 else {"text": {"$dep": STEPS[i - 1], "path": "text"}}
-        )
-        deps = [STEPS[i - 1]] if i else []
-        tasks.append(PlanTask(id=name, capability=name, inputs=inputs, deps=deps, timeout_s=120))
-    return Plan(goal="bench", tasks=tasks)
 
 
 # -- the processes ---------------------------------------------------------------
