@@ -555,11 +555,7 @@ class NatsBus(Bus):
             idle = len(slots.idle)
             want = idle - pending
             if want > 0 and (pending == 0 or waiting or 2 * want >= slots.total):
-                request = json.dumps({"batch": want, "expires": int(expires * 1e9)})
-                try:
-                    await self.nc.publish(request_subject, request.encode(), reply=inbox)
-                except TRANSPORT_ERRORS as e:
-                    log.debug("pull request on %s failed: %r", subject, e)
+                if not await self._ask_for(request_subject, inbox, want, expires):
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 2.0)
                     continue
@@ -593,6 +589,18 @@ class NatsBus(Bus):
                 self._spawn(self._run_slot(slots, msg, slots.idle.pop()), "card")
             else:
                 backlog.append(msg)
+
+    async def _ask_for(self, subject: str, inbox: str, batch: int, expires: float) -> bool:
+        """One pull request: up to ``batch`` messages of the consumer behind ``subject``
+        to ``inbox`` within ``expires`` seconds; False if it could not be sent (the
+        caller backs off and asks again)."""
+        request = json.dumps({"batch": batch, "expires": int(expires * 1e9)})
+        try:
+            await self.nc.publish(subject, request.encode(), reply=inbox)
+        except TRANSPORT_ERRORS as e:
+            log.debug("pull request on %s failed: %r", subject, e)
+            return False
+        return True
 
     async def _run_slot(self, slots: _Slots, msg: Msg, handler: CardHandler) -> None:
         try:
@@ -862,11 +870,7 @@ class NatsBus(Bus):
                     pending = 0  # the requests are gone (expired unseen, or a reconnect)
                 if pending <= batch // 2:
                     want = batch - pending
-                    request = json.dumps({"batch": want, "expires": int(expires * 1e9)})
-                    try:
-                        await self.nc.publish(subject, request.encode(), reply=inbox)
-                    except TRANSPORT_ERRORS as e:
-                        log.debug("pull request on %s failed: %r", subject, e)
+                    if not await self._ask_for(subject, inbox, want, expires):
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, 2.0)
                         continue
