@@ -14,6 +14,7 @@ from natsprocs import (
     N,
     Proc,
     Quick,
+    chain_plan,
     check_log,
     count,
     env_for,
@@ -48,31 +49,7 @@ class Slow(Agent):
 
 
 def plan(plan_id: str, slow_timeout: float = 20.0):  # type: ignore[no-untyped-def]
-    return decode_plan(
-        json.dumps(
-            {
-                "plan_id": plan_id,
-                "goal": "share the runs",
-                "tasks": [
-                    {"id": "a", "capability": "quick", "inputs": {"n": 1}},
-                    {
-                        "id": "b",
-                        "capability": "slow",
-                        "deps": ["a"],
-                        "timeout_s": slow_timeout,
-                        "max_attempts": 5,
-                        "inputs": {"n": {"$dep": "a", "path": "n"}},
-                    },
-                    {
-                        "id": "c",
-                        "capability": "quick",
-                        "deps": ["b"],
-                        "inputs": {"n": {"$dep": "b", "path": "n"}},
-                    },
-                ],
-            }
-        ).encode()
-    )
+    return decode_plan(json.dumps(chain_plan(plan_id, slow_timeout)).encode())
 
 
 def decisions(events: list[Envelope], root: str) -> list[str]:
