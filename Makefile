@@ -53,6 +53,7 @@ bench: $(STAMP)
 	CARDBUS_UVLOOP=0 $(BIN)/python bench/pipeline_bench.py
 	$(BIN)/python bench/replay_bench.py --events 100000
 	$(BIN)/python bench/tracing_bench.py
+	$(BIN)/python bench/idle_bench.py
 	$(BIN)/python bench/nats_bench.py
 	$(BIN)/python bench/nats_log_growth_bench.py
 	$(BIN)/python bench/memory_bench.py

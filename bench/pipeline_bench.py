@@ -99,7 +99,10 @@ async def measure(
     return runs / (time.perf_counter() - start), latencies
 
 
-async def bench_cardbus(tmp: Path, runs: int, concurrency: int) -> tuple[float, list[float], int]:
+async def bench_cardbus(
+    tmp: Path, runs: int, concurrency: int
+) -> tuple[float, list[float], int, float]:
+    """runs/s, latencies, events written, process CPU (all threads) per run in us."""
     store = await SqliteEventStore.open(tmp / f"cardbus-{concurrency}.db")
     async with EmbeddedRuntime(store, AGENTS) as rt:
 
@@ -109,10 +112,12 @@ async def bench_cardbus(tmp: Path, runs: int, concurrency: int) -> tuple[float, 
             assert result.outputs["review"] == {"text": "topic|research|draft|review"}
 
         await measure(run_one, 10, 1)  # warm up
+        cpu = time.process_time()
         rate, lat = await measure(run_one, runs, concurrency)
+        cpu = time.process_time() - cpu
     events = await store.last_position()
     await store.close()
-    return rate, lat, events
+    return rate, lat, events, 1e6 * cpu / runs
 
 
 async def bench_langgraph(tmp: Path, runs: int, concurrency: int) -> tuple[float, list[float]]:
@@ -169,11 +174,12 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(dir=".") as d:
         tmp = Path(d)
         for conc in (1, args.concurrency):
-            cbs, lgs = [], []
+            cbs, lgs, cpus = [], [], []
             for rep in range(args.repeats):  # pairs, each side right after the other
                 here = tmp / f"{conc}-{rep}"  # fresh files for each pair
                 here.mkdir()
-                cb, cbl, events = await bench_cardbus(here, args.runs, conc)
+                cb, cbl, events, cpu = await bench_cardbus(here, args.runs, conc)
+                cpus.append(cpu)
                 lg, lgl = await bench_langgraph(here, args.runs, conc)
                 cbs.append(cb)
                 lgs.append(lg)
@@ -184,8 +190,12 @@ async def main() -> None:
                 )
             cb, lg = statistics.median(cbs), statistics.median(lgs)
             ratio = statistics.median(c / g for c, g in zip(cbs, lgs, strict=True))
-            print(f"{'median':>9} | {cb:>14.1f} | {lg:>16.1f} | {ratio:>5.1f}x | (median ratio)")
-            rows.append((conc, cb, lg, ratio))
+            cpu = statistics.median(cpus)
+            print(
+                f"{'median':>9} | {cb:>14.1f} | {lg:>16.1f} | {ratio:>5.1f}x | (median ratio;"
+                f" cardbus process CPU {cpu:.0f} us per run)"
+            )
+            rows.append((conc, cb, lg, ratio, cpu))
     print(
         f"(cardbus wrote {events} events for {args.runs + 10} runs in the last measure,"
         " every one durable before its effect)"
@@ -193,8 +203,15 @@ async def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
 
-    for conc, cb, _lg, ratio in rows:
+    for conc, cb, _lg, ratio, cpu in rows:
         top = conc == args.concurrency
+        record(
+            None,
+            "pipeline",
+            f"cardbus process CPU per run, {conc} in flight, {loop} loop",
+            cpu,
+            "us",
+        )
         record(
             None,
             "pipeline",
