@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import nats.errors
 from natsprocs import (
     FAST_BUS,
     N,
@@ -108,6 +109,13 @@ async def _submit_retrying(rt: NatsRuntime, p) -> str:  # type: ignore[no-untype
     raise AssertionError("the cluster never took the plan")
 
 
+async def _stream_info(rt: NatsRuntime):  # type: ignore[no-untyped-def]
+    try:
+        return await rt.bus._js.stream_info("CARDBUS_EVENTS")
+    except nats.errors.TimeoutError:
+        return None
+
+
 async def test_three_node_cluster_loses_a_node_mid_run_and_nothing(tmp_path: Path) -> None:
     cluster = NatsCluster(tmp_path / "cluster").start()
     try:
@@ -123,7 +131,8 @@ async def test_three_node_cluster_loses_a_node_mid_run_and_nothing(tmp_path: Pat
             async with NatsRuntime(
                 NatsOptions(url=url), bus_options=bus_r3, store_options={"replicas": 3}
             ) as rt:
-                info = await rt.bus._js.stream_info("CARDBUS_EVENTS")
+                # a fresh R3 stream may still be electing its leader: ask again meanwhile
+                info = await until(lambda: _stream_info(rt), 30, "the stream's info")
                 assert info.config.num_replicas == 3
                 roots = [await rt.submit(plan(f"r3-{i}"), agent_timeout=20) for i in range(4)]
 
