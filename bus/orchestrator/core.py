@@ -465,7 +465,7 @@ class Orchestrator:
                     return self.state.plans[plan_id]
         # PlanSubmitted claims the id; a submitter that died after it is completed by
         # the next submit of the same plan id (each append below is create-only)
-        await self._create(creates, root_id)
+        await self._create(creates, root_id, first_step=fresh and plan.plan_id is None)
         self._queue.put_nowait(_Changed(frozenset([root_id])))
         return root_id
 
@@ -476,18 +476,74 @@ class Orchestrator:
         if known and root_id is not None and known != digest:
             raise PlanConflict(plan_id, root_id)
 
-    async def _create(self, creates: list[tuple[str, ev.Event]], root_id: str) -> None:
-        """Create streams (one commit on SQLite); one created earlier is read instead."""
-        appends = [Append(s, self._new_events([data], root_id), 0) for s, data in creates]
+    async def _create(
+        self, creates: list[tuple[str, ev.Event]], root_id: str, first_step: bool = False
+    ) -> None:
+        """Create streams (one commit on SQLite); one created earlier is read instead.
+
+        ``first_step`` (a new run nobody else knows of): the run's first decisions,
+        its first dispatches, are written in the same append as its creation and
+        their cards sent once it is stored: one commit fewer before an agent starts.
+        """
+        first = self._first_step(creates, root_id) if first_step else None
+        extra = first.events if first is not None else {}
+        appends = [
+            Append(s, self._new_events([data, *extra.get(s, ())], root_id), 0)
+            for s, data in creates
+        ]
+        error: Exception | None = None
+        stored: list[str] = []
         for (stream, _), outcome in zip(
             creates, await self.store.append_many(appends), strict=True
         ):
             if isinstance(outcome, ConcurrencyError):  # created by an earlier, interrupted submit
                 outcome = await self.store.read_stream(stream)
             elif isinstance(outcome, Exception):
-                raise outcome
+                error = error or outcome
+                continue
+            else:
+                stored.append(stream)
             for env in outcome:
                 self._apply(env)
+        if first is not None:
+            await self._send(first, stored)  # what was stored is sent, whatever else failed
+        if error is not None:
+            raise error
+
+    def _first_step(self, creates: list[tuple[str, ev.Event]], root_id: str) -> Decisions | None:
+        """What the decide loop would decide first for this run, decided on the run
+        folded tentatively (``RunState.tentatively``); None when that is more than
+        events on the run's own new streams (the decide loop then decides it)."""
+        if self.store_failure is not None or (self.owns is not None and not self.owns(root_id)):
+            return None
+        now = time.time()
+        drafts = [
+            Envelope(
+                event_id="", stream=s, version=1, recorded_at=now, correlation_id=root_id, data=x
+            )
+            for s, x in creates
+        ]
+        decider = self._decider(now)
+        with self.state.tentatively(drafts):
+            decider.advance(self.state.open[root_id])
+        d = decider.d
+        new = {s for s, _ in creates}
+        if not d or d.completed or d.after or not new.issuperset(d.events):
+            return None
+        return d
+
+    def _decider(self, now: float) -> Decider:
+        return Decider(
+            self.state,
+            self.policy,
+            now,
+            self.embedder,
+            self.rng,
+            frozenset(self._busy),
+            event_limit=self._event_limit,
+            leases=self.leases,
+            lost_attempts=self._lost_attempts,
+        )
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run finishes; its outputs by plan task id.
@@ -641,17 +697,7 @@ class Orchestrator:
     async def _step(self, items: list[object]) -> None:
         if self.store_failure is not None:
             return  # the log cannot be written: deciding again would only fail again
-        decider = Decider(
-            self.state,
-            self.policy,
-            time.time(),
-            self.embedder,
-            self.rng,
-            frozenset(self._busy),
-            event_limit=self._event_limit,
-            leases=self.leases,
-            lost_attempts=self._lost_attempts,
-        )
+        decider = self._decider(time.time())
         dirty: set[str] = set()  # roots something happened to; a tick looks at every run
         # The log's events first: every decision of this step is then made on the
         # versions the step ends with, which its appends expect (another
@@ -748,22 +794,7 @@ class Orchestrator:
             done = [s for s, r in appended if r is None]
             for stream, error in [*blocked.items(), *appended]:
                 self._unstorable(d, stream, error)
-            sends = [
-                self.tracing.send_task(self.bus, a, card)
-                for s in done
-                for a, card in d.sends.get(s, [])
-            ]
-            if len(sends) == 1:  # the common case: no task for a gather of one
-                outcomes: list[Any] = [None]
-                try:
-                    await sends[0]
-                except Exception as e:
-                    outcomes = [e]
-            else:
-                outcomes = await asyncio.gather(*sends, return_exceptions=True)
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    log.warning("send failed, the attempt will time out and retry: %r", outcome)
+            await self._send(d, done)
         finally:
             self._busy.difference_update(streams)
             for stream in streams:
@@ -777,6 +808,25 @@ class Orchestrator:
             # Not a tick: a tick looks at every open run, and this happens after
             # every commit; the clock's own ticks still catch deadlines everywhere.
             self._queue.put_nowait(_Changed(frozenset(self._root_of(s) for s in streams)))
+
+    async def _send(self, d: Decisions, stored: list[str]) -> None:
+        """Send the cards decided for the streams whose events are stored."""
+        sends = [
+            self.tracing.send_task(self.bus, a, card)
+            for s in stored
+            for a, card in d.sends.get(s, [])
+        ]
+        if len(sends) == 1:  # the common case: no task for a gather of one
+            outcomes: list[Any] = [None]
+            try:
+                await sends[0]
+            except Exception as e:
+                outcomes = [e]
+        else:
+            outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                log.warning("send failed, the attempt will time out and retry: %r", outcome)
 
     def _root_of(self, stream: str) -> str:
         task = self.state.tasks.get(stream)

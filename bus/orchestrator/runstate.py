@@ -9,10 +9,11 @@ seen twice, once from our own append and once from the log, counts once).
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,6 +200,53 @@ class RunState:
         self.versions[env.stream] = env.version
         self.position = max(self.position, env.position)
         self._stats.apply(env)
+        self._fold(env)
+        return True
+
+    @contextlib.contextmanager
+    def tentatively(self, drafts: Sequence[Envelope]) -> Iterator[None]:
+        """Fold a new run's first events for the length of the block, then forget them.
+
+        The orchestrator decides a run's first step on it before its creation is
+        written, so that the creation and the first dispatches share one commit.
+        ``drafts`` may only create (``plan.submitted``, ``run.started``, a plan
+        task's ``task.created``), each the first event of a stream this state
+        has never seen: forgetting them is then exactly dropping those streams.
+        The block must not await (nothing else may see or change the state).
+        """
+        roots = {env.stream for env in drafts if isinstance(env.data, ev.RunStarted)}
+        if len({env.stream for env in drafts}) != len(drafts):
+            raise ValueError("two drafts of one stream")
+        for env in drafts:
+            data = env.data
+            fresh = env.version == 1 and env.stream not in self.versions
+            if isinstance(data, ev.PlanSubmitted):
+                fresh = fresh and data.plan_id not in self.plans
+            elif isinstance(data, ev.TaskCreated):
+                fresh = fresh and data.parent_id is None and data.root_id in roots
+            elif not isinstance(data, ev.RunStarted):
+                fresh = False
+            if not fresh:
+                raise ValueError(f"not a new stream's creation: {env.stream} {type(data)}")
+        try:
+            for env in drafts:
+                self.versions[env.stream] = 1
+                self._fold(env)  # not the statistics: nothing is counted of a draft
+            yield
+        finally:
+            for env in drafts:
+                data = env.data
+                self.versions.pop(env.stream, None)
+                self.tasks.pop(env.stream, None)
+                if isinstance(data, ev.RunStarted):
+                    self.runs.pop(env.stream, None)
+                    self.open.pop(env.stream, None)
+                elif isinstance(data, ev.PlanSubmitted):
+                    self.plans.pop(data.plan_id, None)
+                    self.plan_digests.pop(data.plan_id, None)
+                    self._plan_streams.pop(data.root_id, None)
+
+    def _fold(self, env: Envelope) -> None:
         data = env.data
         if type(data) in _TASK_TYPES:  # most events: tested first, by one set lookup
             self._apply_task(env)
@@ -233,7 +281,6 @@ class RunState:
             pair = self._failure_keys.pop(data.key, None)
             if pair is not None and pair in self.failures:
                 self.failures[pair].pop(data.key, None)
-        return True
 
     def _plan_event(
         self, root_id: str, data: ev.PlanProposed | ev.PlanRefused | ev.PlanAccepted

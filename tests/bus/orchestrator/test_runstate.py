@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cardbus.bus.orchestrator.runstate import RunState
-from cardbus.eventstore import MemoryEventStore, NewEvent
+from cardbus.eventstore import Envelope, MemoryEventStore, NewEvent, TaskState
 from cardbus.eventstore import events as ev
 
 CREATES: list[tuple[str, ev.Event]] = [
@@ -65,3 +68,90 @@ async def test_an_event_the_fold_cannot_use_is_kept_and_logged(caplog) -> None: 
             assert state.apply(env)
     assert len(state.anomalies) == 1 and "unknown task ghost" in state.anomalies[0]
     assert "unknown task ghost" in caplog.text
+
+
+# -- RunState.tentatively: a run folded for one decision, then forgotten ---------
+
+
+def _draft(stream: str, data: ev.Event, root: str) -> Envelope:
+    return Envelope(
+        event_id="", stream=stream, version=1, recorded_at=0.0, correlation_id=root, data=data
+    )
+
+
+def _drafts(root: str, deps: list[list[int]], claim: bool) -> list[Envelope]:
+    ids = [f"t{i}-{root}" for i in range(len(deps))]
+    out = [_draft(root, ev.RunStarted(goal="g", plan_id=f"p-{root}", task_ids=ids), root)]
+    if claim:
+        claimed = ev.PlanSubmitted(plan_id=f"p-{root}", root_id=root, plan_digest="d")
+        out.insert(0, _draft(f"plan-{root}", claimed, root))
+    for i, d in enumerate(deps):
+        created = ev.TaskCreated(
+            root_id=root, capability="echo", plan_id=f"t{i}", deps=[ids[j] for j in d]
+        )
+        out.append(_draft(ids[i], created, root))
+    return out
+
+
+def _fingerprint(state: RunState) -> str:
+    runs = {r: (v.tasks, v.names, v.finished) for r, v in state.runs.items()}
+    tasks = {t: (v.state, v.attempt, v.assigned) for t, v in state.tasks.items()}
+    return repr(
+        (
+            state.versions,
+            runs,
+            list(state.open),
+            tasks,
+            state.plans,
+            state.plan_digests,
+            state._plan_streams,
+            state.position,
+            state.wakeups,
+            state._stats.model["proj_agent_ctx"].data,
+        )
+    )
+
+
+async def _state_with_a_run() -> RunState:
+    store = MemoryEventStore()
+    state = RunState()
+    for stream, data in CREATES[:3]:
+        for env in await store.append(stream, [NewEvent(data=data, correlation_id="root")], 0):
+            state.apply(env)
+    return state
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    deps=st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=6),
+    claim=st.booleans(),
+    fail=st.booleans(),
+)
+async def test_a_tentative_run_is_folded_then_forgotten(
+    deps: list[list[int]], claim: bool, fail: bool
+) -> None:
+    state = await _state_with_a_run()
+    deps = [sorted({j for j in d if j < i}) for i, d in enumerate(deps)]  # earlier tasks only
+    drafts = _drafts("new", deps, claim)
+    before = _fingerprint(state)
+    with contextlib.suppress(RuntimeError), state.tentatively(drafts):
+        run = state.open["new"]
+        assert run.tasks == [f"t{i}-new" for i in range(len(deps))]
+        assert all(state.tasks[t].state is TaskState.PENDING for t in run.tasks)
+        assert state.runs["root"].tasks == ["a", "b"]  # the run already there: untouched
+        if fail:
+            raise RuntimeError("a decision that blew up")
+    assert _fingerprint(state) == before
+
+
+async def test_only_a_new_streams_creation_is_folded_tentatively() -> None:
+    state = await _state_with_a_run()
+    before = _fingerprint(state)
+    known = _drafts("root", [[]], claim=False)  # "root" is a stream the state has
+    dispatched = [_draft("t", ev.TaskDispatched(attempt=1, agent_id="a", deadline=1.0), "r")]
+    other_root = [_draft("t", ev.TaskCreated(root_id="root", capability="echo"), "root")]
+    twice = _drafts("new", [[]], claim=False) * 2
+    for drafts in (known, dispatched, other_root, twice):
+        with pytest.raises(ValueError), state.tentatively(drafts):
+            pass
+    assert _fingerprint(state) == before
