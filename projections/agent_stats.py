@@ -25,6 +25,7 @@ Two ways to read it, with the same numbers:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import sqlite3
@@ -289,7 +290,10 @@ class AgentStatsFold:
         self.latency_window = latency_window
         self.forget_finished = forget_finished
         self._latency: dict[tuple[str, str], collections.deque[float]] = {}
-        self._sorted_cache: dict[tuple[str, str], list[float]] = {}  # dropped on a new sample
+        # each window's samples also kept sorted, one insertion (and one removal) per
+        # sample: selection reads the p50 on every dispatch, and sorting the whole window
+        # again after each new sample cost more than the rest of the lookup
+        self._sorted_latency: dict[tuple[str, str], list[float]] = {}
         latency: MemoryTable = self.model["proj_agent_latency"]
         self._samples = latency.samples
         self._context: MemoryTable = self.model["proj_agent_ctx"]
@@ -299,20 +303,35 @@ class AgentStatsFold:
             _fold(self.model, env)
             if self._samples:  # move new latency samples into per-key windows
                 for a, c, x in self._samples:
-                    window = self._latency.get((a, c))
-                    if window is None:
-                        window = self._latency[a, c] = collections.deque(maxlen=self.latency_window)
-                    window.append(x)
-                    self._sorted_cache.pop((a, c), None)
+                    self._add_sample((a, c), x)
                 self._samples.clear()
             if self.forget_finished and isinstance(env.data, _FINAL):
                 self._context.data.pop((env.stream,), None)
 
+    def _add_sample(self, key: tuple[str, str], x: float) -> None:
+        window = self._latency.get(key)
+        if window is None:
+            window = self._latency[key] = collections.deque(maxlen=self.latency_window)
+            self._sorted_latency[key] = []
+        ordered = self._sorted_latency[key]
+        if window.maxlen is not None and len(window) == window.maxlen:
+            oldest = window[0]  # the sample the append below pushes out
+            i = bisect.bisect_left(ordered, oldest)
+            if i < len(ordered) and ordered[i] == oldest:
+                del ordered[i]
+            else:  # not found (a NaN from a broken log compares unequal): sort afresh
+                ordered[:] = sorted(list(window)[1:])
+        window.append(x)
+        bisect.insort(ordered, x)
+
+    def restore_latencies(self, agent_id: str, capability: str, samples: Iterable[float]) -> None:
+        """Set one window's samples, oldest first (a snapshot being loaded)."""
+        window = collections.deque(samples, maxlen=self.latency_window)
+        self._latency[agent_id, capability] = window
+        self._sorted_latency[agent_id, capability] = sorted(window)
+
     def _sorted(self, key: tuple[str, str]) -> list[float]:
-        values = self._sorted_cache.get(key)
-        if values is None:
-            values = self._sorted_cache[key] = sorted(self._latency.get(key, ()))
-        return values
+        return self._sorted_latency.get(key, [])
 
     def get(self, agent_id: str, capability: str | None = None) -> AgentStat:
         """Statistics of one agent for one capability (or over all its capabilities)."""

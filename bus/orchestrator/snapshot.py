@@ -220,7 +220,7 @@ def restore(data: StateData, state: RunState) -> RunState:
     for task_id, row in data.stats.context:
         stats._context.data[(task_id,)] = row
     for a, c, xs in data.stats.latency:
-        stats._latency[a, c] = collections.deque(xs, maxlen=stats.latency_window)
+        stats.restore_latencies(a, c, xs)
     for k, values in data.extras.items():
         if hasattr(state, k):
             getattr(state, k).update(values)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from orchkit import FAST, ev, make_agent, plan, run_log, task, tid
 
 from cardbus.agents.cards import ResultCard
@@ -84,3 +86,43 @@ def test_a_bounded_stats_fold_keeps_the_latest_latencies() -> None:
     assert fold.get("a", "c").runs == exact.get("a", "c").runs == 10
     assert fold.model["proj_agent_ctx"].data == {}  # nothing kept of finished tasks
     assert len(exact.model["proj_agent_ctx"].data) == 10
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    window=st.integers(1, 6),
+    latencies=st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 7.25]), max_size=30),
+)
+def test_a_bounded_window_s_percentiles_are_those_of_its_latest_samples(
+    window: int, latencies: list[float]
+) -> None:
+    # repeated values on purpose: the sorted copy must drop exactly the one pushed out
+    from cardbus.eventstore.envelope import Envelope
+    from cardbus.projections.agent_stats import percentile
+
+    fold = AgentStatsFold(latency_window=window)
+    for i, x in enumerate(latencies):
+        t = f"t{i}"
+        for version, data, at in (
+            (1, ev.TaskCreated(root_id="r", capability="c"), 0.0),
+            (2, ev.TaskDispatched(attempt=1, agent_id="a"), 100.0),
+            (3, ev.TaskResultSubmitted(attempt=1, agent_id="a", status="completed"), 100.0 + x),
+        ):
+            fold.apply(
+                Envelope(
+                    event_id=f"{t}-{version}",
+                    stream=t,
+                    version=version,
+                    recorded_at=at,
+                    correlation_id="r",
+                    data=data,
+                )
+            )
+        latest = latencies[max(0, i + 1 - window) : i + 1]
+        expected = (percentile(sorted(latest), 0.5), percentile(sorted(latest), 0.95))
+        got = fold.get("a", "c")
+        assert (got.p50_s, got.p95_s) == expected
+        restored = AgentStatsFold(latency_window=window)  # as a snapshot loads it
+        restored.restore_latencies("a", "c", latest)
+        got = restored.get("a", "c")
+        assert (got.p50_s, got.p95_s) == expected
