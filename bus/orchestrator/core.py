@@ -484,8 +484,17 @@ class Orchestrator:
         ``first_step`` (a new run nobody else knows of): the run's first decisions,
         its first dispatches, are written in the same append as its creation and
         their cards sent once it is stored: one commit fewer before an agent starts.
+        A caller cancelled meanwhile does not stop it half-way: what is stored is
+        folded and its cards are sent.
         """
         first = self._first_step(creates, root_id) if first_step else None
+        write = asyncio.ensure_future(self._write_creation(creates, root_id, first))
+        write.add_done_callback(lambda f: f.cancelled() or f.exception())  # the caller's to see
+        await asyncio.shield(write)
+
+    async def _write_creation(
+        self, creates: list[tuple[str, ev.Event]], root_id: str, first: Decisions | None
+    ) -> None:
         extra = first.events if first is not None else {}
         appends = [
             Append(s, self._new_events([data, *extra.get(s, ())], root_id), 0)
@@ -493,9 +502,15 @@ class Orchestrator:
         ]
         error: Exception | None = None
         stored: list[str] = []
-        for (stream, _), outcome in zip(
-            creates, await self.store.append_many(appends), strict=True
-        ):
+        streams = [s for s, _ in creates]
+        # busy while appended: the log follower, often woken before this append's
+        # caller, then leaves the events to the fold below instead of a step of their own
+        self._busy.update(streams)
+        try:
+            outcomes = await self.store.append_many(appends)
+        finally:
+            self._busy.difference_update(streams)
+        for stream, outcome in zip(streams, outcomes, strict=True):
             if isinstance(outcome, ConcurrencyError):  # created by an earlier, interrupted submit
                 outcome = await self.store.read_stream(stream)
             elif isinstance(outcome, Exception):

@@ -13,10 +13,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from orchkit import CARDS, make_agent, plan, run_log, task, tid
+from orchkit import CARDS, is_, make_agent, plan, run_log, task, tid, wait_for
 
 from cardbus.agents.cards import TaskCard
 from cardbus.eventstore import SqliteEventStore, StoreUnavailable
+from cardbus.eventstore import events as ev
 
 
 def _gated(gate: asyncio.Event) -> Any:
@@ -100,3 +101,34 @@ async def test_an_approval_asked_at_once_is_written_with_the_creation(
         "approval_requested",
         "approval_granted",
     ]
+
+
+class _Announcing(SqliteEventStore):
+    """The real store, saying when an append has been handed to it."""
+
+    appending: asyncio.Event
+
+    async def append_many(self, appends: Any) -> Any:
+        self.appending.set()
+        return await super().append_many(appends)
+
+
+async def test_a_submit_cancelled_during_its_append_still_runs(
+    db_path: Any, make_runtime: Any
+) -> None:
+    store = await _Announcing.open(db_path, poll_interval=0.01)
+    try:
+        rt = await make_runtime([make_agent("echo")], store=store)
+        store.appending = asyncio.Event()
+        # timeouts far past the wait below: a card written but never sent would fail it
+        slow = plan(task("a", timeout_s=60), task("b", deps=["a"], timeout_s=60))
+        submit = asyncio.create_task(rt.orch.submit(slow))
+        await store.appending.wait()
+        submit.cancel()  # the caller gives up while the creation is being written
+        with pytest.raises(asyncio.CancelledError):
+            await submit
+        started = await wait_for(store, is_(ev.RunStarted))  # written all the same
+        result = await rt.orch.wait(started.stream, 5)  # and folded, sent and run
+        assert result.status == "completed"
+    finally:
+        await store.close()
