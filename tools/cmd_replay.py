@@ -31,7 +31,10 @@ from cardbus.tools.cmd_inspect import (
 from cardbus.tools.store_option import StoreRef, store_option
 
 
-def _step_line(step: Step, start: float) -> Any:
+def _step_line(step: Step, start: float, changed: bool = True) -> Any:
+    """One step; its task's status after it only where the step changed it (``changed``):
+    a result awaiting its check leaves the task as it was, and "-> dispatched" after
+    it read as if the task had gone back."""
     from rich.text import Text
 
     line = Text()
@@ -43,7 +46,7 @@ def _step_line(step: Step, start: float) -> Any:
         line.append(f" #{step.attempt}")
     if step.agent_id:
         line.append(f" {step.agent_id}", style="cyan")
-    if step.status:
+    if step.status and changed:
         line.append(f" -> {step.status}")
     if step.reason:
         line.append(f"  {step.reason}", style="red")
@@ -81,8 +84,10 @@ def render_tree(t: Timeline) -> Any:
 
     def add(parent: Any, n: TaskNode) -> None:
         branch = parent.add(_task_label(n))
+        before = None
         for s in n.steps:
-            branch.add(_step_line(s, t.start))
+            branch.add(_step_line(s, t.start, s.status != before))
+            before = s.status
         for c in n.children:
             add(branch, c)
 

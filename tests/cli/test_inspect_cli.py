@@ -114,6 +114,11 @@ def test_replay_run_text(run_db: tuple[str, RunIds]) -> None:
     review_line = next(i for i, x in enumerate(lines) if f"review {ids.review}" in x)
     assert review_line > write_line
     assert lines[review_line].index("review") > lines[write_line].index("write")
+    # a task's status is shown where a step changed it: a result leaves it as it was
+    results = [x for x in lines if "result_submitted" in x]
+    assert results and not any(" -> " in x for x in results), results
+    assert any("dispatched" in x and "-> dispatched" in x for x in lines)
+    assert any("completed" in x and "-> completed" in x for x in lines)
 
 
 def test_replay_task_json(run_db: tuple[str, RunIds]) -> None:
