@@ -502,14 +502,13 @@ class Orchestrator:
         ]
         error: Exception | None = None
         stored: list[str] = []
+        # Not marked busy meanwhile: the log follower folds what it sees of these streams,
+        # and on NATS another orchestrator (the run's owner, ``owns``) may write to one
+        # while this append still waits for another stream's answer. Busy, that event
+        # was skipped by the follower and never folded here (a partitioned member then
+        # saw task.started on a task it had as pending: nats_scale_bench.py).
         streams = [s for s, _ in creates]
-        # busy while appended: the log follower, often woken before this append's
-        # caller, then leaves the events to the fold below instead of a step of their own
-        self._busy.update(streams)
-        try:
-            outcomes = await self.store.append_many(appends)
-        finally:
-            self._busy.difference_update(streams)
+        outcomes = await self.store.append_many(appends)
         for stream, outcome in zip(streams, outcomes, strict=True):
             if isinstance(outcome, ConcurrencyError):  # created by an earlier, interrupted submit
                 outcome = await self.store.read_stream(stream)

@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 from natsprocs import (
     FAST_BUS,
     N,
@@ -114,6 +115,9 @@ async def test_two_orchestrators_share_the_runs_each_decided_by_one(
             results = await asyncio.gather(
                 *((b if i % 2 else a).orchestrator.wait(r, timeout=60) for i, r in enumerate(roots))
             )
+            # each folded the whole log as it is: no event out of its task's order
+            assert list(a.orchestrator.state.anomalies) == []
+            assert list(b.orchestrator.state.anomalies) == []
     finally:
         stop.set()
         await serving
@@ -200,3 +204,40 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
         and (e.stream, e.data.attempt) in dispatched_by_k
         for e in events
     )
+
+
+async def test_runs_submitted_at_once_to_both_fold_in_order_on_both(
+    nats_server: NatsServer,
+) -> None:
+    url = nats_server.url
+    stop = asyncio.Event()
+    serving = await _agents(url, stop)
+    try:
+        async with _runtime(url, "a", 6.0) as a, _runtime(url, "b", 6.0) as b:
+            assert a.partitions is not None and b.partitions is not None
+            pa, pb = a.partitions, b.partitions
+            await until(lambda: len(pa.held) == len(pb.held) == 4, what="half each")
+            # without a plan id every other run: its first dispatch goes in its creation's
+            # append when the submitter owns it (``Orchestrator._first_step``)
+            plans = [plan(f"run-{i}", 30) for i in range(24)]
+            plans = [
+                p if i % 2 else msgspec.structs.replace(p, plan_id=None)
+                for i, p in enumerate(plans)
+            ]
+            roots = await asyncio.gather(
+                *((a if i // 2 % 2 else b).submit(p, agent_timeout=20) for i, p in enumerate(plans))
+            )
+            results = await asyncio.gather(
+                *(
+                    (b if i // 2 % 2 else a).orchestrator.wait(r, timeout=90)
+                    for i, r in enumerate(roots)
+                )
+            )
+            anomalies = [*a.orchestrator.state.anomalies, *b.orchestrator.state.anomalies]
+    finally:
+        stop.set()
+        await serving
+    assert [r.status for r in results] == ["completed"] * len(roots)
+    assert anomalies == []
+    events = await read_log(url)
+    check_runs(events, roots)
