@@ -219,6 +219,8 @@ async def bench_cardbus(tmp: Path, inflight: int, runs: int, park_only: bool = F
         cpu0 = time.process_time()
         wall, walls, markers = await closed_loop(run_one, runs, inflight, f"c{inflight}-")
         cpu = time.process_time() - cpu0
+        # a fold that met an event out of order would be a bug, not a figure
+        assert not rt.orchestrator.state.anomalies, list(rt.orchestrator.state.anomalies)[:3]
     await store.close()
     return figures("cardbus", inflight, wall, walls, markers, cpu, rss)
 
