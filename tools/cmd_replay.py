@@ -84,10 +84,10 @@ def render_tree(t: Timeline) -> Any:
 
     def add(parent: Any, n: TaskNode) -> None:
         branch = parent.add(_task_label(n))
-        before = None
+        before = None  # the task's status as the steps so far left it
         for s in n.steps:
             branch.add(_step_line(s, t.start, s.status != before))
-            before = s.status
+            before = s.status or before  # a tool or memory step carries none
         for c in n.children:
             add(branch, c)
 

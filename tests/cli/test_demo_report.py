@@ -64,6 +64,11 @@ def test_the_printed_report(tmp_path: Path) -> None:
     assert report.startswith("# Report: ocean tides")
     assert "figures fact 2" in sections["Figures"] and SUGGESTION not in report
     assert sections["Conclusion"].startswith("To sum up ocean tides:")
+    # the timeline draws a task's status only where a step changed it: a result, after
+    # the agent's tool calls or memory reads too, leaves it as its dispatch did
+    results = [x for x in lines if "result_submitted" in x]
+    assert len(results) >= 5 and not any(" -> " in x for x in results), results
+    assert any("tool.called" in x for x in lines)
 
 
 def test_a_revision_edits_the_previous_draft() -> None:
