@@ -163,7 +163,9 @@ _MAX_CACHED_HEADS = 100_000
 _IN_CHUNK = 500  # bound on "IN (?, ...)" parameters per statement
 _PAGE = 2000  # events per read while a subscription catches up
 _FULL_POLL_S = 1.0  # a live subscription reads the file at least this often (see subscribe)
-_RECENT = 8192  # committed envelopes kept for live subscribers in this process
+# Committed envelopes kept for live subscribers in this process: at most this many,
+# and only those a live subscriber has not read yet (see _remember)
+_RECENT = 8192
 
 Outcome = list[Envelope] | CardbusError
 
@@ -463,6 +465,9 @@ class SqliteEventStore(EventStore):
         self._commit_waiters: list[asyncio.Future[None]] = []
         self._last_committed = 0
         self._recent: collections.deque[Envelope] = collections.deque(maxlen=_RECENT)
+        # each live subscription's next position (a lower bound: updated once per page)
+        self._live: dict[int, int] = {}
+        self._subscriptions = itertools.count()
         self._closed = False
 
     @classmethod
@@ -654,6 +659,13 @@ class SqliteEventStore(EventStore):
         if self._recent and self._recent[-1].position + 1 != first:
             self._recent.clear()  # another process wrote in between
         self._recent.extend(cast(list[Envelope], new))  # no None left: checked above
+        # What every live subscription has read is needed by none: a subscription that
+        # starts later reads the file. Kept whole, the cache held the latest 8,192
+        # envelopes whatever their size, about 3 KiB a run with a thousand waiting.
+        needed = min(self._live.values(), default=top + 1)
+        recent = self._recent
+        while recent and recent[0].position < needed:
+            recent.popleft()
 
     def _cached_from(self, position: int) -> list[Envelope]:
         """Envelopes from ``position`` on if the cache holds ``position``, else []."""
@@ -711,39 +723,45 @@ class SqliteEventStore(EventStore):
 
     async def subscribe(self, from_position: int = 0) -> AsyncIterator[Envelope]:
         next_position = max(from_position, 1)
-        while True:
-            # taken before the read: a commit after it changes the file from this mark
-            mark = self._wal_mark()
-            read_at = time.monotonic()
-            # Live subscribers in this process are served what this process just
-            # committed without reading it back; anything else comes from the file.
-            page = self._cached_from(next_position) or await self.read_all(next_position, _PAGE)
-            for env in page:
-                yield env
-                next_position = env.position + 1
-            if len(page) >= _PAGE:
-                continue
-            # Live: woken by our own commits, polling for other processes' commits.
-            while self._last_committed < next_position and not self._closed:
-                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._commit_waiters.append(waiter)
-                try:
-                    await asyncio.wait_for(waiter, self.poll_interval)
-                    break  # our own commit
-                except TimeoutError:
-                    with contextlib.suppress(ValueError):
-                        self._commit_waiters.remove(waiter)
-                # Another process's commit writes the WAL file: while its size and
-                # mtime stay as they were there is nothing to read (a stat, not a
-                # query through the reader thread: an idle orchestrator's follower
-                # read the file 20 times a second). A file's mtime is coarse, so
-                # the file is read every _FULL_POLL_S whatever the stat says.
-                if (
-                    mark is None
-                    or self._wal_mark() != mark
-                    or time.monotonic() - read_at >= _FULL_POLL_S
-                ):
-                    break
+        token = next(self._subscriptions)
+        self._live[token] = next_position
+        try:
+            while True:
+                # taken before the read: a commit after it changes the file from this mark
+                mark = self._wal_mark()
+                read_at = time.monotonic()
+                # Live subscribers in this process are served what this process just
+                # committed without reading it back; anything else comes from the file.
+                page = self._cached_from(next_position) or await self.read_all(next_position, _PAGE)
+                for env in page:
+                    yield env
+                    next_position = env.position + 1
+                self._live[token] = next_position
+                if len(page) >= _PAGE:
+                    continue
+                # Live: woken by our own commits, polling for other processes' commits.
+                while self._last_committed < next_position and not self._closed:
+                    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    self._commit_waiters.append(waiter)
+                    try:
+                        await asyncio.wait_for(waiter, self.poll_interval)
+                        break  # our own commit
+                    except TimeoutError:
+                        with contextlib.suppress(ValueError):
+                            self._commit_waiters.remove(waiter)
+                    # Another process's commit writes the WAL file: while its size and
+                    # mtime stay as they were there is nothing to read (a stat, not a
+                    # query through the reader thread: an idle orchestrator's follower
+                    # read the file 20 times a second). A file's mtime is coarse, so
+                    # the file is read every _FULL_POLL_S whatever the stat says.
+                    if (
+                        mark is None
+                        or self._wal_mark() != mark
+                        or time.monotonic() - read_at >= _FULL_POLL_S
+                    ):
+                        break
+        finally:
+            self._live.pop(token, None)  # the cache need not keep anything for it
 
     def _wal_mark(self) -> tuple[int, int] | None:
         """The WAL file's (size, mtime): a commit, by any process, changes it."""

@@ -340,3 +340,45 @@ async def test_an_idle_subscription_reads_the_file_only_when_another_process_wro
         await writer.append("t1", [created()], 0)
         await asyncio.wait_for(task, 10)
         assert [e.position for e in seen] == [1, 2]
+
+
+async def test_the_cache_keeps_only_what_a_live_subscription_has_not_read(
+    sqlite_store: SqliteEventStore,
+) -> None:
+    """Envelopes committed here are kept for this process's live subscriptions, and only
+    until each has read them: before, the latest 8,192 were kept whatever their size."""
+    store = sqlite_store
+    for i in range(20):
+        await store.append(f"a{i}", [created()], 0)
+    assert len(store._recent) == 0  # nobody follows: nothing kept
+
+    fast: list[int] = []
+    slow = store.subscribe(1)  # opened, then not read for a while
+    first = await anext(slow)
+    assert first.position == 1
+
+    async def follow() -> None:
+        async with contextlib.aclosing(store.subscribe(21)) as it:  # type: ignore[type-var]
+            async for env in it:
+                fast.append(env.position)
+                if env.position == 60:
+                    return
+
+    task = asyncio.ensure_future(follow())
+    for i in range(40):
+        await store.append(f"b{i}", [created()], 0)
+        await asyncio.sleep(0)
+    await asyncio.wait_for(task, 10)
+    assert fast == list(range(21, 61))
+    # the slow subscription, still at position 2, keeps what it has not read...
+    assert store._recent[0].position <= 21 and store._recent[-1].position == 60
+    rest = [env.position async for env in _take(slow, 59)]
+    assert rest == list(range(2, 61))  # ...and misses nothing, the older part from the file
+    await slow.aclose()
+    await store.append("c", [created()], 0)  # nobody follows any more
+    assert [e.position for e in store._recent] == []
+
+
+async def _take(it: AsyncIterator[Envelope], n: int) -> AsyncIterator[Envelope]:
+    for _ in range(n):
+        yield await anext(it)
