@@ -538,8 +538,12 @@ class Orchestrator:
             for s, x in creates
         ]
         decider = self._decider(now)
-        with self.state.tentatively(drafts):
-            decider.advance(self.state.open[root_id])
+        try:
+            with self.state.tentatively(drafts):
+                decider.advance(self.state.open[root_id])
+        except Exception:  # a bug here must not fail the submit: the decide loop decides it
+            log.exception("deciding the first step of %s with its creation failed", root_id)
+            return None
         d = decider.d
         new = {s for s, _ in creates}
         if not d or d.completed or d.after or not new.issuperset(d.events):

@@ -132,3 +132,29 @@ async def test_a_submit_cancelled_during_its_append_still_runs(
         assert result.status == "completed"
     finally:
         await store.close()
+
+
+async def test_a_first_step_that_raises_leaves_the_run_to_the_decide_loop(
+    store: SqliteEventStore, make_runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cardbus.bus.orchestrator.decisions import Decider
+
+    rt = await make_runtime([make_agent("echo")])
+    advance = Decider.advance
+    calls = 0
+
+    def broken_once(self: Decider, run: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the first step, decided with the creation
+            raise RuntimeError("a bug in deciding")
+        advance(self, run)
+
+    monkeypatch.setattr(Decider, "advance", broken_once)
+    state = rt.orch.state
+    before = (set(state.runs), set(state.tasks))
+    result = await rt.run(plan(task("a"), task("b", deps=["a"])))
+    assert result.status == "completed" and calls > 1
+    assert set(state.runs) - before[0] == {result.root_id}  # folded once, for real
+    log = await run_log(store, result.root_id)
+    assert log.tags(tid(result.root_id, "a"))[:2] == ["created", "dispatched"]
