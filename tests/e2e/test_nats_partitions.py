@@ -5,8 +5,10 @@ process's runs finished by the other once its leases lapse."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -93,34 +95,42 @@ def _runtime(url: str, member: str, lease_s: float) -> NatsRuntime:
     )
 
 
-async def test_two_orchestrators_share_the_runs_each_decided_by_one(
-    nats_server: NatsServer,
-) -> None:
-    url = nats_server.url
+@contextlib.asynccontextmanager
+async def _two_members(url: str) -> AsyncIterator[tuple[NatsRuntime, NatsRuntime]]:
+    """Members "a" and "b", once each holds half the partitions, and agents serving
+    them. A long lease: no handover under load, where a late renewal could pass it on."""
     stop = asyncio.Event()
     serving = await _agents(url, stop)
     try:
-        # a long lease: no handover under load, where a late renewal could pass it on
         async with _runtime(url, "a", 6.0) as a, _runtime(url, "b", 6.0) as b:
             assert a.partitions is not None and b.partitions is not None
             pa, pb = a.partitions, b.partitions
             await until(lambda: len(pa.held) == len(pb.held) == 4, what="half each")
-            assert pa.held.isdisjoint(pb.held)
-            owner = {p: "orchestrator-a" for p in pa.held} | {p: "orchestrator-b" for p in pb.held}
-            # either accepts a submit: the run's owner decides it from then on
-            roots = [
-                await (a if i % 2 else b).submit(plan(f"run-{i}"), agent_timeout=10)
-                for i in range(16)
-            ]
-            results = await asyncio.gather(
-                *((b if i % 2 else a).orchestrator.wait(r, timeout=60) for i, r in enumerate(roots))
-            )
-            # each folded the whole log as it is: no event out of its task's order
-            assert list(a.orchestrator.state.anomalies) == []
-            assert list(b.orchestrator.state.anomalies) == []
+            yield a, b
     finally:
         stop.set()
         await serving
+
+
+async def test_two_orchestrators_share_the_runs_each_decided_by_one(
+    nats_server: NatsServer,
+) -> None:
+    url = nats_server.url
+    async with _two_members(url) as (a, b):
+        assert a.partitions is not None and b.partitions is not None
+        pa, pb = a.partitions, b.partitions
+        assert pa.held.isdisjoint(pb.held)
+        owner = {p: "orchestrator-a" for p in pa.held} | {p: "orchestrator-b" for p in pb.held}
+        # either accepts a submit: the run's owner decides it from then on
+        roots = [
+            await (a if i % 2 else b).submit(plan(f"run-{i}"), agent_timeout=10) for i in range(16)
+        ]
+        results = await asyncio.gather(
+            *((b if i % 2 else a).orchestrator.wait(r, timeout=60) for i, r in enumerate(roots))
+        )
+        # each folded the whole log as it is: no event out of its task's order
+        assert list(a.orchestrator.state.anomalies) == []
+        assert list(b.orchestrator.state.anomalies) == []
     assert [r.status for r in results] == ["completed"] * len(roots)
     assert all(r.outputs["c"] == {"n": 13} for r in results)
     events = await read_log(url)
@@ -210,33 +220,23 @@ async def test_runs_submitted_at_once_to_both_fold_in_order_on_both(
     nats_server: NatsServer,
 ) -> None:
     url = nats_server.url
-    stop = asyncio.Event()
-    serving = await _agents(url, stop)
-    try:
-        async with _runtime(url, "a", 6.0) as a, _runtime(url, "b", 6.0) as b:
-            assert a.partitions is not None and b.partitions is not None
-            pa, pb = a.partitions, b.partitions
-            await until(lambda: len(pa.held) == len(pb.held) == 4, what="half each")
-            # without a plan id every other run: its first dispatch goes in its creation's
-            # append when the submitter owns it (``Orchestrator._first_step``)
-            plans = [plan(f"run-{i}", 30) for i in range(24)]
-            plans = [
-                p if i % 2 else msgspec.structs.replace(p, plan_id=None)
-                for i, p in enumerate(plans)
-            ]
-            roots = await asyncio.gather(
-                *((a if i // 2 % 2 else b).submit(p, agent_timeout=20) for i, p in enumerate(plans))
+    async with _two_members(url) as (a, b):
+        # without a plan id every other run: its first dispatch goes in its creation's
+        # append when the submitter owns it (``Orchestrator._first_step``)
+        plans = [plan(f"run-{i}", 30) for i in range(24)]
+        plans = [
+            p if i % 2 else msgspec.structs.replace(p, plan_id=None) for i, p in enumerate(plans)
+        ]
+        roots = await asyncio.gather(
+            *((a if i // 2 % 2 else b).submit(p, agent_timeout=20) for i, p in enumerate(plans))
+        )
+        results = await asyncio.gather(
+            *(
+                (b if i // 2 % 2 else a).orchestrator.wait(r, timeout=90)
+                for i, r in enumerate(roots)
             )
-            results = await asyncio.gather(
-                *(
-                    (b if i // 2 % 2 else a).orchestrator.wait(r, timeout=90)
-                    for i, r in enumerate(roots)
-                )
-            )
-            anomalies = [*a.orchestrator.state.anomalies, *b.orchestrator.state.anomalies]
-    finally:
-        stop.set()
-        await serving
+        )
+        anomalies = [*a.orchestrator.state.anomalies, *b.orchestrator.state.anomalies]
     assert [r.status for r in results] == ["completed"] * len(roots)
     assert anomalies == []
     events = await read_log(url)
