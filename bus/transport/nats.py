@@ -183,6 +183,20 @@ _STATUS = Header.STATUS.value
 _HEARTBEAT = StatusCode.CONTROL_MESSAGE.value  # 100
 _PULL_OVER = (StatusCode.NO_MESSAGES.value, StatusCode.REQUEST_TIMEOUT.value)  # 404, 408
 _PENDING_MESSAGES = "Nats-Pending-Messages"  # (a pull's status message; not in nats-py)
+_PULL_QUIET = (_HEARTBEAT, *_PULL_OVER)  # statuses that are no trouble: no back-off
+
+
+def _pull_status(msg: Msg, pending: int) -> tuple[str | None, int]:
+    """What a message a pull request brought says: its status (None: a message with
+    data) and how many messages are still asked for after it. A heartbeat changes
+    nothing; any other status ends its request, and says how many it had left."""
+    status = (msg.headers or {}).get(_STATUS) if not msg.data else None
+    if status is None or status == _HEARTBEAT:
+        return status, pending
+    left = (msg.headers or {}).get(_PENDING_MESSAGES)
+    return status, max(0, pending - int(left)) if left and left.isdigit() else 0
+
+
 _trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("cardbus_trace", default=None)
 T = TypeVar("T")
 
@@ -571,13 +585,9 @@ class NatsBus(Bus):
                     card = backlog.pop(0)
                     self._spawn(self._run_slot(slots, card, slots.idle.pop()), "card")
                 continue
-            status = (msg.headers or {}).get(_STATUS) if not msg.data else None
+            status, pending = _pull_status(msg, pending)
             if status is not None:
-                if status == _HEARTBEAT:
-                    continue
-                left = (msg.headers or {}).get(_PENDING_MESSAGES)
-                pending = max(0, pending - int(left)) if left and left.isdigit() else 0
-                if status not in _PULL_OVER:  # 409: leader change, consumer deleted...
+                if status not in _PULL_QUIET:  # 409: leader change, consumer deleted...
                     log.debug("pull on %s: %s %s", subject, status, msg.headers)
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 2.0)
@@ -882,13 +892,9 @@ class NatsBus(Bus):
                 except TimeoutError:
                     pending = 0
                     continue
-                status = (msg.headers or {}).get(_STATUS) if not msg.data else None
+                status, pending = _pull_status(msg, pending)
                 if status is not None:
-                    if status == _HEARTBEAT:
-                        continue
-                    left = (msg.headers or {}).get(_PENDING_MESSAGES)
-                    pending = max(0, pending - int(left)) if left and left.isdigit() else 0
-                    if status not in _PULL_OVER:  # 409: leader change, consumer deleted...
+                    if status not in _PULL_QUIET:  # 409: leader change, consumer deleted...
                         log.debug("pull on %s: %s %s", subject, status, msg.headers)
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, 2.0)
