@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents import Agent, Capability
+from cardbus.bus.orchestrator.plan import Plan, decode_plan
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.nats import NatsEventStore
@@ -38,6 +39,25 @@ class Quick(Agent):
 
     async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
         return N(n=inputs.n + 1)
+
+
+def slow_agent(seconds: float) -> type[Agent]:
+    """The in-process "slow" agent: adds ten after ``seconds``."""
+
+    async def handle(self: Agent, task: Any, inputs: N, ctx: Any) -> N:
+        await asyncio.sleep(seconds)
+        return N(n=inputs.n + 10)
+
+    return type(
+        "Slow",
+        (Agent,),
+        {
+            "agent_id": "slow",
+            "description": "adds ten, slowly",
+            "capabilities": [Capability("slow", N, N, "add ten")],
+            "handle": handle,
+        },
+    )
 
 
 AGENTS = """
@@ -88,6 +108,11 @@ class Huge(Agent):
 
 def write_agents(directory: Path) -> None:
     (directory / "nats_agents.py").write_text(AGENTS)
+
+
+def chain(plan_id: str, slow_timeout: float = 20.0) -> Plan:
+    """``chain_plan`` as a Plan."""
+    return decode_plan(json.dumps(chain_plan(plan_id, slow_timeout)).encode())
 
 
 def chain_plan(plan_id: str, slow_timeout: float = 20.0) -> dict[str, Any]:

@@ -3,45 +3,35 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from pathlib import Path
 
 import nats.errors
 from natsprocs import (
     FAST_BUS,
-    N,
     Quick,
-    chain_plan,
+    chain,
     check_log,
     count,
     per_task,
     read_log,
+    slow_agent,
     until,
     verify,
 )
 from natsserver import NatsCluster, NatsServer
 
-from cardbus.agents import Agent, Capability
-from cardbus.bus.orchestrator.plan import decode_plan
+from cardbus.bus.orchestrator.plan import Plan
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StoreUnavailable
 from cardbus.eventstore.nats.connection import NatsOptions
 
-
-class Slow(Agent):
-    agent_id = "slow"
-    description = "adds ten, a little slowly"
-    capabilities = [Capability("slow", N, N, "add ten")]
-
-    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
-        await asyncio.sleep(0.3)
-        return N(n=inputs.n + 10)
+Slow = slow_agent(0.3)
 
 
-def plan(plan_id: str, slow_timeout: float = 5.0):  # type: ignore[no-untyped-def]
-    return decode_plan(json.dumps(chain_plan(plan_id, slow_timeout)).encode())
+def plan(plan_id: str, slow_timeout: float = 5.0) -> Plan:
+    return chain(plan_id, slow_timeout)
 
 
 async def test_two_orchestrators_on_the_same_log_stay_consistent(nats_server: NatsServer) -> None:

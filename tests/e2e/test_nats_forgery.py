@@ -16,7 +16,7 @@ import asyncio
 from typing import Any
 
 import msgspec
-from natsprocs import FAST_BUS, N
+from natsprocs import FAST_BUS, N, slow_agent
 from natsserver import NatsServer
 
 from cardbus.agents import Agent, Capability
@@ -41,14 +41,7 @@ class Quick(Agent):
         return N(n=inputs.n + 1)
 
 
-class Slow(Agent):
-    agent_id = "slow"
-    description = "adds ten, slowly"
-    capabilities = [Capability("slow", N, N, "add ten")]
-
-    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
-        await asyncio.sleep(1.5)  # time for the forgeries to arrive first
-        return N(n=inputs.n + 10)
+Slow = slow_agent(1.5)  # time for the forgeries to arrive first
 
 
 def as_agent(url: str, agent_id: str) -> NatsOptions:

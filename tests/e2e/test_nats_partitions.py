@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,23 +13,22 @@ from pathlib import Path
 import msgspec
 from natsprocs import (
     FAST_BUS,
-    N,
     Proc,
     Quick,
-    chain_plan,
+    chain,
     check_log,
     count,
     env_for,
     per_task,
     read_log,
+    slow_agent,
     until,
     verify,
 )
 from natsserver import NatsServer
 
-from cardbus.agents import Agent, Capability
 from cardbus.bus.orchestrator.partition import partition_of
-from cardbus.bus.orchestrator.plan import decode_plan
+from cardbus.bus.orchestrator.plan import Plan
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
@@ -41,18 +39,11 @@ PARTITIONS = 8
 DECISIONS = (ev.TaskDispatched, ev.TaskStarted, ev.TaskCompleted, ev.RunCompleted)
 
 
-class Slow(Agent):
-    agent_id = "slow"
-    description = "adds ten, a little slowly"
-    capabilities = [Capability("slow", N, N, "add ten")]
-
-    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
-        await asyncio.sleep(0.6)
-        return N(n=inputs.n + 10)
+Slow = slow_agent(0.6)
 
 
-def plan(plan_id: str, slow_timeout: float = 20.0):  # type: ignore[no-untyped-def]
-    return decode_plan(json.dumps(chain_plan(plan_id, slow_timeout)).encode())
+def plan(plan_id: str, slow_timeout: float = 20.0) -> Plan:
+    return chain(plan_id, slow_timeout)
 
 
 def decisions(events: list[Envelope], root: str) -> list[str]:
