@@ -92,9 +92,11 @@ class Waits:
 WAITS = Waits(0.2, 0.25)
 
 
-def _agent(name: str) -> type[Agent]:
+def model_like_agent(name: str, wait: Callable[[str], Awaitable[None]]) -> type[Agent]:
+    """Step ``name`` of the plan: ``await wait(its input text)``, then appends its name."""
+
     async def handle(self: Agent, task: Any, inputs: Text, ctx: Any) -> Text:
-        await WAITS.wait(inputs.text.split("|", 1)[0])
+        await wait(inputs.text)
         return Text(text=f"{inputs.text}|{name}")
 
     return type(
@@ -110,7 +112,7 @@ def _agent(name: str) -> type[Agent]:
     )
 
 
-AGENTS = [_agent(n) for n in STEPS]
+AGENTS = [model_like_agent(n, lambda text: WAITS.wait(text.split("|", 1)[0])) for n in STEPS]
 
 
 def plan_for(marker: str) -> Plan:

@@ -47,11 +47,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from agent_latency_bench import STEPS, Text, plan_for  # the same workload, in processes
+from agent_latency_bench import (  # the same workload, in processes
+    STEPS,
+    model_like_agent,
+    plan_for,
+)
 from summary import record
 
-from cardbus.agents import Agent, Capability
-from cardbus.agents.cards import AgentConstraints
 from cardbus.bus.runtime.loop import run
 from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime, serve_agents
 from cardbus.eventstore.nats.connection import NatsOptions
@@ -63,25 +65,11 @@ _RNG = random.Random()
 _AGENT_S, _JITTER = 0.2, 0.25
 
 
-def _agent(name: str) -> type[Agent]:
-    async def handle(self: Agent, task: Any, inputs: Text, ctx: Any) -> Text:
-        await asyncio.sleep(_AGENT_S * (1 + _RNG.uniform(-_JITTER, _JITTER)))
-        return Text(text=f"{inputs.text}|{name}")
-
-    return type(
-        name.title(),
-        (Agent,),
-        {
-            "agent_id": name,
-            "description": f"waits like a model call: {name}",
-            "capabilities": [Capability(name, Text, Text, name)],
-            "constraints": AgentConstraints(max_concurrency=20_000),
-            "handle": handle,
-        },
-    )
+async def _model_call(text: str) -> None:
+    await asyncio.sleep(_AGENT_S * (1 + _RNG.uniform(-_JITTER, _JITTER)))
 
 
-AGENTS = [_agent(n) for n in STEPS]
+AGENTS = [model_like_agent(n, _model_call) for n in STEPS]
 
 
 # -- the processes ---------------------------------------------------------------
