@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import msgspec
 
@@ -99,10 +99,18 @@ async def measure(
     return runs / (time.perf_counter() - start), latencies
 
 
+class Store(NamedTuple):
+    """What the SQLite store did over the measured runs."""
+
+    commits_per_run: float
+    writer_busy: float  # share of the wall time the writer thread spent writing
+
+
 async def bench_cardbus(
     tmp: Path, runs: int, concurrency: int
-) -> tuple[float, list[float], int, float]:
-    """runs/s, latencies, events written, process CPU (all threads) per run in us."""
+) -> tuple[float, list[float], int, float, Store]:
+    """runs/s, latencies, events written, process CPU (all threads) per run in us, and
+    the store's commits per run and writer busy share."""
     store = await SqliteEventStore.open(tmp / f"cardbus-{concurrency}.db")
     async with EmbeddedRuntime(store, AGENTS) as rt:
 
@@ -113,13 +121,16 @@ async def bench_cardbus(
 
         await measure(run_one, 10, 1)  # warm up
         cpu = time.process_time()
+        commits, busy, wall = store.commits, store.writer_busy_s, time.perf_counter()
         rate, lat = await measure(run_one, runs, concurrency)
         cpu = time.process_time() - cpu
+        wall = time.perf_counter() - wall
+        done = Store((store.commits - commits) / runs, (store.writer_busy_s - busy) / wall)
         # a fold that met an event out of order would be a bug, not a figure
         assert not rt.orchestrator.state.anomalies, list(rt.orchestrator.state.anomalies)[:3]
     events = await store.last_position()
     await store.close()
-    return rate, lat, events, 1e6 * cpu / runs
+    return rate, lat, events, 1e6 * cpu / runs, done
 
 
 async def bench_langgraph(tmp: Path, runs: int, concurrency: int) -> tuple[float, list[float]]:
@@ -176,12 +187,13 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(dir=".") as d:
         tmp = Path(d)
         for conc in (1, args.concurrency):
-            cbs, lgs, cpus = [], [], []
+            cbs, lgs, cpus, stores = [], [], [], []
             for rep in range(args.repeats):  # pairs, each side right after the other
                 here = tmp / f"{conc}-{rep}"  # fresh files for each pair
                 here.mkdir()
-                cb, cbl, events, cpu = await bench_cardbus(here, args.runs, conc)
+                cb, cbl, events, cpu, done = await bench_cardbus(here, args.runs, conc)
                 cpus.append(cpu)
+                stores.append(done)
                 lg, lgl = await bench_langgraph(here, args.runs, conc)
                 cbs.append(cb)
                 lgs.append(lg)
@@ -193,11 +205,14 @@ async def main() -> None:
             cb, lg = statistics.median(cbs), statistics.median(lgs)
             ratio = statistics.median(c / g for c, g in zip(cbs, lgs, strict=True))
             cpu = statistics.median(cpus)
+            commits = statistics.median(x.commits_per_run for x in stores)
+            busy = statistics.median(x.writer_busy for x in stores)
             print(
                 f"{'median':>9} | {cb:>14.1f} | {lg:>16.1f} | {ratio:>5.1f}x | (median ratio;"
-                f" cardbus process CPU {cpu:.0f} us per run)"
+                f" cardbus process CPU {cpu:.0f} us per run; {commits:.2f} commits per run,"
+                f" the SQLite writer busy {100 * busy:.0f}% of the wall time)"
             )
-            rows.append((conc, cb, lg, ratio, cpu))
+            rows.append((conc, cb, lg, ratio, cpu, commits, busy))
     print(
         f"(cardbus wrote {events} events for {args.runs + 10} runs in the last measure,"
         " every one durable before its effect)"
@@ -205,8 +220,13 @@ async def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
 
-    for conc, cb, _lg, ratio, cpu in rows:
+    for conc, cb, _lg, ratio, cpu, commits, busy in rows:
         top = conc == args.concurrency
+        where = f"{conc} in flight, {loop} loop"
+        # with many in flight the runs share each commit: the writer then works while the
+        # event loop waits for it, and the loop decides while the writer has nothing
+        record(None, "pipeline", f"SQLite commits per run, {where}", commits, "commits")
+        record(None, "pipeline", f"SQLite writer busy, {where}", 100 * busy, "% of wall")
         record(
             None,
             "pipeline",

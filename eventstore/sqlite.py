@@ -188,6 +188,7 @@ class _Writer:
         self.heads: dict[str, tuple[int, str]] = {}  # stream -> (version, hash)
         self.top = -1  # MAX(position) after our last commit; -1: unknown
         self.top_log = LOG_GENESIS  # the log hash at ``top``
+        self.busy_s = 0.0  # time spent in write(): checking, sealing, inserting, committing
 
     @classmethod
     def connect(cls, path: str, synchronous: str, create: bool = True) -> _Writer:
@@ -248,6 +249,15 @@ class _Writer:
         an earlier request of this batch; queue it again), the log's last
         position after the commit and the number of events written.
         """
+        started = time.perf_counter()
+        try:
+            return self._write(batch, max_bytes)
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+    def _write(
+        self, batch: list[_Request], max_bytes: int
+    ) -> tuple[list[Outcome | None], int, int]:
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -469,6 +479,12 @@ class SqliteEventStore(EventStore):
         self._live: dict[int, int] = {}
         self._subscriptions = itertools.count()
         self._closed = False
+
+    @property
+    def writer_busy_s(self) -> float:
+        """Seconds the writer thread has spent writing (checking, sealing, inserting and
+        committing batches): over a wall time, how busy the one writer was."""
+        return self._writer.busy_s
 
     @classmethod
     async def open(

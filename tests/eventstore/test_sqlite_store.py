@@ -217,6 +217,19 @@ async def test_concurrent_appends_share_transactions(sqlite_store: SqliteEventSt
     assert await sqlite_store.verify() == []
 
 
+async def test_the_writer_s_busy_time_is_counted_within_the_wall_time(
+    sqlite_store: SqliteEventStore,
+) -> None:
+    loop = asyncio.get_running_loop()
+    busy, t = sqlite_store.writer_busy_s, loop.time()
+    for i in range(20):
+        await sqlite_store.append(f"t{i}", [created()], 0)
+    wall, spent = loop.time() - t, sqlite_store.writer_busy_s - busy
+    assert 0 < spent < wall  # each commit is timed, and nothing beyond them
+    await asyncio.sleep(0.05)
+    assert sqlite_store.writer_busy_s - busy == spent  # idle: nothing counted
+
+
 async def test_sequential_appends_commit_one_by_one(sqlite_store: SqliteEventStore) -> None:
     before = sqlite_store.commits
     for i in range(5):
