@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -57,6 +57,7 @@ __all__ = [
     "Message",
     "MeteredLLM",
     "MockLLM",
+    "ModelJournal",
     "OpenAIChatLLM",
     "chat",
     "configured_llm",
@@ -94,6 +95,7 @@ class ChatLLM(Protocol):
         *,
         model: str | None = None,
         response_format: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Completion: ...
 
 
@@ -103,6 +105,7 @@ async def chat(
     *,
     model: str | None = None,
     response_format: dict[str, Any] | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> Completion:
     """``llm.chat(...)`` if it has one; else the messages flattened into ``complete``.
 
@@ -111,7 +114,13 @@ async def chat(
     caller falls back to instructions in the prompt.
     """
     if isinstance(llm, ChatLLM):
+        if tools:
+            return await llm.chat(
+                messages, model=model, response_format=response_format, tools=tools
+            )
         return await llm.chat(messages, model=model, response_format=response_format)
+    if tools:
+        raise LLMRequestRefused(f"{type(llm).__name__} has no chat(): no tool calls")
     if response_format is not None:
         raise LLMRequestRefused(f"{type(llm).__name__} has no chat(): no structured output")
     system = "\n\n".join(m["content"] for m in messages if m.get("role") == "system")
@@ -464,6 +473,14 @@ def _tracer() -> trace.Tracer | None:
     return provider.get_tracer("cardbus")
 
 
+class ModelJournal(Protocol):
+    """Records a model call and answers it from the log when a retry asks it again."""
+
+    async def model_call(
+        self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
+    ) -> Completion: ...
+
+
 class MeteredLLM:
     """An ``LLM`` that counts what it spends and traces each call.
 
@@ -474,8 +491,11 @@ class MeteredLLM:
     ``output_tokens`` (a failure sets ``error.type`` to the error's reason).
     """
 
-    def __init__(self, inner: LLM) -> None:
+    def __init__(self, inner: LLM, journal: ModelJournal | None = None) -> None:
         self.inner = inner
+        #: where each call is recorded and from which a retry's calls are answered
+        #: (``agents.journal``; None: calls go out unrecorded, as outside a worker)
+        self.journal = journal
         self.input_tokens = 0
         self.output_tokens = 0
         self.calls = 0
@@ -486,7 +506,8 @@ class MeteredLLM:
         return str(getattr(self.inner, "model", "") or "")
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
-        return await self._call(None, lambda: self.inner.complete(prompt, system=system))
+        request = {"op": "complete", "model": self.model, "prompt": prompt, "system": system}
+        return await self._call(None, lambda: self.inner.complete(prompt, system=system), request)
 
     async def chat(
         self,
@@ -494,13 +515,34 @@ class MeteredLLM:
         *,
         model: str | None = None,
         response_format: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Completion:
+        request: dict[str, Any] = {
+            "op": "chat",
+            "model": model or self.model,
+            "messages": [dict(m) for m in messages],
+        }
+        if response_format is not None:
+            request["response_format"] = response_format
+        if tools:
+            request["tools"] = [dict(t) for t in tools]
         return await self._call(
             model,
-            lambda: chat(self.inner, messages, model=model, response_format=response_format),
+            lambda: chat(
+                self.inner, messages, model=model, response_format=response_format, tools=tools
+            ),
+            request,
         )
 
-    async def _call(self, model: str | None, call: Callable[[], Any]) -> Completion:
+    async def _call(
+        self, model: str | None, call: Callable[[], Any], request: dict[str, Any]
+    ) -> Completion:
+        journal = self.journal
+        if journal is not None:  # recorded in the task's stream; answered from it on a retry
+            return await journal.model_call(request, lambda: self._live(model, call))
+        return await self._live(model, call)
+
+    async def _live(self, model: str | None, call: Callable[[], Any]) -> Completion:
         requested = model or self.model
         tracer = _tracer()
         if tracer is None:

@@ -90,6 +90,10 @@ class AgentRequest(msgspec.Struct, frozen=True, kw_only=True, tag="agent_request
     target: str = ""
     args: dict[str, Any] = {}
     traceparent: str | None = None
+    #: the journal's coordinates of a model or tool call: one handler run (``execution``,
+    #: new at every delivery of the card) and the call's place in it (``seq``, from 0)
+    execution: str = ""
+    seq: int = -1
 
 
 class AgentResponse(msgspec.Struct, frozen=True, kw_only=True, tag="agent_response"):

@@ -34,6 +34,7 @@ restricted to an allow-list of hosts; needs ``httpx``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import math
 import os
@@ -76,6 +77,7 @@ __all__ = [
     "ToolResultTooLarge",
     "ToolSpec",
     "ToolTimeout",
+    "current_idempotency_key",
     "doc_search_tool",
     "http_fetch_tool",
 ]
@@ -100,6 +102,9 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     output_schema: dict[str, Any] = {}
     timeout_s: float = 10.0
     max_result_bytes: int = 64 * 1024
+    #: calling it twice with the same idempotency key does no more than calling it once:
+    #: a call whose effect is unknown after a crash may then be made again (see ``journal``)
+    idempotent: bool = False
 
     def __post_init__(self) -> None:
         # checked when made: a zero or NaN timeout would fail every call as a "timeout"
@@ -118,6 +123,20 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 ToolFn = Callable[[Any], Awaitable[Any] | Any]
+
+_IDEMPOTENCY_KEY: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "cardbus_tool_idempotency_key", default=""
+)
+
+
+def current_idempotency_key() -> str:
+    """Inside a tool: the key of the call being made ("" outside a recorded call).
+
+    It is the event id of the call's first ``tool.requested``, so a call made again
+    after a crash (an idempotent tool) carries the key of the call it repeats: a tool
+    with effects can use it to do them once (as a payment API's idempotency key).
+    """
+    return _IDEMPOTENCY_KEY.get()
 
 
 class Tool:
@@ -143,6 +162,7 @@ class Tool:
         description: str = "",
         timeout_s: float = 10.0,
         max_result_bytes: int = 64 * 1024,
+        idempotent: bool = False,
     ) -> Tool:
         spec = ToolSpec(
             name=name,
@@ -151,6 +171,7 @@ class Tool:
             output_schema=msgspec.json.schema(output_type) if output_type else {},
             timeout_s=timeout_s,
             max_result_bytes=max_result_bytes,
+            idempotent=idempotent,
         )
         return cls(spec, fn, input_type)
 
@@ -182,7 +203,11 @@ class ToolRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+    async def call(
+        self, name: str, arguments: dict[str, Any], *, idempotency_key: str = ""
+    ) -> ToolOutcome:
+        """Run tool ``name``; ``idempotency_key`` is the same on every replay of one recorded
+        call, and the tool reads it with :func:`current_idempotency_key`."""
         tool = self._tools.get(name)
         if tool is None:
             raise ToolNotFound(f"no tool named {name!r}")
@@ -199,6 +224,7 @@ class ToolRegistry:
             except msgspec.ValidationError as e:
                 raise ToolInputInvalid(f"{name}: {e}") from e
         start = time.monotonic()
+        token = _IDEMPOTENCY_KEY.set(idempotency_key)  # copied into a plain tool's thread
         try:
             if inspect.iscoroutinefunction(tool.fn):
                 result = await asyncio.wait_for(tool.fn(arg), spec.timeout_s)
@@ -212,6 +238,8 @@ class ToolRegistry:
             raise
         except Exception as e:  # the tool's bug is the caller's typed error, not a crash
             raise ToolFailed(f"{name}: {type(e).__name__}: {e}") from e
+        finally:
+            _IDEMPOTENCY_KEY.reset(token)
         duration = time.monotonic() - start
         try:
             payload = msgspec.to_builtins(result)
