@@ -26,6 +26,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── BusError                  the bus could not deliver or receive
     ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
     ├── AccessDenied              an agent asked for something outside its card
+    ├── EffectUnknown             a journaled tool call may have taken effect before a crash
     ├── LLMError                  the model endpoint failed or answered something unusable
     │   ├── LLMRateLimited        429: the endpoint asks to slow down (``retry_after`` seconds)
     │   ├── LLMTimeout            no answer within the client's timeout
@@ -52,6 +53,7 @@ __all__ = [
     "AccessDenied",
     "AmbiguousId",
     "ConfigError",
+    "EffectUnknown",
     "LLMBadOutput",
     "LLMError",
     "LLMRateLimited",
@@ -208,6 +210,18 @@ class NotStarted(CardbusError, RuntimeError):
 
 class AccessDenied(CardbusError):
     """An agent asked for data or a tool outside what its card allows."""
+
+
+class EffectUnknown(CardbusError):
+    """A retried attempt reached a tool call whose effect is unknown (the process died
+    during it) and the tool is not idempotent: it is not repeated silently.
+
+    Not a ``ToolError``, so a tool-calling loop that hands tool errors back to the model
+    does not swallow it: the attempt ends (reason ``tool_effect_unknown``) and the task
+    waits for an operator's approval to repeat the call.
+    """
+
+    error_type = "effect_unknown"
 
 
 class LLMError(CardbusError):

@@ -24,7 +24,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,7 +98,7 @@ class _Record:
 
     stream: str
     events: list[ev.Event]
-    done: asyncio.Future[None]
+    done: asyncio.Future[list[Envelope]]
     tries: int = 0
 
 
@@ -201,7 +201,7 @@ class Orchestrator:
             else any(x is not None for x in (tools, memory, access))
         )
         memory = memory if memory is not None else LongTermMemory(store, embedder)
-        self.broker = RequestBroker(self.state, self.record, tools, memory, access)
+        self.broker = RequestBroker(self.state, self.record, tools, memory, access, store=store)
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start)
         self.observers: list[Callable[[Envelope], None]] = []
@@ -613,12 +613,12 @@ class Orchestrator:
         task = self.state.tasks.get(getattr(reply, "task_id", ""))
         return task is not None and self.owns is not None and self.owns(task.created.root_id)
 
-    async def record(self, stream: str, events: list[ev.Event]) -> None:
+    async def record(self, stream: str, events: list[ev.Event]) -> list[Envelope]:
         """Append an agent request's events to ``stream`` through the decision loop (so
-        they never race the stream's own decisions); returns once they are durable."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        they never race the stream's own decisions); returns them stored, once durable."""
+        done: asyncio.Future[list[Envelope]] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Record(stream, list(events), done))
-        await done
+        return await done
 
     # -- the loops -----------------------------------------------------------
 
@@ -886,7 +886,7 @@ class Orchestrator:
         failed = [stream] if stream != root else []
         detail = f"the log refused the events decided for {stream}: {type(error).__name__}: {error}"
         data = ev.RunFailed(reason="decision_unstorable", failed_tasks=failed, detail=detail[:2000])
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[list[Envelope]] = asyncio.get_running_loop().create_future()
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
         self._parked.append(_Record(root, [data], done))
 
@@ -928,7 +928,7 @@ class Orchestrator:
                 self._store_trouble_since = None  # the log takes writes again
                 for env in outcome:
                     self._apply(env)
-                self._settle_records(stream, d.events[stream], None)
+                self._settle_records(stream, d.events[stream], None, outcome)
                 out.append((stream, None))
         return out
 
@@ -969,7 +969,11 @@ class Orchestrator:
         return task.created.root_id if task else stream
 
     def _settle_records(
-        self, stream: str, data: list[ev.Event], error: BaseException | None
+        self,
+        stream: str,
+        data: list[ev.Event],
+        error: BaseException | None,
+        stored: Sequence[Envelope] = (),
     ) -> None:
         """Tell the requests whose events were in this append how it went; after a race,
         decide them again."""
@@ -984,7 +988,7 @@ class Orchestrator:
             elif not all(any(e is x for x in data) for e in rec.events):
                 rec.done.set_exception(BusError(f"not recorded: {stream} was halted"))
             else:
-                rec.done.set_result(None)
+                rec.done.set_result([e for e in stored if any(e.data is x for x in rec.events)])
 
     async def _append(
         self, stream: str, data: Iterable[ev.Event], expected: int, root: str
@@ -1124,7 +1128,7 @@ class Orchestrator:
             attempt=refusal.attempt,
             subject=refusal.subject[:1000],
         )
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[list[Envelope]] = asyncio.get_running_loop().create_future()
         done.add_done_callback(_log_unrecorded)
         self._queue.put_nowait(_Record(stream, [event], done))
 
@@ -1139,7 +1143,7 @@ class Orchestrator:
             del self.bad_messages[:500]
 
 
-def _log_unrecorded(done: asyncio.Future[None]) -> None:
+def _log_unrecorded(done: asyncio.Future[list[Envelope]]) -> None:
     if not done.cancelled() and done.exception() is not None:
         log.error("a refusal could not be recorded: %r", done.exception())
 

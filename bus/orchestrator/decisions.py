@@ -205,6 +205,10 @@ class Decider:
                     if len(results) == len(task.dispatched_to):
                         self._settle_fanout(task, results)
                     return
+                if reply.reason == "tool_effect_unknown":  # never repeated silently (journal)
+                    asked = ev.ApprovalRequested(reason="tool_effect_unknown", detail=reply.error or "")
+                    self.d.add(task.task_id, asked)
+                    return
                 # the agent's own reason (llm_timeout, ...) for the retry policy, if it gave one
                 self._fail_attempt(task, reply.reason or "agent_error", reply.error or "")
             case "needs_input":

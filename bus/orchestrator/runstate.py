@@ -477,7 +477,8 @@ def _approval_requested(
 ) -> None:
     # asked with results in hand: the output itself awaits approval (it
     # may be None); asked before any dispatch: the task itself does
-    task.has_proposal = bool(task.results)
+    # (an unknown tool effect asks whether to run the task again, not about an output)
+    task.has_proposal = bool(task.results) and data.reason != "tool_effect_unknown"
     task.proposed_output = data.proposed_output
     task.proposed_agent = next(  # who produced it (a fan-out tie)
         (a for a, r in task.results.items() if r.output == data.proposed_output), ""

@@ -1,0 +1,127 @@
+"""The agent's side of the journal: each model call and tool call, in order, on the log.
+
+A handler run (one delivery of one card) is an *execution*. Every model call
+made through ``ctx.llm`` and every ``ctx.tool`` call gets the next ``seq`` of
+that execution, so the calls of a run form one sequence. The journal never
+writes the log itself (agents never do, DESIGN.md): it asks the orchestrator,
+as ``ctx.tool`` does, with two requests per model call:
+
+``model.request``  the request and its digest, before the call. The
+                   orchestrator records ``model.requested`` and answers "go
+                   live", or, when an earlier execution of the task asked
+                   exactly this at this place and nothing before it differed,
+                   answers with the recorded answer (``model.answered`` naming
+                   the one it replays): no call goes out, nothing is spent.
+``model.answer``   the answer (or the typed error), after a live call. The
+                   orchestrator records ``model.answered``; only then does the
+                   handler see it (invariant 8: the answer is durable first).
+
+Tool calls need no extra request: the orchestrator runs them, and records and
+replays them itself (``bus.orchestrator.journal``).
+
+Without an orchestrator to ask (``Agent.run`` called directly, no worker), model
+calls go out unrecorded, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from cardbus.agents.llm import Completion
+from cardbus.agents.requests import REQUESTER
+from cardbus.eventstore.errors import LLMError
+from cardbus.eventstore.ids import new_id
+
+if TYPE_CHECKING:
+    from cardbus.agents.requests import TaskServices
+
+__all__ = ["TaskJournal", "request_digest"]
+
+_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def request_digest(request: Any) -> str:
+    """The digest that decides whether a retry asks the same thing: sha256 of the
+    request's canonical JSON (keys sorted)."""
+    try:
+        data = _encoder.encode(request)
+    except Exception:
+        data = repr(request).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+class TaskJournal:
+    """One execution's journal: its id and the next call's ``seq``."""
+
+    def __init__(self, services: TaskServices, replay: bool = True) -> None:
+        """``replay``: False asks the orchestrator never to answer from the journal
+        (fresh calls every attempt; they are still recorded)."""
+        self.services = services
+        self.execution = new_id()
+        self.replay = replay
+        self._seq = itertools.count()
+        self.replayed = 0  # calls answered from the journal in this execution
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def _recording(self) -> bool:
+        return (self.services.requester or REQUESTER.get()) is not None
+
+    async def model_call(
+        self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
+    ) -> Completion:
+        """Answer ``request`` from the journal, or make it ``live`` and record the answer."""
+        if not self._recording():
+            return await live()
+        seq = self.next_seq()
+        services = self.services
+        model = str(request.get("model") or "")
+        asked = await services.request(
+            "model.request",
+            model,
+            {"request": request, "digest": request_digest(request), "replay": self.replay},
+            seq=seq,
+            execution=self.execution,
+        )
+        replayed = asked.get("replay") if isinstance(asked, dict) else None
+        if replayed is not None:
+            self.replayed += 1
+            return msgspec.convert(replayed, Completion)
+        call = asked.get("call", "") if isinstance(asked, dict) else ""
+        start = time.monotonic()
+        try:
+            completion = await live()
+        except Exception as e:
+            reason = e.error_type if isinstance(e, LLMError) else type(e).__name__
+            await services.request(
+                "model.answer",
+                model,
+                {
+                    "call": call,
+                    "error": f"{type(e).__name__}: {e}",
+                    "error_type": reason,
+                    "latency_s": round(time.monotonic() - start, 6),
+                },
+                seq=seq,
+                execution=self.execution,
+            )
+            raise
+        await services.request(
+            "model.answer",
+            model,
+            {
+                "call": call,
+                "answer": msgspec.to_builtins(completion),
+                "latency_s": round(time.monotonic() - start, 6),
+            },
+            seq=seq,
+            execution=self.execution,
+        )
+        return completion
