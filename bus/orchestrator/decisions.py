@@ -206,7 +206,8 @@ class Decider:
                         self._settle_fanout(task, results)
                     return
                 if reply.reason == "tool_effect_unknown":  # never repeated silently (journal)
-                    asked = ev.ApprovalRequested(reason="tool_effect_unknown", detail=reply.error or "")
+                    detail = reply.error or ""
+                    asked = ev.ApprovalRequested(reason="tool_effect_unknown", detail=detail)
                     self.d.add(task.task_id, asked)
                     return
                 # the agent's own reason (llm_timeout, ...) for the retry policy, if it gave one
