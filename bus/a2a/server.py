@@ -8,11 +8,12 @@ reads every answer back from the log (``TaskFold``):
   text goal with no plan is handed to the gateway's ``planner``:
   :class:`GoalPlanning` (what ``serve`` uses) makes it a plan of the goal
   alone, which the orchestrator splits with its planner agents (capability
-  ``plan``) like any goal plan; with no planner the answer is a failed task
-  saying goal decomposition is not available. The A2A task id is the run's
-  root id; the context id and the message are kept in ``run.started``'s
-  session, the plan id is
-  ``a2a-<message id>`` (so a resent message runs once);
+  ``plan``) like any goal plan; with no planner the answer is
+  ``UnsupportedOperationError``; a plan refused before it runs is
+  ``InvalidParamsError`` with the reason. The A2A task id is the run's root
+  id; the context id and the message are kept in ``run.started``'s session,
+  the plan id is ``a2a-<hash of context id and message id>`` (a resent
+  message answers with the task it started);
 * a message on a task that is input-required answers what it waits for: an
   approval (``{"approve": true|false}`` or a text beginning with yes/approve
   or no/deny, through ``answer_approval``) or a question an agent asked with
