@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -386,3 +388,23 @@ async def test_tool_calls_of_an_embedded_run_are_in_the_log() -> None:
     # the registry's spec was offered: the mock's arguments fit it, and the call succeeded
     assert called[0].error is None and called[0].result["term"] == called[0].arguments["term"]
     assert [(e.target, e.reason) for e in refused] == [("broken", "tool_not_allowed")]
+
+
+async def test_the_readme_tool_agent_runs() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "tools = [" in b)
+    namespace: dict[str, Any] = {"__name__": "readme_tool_agent"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    agent, glossary = namespace["Explainer"], namespace["GLOSSARY"]
+    assert agent.card().constraints.tools == ["glossary"]
+    assert (agent.max_turns, agent.max_tool_calls) == (6, 8)
+    store = MemoryEventStore()
+    plan = {
+        "goal": "Explain",
+        "tasks": [{"id": "e", "capability": "explain", "inputs": {"term": "tide"}}],
+    }
+    async with EmbeddedRuntime(store, [agent], tools=ToolRegistry([glossary])) as rt:
+        result = await rt.run(plan, timeout=30)
+    assert result.status == "completed", result
+    events = [e.data for e in await store.read_correlation(result.root_id)]
+    assert [e.tool for e in events if isinstance(e, ev.ToolCalled)] == ["glossary"]
