@@ -22,7 +22,7 @@ from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import MemoryEventStore
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import ToolError
+from cardbus.eventstore.errors import ConfigError, ToolError
 
 
 class Question(msgspec.Struct, frozen=True):
@@ -408,3 +408,11 @@ async def test_the_readme_tool_agent_runs() -> None:
     assert result.status == "completed", result
     events = [e.data for e in await store.read_correlation(result.root_id)]
     assert [e.tool for e in events if isinstance(e, ev.ToolCalled)] == ["glossary"]
+
+
+@pytest.mark.parametrize(
+    "limits", [{"max_turns": 0}, {"max_tool_calls": True}, {"max_tokens_per_task": -1}]
+)
+def test_a_bad_limit_is_refused_when_the_class_is_made(limits: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(limits))):
+        type("Bad", (Researcher,), dict(limits))
