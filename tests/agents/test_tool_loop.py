@@ -19,10 +19,11 @@ from cardbus.agents.llm_agent import LLMAgent
 from cardbus.agents.requests import REQUESTER, TOOL_SPECS, AgentRequest, AgentResponse
 from cardbus.agents.tool_loop import object_root, tool_definition
 from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec
+from cardbus.bus.orchestrator import Policy, RetryPolicy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import MemoryEventStore
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import ConfigError, ToolError
+from cardbus.eventstore.errors import ConfigError, LLMServerError, ToolError
 
 
 class Question(msgspec.Struct, frozen=True):
@@ -83,7 +84,8 @@ def card(**over: Any) -> TaskCard:
 
 
 class Broker:
-    """What the orchestrator does with an agent's tool requests: allow-list, run, answer."""
+    """What the orchestrator does with an agent's tool requests: allow-list, run, answer
+    (its model calls, which the journal announces, go live unrecorded)."""
 
     def __init__(self, registry: ToolRegistry, allowed: Sequence[str]) -> None:
         self.registry = registry
@@ -91,6 +93,8 @@ class Broker:
         self.requests: list[AgentRequest] = []
 
     async def __call__(self, req: AgentRequest) -> AgentResponse:
+        if req.kind in ("model.request", "model.answer"):
+            return AgentResponse(request_id=req.request_id, ok=True, result={})
         self.requests.append(req)
         if req.target not in self.allowed:
             return AgentResponse(
@@ -416,3 +420,40 @@ async def test_the_readme_tool_agent_runs() -> None:
 def test_a_bad_limit_is_refused_when_the_class_is_made(limits: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match=next(iter(limits))):
         type("Bad", (Researcher,), dict(limits))
+
+
+class FailsOnce(MockLLM):
+    """The mock, whose second call fails once (a retryable server error)."""
+
+    def __init__(self) -> None:
+        super().__init__(tool_script=[["lookup", "lookup"]])
+        self.live = 0
+
+    async def chat(self, messages: Any, **kw: Any) -> Completion:
+        self.live += 1
+        if self.live == 2:
+            raise LLMServerError("HTTP 503")
+        return await super().chat(messages, **kw)
+
+
+async def test_a_retry_replays_the_tool_turn_from_the_journal() -> None:
+    made: list[str] = []
+
+    def counted(args: LookupIn) -> LookupOut:
+        made.append(args.term)
+        return lookup(args)
+
+    registry = ToolRegistry([Tool.define("lookup", counted, LookupIn, LookupOut)])
+    llm = FailsOnce()
+    policy = Policy(retry=RetryPolicy(max_attempts=2, initial_interval_s=0.01, jitter=0.0))
+    plan = {
+        "goal": "Why are there tides?",
+        "tasks": [{"id": "a", "capability": "answer", "inputs": {"question": "Why tides?"}}],
+    }
+    store = MemoryEventStore()
+    async with EmbeddedRuntime(store, [ByName], policy, llm=llm, tools=registry) as rt:
+        result = await rt.run(plan, timeout=30)
+    assert result.status == "completed", result
+    # the second attempt got the tool-calling turn and both calls from the log: the
+    # tools ran once each, and only the failed call went out again
+    assert len(made) == 2 and llm.live == 3
