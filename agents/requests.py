@@ -41,12 +41,13 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextvars
-from collections.abc import Awaitable, Callable, Sequence
+import types
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from cardbus.agents.tools import TOOL_ERRORS
+from cardbus.agents.tools import TOOL_ERRORS, ToolSpec
 from cardbus.eventstore.errors import (
     AccessDenied,
     BusError,
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REQUESTER",
     "REQUEST_KINDS",
+    "TOOL_SPECS",
     "AgentRequest",
     "AgentResponse",
     "MemoryClient",
@@ -169,6 +171,13 @@ REQUESTER: contextvars.ContextVar[Requester | None] = contextvars.ContextVar(
 )
 
 
+#: The specs of the tools the current task's agent may call, by name, as the runtime
+#: serving it has them (set by ``AgentWorker`` from its ``ToolRegistry``; empty: none known).
+TOOL_SPECS: contextvars.ContextVar[Mapping[str, ToolSpec]] = contextvars.ContextVar(
+    "cardbus_tool_specs", default=types.MappingProxyType({})
+)
+
+
 class MemoryClient:
     """``ctx.long_term``: long-term memory reads, each checked and recorded by the orchestrator."""
 
@@ -220,6 +229,13 @@ class TaskServices:
     task: TaskCard
     agent_id: str
     requester: Requester | None = None
+
+    @property
+    def tool_specs(self) -> Mapping[str, ToolSpec]:
+        """Specs of the tools on this agent's allow-list that the runtime knows, by name
+        (what ``ctx.tool`` runs them with: an ``LLMAgent`` offers them to its model);
+        empty when the runtime has not said (an agent outside a worker)."""
+        return TOOL_SPECS.get()
 
     @property
     def long_term(self) -> MemoryClient:

@@ -32,7 +32,11 @@ they resemble, so ``except ValueError`` keeps working::
     │   ├── LLMTimeout            no answer within the client's timeout
     │   ├── LLMServerError        5xx, or the endpoint cannot be reached
     │   ├── LLMRequestRefused     4xx: the request was refused (bad request, key, model)
-    │   └── LLMBadOutput          an answer that is not usable (no JSON, wrong schema)
+    │   ├── LLMBadOutput          an answer that is not usable (no JSON, wrong schema)
+    │   └── LLMLimitExceeded      a task's conversation went past one of its agent's limits
+    │       ├── LLMMaxTurns       more model turns than ``max_turns``
+    │       ├── LLMMaxToolCalls   more tool calls than ``max_tool_calls``
+    │       └── LLMTokenLimit     more tokens than ``max_tokens_per_task``
     └── ToolError                 a tool call did not produce a usable result
         ├── ToolNotFound          no tool of that name is registered
         ├── ToolInputInvalid      the arguments break the tool's input schema
@@ -56,10 +60,14 @@ __all__ = [
     "EffectUnknown",
     "LLMBadOutput",
     "LLMError",
+    "LLMLimitExceeded",
+    "LLMMaxToolCalls",
+    "LLMMaxTurns",
     "LLMRateLimited",
     "LLMRequestRefused",
     "LLMServerError",
     "LLMTimeout",
+    "LLMTokenLimit",
     "SubjectLayoutError",
     "ToolError",
     "ToolFailed",
@@ -263,6 +271,29 @@ class LLMRequestRefused(LLMError):
 
 class LLMBadOutput(LLMError):
     error_type = "llm_bad_output"
+
+
+class LLMLimitExceeded(LLMError):
+    """A task's model conversation went past a limit of its agent (``LLMAgent.max_turns``,
+    ``max_tool_calls``, ``max_tokens_per_task``); ``limit`` is the limit's value."""
+
+    error_type = "llm_limit_exceeded"
+
+    def __init__(self, message: str, limit: int = 0) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class LLMMaxTurns(LLMLimitExceeded):
+    error_type = "llm_max_turns"
+
+
+class LLMMaxToolCalls(LLMLimitExceeded):
+    error_type = "llm_max_tool_calls"
+
+
+class LLMTokenLimit(LLMLimitExceeded):
+    error_type = "llm_token_limit"
 
 
 class ToolError(CardbusError):

@@ -33,6 +33,9 @@ RetryReason = Literal[
     "llm_server_error",  # 5xx, or the endpoint unreachable
     "llm_request_refused",  # another 4xx (key, model): not retried by default
     "llm_bad_output",  # no usable answer after the repairs: not retried by default
+    "llm_max_turns",  # an LLMAgent's conversation past its max_turns
+    "llm_max_tool_calls",  # ... past its max_tool_calls
+    "llm_token_limit",  # ... past its max_tokens_per_task
     # a remote A2A agent refused the request (a JSON-RPC error such as -32602 or -32004,
     # or HTTP 4xx: no token, a foreign Host): the same request is refused again
     "remote_refused",

@@ -92,7 +92,7 @@ class EmbeddedRuntime:
             attempts_survive_restart=False,
         )
         agents = with_planner(agents) if default_planner else list(agents)
-        self.workers = [AgentWorker(self.bus, a, llm) for a in agents]
+        self.workers = [AgentWorker(self.bus, a, llm, tools=tools) for a in agents]
         self.orchestrator.observers.append(self.keeper.observe)  # settle then needs no read
         self._state = "new"  # running inside `async with`, then stopped
 

@@ -189,7 +189,7 @@ class NatsRuntime:
                 self._agent_buses.append(agent_bus)
                 for a in self.agents:
                     await self.orchestrator.register(a.card())  # ours: trusted
-                    worker = AgentWorker(agent_bus, a, self.llm)
+                    worker = AgentWorker(agent_bus, a, self.llm, tools=self.tools)
                     await worker.start()
                     self._workers.append(worker)  # held: its lease renewals run on
         except BaseException:
