@@ -175,14 +175,21 @@ class RequestBroker:
         memory: LongTermMemory | None = None,
         policy: AccessPolicy | None = None,
         store: EventStore | None = None,
+        catch_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """``store``: where the journal reads a task's recorded calls (None: no replay)."""
+        """``store``: where the journal reads a task's recorded calls (None: no replay).
+        ``catch_up``: waits until the state holds what the log held when called; asked
+        before refusing a request for a task not (or no longer) the agent's, since with
+        several orchestrators serving requests this one may not have folded it yet."""
+        self.catch_up = catch_up
         self.state = state
         self.record = record
         self.tools = tools or ToolRegistry()
         self.memory = memory
         policy = policy or AccessPolicy()
-        self.journal = Journal(store, record, self.tools, policy, self._replay_allowed)
+        self.journal = Journal(
+            store, record, self.tools, policy, self._replay_allowed, self._folded_version
+        )
 
     @property
     def policy(self) -> AccessPolicy:
@@ -191,6 +198,9 @@ class RequestBroker:
     @policy.setter
     def policy(self, value: AccessPolicy) -> None:
         self.journal.policy = value
+
+    def _folded_version(self, task_id: str) -> int:
+        return self.state.versions.get(task_id, 0)
 
     def _replay_allowed(self, task_id: str) -> bool:
         task = self.state.tasks.get(task_id)
@@ -211,6 +221,9 @@ class RequestBroker:
 
     async def _handle(self, req: AgentRequest, start: float) -> AgentResponse:
         problem = access_problem(self.state, req, self.policy)
+        if problem in ("unknown_task", "not_assigned") and self.catch_up is not None:
+            await self.catch_up()  # behind the log? (another orchestrator decided it)
+            problem = access_problem(self.state, req, self.policy)
         if problem is not None:
             refused = ev.AccessRefused(
                 task_id=req.task_id,

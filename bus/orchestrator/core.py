@@ -201,7 +201,9 @@ class Orchestrator:
             else any(x is not None for x in (tools, memory, access))
         )
         memory = memory if memory is not None else LongTermMemory(store, embedder)
-        self.broker = RequestBroker(self.state, self.record, tools, memory, access, store=store)
+        self.broker = RequestBroker(
+            self.state, self.record, tools, memory, access, store=store, catch_up=self.caught_up
+        )
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start)
         self.observers: list[Callable[[Envelope], None]] = []
@@ -612,6 +614,14 @@ class Orchestrator:
         owner folded the dispatch before it sent the card."""
         task = self.state.tasks.get(getattr(reply, "task_id", ""))
         return task is not None and self.owns is not None and self.owns(task.created.root_id)
+
+    async def caught_up(self, timeout: float = 2.0) -> None:
+        """Return once the state holds every event the log held when asked (or after
+        ``timeout``: the caller then decides on what it has)."""
+        target = await self.store.last_position()
+        deadline = time.monotonic() + timeout
+        while self.state.position < target and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # the follower folds meanwhile; a rare wait
 
     async def record(self, stream: str, events: list[ev.Event]) -> list[Envelope]:
         """Append an agent request's events to ``stream`` through the decision loop (so

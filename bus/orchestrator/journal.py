@@ -41,6 +41,7 @@ orchestrator rebuilds it the same way. At most ``_CACHED_TASKS`` tasks are kept.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -276,13 +277,20 @@ class Journal:
         tools: ToolRegistry,
         policy: AccessPolicy,
         replay_allowed: Callable[[str], bool] = lambda task_id: True,
+        folded_version: Callable[[str], int] = lambda task_id: 0,
     ) -> None:
+        """``folded_version``: the task stream's version the orchestrator has folded; a
+        journal behind it reads the rest of the stream before deciding (another writer's
+        events: a call recorded by another orchestrator, a retry, an approval)."""
+        self.folded_version = folded_version
         self.store = store
         self.record = record
         self.tools = tools
         self.policy = policy
         self.replay_allowed = replay_allowed
         self._tasks: OrderedDict[str, _TaskJournal] = OrderedDict()
+        #: model.requested writes in flight, by (task, execution, seq): answers wait for them
+        self._pending: dict[tuple[str, str, int], asyncio.Future[list[str]]] = {}
 
     # -- the task's journal, from the log ------------------------------------------
 
@@ -295,14 +303,15 @@ class Journal:
                 self._tasks.popitem(last=False)
         else:
             self._tasks.move_to_end(task_id)
-        if execution not in journal.executions:
-            if self.store is not None:  # what was decided since: failures, approvals
-                for env in await self.store.read_stream(task_id, journal.version + 1):
-                    journal.fold(env)
-            if execution not in journal.executions:  # not made by a crashed orchestrator
-                run = journal._execution(execution, attempt)
-                if not self.replay_allowed(task_id):
-                    run.reference = []
+        if self.store is not None and (
+            execution not in journal.executions or self.folded_version(task_id) > journal.version
+        ):  # what was decided since: failures, approvals, another writer's calls
+            for env in await self.store.read_stream(task_id, journal.version + 1):
+                journal.fold(env)
+        if execution not in journal.executions:  # a new handler run
+            run = journal._execution(execution, attempt)
+            if not self.replay_allowed(task_id):
+                run.reference = []
         return journal
 
     async def _write(
@@ -361,7 +370,11 @@ class Journal:
             if isinstance(tools, list)
             else []
         )
-        ids = await self._write(
+        # The request need not be durable before the call (a model call has no effect;
+        # the answer must be before the handler sees it): it is written while the model
+        # works, and ``model_answer`` waits for it first, which keeps the two in order.
+        journal.executions[req.execution].diverged = True
+        write = self._write(
             journal,
             req.task_id,
             [
@@ -379,13 +392,21 @@ class Journal:
                 )
             ],
         )
-        return CallOutcome(result={"call": ids[0] if ids else ""})
+        pending = asyncio.ensure_future(write)
+        pending.add_done_callback(_retrieve)
+        self._pending[(req.task_id, req.execution, req.seq)] = pending
+        if len(self._pending) > 4096:  # answers that never came (their agent died)
+            self._pending = {k: f for k, f in self._pending.items() if not f.done()}
+        return CallOutcome(result={"call": ""})
 
     async def model_answer(self, req: AgentRequest) -> CallOutcome:
         a = req.args
         if req.seq < 0 or not req.execution:
             raise BadJournalRequest("model.answer needs seq and execution")
         journal = await self._journal(req.task_id, req.execution, req.attempt)
+        pending = self._pending.pop((req.task_id, req.execution, req.seq), None)
+        if pending is not None:
+            await pending  # its request first (a failure to write it fails this answer)
         step = journal.executions[req.execution].steps.get(req.seq)
         error = a.get("error")
         answer = a.get("answer")
@@ -581,6 +602,12 @@ class Journal:
         if error is not None:
             return CallOutcome(error=error, error_type=error_type)
         return CallOutcome(result=result)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """A write nobody awaited (its answer never came: the agent died) logs its error."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("a model.requested was not recorded: %r", future.exception())
 
 
 def _tokens(value: Any) -> int:

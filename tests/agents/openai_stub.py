@@ -151,6 +151,7 @@ class OpenAIStub:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True  # headers and body in one segment: no 40 ms ACK stall
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
