@@ -52,6 +52,7 @@ own CPU per call is printed beside (from ``/proc``). Target (issue 22): at most
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
@@ -85,9 +86,10 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 class Job(msgspec.Struct):
     kind: str  # model | tool
-    journal: bool
-    calls: int
-    cell: str  # where the samples go
+    pairs: int  # calls with the journal and as many without, alternating
+    on_first: bool  # each pair starts with the journaled call
+    cell: str  # where the samples go: "<runtime>/<kind>" (+ "/on", "/off")
+    gap_s: float
 
 
 class Done(msgspec.Struct):
@@ -118,42 +120,45 @@ def _server_cpu_s() -> float:
 
 
 class Caller(Agent):
-    """Makes ``calls`` model or tool calls, with or without the journal; times each."""
+    """Makes ``pairs`` pairs of model or tool calls, one with the journal and one
+    without in each pair; times each and takes the process CPU around each."""
 
     agent_id = "journal-bench"
     capabilities: ClassVar = [Capability("calls", Job, Done)]
     constraints = AgentConstraints(tools=["noop"])
 
     async def handle(self, task: TaskCard, inputs: Job, ctx: TaskContext) -> Done:
-        call: Callable[[int], Awaitable[Any]]
+        call: dict[bool, Callable[[int], Awaitable[Any]]]
         if inputs.kind == "model":
-            llm = ctx.llm if inputs.journal else MeteredLLM(ctx.llm.inner)
-
-            async def call(i: int) -> Any:
-                return await llm.chat([{"role": "user", "content": f"question {i}"}])
-
-        elif inputs.journal:
-
-            async def call(i: int) -> Any:
-                return await ctx.tool("noop", i=i)
-
+            on_llm, off_llm = ctx.llm, MeteredLLM(ctx.llm.inner)  # with / without the journal
+            call = {
+                True: lambda i: on_llm.chat([{"role": "user", "content": f"question {i}"}]),
+                False: lambda i: off_llm.chat([{"role": "user", "content": f"question {i}"}]),
+            }
         else:
-
-            async def call(i: int) -> Any:
-                return await ctx.request("tool", "noop", {"i": i})
-
-        cell = CELLS.setdefault(inputs.cell, Cell())
-        samples: list[float] = []
-        cpu0, server0 = time.process_time(), _server_cpu_s()
-        for i in range(inputs.calls):
-            t = time.perf_counter()
-            await call(i)
-            samples.append(time.perf_counter() - t)
-        cell.cpu_s += time.process_time() - cpu0
-        cell.server_cpu_s += _server_cpu_s() - server0
-        cell.latencies_s += samples
-        cell.calls += inputs.calls
-        return Done(calls=inputs.calls)
+            call = {
+                True: lambda i: ctx.tool("noop", i=i),  # execution and seq: journaled
+                False: lambda i: ctx.request("tool", "noop", {"i": i}),  # execution "": live
+            }
+        order = (True, False) if inputs.on_first else (False, True)
+        cells = {
+            on: CELLS.setdefault(f"{inputs.cell}/{'on' if on else 'off'}", Cell()) for on in order
+        }
+        for i in range(inputs.pairs):
+            for on in order:
+                cpu0, server0 = time.process_time(), _server_cpu_s()
+                t = time.perf_counter()
+                await call[on](i)
+                latency = time.perf_counter() - t
+                # what the call left behind (the orchestrator following the log) runs here,
+                # in its own CPU window, not in the next call's
+                await asyncio.sleep(inputs.gap_s)
+                cell = cells[on]
+                cell.latencies_s.append(latency)
+                cell.cpu_s += time.process_time() - cpu0
+                cell.server_cpu_s += _server_cpu_s() - server0
+                cell.calls += 1
+        return Done(calls=2 * inputs.pairs)
 
 
 async def _noop(args: dict[str, Any]) -> dict[str, Any]:
@@ -182,19 +187,22 @@ RunPlan = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 async def rounds(runtime: str, run_plan: RunPlan, stub: OpenAIStub, args: Any) -> None:
-    """One warm-up round, then ``args.rounds`` rounds of the four cells, on/off order
-    alternating by round."""
+    """One warm-up round, then ``args.rounds`` rounds: one run per kind, each of
+    ``args.calls`` pairs, the journaled call first in even rounds, second in odd ones."""
     for r in range(-1, args.rounds):
         for kind in KINDS:
-            order = (True, False) if r % 2 == 0 else (False, True)
-            for on in order:
-                name = f"{runtime}/{kind}/{'on' if on else 'off'}"
-                cell = "warm" if r < 0 else name
-                job = Job(kind=kind, journal=on, calls=args.calls, cell=cell)
-                result = await run_plan(plan(job))
-                assert result.status == "completed", result
-                stub.requests.clear()  # the stub keeps every request: not for this long
-    CELLS.pop("warm", None)
+            job = Job(
+                kind=kind,
+                pairs=args.calls,
+                on_first=r % 2 == 0,
+                cell="warm" if r < 0 else f"{runtime}/{kind}",
+                gap_s=args.gap_ms / 1000,
+            )
+            result = await run_plan(plan(job))
+            assert result.status == "completed", result
+            stub.requests.clear()  # the stub keeps every request: not for this long
+    CELLS.pop("warm/on", None)
+    CELLS.pop("warm/off", None)
 
 
 async def bench_embedded(tmp: Path, stub: OpenAIStub, args: Any) -> None:
@@ -372,7 +380,10 @@ def save(f: Figure, json_path: str | None) -> None:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10, help="measured rounds (plus one warm-up)")
-    ap.add_argument("--calls", type=int, default=50, help="calls per cell per round")
+    ap.add_argument(
+        "--calls", type=int, default=50, help="pairs of calls (on, off) per kind per round"
+    )
+    ap.add_argument("--gap-ms", type=float, default=1.0, help="pause after each call")
     ap.add_argument("--runtimes", default="embedded,nats", help="embedded, nats or both")
     ap.add_argument("--kinds", default="model,tool", help="model, tool or both")
     ap.add_argument("--dir", default=None, help="where the SQLite file goes (default: a temp dir)")
@@ -382,7 +393,8 @@ async def main() -> None:
     KINDS[:] = [k.strip() for k in args.kinds.split(",") if k.strip() in ("model", "tool")]
     load = os.getloadavg()
     print(
-        f"journal bench: {args.rounds} rounds x {args.calls} calls per cell, one run at a time;"
+        f"journal bench: {args.rounds} rounds x {args.calls} pairs (on, off) per kind, one run"
+        " at a time;"
         f" load {load[0]:.2f} {load[1]:.2f} (1/5 min), cpus {os.cpu_count()}",
         flush=True,
     )
