@@ -191,12 +191,12 @@ class _Connection:
         task = self._task
         if task is None or task.done():
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), _STOP_GRACE_S)
-        except TimeoutError:
+        if self.session is None:  # still starting: nothing to wind down but the transport
             task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        _, pending = await asyncio.wait({task}, timeout=_STOP_GRACE_S)
+        if pending:
+            task.cancel()
+            await asyncio.wait({task})
 
     async def call(self, cardbus_name: str, tool: str, args: dict[str, Any]) -> Any:
         session = self.session

@@ -146,7 +146,7 @@ class MCPServer:
         return cls(
             name,
             command=e.get("command"),
-            args=tuple(e.get("args") or ()),
+            args=e.get("args") or (),
             env=e.get("env") or {},
             url=e.get("url"),
             headers=e.get("headers") or {},

@@ -6,6 +6,7 @@ import click
 
 from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.tools.cli import cli
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 _DEMO = [
@@ -31,7 +32,15 @@ def a2a() -> None:
     multiple=True,
     help="module:Class or a2a+http://host:port, served in this process (default: the demo's).",
 )
-def serve(host: str, port: int, db: StoreRef, agent_paths: tuple[str, ...]) -> None:
+@mcp_options
+def serve(
+    host: str,
+    port: int,
+    db: StoreRef,
+    agent_paths: tuple[str, ...],
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
+) -> None:
     """Serve the orchestrator as an A2A agent: a message with a plan starts a run.
 
     The card is at http://HOST:PORT/.well-known/agent-card.json, JSON-RPC
@@ -42,6 +51,7 @@ def serve(host: str, port: int, db: StoreRef, agent_paths: tuple[str, ...]) -> N
 
     paths = list(agent_paths) or _DEMO
     agents = [load_agent(p) for p in paths]
+    servers = mcp_servers(mcp, mcp_config)
 
     async def go() -> None:
         store = await open_store_option(db, create=True)
@@ -52,6 +62,7 @@ def serve(host: str, port: int, db: StoreRef, agent_paths: tuple[str, ...]) -> N
                 host=host,
                 port=port,
                 served=paths,
+                mcp_servers=servers,
                 on_ready=lambda url: click.echo(f"cardbus a2a: serving {url} (log {db})"),
             )
         finally:

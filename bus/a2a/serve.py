@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.mcp_config import MCPServer
 from cardbus.bus.a2a.server import A2AGateway, GoalPlanning, Planner, build_app
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import EventStore
@@ -25,17 +26,18 @@ async def serve(
     planner: Planner | None = None,
     served: Sequence[str] = (),
     on_ready: Callable[[str], None] | None = None,
+    mcp_servers: Sequence[MCPServer] = (),
 ) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers), then stop the runtime.
 
     A goal sent as text is planned by the orchestrator (``GoalPlanning``) with
     the planner agents among ``agents``, or the runtime's ``RulePlanner``;
-    ``planner`` replaces that.
+    ``planner`` replaces that. ``mcp_servers`` are mounted as tools for the runtime's life.
     """
     import uvicorn
 
     url = f"http://{host}:{port}/"
-    async with EmbeddedRuntime(store, agents) as rt:
+    async with EmbeddedRuntime(store, agents, mcp_servers=mcp_servers) as rt:
         names = {*served, *(a.agent_id for a in agents)}
         gateway = A2AGateway(
             store,
