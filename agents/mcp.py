@@ -58,6 +58,7 @@ import contextlib
 import hashlib
 import logging
 import re
+import subprocess
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
@@ -180,7 +181,7 @@ class _Connection:
             params = StdioServerParameters(
                 command=s.command, args=list(s.args), env=dict(s.env) or None, cwd=s.cwd
             )
-            return stdio_client(params, errlog=self.errlog or sys.stderr)
+            return stdio_client(params, errlog=_errlog(self.errlog))
         assert s.url is not None
         http = httpx2.AsyncClient(headers=dict(s.headers), timeout=httpx2.Timeout(30.0, read=300.0))
         stack.push_async_callback(http.aclose)
@@ -227,7 +228,8 @@ class _Connection:
 class MCPToolset:
     """Mount ``servers`` in ``registry`` while entered (``async with``); see the module doc.
 
-    ``errlog``: where stdio servers' stderr goes (default ``sys.stderr``).
+    ``errlog``: where stdio servers' stderr goes (a file with a ``fileno``; default
+    ``sys.stderr``, or the process's own stderr when ``sys.stderr`` is not a file).
     Entered again after a stop, it starts the servers again and serves the
     same names.
     """
@@ -362,6 +364,21 @@ def _value(result: mcp_types.CallToolResult) -> Any:
         else b.model_dump(mode="json", by_alias=True, exclude_none=True)
         for b in blocks
     ]
+
+
+def _errlog(given: TextIO | None) -> Any:
+    """Where a stdio server's stderr goes: ``given``, else ``sys.stderr`` if it is a real
+    file (a test runner's or a CLI runner's stand-in is not), else the process's own
+    stderr, else nowhere."""
+    for f in (given, sys.stderr, sys.__stderr__):
+        if f is None:
+            continue
+        try:
+            f.fileno()
+        except (OSError, ValueError, AttributeError):
+            continue
+        return f
+    return subprocess.DEVNULL
 
 
 def _consume(future: asyncio.Future[None]) -> None:

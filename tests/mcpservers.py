@@ -13,6 +13,9 @@ the cardbus ``MCPServer`` config that starts it. Its tools:
 * ``count()`` appends the call's idempotency key (``_meta``) as a line to the
   file ``$MCP_COUNT_FILE``: the test reads what the server really did;
 * ``big(n)`` -> ``n`` characters.
+
+:class:`Asker` is a plain cardbus agent that uses them through ``ctx.tool``
+(importable as ``mcpservers:Asker`` for ``cardbus run``).
 """
 
 import os
@@ -25,7 +28,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+# imported now, at collection: the SDK then owns the module name `mcp` even in a checkout
+# whose folder is named mcp (pytest imports the root __init__.py under the folder's name)
+import cardbus.agents.mcp  # noqa: F401
+from cardbus.agents.agent import Agent, Capability, TaskContext
+from cardbus.agents.cards import AgentConstraints, TaskCard
 from cardbus.agents.mcp_config import MCPServer
+from cardbus.eventstore.errors import CardbusError
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -60,6 +71,36 @@ def http_server(name: str = "h", **kw: Any) -> Iterator[MCPServer]:
     finally:
         proc.kill()
         proc.wait(30)
+
+
+class Ask(msgspec.Struct, frozen=True):
+    text: str
+    hang: bool = False  # also call t__hang (a server with a short timeout_s)
+
+
+class Asker(Agent):
+    """Calls t__echo and t__add, then (each caught, named in the output) t__hang when asked,
+    t__add again, and u__echo, which its allow-list (``t__*``) does not name."""
+
+    agent_id = "mcp-asker"
+    capabilities = [Capability("ask", Ask, dict)]
+    constraints = AgentConstraints(tools=["t__*"])
+
+    async def handle(self, task: TaskCard, inputs: Ask, ctx: TaskContext) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "echo": await ctx.tool("t__echo", text=inputs.text),
+            "add": await ctx.tool("t__add", a=2, b=3),
+        }
+        calls: list[tuple[str, str, dict[str, Any]]] = [("after", "t__add", {"a": 1, "b": 1})]
+        if inputs.hang:
+            calls.insert(0, ("hang", "t__hang", {}))
+        calls.append(("other", "u__echo", {"text": "x"}))
+        for label, name, args in calls:
+            try:
+                out[label] = await ctx.tool(name, **args)
+            except CardbusError as e:
+                out[label] = {"error": type(e).__name__}
+        return out
 
 
 def main() -> None:
