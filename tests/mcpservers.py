@@ -12,7 +12,8 @@ the cardbus ``MCPServer`` config that starts it. Its tools:
 * ``exit()`` ends the server process at once (exit code 3);
 * ``count()`` appends the call's idempotency key (``_meta``) as a line to the
   file ``$MCP_COUNT_FILE``: the test reads what the server really did;
-* ``big(n)`` -> ``n`` characters.
+* ``big(n)`` -> ``n`` characters;
+* ``pid()`` -> the server's process id.
 
 :class:`Asker` is a plain cardbus agent that uses them through ``ctx.tool``
 (importable as ``mcpservers:Asker`` for ``cardbus run``).
@@ -150,6 +151,10 @@ def main() -> None:
     @server.tool()
     def big(n: int) -> str:
         return "x" * n
+
+    @server.tool()
+    def pid() -> int:
+        return os.getpid()
 
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))

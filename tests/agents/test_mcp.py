@@ -54,6 +54,7 @@ async def test_tools_are_listed_and_registered_with_the_servers_schemas(tmp_path
             "t__exit",
             "t__count",
             "t__big",
+            "t__pid",
         ]
         assert all(OPENAI_NAME.match(n) for n in names)
         assert "doc_search" in registry  # what was registered before stays
@@ -143,13 +144,26 @@ async def test_the_idempotency_key_travels_in_meta_and_each_call_runs_once(
     assert IDEMPOTENCY_META_KEY == "cardbus/idempotency-key"
 
 
-async def test_toolset_restarts_with_the_same_names() -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie until reaped would still answer: the SDK waits for the exit, so none is left
+    return True
+
+
+async def test_stopping_ends_the_server_processes_and_a_restart_serves_the_same_names() -> None:
     registry = ToolRegistry()
-    toolset = MCPToolset([stdio_server("t")], registry)
+    toolset = MCPToolset([stdio_server("t"), stdio_server("u")], registry)
     async with toolset:
-        pass
+        pids = [(await registry.call(f"{s}__pid", {})).result["result"] for s in "tu"]
+        assert all(_alive(p) for p in pids)
+    assert not any(_alive(p) for p in pids)
     async with toolset:  # started again: the registered tools find the new session
         assert (await registry.call("t__echo", {"text": "again"})).result == {"result": "again"}
+        again = (await registry.call("t__pid", {})).result["result"]
+    assert again not in pids and not _alive(again)
 
 
 async def test_a_server_that_does_not_start_is_a_config_error_naming_it() -> None:

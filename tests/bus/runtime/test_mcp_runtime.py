@@ -55,3 +55,22 @@ async def test_an_agent_calls_mcp_tools_checked_and_recorded() -> None:
         assert "not running" in str(e)
     else:
         raise AssertionError("a stopped server answered")
+
+
+async def test_the_nats_runtime_mounts_them_too(nats_url: str) -> None:
+    from cardbus.bus.runtime.nats import NatsRuntime
+    from cardbus.eventstore.nats.connection import NatsOptions
+
+    servers = [stdio_server("t"), stdio_server("u")]
+    async with NatsRuntime(NatsOptions(url=nats_url), [Asker], mcp_servers=servers) as rt:
+        assert rt.tools is not None and "t__echo" in rt.tools  # a registry of its own
+        result = await rt.run(_plan(hang=False), timeout=120)
+        events = [e.data for e in await rt.store.read_correlation(result.root_id)]
+    assert result.status == "completed", result
+    assert result.outputs["ask"]["echo"] == {"result": "tide"}
+    assert result.outputs["ask"]["other"] == {"error": "AccessDenied"}
+    assert [e.tool for e in events if isinstance(e, ev.ToolCalled)] == [
+        "t__echo",
+        "t__add",
+        "t__add",
+    ]
