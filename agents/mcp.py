@@ -166,7 +166,8 @@ class _Connection:
             if not ready.done():
                 ready.set_exception(ConfigError(f"{self.what} did not start: {_why(e)}"))
             elif not isinstance(e, asyncio.CancelledError):
-                log.warning("%s failed: %s", self.what, _why(e))
+                self.down = f"its session failed: {_why(e)}"
+                log.warning("%s: %s", self.what, self.down)
             if isinstance(e, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
                 raise
         finally:
@@ -260,6 +261,8 @@ class MCPToolset:
         await self.stop()
 
     async def start(self) -> None:
+        if self._connections:
+            raise ConfigError("this MCPToolset is started already")
         connections = {s.name: _Connection(s, self.errlog) for s in self.servers}
         results = await asyncio.gather(
             *(c.start() for c in connections.values()), return_exceptions=True
