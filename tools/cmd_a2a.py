@@ -8,6 +8,7 @@ from cardbus.bus.http_guard import DEFAULT_MAX_BODY, load_tokens
 from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.eventstore.errors import ConfigError
 from cardbus.tools.cli import cli
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 _DEMO = [
@@ -60,6 +61,7 @@ def a2a() -> None:
     type=click.IntRange(1024),
     help="Larger request bodies are refused unread.",
 )
+@mcp_options
 def serve(
     host: str,
     port: int,
@@ -69,6 +71,8 @@ def serve(
     token_file: str | None,
     public_url: str | None,
     max_request_bytes: int,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
 ) -> None:
     """Serve the orchestrator as an A2A agent: a message with a plan starts a run.
 
@@ -88,6 +92,7 @@ def serve(
         raise click.ClickException(str(e)) from e  # one line on stderr, exit 1
     paths = list(agent_paths) or _DEMO
     agents = [load_agent(p) for p in paths]
+    servers = mcp_servers(mcp, mcp_config)
 
     async def go() -> None:
         store = await open_store_option(db, create=True)
@@ -101,6 +106,7 @@ def serve(
                 tokens=tokens,
                 public_url=public_url,
                 max_body=max_request_bytes,
+                mcp_servers=servers,
                 on_ready=lambda url: click.echo(f"cardbus a2a: serving {url} (log {db})"),
             )
         finally:

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.mcp_config import MCPServer
 from cardbus.bus.a2a.server import A2AGateway, GoalPlanning, Planner, build_app
 from cardbus.bus.http_guard import DEFAULT_MAX_BODY, host_names, is_loopback
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
@@ -40,6 +41,7 @@ async def serve(
     tokens: Sequence[str] = (),
     public_url: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    mcp_servers: Sequence[MCPServer] = (),
 ) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers), then stop the runtime.
 
@@ -48,14 +50,15 @@ async def serve(
     ``planner`` replaces that. ``tokens``: one of them on every request but
     the card's (required beyond loopback: ``ConfigError``); ``public_url``:
     the URL the card advertises (and a name the ``Host`` header may carry);
-    ``max_body``: the largest request body taken, in bytes.
+    ``max_body``: the largest request body taken, in bytes. ``mcp_servers`` are
+    mounted as tools for the runtime's life.
     """
     import uvicorn
 
     check_exposure(host, tokens)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = public_url or f"http://{shown}:{port}/"
-    async with EmbeddedRuntime(store, agents) as rt:
+    async with EmbeddedRuntime(store, agents, mcp_servers=mcp_servers) as rt:
         names = {*served, *(a.agent_id for a in agents)}
         gateway = A2AGateway(
             store,

@@ -8,7 +8,9 @@ orchestrator. For each one it
    dispatched agent of the current attempt); ``read_output`` may name only a
    task the card declares as a dependency, ``write_output`` only the task
    itself; ``tool`` only a tool on the agent's allow-list as registered in the
-   log (``AgentConstraints.tools``, not what the request claims); memory reads
+   log (``AgentConstraints.tools``, not what the request claims), whose entries
+   are names or globs (:func:`tool_allowed`: ``"time__*"`` names every tool of
+   the MCP server ``time``); memory reads
    are allowed unless the policy turns them off;
 2. on a refusal records ``access.refused`` and answers ``access_denied``
    (the agent gets ``AccessDenied``);
@@ -33,10 +35,11 @@ for a task the log does not know is recorded on the agent's stream
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -63,6 +66,7 @@ __all__ = [
     "access_problem",
     "digest",
     "inline_size",
+    "tool_allowed",
 ]
 
 log = logging.getLogger(__name__)
@@ -125,6 +129,12 @@ def inline_size(value: Any) -> int:
         return 1 << 62
 
 
+def tool_allowed(name: str, allowed: Iterable[str]) -> bool:
+    """Whether tool ``name`` is on the allow-list ``allowed``: an entry is a name, or a
+    glob (``fnmatch``, case-sensitive: ``*``, ``?``, ``[...]``) such as ``"time__*"``."""
+    return any(name == p or fnmatch.fnmatchcase(name, p) for p in allowed)
+
+
 def access_problem(
     state: RunState, req: AgentRequest, policy: AccessPolicy = AccessPolicy()
 ) -> str | None:
@@ -150,7 +160,7 @@ def access_problem(
                 return "not_own_task"
         case "tool":
             card = state.agents.get(req.agent_id)
-            if card is None or req.target not in card.constraints.tools:
+            if card is None or not tool_allowed(req.target, card.constraints.tools):
                 return "tool_not_allowed"
         case "memory.get" | "memory.list" | "memory.search":
             if not policy.memory_reads:
