@@ -66,7 +66,6 @@ from typing import Any, TextIO
 try:
     import httpx2
     import mcp_types
-
     from mcp import ClientSession, StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError
