@@ -24,7 +24,7 @@ from cardbus.agents.planning import (
     RulePlanner,
     plan_json_schema,
 )
-from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec
+from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec, current_idempotency_key
 
 __all__ = [
     "LLM",
@@ -55,6 +55,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolRegistry",
+    "current_idempotency_key",
     "ToolSpec",
     "configured_llm",
     "plan_json_schema",

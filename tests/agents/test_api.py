@@ -37,6 +37,7 @@ PUBLIC = {
     "Tool",
     "ToolCall",
     "ToolRegistry",
+    "current_idempotency_key",
     "ToolSpec",
     "configured_llm",
     "plan_json_schema",
