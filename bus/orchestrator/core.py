@@ -998,7 +998,10 @@ class Orchestrator:
             elif not all(any(e is x for x in data) for e in rec.events):
                 rec.done.set_exception(BusError(f"not recorded: {stream} was halted"))
             else:
-                rec.done.set_result([e for e in stored if any(e.data is x for x in rec.events)])
+                # stored in the order decided (a backend may return decoded copies of the
+                # events, so they are matched by place, not identity)
+                places = [i for i, x in enumerate(data) if any(x is e for e in rec.events)]
+                rec.done.set_result([stored[i] for i in places if i < len(stored)])
 
     async def _append(
         self, stream: str, data: Iterable[ev.Event], expected: int, root: str

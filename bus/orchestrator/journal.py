@@ -320,6 +320,8 @@ class Journal:
         """Record ``events`` (durable on return), fold them, and return their event ids."""
         stored = await self.record(task_id, events)
         envs = [e for e in stored or () if isinstance(e, Envelope)]
+        # a call not journaled still moves the task's journal on (no read of it later)
+        journal = journal or self._tasks.get(task_id)
         for env in envs if journal is not None else ():
             journal.fold(env)  # type: ignore[union-attr]
         return [env.event_id for env in envs]

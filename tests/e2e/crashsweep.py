@@ -131,11 +131,26 @@ def answer_for(body: dict[str, Any]) -> str:
 # -- the child: run (or resume) the plan, die after the k-th write ----------------------
 
 
+def _answers_in(result: Any) -> int:
+    """The live ``model.answered`` events among what an append returned."""
+    envs = result if isinstance(result, list) else []
+    flat = [e for x in envs for e in (x if isinstance(x, list) else [x])]
+    return sum(
+        1
+        for e in flat
+        if isinstance(getattr(e, "data", None), ev.ModelAnswered) and not e.data.replayed_from
+    )
+
+
 def _instrument(writes: list[int], crash_at: int) -> None:
     """Count every store's successful writes into ``writes[0]``; with ``crash_at`` > 0,
     die (as a kill would: no cleanup) right after the ``crash_at``-th is durable."""
     from cardbus.eventstore.nats import NatsEventStore
     from cardbus.eventstore.sqlite import SqliteEventStore
+
+    # the control's kill point: after the write that makes this many answers durable
+    after_answers = int(os.environ.get("CARDBUS_SWEEP_KILL_AFTER_ANSWERS", "0"))
+    answers = [0]
 
     def wrap(cls: Any, name: str) -> None:
         original = getattr(cls, name)
@@ -149,7 +164,8 @@ def _instrument(writes: list[int], crash_at: int) -> None:
                 self._sweep_depth = depth
             if depth == 0:
                 writes[0] += 1
-                if 0 < crash_at <= writes[0]:
+                answers[0] += _answers_in(result)
+                if 0 < crash_at <= writes[0] or 0 < after_answers <= answers[0]:
                     os._exit(EXIT_KILLED)
             return result
 
@@ -218,8 +234,11 @@ class Figures:
         )
 
 
-def _spawn(store_url: str, stub_url: str, effects: Path, crash_at: int) -> tuple[int, str]:
+def _spawn(
+    store_url: str, stub_url: str, effects: Path, crash_at: int, after_answers: int = 0
+) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env["CARDBUS_SWEEP_KILL_AFTER_ANSWERS"] = str(after_answers)
     proc = subprocess.run(
         [
             sys.executable,
@@ -279,7 +298,17 @@ def judge(log: list[Any], effects: Path) -> tuple[int, int]:
         if effects.exists()
         else collections.Counter()
     )
-    twice = sum(n - 1 for n in keys.values() if n > 1)
+    # each application names its call's key; a call repeated under another key would
+    # hide from the per-key count, so the applications are also counted against the calls
+    # (one charge a task) and each key must be a charge's tool.requested in the log
+    requested = {
+        env.event_id
+        for env in log
+        if isinstance(env.data, ev.ToolRequested) and env.data.tool == "charge"
+    }
+    stray = sum(n for k, n in keys.items() if k not in requested)
+    charges = len({env.stream for env in log if isinstance(env.data, ev.TaskCompleted)})
+    twice = max(sum(n - 1 for n in keys.values() if n > 1), sum(keys.values()) - charges, stray)
     return resent, twice
 
 
@@ -312,11 +341,12 @@ class Sweep:
             self._server.stop()
             self._server = None
 
-    def trial(self, crash_at: int, expected: Any) -> None:
-        """Kill at ``crash_at``, resume, judge."""
+    def trial(self, crash_at: int, expected: Any, after_answers: int = 0) -> None:
+        """Kill at ``crash_at`` (or once ``after_answers`` answers are durable), resume,
+        judge."""
         store_url = self.fresh_log()
         effects = self.workdir / f"effects-{self.kind}-{self._n}.txt"
-        code, out = _spawn(store_url, self.stub.url, effects, crash_at)
+        code, out = _spawn(store_url, self.stub.url, effects, crash_at, after_answers)
         killed = code == EXIT_KILLED
         if not killed and code != 0:
             self.figures.failures.append(f"{self.kind} k={crash_at}: child failed: {out}")
@@ -341,9 +371,14 @@ class Sweep:
 
 
 def run_sweep(
-    kinds: list[str], points: list[int] | None, workdir: Path, verbose: bool = True
+    kinds: list[str],
+    points: list[int] | None,
+    workdir: Path,
+    verbose: bool = True,
+    after_answers: int = 0,
 ) -> dict[str, Figures]:
-    """Every kill point (``points`` None) or the ones given, for each store kind."""
+    """Every kill point (``points`` None) or the ones given, for each store kind; with
+    ``after_answers``, one trial killed once that many model answers are durable."""
     from tests.agents.openai_stub import OpenAIStub
 
     out: dict[str, Figures] = {}
@@ -354,11 +389,13 @@ def run_sweep(
             try:
                 base = _baseline(sweep.fresh_log(), stub.url, workdir / f"effects-{kind}-0.txt")
                 writes = int(base["writes"])
+                if after_answers:
+                    points = [0]
                 for k in points if points is not None else range(1, writes + 1):
                     if k > writes:
                         continue
                     start = time.monotonic()
-                    sweep.trial(k, base["outputs"])
+                    sweep.trial(k, base["outputs"], after_answers)
                     if verbose:
                         took = time.monotonic() - start
                         print(f"  {kind} k={k}/{writes} {took:.1f}s: {sweep.figures.line()}")

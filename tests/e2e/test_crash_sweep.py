@@ -30,7 +30,14 @@ def test_a_sample_of_kill_points_on_both_stores(tmp_path: Path) -> None:
 def test_the_sweep_sees_calls_sent_again_when_replay_is_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The control: without the journal's replay the same kill re-sends answered calls."""
+    """The control: without the journal's replay the same kill re-sends answered calls
+    (killed once the second task's second answer is durable: its first two are sent again;
+    with replay on, none is)."""
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    replayed = run_sweep(["sqlite"], None, tmp_path / "on", False, after_answers=7)["sqlite"]
     monkeypatch.setitem(os.environ, "CARDBUS_SWEEP_NO_REPLAY", "1")
-    figures = run_sweep(["sqlite"], [27], tmp_path, verbose=False)
-    assert figures["sqlite"].resent_after_durable > 0
+    fresh = run_sweep(["sqlite"], None, tmp_path / "off", False, after_answers=7)["sqlite"]
+    assert replayed.killed == fresh.killed == 1
+    assert replayed.resent_after_durable == 0 and replayed.completed_same == 1
+    assert fresh.resent_after_durable >= 2
