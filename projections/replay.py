@@ -414,13 +414,25 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
     replayed one takes its prompt, arguments, answer or result from the event
     it names (``replayed_from``), which comes before it in the same stream.
     """
-    calls: list[Call] = []
-    models: dict[tuple[str, int], ModelCall] = {}  # open model calls by (execution, seq)
-    by_answer: dict[str, ModelCall] = {}  # model.answered event id -> its call
-    tools: dict[tuple[str, Any], ToolCall] = {}  # open tool calls
-    by_called: dict[str, ToolCall] = {}  # tool.called event id -> its call
-    by_requested: dict[str, ToolCall] = {}  # tool.requested event id -> its call
+    fold = JournalFold()
     for env in events:
+        fold.apply(env)
+    return fold.calls
+
+
+class JournalFold:
+    """:func:`journal_calls` one event at a time (live tracing follows the log with it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.models: dict[tuple[str, int], ModelCall] = {}  # open, by (execution, seq)
+        self.by_answer: dict[str, ModelCall] = {}  # model.answered event id -> its call
+        self.tools: dict[tuple[str, Any], ToolCall] = {}  # open tool calls
+        self.by_called: dict[str, ToolCall] = {}  # tool.called event id -> its call
+        self.by_requested: dict[str, ToolCall] = {}  # tool.requested event id -> its call
+
+    def apply(self, env: Envelope) -> Call | None:
+        """Fold one event; the call it opened, answered or is (None: not a journal event)."""
         data, t = env.data, env.recorded_at
         match data:
             case ev.ModelRequested():
@@ -438,10 +450,11 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
                     tools_offered=list(data.tools_offered),
                     requested_event_id=env.event_id,
                 )
-                models[(data.execution, data.seq)] = call
-                calls.append(call)
+                self.models[(data.execution, data.seq)] = call
+                self.calls.append(call)
+                return call
             case ev.ModelAnswered():
-                found = models.pop((data.execution, data.seq), None)
+                found = self.models.pop((data.execution, data.seq), None)
                 if found is None or data.replayed_from is not None:
                     found = ModelCall(
                         position=env.position,
@@ -453,7 +466,7 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
                         start=t,
                         request_digest=data.request_digest,
                     )
-                    calls.append(found)
+                    self.calls.append(found)
                 call = found
                 call.end = t
                 call.answered_event_id = env.event_id
@@ -464,7 +477,7 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
                 call.error, call.error_type = data.error, data.error_type
                 if data.replayed_from is not None:
                     call.status, call.replayed_from = "replayed", data.replayed_from
-                    source = by_answer.get(data.replayed_from)
+                    source = self.by_answer.get(data.replayed_from)
                     if source is not None:
                         call.model = source.model or call.model
                         call.prompt, call.answer = source.prompt, source.answer
@@ -474,7 +487,8 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
                 else:
                     call.answer = data.answer
                     call.status = "answered" if data.error is None else "failed"
-                by_answer[env.event_id] = call
+                self.by_answer[env.event_id] = call
+                return call
             case ev.ToolRequested():
                 tool = ToolCall(
                     position=env.position,
@@ -491,11 +505,12 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
                     arguments_digest=data.arguments_digest,
                     requested_event_id=env.event_id,
                 )
-                tools[_tool_key(data)] = tool
-                by_requested[env.event_id] = tool
-                calls.append(tool)
+                self.tools[_tool_key(data)] = tool
+                self.by_requested[env.event_id] = tool
+                self.calls.append(tool)
+                return tool
             case ev.ToolCalled():
-                open_call = tools.pop(_tool_key(data), None)
+                open_call = self.tools.pop(_tool_key(data), None)
                 if open_call is None or data.replayed_from is not None:
                     open_call = ToolCall(
                         position=env.position,
@@ -508,7 +523,7 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
                         arguments=data.arguments,
                         arguments_digest=data.arguments_digest,
                     )
-                    calls.append(open_call)
+                    self.calls.append(open_call)
                 tool = open_call
                 tool.end = t
                 tool.called_event_id = env.event_id
@@ -517,7 +532,7 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
                 tool.result_bytes = data.result_bytes
                 if data.replayed_from is not None:
                     tool.status, tool.replayed_from = "replayed", data.replayed_from
-                    done = by_called.get(data.replayed_from)
+                    done = self.by_called.get(data.replayed_from)
                     if done is not None:
                         tool.arguments = done.arguments
                         tool.result, tool.error = done.result, done.error
@@ -532,29 +547,29 @@ def journal_calls(events: Sequence[Envelope]) -> list[Call]:
                         data.arguments if data.arguments is not None else tool.arguments
                     )
                     tool.status = "ok" if data.error is None else "failed"
-                by_called[env.event_id] = tool
+                self.by_called[env.event_id] = tool
+                return tool
             case ev.ToolEffectUnknown():
-                named = by_requested.get(data.requested_event_id)
+                named = self.by_requested.get(data.requested_event_id)
                 if named is not None and named.status == "open":
                     named.status = "unknown"
-                calls.append(
-                    EffectUnknown(
-                        position=env.position,
-                        seq=data.seq,
-                        execution=data.execution,
-                        attempt=data.attempt,
-                        agent_id=data.agent_id,
-                        tool=data.tool,
-                        time=t,
-                        decision=data.decision,
-                        idempotency_key=data.idempotency_key,
-                        requested_event_id=data.requested_event_id,
-                        event_id=env.event_id,
-                    )
+                effect = EffectUnknown(
+                    position=env.position,
+                    seq=data.seq,
+                    execution=data.execution,
+                    attempt=data.attempt,
+                    agent_id=data.agent_id,
+                    tool=data.tool,
+                    time=t,
+                    decision=data.decision,
+                    idempotency_key=data.idempotency_key,
+                    requested_event_id=data.requested_event_id,
+                    event_id=env.event_id,
                 )
+                self.calls.append(effect)
+                return effect
             case _:
-                pass
-    return calls
+                return None
 
 
 def _tool_key(data: ev.ToolRequested | ev.ToolCalled) -> tuple[str, Any]:
