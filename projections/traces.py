@@ -80,6 +80,7 @@ from cardbus.projections.replay import (
     AttemptSpan,
     Call,
     EffectUnknown,
+    JournalFold,
     ModelCall,
     Step,
     TaskNode,
@@ -90,6 +91,10 @@ from cardbus.projections.replay import (
 
 __all__ = [
     "CAPTURE_CONTENT",
+    "EffectUnknown",
+    "JournalFold",
+    "ModelCall",
+    "ToolCall",
     "SCOPE_NAME",
     "SpanEventRecord",
     "SpanRecord",
