@@ -331,8 +331,13 @@ def output_messages(answer: Any) -> list[dict[str, Any]]:
         parts.append(_text_part(answer["text"]))
     called = [c for c in answer.get("tool_calls") or () if isinstance(c, dict)]
     parts += [_tool_call_part(c) for c in called]
-    finish = answer.get("finish_reason") or ("tool_call" if called else "stop")
-    return [{"role": "assistant", "parts": parts, "finish_reason": str(finish)}]
+    finish = str(answer.get("finish_reason") or ("tool_call" if called else "stop"))
+    finish = _FINISH.get(finish, finish)
+    return [{"role": "assistant", "parts": parts, "finish_reason": finish}]
+
+
+#: OpenAI's finish reasons -> the GenAI conventions' (``tool_calls`` is ``tool_call`` there)
+_FINISH = {"tool_calls": "tool_call", "function_call": "tool_call"}
 
 
 def _json_text(value: Any) -> str:

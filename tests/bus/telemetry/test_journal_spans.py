@@ -23,7 +23,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 from cardbus.agents.llm import OpenAIChatLLM
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
-from cardbus.projections.traces import CAPTURE_CONTENT, span_id_for, to_readable_spans
+from cardbus.projections.traces import (
+    CAPTURE_CONTENT,
+    input_messages,
+    output_messages,
+    span_id_for,
+    to_readable_spans,
+)
 from cardbus.tools.cmd_export import collect_spans
 
 
@@ -214,3 +220,48 @@ def test_an_unknown_effect_is_an_event_of_the_attempt_that_met_it(
 )
 def test_the_provider_is_named_from_the_endpoint(url: str, provider: str) -> None:
     assert OpenAIChatLLM(url, "m", api_key="unused").provider == provider
+
+
+def test_a_tool_calling_turn_in_the_genai_message_shape() -> None:
+    request = {
+        "op": "chat",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+        ],
+    }
+    assert input_messages(request) == [
+        {"role": "system", "parts": [{"type": "text", "content": "be brief"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "weather?"}]},
+        {
+            "role": "assistant",
+            "parts": [
+                {"type": "tool_call", "id": "c1", "name": "weather", "arguments": {"city": "Oslo"}}
+            ],
+        },
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "rain"}]},
+    ]
+    answer = {
+        "text": "",
+        "tool_calls": [{"id": "c2", "name": "weather", "arguments": "{}"}],
+        "finish_reason": "tool_calls",
+    }
+    assert output_messages(answer) == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "tool_call", "id": "c2", "name": "weather", "arguments": {}}],
+            "finish_reason": "tool_call",
+        }
+    ]
