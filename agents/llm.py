@@ -369,7 +369,29 @@ class OpenAIChatLLM:
     local servers expect.
     """
 
-    provider = "openai"
+    #: hosts of OpenAI-compatible endpoints -> the GenAI registry's ``gen_ai.provider.name``
+    PROVIDERS = {
+        "api.openai.com": "openai",
+        "api.anthropic.com": "anthropic",
+        "generativelanguage.googleapis.com": "gcp.gemini",
+        "api.mistral.ai": "mistral_ai",
+        "api.deepseek.com": "deepseek",
+        "api.groq.com": "groq",
+        "api.x.ai": "x_ai",
+        "api.perplexity.ai": "perplexity",
+        "api.cohere.ai": "cohere",
+    }
+
+    @property
+    def provider(self) -> str:
+        """``gen_ai.provider.name`` of the endpoint, from the base URL's host: the
+        OpenTelemetry registry's name for a known provider (api.openai.com -> ``openai``,
+        ``*.openai.azure.com`` -> ``azure.ai.openai``, ...), else the host itself (a
+        custom value, as the GenAI conventions allow: a local vLLM is not OpenAI)."""
+        host = (urlsplit(self.base_url).hostname or "").lower().rstrip(".")
+        if host.endswith(".openai.azure.com"):
+            return "azure.ai.openai"
+        return self.PROVIDERS.get(host) or host or "unknown"
 
     def __init__(
         self,

@@ -3,7 +3,8 @@
 Every view is a library call: the runs list and task table are the ``runs``
 and ``tasks`` projections (folded into memory from the store, brought up to
 date on each request), a run's timeline is :func:`projections.replay`, a
-task's steps are its stream, and approve/deny is
+task's steps are its stream (with its model and tool calls folded by
+:func:`projections.journal_calls`), and approve/deny is
 :func:`bus.orchestrator.core.answer_approval`, the function behind ``cardbus
 approve``. ``/api/events`` streams the store's :meth:`subscribe` as
 server-sent events: the page refetches what changed.
@@ -39,6 +40,7 @@ from cardbus.projections import (
     Runs,
     TaskTable,
     event_reason,
+    journal_calls,
     replay,
     resolve_id,
     run_duration,
@@ -128,7 +130,8 @@ class Console:
             if row[col] is not None:
                 row[col] = msgspec.json.decode(row[col])
         steps = []
-        for env in await self.store.read_stream(task_id):
+        stream = await self.store.read_stream(task_id)
+        for env in stream:
             data = msgspec.to_builtins(env.data)
             data.pop("type", None)
             steps.append(
@@ -143,7 +146,9 @@ class Console:
                     "data": data,
                 }
             )
-        return {"task": row, "steps": steps, "position": runner.position}
+        # what its attempts asked models and tools (the journal), replays resolved
+        calls = journal_calls(stream)
+        return {"task": row, "steps": steps, "calls": calls, "position": runner.position}
 
     async def events(self, root: str | None, start: int) -> AsyncIterator[bytes]:
         """SSE frames: one per appended event (of run ``root``, if given), plus heartbeats."""
