@@ -71,14 +71,16 @@ class TaskJournal:
     def next_seq(self) -> int:
         return next(self._seq)
 
-    def _recording(self) -> bool:
+    @property
+    def recording(self) -> bool:
+        """Whether an orchestrator takes the records (a worker runs the task)."""
         return (self.services.requester or REQUESTER.get()) is not None
 
     async def model_call(
         self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
     ) -> Completion:
         """Answer ``request`` from the journal, or make it ``live`` and record the answer."""
-        if not self._recording():
+        if not self.recording:
             return await live()
         seq = self.next_seq()
         services = self.services

@@ -639,6 +639,11 @@ def _tracer() -> trace.Tracer | None:
 class ModelJournal(Protocol):
     """Records a model call and answers it from the log when a retry asks it again."""
 
+    @property
+    def recording(self) -> bool:
+        """Whether there is a log to record in (else calls go out as they are)."""
+        ...
+
     async def model_call(
         self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
     ) -> Completion: ...
@@ -701,13 +706,17 @@ class MeteredLLM:
         self, model: str | None, call: Callable[[], Any], request: dict[str, Any]
     ) -> Completion:
         journal = self.journal
-        if journal is not None:  # recorded in the task's stream; answered from it on a retry
-            return await journal.model_call(request, lambda: self._live(model, call))
+        if journal is not None and journal.recording:
+            # recorded in the task's stream, answered from it on a retry; its span is the
+            # orchestrator's, made from the log (one span a call, not one on each side)
+            return await journal.model_call(request, lambda: self._live(model, call, False))
         return await self._live(model, call)
 
-    async def _live(self, model: str | None, call: Callable[[], Any]) -> Completion:
+    async def _live(
+        self, model: str | None, call: Callable[[], Any], traced: bool = True
+    ) -> Completion:
         requested = model or self.model
-        tracer = _tracer()
+        tracer = _tracer() if traced else None
         if tracer is None:
             return self._count(await call())
         with tracer.start_as_current_span(

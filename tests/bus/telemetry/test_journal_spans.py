@@ -157,7 +157,8 @@ def test_every_exported_call_span_has_a_live_twin(
             assert twin.status.status_code == x.status.status_code, x.name
             for key in ("gen_ai.usage.input_tokens", "cardbus.journal.replayed_from"):
                 assert twin.attributes.get(key) == x.attributes.get(key), (x.name, key)
-    # the agent's own model-call spans name the provider from the endpoint (a loopback stub)
+    # a journaled call has one span, the orchestrator's (made from the log): the agent's
+    # side makes none of its own, so usage summed over chat spans counts each call once
     agent_chats = [
         s
         for s in live_spans
@@ -167,9 +168,7 @@ def test_every_exported_call_span_has_a_live_twin(
             c.context.span_id for c in _calls(asyncio.run(_exported(runs.db, runs.retry_root))[0])
         }
     ]
-    assert agent_chats and {s.attributes["gen_ai.provider.name"] for s in agent_chats} == {
-        "127.0.0.1"
-    }
+    assert agent_chats == []
 
 
 def test_an_unknown_effect_is_an_event_of_the_attempt_that_met_it(
