@@ -82,6 +82,25 @@ class TaskJournal:
         """Answer ``request`` from the journal, or make it ``live`` and record the answer."""
         if not self.recording:
             return await live()
+
+        async def asked() -> dict[str, Any]:
+            return msgspec.to_builtins(await live())
+
+        return msgspec.convert(await self.call(request, asked), Completion)
+
+    async def call(
+        self, request: dict[str, Any], live: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """The journal's one model-call step, for any client (a framework's model too).
+
+        ``request`` is what is asked, as JSON builtins (its ``model`` names the model);
+        ``live()`` makes the call and returns the answer as a JSON object, with
+        ``input_tokens``, ``output_tokens`` and ``model`` keys where it knows them (the
+        log's usage figures). Returns the recorded answer on a replay, else the live one
+        once it is durable. Without an orchestrator to ask, ``live()`` as it is.
+        """
+        if not self.recording:
+            return await live()
         seq = self.next_seq()
         services = self.services
         model = str(request.get("model") or "")
@@ -93,13 +112,13 @@ class TaskJournal:
             execution=self.execution,
         )
         replayed = asked.get("replay") if isinstance(asked, dict) else None
-        if replayed is not None:
+        if isinstance(replayed, dict):
             self.replayed += 1
-            return msgspec.convert(replayed, Completion)
+            return replayed
         call = asked.get("call", "") if isinstance(asked, dict) else ""
         start = time.monotonic()
         try:
-            completion = await live()
+            answer = await live()
         except Exception as e:
             reason = e.error_type if isinstance(e, LLMError) else type(e).__name__
             await services.request(
@@ -118,12 +137,8 @@ class TaskJournal:
         await services.request(
             "model.answer",
             model,
-            {
-                "call": call,
-                "answer": msgspec.to_builtins(completion),
-                "latency_s": round(time.monotonic() - start, 6),
-            },
+            {"call": call, "answer": answer, "latency_s": round(time.monotonic() - start, 6)},
             seq=seq,
             execution=self.execution,
         )
-        return completion
+        return answer
