@@ -142,3 +142,49 @@ class TaskJournal:
             execution=self.execution,
         )
         return answer
+
+    async def tool_call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        run: Callable[[str], Awaitable[Any]],
+        *,
+        idempotent: bool = False,
+    ) -> Any:
+        """A tool the agent runs itself (a framework's function tool), journaled.
+
+        ``run(idempotency_key)`` is awaited only when the journal has no result for this
+        call: its ``tool.requested`` is durable before it runs (invariant 8), its result
+        (JSON builtins) or error is recorded after. A retry that calls it again with the
+        same arguments at the same place gets the recorded result; a call whose effect is
+        unknown (the process died during it) runs again only if ``idempotent``, else
+        ``EffectUnknown`` is raised and the task waits for an operator.
+        """
+        if not self.recording:
+            return await run("")
+        seq = self.next_seq()
+        services = self.services
+        begun = await services.request(
+            "tool.begin",
+            name,
+            {"arguments": arguments, "idempotent": idempotent},
+            seq=seq,
+            execution=self.execution,
+        )
+        if isinstance(begun, dict) and "replay" in begun:
+            self.replayed += 1
+            return begun["replay"]
+        key = str(begun.get("key", "")) if isinstance(begun, dict) else ""
+        start = time.monotonic()
+        ended: dict[str, Any] = {"arguments": arguments, "key": key}
+        try:
+            result = await run(key)
+        except Exception as e:
+            ended |= {"error": f"{type(e).__name__}: {e}", "error_type": "tool_error"}
+            ended["duration_s"] = round(time.monotonic() - start, 6)
+            await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+            raise
+        ended |= {"result": msgspec.to_builtins(result)}
+        ended["duration_s"] = round(time.monotonic() - start, 6)
+        await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+        return ended["result"]

@@ -30,6 +30,8 @@ kind               target           args
 ``memory.search``  -                ``text``, ``k``, ``tags``, ``kind``
 ``model.request``  the model        ``request``, ``digest``, ``replay`` (``agents.journal``)
 ``model.answer``   the model        ``call``, ``answer`` or ``error`` and ``error_type``
+``tool.begin``     the agent's tool ``arguments``, ``idempotent`` (before it runs)
+``tool.end``       the agent's tool ``arguments``, ``key``, ``result`` or ``error``
 =================  ===============  =================================================
 
 ``tool``, ``model.request`` and ``model.answer`` carry the journal's coordinates
@@ -86,6 +88,8 @@ RequestKind = Literal[
     "memory.search",
     "model.request",
     "model.answer",
+    "tool.begin",
+    "tool.end",
 ]
 REQUEST_KINDS: tuple[str, ...] = (
     "read_output",
@@ -96,6 +100,8 @@ REQUEST_KINDS: tuple[str, ...] = (
     "memory.search",
     "model.request",
     "model.answer",
+    "tool.begin",
+    "tool.end",
 )
 
 

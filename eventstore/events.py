@@ -447,6 +447,7 @@ class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
     execution: str = ""
     seq: int = -1
     idempotency_key: str = ""
+    local: bool = False  # run by the agent itself (``ctx.journal.tool_call``), not a registry
 
 
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
@@ -468,6 +469,7 @@ class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     idempotency_key: str = ""
     #: set on a call answered from the journal: the ``tool.called`` whose result (or error)
     #: this is; the tool did not run again
+    local: bool = False
     replayed_from: str | None = None
 
 

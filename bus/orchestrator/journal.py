@@ -468,47 +468,109 @@ class Journal:
     # -- tool calls ---------------------------------------------------------------------
 
     async def tool(self, req: AgentRequest) -> CallOutcome:
-        """A tool call: answered from the journal, or made live and recorded."""
-        args = req.args
+        """A registry tool call: answered from the journal, or made live and recorded."""
+        arg_digest = _sha(_json(req.args))
+        tool = self.tools.get(req.target)
+
+        async def live(journal: _TaskJournal | None, key: str) -> CallOutcome:
+            return await self._tool_live(req, journal, arg_digest, key)
+
+        idempotent = tool is not None and tool.spec.idempotent
+        return await self._tool_step(req, req.args, idempotent, live, lambda r: r)
+
+    async def tool_begin(self, req: AgentRequest) -> CallOutcome:
+        """A tool the agent runs itself (``ctx.journal.tool_call``), before it runs: the
+        recorded result (``{"replay": result}``), or ``{"key": key}`` once its
+        ``tool.requested`` is durable (the agent then runs it and sends ``tool.end``)."""
+        args = req.args.get("arguments")
+        if not isinstance(args, dict) or req.seq < 0 or not req.execution:
+            raise BadJournalRequest("tool.begin needs arguments (an object), seq and execution")
+        arg_digest = _sha(_json(args))
+
+        async def begin(journal: _TaskJournal | None, key: str) -> CallOutcome:
+            requested = self._requested(req, args, arg_digest, key, local=True)
+            ids = await self._write(journal, req.task_id, [requested])
+            return CallOutcome(result={"key": key or (ids[0] if ids else req.request_id)})
+
+        idempotent = req.args.get("idempotent") is True
+        return await self._tool_step(req, args, idempotent, begin, lambda r: {"replay": r})
+
+    async def tool_end(self, req: AgentRequest) -> CallOutcome:
+        """A tool the agent ran itself, after: its result or error, recorded."""
+        a = req.args
+        args = a.get("arguments")
+        key = a.get("key")
+        if not isinstance(args, dict) or not isinstance(key, str) or req.seq < 0:
+            raise BadJournalRequest("tool.end needs arguments, key and seq")
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        error = a.get("error")
+        result = None if error is not None else a.get("result")
+        size = 0 if error is not None else inline_size(result)
+        duration = a.get("duration_s", 0.0)
+        called = ev.ToolCalled(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            tool=req.target,
+            arguments=args if inline_size(args) <= self.policy.max_inline_bytes else None,
+            result=result if self.policy.arguments == "full" else None,
+            error=None if error is None else str(error)[:2000],
+            duration_s=round(float(duration), 6) if isinstance(duration, (int, float)) else 0.0,
+            attempt=req.attempt,
+            error_type=None if error is None else str(a.get("error_type") or "tool_error"),
+            arguments_digest=_sha(_json(args)),
+            result_digest="" if error is not None else _sha(_json(result)),
+            result_bytes=size,
+            request_id=req.request_id,
+            execution=req.execution,
+            seq=req.seq,
+            idempotency_key=key,
+            local=True,
+        )
+        await self._write(journal, req.task_id, [called])
+        return CallOutcome(result={"recorded": True})
+
+    async def _tool_step(
+        self,
+        req: AgentRequest,
+        args: dict[str, Any],
+        idempotent: bool,
+        live: Callable[[_TaskJournal | None, str], Awaitable[CallOutcome]],
+        replayed: Callable[[Any], Any],
+    ) -> CallOutcome:
+        """A tool call at its place in the journal: replayed, made live (``live(journal,
+        key)``, key "" for a new call), or, its effect unknown, repeated or refused."""
         arg_digest = _sha(_json(args))
         if not req.execution or req.seq < 0:  # not journaled (an old agent): made live
-            return await self._tool_live(req, None, arg_digest, "")
+            return await live(None, "")
         journal = await self._journal(req.task_id, req.execution, req.attempt)
         run = journal.executions[req.execution]
-        digest = call_digest(req.target, arg_digest)
         ref = journal.reference(req.execution)
-        if run.diverged or req.seq >= len(ref):
-            return await self._tool_live(req, journal, arg_digest, "")
-        step = ref[req.seq]
-        if step.kind != "tool" or step.digest != digest:
-            return await self._tool_live(req, journal, arg_digest, "")
-        if step.answered_id and step.error is not None:  # a failed call is asked again
-            return await self._tool_live(req, journal, arg_digest, "")
+        step = ref[req.seq] if not run.diverged and req.seq < len(ref) else None
+        if (
+            step is None
+            or step.kind != "tool"
+            or step.digest != call_digest(req.target, arg_digest)
+            or (step.answered_id and step.error is not None)  # a failed call is asked again
+        ):
+            return await live(journal, "")
         if step.answered_id and step.has_answer:
-            await self._write(
-                journal,
-                req.task_id,
-                [
-                    ev.ToolCalled(
-                        task_id=req.task_id,
-                        agent_id=req.agent_id,
-                        tool=req.target,
-                        attempt=req.attempt,
-                        arguments_digest=arg_digest,
-                        result_digest=_sha(_json(step.answer)),
-                        result_bytes=len(_json(step.answer)),
-                        request_id=req.request_id,
-                        execution=req.execution,
-                        seq=req.seq,
-                        idempotency_key=step.key,
-                        replayed_from=step.answered_id,
-                    )
-                ],
+            replay = ev.ToolCalled(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                tool=req.target,
+                attempt=req.attempt,
+                arguments_digest=arg_digest,
+                result_digest=_sha(_json(step.answer)),
+                result_bytes=len(_json(step.answer)),
+                request_id=req.request_id,
+                execution=req.execution,
+                seq=req.seq,
+                idempotency_key=step.key,
+                replayed_from=step.answered_id,
             )
-            return CallOutcome(result=step.answer)
+            await self._write(journal, req.task_id, [replay])
+            return CallOutcome(result=replayed(step.answer))
         # requested and never answered (or its result not kept): its effect is unknown
-        spec = self.tools.get(req.target)
-        idempotent = spec is not None and spec.spec.idempotent
         decision = "repeat" if idempotent or step.repeat_ok else "ask"
         unknown = ev.ToolEffectUnknown(
             task_id=req.task_id,
@@ -523,7 +585,7 @@ class Journal:
         )
         await self._write(journal, req.task_id, [unknown])
         if decision == "repeat":
-            return await self._tool_live(req, journal, arg_digest, step.key)
+            return await live(journal, step.key)
         message = (
             f"the effect of {req.target} (call {step.requested_id}, key {step.key}) is unknown:"
             " the process died during it and the tool is not idempotent; approve the task"
@@ -531,28 +593,34 @@ class Journal:
         )
         return CallOutcome(error=message, error_type="effect_unknown")
 
-    async def _tool_live(
-        self, req: AgentRequest, journal: _TaskJournal | None, arg_digest: str, key: str
-    ) -> CallOutcome:
-        from cardbus.bus.orchestrator.access import inline_size
-
-        start = time.monotonic()
-        args = req.args
+    def _requested(
+        self, req: AgentRequest, args: dict[str, Any], arg_digest: str, key: str, local: bool
+    ) -> ev.ToolRequested:
         policy = self.policy
-        inline_args = policy.arguments == "full" and inline_size(args) <= policy.max_inline_bytes
-        # invariant 2: the call is in the log before its side effect can happen
-        requested = ev.ToolRequested(
+        inline = policy.arguments == "full" and inline_size(args) <= policy.max_inline_bytes
+        return ev.ToolRequested(
             task_id=req.task_id,
             agent_id=req.agent_id,
             tool=req.target,
             request_id=req.request_id,
-            arguments=args if inline_args else None,
+            arguments=args if inline else None,
             arguments_digest=arg_digest,
             attempt=req.attempt,
             execution=req.execution,
             seq=req.seq,
             idempotency_key=key,
+            local=local,
         )
+
+    async def _tool_live(
+        self, req: AgentRequest, journal: _TaskJournal | None, arg_digest: str, key: str
+    ) -> CallOutcome:
+        start = time.monotonic()
+        args = req.args
+        policy = self.policy
+        inline_args = policy.arguments == "full" and inline_size(args) <= policy.max_inline_bytes
+        # invariant 2: the call is in the log before its side effect can happen
+        requested = self._requested(req, args, arg_digest, key, local=False)
         ids = await self._write(journal, req.task_id, [requested])
         key = key or (ids[0] if ids else req.request_id)
         result: Any = None
@@ -610,6 +678,14 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
     """A write nobody awaited (its answer never came: the agent died) logs its error."""
     if not future.cancelled() and future.exception() is not None:
         log.warning("a model.requested was not recorded: %r", future.exception())
+
+
+def inline_size(value: Any) -> int:
+    """The size of ``value`` as JSON (huge when it cannot be encoded: never inline)."""
+    try:
+        return len(msgspec.json.encode(value))
+    except Exception:
+        return 1 << 62
 
 
 def _tokens(value: Any) -> int:

@@ -260,3 +260,44 @@ async def _until(store: SqliteEventStore, root: str, done: Any, timeout: float =
 
 def _charging(event: Any) -> bool:
     return isinstance(event, ev.ToolRequested) and event.tool == "charge"
+
+
+LOCAL_RUNS: list[str] = []
+
+
+class LocalToolUser(Agent):
+    """Runs a tool of its own (as a framework's function tool) through the journal."""
+
+    agent_id = "local"
+    capabilities: ClassVar = [Capability("ask", Q, A)]
+
+    async def handle(self, task: TaskCard, inputs: Q, ctx: TaskContext) -> A:
+        async def run(key: str) -> dict[str, Any]:
+            LOCAL_RUNS.append(key)
+            return {"looked_up": inputs.q}
+
+        found = await ctx.journal.tool_call("lookup", {"q": inputs.q}, run)
+        if FAILS_LEFT.get(inputs.q, 0) > 0:
+            FAILS_LEFT[inputs.q] -= 1
+            raise RuntimeError("failed after its own tool")
+        return A(answer=str(found))
+
+
+async def test_an_agents_own_tool_is_journaled_and_replayed(tmp_path: Path) -> None:
+    LOCAL_RUNS.clear()
+    FAILS_LEFT["own tool"] = 1
+    async with (
+        await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+        EmbeddedRuntime(store, [LocalToolUser], _policy()) as rt,
+    ):
+        result = await rt.run(_plan("journal-local", "own tool"))
+        events = await _events(store, result.root_id)
+    assert result.status == "completed", result
+    assert result.outputs["t"] == {"answer": "{'looked_up': 'own tool'}"}
+    assert len(LOCAL_RUNS) == 1 and LOCAL_RUNS[0]  # ran once, with its key
+    requested = [e for e in events if isinstance(e, ev.ToolRequested)]
+    called = [e for e in events if isinstance(e, ev.ToolCalled)]
+    assert [e.local for e in requested] == [True]
+    assert requested[0].idempotency_key == "" and called[0].idempotency_key == LOCAL_RUNS[0]
+    assert [e.replayed_from is None for e in called] == [True, False]
+    assert called[0].result == {"looked_up": "own tool"}
