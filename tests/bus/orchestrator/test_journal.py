@@ -21,6 +21,7 @@ from cardbus.bus.orchestrator import Policy, RetryPolicy
 from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import LLMBadOutput
 from cardbus.eventstore.sqlite import SqliteEventStore
 from tests.agents.openai_stub import OpenAIStub, Reply
 
@@ -301,3 +302,47 @@ async def test_an_agents_own_tool_is_journaled_and_replayed(tmp_path: Path) -> N
     assert requested[0].idempotency_key == "" and called[0].idempotency_key == LOCAL_RUNS[0]
     assert [e.replayed_from is None for e in called] == [True, False]
     assert called[0].result == {"looked_up": "own tool"}
+
+
+class Judged(Agent):
+    """Two model calls; the second answer must say "good" (else the model's answer
+    failed the attempt: llm_bad_output)."""
+
+    agent_id = "judged"
+    capabilities: ClassVar = [Capability("ask", Q, A)]
+
+    async def handle(self, task: TaskCard, inputs: Q, ctx: TaskContext) -> A:
+        first = await ctx.llm.chat([{"role": "user", "content": f"first: {inputs.q}"}])
+        second = await ctx.llm.chat([{"role": "user", "content": f"second: {first.text}"}])
+        if second.text != "good":
+            raise LLMBadOutput(f"not good: {second.text}")
+        return A(answer=second.text)
+
+
+async def test_a_retry_after_a_bad_answer_asks_the_model_again_from_that_call(
+    tmp_path: Path,
+) -> None:
+    with OpenAIStub() as stub:
+        stub.script("first answer", "bad", "good")
+        llm = OpenAIChatLLM(stub.url, "stub-model")
+        policy = Policy(
+            retry=RetryPolicy(
+                max_attempts=2, initial_interval_s=0.01, jitter=0.0, non_retryable_reasons=[]
+            )
+        )
+        async with (
+            await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [Judged], policy, llm=llm) as rt,
+        ):
+            result = await rt.run(_plan("journal-bad-answer", "tides"))
+            events = await _events(store, result.root_id)
+        sent = [b["messages"][0]["content"] for b in stub.bodies()]
+    assert result.status == "completed", result
+    # the first call is replayed; the one whose answer failed the attempt is asked again
+    assert sent == ["first: tides", "second: first answer", "second: first answer"]
+    answered = [
+        (e.attempt, e.seq, e.replayed_from is not None)
+        for e in events
+        if isinstance(e, ev.ModelAnswered)
+    ]
+    assert answered == [(1, 0, False), (1, 1, False), (2, 0, True), (2, 1, False)]
