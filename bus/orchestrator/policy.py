@@ -44,6 +44,10 @@ class Policy:
     # how long the log may refuse writes (StoreUnavailable: disk full, read-only, server
     # gone) before the orchestrator gives up: every wait then raises it, nothing is decided
     store_grace_s: float = 2.0
+    # how long a dispatched card may wait for an agent to take it (schedule-to-start);
+    # past it the attempt times out with reason queue_timeout. A task's timeout_s counts
+    # from the start (``deadlines``): a card queued behind others never eats into it
+    queue_timeout_s: float = 3600.0
     # the orchestrator's state is written to its snapshot file (see ``snapshot``) after
     # this many events folded, and on stop; 0: on stop only
     snapshot_every: int = 10_000
@@ -74,3 +78,4 @@ class Policy:
         check_number(me, "replan_on_failure", self.replan_on_failure, at_least=0, integer=True)
         check_number(me, "max_plan_tasks", self.max_plan_tasks, at_least=1, integer=True)
         check_number(me, "plan_timeout_s", self.plan_timeout_s, above=0)
+        check_number(me, "queue_timeout_s", self.queue_timeout_s, above=0)

@@ -68,6 +68,10 @@ class TaskView:
     quality_met: bool = True  # from task.completed: False if its review never passed
     open_issues: list[ev.ReviewIssue] = field(default_factory=list)
     delivered: int = 0  # the highest delivery count recorded for the current attempt
+    # the current attempt's limit from its start (0: its dispatch's deadline is the one),
+    # and the agents that took its card (task.started, or a result): ``deadlines``
+    start_to_close_s: float = 0.0
+    started: frozenset[str] = frozenset()
 
     @property
     def terminal(self) -> bool:
@@ -387,6 +391,8 @@ def _dispatched(
         task.dispatched_to = {}
         task.results = {}
         task.delivered = 0
+        task.started = frozenset()
+    task.start_to_close_s = data.timeout_s
     task.dispatched_to[data.agent_id] = data.deadline
     task.assigned |= {data.agent_id}
     state._wake(data.deadline, task.created.root_id)
@@ -405,6 +411,12 @@ def _started(
 ) -> None:
     if data.attempt == task.attempt:
         task.delivered = max(task.delivered, data.delivery)
+        agent = data.agent_id
+        if task.start_to_close_s > 0 and agent in task.dispatched_to and agent not in task.started:
+            # taken: the deadline is now its start plus the task's limit (``deadlines``)
+            task.started |= {agent}
+            task.dispatched_to[agent] = env.recorded_at + task.start_to_close_s
+            state._wake(task.dispatched_to[agent], task.created.root_id)
 
 
 def _result(
@@ -416,6 +428,7 @@ def _result(
 ) -> None:
     if data.attempt == task.attempt:
         task.results[data.agent_id] = data
+        task.started |= {data.agent_id}
         task.delivered = max(task.delivered, data.delivery)
     if run is not None:
         # a negative count from a broken agent must not buy budget back
@@ -535,6 +548,7 @@ _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, 
 _FAILURE_WEIGHT = {
     "timeout": 1.0,
     "agent_lost": 1.0,
+    "queue_timeout": 0.5,  # the agent was busy, not broken
     "agent_error": 0.5,
     "output_schema_mismatch": 0.5,
     "all_candidates_failed": 0.5,
