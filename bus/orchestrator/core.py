@@ -35,6 +35,7 @@ from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
+from cardbus.bus.orchestrator.admission import Admission
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
@@ -178,6 +179,7 @@ class Orchestrator:
         self.embedder = embedder
         self.rng = rng or random.Random()
         self.state = RunState(retain_finished=self.policy.retain_finished_runs)
+        self.admission = Admission(self.policy.max_runs_in_flight)  # runs in flight, queued
         # the clock (_tick) sleeps until the next moment something may be due; a new
         # wakeup earlier than that wakes it
         self._clock = asyncio.Event()
@@ -532,6 +534,8 @@ class Orchestrator:
         events on the run's own new streams (the decide loop then decides it)."""
         if self.store_failure is not None or (self.owns is not None and not self.owns(root_id)):
             return None
+        if not self.admission.room_for_one_more(self.state):
+            return None  # it may be queued: the decide loop admits it or not
         now = time.time()
         drafts = [
             Envelope(
@@ -772,9 +776,12 @@ class Orchestrator:
                 decider.on_reply(item)  # type: ignore[arg-type]
         # a completion decided just now lets its run go on in this same step
         dirty.update(self._root_of(t) for t in decider.d.completed)
+        # runs that moved up from the queue (one ended, or a partition came)
+        dirty |= self.admission.update(self.state, self.owns, force=_TICK in items)
         for root in dirty:
             run = self.state.open.get(root)
-            if run is not None and (self.owns is None or self.owns(root)):
+            owned = self.owns is None or self.owns(root)
+            if run is not None and owned and self.admission.admits(root):
                 decider.advance(run)
         d = decider.d
         self._parked.extend(d.deferred)

@@ -76,8 +76,12 @@ def check_deadline(decider: Decider, task: TaskView) -> None:
             reason="queue_timeout" if queued else "deadline",
         ),
     )
-    why = "took the card" if queued else "answered"
-    decider._fail_attempt(task, reason, f"no agent {why} by the deadline ({agent})")
+    why = (
+        f"{agent} did not take the card by the queue deadline"
+        if queued
+        else f"no result from {agent} by the deadline"
+    )
+    decider._fail_attempt(task, reason, why)
 
 
 def _lost(decider: Decider, task: TaskView, agent_id: str) -> bool:

@@ -95,6 +95,7 @@ class RunView:
     refusals: dict[int, ev.PlanRefused] = field(default_factory=dict)
     accepted: list[ev.PlanAccepted] = field(default_factory=list)
     expected: list[str] = field(default_factory=list)  # task ids the plan(s) will create
+    position: int = 0  # of its run.started in the log: the order of admission (admission)
 
     def planning_open(self) -> bool:
         """A goal run whose latest planning has not been accepted yet (or not begun)."""
@@ -117,6 +118,7 @@ class RunState:
         self._plan_streams: dict[str, str] = {}  # root -> its plan's stream
         self.runs: dict[str, RunView] = {}
         self.open: dict[str, RunView] = {}  # runs not finished yet, in start order
+        self.runs_changed = 0  # counts runs started and finished (admission recomputes)
         self.tasks: dict[str, TaskView] = {}
         self.agents: dict[str, AgentCard] = {}
         self.agent_leases: dict[str, float] = {}  # agent -> the lease_s it registered with
@@ -255,7 +257,7 @@ class RunState:
         if type(data) in _TASK_TYPES:  # most events: tested first, by one set lookup
             self._apply_task(env)
         elif isinstance(data, ev.RunStarted):
-            self._start_run(env.stream, data)
+            self._start_run(env.stream, data, env.position)
         elif isinstance(data, (ev.PlanProposed, ev.PlanRefused, ev.PlanAccepted)):
             self._plan_event(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
@@ -277,6 +279,7 @@ class RunState:
                 run.finished = _finish(data)
                 run.finish_event = data
                 self.open.pop(env.stream, None)
+                self.runs_changed += 1
                 self._retire(env.stream)
         elif isinstance(data, ev.MemoryWritten):
             if data.kind == "failure":
@@ -307,8 +310,9 @@ class RunState:
         self.anomalies.append(what)
         log.warning("log anomaly: %s", what)
 
-    def _start_run(self, root_id: str, data: ev.RunStarted) -> None:
-        run = RunView(root_id, data, tasks=[], expected=list(data.task_ids))
+    def _start_run(self, root_id: str, data: ev.RunStarted, position: int = 0) -> None:
+        run = RunView(root_id, data, tasks=[], expected=list(data.task_ids), position=position)
+        self.runs_changed += 1
         # a backend may store a run's tasks before the run (append_many's order is free)
         for task_id in data.task_ids:
             task = self.tasks.get(task_id)
