@@ -139,7 +139,11 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     agent_id: str
     score: float = 0.0
     candidates: list[Candidate] = []
-    deadline: float = 0.0  # unix seconds after which the attempt times out
+    # unix seconds after which the attempt times out if no agent took the card by then
+    # (reason queue_timeout); with timeout_s 0 (logs from before it): the attempt's deadline
+    deadline: float = 0.0
+    # the attempt's limit from its start (task.started's recorded_at): start-to-close
+    timeout_s: float = 0.0
     inputs_digest: str = ""  # sha256 of exactly what the agent was sent
     loop_hash: str = ""  # hash of (capability, normalized inputs): loop detection counts it
 
@@ -235,7 +239,8 @@ class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
     attempt: int
     agent_id: str
     deadline: float
-    # "deadline"; "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
+    # "deadline"; "queue_timeout": no agent took the card by the dispatch's deadline;
+    # "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
     # the previous embedded process), so the attempt was timed out at once
     reason: str = "deadline"
 
