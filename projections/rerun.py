@@ -79,9 +79,14 @@ def plan_rerun(
     offline = tasks is None
     again: set[str] = set(created) if offline else _chosen(created, tasks or ())
     if not offline:  # what depends on a task run again runs again (its inputs change)
+        recorded = {new: old for old, new in fork.ids.items()}  # the copies name new ids
         grew = True
         while grew:
-            new = {t for t, c in created.items() if t not in again and set(c.deps) & again}
+            new = {
+                t
+                for t, c in created.items()
+                if t not in again and {recorded.get(d, d) for d in c.deps} & again
+            }
             grew = bool(new)
             again |= new
     streams: list[tuple[str, list[ev.Event]]] = [
