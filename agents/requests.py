@@ -56,6 +56,7 @@ from cardbus.eventstore.errors import (
     CardbusError,
     DecodeError,
     EffectUnknown,
+    ReplayDiverged,
     ValidationError,
 )
 from cardbus.eventstore.ids import new_id
@@ -126,7 +127,7 @@ class AgentResponse(msgspec.Struct, frozen=True, kw_only=True, tag="agent_respon
     result: Any = None
     error: str | None = None
     #: access_denied | not_found | invalid_input | timeout | result_too_large | tool_error
-    #: | bad_request | unavailable | effect_unknown
+    #: | bad_request | unavailable | effect_unknown | replay_diverged
     error_type: str | None = None
     duration_s: float = 0.0
 
@@ -162,6 +163,8 @@ def error_for(response: AgentResponse) -> CardbusError:
         return AccessDenied(message)
     if kind == "effect_unknown":
         return EffectUnknown(message)
+    if kind == "replay_diverged":
+        return ReplayDiverged(message)
     if kind in TOOL_ERRORS:
         return TOOL_ERRORS[kind](message)
     if kind == "bad_request":

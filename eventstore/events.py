@@ -132,6 +132,11 @@ class TaskCreated(_Event, TaskOptions, frozen=True, kw_only=True, tag="task.crea
     plan_id: str | None = None
     forked_from: str | None = None  # event id this task's history was taken from
     role: str = ""  # "" for plan tasks, "review" or "supplement" for tasks the orchestrator adds
+    # a re-run's task (``cardbus rerun``): the task of the recorded run whose calls answer
+    # this one's first execution (the journal's *origin*); ``replay_strict``: a call the
+    # origin did not make is refused (``replay_diverged``) instead of going live
+    origin: str | None = None
+    replay_strict: bool = False
 
 
 class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"):
@@ -319,6 +324,10 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # set when the plan was a goal alone: the tasks come from a planner (plan.* events)
     planning: PlanningSpec | None = None
     agents: list[str] = []  # the run's named agents: selection considers only them ([]: all)
+    # the import paths ("module:Class") of the agents of the runtime that started it
+    agent_paths: list[str] = []
+    rerun_of: str | None = None  # the root id of the run this one re-runs (cardbus rerun)
+    offline: bool = False  # a re-run answered from the log alone (every call replayed)
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):

@@ -413,10 +413,16 @@ class Orchestrator:
         if admission.card is not None:
             await self.register(admission.card, lease_s, replica_id)
 
-    async def submit(self, plan: Plan | Mapping[str, Any], agents: Iterable[str] = ()) -> str:
+    async def submit(
+        self,
+        plan: Plan | Mapping[str, Any],
+        agents: Iterable[str] = (),
+        agent_paths: Iterable[str] = (),
+    ) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
         ``agents``: the run's agents (ids); selection considers only them (none: all).
+        ``agent_paths``: their import paths, recorded for ``cardbus rerun``.
 
         The same plan id runs once.
         """
@@ -444,6 +450,7 @@ class Orchestrator:
             session=plan.session,
             planning=planning_spec(plan, self.policy) if goal_only else None,
             agents=sorted(set(agents)),
+            agent_paths=list(dict.fromkeys(agent_paths)),
         )
         created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
         # refuse what the log would refuse before writing anything, not half-way
@@ -599,8 +606,9 @@ class Orchestrator:
         plan: Plan | Mapping[str, Any],
         timeout: float | None = None,
         agents: Iterable[str] = (),
+        agent_paths: Iterable[str] = (),
     ) -> RunResult:
-        return await self.wait(await self.submit(plan, agents), timeout)
+        return await self.wait(await self.submit(plan, agents, agent_paths), timeout)
 
     async def approve(self, task_id: str, by: str = "api", note: str = "") -> None:
         await answer_approval(self.store, task_id, True, by, note)

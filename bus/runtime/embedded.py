@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.agent import Agent
-from cardbus.agents.demo import demo_docs
+from cardbus.agents.demo.docs import demo_docs, demo_docs_folder
 from cardbus.agents.llm import LLM
 from cardbus.agents.mcp_config import MCPServer
 from cardbus.agents.planning import PLAN_CAPABILITY, RulePlanner
@@ -85,7 +85,7 @@ class EmbeddedRuntime:
         if tools is None:
             if docs is None:
                 self._docs = demo_docs()
-                docs = self._docs.name
+                docs = demo_docs_folder(self._docs)
             tools = ToolRegistry([doc_search_tool(docs)])
         self.tools = tools
         self.mcp_servers = list(mcp_servers)
@@ -144,7 +144,8 @@ class EmbeddedRuntime:
         require_started(self, self._state)  # NotStarted outside `async with`
         # the run's agents are this runtime's: none registered by an earlier process is chosen
         agents = [w.agent.agent_id for w in self.workers]
-        result = await self.orchestrator.run(plan_of(plan), timeout, agents=agents)
+        paths = [p for p in (agent_path(w.agent) for w in self.workers) if p]
+        result = await self.orchestrator.run(plan_of(plan), timeout, agents, paths)
         try:
             await self.keeper.settle(result.root_id)
         except CardbusError as e:
@@ -153,6 +154,13 @@ class EmbeddedRuntime:
             # next settle of this run) writes exactly them later.
             log.warning("memory records of run %s not written: %s", result.root_id, e)
         return result
+
+
+def agent_path(agent: type[Agent]) -> str:
+    """``module:Class`` of an agent class importable by that name ("" if it is not: a class
+    made in a function, or a remote agent's); ``RunStarted.agent_paths`` keeps them."""
+    path = f"{agent.__module__}:{agent.__qualname__}"
+    return "" if "<" in path or agent.__module__ == "__main__" else path
 
 
 def with_planner(agents: Sequence[type[Agent]]) -> list[type[Agent]]:
