@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from cardbus.agents.cards import AgentCard, Announce
+from cardbus.agents.cards import AgentCard, Announce, TaskCard
 from cardbus.agents.embedding import Embedder
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
@@ -51,6 +51,7 @@ from cardbus.bus.orchestrator.plan import (
 from cardbus.bus.orchestrator.planning import planning_spec
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
+from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
@@ -219,6 +220,8 @@ class Orchestrator:
         self.store_failure: StoreUnavailable | None = None
         self._store_trouble_since: float | None = None
         self._refused_runs: set[str] = set()  # runs failed because the log refused a decision
+        self._sent: set[tuple[str, int]] = set()  # attempts sent to this process's agents
+        self._stopping = False  # no new dispatch once stopping (its agents go with it)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -277,6 +280,11 @@ class Orchestrator:
                     ):
                         lost.append((task_id, task.attempt))
         self._lost_attempts = frozenset(lost)
+        untaken = (
+            untaken_cards(self._decider(time.time()), self.owns)
+            if self.attempts_survive_restart
+            else []
+        )
         stream = f"orchestrator-{self.orchestrator_id}"
         data = ev.OrchestratorStarted(
             orchestrator_id=self.orchestrator_id,
@@ -299,11 +307,19 @@ class Orchestrator:
                 await self._append_folded(root, [resumed])
         except CardbusError as e:  # a log that refuses writes: the first decision will say
             log.warning("orchestrator.started not written: %s", e)
+        if untaken:  # dispatched, maybe never sent: sent (again)
+            log.info("sending again %d card(s) dispatched and not taken", len(untaken))
+            await self._send_cards(untaken)
         if self.state.open:  # resumed runs are looked at now (lost attempts time out)
             self._queue.put_nowait(_Changed(frozenset(self.state.open)))
 
-    async def stop(self) -> None:
+    async def stop(self, give_back: bool = True) -> None:
+        """Stop deciding; an embedded process first gives back its agents' attempts
+        (``give_back=False``: stop as a process that dies would, leaving them)."""
         ran = bool(self._loops)
+        self._stopping = True
+        if give_back:
+            await self._give_back()
         if self._commits:  # let decisions already made finish their writes
             await asyncio.gather(*self._commits, return_exceptions=True)
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -325,6 +341,31 @@ class Orchestrator:
         if self.snapshot_path is not None and ran:
             await self._final_snapshot(self.snapshot_path)
         self.tracing.close()  # runs still open end their spans here (a restart rejoins them)
+
+    async def _give_back(self) -> None:
+        """An embedded process stopping: the cards it sent to its own agents die with it.
+        Their attempts are lost now, recorded as such (and retried by whoever carries on:
+        another process on the same log, or this one resumed), not left to wait for the
+        queue limit, since their deadline would count from a start that will not come."""
+        if self.attempts_survive_restart or not self._loops or self.store_failure:
+            return
+        mine = {key for key in self._sent if self._in_flight(*key)}
+        if not mine:
+            return
+        self._lost_attempts = self._lost_attempts | mine
+        self._queue.put_nowait(_Changed(frozenset(self._root_of(t) for t, _ in mine)))
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(self._in_flight(*key) for key in mine):
+            await asyncio.sleep(0.01)
+
+    def _in_flight(self, task_id: str, attempt: int) -> bool:
+        task = self.state.tasks.get(task_id)
+        return (
+            task is not None
+            and task.attempt == attempt
+            and task.state in (TaskState.DISPATCHED, TaskState.RUNNING)
+            and attempt not in task.settled
+        )
 
     async def __aenter__(self) -> Orchestrator:
         await self.start()
@@ -576,6 +617,7 @@ class Orchestrator:
             event_limit=self._event_limit,
             leases=self.leases,
             lost_attempts=self._lost_attempts,
+            dispatching=not self._stopping,
         )
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
@@ -866,11 +908,12 @@ class Orchestrator:
 
     async def _send(self, d: Decisions, stored: list[str]) -> None:
         """Send the cards decided for the streams whose events are stored."""
-        sends = [
-            self.tracing.send_task(self.bus, a, card)
-            for s in stored
-            for a, card in d.sends.get(s, [])
-        ]
+        await self._send_cards([pair for s in stored for pair in d.sends.get(s, [])])
+
+    async def _send_cards(self, cards: list[tuple[str, TaskCard]]) -> None:
+        """Send ``(agent_id, card)``s; an attempt whose card could not be sent is lost (it
+        times out at once and is retried: its deadline would count from a start)."""
+        sends = [self.tracing.send_task(self.bus, a, card) for a, card in cards]
         if len(sends) == 1:  # the common case: no task for a gather of one
             outcomes: list[Any] = [None]
             try:
@@ -879,9 +922,18 @@ class Orchestrator:
                 outcomes = [e]
         else:
             outcomes = await asyncio.gather(*sends, return_exceptions=True)
-        for outcome in outcomes:
+        lost = set()
+        for (_, card), outcome in zip(cards, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                log.warning("send failed, the attempt will time out and retry: %r", outcome)
+                log.warning("send failed, the attempt is retried: %r", outcome)
+                lost.add((card.task_id, card.attempt))
+            elif not self.attempts_survive_restart:  # held by this process's agents
+                self._sent.add((card.task_id, card.attempt))
+        if len(self._sent) > 4096:
+            self._sent = {key for key in self._sent if self._in_flight(*key)}
+        if lost:
+            self._lost_attempts = self._lost_attempts | lost
+            self._queue.put_nowait(_TICK)
 
     def _root_of(self, stream: str) -> str:
         task = self.state.tasks.get(stream)

@@ -93,11 +93,14 @@ class Decider:
         event_limit: int = DEFAULT_MAX_EVENT_BYTES - 8192,
         leases: Leases | None = None,
         lost_attempts: frozenset[tuple[str, int]] = frozenset(),
+        dispatching: bool = True,
     ) -> None:
         """``leases``: which agents are live (None: every registered agent);
-        ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now)."""
+        ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now);
+        ``dispatching``: False for an orchestrator stopping (its agents go with it)."""
         self.leases = leases
         self.lost_attempts = lost_attempts
+        self.dispatching = dispatching
         self.state = state
         self.policy = policy
         self.now = now
@@ -607,6 +610,8 @@ class Decider:
         )
 
     def _dispatch(self, run: RunView, task: TaskView) -> None:
+        if not self.dispatching:
+            return  # left pending for whoever carries on
         attempt = task.attempt + 1
         card = self.card_for(task, attempt)
         c = task.created

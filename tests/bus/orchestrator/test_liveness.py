@@ -199,7 +199,7 @@ async def test_an_embedded_resume_times_the_dead_attempt_out_at_once(db_path: Pa
     a = tid(root, "a")
     await wait_for(store, is_(ev.TaskStarted, a))
     # the process dies: no answer, no deregistration, nothing more written
-    await rt.orchestrator.stop()
+    await rt.orchestrator.stop(give_back=False)
     await rt.bus.close()
     await store.close()
 
