@@ -311,3 +311,34 @@ def test_the_estimate_reads_max_tokens_or_the_default() -> None:
     tokens, usd = budgets.estimate("stub-model", {}, 40)
     assert tokens == 10 + budgets.default_output_tokens
     assert budgets.estimate("no-price-model", {}, 40)[1] is None
+
+
+def test_a_runs_ledger_is_folded_from_the_log_and_survives_a_snapshot(
+    tmp_path: Path, stub: OpenAIStub
+) -> None:
+    from cardbus.bus.orchestrator import snapshot
+    from cardbus.bus.orchestrator.runstate import RunState
+
+    stub.usage = {"prompt_tokens": 20, "completion_tokens": 430, "total_tokens": 450}
+    db = tmp_path / "log.db"
+    root, _, events = asyncio.run(_run(db, [Wants500], _three_tasks(), stub))
+    state = RunState()
+    for env in events:
+        state.apply(env)
+    ledger = state.runs[root].budget
+    assert ledger is not None and ledger.spent_tokens == {"run": 450} and not ledger.held
+    again = snapshot.restore(snapshot.decode_state(snapshot.encode_state(state)), RunState())
+    if root in again.runs:  # a finished run is not kept: an open one keeps its ledger
+        assert again.runs[root].budget == ledger
+    # an open run with a call in flight: its hold survives the snapshot
+    state = RunState()
+    for env in events:
+        if isinstance(env.data, (ev.ModelAnswered, ev.RunCompleted, ev.RunFailed)):
+            continue
+        if isinstance(env.data, (ev.TaskCompleted, ev.TaskFailed, ev.TaskResultSubmitted)):
+            continue
+        state.apply(env)
+    held = state.runs[root].budget
+    assert held is not None and len(held.held) == 1
+    again = snapshot.restore(snapshot.decode_state(snapshot.encode_state(state)), RunState())
+    assert again.runs[root].budget == held
