@@ -30,6 +30,7 @@ def prices_option(f: F) -> F:
         "--prices",
         "prices",
         envvar=ENV_PRICES,
+        show_envvar=True,
         default=None,
         callback=_load,
         metavar="FILE",
