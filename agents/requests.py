@@ -52,6 +52,7 @@ import msgspec
 from cardbus.agents.tools import TOOL_ERRORS, ToolSpec
 from cardbus.eventstore.errors import (
     AccessDenied,
+    BudgetExceeded,
     BusError,
     CardbusError,
     DecodeError,
@@ -127,7 +128,7 @@ class AgentResponse(msgspec.Struct, frozen=True, kw_only=True, tag="agent_respon
     result: Any = None
     error: str | None = None
     #: access_denied | not_found | invalid_input | timeout | result_too_large | tool_error
-    #: | bad_request | unavailable | effect_unknown | replay_diverged
+    #: | bad_request | unavailable | effect_unknown | replay_diverged | budget_exceeded
     error_type: str | None = None
     duration_s: float = 0.0
 
@@ -165,6 +166,8 @@ def error_for(response: AgentResponse) -> CardbusError:
         return EffectUnknown(message)
     if kind == "replay_diverged":
         return ReplayDiverged(message)
+    if kind == "budget_exceeded":  # a model call refused before it was sent
+        return BudgetExceeded(message)
     if kind in TOOL_ERRORS:
         return TOOL_ERRORS[kind](message)
     if kind == "bad_request":

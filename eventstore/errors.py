@@ -38,6 +38,7 @@ they resemble, so ``except ValueError`` keeps working::
     │       ├── LLMMaxTurns       more model turns than ``max_turns``
     │       ├── LLMMaxToolCalls   more tool calls than ``max_tool_calls``
     │       └── LLMTokenLimit     more tokens than ``max_tokens_per_task``
+    │   └── BudgetExceeded        the call would cross a run's budget: refused before it was sent
     └── ToolError                 a tool call did not produce a usable result
         ├── ToolNotFound          no tool of that name is registered
         ├── ToolInputInvalid      the arguments break the tool's input schema
@@ -57,6 +58,7 @@ from __future__ import annotations
 __all__ = [
     "AccessDenied",
     "AmbiguousId",
+    "BudgetExceeded",
     "ConfigError",
     "EffectUnknown",
     "ReplayDiverged",
@@ -308,6 +310,13 @@ class LLMMaxToolCalls(LLMLimitExceeded):
 
 class LLMTokenLimit(LLMLimitExceeded):
     error_type = "llm_token_limit"
+
+
+class BudgetExceeded(LLMError):
+    """The orchestrator refused a model call before it was sent: it would cross a budget of
+    the run (its money or tokens, or an agent's or role's; ``bus.orchestrator.budget``)."""
+
+    error_type = "budget_exceeded"
 
 
 class ToolError(CardbusError):

@@ -34,6 +34,8 @@ __all__ = [
     "AgentDeregistered",
     "AgentRegistered",
     "ApprovalDenied",
+    "BudgetLimit",
+    "BudgetRefused",
     "ApprovalGranted",
     "ApprovalRequested",
     "Candidate",
@@ -305,6 +307,13 @@ class PlanningLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     max_tasks: int | None = None
 
 
+class BudgetLimit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A cap on what a run, or a part of it (an agent, a role), may spend: USD and/or tokens."""
+
+    usd: float | None = None
+    tokens: int | None = None
+
+
 class PlanningSpec(msgspec.Struct, frozen=True, kw_only=True):
     """How a run given only a goal is planned, resolved when it starts."""
 
@@ -328,6 +337,11 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     agent_paths: list[str] = []
     rerun_of: str | None = None  # the root id of the run this one re-runs (cardbus rerun)
     offline: bool = False  # a re-run answered from the log alone (every call replayed)
+    # money budget of the whole run (USD), checked before each model call and dispatch
+    budget_usd: float | None = None
+    # caps of parts of the run: "agent:<id>", "role:<role>", "capability:<name>" -> limit
+    budgets: dict[str, BudgetLimit] = {}
+    on_budget: str = "fail"  # a refused call or dispatch: "fail" the task | ask for "approval"
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -509,6 +523,10 @@ class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested.v1"
     request_digest: str = ""
     request_bytes: int = 0
     tools_offered: list[str] = []
+    # what the call may spend, held against the run's budgets until it is answered: its
+    # input estimated from the request's size plus its max_tokens (bus.orchestrator.budget)
+    reserved_tokens: int = 0
+    reserved_usd: float | None = None  # None: no price known for the model
 
 
 class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
@@ -536,6 +554,7 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     error: str | None = None
     error_type: str | None = None
     replayed_from: str | None = None
+    cost_usd: float | None = None  # as the orchestrator priced it (None: unknown or replayed)
 
 
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):
@@ -595,6 +614,35 @@ class ContextTrimmed(_Event, frozen=True, kw_only=True, tag="context.trimmed.v1"
     fields: list[str] = []  # input fields that were cut
 
 
+class BudgetRefused(_Event, frozen=True, kw_only=True, tag="budget.refused.v1"):
+    """A model call or a dispatch refused before it happened: it would cross a budget.
+
+    On the task's stream. ``action``: ``model_call`` (the call was never sent; the
+    agent got the typed error ``budget_exceeded``) or ``dispatch`` (the task was not
+    sent). ``scope``: the budget crossed (``run``, ``agent:<id>``, ``role:<role>``,
+    ``capability:<name>``); ``spent_*``: what the scope had spent and held for calls
+    in flight; ``estimate_*``: what this call may cost; ``cap_*``: the limit.
+    ``decision``: what follows (``fail``, ``approval``, ``halt``).
+    """
+
+    task_id: str
+    agent_id: str = ""
+    attempt: int = 0
+    action: str = "model_call"
+    scope: str = "run"
+    reason: str = ""
+    model: str = ""
+    execution: str = ""
+    seq: int = -1
+    spent_tokens: int = 0
+    spent_usd: float = 0.0
+    estimate_tokens: int = 0
+    estimate_usd: float | None = None
+    cap_tokens: int | None = None
+    cap_usd: float | None = None
+    decision: str = "fail"
+
+
 EVENT_TYPES: tuple[type[_Event], ...] = (
     TaskCreated,
     TaskDispatched,
@@ -638,6 +686,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ModelRequested,
     ModelAnswered,
     ToolEffectUnknown,
+    BudgetRefused,
 )
 
 TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
@@ -687,6 +736,7 @@ Event = (
     | ModelRequested
     | ModelAnswered
     | ToolEffectUnknown
+    | BudgetRefused
 )
 
 

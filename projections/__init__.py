@@ -8,6 +8,7 @@ Public API::
     LoopHashes().count(runner.conn, root_id, loop_hash)
     AgentStats().get(runner.conn, agent_id, capability) -> AgentStat
     Cost().list(runner.conn, "root"); Quality().list(runner.conn)
+    priced(Spend().rows(runner.conn, root_id), PriceTable.default(), "model")  # USD per model
     Runs().list(runner.conn, status="running", since=parse_since("1d"), limit=20)
     root_id = await resolve_id(store, "01a2b3c4")   # a unique prefix or a plan id
     await runner.rebuild(["tasks"])
@@ -31,6 +32,7 @@ from cardbus.projections.fork import ForkPlan, fork_task_id, plan_fork
 from cardbus.projections.ids import resolve_id
 from cardbus.projections.loops import LoopCounter, LoopHashes
 from cardbus.projections.model import MemoryTable, Model, SqliteTable, TableSpec
+from cardbus.projections.pricing import Money, PriceTable
 from cardbus.projections.quality import Quality
 from cardbus.projections.replay import (
     AttemptSpan,
@@ -52,6 +54,7 @@ from cardbus.projections.runner import (
     projection_path,
 )
 from cardbus.projections.runs import RUN_STATUSES, Runs, parse_since, run_duration
+from cardbus.projections.spend import Spend, priced
 from cardbus.projections.tasks import TaskTable, event_reason
 from cardbus.projections.timetravel import AsOf, build_as_of
 
@@ -69,12 +72,15 @@ __all__ = [
     "MemoryTable",
     "Model",
     "ModelCall",
+    "Money",
     "Projection",
+    "PriceTable",
     "ProjectionError",
     "ProjectionRunner",
     "Quality",
     "RUN_STATUSES",
     "Runs",
+    "Spend",
     "SqliteTable",
     "Step",
     "TableSpec",
@@ -92,6 +98,7 @@ __all__ = [
     "parse_since",
     "percentile",
     "plan_fork",
+    "priced",
     "projection_path",
     "render_html",
     "replay",
@@ -102,4 +109,4 @@ __all__ = [
 
 def all_projections() -> list[Projection]:
     """One instance of every built-in projection, in a stable order."""
-    return [TaskTable(), LoopHashes(), AgentStats(), Cost(), Quality(), Runs()]
+    return [TaskTable(), LoopHashes(), AgentStats(), Cost(), Quality(), Runs(), Spend()]

@@ -109,6 +109,7 @@ class ModelCall(msgspec.Struct, kw_only=True, tag="model", tag_field="kind"):
     error_type: str | None = None
     requested_event_id: str = ""
     answered_event_id: str = ""
+    cost_usd: float | None = None  # as priced when recorded (None: unknown, or not live)
 
 
 class ToolCall(msgspec.Struct, kw_only=True, tag="tool", tag_field="kind"):
@@ -487,6 +488,7 @@ class JournalFold:
                 else:
                     call.answer = data.answer
                     call.status = "answered" if data.error is None else "failed"
+                    call.cost_usd = data.cost_usd
                 self.by_answer[env.event_id] = call
                 return call
             case ev.ToolRequested():

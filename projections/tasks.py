@@ -97,6 +97,8 @@ def event_reason(data: Any) -> str | None:
             return f"result {data.status}: {data.error}"
         case ev.RunFailed() | ev.RunHalted():
             return data.reason
+        case ev.BudgetRefused():
+            return f"{data.action} refused ({data.decision}): {data.reason}"
     return None
 
 

@@ -372,6 +372,8 @@ def call_attributes(
         if call.status == "answered":  # a replayed call spent nothing
             attrs["gen_ai.usage.input_tokens"] = call.input_tokens
             attrs["gen_ai.usage.output_tokens"] = call.output_tokens
+            if call.cost_usd is not None:  # as the orchestrator priced it when recorded
+                attrs["cardbus.cost.usd"] = call.cost_usd
         if call.error is not None:
             attrs["error.type"] = call.error_type or "error"
         if capture and call.prompt is not None:

@@ -45,7 +45,10 @@ from cardbus.projections import (
     event_reason,
     resolve_id,
 )
+from cardbus.projections.pricing import PriceTable
+from cardbus.projections.spend import Spend, priced
 from cardbus.tools.cli import cli
+from cardbus.tools.costs import money_rows, prices_option
 from cardbus.tools.store_option import StoreRef, open_store_option, parse_store, store_option
 
 __all__ = [
@@ -503,18 +506,29 @@ def tail(
 @as_of_option
 @click.option("--agent", default=None, help="Only this agent.")
 @click.option("--capability", default=None, help="Only this capability.")
+@prices_option
 def stats(
-    db: StoreRef, as_json: bool, as_of: str | None, agent: str | None, capability: str | None
+    db: StoreRef,
+    as_json: bool,
+    as_of: str | None,
+    agent: str | None,
+    capability: str | None,
+    prices: PriceTable,
 ) -> None:
-    """Agent statistics, cost and quality tables (projections of the log)."""
+    """Agent statistics, cost (tokens, and USD per model, agent, capability and run) and
+    quality tables (projections of the log)."""
     point = parse_as_of(as_of)
+    spent: list[dict[str, Any]] = []
 
     def keep(a: str, c: str) -> bool:
         return (agent is None or a == agent) and (capability is None or c == capability)
 
     async def go() -> tuple[list[Any], list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
-        stat_projections = [AgentStats(), Cost(), Quality(), LoopHashes()]
+        stat_projections = [AgentStats(), Cost(), Quality(), LoopHashes(), Spend()]
         async with read_model(db, point, stat_projections) as (_, runner):
+            spent.extend(
+                r for r in Spend().rows(runner.conn) if keep(r["agent_id"], r["capability"])
+            )
             agents = [s for s in AgentStats().all(runner.conn) if keep(s.agent_id, s.capability)]
             cost = [
                 r
@@ -531,8 +545,26 @@ def stats(
             return agents, cost, quality, loops
 
     agents, cost, quality, loops = run(go())
+    money = {
+        scope: priced(spent, prices, column)
+        for scope, column in (
+            ("model", "model"),
+            ("agent", "agent_id"),
+            ("capability", "capability"),
+            ("run", "root_id"),
+        )
+    }
     if as_json:
-        echo_json({"agents": agents, "cost": cost, "quality": quality, "loops": loops})
+        echo_json(
+            {
+                "agents": agents,
+                "cost": cost,
+                "quality": quality,
+                "loops": loops,
+                "money": {scope: money_rows(rows) for scope, rows in money.items()},
+                "prices": prices.describe(),
+            }
+        )
         return
     suffix = f" as of {point.describe()}" if point else ""
     t1 = new_table("Agents" + suffix)
@@ -565,6 +597,20 @@ def stats(
             f"{r['input_tokens'] + r['output_tokens']:,}",
             str(r["results"]),
         )
+    t_usd = new_table(f"Cost (USD; prices: {prices.describe()})" + suffix)
+    for col in ("scope", "key", "calls", "input", "output", "cost"):
+        t_usd.add_column(col, justify="left" if col in ("scope", "key") else "right")
+    column = {"model": "model", "agent": "agent_id", "capability": "capability", "run": "root_id"}
+    for scope, rows in money.items():
+        for r in rows:
+            t_usd.add_row(
+                scope,
+                r[column[scope]] or "(not named)",
+                str(r["calls"]),
+                f"{r['input_tokens']:,}",
+                f"{r['output_tokens']:,}",
+                r["money"].text(),
+            )
     t3 = new_table("Quality" + suffix)
     for col in ("agent", "capability", "results", "completed", "first pass", "revisions"):
         t3.add_column(col, justify="left" if col in ("agent", "capability") else "right")
@@ -579,7 +625,7 @@ def stats(
             _rate(q["revision_rate"]),
             _rate(q["schema_compliance"]),
         )
-    renderables: list[Any] = [t1, t2, t3]
+    renderables: list[Any] = [t1, t2, t_usd, t3]
     if loops:
         t4 = new_table("Repeated loop hashes" + suffix)
         for col in ("root", "loop hash", "tasks", "dispatches", "first seen", "last seen"):

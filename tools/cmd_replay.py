@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import msgspec
 
 from cardbus.projections import (
     AsOf,
@@ -16,6 +17,7 @@ from cardbus.projections import (
     replay,
     resolve_id,
 )
+from cardbus.projections.pricing import PriceTable, format_usd
 from cardbus.projections.replay import (
     AttemptSpan,
     Call,
@@ -37,6 +39,13 @@ from cardbus.tools.cmd_inspect import (
     print_rich,
     run,
     styled_status,
+)
+from cardbus.tools.costs import (
+    attempt_money,
+    call_cost,
+    prices_option,
+    task_money,
+    timeline_money,
 )
 from cardbus.tools.store_option import StoreRef, store_option
 
@@ -65,13 +74,16 @@ def _step_line(step: Step, start: float, changed: bool = True) -> Any:
     return line
 
 
-def _task_label(n: TaskNode) -> str:
+def _task_label(n: TaskNode, prices: PriceTable | None = None) -> str:
     from rich.markup import escape
 
     label = f"[bold]{n.capability or '?'}[/] {n.task_id}  {styled_status(n.status)}"
     if n.agent_id:
         label += f"  agent [cyan]{n.agent_id}[/]"
     label += f"  attempts {n.attempts}  {fmt_duration(n.duration_s)}"
+    money = task_money(n, prices or PriceTable())
+    if money.priced or money.unknown:
+        label += f"  cost {money.text()}"
     if not n.quality_met:
         issues = "; ".join(f"[{i.severity}] {i.section}: {i.suggestion}" for i in n.open_issues)
         label += "  [yellow]quality not met[/]" + (f" ({escape(issues)})" if issues else "")
@@ -84,9 +96,10 @@ def _how(replayed_from: str | None) -> tuple[str, str]:
     return "live", "green"
 
 
-def call_line(call: Call) -> Any:
-    """One journaled call on one line: a model call with its prompt and answer in short,
-    a tool call with its arguments and result, an unknown effect with its decision."""
+def call_line(call: Call, prices: PriceTable | None = None) -> Any:
+    """One journaled call on one line: a model call with its prompt and answer in short
+    (and its cost), a tool call with its arguments and result, an unknown effect with its
+    decision."""
     from rich.text import Text
 
     line = Text()
@@ -95,6 +108,9 @@ def call_line(call: Call) -> Any:
             line.append(f"model #{call.seq:<3}", style="bold")
             line.append(f" {call.response_model or call.model or '?'}", style="cyan")
             line.append(f"  {call.input_tokens}+{call.output_tokens} tokens")
+            if call.status != "open":
+                cost = call_cost(call, prices or PriceTable())
+                line.append(f"  {'unknown price' if cost is None else format_usd(cost)}")
             line.append(f"  {fmt_duration(call.latency_s)}", style="dim")
             how, style = _how(call.replayed_from)
             if call.status == "open":
@@ -127,23 +143,44 @@ def call_line(call: Call) -> Any:
     return line
 
 
-def _attempt_label(a: AttemptSpan) -> str:
+def _attempt_label(a: AttemptSpan, prices: PriceTable | None = None) -> str:
     models = [c for c in a.calls if isinstance(c, ModelCall)]
     tools = [c for c in a.calls if isinstance(c, ToolCall)]
     replayed = sum(1 for c in models if c.replayed_from) + sum(1 for c in tools if c.replayed_from)
     label = f"[bold]attempt #{a.attempt}[/] [cyan]{a.agent_id}[/] ({a.outcome}):"
     label += f" {len(models)} model call(s), {len(tools)} tool call(s)"
-    return label + (f", {replayed} replayed" if replayed else "")
+    label += f", {replayed} replayed" if replayed else ""
+    if models:
+        label += f"; cost {attempt_money(a, prices or PriceTable()).text()}"
+    return label
 
 
-def render_tree(t: Timeline) -> Any:
+def _walk_json(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task nodes of a timeline's JSON, in ``Timeline.walk`` order."""
+    out: list[dict[str, Any]] = []
+
+    def visit(n: dict[str, Any]) -> None:
+        out.append(n)
+        for c in n.get("children", []):
+            visit(c)
+
+    for t in body.get("tasks", []):
+        visit(t)
+    return out
+
+
+def render_tree(t: Timeline, prices: PriceTable | None = None) -> Any:
     from rich.tree import Tree
 
+    prices = prices or PriceTable()
     kind = "run" if t.id == t.root_id else "task"
     head = (
         f"[bold]replay of {kind} {t.id}[/]  root {t.root_id}  {t.events} events"
         f"  {fmt_time(t.start)} .. {fmt_time(t.end)[11:]} ({fmt_duration(t.duration_s)})"
     )
+    money = timeline_money(t, prices)
+    if money.priced or money.unknown:
+        head += f"  cost {money.text()}"
     if t.as_of:
         head += f"  [yellow]as of {t.as_of}[/]"
     tree = Tree(head)
@@ -151,20 +188,20 @@ def render_tree(t: Timeline) -> Any:
         tree.add(_step_line(s, t.start))
 
     def add(parent: Any, n: TaskNode) -> None:
-        branch = parent.add(_task_label(n))
+        branch = parent.add(_task_label(n, prices))
         before = None  # the task's status as the steps so far left it
         for s in n.steps:
             branch.add(_step_line(s, t.start, s.status != before))
             before = s.status or before  # a tool or memory step carries none
         for a in n.spans:  # what each attempt asked models and tools (the journal)
             if a.calls:
-                calls = branch.add(_attempt_label(a))
+                calls = branch.add(_attempt_label(a, prices))
                 for call in a.calls:
-                    calls.add(call_line(call))
+                    calls.add(call_line(call, prices))
         if n.calls:
             calls = branch.add("[bold]calls outside the attempts shown[/]")
             for call in n.calls:
-                calls.add(call_line(call))
+                calls.add(call_line(call, prices))
         for c in n.children:
             add(branch, c)
 
@@ -185,19 +222,31 @@ def render_tree(t: Timeline) -> Any:
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
     help="Also write a self-contained HTML page with a Gantt timeline to this file.",
 )
+@prices_option
 def replay_cmd(
-    task_id: str, db: StoreRef, as_json: bool, as_of: str | None, html_path: Path | None
+    task_id: str,
+    db: StoreRef,
+    as_json: bool,
+    as_of: str | None,
+    html_path: Path | None,
+    prices: PriceTable,
 ) -> None:
     """Timeline of a task (or a run, by root id) and all its subtasks, from the log.
 
     TASK_ID is a task or root id, a plan id, or a unique prefix of one. The
-    log is a SQLite file or a JetStream log (--store nats://...).
+    log is a SQLite file or a JetStream log (--store nats://...). Each model call,
+    attempt, task and the run show their cost in USD (--prices, else genai-prices).
     """
-    show_replay(task_id, db, as_json, as_of, html_path)
+    show_replay(task_id, db, as_json, as_of, html_path, prices)
 
 
 def show_replay(
-    task_id: str, db: StoreRef, as_json: bool, as_of: str | None, html_path: Path | None
+    task_id: str,
+    db: StoreRef,
+    as_json: bool,
+    as_of: str | None,
+    html_path: Path | None,
+    prices: PriceTable | None = None,
 ) -> None:
     """``cardbus replay`` (also behind the deprecated ``cardbus nats replay``)."""
     point = AsOf.parse(as_of) if as_of else None
@@ -212,9 +261,19 @@ def show_replay(
     timeline = run(go())
     if html_path is not None:
         html_path.write_text(render_html(timeline), encoding="utf-8")
+    table = prices or PriceTable()
     if as_json:
-        echo_json(timeline)
+        body: Any = msgspec.to_builtins(timeline)
+        body["cost"] = timeline_money(timeline, table).json()
+        body["prices"] = table.describe()
+        for node, (_, n) in zip(_walk_json(body), timeline.walk(), strict=True):
+            node["cost"] = task_money(n, table).json()
+            for span_json, span in zip(node.get("spans", []), n.spans, strict=True):
+                for call_json, call in zip(span_json.get("calls", []), span.calls, strict=True):
+                    if isinstance(call, ModelCall):
+                        call_json["cost"] = call_cost(call, table)
+        echo_json(body)
     else:
-        print_rich(render_tree(timeline))
+        print_rich(render_tree(timeline, table))
         if html_path is not None:
             click.echo(f"wrote {html_path}")

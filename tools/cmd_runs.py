@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from cardbus.eventstore.errors import ConfigError
-from cardbus.projections import RUN_STATUSES, Runs, parse_since, run_duration
+from cardbus.projections import RUN_STATUSES, Runs, Spend, parse_since, priced, run_duration
+from cardbus.projections.pricing import Money, PriceTable
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import (
     as_of_option,
@@ -23,6 +24,7 @@ from cardbus.tools.cmd_inspect import (
     run,
     styled_status,
 )
+from cardbus.tools.costs import prices_option
 from cardbus.tools.store_option import StoreRef, store_option
 
 
@@ -48,6 +50,7 @@ def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> flo
     help="Only runs started since then: an age (30m, 2h, 1d, 1w) or an ISO 8601 time.",
 )
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="At most this many runs.")
+@prices_option
 def runs(
     db: StoreRef,
     as_json: bool,
@@ -55,19 +58,30 @@ def runs(
     status: str | None,
     since: float | None,
     limit: int | None,
+    prices: PriceTable,
 ) -> None:
-    """Every run, newest first: status, goal, plan id, start, duration, tasks, tokens."""
+    """Every run, newest first: status, goal, plan id, start, duration, tasks, tokens, cost.
+
+    Cost is in USD, from each model call's tokens at its model's price (--prices,
+    else genai-prices); "unknown price" for a model with none, "at least" when
+    only part of a run's calls have one.
+    """
     point = parse_as_of(as_of)
 
-    async def go() -> list[dict[str, Any]]:
-        async with read_model(db, point, [Runs()]) as (_, runner):
-            return Runs().list(runner.conn, status=status, since=since, limit=limit)
+    async def go() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with read_model(db, point, [Runs(), Spend()]) as (_, runner):
+            found = Runs().list(runner.conn, status=status, since=since, limit=limit)
+            spent = Spend().rows(runner.conn, roots=[r["root_id"] for r in found])
+            return found, spent
 
-    rows = run(go())
+    rows, spent = run(go())
+    money = {r["root_id"]: r for r in priced(spent, prices, "root_id")}
     now = time.time()
     for r in rows:
         r["duration_s"] = run_duration(r, now)
         r["tokens"] = r["input_tokens"] + r["output_tokens"]
+        cost = money.get(r["root_id"])
+        r["cost"] = (cost["money"] if cost else Money()).json()
     if as_json:
         echo_json(rows)
         return
@@ -75,8 +89,9 @@ def runs(
     if point is not None:
         title += f" as of {point.describe()}"
     table = new_table(title)
-    for col in ("root", "status", "goal", "plan", "started", "duration", "tasks", "tokens"):
-        right = col in ("duration", "tasks", "tokens")
+    columns = ("root", "status", "goal", "plan", "started", "duration", "tasks", "tokens", "cost")
+    for col in columns:
+        right = col in ("duration", "tasks", "tokens", "cost")
         table.add_column(col, justify="right" if right else "left")
     for r in rows:
         tasks = f"{r['tasks_done']}/{r['tasks_total']}"
@@ -94,6 +109,7 @@ def runs(
             fmt_duration(r["duration_s"]) + ("" if r["ended_at"] is not None else " so far"),
             tasks,
             f"{r['tokens']:,}",
+            r["cost"]["text"],
         )
     print_rich(table)
     waiting = [(r["root_id"], t) for r in rows for t in r["waiting"]]

@@ -36,6 +36,7 @@ from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.admission import Admission
+from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
@@ -78,6 +79,7 @@ from cardbus.eventstore.errors import (
     ValidationError,
 )
 from cardbus.projections.agents import capability_overlaps
+from cardbus.projections.pricing import PriceTable
 
 __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 
@@ -133,6 +135,7 @@ class Orchestrator:
         attempts_survive_restart: bool = True,
         agents: AgentGrants | Iterable[AgentCard] | None = None,
         owns: Callable[[str], bool] | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         """``snapshot``: the file a start reads the state from and a stop (and every
         ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
@@ -149,7 +152,11 @@ class Orchestrator:
         ceiling.
 
         ``owns``: several orchestrator processes share the runs (``partition``): this one
-        decides only the runs (roots) it owns; None: every run."""
+        decides only the runs (roots) it owns; None: every run.
+
+        ``prices``: what model calls cost (``projections.pricing``; None: the table
+        ``CARDBUS_PRICES`` names, over genai-prices' bundled data), for the runs' money
+        budgets and the cost recorded with each answer (``bus.orchestrator.budget``)."""
         self.owns = owns
         # replies for runs another process decides (time, reply): its partition's next owner
         # offers them again (``wake``), in case that process died before recording them
@@ -209,6 +216,9 @@ class Orchestrator:
         self.broker = RequestBroker(
             self.state, self.record, tools, memory, access, store=store, catch_up=self.caught_up
         )
+        # budgets checked before each live model call (the journal) and each dispatch
+        self.budgets = Budgets(self.state, prices)
+        self.broker.journal.budgets = self.budgets
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start)
         self.observers: list[Callable[[Envelope], None]] = []
@@ -488,6 +498,9 @@ class Orchestrator:
             plan_id=plan_id,
             task_ids=list(ids.values()),
             budget_tokens=plan.budget_tokens,
+            budget_usd=plan.budget_usd,
+            budgets=dict(plan.budgets),
+            on_budget=plan.on_budget,
             session=plan.session,
             planning=planning_spec(plan, self.policy) if goal_only else None,
             agents=sorted(set(agents)),
@@ -618,6 +631,7 @@ class Orchestrator:
             leases=self.leases,
             lost_attempts=self._lost_attempts,
             dispatching=not self._stopping,
+            budgets=self.budgets,
         )
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:

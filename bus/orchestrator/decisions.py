@@ -20,6 +20,7 @@ from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, 
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import dep_path_problem, schema_errors
 from cardbus.bus.orchestrator import planning
+from cardbus.bus.orchestrator.budget import Budgets, refused_event
 from cardbus.bus.orchestrator.context import fit_card
 from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
@@ -94,10 +95,13 @@ class Decider:
         leases: Leases | None = None,
         lost_attempts: frozenset[tuple[str, int]] = frozenset(),
         dispatching: bool = True,
+        budgets: Budgets | None = None,
     ) -> None:
         """``leases``: which agents are live (None: every registered agent);
         ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now);
-        ``dispatching``: False for an orchestrator stopping (its agents go with it)."""
+        ``dispatching``: False for an orchestrator stopping (its agents go with it);
+        ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced)."""
+        self.budgets = budgets
         self.leases = leases
         self.lost_attempts = lost_attempts
         self.dispatching = dispatching
@@ -213,6 +217,9 @@ class Decider:
                     detail = reply.error or ""
                     asked = ev.ApprovalRequested(reason="tool_effect_unknown", detail=detail)
                     self.d.add(task.task_id, asked)
+                    return
+                if reply.reason == "budget_exceeded":  # a model call refused (budget.refused)
+                    self._over_budget(task, reply.error or "")
                     return
                 # the agent's own reason (llm_timeout, ...) for the retry policy, if it gave one
                 self._fail_attempt(task, reply.reason or "agent_error", reply.error or "")
@@ -415,6 +422,16 @@ class Decider:
                 not_before=self.now + delay,
             ),
         )
+
+    def _over_budget(self, task: TaskView, detail: str) -> None:
+        """A task stopped by a budget: it waits for approval (the plan's ``on_budget``),
+        or fails ``budget_exceeded`` (never retried: it would be refused again)."""
+        run = self.state.runs.get(task.created.root_id)
+        if run is not None and run.started.on_budget == "approval":
+            asked = ev.ApprovalRequested(reason="budget_exceeded", detail=detail[:2000])
+            self.d.add(task.task_id, asked)
+            return
+        self._fail(task, "budget_exceeded", detail[:2000])
 
     def _fail(self, task: TaskView, reason: str, error: str) -> None:
         self.d.add(task.task_id, ev.TaskFailed(reason=reason, error=error, attempts=task.attempt))
@@ -650,6 +667,26 @@ class Decider:
                 )
                 return
             self._loop_here[(run.root_id, h)] += 1
+        if run.budget is not None and self.budgets is not None:
+            # before the dispatch: a scope that has spent its cap dispatches nothing more
+            agent = candidates[0].agent_id
+            refusal = self.budgets.at_cap(run, task, agent)
+            if refusal is not None:
+                decision = run.started.on_budget
+                if decision == "fail" and refusal.scope == "run":
+                    self._halt(run, "budget_exceeded", refusal.reason)
+                    return
+                refused = refused_event(
+                    refusal,
+                    task_id=task.task_id,
+                    agent_id=agent,
+                    attempt=attempt,
+                    action="dispatch",
+                    decision=decision,
+                )
+                self.d.add(task.task_id, refused)
+                self._over_budget(task, refusal.reason)
+                return
         digest = hashlib.sha256(msgspec.json.encode(card.inputs, order="sorted")).hexdigest()
         # schedule-to-start; the task's timeout_s runs from its start (``deadlines``)
         deadline = self.now + self.policy.queue_timeout_s

@@ -55,6 +55,7 @@ orchestrator rebuilds it the same way. At most ``_CACHED_TASKS`` tasks are kept.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -73,6 +74,7 @@ from cardbus.eventstore.errors import AccessDenied, ValidationError
 
 if TYPE_CHECKING:
     from cardbus.bus.orchestrator.access import AccessPolicy
+    from cardbus.bus.orchestrator.budget import Budgets
     from cardbus.eventstore.store import EventStore
 
 __all__ = ["MODEL_CAUSED", "BadJournalRequest", "CallOutcome", "Journal", "call_digest"]
@@ -319,6 +321,8 @@ class Journal:
         self.policy = policy
         self.replay_allowed = replay_allowed
         self._tasks: OrderedDict[str, _TaskJournal] = OrderedDict()
+        #: budgets checked before a live model call, and the prices of answers (None: none)
+        self.budgets: Budgets | None = None
         #: model.requested writes in flight, by (task, execution, seq): answers wait for them
         self._pending: dict[tuple[str, str, int], asyncio.Future[list[str]]] = {}
 
@@ -413,6 +417,29 @@ class Journal:
         if journal.strict:  # an offline re-run: nothing goes live
             return _diverged(req, journal, ref, "model", digest, request)
         kept, size = self._content("model.request", request)
+        key = f"{req.task_id}|{req.execution}|{req.seq}"
+        reserved, reserved_usd, refusal, on_budget = (
+            self.budgets.check_request(req.task_id, req.agent_id, key, req.target, request, size)
+            if self.budgets is not None
+            else (0, None, None, "fail")
+        )
+        if refusal is not None:  # never sent: the refusal is recorded, the agent told why
+            from cardbus.bus.orchestrator.budget import refused_event
+
+            refused = refused_event(
+                refusal,
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                attempt=req.attempt,
+                action="model_call",
+                decision=on_budget,
+                model=req.target,
+                execution=req.execution,
+                seq=req.seq,
+            )
+            await self._write(journal, req.task_id, [refused])
+            message = f"budget exceeded, model call not sent: {refusal.reason}"
+            return CallOutcome(error=message, error_type="budget_exceeded")
         tools = request.get("tools")
         offered = (
             [
@@ -442,10 +469,14 @@ class Journal:
                     request_digest=digest,
                     request_bytes=size,
                     tools_offered=offered,
+                    reserved_tokens=reserved,
+                    reserved_usd=None if reserved_usd is None else round(reserved_usd, 10),
                 )
             ],
         )
         pending = asyncio.ensure_future(write)
+        if self.budgets is not None:  # folded (or failed): the log's hold replaces this one
+            pending.add_done_callback(functools.partial(_release, self.budgets, key))
         pending.add_done_callback(_retrieve)
         self._pending[(req.task_id, req.execution, req.seq)] = pending
         if len(self._pending) > 4096:  # answers that never came (their agent died)
@@ -497,9 +528,24 @@ class Journal:
                 input_tokens=_tokens(answer.get("input_tokens")),
                 output_tokens=_tokens(answer.get("output_tokens")),
                 latency_s=round(latency, 6),
+                cost_usd=self._cost(answer, req.target),
             )
         await self._write(journal, req.task_id, [event])
         return CallOutcome(result={"recorded": True})
+
+    def _cost(self, answer: dict[str, Any], asked: str) -> float | None:
+        """What an answer cost at the orchestrator's prices (the model that answered, else
+        the one asked for); None without prices or a price."""
+        if self.budgets is None:
+            return None
+        prices = self.budgets.prices
+        tokens_in = _tokens(answer.get("input_tokens"))
+        tokens_out = _tokens(answer.get("output_tokens"))
+        for model in (str(answer.get("model") or ""), asked):
+            cost = prices.cost(model, tokens_in, tokens_out) if model else None
+            if cost is not None:
+                return round(cost, 10)
+        return None
 
     def _content(self, kind: str, value: Any) -> tuple[Any, int]:
         """What the log keeps of a prompt or an answer (whole, redacted, or nothing but
@@ -807,6 +853,10 @@ def _diverged(
         diff = []
     message = "\n".join([f"{head}: {why}", *diff])
     return CallOutcome(error=message, error_type="replay_diverged")
+
+
+def _release(budgets: Budgets, key: str, future: asyncio.Future[Any]) -> None:
+    budgets.release(key)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

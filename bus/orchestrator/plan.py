@@ -27,7 +27,7 @@ from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.batch import MAX_DEPTH, MAX_ID_CHARS, nesting_problem
 from cardbus.eventstore.errors import ConfigError, InvalidPlan
-from cardbus.eventstore.events import PlanningLimits, TaskCreated
+from cardbus.eventstore.events import BudgetLimit, PlanningLimits, TaskCreated
 from cardbus.eventstore.taskspec import RetryOverride, TaskOptions, restate
 
 __all__ = [
@@ -81,6 +81,12 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     tasks: list[PlanTask] = []
     plan_id: str | None = None  # submitting the same plan id twice runs it once
     budget_tokens: int | None = None
+    # money budget of the run (USD), and caps per part of it ("agent:<id>", "role:<role>",
+    # "capability:<name>" -> {"usd": ..., "tokens": ...}), checked before each model call
+    # and dispatch (bus.orchestrator.budget); a refusal fails the task or asks for approval
+    budget_usd: float | None = None
+    budgets: dict[str, BudgetLimit] = {}
+    on_budget: str = "fail"  # "fail" | "approval"
     session: dict[str, Any] = {}  # what the user asked; agents never see it whole
     agents: list[str] = []  # import paths "module:Class", used by `cardbus run`
     limits: PlanningLimits | None = None
@@ -177,8 +183,7 @@ def validate_plan(
     """
     if not plan.tasks:
         raise InvalidPlan("plan has no tasks")
-    if plan.budget_tokens is not None and plan.budget_tokens < 0:
-        raise InvalidPlan(f"budget_tokens must be >= 0, got {plan.budget_tokens}")
+    check_budgets(plan)
     _check_limits(plan)
     seen: set[str] = set()
     for t in plan.tasks:
@@ -257,6 +262,32 @@ def _forbidden_in(task_id: Any) -> bool:
     return any(c in task_id for c in _FORBIDDEN)
 
 
+_SCOPES = ("agent:", "role:", "capability:")
+
+
+def check_budgets(plan: Plan) -> None:
+    """``InvalidPlan`` for a budget out of range or a scope not known."""
+    if plan.budget_tokens is not None and plan.budget_tokens < 0:
+        raise InvalidPlan(f"budget_tokens must be >= 0, got {plan.budget_tokens}")
+    if plan.budget_usd is not None and not (
+        math.isfinite(plan.budget_usd) and plan.budget_usd >= 0
+    ):
+        raise InvalidPlan(f"budget_usd must be a finite number >= 0, got {plan.budget_usd}")
+    if plan.on_budget not in ("fail", "approval"):
+        raise InvalidPlan(f"on_budget must be 'fail' or 'approval', got {plan.on_budget!r}")
+    for scope, limit in plan.budgets.items():
+        if not scope.startswith(_SCOPES) or scope.endswith(":"):
+            raise InvalidPlan(
+                f"budgets: scope {scope!r} must be agent:<id>, role:<role> or capability:<name>"
+            )
+        if limit.usd is None and limit.tokens is None:
+            raise InvalidPlan(f"budgets[{scope!r}] needs usd or tokens")
+        if limit.tokens is not None and limit.tokens < 0:
+            raise InvalidPlan(f"budgets[{scope!r}].tokens must be >= 0, got {limit.tokens}")
+        if limit.usd is not None and not (math.isfinite(limit.usd) and limit.usd >= 0):
+            raise InvalidPlan(f"budgets[{scope!r}].usd must be a finite number >= 0")
+
+
 def validate_goal_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) -> None:
     """Raise ``InvalidPlan`` if a goal alone cannot be planned as given.
 
@@ -266,8 +297,7 @@ def validate_goal_plan(plan: Plan, agents: Iterable[AgentCard] | None = None) ->
     if not isinstance(plan.goal, str) or not plan.goal.strip():
         raise InvalidPlan("a plan without tasks needs a goal to plan from")
     _check_limits(plan)
-    if plan.budget_tokens is not None and plan.budget_tokens < 0:
-        raise InvalidPlan(f"budget_tokens must be >= 0, got {plan.budget_tokens}")
+    check_budgets(plan)
     if plan.max_plan_rounds is not None and plan.max_plan_rounds < 1:
         raise InvalidPlan(f"max_plan_rounds must be >= 1, got {plan.max_plan_rounds}")
     if plan.replan_on_failure is not None and plan.replan_on_failure < 0:

@@ -41,11 +41,20 @@ RetryReason = Literal[
     "remote_refused",
     # an offline re-run asked what the recorded run did not (the journal's strict mode)
     "replay_diverged",
+    # a model call the orchestrator refused before it was sent: it would cross a budget
+    # (never retried: bus.orchestrator.budget)
+    "budget_exceeded",
 ]
 RETRY_REASONS = allowed_values(RetryReason)
 #: failures that another attempt would only repeat (``RetryPolicy.non_retryable_reasons``)
 DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset(
-    {"llm_request_refused", "llm_bad_output", "remote_refused", "replay_diverged"}
+    {
+        "llm_request_refused",
+        "llm_bad_output",
+        "remote_refused",
+        "replay_diverged",
+        "budget_exceeded",
+    }
 )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.cards import AgentCard
+from cardbus.bus.orchestrator import budget as _budget
 from cardbus.bus.orchestrator.selection import AgentStat
 from cardbus.eventstore import Envelope, TaskState, transition
 from cardbus.eventstore import events as ev
@@ -96,6 +97,7 @@ class RunView:
     accepted: list[ev.PlanAccepted] = field(default_factory=list)
     expected: list[str] = field(default_factory=list)  # task ids the plan(s) will create
     position: int = 0  # of its run.started in the log: the order of admission (admission)
+    budget: _budget.Ledger | None = None  # what it spent and holds, if it has budgets
 
     def planning_open(self) -> bool:
         """A goal run whose latest planning has not been accepted yet (or not begun)."""
@@ -258,6 +260,11 @@ class RunState:
             self._apply_task(env)
         elif isinstance(data, ev.RunStarted):
             self._start_run(env.stream, data, env.position)
+        elif type(data) in _MODEL_TYPES:  # a journaled model call: held against budgets
+            task = self.tasks.get(env.stream)
+            run = self.runs.get(task.created.root_id) if task is not None else None
+            if run is not None and run.budget is not None:
+                _budget.fold(run.budget, run, task, env)
         elif isinstance(data, (ev.PlanProposed, ev.PlanRefused, ev.PlanAccepted)):
             self._plan_event(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
@@ -311,7 +318,14 @@ class RunState:
         log.warning("log anomaly: %s", what)
 
     def _start_run(self, root_id: str, data: ev.RunStarted, position: int = 0) -> None:
-        run = RunView(root_id, data, tasks=[], expected=list(data.task_ids), position=position)
+        run = RunView(
+            root_id,
+            data,
+            tasks=[],
+            expected=list(data.task_ids),
+            position=position,
+            budget=_budget.new_ledger(data),
+        )
         self.runs_changed += 1
         # a backend may store a run's tasks before the run (append_many's order is free)
         for task_id in data.task_ids:
@@ -352,6 +366,10 @@ class RunState:
         fold = _TASK_FOLDS.get(type(data))
         if fold is not None:  # one lookup, not a match down a list of classes
             fold(self, task, self.runs.get(task.created.root_id), env, data)
+        if type(data) in _budget.FOLDED:
+            run = self.runs.get(task.created.root_id)
+            if run is not None and run.budget is not None:
+                _budget.fold(run.budget, run, task, env)
 
     def _retire(self, root_id: str) -> None:
         """Past ``retain_finished``, drop the oldest finished run and its tasks."""
@@ -383,6 +401,7 @@ def _finish(data: object) -> str:
 
 
 _TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
+_MODEL_TYPES = frozenset({ev.ModelRequested, ev.ModelAnswered})
 
 # How each task event changes its TaskView (after the state transition), by type
 
@@ -495,7 +514,10 @@ def _approval_requested(
     # asked with results in hand: the output itself awaits approval (it
     # may be None); asked before any dispatch: the task itself does
     # (an unknown tool effect asks whether to run the task again, not about an output)
-    task.has_proposal = bool(task.results) and data.reason != "tool_effect_unknown"
+    task.has_proposal = bool(task.results) and data.reason not in (
+        "tool_effect_unknown",
+        "budget_exceeded",  # a model call was refused: the task runs again once approved
+    )
     task.proposed_output = data.proposed_output
     task.proposed_agent = next(  # who produced it (a fan-out tie)
         (a for a, r in task.results.items() if r.output == data.proposed_output), ""

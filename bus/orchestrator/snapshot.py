@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.cards import AgentCard
+from cardbus.bus.orchestrator import budget as _budget
 from cardbus.bus.orchestrator import runstate as _runstate
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.eventstore import EventStore
@@ -120,7 +121,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
 
 def _fingerprint() -> str:
     h = hashlib.sha256(str(FORMAT).encode())
-    for module in (_runstate, _agent_stats, _states):
+    for module in (_runstate, _budget, _agent_stats, _states):
         h.update(Path(str(module.__file__)).read_bytes())
     return h.hexdigest()
 

@@ -1,6 +1,7 @@
 """Issue 12's done-when, on the command line: with an endpoint (a stub server on loopback)
 the LLM planner and LLM agents run a goal end to end, the stub's token usage shows in
-``cardbus stats``, and a plan budget below it halts the run with ``budget_exceeded``."""
+``cardbus stats``, and a plan budget below what a call may spend refuses the call before
+it is sent (``budget_exceeded``)."""
 
 from __future__ import annotations
 
@@ -74,14 +75,23 @@ def test_the_llm_planner_and_agents_run_a_goal_and_stats_show_the_stubs_tokens(
     assert cost[("root", out["root_id"])] == (240, 60)
 
 
-def test_a_budget_below_the_stubs_usage_halts_the_run(tmp_path: Path, stub: OpenAIStub) -> None:
+def test_a_budget_below_what_a_call_may_spend_refuses_it_before_it_is_sent(
+    tmp_path: Path, stub: OpenAIStub
+) -> None:
     plan = tmp_path / "goal.json"
     agents = [AGENT, "cardbus.agents.planning:LLMPlanner"]
     plan.write_text(json.dumps({"goal": GOAL, "agents": agents, "budget_tokens": 200}))
-    args = ["--llm-base-url", stub.url, "--model", "stub-m", "--db", str(tmp_path / "b.db")]
+    db = str(tmp_path / "b.db")
+    args = ["--llm-base-url", stub.url, "--model", "stub-m", "--db", db]
     r = _cli("run", str(plan), "--json", *args)
     assert r.exit_code == 1, r.output
     result = json.loads(r.stdout)
-    # the plan (150 tokens) fits in 200; the research (150 more) does not
-    assert (result["status"], result["reason"]) == ("halted", "budget_exceeded"), result
-    assert "300 tokens used of 200" in result["detail"]
+    # the planner's call may spend its prompt plus 1024 tokens (no max_tokens): over 200,
+    # so it is refused before it is sent, and the planning fails for the budget
+    assert (result["status"], result["reason"]) == ("failed", "planning_failed"), result
+    assert "budget_exceeded" in result["detail"]
+    assert stub.requests == []
+    out = json.loads(_cli("replay", result["root_id"], "--db", db, "--json").stdout)
+    steps = [s for n in out["tasks"] for s in n["steps"]]
+    (refused,) = [s for s in steps if s["type"] == "budget.refused.v1"]
+    assert "over the cap of 200 tokens" in refused["reason"]
