@@ -66,7 +66,9 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, db: Path) -> None:
+    def __init__(
+        self, db: Path, env: dict[str, str] | None = None, token: str | None = None
+    ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.proc = subprocess.Popen(
@@ -79,7 +81,9 @@ class Server:
                 str(db),
                 "--port",
                 str(self.port),
+                *(["--token", token] if token else []),
             ],
+            env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -99,13 +103,15 @@ class Server:
                 time.sleep(0.1)
         raise AssertionError("cardbus ui did not answer within 30 s")
 
-    def stop(self) -> None:
+    def stop(self) -> str:
+        """Stop the server; what it printed."""
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            out, _ = self.proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
+            out, _ = self.proc.communicate()
+        return out or ""
 
 
 @pytest.fixture

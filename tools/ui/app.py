@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -150,17 +151,33 @@ class Console:
         calls = journal_calls(stream)
         return {"task": row, "steps": steps, "calls": calls, "position": runner.position}
 
-    async def events(self, root: str | None, start: int) -> AsyncIterator[bytes]:
-        """SSE frames: one per appended event (of run ``root``, if given), plus heartbeats."""
+    async def events(
+        self, root: str | None, start: int, heartbeat_s: float = HEARTBEAT_S
+    ) -> AsyncIterator[bytes]:
+        """SSE frames: one per appended event (of run ``root``, if given), plus heartbeats.
+
+        One ``anext`` of the subscription stays pending across heartbeats: a quiet
+        interval sends a comment and waits on the same call again. (Cancelling it, as
+        ``wait_for`` does on a timeout, would close the subscription's generator and
+        end the stream with a traceback at its first quiet interval.)
+        """
         yield b"retry: 1000\n: connected\n\n"
-        events = self.store.subscribe(start)
+        events = aiter(self.store.subscribe(start))
+        pending: asyncio.Task[Any] | None = None
         try:
             while True:
-                try:
-                    env = await asyncio.wait_for(anext(events), HEARTBEAT_S)
-                except TimeoutError:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait({pending}, timeout=heartbeat_s)
+                if not done:
                     yield b": heartbeat\n\n"
                     continue
+                try:
+                    env = pending.result()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    pending = None
                 if root is not None and env.correlation_id != root and env.stream != root:
                     continue
                 body = _encode(
@@ -173,6 +190,10 @@ class Console:
                 )
                 yield b"id: %d\nevent: append\ndata: %s\n\n" % (env.position, body)
         finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
 
@@ -184,12 +205,19 @@ def create_app(
     opener: Callable[[], Awaitable[EventStore]] | None = None,
     token: str | None = None,
     hosts: list[str] | None = None,
+    heartbeat_s: float | None = None,
 ) -> Starlette:
     """The console over the SQLite log ``db``, a log ``opener`` opens at start-up, or ``store``.
 
     ``hosts`` are the names the ``Host`` header may carry (default: loopback
-    names); ``token``, if given, is required on every request.
+    names); ``token``, if given, is required on every request. ``heartbeat_s``: the
+    events stream's quiet interval before a heartbeat comment (default 15 s, or
+    ``CARDBUS_UI_HEARTBEAT_S``).
     """
+    if heartbeat_s is None:
+        heartbeat_s = float(os.environ.get("CARDBUS_UI_HEARTBEAT_S") or HEARTBEAT_S)
+    if not heartbeat_s > 0:
+        raise ValidationError(f"heartbeat_s must be > 0, not {heartbeat_s}")
     if [db, store, opener].count(None) != 2:
         raise ValidationError("create_app needs exactly one of db, opener and store")
     state: dict[str, Console] = {}
@@ -267,7 +295,7 @@ def create_app(
         except (CardbusError, ValueError) as e:
             return _error(e)
         return StreamingResponse(
-            console().events(root, start),
+            console().events(root, start, heartbeat_s),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
