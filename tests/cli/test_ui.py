@@ -293,10 +293,8 @@ def test_a_token_is_required_on_every_request(db: Path) -> None:
         assert c.get("/api/runs").status_code == 401
         assert c.get("/api/runs?token=wrong").status_code == 401
         assert c.get("/?token=s3cret").status_code == 200
-        assert c.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).json() == {
-            "runs": [],
-            "position": 0,
-        }
+        listed = c.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).json()
+        assert (listed["runs"], listed["total"], listed["position"]) == ([], 0, 0)
         assert c.get("/api/runs", headers={"X-Cardbus-Token": "s3cret"}).status_code == 200
 
 

@@ -22,12 +22,13 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from cardbus.bus.http_guard import LOOPBACK_NAMES, HttpGuard, is_loopback
+from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore.errors import (
@@ -40,12 +41,14 @@ from cardbus.projections import (
     ProjectionRunner,
     Runs,
     TaskTable,
+    build_timeline,
     event_reason,
     journal_calls,
     replay,
     resolve_id,
     run_duration,
 )
+from cardbus.projections.replay_html import render_html
 from cardbus.tools.ui.page import PAGE
 
 try:
@@ -63,6 +66,14 @@ __all__ = ["create_app", "is_loopback"]
 
 _encode = msgspec.json.Encoder().encode
 HEARTBEAT_S = 15.0
+TASK_PAGE = 50  # tasks per page of a run's view
+#: the run view's task filters: the statuses each shows (None: all)
+TASK_FILTERS: dict[str, tuple[str, ...] | None] = {
+    "all": None,
+    "failed": ("failed", "halted", "cancelled"),
+    "waiting": ("pending", "awaiting_approval", "needs_input", "needs_revision"),
+    "running": ("dispatched", "running"),
+}
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -91,35 +102,108 @@ class Console:
             await self.runner.catch_up()
         return self.runner
 
-    async def runs(self, status: str | None, limit: int | None) -> dict[str, Any]:
+    async def runs(self, q: dict[str, Any]) -> dict[str, Any]:
+        """The runs list: filters (status, goal text, plan, agent, started since/until)
+        and a page of it (``offset``, ``limit``), with the count of all that match."""
         runner = await self.fresh()
-        rows = Runs().list(runner.conn, status=status, limit=limit)
+        limit = int(q["limit"]) if q.get("limit") else None
+        offset = int(q.get("offset") or 0)
+        if (limit is not None and limit < 1) or offset < 0:
+            raise ValidationError("limit must be >= 1 and offset >= 0")
+        filters: dict[str, Any] = {
+            "status": q.get("status") or None,
+            "text": q.get("q") or None,
+            "plan": q.get("plan") or None,
+            "agent": q.get("agent") or None,
+            "since": float(q["since"]) if q.get("since") else None,
+            "until": float(q["until"]) if q.get("until") else None,
+        }
+        runs = Runs()
+        rows = runs.list(runner.conn, limit=limit, offset=offset, **filters)
         now = time.time()
         for r in rows:
             r["duration_s"] = run_duration(r, now)
-        return {"runs": rows, "position": runner.position}
+        total = runs.count(runner.conn, **filters)
+        return {
+            "runs": rows,
+            "total": total,
+            "offset": offset,
+            "position": runner.position,
+            "now": now,
+        }
 
-    def _tasks(self, runner: ProjectionRunner, root: str) -> list[dict[str, Any]]:
-        rows = TaskTable().list(runner.conn, root=root)
+    def _tasks(
+        self,
+        runner: ProjectionRunner,
+        root: str,
+        statuses: Sequence[str] | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        rows = TaskTable().list(
+            runner.conn, root=root, statuses=statuses, offset=offset, limit=limit
+        )
         for r in rows:
             for col in ("input", "output"):
                 if r[col] is not None:
                     r[col] = msgspec.json.decode(r[col])
         return rows
 
-    async def run(self, text: str) -> dict[str, Any]:
+    async def run(
+        self, text: str, show: str = "all", offset: int = 0, limit: int = TASK_PAGE
+    ) -> dict[str, Any]:
+        """A run: its summary, one page of its tasks (``show``: all, failed or waiting)
+        and the replay timeline of that page's tasks (:func:`build_timeline` over their
+        streams and the run's own: the projection ``replay --html`` draws), so a run of
+        thousands of tasks costs what one page of them does."""
+        if show not in TASK_FILTERS:
+            raise ValidationError(f"show must be one of {', '.join(TASK_FILTERS)}")
+        if limit < 1 or offset < 0:
+            raise ValidationError("limit must be >= 1 and offset >= 0")
         root = await resolve_id(self.store, text)
         runner = await self.fresh()
         row = Runs().get(runner.conn, root)
+        if row is None:
+            own = await self.store.read_stream(root)
+            if not own:
+                raise StreamNotFound(root)
+            root = own[0].correlation_id  # a task id: its run
+            row = Runs().get(runner.conn, root)
+        now = time.time()
         if row is not None:
-            row["duration_s"] = run_duration(row)
-        timeline = await replay(self.store, root)
+            row["duration_s"] = run_duration(row, now)
+        statuses = TASK_FILTERS[show]
+        tasks = self._tasks(runner, root, statuses, offset, limit)
+        counts = TaskTable().count(runner.conn, root=root)
+        shown = TaskTable().count(runner.conn, root=root, statuses=statuses)
+        events = list(await self.store.read_stream(root))
+        for t in tasks:
+            if t["task_id"] != root:
+                events.extend(await self.store.read_stream(t["task_id"]))
+        events.sort(key=lambda e: e.position)
+        timeline = build_timeline(events, root, root) if events else None
         return {
             "run": row,
+            "root_id": root,
             "timeline": timeline,
-            "tasks": self._tasks(runner, timeline.root_id),
+            "tasks": tasks,
+            "counts": counts,
+            "total": sum(shown.values()),
+            "offset": offset,
+            "limit": limit,
+            "show": show,
             "position": runner.position,
+            "now": now,
         }
+
+    async def cancel(self, text: str, by: str, note: str) -> dict[str, Any]:
+        root = await resolve_id(self.store, text)
+        reason = "cancelled_by_user" + (f": {note}" if note else "")
+        cancelled = await cancel_run(self.store, root, by=by, reason=reason)
+        return {"root_id": root, "cancelled": cancelled, "by": by}
+
+    async def replay_html(self, text: str) -> str:
+        return render_html(await replay(self.store, await resolve_id(self.store, text)))
 
     async def task(self, text: str) -> dict[str, Any]:
         task_id = await resolve_id(self.store, text)
@@ -198,6 +282,15 @@ class Console:
                 await events.aclose()  # type: ignore[attr-defined]
 
 
+async def _body(request: Request) -> dict[str, Any] | None:
+    """A POST's JSON object ({} if empty or not an object; None if not JSON)."""
+    try:
+        body = msgspec.json.decode(await request.body() or b"{}")
+    except msgspec.DecodeError:
+        return None
+    return body if isinstance(body, dict) else {}
+
+
 def create_app(
     db: str | None = None,
     *,
@@ -246,18 +339,50 @@ def create_app(
         return HTMLResponse(PAGE, headers={"Cache-Control": "no-store"})
 
     async def runs(request: Request) -> Response:
-        q = request.query_params
         try:
-            limit = int(q["limit"]) if q.get("limit") else None
-            return _json(await console().runs(q.get("status") or None, limit))
+            return _json(await console().runs(dict(request.query_params)))
         except (CardbusError, ValueError) as e:
             return _error(e)
 
     async def run(request: Request) -> Response:
+        q = request.query_params
         try:
-            return _json(await console().run(request.path_params["id"]))
+            return _json(
+                await console().run(
+                    request.path_params["id"],
+                    q.get("show") or "all",
+                    int(q.get("offset") or 0),
+                    int(q.get("limit") or TASK_PAGE),
+                )
+            )
+        except (CardbusError, ValueError) as e:
+            return _error(e)
+
+    async def replay_page(request: Request) -> Response:
+        try:
+            page = await console().replay_html(request.path_params["id"])
         except CardbusError as e:
             return _error(e)
+        name = request.path_params["id"].replace('"', "")
+        return HTMLResponse(
+            page,
+            headers={"Content-Disposition": f'attachment; filename="replay-{name}.html"'},
+        )
+
+    async def run_action(request: Request) -> Response:
+        body = await _body(request)
+        if body is None:
+            return JSONResponse({"error": "the body is not JSON"}, status_code=400)
+        if request.path_params["action"] != "cancel":
+            return JSONResponse({"error": "no such action"}, status_code=404)
+        by = str(body.get("by") or "ui")
+        try:
+            done = await console().cancel(
+                request.path_params["id"], by, str(body.get("note") or "")
+            )
+        except CardbusError as e:
+            return _error(e)
+        return _json(done)
 
     async def task(request: Request) -> Response:
         try:
@@ -266,12 +391,9 @@ def create_app(
             return _error(e)
 
     async def answer(request: Request) -> Response:
-        try:
-            body = msgspec.json.decode(await request.body() or b"{}")
-        except msgspec.DecodeError:
+        body = await _body(request)
+        if body is None:
             return JSONResponse({"error": "the body is not JSON"}, status_code=400)
-        if not isinstance(body, dict):
-            body = {}
         action = request.path_params["action"]
         if action not in ("approve", "deny"):
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
@@ -303,6 +425,8 @@ def create_app(
     routes = [
         Route("/", page),
         Route("/api/runs", runs),
+        Route("/api/runs/{id:path}/replay.html", replay_page),
+        Route("/api/runs/{id:path}/{action:str}", run_action, methods=["POST"]),
         Route("/api/runs/{id:path}", run),
         Route("/api/tasks/{id:path}/{action:str}", answer, methods=["POST"]),
         Route("/api/tasks/{id:path}", task),
