@@ -172,6 +172,7 @@ class AttemptSpan(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     model: str | None = None  # the model that answered, when the result names one
     output: Any = None  # the result this attempt submitted
+    received: Any = None  # the inputs the agent was sent ($dep resolved, trimmed), if kept
     replica: str | None = None  # who ran it: the worker process that answered (or started)
     deliveries: int = 1  # the card's delivery count at the end (2 or more: redelivered)
     calls: list[Call] = []  # its model calls, tool calls and unknown effects, in order
@@ -373,6 +374,13 @@ def _payload(data: Any) -> Any:
     match data:
         case ev.TaskCreated():
             return {"inputs": data.inputs, "deps": list(data.deps)}
+        case ev.TaskDispatched() if data.inputs_digest:
+            # what the agent received ($dep resolved, trimmed); None when too big to keep
+            return {
+                "received": data.inputs,
+                "inputs_digest": data.inputs_digest,
+                "inputs_bytes": data.inputs_bytes,
+            }
         case ev.TaskResultSubmitted():
             return {"status": data.status, "output": data.output, "error": data.error}
         case ev.TaskCompleted() if not data.quality_met:
@@ -675,7 +683,9 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
             case ev.TaskDispatched():
                 node.attempts = max(node.attempts, data.attempt)
                 node.agent_id = data.agent_id
-                span = AttemptSpan(attempt=data.attempt, agent_id=data.agent_id, start=t)
+                span = AttemptSpan(
+                    attempt=data.attempt, agent_id=data.agent_id, start=t, received=data.inputs
+                )
                 if pending_since is not None:
                     span.queued_s = t - pending_since
                 open_spans[data.agent_id] = span

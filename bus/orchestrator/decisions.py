@@ -688,7 +688,10 @@ class Decider:
                 )
                 return
             self._loop_here[(run.root_id, h)] += 1
-        digest = hashlib.sha256(msgspec.json.encode(card.inputs, order="sorted")).hexdigest()
+        sent = msgspec.json.encode(card.inputs, order="sorted")
+        digest = hashlib.sha256(sent).hexdigest()
+        # what the agent receives, on the dispatch: inline when small, else its digest alone
+        inline = card.inputs if len(sent) <= ev.DISPATCH_INPUTS_INLINE else None
         deadline = self.now + c.timeout_s
         if trimmed is not None:
             self.d.add(task.task_id, trimmed)  # recorded with the dispatch it shaped
@@ -703,6 +706,8 @@ class Decider:
                     deadline=deadline,
                     inputs_digest=digest,
                     loop_hash=h if i == 0 else "",
+                    inputs=inline,
+                    inputs_bytes=len(sent),
                 ),
             )
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))

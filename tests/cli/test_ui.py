@@ -219,8 +219,9 @@ def test_page_loads_and_a_demo_run_appears_live(server: Server, page: Any, db: P
     row.locator("a").click()
     page.wait_for_selector("#run-status[data-status='completed']")
     assert page.locator("#tasks tbody tr").count() == 6
-    timeline = page.locator("#timeline").inner_text()
-    assert "revision_requested" in timeline and "needs_input" in timeline
+    # the Gantt of attempts (replay --html's renderer): a revision and a needs_input
+    page.wait_for_selector("#gantt .span[data-outcome='revision']")
+    assert page.locator("#gantt .span[data-outcome='needs_input']").count() >= 1
     # a task's steps with its inputs, outputs and reasons
     page.locator("#tasks a", has_text="draft-").first.click()
     page.wait_for_selector("#task-status[data-status='completed']")
@@ -261,7 +262,11 @@ def test_an_approval_click_completes_a_waiting_run(server: Server, page: Any, db
     # the page follows the run to its end without a reload
     page.wait_for_selector("#run-status[data-status='completed']")
     page.wait_for_selector(f"#tasks tr[data-task='{task_id}'][data-status='completed']")
-    assert "approval_granted" in page.locator("#timeline").inner_text()
+    # the task's events, fetched when opened
+    page.locator(f"#tasks tr[data-task='{task_id}'] details[data-events] summary").click()
+    events = page.locator(f"#tasks tr[data-task='{task_id}'] details[data-events] table.steps")
+    events.wait_for()
+    assert "approval_granted" in events.inner_text()
 
     async def granted() -> list[Any]:
         store = await SqliteEventStore.open(db, create=False)

@@ -31,6 +31,7 @@ from cardbus.bus.http_guard import LOOPBACK_NAMES, HttpGuard, is_loopback
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
     CardbusError,
     StreamNotFound,
@@ -215,8 +216,23 @@ class Console:
             if row[col] is not None:
                 row[col] = msgspec.json.decode(row[col])
         steps = []
+        received: list[dict[str, Any]] = []  # what each dispatch sent, as the log keeps it
+        trimmed: set[int] = set()
         stream = await self.store.read_stream(task_id)
         for env in stream:
+            if isinstance(env.data, ev.TaskDispatched):
+                d = env.data
+                received.append(
+                    {
+                        "attempt": d.attempt,
+                        "agent_id": d.agent_id,
+                        "inputs": d.inputs,
+                        "digest": d.inputs_digest,
+                        "bytes": d.inputs_bytes,
+                    }
+                )
+            elif isinstance(env.data, ev.ContextTrimmed):
+                trimmed.add(env.data.attempt)
             data = msgspec.to_builtins(env.data)
             data.pop("type", None)
             steps.append(
@@ -233,7 +249,18 @@ class Console:
             )
         # what its attempts asked models and tools (the journal), replays resolved
         calls = journal_calls(stream)
-        return {"task": row, "steps": steps, "calls": calls, "position": runner.position}
+        for r in received:
+            r["trimmed"] = r["attempt"] in trimmed
+        run = Runs().get(runner.conn, row["root_id"]) if row["root_id"] else None
+        return {
+            "task": row,
+            "run_goal": run["goal"] if run else "",
+            "received": received,
+            "steps": steps,
+            "calls": calls,
+            "position": runner.position,
+            "now": time.time(),
+        }
 
     async def events(
         self, root: str | None, start: int, heartbeat_s: float = HEARTBEAT_S
