@@ -353,6 +353,9 @@ def _reason(data: Any) -> str | None:
 def _step(env: Envelope) -> Step:
     data = env.data
     tag = env.type
+    reason = _reason(data)
+    if isinstance(data, ev.TaskCancelled) and env.actor:
+        reason = f"{reason} (by {env.actor})"  # an operator's action: who did it
     return Step(
         position=env.position,
         event_id=env.event_id,
@@ -363,7 +366,7 @@ def _step(env: Envelope) -> Step:
         actor=env.actor,
         attempt=getattr(data, "attempt", None),
         agent_id=getattr(data, "agent_id", None),
-        reason=_reason(data),
+        reason=reason,
         detail=_detail(data),
         payload=_payload(data),
     )

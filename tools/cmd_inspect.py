@@ -144,13 +144,19 @@ def new_table(title: str) -> Any:
 
 
 def out_width(default: int | None = 100) -> int | None:
-    """The width output fits: ``COLUMNS`` if set (piped too), the terminal's, else ``default``."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+    """The width output fits: the terminal's, else ``default``."""
     if sys.stdout.isatty():
         return shutil.get_terminal_size((100, 40)).columns
     return default
+
+
+def table_width() -> int:
+    """The width a one-line-per-row table fits: ``COLUMNS`` if set (piped too), else the
+    terminal's, else 100."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return out_width(100) or 100
 
 
 def short_ids(ids: Sequence[str], others: Sequence[str] = (), keep: int = 32) -> dict[str, str]:
@@ -386,14 +392,14 @@ def _task_rows(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[st
 
 
 def print_rows(title: str, columns: list[str], rows: list[list[str]], fixed: int) -> None:
-    """A table of one line per row that fits the width (:func:`out_width`, ``COLUMNS``
+    """A table of one line per row that fits the width (:func:`table_width`: ``COLUMNS``
     honoured, 100 when piped): its first ``fixed`` columns (ids, status, times) are
     never cut; the others shrink with an ellipsis, the last (a reason) first."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    width = out_width(100) or 100
+    width = table_width()
     t = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
     for i, col in enumerate(columns):
         longest = max([len(col), *(Text.from_markup(r[i]).cell_len for r in rows)])
