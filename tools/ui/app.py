@@ -97,6 +97,7 @@ class Console:
         self.store = store
         self.runner = ProjectionRunner.open(store, ":memory:", [Runs(), TaskTable()])
         self._lock = asyncio.Lock()
+        self.stopping = asyncio.Event()  # set when the server stops: event streams end
 
     async def fresh(self) -> ProjectionRunner:
         async with self._lock:
@@ -275,11 +276,16 @@ class Console:
         yield b"retry: 1000\n: connected\n\n"
         events = aiter(self.store.subscribe(start))
         pending: asyncio.Task[Any] | None = None
+        stop = asyncio.ensure_future(self.stopping.wait())
         try:
             while True:
                 if pending is None:
                     pending = asyncio.ensure_future(anext(events))
-                done, _ = await asyncio.wait({pending}, timeout=heartbeat_s)
+                done, _ = await asyncio.wait(
+                    {pending, stop}, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop in done:
+                    return  # the server is stopping: end the stream, the page reconnects
                 if not done:
                     yield b": heartbeat\n\n"
                     continue
@@ -301,6 +307,7 @@ class Console:
                 )
                 yield b"id: %d\nevent: append\ndata: %s\n\n" % (env.position, body)
         finally:
+            stop.cancel()
             if pending is not None:
                 pending.cancel()
                 with contextlib.suppress(BaseException):
@@ -355,6 +362,7 @@ def create_app(
         else:
             opened = await SqliteEventStore.open(db or "")
         state["console"] = Console(opened)
+        app.state.stop_streams = state["console"].stopping.set
         try:
             yield
         finally:

@@ -144,6 +144,7 @@ function tick() {
   }
 }
 setInterval(tick, 1000);
+const actionResult = {};  // a run's last action's outcome, kept across re-renders
 const operator = () => (document.getElementById("operator").value || "ui").trim() || "ui";
 
 // -- actions: approve / deny with a note, cancel a run -----------------------------------
@@ -167,7 +168,7 @@ document.addEventListener("click", (e) => {
     t.disabled = true;
     const note = document.getElementById("cancel-note");
     postJSON(`/api/runs/${encodeURIComponent(t.dataset.cancel)}/cancel`, {by: operator(), note: note ? note.value : ""})
-      .then((r) => { document.getElementById("action-result").textContent = `cancelled ${r.cancelled.length} task(s) as ${r.by}`; refresh(); })
+      .then((r) => { actionResult[r.root_id] = `cancelled ${r.cancelled.length} task(s) as ${r.by}`; refresh(); })
       .catch(showError);
     return;
   }
@@ -316,7 +317,7 @@ function runView(data) {
     · ${open ? since(r.started_at) : fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${((r.input_tokens || 0) + (r.output_tokens || 0)).toLocaleString()} tokens</p>
     <p class="actions">${open ? `<input id="cancel-note" placeholder="why (optional)"> <button class="deny" data-cancel="${esc(data.root_id)}" id="cancel">Cancel run</button>` : ""}
       <a id="download-replay" href="${url(`/api/runs/${encodeURIComponent(data.root_id)}/replay.html`)}" download>Download HTML replay</a>
-      <span id="action-result" class="muted"></span></p>
+      <span id="action-result" class="muted">${esc(actionResult[data.root_id] || "")}</span></p>
     <div class="tabs" id="show">${tabs}</div>
     ${t ? `<h2>Dependencies <span class="muted">(tasks shown)</span></h2><div class="graph-wrap">${graph(t)}</div>` : ""}
     <h2>Attempts</h2><div class="cb-gantt">${LEGENDS}<div id="gantt" data-start="${r.started_at}" data-end="${end}"></div></div>
