@@ -351,3 +351,34 @@ def test_deny_through_the_api_cancels_a_waiting_task(db: Path) -> None:
         assert [(s["data"]["by"], s["data"]["note"], s["reason"]) for s in denied] == [
             ("tester", "no", "approval denied by tester: no")
         ]
+
+
+def test_actions_are_refused_without_the_token(db: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from cardbus.tools.ui import create_app
+
+    run = Background(db, [Researcher], {**APPROVAL_PLAN, "plan_id": "ui-token"})
+    assert run.submitted.wait(60) and run.root is not None
+    with TestClient(create_app(str(db), token="s3cret"), base_url="http://127.0.0.1") as c:
+        # no token, a wrong one: refused before anything is written
+        assert c.post(f"/api/runs/{run.root}/cancel", json={"by": "x"}).status_code == 401
+        wrong = c.post(f"/api/runs/{run.root}/cancel?token=nope", json={})
+        assert wrong.status_code == 401
+        assert c.get(f"/api/runs/{run.root}/replay.html").status_code == 401
+        ok = c.post(
+            f"/api/runs/{run.root}/cancel",
+            json={"by": "ops", "note": "stop"},
+            headers={"X-Cardbus-Token": "s3cret"},
+        )
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["by"] == "ops" and ok.json()["root_id"] == run.root
+        assert run.join().status != "completed"
+        page = c.get(f"/api/runs/{run.root}/replay.html?token=s3cret")
+        assert page.status_code == 200 and "attachment" in page.headers["content-disposition"]
+        assert run.root in page.text and "cancelled" in page.text
+        steps = c.get(f"/api/tasks/research-{run.root[-12:]}?token=s3cret").json()["steps"]
+        cancelled = [s for s in steps if s["type"] == "task.cancelled.v1"]
+        assert [(s["actor"], s["data"]["reason"]) for s in cancelled] == [
+            ("ops", "cancelled_by_user: stop")
+        ]
