@@ -377,6 +377,10 @@ def test_actions_are_refused_without_the_token(db: Path) -> None:
         page = c.get(f"/api/runs/{run.root}/replay.html?token=s3cret")
         assert page.status_code == 200 and "attachment" in page.headers["content-disposition"]
         assert run.root in page.text and "cancelled" in page.text
+        assert c.get(f"/api/runs/{run.root}/traces.json").status_code == 401
+        spans = c.get(f"/api/runs/{run.root}/traces.json?token=s3cret").json()["spans"]
+        assert spans and {len(s["trace_id"]) for s in spans} == {32}
+        assert len({s["trace_id"] for s in spans}) == 1  # one run, one trace
         steps = c.get(f"/api/tasks/research-{run.root[-12:]}?token=s3cret").json()["steps"]
         cancelled = [s for s in steps if s["type"] == "task.cancelled.v1"]
         assert [(s["actor"], s["data"]["reason"]) for s in cancelled] == [

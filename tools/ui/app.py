@@ -204,6 +204,21 @@ class Console:
         cancelled = await cancel_run(self.store, root, by=by, reason=reason)
         return {"root_id": root, "cancelled": cancelled, "by": by}
 
+    async def traces(self, text: str) -> dict[str, Any]:
+        """The run's spans as ``cardbus export`` sends them (ids in hex), as one JSON file."""
+        from cardbus.tools.cmd_export import collect_spans
+
+        root = await resolve_id(self.store, text)
+        spans = []
+        for s in await collect_spans(self.store, root, whole_root=True):
+            span = msgspec.to_builtins(s)
+            span["trace_id"] = f"{s.trace_id:032x}"
+            span["span_id"] = f"{s.span_id:016x}"
+            if s.parent_span_id is not None:
+                span["parent_span_id"] = f"{s.parent_span_id:016x}"
+            spans.append(span)
+        return {"root_id": root, "spans": spans}
+
     async def replay_html(self, text: str) -> str:
         return render_html(await replay(self.store, await resolve_id(self.store, text)))
 
@@ -404,6 +419,18 @@ def create_app(
             headers={"Content-Disposition": f'attachment; filename="replay-{name}.html"'},
         )
 
+    async def traces(request: Request) -> Response:
+        try:
+            body = await console().traces(request.path_params["id"])
+        except CardbusError as e:
+            return _error(e)
+        name = body["root_id"].replace('"', "")
+        return Response(
+            _encode(body),
+            media_type="application/json",
+            headers={"Content-Disposition": f'attachment; filename="traces-{name}.json"'},
+        )
+
     async def run_action(request: Request) -> Response:
         body = await _body(request)
         if body is None:
@@ -461,6 +488,7 @@ def create_app(
         Route("/", page),
         Route("/api/runs", runs),
         Route("/api/runs/{id:path}/replay.html", replay_page),
+        Route("/api/runs/{id:path}/traces.json", traces),
         Route("/api/runs/{id:path}/{action:str}", run_action, methods=["POST"]),
         Route("/api/runs/{id:path}", run),
         Route("/api/tasks/{id:path}/{action:str}", answer, methods=["POST"]),

@@ -317,6 +317,7 @@ function runView(data) {
     · ${open ? since(r.started_at) : fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${((r.input_tokens || 0) + (r.output_tokens || 0)).toLocaleString()} tokens</p>
     <p class="actions">${open ? `<input id="cancel-note" placeholder="why (optional)"> <button class="deny" data-cancel="${esc(data.root_id)}" id="cancel">Cancel run</button>` : ""}
       <a id="download-replay" href="${url(`/api/runs/${encodeURIComponent(data.root_id)}/replay.html`)}" download>Download HTML replay</a>
+      · <a id="download-traces" href="${url(`/api/runs/${encodeURIComponent(data.root_id)}/traces.json`)}" download>Export trace spans (JSON)</a>
       <span id="action-result" class="muted">${esc(actionResult[data.root_id] || "")}</span></p>
     <div class="tabs" id="show">${tabs}</div>
     ${t ? `<h2>Dependencies <span class="muted">(tasks shown)</span></h2><div class="graph-wrap">${graph(t)}</div>` : ""}
