@@ -150,13 +150,13 @@ def out_width(default: int | None = 100) -> int | None:
     return default
 
 
-def table_width() -> int:
+def table_width() -> int | None:
     """The width a one-line-per-row table fits: ``COLUMNS`` if set (piped too), else the
-    terminal's, else 100."""
+    terminal's; None (no limit: whole rows, one per line) when piped without ``COLUMNS``."""
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
-    return out_width(100) or 100
+    return out_width(None)
 
 
 def short_ids(ids: Sequence[str], others: Sequence[str] = (), keep: int = 32) -> dict[str, str]:
@@ -370,7 +370,8 @@ def _task_rows(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[st
     root column only when the rows are of several runs)."""
     roots = sorted({r["root_id"] for r in rows if r["root_id"]})
     task_ids = short_ids([r["task_id"] for r in rows], roots)
-    root_ids = short_ids(roots, [r["task_id"] for r in rows], keep=12)
+    # a root's end may end its own tasks' ids too: resolve_id picks the run then
+    root_ids = short_ids(roots, keep=12)
     day = {fmt_time(r["updated_at"])[:10] for r in rows}
     one_run = len(roots) <= 1
     cells = [
@@ -392,14 +393,15 @@ def _task_rows(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[st
 
 
 def print_rows(title: str, columns: list[str], rows: list[list[str]], fixed: int) -> None:
-    """A table of one line per row that fits the width (:func:`table_width`: ``COLUMNS``
-    honoured, 100 when piped): its first ``fixed`` columns (ids, status, times) are
-    never cut; the others shrink with an ellipsis, the last (a reason) first."""
+    """A table of one line per row that fits the width (:func:`table_width`:
+    ``COLUMNS`` honoured, whole rows when piped without it): its first ``fixed``
+    columns (ids, status, times) are never cut; the others shrink with an
+    ellipsis, the last (a reason) first."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    width = table_width()
+    width = table_width() or 100_000
     t = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
     for i, col in enumerate(columns):
         longest = max([len(col), *(Text.from_markup(r[i]).cell_len for r in rows)])

@@ -1,5 +1,6 @@
 """``cardbus tasks``: one line per task at 80, 100 and 120 columns, ``COLUMNS`` honoured
-when piped, short ids that ``replay`` takes back, ``--wide`` for full ids."""
+when piped (whole rows without it), short ids that ``replay`` takes back, ``--wide`` for
+full ids. (pytest-xdist's workers set ``COLUMNS=80``: each test sets or unsets it.)"""
 
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _tasks(db: str, columns: str | None, *args: str) -> list[str]:
-    env = {"COLUMNS": columns} if columns else {}
-    r = CliRunner(env=env).invoke(cli, ["tasks", "--store", db, *args])
+    r = CliRunner(env={"COLUMNS": columns}).invoke(cli, ["tasks", "--store", db, *args])
     assert r.exit_code == 0, r.output
     return r.stdout.splitlines()
 
@@ -49,7 +49,10 @@ def test_columns_is_honoured_when_piped_and_wide_keeps_full_ids(demo_db: str) ->
     narrow = _tasks(demo_db, "64")
     assert max(len(line) for line in narrow) <= 64  # piped, COLUMNS honoured
     assert "…" in "".join(narrow)  # capability and agent shrink; ids and status do not
-    assert max(len(line) for line in _tasks(demo_db, None)) <= 100  # piped: 100
+    # piped without COLUMNS: whole rows, one per line
+    rows_ = json.loads(CliRunner().invoke(cli, ["tasks", "--store", demo_db, "--json"]).stdout)
+    whole = CliRunner().invoke(cli, ["tasks", "--store", demo_db], env={"COLUMNS": None})
+    assert len(whole.stdout.splitlines()) == len(rows_) + 2 and "…" not in whole.stdout
     wide = "\n".join(_tasks(demo_db, "100", "--wide"))
     rows = json.loads(CliRunner().invoke(cli, ["tasks", "--store", demo_db, "--json"]).stdout)
     assert all(r["task_id"] in wide for r in rows)
@@ -70,6 +73,7 @@ def test_several_runs_get_a_root_column_of_short_ids(tmp_path: object) -> None:
     roots = asyncio.run(write())
     lines = _tasks(db, "100")
     assert lines[1].split()[:2] == ["task", "root"]
+    assert all(len(line.split()[1]) <= 12 for line in lines[2:])
     assert len(lines) == 2 + 10 and all(len(line) <= 100 for line in lines)
     shown = {line.split()[1] for line in lines[2:]}
     assert len(shown) == 2

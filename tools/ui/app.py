@@ -50,6 +50,7 @@ from cardbus.projections import (
     run_duration,
 )
 from cardbus.projections.replay_html import render_html
+from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.page import PAGE
 
 try:
@@ -206,11 +207,18 @@ class Console:
 
     async def traces(self, text: str) -> dict[str, Any]:
         """The run's spans as ``cardbus export`` sends them (ids in hex), as one JSON file."""
-        from cardbus.tools.cmd_export import collect_spans
-
         root = await resolve_id(self.store, text)
+        own = await self.store.read_stream(root)
+        root = own[0].correlation_id if own else root
+        events = await self.store.read_correlation(root)
+        if not events:
+            raise StreamNotFound(root)
+        agents = {e.data.agent_id for e in events if isinstance(e.data, ev.TaskDispatched)}
+        cards: list[Any] = []
+        for agent_id in sorted(agents):
+            cards.extend(await self.store.read_stream(f"agent-{agent_id}"))
         spans = []
-        for s in await collect_spans(self.store, root, whole_root=True):
+        for s in trace_spans(events, agent_names_from(cards)):
             span = msgspec.to_builtins(s)
             span["trace_id"] = f"{s.trace_id:032x}"
             span["span_id"] = f"{s.span_id:016x}"
