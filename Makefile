@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/agent_latency_bench.py --json $(BENCH_JSON)
 	$(BIN)/python bench/journal_bench.py --json $(BENCH_JSON)
 	$(BIN)/python bench/nats_scale_bench.py --json $(BENCH_JSON)
+	$(BIN)/python bench/overload_bench.py
 	@uptime
 	$(BIN)/python bench/summary.py $(BENCH_JSON)
 

@@ -21,6 +21,10 @@ replays them itself (``bus.orchestrator.journal``).
 
 Without an orchestrator to ask (``Agent.run`` called directly, no worker), model
 calls go out unrecorded, as before.
+
+``OfflineLLM`` is the model of an offline re-run (``cardbus rerun --offline``):
+every call is answered from the log, and one that reaches it raises
+``ReplayDiverged`` (there is no endpoint and no key).
 """
 
 from __future__ import annotations
@@ -28,20 +32,20 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from cardbus.agents.llm import Completion
 from cardbus.agents.requests import REQUESTER
-from cardbus.eventstore.errors import LLMError
+from cardbus.eventstore.errors import LLMError, ReplayDiverged
 from cardbus.eventstore.ids import new_id
 
 if TYPE_CHECKING:
     from cardbus.agents.requests import TaskServices
 
-__all__ = ["TaskJournal", "request_digest"]
+__all__ = ["OfflineLLM", "TaskJournal", "request_digest"]
 
 _encoder = msgspec.json.Encoder(order="sorted")
 
@@ -54,6 +58,40 @@ def request_digest(request: Any) -> str:
     except Exception:
         data = repr(request).encode()
     return hashlib.sha256(data).hexdigest()
+
+
+class OfflineLLM:
+    """The LLM of an offline re-run: no endpoint, no key. Every model call is meant to be
+    answered from the recorded run's log; a call that reaches this model was not, and
+    raises ``ReplayDiverged`` (the task fails with ``replay_diverged``).
+
+    ``model`` is the name the recorded run's endpoint had (its requests name it), so
+    the requests of the re-run are the recorded ones.
+    """
+
+    provider = "cardbus.offline"
+
+    def __init__(self, model: str = "") -> None:
+        self.model = model
+
+    def _refuse(self, model: str | None) -> ReplayDiverged:
+        return ReplayDiverged(
+            f"offline re-run: a call to model {model or self.model or '(default)'} that the"
+            " recorded run did not make; no endpoint is used offline"
+        )
+
+    async def complete(self, prompt: str, *, system: str = "") -> Completion:
+        raise self._refuse(None)
+
+    async def chat(
+        self,
+        messages: Sequence[Any],
+        *,
+        model: str | None = None,
+        response_format: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> Completion:
+        raise self._refuse(model)
 
 
 class TaskJournal:
@@ -142,3 +180,49 @@ class TaskJournal:
             execution=self.execution,
         )
         return answer
+
+    async def tool_call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        run: Callable[[str], Awaitable[Any]],
+        *,
+        idempotent: bool = False,
+    ) -> Any:
+        """A tool the agent runs itself (a framework's function tool), journaled.
+
+        ``run(idempotency_key)`` is awaited only when the journal has no result for this
+        call: its ``tool.requested`` is durable before it runs (invariant 8), its result
+        (JSON builtins) or error is recorded after. A retry that calls it again with the
+        same arguments at the same place gets the recorded result; a call whose effect is
+        unknown (the process died during it) runs again only if ``idempotent``, else
+        ``EffectUnknown`` is raised and the task waits for an operator.
+        """
+        if not self.recording:
+            return await run("")
+        seq = self.next_seq()
+        services = self.services
+        begun = await services.request(
+            "tool.begin",
+            name,
+            {"arguments": arguments, "idempotent": idempotent},
+            seq=seq,
+            execution=self.execution,
+        )
+        if isinstance(begun, dict) and "replay" in begun:
+            self.replayed += 1
+            return begun["replay"]
+        key = str(begun.get("key", "")) if isinstance(begun, dict) else ""
+        start = time.monotonic()
+        ended: dict[str, Any] = {"arguments": arguments, "key": key}
+        try:
+            result = await run(key)
+        except Exception as e:
+            ended |= {"error": f"{type(e).__name__}: {e}", "error_type": "tool_error"}
+            ended["duration_s"] = round(time.monotonic() - start, 6)
+            await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+            raise
+        ended |= {"result": msgspec.to_builtins(result)}
+        ended["duration_s"] = round(time.monotonic() - start, 6)
+        await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+        return ended["result"]

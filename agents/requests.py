@@ -30,6 +30,8 @@ kind               target           args
 ``memory.search``  -                ``text``, ``k``, ``tags``, ``kind``
 ``model.request``  the model        ``request``, ``digest``, ``replay`` (``agents.journal``)
 ``model.answer``   the model        ``call``, ``answer`` or ``error`` and ``error_type``
+``tool.begin``     the agent's tool ``arguments``, ``idempotent`` (before it runs)
+``tool.end``       the agent's tool ``arguments``, ``key``, ``result`` or ``error``
 =================  ===============  =================================================
 
 ``tool``, ``model.request`` and ``model.answer`` carry the journal's coordinates
@@ -54,6 +56,7 @@ from cardbus.eventstore.errors import (
     CardbusError,
     DecodeError,
     EffectUnknown,
+    ReplayDiverged,
     ValidationError,
 )
 from cardbus.eventstore.ids import new_id
@@ -86,6 +89,8 @@ RequestKind = Literal[
     "memory.search",
     "model.request",
     "model.answer",
+    "tool.begin",
+    "tool.end",
 ]
 REQUEST_KINDS: tuple[str, ...] = (
     "read_output",
@@ -96,6 +101,8 @@ REQUEST_KINDS: tuple[str, ...] = (
     "memory.search",
     "model.request",
     "model.answer",
+    "tool.begin",
+    "tool.end",
 )
 
 
@@ -120,7 +127,7 @@ class AgentResponse(msgspec.Struct, frozen=True, kw_only=True, tag="agent_respon
     result: Any = None
     error: str | None = None
     #: access_denied | not_found | invalid_input | timeout | result_too_large | tool_error
-    #: | bad_request | unavailable | effect_unknown
+    #: | bad_request | unavailable | effect_unknown | replay_diverged
     error_type: str | None = None
     duration_s: float = 0.0
 
@@ -156,6 +163,8 @@ def error_for(response: AgentResponse) -> CardbusError:
         return AccessDenied(message)
     if kind == "effect_unknown":
         return EffectUnknown(message)
+    if kind == "replay_diverged":
+        return ReplayDiverged(message)
     if kind in TOOL_ERRORS:
         return TOOL_ERRORS[kind](message)
     if kind == "bad_request":

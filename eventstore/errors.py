@@ -27,6 +27,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
     ├── AccessDenied              an agent asked for something outside its card
     ├── EffectUnknown             a journaled tool call may have taken effect before a crash
+    ├── ReplayDiverged            a strict re-run asked what the recorded run did not ask
     ├── LLMError                  the model endpoint failed or answered something unusable
     │   ├── LLMRateLimited        429: the endpoint asks to slow down (``retry_after`` seconds)
     │   ├── LLMTimeout            no answer within the client's timeout
@@ -58,6 +59,7 @@ __all__ = [
     "AmbiguousId",
     "ConfigError",
     "EffectUnknown",
+    "ReplayDiverged",
     "LLMBadOutput",
     "LLMError",
     "LLMLimitExceeded",
@@ -230,6 +232,18 @@ class EffectUnknown(CardbusError):
     """
 
     error_type = "effect_unknown"
+
+
+class ReplayDiverged(CardbusError):
+    """An offline re-run (``cardbus rerun --offline``) reached a model or tool call that
+    the recorded run did not make: another request at that place, or a call past the
+    recorded ones. The message names the task and the call and shows the difference.
+
+    Not a ``ToolError`` or an ``LLMError``, so no loop swallows it: the attempt ends
+    (reason ``replay_diverged``) and the task fails without a retry.
+    """
+
+    error_type = "replay_diverged"
 
 
 class LLMError(CardbusError):

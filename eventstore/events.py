@@ -133,6 +133,11 @@ class TaskCreated(_Event, TaskOptions, frozen=True, kw_only=True, tag="task.crea
     plan_id: str | None = None
     forked_from: str | None = None  # event id this task's history was taken from
     role: str = ""  # "" for plan tasks, "review" or "supplement" for tasks the orchestrator adds
+    # a re-run's task (``cardbus rerun``): the task of the recorded run whose calls answer
+    # this one's first execution (the journal's *origin*); ``replay_strict``: a call the
+    # origin did not make is refused (``replay_diverged``) instead of going live
+    origin: str | None = None
+    replay_strict: bool = False
 
 
 #: the largest resolved inputs a ``task.dispatched`` keeps inline (bytes of JSON)
@@ -144,7 +149,11 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     agent_id: str
     score: float = 0.0
     candidates: list[Candidate] = []
-    deadline: float = 0.0  # unix seconds after which the attempt times out
+    # unix seconds after which the attempt times out if no agent took the card by then
+    # (reason queue_timeout); with timeout_s 0 (logs from before it): the attempt's deadline
+    deadline: float = 0.0
+    # the attempt's limit from its start (task.started's recorded_at): start-to-close
+    timeout_s: float = 0.0
     inputs_digest: str = ""  # sha256 of exactly what the agent was sent
     loop_hash: str = ""  # hash of (capability, normalized inputs): loop detection counts it
     # what the agent was sent ($dep resolved, context trimmed), kept inline when its JSON is
@@ -244,7 +253,8 @@ class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
     attempt: int
     agent_id: str
     deadline: float
-    # "deadline"; "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
+    # "deadline"; "queue_timeout": no agent took the card by the dispatch's deadline;
+    # "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
     # the previous embedded process), so the attempt was timed out at once
     reason: str = "deadline"
 
@@ -323,6 +333,10 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # set when the plan was a goal alone: the tasks come from a planner (plan.* events)
     planning: PlanningSpec | None = None
     agents: list[str] = []  # the run's named agents: selection considers only them ([]: all)
+    # the import paths ("module:Class") of the agents of the runtime that started it
+    agent_paths: list[str] = []
+    rerun_of: str | None = None  # the root id of the run this one re-runs (cardbus rerun)
+    offline: bool = False  # a re-run answered from the log alone (every call replayed)
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -456,6 +470,7 @@ class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
     execution: str = ""
     seq: int = -1
     idempotency_key: str = ""
+    local: bool = False  # run by the agent itself (``ctx.journal.tool_call``), not a registry
 
 
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
@@ -477,6 +492,7 @@ class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     idempotency_key: str = ""
     #: set on a call answered from the journal: the ``tool.called`` whose result (or error)
     #: this is; the tool did not run again
+    local: bool = False
     replayed_from: str | None = None
 
 

@@ -486,8 +486,10 @@ def authorization_config(agent_ids: Sequence[str], password: str) -> str:
 
 @contextlib.asynccontextmanager
 async def _temporary(folder: tempfile.TemporaryDirectory[str]) -> AsyncIterator[str]:
+    from cardbus.agents.demo.docs import demo_docs_folder
+
     try:
-        yield folder.name
+        yield str(demo_docs_folder(folder))
     finally:
         folder.cleanup()
 

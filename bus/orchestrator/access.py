@@ -48,7 +48,7 @@ import msgspec
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.checks import allowed_values, check_choice, check_number
-from cardbus.bus.orchestrator.journal import BadJournalRequest, Journal
+from cardbus.bus.orchestrator.journal import BadJournalRequest, Journal, inline_size
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import TaskState
@@ -121,14 +121,6 @@ def digest(value: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def inline_size(value: Any) -> int:
-    """The size of ``value`` as JSON (huge when it cannot be encoded: never inline)."""
-    try:
-        return len(msgspec.json.encode(value))
-    except Exception:
-        return 1 << 62
-
-
 def tool_allowed(name: str, allowed: Iterable[str]) -> bool:
     """Whether tool ``name`` is on the allow-list ``allowed``: an entry is a name, or a
     glob (``fnmatch``, case-sensitive: ``*``, ``?``, ``[...]``) such as ``"time__*"``."""
@@ -165,8 +157,8 @@ def access_problem(
         case "memory.get" | "memory.list" | "memory.search":
             if not policy.memory_reads:
                 return "memory_not_allowed"
-        case "model.request" | "model.answer":
-            pass  # its own model call: recorded (the journal), never refused
+        case "model.request" | "model.answer" | "tool.begin" | "tool.end":
+            pass  # its own model call or tool: recorded (the journal), never refused
         case _:
             return "unknown_request"
     return None
@@ -261,6 +253,10 @@ class RequestBroker:
                 outcome = await self.journal.model_request(req)
             case "model.answer":
                 outcome = await self.journal.model_answer(req)
+            case "tool.begin":
+                outcome = await self.journal.tool_begin(req)
+            case "tool.end":
+                outcome = await self.journal.tool_end(req)
             case _:
                 return await self._memory(req, start)
         return self._answer(req, start, outcome.result, outcome.error, outcome.error_type)

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
-import hashlib
 import logging
 import math
 import os
@@ -37,7 +35,10 @@ from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
+from cardbus.bus.orchestrator.admission import Admission
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
+from cardbus.bus.orchestrator.digest import plan_digest
+from cardbus.bus.orchestrator.gaps import fill_gap
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
@@ -178,6 +179,7 @@ class Orchestrator:
         self.embedder = embedder
         self.rng = rng or random.Random()
         self.state = RunState(retain_finished=self.policy.retain_finished_runs)
+        self.admission = Admission(self.policy.max_runs_in_flight)  # runs in flight, queued
         # the clock (_tick) sleeps until the next moment something may be due; a new
         # wakeup earlier than that wakes it
         self._clock = asyncio.Event()
@@ -189,6 +191,8 @@ class Orchestrator:
         self._busy: set[str] = set()  # streams with an append in flight
         self._expected: dict[str, int] = {}  # busy stream -> its version when decided
         self._parked: list[object] = []  # replies waiting for a busy stream
+        # the log's events for a stream busy with our append: folded once it is settled
+        self._held: dict[str, list[Envelope]] = {}
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
         # spans per run, the tree cardbus export draws (agents by name); no-ops without an SDK
@@ -409,10 +413,16 @@ class Orchestrator:
         if admission.card is not None:
             await self.register(admission.card, lease_s, replica_id)
 
-    async def submit(self, plan: Plan | Mapping[str, Any], agents: Iterable[str] = ()) -> str:
+    async def submit(
+        self,
+        plan: Plan | Mapping[str, Any],
+        agents: Iterable[str] = (),
+        agent_paths: Iterable[str] = (),
+    ) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
         ``agents``: the run's agents (ids); selection considers only them (none: all).
+        ``agent_paths``: their import paths, recorded for ``cardbus rerun``.
 
         The same plan id runs once.
         """
@@ -440,6 +450,7 @@ class Orchestrator:
             session=plan.session,
             planning=planning_spec(plan, self.policy) if goal_only else None,
             agents=sorted(set(agents)),
+            agent_paths=list(dict.fromkeys(agent_paths)),
         )
         created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
         # refuse what the log would refuse before writing anything, not half-way
@@ -532,6 +543,8 @@ class Orchestrator:
         events on the run's own new streams (the decide loop then decides it)."""
         if self.store_failure is not None or (self.owns is not None and not self.owns(root_id)):
             return None
+        if not self.admission.room_for_one_more(self.state):
+            return None  # it may be queued: the decide loop admits it or not
         now = time.time()
         drafts = [
             Envelope(
@@ -593,8 +606,9 @@ class Orchestrator:
         plan: Plan | Mapping[str, Any],
         timeout: float | None = None,
         agents: Iterable[str] = (),
+        agent_paths: Iterable[str] = (),
     ) -> RunResult:
-        return await self.wait(await self.submit(plan, agents), timeout)
+        return await self.wait(await self.submit(plan, agents, agent_paths), timeout)
 
     async def approve(self, task_id: str, by: str = "api", note: str = "") -> None:
         await answer_approval(self.store, task_id, True, by, note)
@@ -638,12 +652,18 @@ class Orchestrator:
         async for env in self.store.subscribe(self.state.position + 1):
             # Only news wakes the loop. Our own appends come back already applied, or
             # (the log can be quicker than the append's caller) onto a stream still
-            # busy with our append: that applies them, or on a conflict reads the stream.
+            # busy with our append: held until it is settled, then folded if still new.
+            # Never dropped: an append that ends in neither success nor a conflict
+            # (PrerequisiteNotStored, a store error) reads nothing back, and a dropped
+            # event of another writer left a gap the next one was folded across (a
+            # member then saw a dispatched task as pending and dispatched attempt 1 again).
             self._followed = env.position
             if env.version > versions.get(env.stream, 0):
                 self._unfolded.add(env.position)
                 if env.stream not in busy:
                     self._queue.put_nowait(env)
+                else:
+                    self._held.setdefault(env.stream, []).append(env)
             else:
                 self._maybe_snapshot()
 
@@ -734,6 +754,7 @@ class Orchestrator:
             # our own appends come back from the log already applied: only news
             # (another writer's event) can change what to decide
             if isinstance(item, Envelope):
+                await fill_gap(self.store, self.state, item, self._apply)
                 if self._apply(item):
                     dirty.add(item.correlation_id)
                 self._unfolded.discard(item.position)  # folded now or before
@@ -773,9 +794,12 @@ class Orchestrator:
                 decider.on_reply(item)  # type: ignore[arg-type]
         # a completion decided just now lets its run go on in this same step
         dirty.update(self._root_of(t) for t in decider.d.completed)
+        # runs that moved up from the queue (one ended, or a partition came)
+        dirty |= self.admission.update(self.state, self.owns, force=_TICK in items)
         for root in dirty:
             run = self.state.open.get(root)
-            if run is not None and (self.owns is None or self.owns(root)):
+            owned = self.owns is None or self.owns(root)
+            if run is not None and owned and self.admission.admits(root):
                 decider.advance(run)
         d = decider.d
         self._parked.extend(d.deferred)
@@ -825,6 +849,9 @@ class Orchestrator:
             await self._send(d, done)
         finally:
             self._busy.difference_update(streams)
+            for stream in streams:  # the log's events for them meanwhile (see _follow_log)
+                for env in self._held.pop(stream, ()):
+                    self._queue.put_nowait(env)
             for stream in streams:
                 self._expected.pop(stream, None)
                 for rec in self._records.pop(stream, []):  # never appended (e.g. blocked)
@@ -867,6 +894,11 @@ class Orchestrator:
         time out; this way the failure is recorded with its reason and retried.
         """
         reply = d.origins.get(stream)
+        if isinstance(error, (ConcurrencyError, StoreUnavailable)) and reply is not None:
+            # decided again (on the stream as it now is): the agent took the card, and an
+            # attempt that never started waits for the queue deadline only (deadlines)
+            self._parked.append(reply)
+            return
         if not isinstance(error, (DecodeError, ValidationError)):
             return
         if reply is None:  # a decision of the orchestrator's own: deciding it again would loop
@@ -1186,51 +1218,6 @@ def _result_of(state: RunState, root_id: str) -> RunResult | None:
         quality_met=not unmet,
         open_issues=unmet,
     )
-
-
-def plan_digest(plan: Plan) -> str:
-    """sha256 of a plan's body: every field but ``plan_id``, fields at their default left
-    out (so a field added to the plan format later does not change old plans' digests)."""
-    body = _canonical(msgspec.structs.replace(plan, plan_id=None))
-    return hashlib.sha256(msgspec.json.encode(body, order="sorted")).hexdigest()
-
-
-@functools.cache
-def _fields_of(kind: type) -> tuple[tuple[str, str, Any], ...]:
-    """(name, encoded name, default) of a Struct type's fields: ``msgspec.structs.fields``
-    evaluates the annotations on every call (0.6 ms of each run's plan digest), so once a type."""
-    out = []
-    for f in msgspec.structs.fields(kind):
-        default = f.default
-        if default is msgspec.NODEFAULT and f.default_factory is not msgspec.NODEFAULT:
-            default = f.default_factory()  # only compared with, never handed out
-        out.append((f.name, f.encode_name, default))
-    return tuple(out)
-
-
-#: the types ``msgspec.to_builtins`` hands back as they are (exact types: a subclass, an
-#: IntEnum say, is converted as before)
-_PLAIN = frozenset({str, int, float, bool, type(None)})
-
-
-def _canonical(value: Any) -> Any:
-    """``value`` as builtins, a Struct's fields at their default left out. A plain value
-    (``_PLAIN``) is taken as it is, not recursed into and converted: the recursion was
-    26 calls a 3-task plan, 14 of them on plain values (plan_digest 15 -> 11 us)."""
-    if type(value) in _PLAIN:
-        return value
-    if isinstance(value, msgspec.Struct):
-        out = {}
-        for name, encode_name, default in _fields_of(type(value)):
-            v = getattr(value, name)
-            if default is msgspec.NODEFAULT or v != default:
-                out[encode_name] = v if type(v) in _PLAIN else _canonical(v)
-        return out
-    if isinstance(value, dict):
-        return {str(k): v if type(v) in _PLAIN else _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [v if type(v) in _PLAIN else _canonical(v) for v in value]
-    return msgspec.to_builtins(value)
 
 
 def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:

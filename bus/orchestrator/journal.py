@@ -34,6 +34,19 @@ other is not: ``tool.effect_unknown`` decision ``ask``, the agent gets
 Approved, the next attempt repeats it (with the same key); denied, the task
 is cancelled.
 
+**Origins: re-running a recorded run** (``cardbus rerun``). A task whose
+``task.created`` names an ``origin`` (the task of a recorded run it re-runs) has
+the origin's effective steps (what its last execution amounted to, replays
+resolved) as the reference of its first execution: it is answered from the
+recorded run while it asks the same. With ``replay_strict`` (an offline re-run)
+nothing goes live: a call the reference does not answer (another request at that
+``seq``, a call past the recorded ones, a recorded call that failed or whose
+content the log did not keep) is refused with ``replay_diverged``
+(``ReplayDiverged`` in the agent; the task fails, not retried), the message naming
+the task, the call and a short unified diff of the recorded and the new request
+(messages, arguments). A recorded tool error is replayed as it was. Both come
+from the log (``task.created``), so a restarted orchestrator answers the same.
+
 State is a cache of the log: per task, loaded from its stream when first
 needed and brought up to date when a new execution starts; a restarted
 orchestrator rebuilds it the same way. At most ``_CACHED_TASKS`` tasks are kept.
@@ -129,6 +142,7 @@ class _Step:
     tool: str = ""
     key: str = ""  # a tool call's idempotency key
     repeat_ok: bool = False  # an operator approved repeating this unknown effect
+    request: Any = None  # what was asked, kept only in an origin's journal (for the diff)
 
 
 @dataclass(slots=True)
@@ -142,7 +156,11 @@ class _Execution:
 class _TaskJournal:
     """The journal of one task, folded from its stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_requests: bool = False) -> None:
+        self.keep_requests = keep_requests  # an origin's: the diff of a divergence shows them
+        self.origin: str | None = None  # the recorded task this one re-runs (task.created)
+        self.strict = False  # nothing goes live: a call the origin did not make is refused
+        self.origin_steps: list[_Step] = []  # the reference of the first execution
         self.version = 0  # the last version folded from the log
         self.executions: dict[str, _Execution] = {}  # in order of first appearance
         self.answered: dict[str, _Step] = {}  # answer event id -> the (original) step
@@ -161,10 +179,16 @@ class _TaskJournal:
         self.seen.add(env.event_id)
         data = env.data
         match data:
+            case ev.TaskCreated():
+                self.origin, self.strict = data.origin, data.replay_strict
             case ev.ModelRequested():
                 run = self._execution(data.execution, data.attempt)
                 run.steps[data.seq] = _Step(
-                    "model", data.seq, data.request_digest, requested_id=env.event_id
+                    "model",
+                    data.seq,
+                    data.request_digest,
+                    requested_id=env.event_id,
+                    request=data.request if self.keep_requests else None,
                 )
                 run.diverged = True
             case ev.ModelAnswered(replayed_from=str(source)):
@@ -192,6 +216,7 @@ class _TaskJournal:
                     requested_id=env.event_id,
                     tool=data.tool,
                     key=data.idempotency_key or env.event_id,
+                    request=data.arguments if self.keep_requests else None,
                 )
                 run.steps[data.seq] = step
                 run.diverged = True
@@ -239,9 +264,10 @@ class _TaskJournal:
 
     # -- the reference ------------------------------------------------------------
 
-    def effective(self, execution: str) -> list[_Step]:
+    def effective(self, execution: str, trim: bool = True) -> list[_Step]:
         """What ``execution`` amounts to, seq by seq: its own steps (replays resolved to
-        their originals), then, if it never went live, the rest of its reference."""
+        their originals), then, if it never went live, the rest of its reference.
+        ``trim``: without the model call an attempt failed because of (asked again)."""
         run = self.executions[execution]
         own: list[_Step] = []
         while len(own) in run.steps:
@@ -250,7 +276,7 @@ class _TaskJournal:
         if not run.diverged:
             steps += self.reference(execution)[len(own) :]
         later = [r for r in self.executions.values() if r.attempt > run.attempt]
-        if run.attempt in self.model_failed and not any(r.steps for r in later):
+        if trim and run.attempt in self.model_failed and not any(r.steps for r in later):
             models = [i for i, s in enumerate(own) if s.kind == "model"]
             if models:  # ask the model again from the call whose answer failed it
                 steps = steps[: models[-1]]
@@ -258,13 +284,17 @@ class _TaskJournal:
 
     def reference(self, execution: str) -> list[_Step]:
         """The steps ``execution`` is answered from: the effective steps of the latest
-        execution before it (none for the first)."""
+        execution before it (for the first: its origin's, if it has one)."""
         run = self.executions[execution]
         if run.reference is None:
             order = list(self.executions)
             at = order.index(execution)
-            run.reference = self.effective(order[at - 1]) if at > 0 else []
+            run.reference = self.effective(order[at - 1]) if at > 0 else list(self.origin_steps)
         return run.reference
+
+    def last_effective(self) -> list[_Step]:
+        """What the task's last execution amounted to (as an origin: nothing trimmed)."""
+        return self.effective(list(self.executions)[-1], trim=False) if self.executions else []
 
 
 class Journal:
@@ -306,13 +336,32 @@ class Journal:
         if self.store is not None and (
             execution not in journal.executions or self.folded_version(task_id) > journal.version
         ):  # what was decided since: failures, approvals, another writer's calls
-            for env in await self.store.read_stream(task_id, journal.version + 1):
+            envs = await self.store.read_stream(task_id, journal.version + 1)
+            if journal.version == 0 and envs:
+                await self._with_origin(journal, envs[0])
+            for env in envs:
                 journal.fold(env)
         if execution not in journal.executions:  # a new handler run
             run = journal._execution(execution, attempt)
-            if not self.replay_allowed(task_id):
+            if not journal.strict and not self.replay_allowed(task_id):
                 run.reference = []
         return journal
+
+    async def _with_origin(self, journal: _TaskJournal, first: Envelope, depth: int = 0) -> None:
+        """A re-run's task (its ``task.created`` names an origin): the origin's calls are its
+        first execution's reference, and their answers known to its fold (replays name them).
+        An origin that is itself a re-run's task is read the same way (up to 8 deep)."""
+        data = first.data
+        if not isinstance(data, ev.TaskCreated) or not data.origin or self.store is None:
+            return
+        source = _TaskJournal(keep_requests=True)
+        envs = await self.store.read_stream(data.origin)
+        if envs and depth < 8:
+            await self._with_origin(source, envs[0], depth + 1)
+        for env in envs:
+            source.fold(env)
+        journal.answered.update(source.answered)
+        journal.origin_steps = source.last_effective()
 
     async def _write(
         self, journal: _TaskJournal | None, task_id: str, events: list[ev.Event]
@@ -339,7 +388,7 @@ class Journal:
         if known is not None and known.has_answer:  # asked again (a resent request)
             return CallOutcome(result={"replay": known.answer, "source": known.answered_id})
         ref = journal.reference(req.execution)
-        if replay is not False and not run.diverged and req.seq < len(ref):
+        if (replay is not False or journal.strict) and not run.diverged and req.seq < len(ref):
             step = ref[req.seq]
             if step.kind == "model" and step.digest == digest and step.has_answer:
                 await self._write(
@@ -361,6 +410,8 @@ class Journal:
                     ],
                 )
                 return CallOutcome(result={"replay": step.answer, "source": step.answered_id})
+        if journal.strict:  # an offline re-run: nothing goes live
+            return _diverged(req, journal, ref, "model", digest, request)
         kept, size = self._content("model.request", request)
         tools = request.get("tools")
         offered = (
@@ -468,47 +519,112 @@ class Journal:
     # -- tool calls ---------------------------------------------------------------------
 
     async def tool(self, req: AgentRequest) -> CallOutcome:
-        """A tool call: answered from the journal, or made live and recorded."""
-        args = req.args
+        """A registry tool call: answered from the journal, or made live and recorded."""
+        arg_digest = _sha(_json(req.args))
+        tool = self.tools.get(req.target)
+
+        async def live(journal: _TaskJournal | None, key: str) -> CallOutcome:
+            return await self._tool_live(req, journal, arg_digest, key)
+
+        idempotent = tool is not None and tool.spec.idempotent
+        return await self._tool_step(req, req.args, idempotent, live, lambda r: r)
+
+    async def tool_begin(self, req: AgentRequest) -> CallOutcome:
+        """A tool the agent runs itself (``ctx.journal.tool_call``), before it runs: the
+        recorded result (``{"replay": result}``), or ``{"key": key}`` once its
+        ``tool.requested`` is durable (the agent then runs it and sends ``tool.end``)."""
+        args = req.args.get("arguments")
+        if not isinstance(args, dict) or req.seq < 0 or not req.execution:
+            raise BadJournalRequest("tool.begin needs arguments (an object), seq and execution")
+        arg_digest = _sha(_json(args))
+
+        async def begin(journal: _TaskJournal | None, key: str) -> CallOutcome:
+            requested = self._requested(req, args, arg_digest, key, local=True)
+            ids = await self._write(journal, req.task_id, [requested])
+            return CallOutcome(result={"key": key or (ids[0] if ids else req.request_id)})
+
+        idempotent = req.args.get("idempotent") is True
+        return await self._tool_step(req, args, idempotent, begin, lambda r: {"replay": r})
+
+    async def tool_end(self, req: AgentRequest) -> CallOutcome:
+        """A tool the agent ran itself, after: its result or error, recorded."""
+        a = req.args
+        args = a.get("arguments")
+        key = a.get("key")
+        if not isinstance(args, dict) or not isinstance(key, str) or req.seq < 0:
+            raise BadJournalRequest("tool.end needs arguments, key and seq")
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        error = a.get("error")
+        result = None if error is not None else a.get("result")
+        size = 0 if error is not None else inline_size(result)
+        duration = a.get("duration_s", 0.0)
+        called = ev.ToolCalled(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            tool=req.target,
+            arguments=args if inline_size(args) <= self.policy.max_inline_bytes else None,
+            result=result if self.policy.arguments == "full" else None,
+            error=None if error is None else str(error)[:2000],
+            duration_s=round(float(duration), 6) if isinstance(duration, (int, float)) else 0.0,
+            attempt=req.attempt,
+            error_type=None if error is None else str(a.get("error_type") or "tool_error"),
+            arguments_digest=_sha(_json(args)),
+            result_digest="" if error is not None else _sha(_json(result)),
+            result_bytes=size,
+            request_id=req.request_id,
+            execution=req.execution,
+            seq=req.seq,
+            idempotency_key=key,
+            local=True,
+        )
+        await self._write(journal, req.task_id, [called])
+        return CallOutcome(result={"recorded": True})
+
+    async def _tool_step(
+        self,
+        req: AgentRequest,
+        args: dict[str, Any],
+        idempotent: bool,
+        live: Callable[[_TaskJournal | None, str], Awaitable[CallOutcome]],
+        replayed: Callable[[Any], Any],
+    ) -> CallOutcome:
+        """A tool call at its place in the journal: replayed, made live (``live(journal,
+        key)``, key "" for a new call), or, its effect unknown, repeated or refused."""
         arg_digest = _sha(_json(args))
         if not req.execution or req.seq < 0:  # not journaled (an old agent): made live
-            return await self._tool_live(req, None, arg_digest, "")
+            return await live(None, "")
         journal = await self._journal(req.task_id, req.execution, req.attempt)
         run = journal.executions[req.execution]
-        digest = call_digest(req.target, arg_digest)
         ref = journal.reference(req.execution)
-        if run.diverged or req.seq >= len(ref):
-            return await self._tool_live(req, journal, arg_digest, "")
-        step = ref[req.seq]
-        if step.kind != "tool" or step.digest != digest:
-            return await self._tool_live(req, journal, arg_digest, "")
-        if step.answered_id and step.error is not None:  # a failed call is asked again
-            return await self._tool_live(req, journal, arg_digest, "")
+        if journal.strict:  # an offline re-run: answered from the origin, or refused
+            digest = call_digest(req.target, arg_digest)
+            return await self._tool_strict(req, journal, ref, digest, arg_digest, replayed)
+        step = ref[req.seq] if not run.diverged and req.seq < len(ref) else None
+        if (
+            step is None
+            or step.kind != "tool"
+            or step.digest != call_digest(req.target, arg_digest)
+            or (step.answered_id and step.error is not None)  # a failed call is asked again
+        ):
+            return await live(journal, "")
         if step.answered_id and step.has_answer:
-            await self._write(
-                journal,
-                req.task_id,
-                [
-                    ev.ToolCalled(
-                        task_id=req.task_id,
-                        agent_id=req.agent_id,
-                        tool=req.target,
-                        attempt=req.attempt,
-                        arguments_digest=arg_digest,
-                        result_digest=_sha(_json(step.answer)),
-                        result_bytes=len(_json(step.answer)),
-                        request_id=req.request_id,
-                        execution=req.execution,
-                        seq=req.seq,
-                        idempotency_key=step.key,
-                        replayed_from=step.answered_id,
-                    )
-                ],
+            replay = ev.ToolCalled(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                tool=req.target,
+                attempt=req.attempt,
+                arguments_digest=arg_digest,
+                result_digest=_sha(_json(step.answer)),
+                result_bytes=len(_json(step.answer)),
+                request_id=req.request_id,
+                execution=req.execution,
+                seq=req.seq,
+                idempotency_key=step.key,
+                replayed_from=step.answered_id,
             )
-            return CallOutcome(result=step.answer)
+            await self._write(journal, req.task_id, [replay])
+            return CallOutcome(result=replayed(step.answer))
         # requested and never answered (or its result not kept): its effect is unknown
-        spec = self.tools.get(req.target)
-        idempotent = spec is not None and spec.spec.idempotent
         decision = "repeat" if idempotent or step.repeat_ok else "ask"
         unknown = ev.ToolEffectUnknown(
             task_id=req.task_id,
@@ -523,7 +639,7 @@ class Journal:
         )
         await self._write(journal, req.task_id, [unknown])
         if decision == "repeat":
-            return await self._tool_live(req, journal, arg_digest, step.key)
+            return await live(journal, step.key)
         message = (
             f"the effect of {req.target} (call {step.requested_id}, key {step.key}) is unknown:"
             " the process died during it and the tool is not idempotent; approve the task"
@@ -531,28 +647,77 @@ class Journal:
         )
         return CallOutcome(error=message, error_type="effect_unknown")
 
-    async def _tool_live(
-        self, req: AgentRequest, journal: _TaskJournal | None, arg_digest: str, key: str
+    async def _tool_strict(
+        self,
+        req: AgentRequest,
+        journal: _TaskJournal,
+        ref: list[_Step],
+        digest: str,
+        arg_digest: str,
+        replayed: Callable[[Any], Any],
     ) -> CallOutcome:
-        from cardbus.bus.orchestrator.access import inline_size
+        """A tool call of a strict re-run: the recorded result (or error), else refused."""
+        step = ref[req.seq] if req.seq < len(ref) else None
+        answered = step is not None and bool(step.answered_id)
+        if step is None or step.kind != "tool" or step.digest != digest or not answered:
+            return _diverged(req, journal, ref, "tool", digest, req.args)
+        if step.error is None and not step.has_answer:
+            return _diverged(req, journal, ref, "tool", digest, req.args)
+        result = None if step.error is not None else step.answer
+        await self._write(
+            journal,
+            req.task_id,
+            [
+                ev.ToolCalled(
+                    task_id=req.task_id,
+                    agent_id=req.agent_id,
+                    tool=req.target,
+                    attempt=req.attempt,
+                    arguments_digest=arg_digest,
+                    result_digest="" if step.error is not None else _sha(_json(result)),
+                    result_bytes=0 if step.error is not None else len(_json(result)),
+                    error=step.error,
+                    error_type=step.error_type,
+                    request_id=req.request_id,
+                    execution=req.execution,
+                    seq=req.seq,
+                    idempotency_key=step.key,
+                    replayed_from=step.answered_id,
+                )
+            ],
+        )
+        if step.error is not None:
+            return CallOutcome(error=step.error, error_type=step.error_type)
+        return CallOutcome(result=replayed(result))
 
-        start = time.monotonic()
-        args = req.args
+    def _requested(
+        self, req: AgentRequest, args: dict[str, Any], arg_digest: str, key: str, local: bool
+    ) -> ev.ToolRequested:
         policy = self.policy
-        inline_args = policy.arguments == "full" and inline_size(args) <= policy.max_inline_bytes
-        # invariant 2: the call is in the log before its side effect can happen
-        requested = ev.ToolRequested(
+        inline = policy.arguments == "full" and inline_size(args) <= policy.max_inline_bytes
+        return ev.ToolRequested(
             task_id=req.task_id,
             agent_id=req.agent_id,
             tool=req.target,
             request_id=req.request_id,
-            arguments=args if inline_args else None,
+            arguments=args if inline else None,
             arguments_digest=arg_digest,
             attempt=req.attempt,
             execution=req.execution,
             seq=req.seq,
             idempotency_key=key,
+            local=local,
         )
+
+    async def _tool_live(
+        self, req: AgentRequest, journal: _TaskJournal | None, arg_digest: str, key: str
+    ) -> CallOutcome:
+        start = time.monotonic()
+        args = req.args
+        policy = self.policy
+        inline_args = policy.arguments == "full" and inline_size(args) <= policy.max_inline_bytes
+        # invariant 2: the call is in the log before its side effect can happen
+        requested = self._requested(req, args, arg_digest, key, local=False)
         ids = await self._write(journal, req.task_id, [requested])
         key = key or (ids[0] if ids else req.request_id)
         result: Any = None
@@ -606,10 +771,56 @@ class Journal:
         return CallOutcome(result=result)
 
 
+def _diverged(
+    req: AgentRequest,
+    journal: _TaskJournal,
+    ref: list[_Step],
+    kind: str,
+    digest: str,
+    asked: Any,
+) -> CallOutcome:
+    """Refuse a call of a strict re-run that the recorded run did not make (``replay_diverged``),
+    saying which call, why, and the difference from the recorded request."""
+    from cardbus.projections.diff import request_diff as _unified
+
+    what = f"{kind} call #{req.seq}" + (f" ({req.target})" if req.target else "")
+    head = f"task {req.task_id} (a re-run of {journal.origin or 'nothing recorded'}): {what}"
+    step = ref[req.seq] if req.seq < len(ref) else None
+    if step is None:
+        why = f"the recorded run made {len(ref)} call(s) in this task, no call #{req.seq}"
+        diff = _unified(None, asked)
+    elif step.kind != kind:
+        why = f"the recorded call #{req.seq} was a {step.kind} call" + (
+            f" ({step.tool})" if step.tool else ""
+        )
+        diff = _unified(None, asked)
+    elif step.digest != digest:
+        why = "the request differs from the recorded one"
+        if step.request is None:
+            why += " (the recorded request was kept as a digest only)"
+        diff = _unified(step.request, asked)
+    elif step.error is not None:
+        why = f"the recorded call failed ({step.error_type}: {step.error}), nothing to replay"
+        diff = []
+    else:
+        why = "the recorded call has no answer the log kept, nothing to replay"
+        diff = []
+    message = "\n".join([f"{head}: {why}", *diff])
+    return CallOutcome(error=message, error_type="replay_diverged")
+
+
 def _retrieve(future: asyncio.Future[Any]) -> None:
     """A write nobody awaited (its answer never came: the agent died) logs its error."""
     if not future.cancelled() and future.exception() is not None:
         log.warning("a model.requested was not recorded: %r", future.exception())
+
+
+def inline_size(value: Any) -> int:
+    """The size of ``value`` as JSON (huge when it cannot be encoded: never inline)."""
+    try:
+        return len(msgspec.json.encode(value))
+    except Exception:
+        return 1 << 62
 
 
 def _tokens(value: Any) -> int:

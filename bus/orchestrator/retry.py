@@ -39,11 +39,13 @@ RetryReason = Literal[
     # a remote A2A agent refused the request (a JSON-RPC error such as -32602 or -32004,
     # or HTTP 4xx: no token, a foreign Host): the same request is refused again
     "remote_refused",
+    # an offline re-run asked what the recorded run did not (the journal's strict mode)
+    "replay_diverged",
 ]
 RETRY_REASONS = allowed_values(RetryReason)
 #: failures that another attempt would only repeat (``RetryPolicy.non_retryable_reasons``)
 DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset(
-    {"llm_request_refused", "llm_bad_output", "remote_refused"}
+    {"llm_request_refused", "llm_bad_output", "remote_refused", "replay_diverged"}
 )
 
 

@@ -16,6 +16,7 @@ leaves it out.
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.agent import Agent
-from cardbus.agents.demo import demo_docs
+from cardbus.agents.demo.docs import demo_docs, demo_docs_folder
 from cardbus.agents.llm import LLM
 from cardbus.agents.mcp_config import MCPServer
 from cardbus.agents.planning import PLAN_CAPABILITY, RulePlanner
@@ -44,10 +45,12 @@ from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
 from cardbus.eventstore import Envelope, EventStore, MemoryEventStore
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import InvalidPlan
+from cardbus.eventstore.errors import CardbusError, InvalidPlan
 from cardbus.projections.replay import PlanRound, build_timeline
 
 __all__ = ["EmbeddedRuntime", "PlannedGoal", "plan_goal", "with_planner"]
+
+log = logging.getLogger(__name__)
 
 
 class EmbeddedRuntime:
@@ -82,7 +85,7 @@ class EmbeddedRuntime:
         if tools is None:
             if docs is None:
                 self._docs = demo_docs()
-                docs = self._docs.name
+                docs = demo_docs_folder(self._docs)
             tools = ToolRegistry([doc_search_tool(docs)])
         self.tools = tools
         self.mcp_servers = list(mcp_servers)
@@ -141,9 +144,23 @@ class EmbeddedRuntime:
         require_started(self, self._state)  # NotStarted outside `async with`
         # the run's agents are this runtime's: none registered by an earlier process is chosen
         agents = [w.agent.agent_id for w in self.workers]
-        result = await self.orchestrator.run(plan_of(plan), timeout, agents=agents)
-        await self.keeper.settle(result.root_id)
+        paths = [p for p in (agent_path(w.agent) for w in self.workers) if p]
+        result = await self.orchestrator.run(plan_of(plan), timeout, agents, paths)
+        try:
+            await self.keeper.settle(result.root_id)
+        except CardbusError as e:
+            # bookkeeping after the end: the run's result stands. The records' ids derive
+            # from the events that call for them, so ``MemoryKeeper.catch_up`` (or the
+            # next settle of this run) writes exactly them later.
+            log.warning("memory records of run %s not written: %s", result.root_id, e)
         return result
+
+
+def agent_path(agent: type[Agent]) -> str:
+    """``module:Class`` of an agent class importable by that name ("" if it is not: a class
+    made in a function, or a remote agent's); ``RunStarted.agent_paths`` keeps them."""
+    path = f"{agent.__module__}:{agent.__qualname__}"
+    return "" if "<" in path or agent.__module__ == "__main__" else path
 
 
 def with_planner(agents: Sequence[type[Agent]]) -> list[type[Agent]]:

@@ -45,6 +45,8 @@ def test_request_and_response_round_trip() -> None:
         "memory.search",
         "model.request",
         "model.answer",
+        "tool.begin",
+        "tool.end",
     }
 
 

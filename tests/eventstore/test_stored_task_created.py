@@ -84,4 +84,6 @@ def test_the_event_declares_the_spec_by_inheriting_it() -> None:
         "plan_id",
         "forked_from",
         "role",
+        "origin",
+        "replay_strict",
     }

@@ -21,6 +21,7 @@ from cardbus.bus.orchestrator import Policy, RetryPolicy
 from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import LLMBadOutput
 from cardbus.eventstore.sqlite import SqliteEventStore
 from tests.agents.openai_stub import OpenAIStub, Reply
 
@@ -260,3 +261,88 @@ async def _until(store: SqliteEventStore, root: str, done: Any, timeout: float =
 
 def _charging(event: Any) -> bool:
     return isinstance(event, ev.ToolRequested) and event.tool == "charge"
+
+
+LOCAL_RUNS: list[str] = []
+
+
+class LocalToolUser(Agent):
+    """Runs a tool of its own (as a framework's function tool) through the journal."""
+
+    agent_id = "local"
+    capabilities: ClassVar = [Capability("ask", Q, A)]
+
+    async def handle(self, task: TaskCard, inputs: Q, ctx: TaskContext) -> A:
+        async def run(key: str) -> dict[str, Any]:
+            LOCAL_RUNS.append(key)
+            return {"looked_up": inputs.q}
+
+        found = await ctx.journal.tool_call("lookup", {"q": inputs.q}, run)
+        if FAILS_LEFT.get(inputs.q, 0) > 0:
+            FAILS_LEFT[inputs.q] -= 1
+            raise RuntimeError("failed after its own tool")
+        return A(answer=str(found))
+
+
+async def test_an_agents_own_tool_is_journaled_and_replayed(tmp_path: Path) -> None:
+    LOCAL_RUNS.clear()
+    FAILS_LEFT["own tool"] = 1
+    async with (
+        await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+        EmbeddedRuntime(store, [LocalToolUser], _policy()) as rt,
+    ):
+        result = await rt.run(_plan("journal-local", "own tool"))
+        events = await _events(store, result.root_id)
+    assert result.status == "completed", result
+    assert result.outputs["t"] == {"answer": "{'looked_up': 'own tool'}"}
+    assert len(LOCAL_RUNS) == 1 and LOCAL_RUNS[0]  # ran once, with its key
+    requested = [e for e in events if isinstance(e, ev.ToolRequested)]
+    called = [e for e in events if isinstance(e, ev.ToolCalled)]
+    assert [e.local for e in requested] == [True]
+    assert requested[0].idempotency_key == "" and called[0].idempotency_key == LOCAL_RUNS[0]
+    assert [e.replayed_from is None for e in called] == [True, False]
+    assert called[0].result == {"looked_up": "own tool"}
+
+
+class Judged(Agent):
+    """Two model calls; the second answer must say "good" (else the model's answer
+    failed the attempt: llm_bad_output)."""
+
+    agent_id = "judged"
+    capabilities: ClassVar = [Capability("ask", Q, A)]
+
+    async def handle(self, task: TaskCard, inputs: Q, ctx: TaskContext) -> A:
+        first = await ctx.llm.chat([{"role": "user", "content": f"first: {inputs.q}"}])
+        second = await ctx.llm.chat([{"role": "user", "content": f"second: {first.text}"}])
+        if second.text != "good":
+            raise LLMBadOutput(f"not good: {second.text}")
+        return A(answer=second.text)
+
+
+async def test_a_retry_after_a_bad_answer_asks_the_model_again_from_that_call(
+    tmp_path: Path,
+) -> None:
+    with OpenAIStub() as stub:
+        stub.script("first answer", "bad", "good")
+        llm = OpenAIChatLLM(stub.url, "stub-model")
+        policy = Policy(
+            retry=RetryPolicy(
+                max_attempts=2, initial_interval_s=0.01, jitter=0.0, non_retryable_reasons=[]
+            )
+        )
+        async with (
+            await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [Judged], policy, llm=llm) as rt,
+        ):
+            result = await rt.run(_plan("journal-bad-answer", "tides"))
+            events = await _events(store, result.root_id)
+        sent = [b["messages"][0]["content"] for b in stub.bodies()]
+    assert result.status == "completed", result
+    # the first call is replayed; the one whose answer failed the attempt is asked again
+    assert sent == ["first: tides", "second: first answer", "second: first answer"]
+    answered = [
+        (e.attempt, e.seq, e.replayed_from is not None)
+        for e in events
+        if isinstance(e, ev.ModelAnswered)
+    ]
+    assert answered == [(1, 0, False), (1, 1, False), (2, 0, True), (2, 1, False)]

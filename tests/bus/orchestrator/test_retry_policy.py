@@ -34,7 +34,7 @@ def test_the_defaults() -> None:
     assert p.jitter == 0.5
     # a refused request or unusable answers after the repairs would only fail again
     assert p.non_retryable_reasons == frozenset(
-        {"llm_request_refused", "llm_bad_output", "remote_refused"}
+        {"llm_request_refused", "llm_bad_output", "remote_refused", "replay_diverged"}
     )
     assert not p.retries(1, "llm_bad_output") and p.retries(1, "llm_timeout")
 

@@ -1,0 +1,213 @@
+"""``cardbus rerun ROOT``: run a recorded run again, as a new run.
+
+The events of the new root are ``projections.rerun.plan_rerun``'s; this command
+loads the agents (the recorded run's, by import path, with ``--agent`` classes
+in place of those of the same id or capabilities), appends the events and runs
+them on the embedded runtime.
+
+``--offline``: every task runs again, each model and tool call answered from the
+recorded run's log (the journal's strict mode: a call that differs fails its
+task with ``replay_diverged`` and the difference); the model is ``OfflineLLM``,
+no endpoint, no key. Otherwise ``--task ID`` (with ``--model M`` or ``--agent``)
+runs the chosen tasks live (and what depends on them), the rest reused, and
+prints the diff against the recorded run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import click
+import msgspec
+
+from cardbus.agents.agent import Agent
+from cardbus.eventstore import NewEvent, new_id
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import ValidationError
+from cardbus.projections.diff import RunDiff, diff_runs
+from cardbus.projections.rerun import RerunPlan, plan_rerun, recorded_model
+from cardbus.tools.cli import cli
+from cardbus.tools.cmd_diff import diff_text, read_run
+from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
+from cardbus.tools.loading import load_agent
+from cardbus.tools.store_option import StoreRef, store_option
+
+__all__ = ["rerun_agents"]
+
+
+def rerun_agents(recorded: list[str], given: list[type[Agent]]) -> list[type[Agent]]:
+    """The recorded agents (import paths), each replaced by a given class of the same id
+    or offering all its capabilities; the given classes that replace none are added."""
+    out: list[type[Agent]] = []
+    used: set[int] = set()
+    for path in recorded:
+        try:
+            agent = load_agent(path)
+        except ValidationError as e:
+            if given:  # one of the given classes may stand in for it
+                continue
+            raise ValidationError(f"{e}; give the agents with --agent module:Class") from e
+        caps = {c.name for c in agent.capabilities}
+        for i, other in enumerate(given):
+            offered = {c.name for c in other.capabilities}
+            if other.agent_id == agent.agent_id or (caps and caps <= offered):
+                agent = other
+                used.add(i)
+                break
+        if agent not in out:
+            out.append(agent)
+    out += [a for i, a in enumerate(given) if i not in used and a not in out]
+    return out
+
+
+def _failures(events: list[Any]) -> list[dict[str, str]]:
+    """The tasks of a run that failed: plan task id, task id, reason and error."""
+    keys = {
+        e.stream: e.data.plan_id or e.stream for e in events if isinstance(e.data, ev.TaskCreated)
+    }
+    return [
+        {"task": keys.get(e.stream, e.stream), "task_id": e.stream}
+        | {"reason": e.data.reason, "error": e.data.error}
+        for e in events
+        if isinstance(e.data, ev.TaskFailed)
+    ]
+
+
+@cli.command()
+@click.argument("root")
+@click.option("--offline", is_flag=True, help="Answer every call from the log; no endpoint.")
+@click.option(
+    "--task",
+    "tasks",
+    multiple=True,
+    help="A task (plan task id) to run again live; what depends on it runs again too.",
+)
+@click.option("--model", default=None, help="The model the chosen --task(s) ask (offered).")
+@click.option(
+    "--agent", "agent_paths", multiple=True, help="module:Class, in place of a recorded agent."
+)
+@click.option(
+    "--llm-base-url",
+    default=None,
+    envvar="OPENAI_BASE_URL",
+    show_envvar=True,
+    help="The endpoint of a live re-run (env OPENAI_BASE_URL); never used --offline.",
+)
+@store_option
+@json_option
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
+def rerun(
+    root: str,
+    offline: bool,
+    tasks: tuple[str, ...],
+    model: str | None,
+    agent_paths: tuple[str, ...],
+    llm_base_url: str | None,
+    db: StoreRef,
+    as_json: bool,
+    timeout: float,
+) -> None:
+    """Run the recorded run ROOT again as a new run (its run.started names ROOT in rerun_of).
+
+    --offline: every task again, with the recorded agents (or --agent's), every model
+    and tool call answered from ROOT's log with no endpoint; a task that asks something
+    else fails with replay_diverged, naming the call and showing the difference.
+
+    --task ID (repeat) with --model M (the agent must offer M) or --agent module:Class:
+    those tasks run live, the rest of ROOT's results are reused; then the diff
+    against ROOT is printed (cardbus diff).
+
+    Exit code 0 when the new run completed, 1 otherwise.
+    """
+    if offline == bool(tasks):
+        raise click.UsageError("give --offline, or --task ID (one of them)")
+    if offline and model:
+        raise click.UsageError("--model is for --task: offline, every call is the recorded one")
+    from cardbus.agents.journal import OfflineLLM
+    from cardbus.agents.llm import configured_llm, describe_llm
+    from cardbus.bus.runtime.embedded import EmbeddedRuntime
+
+    given = [load_agent(p) for p in agent_paths]
+
+    async def go() -> tuple[RerunPlan, Any, list[dict[str, str]], RunDiff | None]:
+        store = await open_store(db)
+        llm: Any = None
+        try:
+            events = await read_run(store, root)
+            started = next((e.data for e in events if isinstance(e.data, ev.RunStarted)), None)
+            recorded = list(started.agent_paths) if started is not None else []
+            if not recorded and not given:
+                raise ValidationError(
+                    "the run recorded no agent import paths: give them with --agent module:Class"
+                )
+            agents = rerun_agents(recorded, given)
+            ids = [a.agent_id for a in agents]
+            plan = plan_rerun(
+                events, new_id(), tasks=None if offline else tasks, model=model, agents=ids
+            )
+            default_model = recorded_model(events)
+            if offline:
+                llm = OfflineLLM(default_model)
+            else:
+                llm = configured_llm(llm_base_url, default_model or None)
+            click.echo(describe_llm(llm), err=True)
+            source = plan.source_root_id
+            for stream, datas in plan.streams:
+                await store.append(
+                    stream,
+                    [
+                        NewEvent(
+                            data=d, correlation_id=plan.root_id, causation_id=source, actor="rerun"
+                        )
+                        for d in datas
+                    ],
+                    0,
+                )
+            async with EmbeddedRuntime(store, agents, llm=llm, default_planner=False) as rt:
+                result = await rt.orchestrator.wait(plan.root_id, timeout)
+            new = await store.read_correlation(plan.root_id)
+            compared = None if offline else diff_runs(events, new)
+            return plan, result, _failures(new), compared
+        finally:
+            await store.close()
+            close = getattr(llm, "aclose", None)
+            if close is not None:
+                await close()
+
+    plan, result, failures, compared = asyncio.run(go())
+    if as_json:
+        echo_json(
+            {
+                "root_id": plan.root_id,
+                "rerun_of": plan.source_root_id,
+                "offline": plan.offline,
+                "rerun": plan.rerun,
+                "reused": plan.reused,
+                "status": result.status,
+                "reason": result.reason,
+                "detail": result.detail,
+                "outputs": result.outputs,
+                "failures": failures,
+                "diff": None if compared is None else msgspec.to_builtins(compared),
+            }
+        )
+    else:
+        how = "offline" if plan.offline else "live"
+        click.echo(
+            f"re-ran {plan.source_root_id} as run {plan.root_id} ({how}):"
+            f" {len(plan.rerun)} task(s) run again, {len(plan.reused)} result(s) reused"
+        )
+        line = f"run {plan.root_id}: {result.status} {result.reason}".rstrip()
+        click.echo(line)
+        if result.detail:
+            click.echo(result.detail)
+        for f in failures:
+            click.echo(f"task {f['task']} ({f['task_id']}) failed: {f['reason']}")
+            click.echo("  " + f["error"].replace("\n", "\n  "))
+        if compared is not None:
+            for text in diff_text(compared):
+                click.echo(text)
+        click.echo(f"cardbus diff {plan.source_root_id} {plan.root_id}{db.flag()}")
+    if result.status != "completed":
+        raise SystemExit(1)
