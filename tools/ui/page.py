@@ -42,6 +42,9 @@ _CSS = """
   pre { white-space: pre-wrap; overflow-wrap: anywhere; background: #f0f2f5; padding: 6px;
         margin: 4px 0; max-height: 30em; overflow: auto; }
   .nowrap { white-space: nowrap; }
+  /* a ticking duration keeps its width: the page does not shift every second */
+  .tick-since { display: inline-block; min-width: 10.5em; font-variant-numeric: tabular-nums;
+                white-space: nowrap; }
   .st { font-weight: 600; }
   .s-completed { color: #17803d; } .s-failed { color: #c62828; } .s-halted { color: #8e24aa; }
   .s-timed_out { color: #e65100; } .s-cancelled { color: #777; }
