@@ -28,6 +28,7 @@ from cardbus.eventstore.taskspec import (
 )
 
 __all__ = [
+    "DISPATCH_INPUTS_INLINE",
     "EVENT_TYPES",
     "TASK_EVENT_TYPES",
     "AccessRefused",
@@ -141,6 +142,10 @@ class TaskCreated(_Event, TaskOptions, frozen=True, kw_only=True, tag="task.crea
     replay_strict: bool = False
 
 
+#: the largest resolved inputs a ``task.dispatched`` keeps inline (bytes of JSON)
+DISPATCH_INPUTS_INLINE = 16 * 1024
+
+
 class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"):
     attempt: int
     agent_id: str
@@ -153,6 +158,10 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     timeout_s: float = 0.0
     inputs_digest: str = ""  # sha256 of exactly what the agent was sent
     loop_hash: str = ""  # hash of (capability, normalized inputs): loop detection counts it
+    # what the agent was sent ($dep resolved, context trimmed), kept inline when its JSON is
+    # at most DISPATCH_INPUTS_INLINE bytes (else None: the digest and the size only)
+    inputs: Any = None
+    inputs_bytes: int = 0
 
 
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):

@@ -173,6 +173,7 @@ class AttemptSpan(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     model: str | None = None  # the model that answered, when the result names one
     output: Any = None  # the result this attempt submitted
+    received: Any = None  # the inputs the agent was sent ($dep resolved, trimmed), if kept
     replica: str | None = None  # who ran it: the worker process that answered (or started)
     deliveries: int = 1  # the card's delivery count at the end (2 or more: redelivered)
     calls: list[Call] = []  # its model calls, tool calls and unknown effects, in order
@@ -353,6 +354,9 @@ def _reason(data: Any) -> str | None:
 def _step(env: Envelope) -> Step:
     data = env.data
     tag = env.type
+    reason = _reason(data)
+    if isinstance(data, ev.TaskCancelled) and env.actor:
+        reason = f"{reason} (by {env.actor})"  # an operator's action: who did it
     return Step(
         position=env.position,
         event_id=env.event_id,
@@ -363,7 +367,7 @@ def _step(env: Envelope) -> Step:
         actor=env.actor,
         attempt=getattr(data, "attempt", None),
         agent_id=getattr(data, "agent_id", None),
-        reason=_reason(data),
+        reason=reason,
         detail=_detail(data),
         payload=_payload(data),
     )
@@ -374,6 +378,13 @@ def _payload(data: Any) -> Any:
     match data:
         case ev.TaskCreated():
             return {"inputs": data.inputs, "deps": list(data.deps)}
+        case ev.TaskDispatched() if data.inputs_digest:
+            # what the agent received ($dep resolved, trimmed); None when too big to keep
+            return {
+                "received": data.inputs,
+                "inputs_digest": data.inputs_digest,
+                "inputs_bytes": data.inputs_bytes,
+            }
         case ev.TaskResultSubmitted():
             return {"status": data.status, "output": data.output, "error": data.error}
         case ev.TaskCompleted() if not data.quality_met:
@@ -677,7 +688,9 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
             case ev.TaskDispatched():
                 node.attempts = max(node.attempts, data.attempt)
                 node.agent_id = data.agent_id
-                span = AttemptSpan(attempt=data.attempt, agent_id=data.agent_id, start=t)
+                span = AttemptSpan(
+                    attempt=data.attempt, agent_id=data.agent_id, start=t, received=data.inputs
+                )
                 if pending_since is not None:
                     span.queued_s = t - pending_since
                 open_spans[data.agent_id] = span

@@ -15,7 +15,7 @@ import msgspec
 from cardbus.eventstore.states import TaskState
 from cardbus.projections.replay import Timeline
 
-__all__ = ["COLOURS", "OUTCOMES", "STATUSES", "render_html"]
+__all__ = ["COLOURS", "GANTT_JS", "OUTCOMES", "STATUSES", "gantt_css", "legends", "render_html"]
 
 _CSS = """
 :root { --fg:#1d232b; --muted:#66707c; --line:#e3e7ec; --bg:#fff; }
@@ -96,10 +96,53 @@ COLOURS = {
 }
 _CSS += "".join(f".{name} {{ background: {colour}; }}\n" for name, colour in COLOURS.items())
 
+# the rules the Gantt (and its legends) needs, for a page that embeds it (the console)
+_GANTT_SELECTORS = (
+    ".legend",
+    "#gantt",
+    ".row",
+    ".label",
+    ".track",
+    ".tick",
+    ".taskbar",
+    ".span",
+    ".marker",
+    ".status",
+    ".queued",
+    ".mono",
+)
 
-_JS = r"""
-(function () {
-  const T = JSON.parse(document.getElementById("timeline-data").textContent);
+
+def gantt_css(scope: str) -> str:
+    """The Gantt's CSS rules (bars, queued hatching, outcome and status colours), each
+    selector under ``scope`` (a selector of the element holding legends and the Gantt)."""
+    out = []
+    for rule in _CSS.split("}"):
+        if "{" not in rule:
+            continue
+        selectors, body = rule.split("{", 1)
+        names = [x.strip() for x in selectors.split(",")]
+        colour = any(x.lstrip(".") in COLOURS for x in names)
+        if not colour and not any(x.startswith(_GANTT_SELECTORS) for x in names):
+            continue
+        scoped = ", ".join(f"{scope} {x}" for x in names)
+        out.append(f"{scoped} {{{body}}}")
+    return "\n".join(out) + "\n"
+
+
+def legends() -> str:
+    """The legends of the Gantt: attempt outcomes (and queued), task statuses."""
+    return _legend("attempts", ("queued", *OUTCOMES), "legend-outcomes") + _legend(
+        "task status", STATUSES, "legend-statuses"
+    )
+
+
+GANTT_JS = r"""
+// cardbusGantt(T, el, opts): draw a replay Timeline's Gantt into el (one row per task,
+// a hatched queued bar and one bar per attempt, step markers). opts: start/end (the
+// axis; default the timeline's), link(task_id) (an href for each task id).
+function cardbusGantt(T, gantt, opts) {
+  opts = opts || {};
   const $ = (tag, cls, text) => {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -108,7 +151,6 @@ _JS = r"""
   };
   const fmtDur = (s) => s == null ? "" : s < 1 ? (s * 1000).toFixed(0) + " ms"
     : s < 120 ? s.toFixed(2) + " s" : (s / 60).toFixed(1) + " min";
-  const fmtTime = (t) => new Date(t * 1000).toISOString().replace("T", " ").replace("Z", "");
   const rows = [];
   const roundOf = {};  // review subtask id -> its round among the parent's reviews
   const walk = (n, d) => {
@@ -123,28 +165,12 @@ _JS = r"""
   };
   const name = (n) => (n.capability || "?") +
     (roundOf[n.task_id] ? " round " + roundOf[n.task_id] : "");
-  const pretty = (v) => JSON.stringify(v, null, 2);
-  const fold = (summary, value) => {  // collapsed by default
-    const d = $("details", "payload");
-    d.appendChild($("summary", null, summary));
-    d.appendChild($("pre", "mono", pretty(value)));
-    return d;
-  };
   (T.tasks || []).forEach((n) => walk(n, 0));
-  const start = T.start, span = Math.max(T.end - T.start, 1e-3);
+  const start = opts.start != null ? opts.start : T.start;
+  const axisEnd = opts.end != null ? opts.end : T.end;
+  const span = Math.max(axisEnd - start, 1e-3);
   const pct = (t) => (100 * (t - start) / span).toFixed(3) + "%";
   const width = (a, b) => Math.max(100 * (b - a) / span, 0.25).toFixed(3) + "%";
-
-  document.getElementById("title").textContent =
-    "Replay of " + (T.id === T.root_id ? "run " : "task ") + T.id;
-  const bad = ["failed", "halted", "cancelled"];
-  const failed = rows.filter(([, n]) => bad.includes(n.status)).length;
-  document.getElementById("summary").textContent =
-    rows.length + " tasks \u00b7 " + T.events + " events \u00b7 " + fmtDur(T.duration_s) +
-    " \u00b7 " + failed + " failed or halted \u00b7 root " + T.root_id +
-    (T.as_of ? " \u00b7 as of " + T.as_of : "");
-
-  const gantt = document.getElementById("gantt");
   const axis = $("div", "row axis");
   axis.appendChild($("div", "label", "task"));
   const axisTrack = $("div", "track");
@@ -178,7 +204,13 @@ _JS = r"""
     const label = $("div", "label");
     label.style.paddingLeft = (8 + depth * 18) + "px";
     label.appendChild($("span", "mono", (depth ? "\u21b3 " : "") + name(n) + " "));
-    label.appendChild($("span", "mono task-id", n.task_id));
+    const idEl = $("span", "mono task-id", n.task_id);
+    if (opts.link) {
+      const link = $("a");
+      link.href = opts.link(n.task_id);
+      link.appendChild(idEl);
+      label.appendChild(link);
+    } else label.appendChild(idEl);
     label.appendChild($("span", "status " + (n.status || "open"), n.status || "?"));
     label.title = n.task_id + (n.reason ? " \u2014 " + n.reason : "");
     row.appendChild(label);
@@ -188,18 +220,20 @@ _JS = r"""
     bar.style.width = width(n.start, n.end);
     track.appendChild(bar);
     (n.spans || []).forEach((s) => {
-      const end = s.end == null ? T.end : s.end;
+      const end = s.end == null ? axisEnd : s.end;
       if (s.queued_s) {
         const q = $("div", "queued");
         q.style.left = pct(s.start - s.queued_s);
         q.style.width = width(s.start - s.queued_s, s.start);
         q.title = "attempt " + s.attempt + " queued " + fmtDur(s.queued_s);
+        q.dataset.attempt = s.attempt;
         track.appendChild(q);
       }
       const e = $("div", "span " + s.outcome, "#" + s.attempt + " " + s.agent_id);
       e.style.left = pct(s.start);
       e.style.width = width(s.start, end);
       e.dataset.outcome = s.outcome;
+      e.dataset.attempt = s.attempt;
       e.title = "attempt " + s.attempt + " by " + s.agent_id + ": " + s.outcome + " after " +
         fmtDur(end - s.start) + (s.queued_s != null ? ", queued " + fmtDur(s.queued_s) : "") +
         (s.run_s != null ? ", ran " + fmtDur(s.run_s) : "") +
@@ -217,6 +251,40 @@ _JS = r"""
     row.appendChild(track);
     gantt.appendChild(row);
   });
+
+  return {rows: rows, name: name, start: start};
+}
+"""
+
+_JS = r"""
+(function () {
+  const T = JSON.parse(document.getElementById("timeline-data").textContent);
+  const $ = (tag, cls, text) => {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  };
+  const fmtDur = (s) => s == null ? "" : s < 1 ? (s * 1000).toFixed(0) + " ms"
+    : s < 120 ? s.toFixed(2) + " s" : (s / 60).toFixed(1) + " min";
+  const fmtTime = (t) => new Date(t * 1000).toISOString().replace("T", " ").replace("Z", "");
+  const G = cardbusGantt(T, document.getElementById("gantt"));
+  const rows = G.rows, name = G.name, start = G.start;
+  const pretty = (v) => JSON.stringify(v, null, 2);
+  const fold = (summary, value) => {  // collapsed by default
+    const d = $("details", "payload");
+    d.appendChild($("summary", null, summary));
+    d.appendChild($("pre", "mono", pretty(value)));
+    return d;
+  };
+  document.getElementById("title").textContent =
+    "Replay of " + (T.id === T.root_id ? "run " : "task ") + T.id;
+  const bad = ["failed", "halted", "cancelled"];
+  const failed = rows.filter(([, n]) => bad.includes(n.status)).length;
+  document.getElementById("summary").textContent =
+    rows.length + " tasks \u00b7 " + T.events + " events \u00b7 " + fmtDur(T.duration_s) +
+    " \u00b7 " + failed + " failed or halted \u00b7 root " + T.root_id +
+    (T.as_of ? " \u00b7 as of " + T.as_of : "");
 
   const details = document.getElementById("details");
   const cols = ["time", "+", "duration", "step", "attempt", "agent", "status", "reason / detail",
@@ -413,9 +481,8 @@ def render_html(timeline: Timeline) -> str:
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<style>{_CSS}</style></head><body>"
         f"<h1 id='title'>{title}</h1><div id='summary'>This page needs JavaScript.</div>"
-        + _legend("attempts", ("queued", *OUTCOMES), "legend-outcomes")
-        + _legend("task status", STATUSES, "legend-statuses")
+        + legends()
         + "<h2>Timeline</h2><div id='gantt'></div><div id='details'></div>"
         f"<script id='timeline-data' type='application/json'>{data}</script>"
-        f"<script>{_JS}</script></body></html>\n"
+        f"<script>{GANTT_JS}{_JS}</script></body></html>\n"
     )

@@ -14,6 +14,7 @@ its age is the caller's clock minus ``started_at``.
 
 from __future__ import annotations
 
+import builtins
 import re
 import sqlite3
 import time
@@ -179,11 +180,55 @@ class Runs(Projection):
         status: str | None = None,
         since: float | None = None,
         limit: int | None = None,
+        until: float | None = None,
+        text: str | None = None,
+        plan: str | None = None,
+        agent: str | None = None,
+        offset: int = 0,
     ) -> list[Row]:
-        """Runs, newest first; ``status`` one of :data:`RUN_STATUSES`, ``since`` a unix time."""
+        """Runs, newest first; ``status`` one of :data:`RUN_STATUSES`, ``since`` and
+        ``until`` unix times (of the start), ``text`` a piece of the goal (any case),
+        ``plan`` a piece of the plan id, ``agent`` an agent that handled one of the run's
+        tasks (needs :class:`~cardbus.projections.TaskTable` in the same database);
+        ``offset`` rows skipped (paging with ``limit``)."""
+        where, args = self._where(status, since, until, text, plan, agent)
+        sql = f"SELECT * FROM (SELECT {self._COLUMNS} FROM proj_runs)" + where
+        sql += " ORDER BY started_at DESC, root_id DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+            if offset:
+                sql += f" OFFSET {int(offset)}"
+        elif offset:
+            sql += f" LIMIT -1 OFFSET {int(offset)}"
+        return [_decode(r) for r in self.query(conn, sql, tuple(args))]
+
+    def count(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        status: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        text: str | None = None,
+        plan: str | None = None,
+        agent: str | None = None,
+    ) -> int:
+        """How many runs :meth:`list` would give with no limit."""
+        where, args = self._where(status, since, until, text, plan, agent)
+        sql = f"SELECT COUNT(*) AS n FROM (SELECT {self._COLUMNS} FROM proj_runs)" + where
+        return int(self.query(conn, sql, tuple(args))[0]["n"])
+
+    def _where(
+        self,
+        status: str | None,
+        since: float | None,
+        until: float | None,
+        text: str | None,
+        plan: str | None,
+        agent: str | None,
+    ) -> tuple[str, builtins.list[Any]]:
         if status is not None and status not in RUN_STATUSES:
             raise ConfigError(f"unknown run status {status!r} (known: {', '.join(RUN_STATUSES)})")
-        sql = f"SELECT * FROM (SELECT {self._COLUMNS} FROM proj_runs)"
         where: list[str] = []
         args: list[Any] = []
         if status is not None:
@@ -192,12 +237,18 @@ class Runs(Projection):
         if since is not None:
             where.append("started_at >= ?")
             args.append(since)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY started_at DESC, root_id DESC"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        return [_decode(r) for r in self.query(conn, sql, tuple(args))]
+        if until is not None:
+            where.append("started_at <= ?")
+            args.append(until)
+        for col, value in (("goal", text), ("plan_id", plan)):
+            if value:
+                escaped = value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                where.append(f"{col} LIKE ? ESCAPE '\\'")
+                args.append(f"%{escaped}%")
+        if agent:
+            where.append("root_id IN (SELECT root_id FROM proj_tasks WHERE agent_id = ?)")
+            args.append(agent)
+        return (" WHERE " + " AND ".join(where)) if where else "", args
 
     def get(self, conn: sqlite3.Connection, root_id: str) -> Row | None:
         sql = f"SELECT {self._COLUMNS} FROM proj_runs WHERE root_id = ?"

@@ -13,6 +13,7 @@ input; it is cleared when the task completes, unless its review never passed
 
 from __future__ import annotations
 
+import builtins
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -256,8 +257,42 @@ class TaskTable(Projection):
         root: str | None = None,
         capability: str | None = None,
         limit: int | None = None,
+        statuses: Sequence[str] | None = None,
+        offset: int = 0,
     ) -> list[Row]:
-        where, args = [], []
+        """Tasks in creation order; ``statuses``: any of these; ``offset`` rows skipped."""
+        where, args = self._where(status, agent, root, capability, statuses)
+        sql = "SELECT * FROM proj_tasks" + where + " ORDER BY created_at, task_id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        elif offset:
+            sql += " LIMIT -1"
+        if offset:
+            sql += f" OFFSET {int(offset)}"
+        return self.query(conn, sql, tuple(args))
+
+    def count(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        root: str | None = None,
+        statuses: Sequence[str] | None = None,
+    ) -> dict[str, int]:
+        """Tasks by status (of run ``root``; of ``statuses`` only, if given)."""
+        where, args = self._where(None, None, root, None, statuses)
+        sql = "SELECT status, COUNT(*) AS n FROM proj_tasks" + where + " GROUP BY status"
+        return {r["status"]: int(r["n"]) for r in self.query(conn, sql, tuple(args))}
+
+    @staticmethod
+    def _where(
+        status: str | None,
+        agent: str | None,
+        root: str | None,
+        capability: str | None,
+        statuses: Sequence[str] | None,
+    ) -> tuple[str, builtins.list[Any]]:
+        where: list[str] = []
+        args: list[Any] = []
         for col, value in (
             ("status", status),
             ("agent_id", agent),
@@ -267,13 +302,10 @@ class TaskTable(Projection):
             if value is not None:
                 where.append(f"{col} = ?")
                 args.append(value)
-        sql = "SELECT * FROM proj_tasks"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at, task_id"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        return self.query(conn, sql, tuple(args))
+        if statuses is not None:
+            where.append(f"status IN ({', '.join('?' * len(statuses)) or 'NULL'})")
+            args.extend(statuses)
+        return (" WHERE " + " AND ".join(where)) if where else "", args
 
     def get(self, conn: sqlite3.Connection, task_id: str) -> Row | None:
         rows = self.query(conn, "SELECT * FROM proj_tasks WHERE task_id = ?", (task_id,))

@@ -25,6 +25,7 @@ COMMANDS = {
     "agent": "cardbus.tools.cmd_nats",
     "agents": "cardbus.tools.cmd_agents",
     "approve": "cardbus.tools.cmd_run",
+    "cancel": "cardbus.tools.cmd_cancel",
     "demo": "cardbus.tools.cmd_demo",
     "diff": "cardbus.tools.cmd_diff",
     "deny": "cardbus.tools.cmd_run",

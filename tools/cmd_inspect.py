@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
 import sqlite3
 import sys
@@ -152,6 +153,40 @@ def out_width(default: int | None = 100) -> int | None:
     return default
 
 
+def table_width() -> int | None:
+    """The width a one-line-per-row table fits: ``COLUMNS`` if set (piped too), else the
+    terminal's; None (no limit: whole rows, one per line) when piped without ``COLUMNS``."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return out_width(None)
+
+
+def short_ids(ids: Sequence[str], others: Sequence[str] = (), keep: int = 32) -> dict[str, str]:
+    """A short form of each id that ``resolve_id`` (replay, cancel, ...) takes back.
+
+    An id of at most ``keep`` characters stays whole; a longer one becomes its end
+    (``resolve_id`` matches the end of an id when nothing begins with the text):
+    the last 12 characters (a UUIDv7's random part), else 18 or 24, if no other id of
+    ``ids`` or ``others`` ends with that too and none begins with it; else whole.
+    """
+    every = sorted({*ids, *others})
+    out: dict[str, str] = {}
+    for n in (12, 18, 24):
+        ends: dict[str, int] = {}
+        starts: set[str] = set()
+        for i in every:
+            ends[i[-n:]] = ends.get(i[-n:], 0) + 1
+            starts.add(i[:n])
+        for i in ids:
+            if i in out or len(i) <= keep or (n == 12 and len(i) > 36):
+                continue
+            tail = i[-n:]
+            if ends[tail] == 1 and tail not in starts:
+                out[i] = tail
+    return {i: out.get(i, i) for i in ids}
+
+
 def print_rich(*renderables: Any, width: int | None = None) -> None:
     """Render to stdout (colours on a terminal). A table fits ``width`` (the terminal's,
     else 100) without cutting a token: one whose rows do not fit on one line each is
@@ -269,6 +304,9 @@ def styled_status(status: str | None) -> str:
 @click.option("--root", default=None, help="Only tasks of this run (root id, plan id or prefix).")
 @click.option("--capability", default=None, help="Only tasks needing this capability.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="At most this many rows.")
+@click.option(
+    "--wide", is_flag=True, help="Full ids (a row that does not fit becomes a block of lines)."
+)
 def tasks(
     db: StoreRef,
     as_json: bool,
@@ -278,8 +316,11 @@ def tasks(
     root: str | None,
     capability: str | None,
     limit: int | None,
+    wide: bool,
 ) -> None:
-    """The task table (a projection of the log), filterable."""
+    """The task table (a projection of the log), filterable: one line per task, ids
+    shortened to an end that replay and the other commands accept (``--wide``: in full).
+    The width is the terminal's, or ``COLUMNS``, or 100 when piped."""
     point = parse_as_of(as_of)
 
     async def go() -> list[dict[str, Any]]:
@@ -306,21 +347,80 @@ def tasks(
     title = f"{len(rows)} task{'s' if len(rows) != 1 else ''}"
     if point is not None:
         title += f" as of {point.describe()}"
-    table = new_table(title)
-    for col in ("task", "root", "capability", "agent", "status", "att", "updated", "reason"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(
-            r["task_id"],
-            r["root_id"] or "",
-            r["capability"] or "",
-            r["agent_id"] or "",
+    if wide:
+        table = new_table(title)
+        for col in ("task", "root", "capability", "agent", "status", "att", "updated", "reason"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(
+                r["task_id"],
+                r["root_id"] or "",
+                r["capability"] or "",
+                r["agent_id"] or "",
+                styled_status(r["status"]),
+                str(r["attempts"]),
+                fmt_time(r["updated_at"]),
+                r["reason"] or "",
+            )
+        print_rich(table)
+        return
+    suffix, columns, cells = _task_rows(rows)
+    print_rows(title + suffix, columns, cells, fixed=len(columns) - 3)
+
+
+def _task_rows(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[str]]]:
+    """The task table's title suffix, columns and cells: short ids, one line each (the
+    root column only when the rows are of several runs)."""
+    roots = sorted({r["root_id"] for r in rows if r["root_id"]})
+    task_ids = short_ids([r["task_id"] for r in rows], roots)
+    # a root's end may end its own tasks' ids too: resolve_id picks the run then
+    root_ids = short_ids(roots, keep=12)
+    day = {fmt_time(r["updated_at"])[:10] for r in rows}
+    one_run = len(roots) <= 1
+    cells = [
+        [
+            task_ids[r["task_id"]],
+            *([] if one_run else [root_ids.get(r["root_id"] or "", "")]),
             styled_status(r["status"]),
             str(r["attempts"]),
-            fmt_time(r["updated_at"]),
-            r["reason"] or "",
+            fmt_time(r["updated_at"])[11 if len(day) == 1 else 5 : 19],
+            r["capability"] or "",
+            r["agent_id"] or "",
+            " ".join((r["reason"] or "").split()),
+        ]
+        for r in rows
+    ]
+    columns = ["task", *([] if one_run else ["root"]), "status", "att", "updated"]
+    suffix = f" of run {roots[0]}" if len(roots) == 1 else ""
+    return suffix, [*columns, "capability", "agent", "reason"], cells
+
+
+def print_rows(title: str, columns: list[str], rows: list[list[str]], fixed: int) -> None:
+    """A table of one line per row that fits the width (:func:`table_width`:
+    ``COLUMNS`` honoured, whole rows when piped without it): its first ``fixed``
+    columns (ids, status, times) are never cut; the others shrink with an
+    ellipsis, the last (a reason) first."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    width = table_width() or 100_000
+    t = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
+    for i, col in enumerate(columns):
+        longest = max([len(col), *(Text.from_markup(r[i]).cell_len for r in rows)])
+        t.add_column(
+            col,
+            no_wrap=True,
+            overflow="ellipsis",
+            min_width=longest if i < fixed else None,
+            ratio=1 if i == len(columns) - 1 else None,
         )
-    print_rich(table)
+    for r in rows:
+        t.add_row(*r)
+    buf = io.StringIO()
+    tty = sys.stdout.isatty()
+    Console(file=buf, force_terminal=tty, width=width, highlight=False, soft_wrap=False).print(t)
+    click.echo("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()), nl=False)
 
 
 # --- tail ---------------------------------------------------------------------

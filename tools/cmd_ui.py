@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from cardbus.tools.cli import cli
@@ -59,4 +61,14 @@ def ui(db: StoreRef, host: str, port: int, token: str | None) -> None:
         timeout_graceful_shutdown=1,
         lifespan="on",
     )
-    uvicorn.Server(config).run()
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # open event streams end first: shutdown does not wait on them, nor cancel
+            # them with a traceback
+            stop = getattr(app.state, "stop_streams", None)
+            if stop is not None:
+                stop()
+            super().handle_exit(sig, frame)
+
+    Server(config).run()

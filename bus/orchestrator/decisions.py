@@ -687,7 +687,10 @@ class Decider:
                 self.d.add(task.task_id, refused)
                 self._over_budget(task, refusal.reason)
                 return
-        digest = hashlib.sha256(msgspec.json.encode(card.inputs, order="sorted")).hexdigest()
+        sent = msgspec.json.encode(card.inputs, order="sorted")
+        digest = hashlib.sha256(sent).hexdigest()
+        # what the agent receives, on the dispatch: inline when small, else its digest alone
+        inline = card.inputs if len(sent) <= ev.DISPATCH_INPUTS_INLINE else None
         # schedule-to-start; the task's timeout_s runs from its start (``deadlines``)
         deadline = self.now + self.policy.queue_timeout_s
         if trimmed is not None:
@@ -704,6 +707,8 @@ class Decider:
                     timeout_s=c.timeout_s,
                     inputs_digest=digest,
                     loop_hash=h if i == 0 else "",
+                    inputs=inline,
+                    inputs_bytes=len(sent),
                 ),
             )
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))

@@ -66,7 +66,7 @@ def test_tasks_runs_stats_agents_and_tail_fit_100_columns(
     monkeypatch.setattr(cmd_inspect, "out_width", lambda default=None: 100)
     db = demo_db if which == "demo" else run_db[0]
     ids = asyncio.run(_ids(db))
-    _check(_show("tasks", "--store", db), ids["task"] | ids["root"])
+    _check(_show("tasks", "--wide", "--store", db), ids["task"] | ids["root"])
     _check(_show("runs", "--store", db), ids["root"])
     _check(_show("stats", "--store", db), ids["worked"])
     if ids["agent"]:
@@ -77,7 +77,7 @@ def test_tasks_runs_stats_agents_and_tail_fit_100_columns(
 
 def test_tables_fit_100_columns_off_a_terminal_too(demo_db: str) -> None:
     ids = asyncio.run(_ids(demo_db))
-    _check(_show("tasks", "--store", demo_db), ids["task"] | ids["root"])
+    _check(_show("tasks", "--wide", "--store", demo_db), ids["task"] | ids["root"])
     _check(_show("runs", "--store", demo_db), ids["root"])
 
 

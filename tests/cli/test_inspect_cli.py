@@ -29,7 +29,7 @@ def one_line_error(result: Result) -> str:
 
 def test_tasks_table_and_filters(run_db: tuple[str, RunIds]) -> None:
     db, ids = run_db
-    r = invoke("tasks", "--db", db)
+    r = invoke("tasks", "--db", db, "--wide")  # full ids, whole reasons
     assert r.exit_code == 0, r.output
     assert "5 tasks" in r.stdout
     for t in (ids.research, ids.write, ids.review, ids.code, ids.loop):

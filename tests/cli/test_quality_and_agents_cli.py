@@ -112,7 +112,7 @@ def test_quality_not_met_in_run_replay_and_tasks(tmp_path: Path) -> None:
     (row,) = [x for x in rows if x["task_id"] == task_done.stream]
     assert row["quality_met"] is False and row["open_issues"][0]["section"] == "End"
     assert "quality not met" in row["reason"]
-    assert "quality not met" in invoke("tasks", "--store", str(db)).stdout
+    assert "quality not met" in invoke("tasks", "--store", str(db), "--wide").stdout
 
 
 class Twin(Drafter):

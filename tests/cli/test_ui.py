@@ -66,7 +66,9 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, db: Path) -> None:
+    def __init__(
+        self, db: Path, env: dict[str, str] | None = None, token: str | None = None
+    ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.proc = subprocess.Popen(
@@ -79,7 +81,9 @@ class Server:
                 str(db),
                 "--port",
                 str(self.port),
+                *(["--token", token] if token else []),
             ],
+            env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -99,13 +103,15 @@ class Server:
                 time.sleep(0.1)
         raise AssertionError("cardbus ui did not answer within 30 s")
 
-    def stop(self) -> None:
+    def stop(self) -> str:
+        """Stop the server; what it printed."""
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            out, _ = self.proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
+            out, _ = self.proc.communicate()
+        return out or ""
 
 
 @pytest.fixture
@@ -213,8 +219,9 @@ def test_page_loads_and_a_demo_run_appears_live(server: Server, page: Any, db: P
     row.locator("a").click()
     page.wait_for_selector("#run-status[data-status='completed']")
     assert page.locator("#tasks tbody tr").count() == 6
-    timeline = page.locator("#timeline").inner_text()
-    assert "revision_requested" in timeline and "needs_input" in timeline
+    # the Gantt of attempts (replay --html's renderer): a revision and a needs_input
+    page.wait_for_selector("#gantt .span[data-outcome='revision']")
+    assert page.locator("#gantt .span[data-outcome='needs_input']").count() >= 1
     # a task's steps with its inputs, outputs and reasons
     page.locator("#tasks a", has_text="draft-").first.click()
     page.wait_for_selector("#task-status[data-status='completed']")
@@ -255,7 +262,11 @@ def test_an_approval_click_completes_a_waiting_run(server: Server, page: Any, db
     # the page follows the run to its end without a reload
     page.wait_for_selector("#run-status[data-status='completed']")
     page.wait_for_selector(f"#tasks tr[data-task='{task_id}'][data-status='completed']")
-    assert "approval_granted" in page.locator("#timeline").inner_text()
+    # the task's events, fetched when opened
+    page.locator(f"#tasks tr[data-task='{task_id}'] details[data-events] summary").click()
+    events = page.locator(f"#tasks tr[data-task='{task_id}'] details[data-events] table.steps")
+    events.wait_for()
+    assert "approval_granted" in events.inner_text()
 
     async def granted() -> list[Any]:
         store = await SqliteEventStore.open(db, create=False)
@@ -287,10 +298,8 @@ def test_a_token_is_required_on_every_request(db: Path) -> None:
         assert c.get("/api/runs").status_code == 401
         assert c.get("/api/runs?token=wrong").status_code == 401
         assert c.get("/?token=s3cret").status_code == 200
-        assert c.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).json() == {
-            "runs": [],
-            "position": 0,
-        }
+        listed = c.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).json()
+        assert (listed["runs"], listed["total"], listed["position"]) == ([], 0, 0)
         assert c.get("/api/runs", headers={"X-Cardbus-Token": "s3cret"}).status_code == 200
 
 
@@ -341,4 +350,39 @@ def test_deny_through_the_api_cancels_a_waiting_task(db: Path) -> None:
         denied = [s for s in steps if s["type"] == "task.approval_denied.v1"]
         assert [(s["data"]["by"], s["data"]["note"], s["reason"]) for s in denied] == [
             ("tester", "no", "approval denied by tester: no")
+        ]
+
+
+def test_actions_are_refused_without_the_token(db: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from cardbus.tools.ui import create_app
+
+    run = Background(db, [Researcher], {**APPROVAL_PLAN, "plan_id": "ui-token"})
+    assert run.submitted.wait(60) and run.root is not None
+    with TestClient(create_app(str(db), token="s3cret"), base_url="http://127.0.0.1") as c:
+        # no token, a wrong one: refused before anything is written
+        assert c.post(f"/api/runs/{run.root}/cancel", json={"by": "x"}).status_code == 401
+        wrong = c.post(f"/api/runs/{run.root}/cancel?token=nope", json={})
+        assert wrong.status_code == 401
+        assert c.get(f"/api/runs/{run.root}/replay.html").status_code == 401
+        ok = c.post(
+            f"/api/runs/{run.root}/cancel",
+            json={"by": "ops", "note": "stop"},
+            headers={"X-Cardbus-Token": "s3cret"},
+        )
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["by"] == "ops" and ok.json()["root_id"] == run.root
+        assert run.join().status != "completed"
+        page = c.get(f"/api/runs/{run.root}/replay.html?token=s3cret")
+        assert page.status_code == 200 and "attachment" in page.headers["content-disposition"]
+        assert run.root in page.text and "cancelled" in page.text
+        assert c.get(f"/api/runs/{run.root}/traces.json").status_code == 401
+        spans = c.get(f"/api/runs/{run.root}/traces.json?token=s3cret").json()["spans"]
+        assert spans and {len(s["trace_id"]) for s in spans} == {32}
+        assert len({s["trace_id"] for s in spans}) == 1  # one run, one trace
+        steps = c.get(f"/api/tasks/research-{run.root[-12:]}?token=s3cret").json()["steps"]
+        cancelled = [s for s in steps if s["type"] == "task.cancelled.v1"]
+        assert [(s["actor"], s["data"]["reason"]) for s in cancelled] == [
+            ("ops", "cancelled_by_user: stop")
         ]

@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from cardbus.bus.http_guard import LOOPBACK_NAMES, HttpGuard, is_loopback
+from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
     CardbusError,
     StreamNotFound,
@@ -39,12 +42,15 @@ from cardbus.projections import (
     ProjectionRunner,
     Runs,
     TaskTable,
+    build_timeline,
     event_reason,
     journal_calls,
     replay,
     resolve_id,
     run_duration,
 )
+from cardbus.projections.replay_html import render_html
+from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.page import PAGE
 
 try:
@@ -62,6 +68,14 @@ __all__ = ["create_app", "is_loopback"]
 
 _encode = msgspec.json.Encoder().encode
 HEARTBEAT_S = 15.0
+TASK_PAGE = 50  # tasks per page of a run's view
+#: the run view's task filters: the statuses each shows (None: all)
+TASK_FILTERS: dict[str, tuple[str, ...] | None] = {
+    "all": None,
+    "failed": ("failed", "halted", "cancelled"),
+    "waiting": ("pending", "awaiting_approval", "needs_input", "needs_revision"),
+    "running": ("dispatched", "running"),
+}
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -84,41 +98,137 @@ class Console:
         self.store = store
         self.runner = ProjectionRunner.open(store, ":memory:", [Runs(), TaskTable()])
         self._lock = asyncio.Lock()
+        self.stopping = asyncio.Event()  # set when the server stops: event streams end
 
     async def fresh(self) -> ProjectionRunner:
         async with self._lock:
             await self.runner.catch_up()
         return self.runner
 
-    async def runs(self, status: str | None, limit: int | None) -> dict[str, Any]:
+    async def runs(self, q: dict[str, Any]) -> dict[str, Any]:
+        """The runs list: filters (status, goal text, plan, agent, started since/until)
+        and a page of it (``offset``, ``limit``), with the count of all that match."""
         runner = await self.fresh()
-        rows = Runs().list(runner.conn, status=status, limit=limit)
+        limit = int(q["limit"]) if q.get("limit") else None
+        offset = int(q.get("offset") or 0)
+        if (limit is not None and limit < 1) or offset < 0:
+            raise ValidationError("limit must be >= 1 and offset >= 0")
+        filters: dict[str, Any] = {
+            "status": q.get("status") or None,
+            "text": q.get("q") or None,
+            "plan": q.get("plan") or None,
+            "agent": q.get("agent") or None,
+            "since": float(q["since"]) if q.get("since") else None,
+            "until": float(q["until"]) if q.get("until") else None,
+        }
+        runs = Runs()
+        rows = runs.list(runner.conn, limit=limit, offset=offset, **filters)
         now = time.time()
         for r in rows:
             r["duration_s"] = run_duration(r, now)
-        return {"runs": rows, "position": runner.position}
+        total = runs.count(runner.conn, **filters)
+        return {
+            "runs": rows,
+            "total": total,
+            "offset": offset,
+            "position": runner.position,
+            "now": now,
+        }
 
-    def _tasks(self, runner: ProjectionRunner, root: str) -> list[dict[str, Any]]:
-        rows = TaskTable().list(runner.conn, root=root)
+    def _tasks(
+        self,
+        runner: ProjectionRunner,
+        root: str,
+        statuses: Sequence[str] | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        rows = TaskTable().list(
+            runner.conn, root=root, statuses=statuses, offset=offset, limit=limit
+        )
         for r in rows:
             for col in ("input", "output"):
                 if r[col] is not None:
                     r[col] = msgspec.json.decode(r[col])
         return rows
 
-    async def run(self, text: str) -> dict[str, Any]:
+    async def run(
+        self, text: str, show: str = "all", offset: int = 0, limit: int = TASK_PAGE
+    ) -> dict[str, Any]:
+        """A run: its summary, one page of its tasks (``show``: all, failed or waiting)
+        and the replay timeline of that page's tasks (:func:`build_timeline` over their
+        streams and the run's own: the projection ``replay --html`` draws), so a run of
+        thousands of tasks costs what one page of them does."""
+        if show not in TASK_FILTERS:
+            raise ValidationError(f"show must be one of {', '.join(TASK_FILTERS)}")
+        if limit < 1 or offset < 0:
+            raise ValidationError("limit must be >= 1 and offset >= 0")
         root = await resolve_id(self.store, text)
         runner = await self.fresh()
         row = Runs().get(runner.conn, root)
+        if row is None:
+            own = await self.store.read_stream(root)
+            if not own:
+                raise StreamNotFound(root)
+            root = own[0].correlation_id  # a task id: its run
+            row = Runs().get(runner.conn, root)
+        now = time.time()
         if row is not None:
-            row["duration_s"] = run_duration(row)
-        timeline = await replay(self.store, root)
+            row["duration_s"] = run_duration(row, now)
+        statuses = TASK_FILTERS[show]
+        tasks = self._tasks(runner, root, statuses, offset, limit)
+        counts = TaskTable().count(runner.conn, root=root)
+        shown = TaskTable().count(runner.conn, root=root, statuses=statuses)
+        events = list(await self.store.read_stream(root))
+        for t in tasks:
+            if t["task_id"] != root:
+                events.extend(await self.store.read_stream(t["task_id"]))
+        events.sort(key=lambda e: e.position)
+        timeline = build_timeline(events, root, root) if events else None
         return {
             "run": row,
+            "root_id": root,
             "timeline": timeline,
-            "tasks": self._tasks(runner, timeline.root_id),
+            "tasks": tasks,
+            "counts": counts,
+            "total": sum(shown.values()),
+            "offset": offset,
+            "limit": limit,
+            "show": show,
             "position": runner.position,
+            "now": now,
         }
+
+    async def cancel(self, text: str, by: str, note: str) -> dict[str, Any]:
+        root = await resolve_id(self.store, text)
+        reason = "cancelled_by_user" + (f": {note}" if note else "")
+        cancelled = await cancel_run(self.store, root, by=by, reason=reason)
+        return {"root_id": root, "cancelled": cancelled, "by": by}
+
+    async def traces(self, text: str) -> dict[str, Any]:
+        """The run's spans as ``cardbus export`` sends them (ids in hex), as one JSON file."""
+        root = await resolve_id(self.store, text)
+        own = await self.store.read_stream(root)
+        root = own[0].correlation_id if own else root
+        events = await self.store.read_correlation(root)
+        if not events:
+            raise StreamNotFound(root)
+        agents = {e.data.agent_id for e in events if isinstance(e.data, ev.TaskDispatched)}
+        cards: list[Any] = []
+        for agent_id in sorted(agents):
+            cards.extend(await self.store.read_stream(f"agent-{agent_id}"))
+        spans = []
+        for s in trace_spans(events, agent_names_from(cards)):
+            span = msgspec.to_builtins(s)
+            span["trace_id"] = f"{s.trace_id:032x}"
+            span["span_id"] = f"{s.span_id:016x}"
+            if s.parent_span_id is not None:
+                span["parent_span_id"] = f"{s.parent_span_id:016x}"
+            spans.append(span)
+        return {"root_id": root, "spans": spans}
+
+    async def replay_html(self, text: str) -> str:
+        return render_html(await replay(self.store, await resolve_id(self.store, text)))
 
     async def task(self, text: str) -> dict[str, Any]:
         task_id = await resolve_id(self.store, text)
@@ -130,8 +240,23 @@ class Console:
             if row[col] is not None:
                 row[col] = msgspec.json.decode(row[col])
         steps = []
+        received: list[dict[str, Any]] = []  # what each dispatch sent, as the log keeps it
+        trimmed: set[int] = set()
         stream = await self.store.read_stream(task_id)
         for env in stream:
+            if isinstance(env.data, ev.TaskDispatched):
+                d = env.data
+                received.append(
+                    {
+                        "attempt": d.attempt,
+                        "agent_id": d.agent_id,
+                        "inputs": d.inputs,
+                        "digest": d.inputs_digest,
+                        "bytes": d.inputs_bytes,
+                    }
+                )
+            elif isinstance(env.data, ev.ContextTrimmed):
+                trimmed.add(env.data.attempt)
             data = msgspec.to_builtins(env.data)
             data.pop("type", None)
             steps.append(
@@ -148,19 +273,51 @@ class Console:
             )
         # what its attempts asked models and tools (the journal), replays resolved
         calls = journal_calls(stream)
-        return {"task": row, "steps": steps, "calls": calls, "position": runner.position}
+        for r in received:
+            r["trimmed"] = r["attempt"] in trimmed
+        run = Runs().get(runner.conn, row["root_id"]) if row["root_id"] else None
+        return {
+            "task": row,
+            "run_goal": run["goal"] if run else "",
+            "received": received,
+            "steps": steps,
+            "calls": calls,
+            "position": runner.position,
+            "now": time.time(),
+        }
 
-    async def events(self, root: str | None, start: int) -> AsyncIterator[bytes]:
-        """SSE frames: one per appended event (of run ``root``, if given), plus heartbeats."""
+    async def events(
+        self, root: str | None, start: int, heartbeat_s: float = HEARTBEAT_S
+    ) -> AsyncIterator[bytes]:
+        """SSE frames: one per appended event (of run ``root``, if given), plus heartbeats.
+
+        One ``anext`` of the subscription stays pending across heartbeats: a quiet
+        interval sends a comment and waits on the same call again. (Cancelling it, as
+        ``wait_for`` does on a timeout, would close the subscription's generator and
+        end the stream with a traceback at its first quiet interval.)
+        """
         yield b"retry: 1000\n: connected\n\n"
-        events = self.store.subscribe(start)
+        events = aiter(self.store.subscribe(start))
+        pending: asyncio.Task[Any] | None = None
+        stop = asyncio.ensure_future(self.stopping.wait())
         try:
             while True:
-                try:
-                    env = await asyncio.wait_for(anext(events), HEARTBEAT_S)
-                except TimeoutError:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait(
+                    {pending, stop}, timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop in done:
+                    return  # the server is stopping: end the stream, the page reconnects
+                if not done:
                     yield b": heartbeat\n\n"
                     continue
+                try:
+                    env = pending.result()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    pending = None
                 if root is not None and env.correlation_id != root and env.stream != root:
                     continue
                 body = _encode(
@@ -173,8 +330,22 @@ class Console:
                 )
                 yield b"id: %d\nevent: append\ndata: %s\n\n" % (env.position, body)
         finally:
+            stop.cancel()
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
+
+
+async def _body(request: Request) -> dict[str, Any] | None:
+    """A POST's JSON object ({} if empty or not an object; None if not JSON)."""
+    try:
+        body = msgspec.json.decode(await request.body() or b"{}")
+    except msgspec.DecodeError:
+        return None
+    return body if isinstance(body, dict) else {}
 
 
 def create_app(
@@ -184,12 +355,19 @@ def create_app(
     opener: Callable[[], Awaitable[EventStore]] | None = None,
     token: str | None = None,
     hosts: list[str] | None = None,
+    heartbeat_s: float | None = None,
 ) -> Starlette:
     """The console over the SQLite log ``db``, a log ``opener`` opens at start-up, or ``store``.
 
     ``hosts`` are the names the ``Host`` header may carry (default: loopback
-    names); ``token``, if given, is required on every request.
+    names); ``token``, if given, is required on every request. ``heartbeat_s``: the
+    events stream's quiet interval before a heartbeat comment (default 15 s, or
+    ``CARDBUS_UI_HEARTBEAT_S``).
     """
+    if heartbeat_s is None:
+        heartbeat_s = float(os.environ.get("CARDBUS_UI_HEARTBEAT_S") or HEARTBEAT_S)
+    if not heartbeat_s > 0:
+        raise ValidationError(f"heartbeat_s must be > 0, not {heartbeat_s}")
     if [db, store, opener].count(None) != 2:
         raise ValidationError("create_app needs exactly one of db, opener and store")
     state: dict[str, Console] = {}
@@ -207,6 +385,7 @@ def create_app(
         else:
             opened = await SqliteEventStore.open(db or "")
         state["console"] = Console(opened)
+        app.state.stop_streams = state["console"].stopping.set
         try:
             yield
         finally:
@@ -218,18 +397,62 @@ def create_app(
         return HTMLResponse(PAGE, headers={"Cache-Control": "no-store"})
 
     async def runs(request: Request) -> Response:
-        q = request.query_params
         try:
-            limit = int(q["limit"]) if q.get("limit") else None
-            return _json(await console().runs(q.get("status") or None, limit))
+            return _json(await console().runs(dict(request.query_params)))
         except (CardbusError, ValueError) as e:
             return _error(e)
 
     async def run(request: Request) -> Response:
+        q = request.query_params
         try:
-            return _json(await console().run(request.path_params["id"]))
+            return _json(
+                await console().run(
+                    request.path_params["id"],
+                    q.get("show") or "all",
+                    int(q.get("offset") or 0),
+                    int(q.get("limit") or TASK_PAGE),
+                )
+            )
+        except (CardbusError, ValueError) as e:
+            return _error(e)
+
+    async def replay_page(request: Request) -> Response:
+        try:
+            page = await console().replay_html(request.path_params["id"])
         except CardbusError as e:
             return _error(e)
+        name = request.path_params["id"].replace('"', "")
+        return HTMLResponse(
+            page,
+            headers={"Content-Disposition": f'attachment; filename="replay-{name}.html"'},
+        )
+
+    async def traces(request: Request) -> Response:
+        try:
+            body = await console().traces(request.path_params["id"])
+        except CardbusError as e:
+            return _error(e)
+        name = body["root_id"].replace('"', "")
+        return Response(
+            _encode(body),
+            media_type="application/json",
+            headers={"Content-Disposition": f'attachment; filename="traces-{name}.json"'},
+        )
+
+    async def run_action(request: Request) -> Response:
+        body = await _body(request)
+        if body is None:
+            return JSONResponse({"error": "the body is not JSON"}, status_code=400)
+        if request.path_params["action"] != "cancel":
+            return JSONResponse({"error": "no such action"}, status_code=404)
+        by = str(body.get("by") or "ui")
+        try:
+            done = await console().cancel(
+                request.path_params["id"], by, str(body.get("note") or "")
+            )
+        except CardbusError as e:
+            return _error(e)
+        return _json(done)
 
     async def task(request: Request) -> Response:
         try:
@@ -238,12 +461,9 @@ def create_app(
             return _error(e)
 
     async def answer(request: Request) -> Response:
-        try:
-            body = msgspec.json.decode(await request.body() or b"{}")
-        except msgspec.DecodeError:
+        body = await _body(request)
+        if body is None:
             return JSONResponse({"error": "the body is not JSON"}, status_code=400)
-        if not isinstance(body, dict):
-            body = {}
         action = request.path_params["action"]
         if action not in ("approve", "deny"):
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
@@ -267,7 +487,7 @@ def create_app(
         except (CardbusError, ValueError) as e:
             return _error(e)
         return StreamingResponse(
-            console().events(root, start),
+            console().events(root, start, heartbeat_s),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -275,6 +495,9 @@ def create_app(
     routes = [
         Route("/", page),
         Route("/api/runs", runs),
+        Route("/api/runs/{id:path}/replay.html", replay_page),
+        Route("/api/runs/{id:path}/traces.json", traces),
+        Route("/api/runs/{id:path}/{action:str}", run_action, methods=["POST"]),
         Route("/api/runs/{id:path}", run),
         Route("/api/tasks/{id:path}/{action:str}", answer, methods=["POST"]),
         Route("/api/tasks/{id:path}", task),

@@ -3,28 +3,33 @@
 Nothing is loaded from elsewhere (no CDN, no build step): the page fetches
 the app's JSON views and listens to ``/api/events`` (server-sent events),
 refetching the view it shows when an event of interest arrives. Views, by
-the URL's fragment: ``#/`` the runs, ``#/run/ID`` a run's task table and
-timeline, ``#/task/ID`` a task's steps with inputs, outputs and reasons, and
-its model calls (prompt and answer expandable), tool calls and unknown effects
-by attempt, each marked live or replayed (naming the event it replays).
-Elements carry ``data-*`` attributes (status, ids) for tests and scripts.
+the URL's fragment: ``#/?status=&q=&plan=&agent=&since=&until=&offset=`` the
+runs, filtered and paged; ``#/run/ID?show=&offset=`` a run: its actions
+(cancel, download the HTML replay), the dependency graph and the Gantt of
+attempts of one page of its tasks (the Gantt is ``replay --html``'s own
+renderer, :data:`~cardbus.projections.replay_html.GANTT_JS`, over the same
+replay projection), the task table with each task's events fetched when
+opened; ``#/task/ID`` a task's steps, its inputs as planned beside the inputs
+its agent received, and its model calls (prompt and answer expandable), tool
+calls and unknown effects by attempt, each marked live or replayed. Running
+and waiting durations tick every second. Elements carry ``data-*`` attributes
+(status, ids) for tests and scripts.
 """
 
 from __future__ import annotations
 
+# ruff: noqa: E501, RUF001 - the page's lines are HTML and JS, kept as written
+from cardbus.projections.replay_html import GANTT_JS, gantt_css, legends
+
 __all__ = ["PAGE"]
 
-PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>cardbus console</title>
-<style>
+_CSS = """
   body { font: 14px/1.45 system-ui, sans-serif; margin: 0; color: #1d2330; background: #f6f7f9; }
   header { background: #1d2330; color: #fff; padding: 8px 16px; display: flex; gap: 16px;
            align-items: baseline; }
   header a { color: #fff; text-decoration: none; font-weight: 600; }
+  header label { margin-left: auto; font-size: 12px; color: #9aa4b5; }
+  header input { width: 8em; font-size: 12px; }
   #live { font-size: 12px; color: #9aa4b5; }
   #live.on { color: #7ee2a8; }
   main { padding: 12px 16px; }
@@ -32,10 +37,15 @@ PAGE = """<!doctype html>
   th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #e3e6eb;
            vertical-align: top; }
   th { background: #eef0f4; font-weight: 600; }
-  .id, code, pre { font-family: ui-monospace, monospace; font-size: 12px;
-                   overflow-wrap: anywhere; word-break: break-all; }
-  pre { white-space: pre-wrap; background: #f0f2f5; padding: 6px; margin: 4px 0; }
-  .status { font-weight: 600; }
+  .id, code, pre { font-family: ui-monospace, monospace; font-size: 12px; }
+  td .id, td.id { white-space: nowrap; }
+  pre { white-space: pre-wrap; overflow-wrap: anywhere; background: #f0f2f5; padding: 6px;
+        margin: 4px 0; max-height: 30em; overflow: auto; }
+  .nowrap { white-space: nowrap; }
+  /* a ticking duration keeps its width: the page does not shift every second */
+  .tick-since { display: inline-block; min-width: 10.5em; font-variant-numeric: tabular-nums;
+                white-space: nowrap; }
+  .st { font-weight: 600; }
   .s-completed { color: #17803d; } .s-failed { color: #c62828; } .s-halted { color: #8e24aa; }
   .s-timed_out { color: #e65100; } .s-cancelled { color: #777; }
   .s-running, .s-dispatched { color: #0277bd; }
@@ -46,31 +56,58 @@ PAGE = """<!doctype html>
   button { font: inherit; padding: 2px 10px; margin-right: 6px; cursor: pointer; }
   button.approve { background: #e3f5e9; border: 1px solid #17803d; }
   button.deny { background: #fdeaea; border: 1px solid #c62828; }
-  .bar { position: relative; height: 14px; background: #eef0f4; min-width: 200px; }
-  .bar span { position: absolute; top: 2px; height: 10px; background: #5c8fd6; }
-  .bar span.s-completed { background: #3aa76d; } .bar span.s-failed { background: #d9534f; }
-  .bar span.s-halted { background: #9c4dcc; } .bar span.s-awaiting_approval { background: #e0a030; }
+  .tab.on { background: #1d2330; color: #fff; }
+  .filters { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin-bottom: 6px; }
+  .pager { margin: 6px 0; } .pager span { margin-right: 6px; }
+  .io { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; }
   h2 { font-size: 16px; margin: 16px 0 6px; }
   #error { color: #c62828; }
   details summary { cursor: pointer; color: #345; }
   .replayed { color: #8a6d00; } .live { color: #17803d; }
   tr.call-attempt th { background: #f6f7f9; }
-</style>
+  .graph-wrap { overflow-x: auto; background: #fff; border: 1px solid #e3e6eb; }
+  #graph .edge { stroke: #8c96a5; stroke-width: 1.2; } #graph .edge.sub { stroke-dasharray: 3 3; }
+  #graph text { font: 11px ui-monospace, monospace; fill: #fff; pointer-events: none; }
+  #graph text.ext { fill: #6b7380; font-size: 10px; }
+  #graph rect { stroke: #1d2330; stroke-opacity: .2; }
+  .cb-gantt { --line: #e3e7ec; --muted: #66707c; background: #fff; font-size: 13px; }
+  .cb-gantt #gantt { max-width: 100%; overflow-x: auto; }
+"""
+
+PAGE = (
+    """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>cardbus console</title>
+<style>"""
+    + _CSS
+    + gantt_css(".cb-gantt")
+    + gantt_css("#graph")
+    + """</style>
 </head>
 <body data-live="no" data-view="">
-<header><a href="#/">cardbus console</a><span id="live">connecting…</span></header>
+<header><a href="#/">cardbus console</a><span id="live">connecting…</span>
+<label>acting as <input id="operator" value="ui" title="the actor your actions are logged with"></label>
+</header>
 <main>
 <div id="error"></div>
 <div id="view"></div>
 </main>
 <script>
-"use strict";
+"""
+    + GANTT_JS
+    + "const LEGENDS = "
+    + repr(legends()).replace("</", "<\\/")
+    + ";\n"
+    + r""""use strict";
 const token = new URLSearchParams(location.search).get("token");
 const esc = (v) => String(v === null || v === undefined ? "" : v).replace(/[&<>"']/g,
   (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 function url(path, params) {
   const u = new URL(path, location.origin);
-  for (const [k, v] of Object.entries(params || {})) if (v !== null && v !== undefined) u.searchParams.set(k, v);
+  for (const [k, v] of Object.entries(params || {})) if (v !== null && v !== undefined && v !== "") u.searchParams.set(k, v);
   if (token) u.searchParams.set("token", token);
   return u.pathname + u.search;
 }
@@ -80,112 +117,263 @@ async function getJSON(path, params) {
   if (!r.ok) throw new Error(body.error || r.statusText);
   return body;
 }
+async function postJSON(path, body) {
+  const r = await fetch(url(path), {method: "POST", headers: {"Content-Type": "application/json"},
+    body: JSON.stringify(body)});
+  const out = await r.json();
+  if (!r.ok) throw new Error(out.error || r.statusText);
+  return out;
+}
 function fmtTime(t) { return t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) : ""; }
 function fmtDur(s) {
   if (s === null || s === undefined) return "";
   if (s < 1) return Math.round(s * 1000) + " ms";
   if (s < 120) return s.toFixed(2) + " s";
-  return (s / 60).toFixed(1) + " min";
+  if (s < 7200) return (s / 60).toFixed(1) + " min";
+  return (s / 3600).toFixed(1) + " h";
 }
-const status = (s) => `<span class="status s-${esc(s)}">${esc(s || "?")}</span>`;
+const status = (s) => `<span class="st s-${esc(s)}">${esc(s || "?")}</span>`;
 const json = (v) => `<pre>${esc(JSON.stringify(v, null, 2))}</pre>`;
-const idLink = (kind, id) => `<a class="id" href="#/${kind}/${encodeURIComponent(id)}">${esc(id)}</a>`;
-
-function buttons(taskId) {
-  return `<button class="approve" data-approve="${esc(taskId)}">Approve</button>` +
-         `<button class="deny" data-deny="${esc(taskId)}">Deny</button>`;
+const idLink = (kind, id) => `<a class="id" title="${esc(id)}" href="#/${kind}/${encodeURIComponent(id)}">${esc(id)}</a>`;
+const RUNNING = ["running", "dispatched"], WAITING = ["pending", "awaiting_approval", "needs_input", "needs_revision"];
+// the server's clock: durations tick from it (skew-free), every second
+let skew = 0;
+const now = () => Date.now() / 1000 + skew;
+// a live duration: "<elapsed> so far" since a time, re-drawn every second
+const since = (t, label) => `<span class="tick-since" data-since="${t}" data-label="${esc(label || "so far")}">${fmtDur(now() - t)} ${esc(label || "so far")}</span>`;
+function tick() {
+  for (const e of document.querySelectorAll("[data-since]")) {
+    e.textContent = fmtDur(now() - Number(e.dataset.since)) + " " + e.dataset.label;
+  }
 }
-async function answer(taskId, approve) {
-  const r = await fetch(url(`/api/tasks/${encodeURIComponent(taskId)}/${approve ? "approve" : "deny"}`), {
-    method: "POST", headers: {"Content-Type": "application/json"},
-    body: JSON.stringify({by: "ui"}),
-  });
-  const body = await r.json();
-  if (!r.ok) throw new Error(body.error || r.statusText);
-  refresh();
+setInterval(tick, 1000);
+const actionResult = {};  // a run's last action's outcome, kept across re-renders
+const operator = () => (document.getElementById("operator").value || "ui").trim() || "ui";
+
+// -- actions: approve / deny with a note, cancel a run -----------------------------------
+function approvalButtons(taskId) {
+  return `<span class="approval"><input class="note" data-note="${esc(taskId)}" placeholder="note (optional)">` +
+    `<button class="approve" data-approve="${esc(taskId)}">Approve</button>` +
+    `<button class="deny" data-deny="${esc(taskId)}">Deny</button></span>`;
 }
 document.addEventListener("click", (e) => {
   const t = e.target;
   if (!(t instanceof HTMLElement)) return;
   const id = t.dataset.approve || t.dataset.deny;
-  if (!id) return;
-  t.disabled = true;
-  answer(id, !!t.dataset.approve).catch(showError);
+  if (id) {
+    t.disabled = true;
+    const note = document.querySelector(`input[data-note="${CSS.escape(id)}"]`);
+    postJSON(`/api/tasks/${encodeURIComponent(id)}/${t.dataset.approve ? "approve" : "deny"}`,
+      {by: operator(), note: note ? note.value : ""}).then(refresh).catch(showError);
+    return;
+  }
+  if (t.dataset.cancel) {
+    t.disabled = true;
+    const note = document.getElementById("cancel-note");
+    postJSON(`/api/runs/${encodeURIComponent(t.dataset.cancel)}/cancel`, {by: operator(), note: note ? note.value : ""})
+      .then((r) => { actionResult[r.root_id] = `cancelled ${r.cancelled.length} task(s) as ${r.by}`; refresh(); })
+      .catch(showError);
+    return;
+  }
+  if (t.dataset.page !== undefined) { go({offset: t.dataset.page}); return; }
+  if (t.dataset.show) { go({show: t.dataset.show, offset: 0}); return; }
 });
+document.addEventListener("toggle", (e) => {  // a task's events, fetched when first opened
+  const d = e.target;
+  if (!(d instanceof HTMLDetailsElement) || !d.open || !d.dataset.events || d.dataset.loaded) return;
+  d.dataset.loaded = "yes";
+  getJSON(`/api/tasks/${encodeURIComponent(d.dataset.events)}`).then((data) => {
+    d.querySelector("div").innerHTML = stepsTable(data.steps, "");
+  }).catch(showError);
+}, true);
 
-function runsView(data) {
+// -- the route: #/?filters, #/run/ID?show=&offset=, #/task/ID --------------------------
+function route() {
+  const [path, query] = location.hash.replace(/^#/, "").split("?");
+  const params = Object.fromEntries(new URLSearchParams(query || ""));
+  const m = (path || "").match(/^\/(run|task)\/(.+)$/);
+  return m ? {view: m[1], id: decodeURIComponent(m[2]), params} : {view: "runs", id: null, params};
+}
+function go(change) {
+  const r = route();
+  const params = {...r.params, ...change};
+  for (const k of Object.keys(params)) if (params[k] === "" || params[k] === null || params[k] === undefined || (k === "offset" && Number(params[k]) === 0)) delete params[k];
+  const q = new URLSearchParams(params).toString();
+  location.hash = (r.view === "runs" ? "/" : `/${r.view}/${encodeURIComponent(r.id)}`) + (q ? "?" + q : "");
+}
+function pager(total, offset, limit) {
+  offset = Number(offset) || 0;
+  const last = Math.min(offset + limit, total);
+  return `<div class="pager" data-total="${total}" data-offset="${offset}">
+    <button data-page="${Math.max(offset - limit, 0)}" ${offset <= 0 ? "disabled" : ""}>‹ newer</button>
+    <span>${total ? offset + 1 : 0}–${last} of ${total}</span>
+    <button data-page="${offset + limit}" ${last >= total ? "disabled" : ""}>older ›</button></div>`;
+}
+
+// -- runs -------------------------------------------------------------------------------
+const RUNS_PAGE = 50;
+function runsView(data, p) {
   const rows = data.runs.map((r) => `<tr data-root="${esc(r.root_id)}" data-status="${esc(r.status)}">
     <td>${idLink("run", r.root_id)}</td><td>${status(r.status)}${r.reason ? ` <span class="reason">${esc(r.reason)}</span>` : ""}</td>
-    <td>${esc(r.goal)}</td><td class="id">${esc(r.plan_id)}</td><td>${fmtTime(r.started_at)}</td>
-    <td>${fmtDur(r.duration_s)}${r.ended_at === null ? " so far" : ""}</td>
+    <td>${esc(r.goal)}</td><td class="id">${esc(r.plan_id)}</td><td class="nowrap">${fmtTime(r.started_at)}</td>
+    <td class="nowrap">${r.ended_at === null ? since(r.started_at) : fmtDur(r.duration_s)}</td>
     <td data-tasks>${r.tasks_done}/${r.tasks_total}${r.tasks_failed ? ` (${r.tasks_failed} failed)` : ""}</td>
     <td>${(r.input_tokens + r.output_tokens).toLocaleString()}</td></tr>`).join("");
-  return `<h2>Runs <span class="muted">(${data.runs.length})</span></h2>
+  const opt = (v) => `<option value="${v}" ${p.status === v ? "selected" : ""}>${v || "any status"}</option>`;
+  const day = (t) => t ? new Date(Number(t) * 1000).toISOString().slice(0, 10) : "";
+  return `<form id="filters" class="filters">
+    <select name="status">${["", "running", "awaiting_approval", "completed", "failed", "halted"].map(opt).join("")}</select>
+    <input name="q" placeholder="goal contains…" value="${esc(p.q)}">
+    <input name="plan" placeholder="plan id contains…" value="${esc(p.plan)}">
+    <input name="agent" placeholder="agent id" value="${esc(p.agent)}">
+    <label>from <input type="date" name="since" value="${day(p.since)}"></label>
+    <label>to <input type="date" name="until" value="${day(p.until ? Number(p.until) - 86399 : "")}"></label>
+    <button type="submit">Filter</button> <a href="#/">clear</a></form>
+    <h2>Runs <span class="muted" id="runs-count" data-total="${data.total}">(${data.total} matching)</span></h2>
+    ${pager(data.total, data.offset, RUNS_PAGE)}
     <table id="runs"><thead><tr><th>root</th><th>status</th><th>goal</th><th>plan</th><th>started</th>
     <th>duration</th><th>tasks</th><th>tokens</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
+document.addEventListener("submit", (e) => {
+  if (!(e.target instanceof HTMLFormElement) || e.target.id !== "filters") return;
+  e.preventDefault();
+  const f = new FormData(e.target);
+  const t = (v, end) => v ? String(Date.parse(v + "T00:00:00Z") / 1000 + (end ? 86399 : 0)) : "";
+  go({status: f.get("status"), q: f.get("q"), plan: f.get("plan"), agent: f.get("agent"),
+      since: t(f.get("since")), until: t(f.get("until"), true), offset: 0});
+});
 
-function timelineRows(t) {
-  const steps = [...t.run.map((s) => ({...s, task: t.root_id}))];
-  const walk = (n) => { for (const s of n.steps) steps.push({...s, task: n.task_id}); n.children.forEach(walk); };
-  t.tasks.forEach(walk);
-  steps.sort((a, b) => a.position - b.position);
-  return steps.map((s) => `<tr data-position="${s.position}"><td>${esc(s.at.slice(11, 23))}</td>
-    <td class="id">${esc(s.task)}</td><td>${esc(s.kind)}${s.attempt ? " #" + s.attempt : ""}</td>
-    <td>${esc(s.agent_id)}</td><td>${s.status ? status(s.status) : ""}</td>
-    <td>${s.reason ? `<span class="reason">${esc(s.reason)}</span>` : `<span class="muted">${esc(s.detail)}</span>`}</td></tr>`).join("");
+// -- a run: summary, actions, filters, dependency graph, Gantt, paged task table ----------
+function graph(t) {
+  // the plan's dependencies among the tasks shown: layers top-down by longest path
+  const nodes = [];
+  const walk = (n) => { nodes.push(n); (n.children || []).forEach(walk); };
+  (t.tasks || []).forEach(walk);
+  if (!nodes.length) return "";
+  const byId = Object.fromEntries(nodes.map((n) => [n.task_id, n]));
+  const layer = {};
+  const depth = (n, seen) => {
+    if (layer[n.task_id] !== undefined) return layer[n.task_id];
+    if (seen.has(n.task_id)) return 0;
+    seen.add(n.task_id);
+    const parents = [...(n.deps || []), ...(n.parent_id && byId[n.parent_id] ? [n.parent_id] : [])].filter((d) => byId[d]);
+    const l = parents.length ? 1 + Math.max(...parents.map((d) => depth(byId[d], seen))) : 0;
+    return (layer[n.task_id] = l);
+  };
+  nodes.forEach((n) => depth(n, new Set()));
+  const W = 168, H = 26, GX = 12, GY = 30, PER = 7;
+  const pos = {}, rows = [];
+  let y = 6;
+  const maxL = Math.max(...Object.values(layer));
+  for (let l = 0; l <= maxL; l++) {
+    const here = nodes.filter((n) => layer[n.task_id] === l);
+    here.forEach((n, i) => { pos[n.task_id] = {x: 6 + (i % PER) * (W + GX), y: y + Math.floor(i / PER) * (H + 8)}; });
+    y += Math.ceil(here.length / PER) * (H + 8) + GY - 8;
+  }
+  const edges = [];
+  for (const n of nodes) {
+    const to = pos[n.task_id];
+    for (const d of n.deps || []) {
+      const from = pos[d];
+      if (from) edges.push(`<line class="edge" data-from="${esc(d)}" data-to="${esc(n.task_id)}" x1="${from.x + W / 2}" y1="${from.y + H}" x2="${to.x + W / 2}" y2="${to.y}"/>`);
+      else edges.push(`<text class="ext" x="${to.x}" y="${to.y - 2}">↑ ${esc(d)}</text>`);
+    }
+    if (n.parent_id && pos[n.parent_id]) {
+      const from = pos[n.parent_id];
+      edges.push(`<line class="edge sub" x1="${from.x + W / 2}" y1="${from.y + H}" x2="${to.x + W / 2}" y2="${to.y}"/>`);
+    }
+  }
+  const boxes = nodes.map((n) => { const p = pos[n.task_id];
+    return `<a href="#/task/${encodeURIComponent(n.task_id)}"><g class="node" data-task="${esc(n.task_id)}" data-status="${esc(n.status)}">
+      <rect class="${esc(n.status || "open")}" x="${p.x}" y="${p.y}" width="${W}" height="${H}" rx="4"/>
+      <text x="${p.x + 6}" y="${p.y + 17}">${esc((n.capability || "?") + " · " + n.task_id).slice(0, 26)}</text>
+      <title>${esc(n.task_id + " — " + n.status + (n.deps && n.deps.length ? " after " + n.deps.join(", ") : ""))}</title></g></a>`; }).join("");
+  const width = Math.min(nodes.length, PER) * (W + GX) + 12;
+  return `<svg id="graph" width="${width}" height="${y}" viewBox="0 0 ${width} ${y}">${edges.join("")}${boxes}</svg>`;
 }
-
-function runView(data) {
-  const r = data.run || {}, t = data.timeline;
-  const span = Math.max(t.end - t.start, 1e-3);
+function tasksTable(data) {
+  const r = data.run || {};
   const waiting = new Set(r.waiting || []);
-  const tasks = data.tasks.map((k) => {
-    const node = findNode(t.tasks, k.task_id) || {start: t.start, end: t.end};
-    const left = ((node.start - t.start) / span) * 100, width = Math.max(((node.end - node.start) / span) * 100, 0.5);
+  return data.tasks.map((k) => {
+    const live = RUNNING.includes(k.status) || WAITING.includes(k.status);
+    const reason = k.status === "completed" ? "" : k.reason;  // a standby's "result_ignored" is no reason
     return `<tr data-task="${esc(k.task_id)}" data-status="${esc(k.status)}">
       <td>${idLink("task", k.task_id)}</td><td>${esc(k.capability)}</td><td>${esc(k.agent_id)}</td>
-      <td>${status(k.status)}</td><td>${k.attempts}</td><td class="reason">${esc(k.reason)}</td>
-      <td><div class="bar"><span class="s-${esc(k.status)}" style="left:${left}%;width:${width}%"></span></div></td>
-      <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? buttons(k.task_id) : ""}</td></tr>`;
+      <td>${status(k.status)}</td><td>${k.attempts}</td>
+      <td class="nowrap">${live ? since(k.updated_at, RUNNING.includes(k.status) ? "running" : "waiting") : ""}</td>
+      <td class="reason">${esc(reason)}</td>
+      <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id) : ""}</td>
+      <td><details data-events="${esc(k.task_id)}"><summary>events</summary><div>loading…</div></details></td></tr>`;
   }).join("");
-  return `<h2>Run <span class="id">${esc(t.root_id)}</span></h2>
+}
+function runView(data) {
+  const r = data.run || {}, t = data.timeline, c = data.counts || {};
+  const sum = (xs) => xs.reduce((a, s) => a + (c[s] || 0), 0);
+  const all = Object.values(c).reduce((a, b) => a + b, 0);
+  const tabs = [["all", all], ["failed", sum(["failed", "halted", "cancelled"])], ["waiting", sum(WAITING)], ["running", sum(RUNNING)]]
+    .map(([k, n]) => `<button class="tab ${data.show === k ? "on" : ""}" data-show="${k}">${k} (${n})</button>`).join("");
+  const open = r.status === "running" || r.status === "awaiting_approval";
+  const end = r.ended_at || now();
+  return `<h2>Run <span class="id">${esc(data.root_id)}</span></h2>
     <p id="run-status" data-status="${esc(r.status)}">${status(r.status)} ${r.reason ? `<span class="reason">${esc(r.reason)}</span>` : ""}
     · ${esc(r.goal)} · plan <span class="id">${esc(r.plan_id)}</span> · started ${fmtTime(r.started_at)}
-    · ${fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${(r.input_tokens + r.output_tokens).toLocaleString()} tokens
-    · ${t.events} events</p>
-    <h2>Tasks</h2><table id="tasks"><thead><tr><th>task</th><th>capability</th><th>agent</th><th>status</th>
-    <th>attempts</th><th>reason</th><th>when</th><th></th></tr></thead><tbody>${tasks}</tbody></table>
-    <h2>Timeline</h2><table id="timeline"><thead><tr><th>time</th><th>task</th><th>step</th><th>agent</th>
-    <th>status</th><th>reason</th></tr></thead><tbody>${timelineRows(t)}</tbody></table>`;
+    · ${open ? since(r.started_at) : fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${((r.input_tokens || 0) + (r.output_tokens || 0)).toLocaleString()} tokens</p>
+    <p class="actions">${open ? `<input id="cancel-note" placeholder="why (optional)"> <button class="deny" data-cancel="${esc(data.root_id)}" id="cancel">Cancel run</button>` : ""}
+      <a id="download-replay" href="${url(`/api/runs/${encodeURIComponent(data.root_id)}/replay.html`)}" download>Download HTML replay</a>
+      · <a id="download-traces" href="${url(`/api/runs/${encodeURIComponent(data.root_id)}/traces.json`)}" download>Export trace spans (JSON)</a>
+      <span id="action-result" class="muted">${esc(actionResult[data.root_id] || "")}</span></p>
+    <div class="tabs" id="show">${tabs}</div>
+    ${t ? `<h2>Dependencies <span class="muted">(tasks shown)</span></h2><div class="graph-wrap">${graph(t)}</div>` : ""}
+    <h2>Attempts</h2><div class="cb-gantt">${LEGENDS}<div id="gantt" data-start="${r.started_at}" data-end="${end}"></div></div>
+    <h2>Tasks</h2>${pager(data.total, data.offset, data.limit)}
+    <table id="tasks"><thead><tr><th>task</th><th>capability</th><th>agent</th><th>status</th>
+    <th>att</th><th>for</th><th>reason</th><th></th><th></th></tr></thead><tbody>${tasksTable(data)}</tbody></table>
+    ${t && t.run && t.run.length ? `<details id="run-events"><summary>the run's own events (${t.run.length})</summary>${stepsTable(t.run.map((s) => ({position: s.position, time: s.time, type: s.kind, actor: s.actor, reason: s.reason || s.detail, data: s.payload})), "")}</details>` : ""}`;
 }
-function findNode(nodes, id) {
-  for (const n of nodes) { if (n.task_id === id) return n; const c = findNode(n.children, id); if (c) return c; }
-  return null;
+function drawGantt(data) {
+  const el = document.getElementById("gantt");
+  if (!el || !data.timeline) return;
+  const r = data.run || {};
+  const end = r.ended_at || Math.max(now(), data.timeline.end);
+  cardbusGantt(data.timeline, el, {start: Math.min(r.started_at || data.timeline.start, data.timeline.start), end: end,
+    link: (id) => "#/task/" + encodeURIComponent(id)});
 }
 
-function taskView(data) {
-  const k = data.task;
-  const steps = data.steps.map((s) => `<tr data-position="${s.position}"><td>${fmtTime(s.time)}</td>
-    <td>${esc(s.type)}${s.attempt ? " #" + s.attempt : ""}</td><td>${esc(s.agent_id || s.actor)}</td>
+// -- a task: inputs as planned and as received, output, calls, steps ----------------------
+function stepsTable(steps, id) {
+  const rows = steps.map((s) => `<tr data-position="${s.position}"><td class="nowrap">${fmtTime(s.time)}</td>
+    <td>${esc(s.type)}${s.attempt ? " #" + s.attempt : ""}</td><td>${esc(s.agent_id || s.actor)}</td><td class="muted">${esc(s.actor)}</td>
     <td class="reason">${esc(s.reason)}</td>
     <td><details><summary>data</summary>${json(s.data)}</details></td></tr>`).join("");
+  return `<table ${id ? `id="${id}"` : ""} class="steps"><thead><tr><th>time</th><th>event</th><th>agent</th><th>actor</th><th>reason</th><th></th></tr></thead>
+    <tbody>${rows}</tbody></table>`;
+}
+function receivedInputs(data) {
+  const got = data.received || [];
+  if (!got.length) return `<p class="muted">not dispatched yet</p>`;
+  return got.map((d) => `<div class="received" data-attempt="${d.attempt}" data-agent="${esc(d.agent_id)}">
+    <div class="muted">attempt #${d.attempt} · ${esc(d.agent_id)} · sha256 ${esc((d.digest || "").slice(0, 12))}${d.trimmed ? " · trimmed to fit the agent's context" : ""}</div>
+    ${d.inputs === null || d.inputs === undefined ? `<p class="muted">not kept in the log (${d.bytes || "?"} bytes): only its digest</p>` : json(d.inputs)}</div>`).join("");
+}
+function taskView(data) {
+  const k = data.task;
   return `<h2>Task <span class="id">${esc(k.task_id)}</span></h2>
     <p id="task-status" data-status="${esc(k.status)}">${status(k.status)} · ${esc(k.capability)} · run ${idLink("run", k.root_id)}
     ${k.agent_id ? "· agent " + esc(k.agent_id) : ""} · attempts ${k.attempts}
-    ${k.reason ? `· <span class="reason">${esc(k.reason)}</span>` : ""}</p>
-    ${k.status === "awaiting_approval" ? `<p>${buttons(k.task_id)}</p>` : ""}
-    <h2>Goal</h2><p>${esc(k.goal)}</p>
-    <h2>Inputs</h2><div id="task-input">${json(k.input)}</div>
+    ${RUNNING.includes(k.status) || WAITING.includes(k.status) ? " · " + since(k.updated_at, k.status === "awaiting_approval" ? "waiting for approval" : "in " + k.status) : ""}
+    ${k.reason && k.status !== "completed" ? `· <span class="reason">${esc(k.reason)}</span>` : ""}</p>
+    ${k.status === "awaiting_approval" ? `<p>${approvalButtons(k.task_id)}</p>` : ""}
+    <h2>Goal</h2><p id="task-goal">${esc(k.goal || data.run_goal || "")}${!k.goal && data.run_goal ? ` <span class="muted">(the run's goal)</span>` : ""}</p>
+    <div class="io"><div><h2>Inputs as planned</h2><div id="task-input">${json(k.input)}</div></div>
+    <div><h2>Inputs the agent received</h2><div id="task-received">${receivedInputs(data)}</div></div></div>
     <h2>Output</h2><div id="task-output">${json(k.output)}</div>
     ${callsTable(data.calls)}
-    <h2>Steps</h2><table id="steps"><thead><tr><th>time</th><th>event</th><th>by</th><th>reason</th><th></th></tr></thead>
-    <tbody>${steps}</tbody></table>`;
+    <h2>Steps</h2>${stepsTable(data.steps, "steps")}`;
 }
 
 function short(v, k) {
   const s = typeof v === "string" ? v : JSON.stringify(v);
-  const one = (s || "").split(/\\s+/).join(" ").trim();
+  const one = (s || "").split(/\s+/).join(" ").trim();
   return one.length > (k || 60) ? one.slice(0, (k || 60) - 1) + "…" : one;
 }
 function promptText(c) {
@@ -244,32 +432,38 @@ function callsTable(calls) {
     <th>live / replayed</th><th>key</th><th>prompt / arguments</th><th>answer / result</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
 
-let source = null, sourceKey = null, timer = null, current = null;
+let source = null, sourceKey = null, timer = null, last = null;
 function showError(e) { document.getElementById("error").textContent = e ? String(e.message || e) : ""; }
-function route() {
-  const m = location.hash.match(/^#\\/(run|task)\\/(.+)$/);
-  return m ? {view: m[1], id: decodeURIComponent(m[2])} : {view: "runs", id: null};
-}
 async function refresh() {
   const r = route();
   try {
     let d, html, root = null;
-    if (r.view === "run") { d = await getJSON(`/api/runs/${encodeURIComponent(r.id)}`); html = runView(d); root = d.timeline.root_id; }
-    else if (r.view === "task") { d = await getJSON(`/api/tasks/${encodeURIComponent(r.id)}`); html = taskView(d); root = d.task.root_id; }
-    else { d = await getJSON("/api/runs", {limit: 200}); html = runsView(d); }
-    const open = [...document.querySelectorAll("details[open]")].map((d) => d.dataset.key ? "key:" + d.dataset.key : d.closest("tr")?.dataset.position);
+    if (r.view === "run") {
+      d = await getJSON(`/api/runs/${encodeURIComponent(r.id)}`, {show: r.params.show, offset: r.params.offset});
+      html = runView(d); root = d.root_id;
+    } else if (r.view === "task") { d = await getJSON(`/api/tasks/${encodeURIComponent(r.id)}`); html = taskView(d); root = d.task.root_id; }
+    else { d = await getJSON("/api/runs", {...r.params, limit: RUNS_PAGE}); html = runsView(d, r.params); }
+    if (d.now) skew = d.now - Date.now() / 1000;
+    const open = [...document.querySelectorAll("details[open]")].map((x) => x.dataset.key ? "key:" + x.dataset.key : x.dataset.events ? "ev:" + x.dataset.events : x.closest("tr")?.dataset.position);
+    const focus = document.activeElement && document.activeElement.matches("input") ? [document.activeElement.dataset.note || document.activeElement.id, document.activeElement.value] : null;
+    const notes = Object.fromEntries([...document.querySelectorAll("input[data-note]")].map((i) => [i.dataset.note, i.value]));
     document.getElementById("view").innerHTML = html;
+    if (r.view === "run") drawGantt(d);
+    for (const [id, v] of Object.entries(notes)) { const i = document.querySelector(`input[data-note="${CSS.escape(id)}"]`); if (i) i.value = v; }
+    if (focus) { const i = document.querySelector(`input[data-note="${CSS.escape(focus[0] || "")}"]`) || document.getElementById(focus[0] || ""); if (i) { i.value = focus[1]; i.focus(); } }
     for (const p of open) {
-      const d = p && p.startsWith("key:") ? document.querySelector(`details[data-key="${p.slice(4)}"]`)
+      const x = p && p.startsWith("key:") ? document.querySelector(`details[data-key="${p.slice(4)}"]`)
+        : p && p.startsWith("ev:") ? document.querySelector(`details[data-events="${CSS.escape(p.slice(3))}"]`)
         : document.querySelector(`tr[data-position="${p}"] details`);
-      d?.setAttribute("open", "");
+      x?.setAttribute("open", "");
     }
     document.body.dataset.view = r.view;
+    document.body.dataset.rendered = String(performance.now());
     showError(null);
     listen(root, d.position);
   } catch (e) { showError(e); }
 }
-function schedule() { clearTimeout(timer); timer = setTimeout(refresh, 100); }
+function schedule() { clearTimeout(timer); timer = setTimeout(refresh, 150); }
 function listen(root, position) {
   const key = root || "*";
   if (source && sourceKey === key) return;
@@ -282,9 +476,14 @@ function listen(root, position) {
   source.onerror = () => { live.textContent = "reconnecting…"; live.className = ""; document.body.dataset.live = "no"; };
   source.addEventListener("append", schedule);
 }
+const op = document.getElementById("operator");
+op.value = localStorage.getItem("cardbus-operator") || "ui";
+op.addEventListener("change", () => localStorage.setItem("cardbus-operator", op.value));
 window.addEventListener("hashchange", refresh);
 refresh();
-</script>
+"""
+    + """</script>
 </body>
 </html>
-"""  # noqa: E501 - the page's lines are HTML and JS, kept as written
+"""
+)  # the page's lines are HTML and JS, kept as written
