@@ -871,10 +871,7 @@ class Decider:
                 ev.RunFailed(
                     reason="planning_failed",
                     failed_tasks=[planner.task_id],
-                    detail=(
-                        f"the planning task {planner.state}: {planner.reason}"
-                        + "".join(f"; rejected by {r}" for r in planner.rejections)
-                    )[:2000],
+                    detail=planning.planning_failure(planner)[:2000],
                 ),
             )
             return

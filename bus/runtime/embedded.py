@@ -192,7 +192,8 @@ async def plan_goal(
     agents = with_planner(agents)
     store = MemoryEventStore()
     bus = InProcessBus()
-    orchestrator = Orchestrator(store, bus, policy)
+    # an LLM planner's model calls are journaled: requests are served, as in a run
+    orchestrator = Orchestrator(store, bus, policy, serve_requests=True)
     done = asyncio.Event()
     root: list[str] = []
 
