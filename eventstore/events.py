@@ -314,6 +314,7 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # set when the plan was a goal alone: the tasks come from a planner (plan.* events)
     planning: PlanningSpec | None = None
     agents: list[str] = []  # the run's named agents: selection considers only them ([]: all)
+    agent_paths: list[str] = []  # the plan's agents by import path ("module:Class"), for fork
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):

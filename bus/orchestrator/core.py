@@ -218,8 +218,12 @@ class Orchestrator:
 
     # -- lifecycle -----------------------------------------------------------
 
-    async def start(self) -> None:
-        """Rebuild state from the log, then follow the log, the bus and the clock."""
+    async def start(self, agents: Iterable[AgentCard] = ()) -> None:
+        """Rebuild state from the log, then follow the log, the bus and the clock.
+
+        ``agents``: cards registered (as :meth:`register`, live while this runs)
+        before any open run is resumed, so a resumed run finds them.
+        """
         started: dict[str, str | None] = {}  # root -> its run.started's traceparent
         loaded = (
             await _snapshot.load(self.snapshot_path, self.store) if self.snapshot_path else None
@@ -240,6 +244,8 @@ class Orchestrator:
             if len(page) < 5000:
                 break
         self._followed = self.state.position
+        for card in agents:  # before the open runs are looked at
+            await self.register(card)
         for root in self.state.open:  # runs resumed from the log rejoin their traces
             self.tracing.resume_run(root, started.get(root))
         await self._started()
@@ -409,10 +415,17 @@ class Orchestrator:
         if admission.card is not None:
             await self.register(admission.card, lease_s, replica_id)
 
-    async def submit(self, plan: Plan | Mapping[str, Any], agents: Iterable[str] = ()) -> str:
+    async def submit(
+        self,
+        plan: Plan | Mapping[str, Any],
+        agents: Iterable[str] = (),
+        agent_paths: Iterable[str] = (),
+    ) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
         ``agents``: the run's agents (ids); selection considers only them (none: all).
+        ``agent_paths``: their classes ("module:Class", default ``plan.agents``), kept in
+        ``run.started`` so ``cardbus fork`` runs a fork on them.
 
         The same plan id runs once.
         """
@@ -440,6 +453,7 @@ class Orchestrator:
             session=plan.session,
             planning=planning_spec(plan, self.policy) if goal_only else None,
             agents=sorted(set(agents)),
+            agent_paths=list(agent_paths) or list(plan.agents),
         )
         created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
         # refuse what the log would refuse before writing anything, not half-way
@@ -593,8 +607,9 @@ class Orchestrator:
         plan: Plan | Mapping[str, Any],
         timeout: float | None = None,
         agents: Iterable[str] = (),
+        agent_paths: Iterable[str] = (),
     ) -> RunResult:
-        return await self.wait(await self.submit(plan, agents), timeout)
+        return await self.wait(await self.submit(plan, agents, agent_paths), timeout)
 
     async def approve(self, task_id: str, by: str = "api", note: str = "") -> None:
         await answer_approval(self.store, task_id, True, by, note)

@@ -107,9 +107,9 @@ class EmbeddedRuntime:
         tune_gc()
         self._mcp = await start_mcp(self.mcp_servers, self.tools)
         try:
-            await self.orchestrator.start()
+            # its agents are registered before the open runs it finds are resumed
+            await self.orchestrator.start(agents=[w.agent.card() for w in self.workers])
             for w in self.workers:
-                await self.orchestrator.register(w.agent.card())
                 await w.start()
         except BaseException:
             await self._stop_mcp()
@@ -141,9 +141,19 @@ class EmbeddedRuntime:
         require_started(self, self._state)  # NotStarted outside `async with`
         # the run's agents are this runtime's: none registered by an earlier process is chosen
         agents = [w.agent.agent_id for w in self.workers]
-        result = await self.orchestrator.run(plan_of(plan), timeout, agents=agents)
+        result = await self.orchestrator.run(
+            plan_of(plan), timeout, agents=agents, agent_paths=self.agent_paths()
+        )
         await self.keeper.settle(result.root_id)
         return result
+
+    def agent_paths(self) -> list[str]:
+        """Its agents' classes as "module:Class" (those importable by that name)."""
+        return [
+            f"{cls.__module__}:{cls.__qualname__}"
+            for w in self.workers
+            if "<" not in (cls := w.agent).__qualname__ and cls.__module__ != "__main__"
+        ]
 
 
 def with_planner(agents: Sequence[type[Agent]]) -> list[type[Agent]]:
