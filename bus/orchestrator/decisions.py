@@ -667,8 +667,12 @@ class Decider:
             embedder=self.embedder,
             weights=self.policy.weights,
             exclude=frozenset(task.excluded),
-            penalty=lambda agent: self.state.failure_penalty(
-                agent, c.capability, self.now, self.policy.failure_half_life_s
+            penalty=lambda agent: (
+                1.0  # this task failed on it in this run: a retry prefers another agent
+                if agent in task.failed_on
+                else self.state.failure_penalty(
+                    agent, c.capability, self.now, self.policy.failure_half_life_s
+                )
             ),
         )
         if not candidates:
