@@ -219,6 +219,10 @@ class Decider:
                     if len(results) == len(task.dispatched_to):
                         self._settle_fanout(task, results)
                     return
+                if reply.needs_retry:  # the agent asks for another attempt: honoured
+                    detail = reply.notes or "the agent asked for a retry"
+                    self._fail_attempt(task, "needs_retry", detail)
+                    return
                 self._accept_output(task, reply.agent_id, reply.output, reply.confidence)
 
     def _redelivered(self, task: TaskView, reply: Started | ResultCard) -> None:
