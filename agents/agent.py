@@ -148,6 +148,9 @@ class TaskContext(TaskServices):
         self._reported = False
         self.confidence = 1.0
         self.notes = ""
+        # the output is given, but the agent asks for another attempt (its notes say why);
+        # the orchestrator retries under reason needs_retry while attempts remain
+        self.needs_retry = False
         self.input_tokens = 0
         self.output_tokens = 0
 
@@ -289,6 +292,7 @@ class Agent:
             **base,
             status=status,
             confidence=_confidence(ctx.confidence),
+            needs_retry=status == "completed" and ctx.needs_retry is True,
             notes=_text(ctx.notes),
             usage=_usage(ctx),
             duration_s=time.monotonic() - start,

@@ -271,6 +271,9 @@ def _same(a: Any, b: Any) -> bool:
 
 
 _SUBJECT_FIELDS = {"topic", "subject", "query", "theme", "keywords", "search"}
+#: inputs that take the goal's own words: these names, or a schema with ``"x-free-text": true``
+_FREE_TEXT_FIELDS = {"goal", "text", "prompt", "question", "request", "instructions", "message"}
+FREE_TEXT_KEY = "x-free-text"
 _SUBJECT = re.compile(r"\b(?:about|on|regarding|concerning)\s+(.+)", re.I)
 
 
@@ -281,11 +284,27 @@ def goal_subject(goal: str) -> str:
     return subject.strip().rstrip(".!?;:").strip() or goal.strip()
 
 
+def takes_free_text(field: str, schema: Any) -> bool:
+    """An input the goal's words may fill: a string named like one (``topic``, ``goal``,
+    ``text``, ...) or declared so (``"x-free-text": true`` in its schema,
+    ``Annotated[str, msgspec.Meta(extra_json_schema={"x-free-text": True})]``)."""
+    if not isinstance(schema, dict) or schema.get("type") != "string":
+        return False
+    declared = schema.get(FREE_TEXT_KEY)
+    if declared is not None:
+        return bool(declared)
+    return field in _SUBJECT_FIELDS or field in _FREE_TEXT_FIELDS
+
+
 # -- the rule planner ---------------------------------------------------------------------
 
 
 class _Unplannable(Exception):
-    pass
+    """No chain; ``missing``: the inputs nobody provides (field -> the capability asking)."""
+
+    def __init__(self, message: str, missing: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.missing = dict(missing or {})
 
 
 class _Chain:
@@ -295,7 +314,7 @@ class _Chain:
         self.request = request
         self.caps = caps
         self.subject = goal_subject(request.goal)
-        self.tasks: dict[str, ProposedTask] = {}  # capability name -> task (id = name)
+        self.tasks: dict[str, ProposedTask] = {}  # task id -> task (id = capability, or scoped)
         self.similarity = dict(
             zip(
                 caps,
@@ -312,27 +331,81 @@ class _Chain:
         other.tasks = dict(self.tasks)
         return other
 
-    def build(self, name: str, stack: tuple[str, ...] = (), goal: str | None = None) -> str:
-        if name in self.tasks:
+    def build(
+        self,
+        name: str,
+        stack: tuple[str, ...] = (),
+        goal: str | None = None,
+        scope: str = "",
+    ) -> str:
+        """Plan capability ``name`` (and what it needs); its task id.
+
+        ``scope``: the input this task feeds, when the session gives fields for it
+        alone (``"<scope>.<field>"``): the task is ``<name>_<scope>``, one of several
+        of the same capability with different inputs.
+        """
+        if not scope and name in self.tasks:
             return name
         cap = self.caps[name]
         props, required, defs = _shape(cap.input_schema)
         inputs: dict[str, Any] = {}
         deps: list[str] = []
+        missing: dict[str, str] = {}
         for field in [*required, *(p for p in props if p not in required)]:
-            value = self._source(
-                name, field, props.get(field, {}), defs, field in required, (*stack, name)
-            )
+            try:
+                value = self._source(
+                    name,
+                    field,
+                    props.get(field, {}),
+                    defs,
+                    field in required,
+                    (*stack, name),
+                    scope,
+                )
+            except _Unplannable as e:
+                if not e.missing:
+                    raise
+                missing.update(e.missing)
+                continue
             if value is _NONE:
                 continue
             inputs[field] = value
-            if isinstance(value, dict) and "$dep" in value and value["$dep"] not in deps:
-                deps.append(value["$dep"])
+            for ref in _dep_refs(value):
+                if ref not in deps:
+                    deps.append(ref)
+        if missing:
+            raise _Unplannable(f"{name}: no value for {sorted(missing)}", missing)
         text = goal or f"{cap.description or cap.name}: {self.subject}"
-        self.tasks[name] = ProposedTask(
-            id=name, capability=name, goal=text, inputs=inputs, deps=deps
+        task_id = f"{name}_{scope}" if scope else name
+        for planned in self.tasks.values():  # the same capability with the same inputs: reuse
+            if planned.capability == name and planned.inputs == inputs and goal is None:
+                return planned.id
+        self.tasks[task_id] = ProposedTask(
+            id=task_id, capability=name, goal=text, inputs=inputs, deps=deps
         )
-        return name
+        return task_id
+
+    def _session(self, field: str, schema: Any, defs: dict[str, Any], scope: str) -> Any:
+        """The session's value for ``field`` (``<scope>.<field>`` first) if its type fits."""
+        session = self.request.session
+        for key in ([f"{scope}.{field}"] if scope else []) + [field]:
+            if key not in session:
+                continue
+            value = session[key]
+            full = {**schema, "$defs": defs}
+            if not schema_errors(value, full):
+                return value
+            if isinstance(value, str):  # `--input n=3` gives text: the JSON it spells
+                try:
+                    decoded = json.loads(value)
+                except ValueError:
+                    continue
+                if not schema_errors(decoded, full):
+                    return decoded
+        return _NONE
+
+    def _scoped(self, field: str) -> bool:
+        return any(k.startswith(f"{field}.") for k in self.request.session)
 
     def _source(
         self,
@@ -342,14 +415,17 @@ class _Chain:
         defs: dict[str, Any],
         required: bool,
         stack: tuple[str, ...],
+        scope: str = "",
     ) -> Any:
         wanted = _sig(schema, defs)
-        session = self.request.session
-        if field in session and not schema_errors(session[field], {**schema, "$defs": defs}):
-            return session[field]
-        for planned in self.tasks:  # an output already planned, matched by field name
-            if self._yields(planned, field, wanted):
-                return {"$dep": planned, "path": field}
+        given = self._session(field, schema, defs, scope)
+        if given is not _NONE:
+            return given
+        scoped = self._scoped(field)
+        if not scoped:
+            for planned, task in self.tasks.items():  # an output already planned, by field name
+                if self._yields(task.capability, field, wanted):
+                    return {"$dep": planned, "path": field}
         if not required:
             return _NONE
         options = []
@@ -358,32 +434,55 @@ class _Chain:
                 continue
             if self._yields(other, field, wanted):
                 options.append((other, field))
+            elif self._is_output(other, wanted):  # the whole output fits the input
+                options.append((other, ""))
             elif other == field:  # the capability named like the input: its one fitting field
                 fits = self._fitting(other, wanted)
                 if len(fits) == 1:
                     options.append((other, fits[0]))
-        best = self._cheapest(options, stack)
+        best = self._cheapest(options, stack, field if scoped else "")
         if best is not None:
             return best
-        if wanted.get("type") == "string" if isinstance(wanted, dict) else False:
+        if takes_free_text(field, wanted if isinstance(wanted, dict) else {}):
             return self.subject if field in _SUBJECT_FIELDS else self.request.goal
+        if self._needs_user(options, stack, field if scoped else ""):
+            raise _Unplannable(f"{name}: no value for {field!r}", self._missing)
+        if not options and _is_scalar(wanted):  # only the user can say: ask for it
+            raise _Unplannable(f"{name}: no value for {field!r}", {field: name})
         raise _Unplannable(f"{name}: nothing provides its required input {field!r}")
 
-    def _cheapest(self, options: list[tuple[str, str]], stack: tuple[str, ...]) -> Any:
+    def _needs_user(
+        self, options: list[tuple[str, str]], stack: tuple[str, ...], scope: str
+    ) -> bool:
+        """Some option failed only for inputs the user can give (kept in ``_missing``)."""
+        best: dict[str, str] | None = None
+        for other, _path in options:
+            trial = self.copy()
+            try:
+                trial.build(other, stack, scope=scope)
+            except _Unplannable as e:
+                if e.missing and (best is None or len(e.missing) < len(best)):
+                    best = e.missing
+        self._missing = best or {}
+        return best is not None
+
+    def _cheapest(
+        self, options: list[tuple[str, str]], stack: tuple[str, ...], scope: str = ""
+    ) -> Any:
         """Of the capabilities that could feed an input, the one adding the fewest tasks."""
         scored = []
         for other, path in options:
             trial = self.copy()
             try:
-                trial.build(other, stack)
+                trial.build(other, stack, scope=scope)
             except _Unplannable:
                 continue
             scored.append((len(trial.tasks), -self.similarity.get(other, 0.0), other, path))
         if not scored:
             return None
         _, _, other, path = min(scored)
-        self.build(other, stack)
-        return {"$dep": other, "path": path}
+        task_id = self.build(other, stack, scope=scope)
+        return {"$dep": task_id, "path": path} if path else {"$dep": task_id}
 
     def _allowed(self) -> list[str]:
         allowed = self.request.limits.capabilities
@@ -392,6 +491,13 @@ class _Chain:
     def _yields(self, cap: str, field: str, wanted: Any) -> bool:
         props, _, defs = _shape(self.caps[cap].output_schema)
         return field in props and _same(_sig(props[field], defs), wanted)
+
+    def _is_output(self, cap: str, wanted: Any) -> bool:
+        """The capability's whole output has the type the input wants (an object type)."""
+        schema = self.caps[cap].output_schema
+        if not schema or not isinstance(wanted, dict) or wanted.get("type") != "object":
+            return False
+        return _same(_sig(schema, schema.get("$defs", {})), wanted)
 
     def _fitting(self, cap: str, wanted: Any) -> list[str]:
         props, _, defs = _shape(self.caps[cap].output_schema)
@@ -417,6 +523,27 @@ class _Chain:
 _NONE = object()
 
 
+def _is_scalar(wanted: Any) -> bool:
+    return isinstance(wanted, dict) and wanted.get("type") in (
+        "string",
+        "integer",
+        "number",
+        "boolean",
+    )
+
+
+def _ask_for(missing: dict[str, str]) -> str:
+    """How to give the inputs nobody provides: one sentence naming each."""
+    names = sorted(missing)
+    asked = ", ".join(f"{f!r} (of {missing[f]!r})" for f in names)
+    flags = " ".join(f"--input {f}=..." for f in names)
+    return (
+        f"no value for the inputs {asked}: the goal's words fill only inputs that take free"
+        f" text; give them with {flags} (cardbus plan, cardbus run --goal), or in the plan"
+        ' file\'s "session" with "session_fields"'
+    )
+
+
 def rule_plan(request: PlanRequest) -> PlanProposal:
     """The rule planner's plan for ``request``; ``Reject`` (``cannot_plan``) when there is none."""
     excluded = set(re.findall(r"capability '([^']+)'", " ".join(request.errors)))
@@ -429,16 +556,21 @@ def rule_plan(request: PlanRequest) -> PlanProposal:
         raise Reject("cannot_plan", "no capabilities to plan with")
     chain = _Chain(request, caps)
     problems = []
+    missing: dict[str, str] = {}
     for target in _targets(request, chain):  # the best match first; the first that can be planned
         trial = chain.copy()
         try:
             trial.build(target, goal=request.goal)
         except _Unplannable as e:
             problems.append(f"{target!r}: {e}")
+            if e.missing and not missing:
+                missing = e.missing
             continue
         chain = trial
         break
     else:
+        if missing:
+            raise Reject("cannot_plan", _ask_for(missing))
         raise Reject("cannot_plan", "no chain of capabilities reaches " + "; ".join(problems))
     tasks = list(chain.tasks.values())
     reviewer = chain.reviewer_for(target)

@@ -18,6 +18,13 @@ checkpoint; no event is applied twice and none is skipped. At the start of
 each batch the checkpoints are read again under the write lock, so two
 runners (say two CLI processes) sharing one file never apply an event twice
 either: the slower one notices, drops its cache and continues from there.
+
+Never served stale: each checkpoint keeps the hash of the last event folded.
+Before its first catch-up a runner reads the event at each checkpoint; a
+checkpoint beyond the log's end (the log's tail was cut) or at an event with
+another hash (the log was replaced or rewritten) has its projections rebuilt
+from the log, and the runner says so once in :attr:`ProjectionRunner.notices`
+(the CLI prints it as one line).
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ __all__ = ["ProjectionRunner", "ProjectionError", "dump_tables", "projection_pat
 
 _CHECKPOINTS = (
     "CREATE TABLE IF NOT EXISTS proj_checkpoints ("
-    " name TEXT PRIMARY KEY, position INTEGER NOT NULL, version INTEGER NOT NULL)"
+    " name TEXT PRIMARY KEY, position INTEGER NOT NULL, version INTEGER NOT NULL,"
+    " last_hash TEXT NOT NULL DEFAULT '')"
 )
 
 
@@ -93,6 +101,8 @@ class ProjectionRunner:
         self._models = {p.name: Model.in_sqlite(conn, p.tables) for p in self.projections}
         self._checkpoints: dict[str, int] = {}
         self._advanced = asyncio.Condition()
+        self.notices: list[str] = []  # read models found stale and rebuilt (one line each)
+        self._checked = False  # the checkpoints were checked against the log
         self._init_schema()
 
     @classmethod
@@ -131,6 +141,11 @@ class ProjectionRunner:
         c.execute("BEGIN IMMEDIATE")
         try:
             c.execute(_CHECKPOINTS)
+            columns = {row[1] for row in c.execute("PRAGMA table_info(proj_checkpoints)")}
+            if "last_hash" not in columns:  # a file from before the hashes: unknown
+                c.execute(
+                    "ALTER TABLE proj_checkpoints ADD COLUMN last_hash TEXT NOT NULL DEFAULT ''"
+                )
             stored = {
                 n: (pos, ver)
                 for n, pos, ver in c.execute("SELECT name, position, version FROM proj_checkpoints")
@@ -144,7 +159,7 @@ class ProjectionRunner:
                         c.execute(sql)
                 if p.name not in stored:
                     c.execute(
-                        "INSERT OR REPLACE INTO proj_checkpoints VALUES (?, 0, ?)",
+                        "INSERT OR REPLACE INTO proj_checkpoints VALUES (?, 0, ?, '')",
                         (p.name, p.version),
                     )
             c.execute("COMMIT")
@@ -196,6 +211,9 @@ class ProjectionRunner:
         events recorded at or before that unix time (both are for time travel,
         on a throw-away model).
         """
+        if not self._checked:
+            self._checked = True
+            await self._check_against_log()
         next_position = self.position + 1
         gc_paused = False
         try:
@@ -221,6 +239,45 @@ class ProjectionRunner:
             if gc_paused:
                 gc.enable()
         return self.position
+
+    async def _check_against_log(self) -> None:
+        """Rebuild the projections whose checkpoint the log no longer reaches, or reaches
+        at another event (a cut tail, a replaced log); each such finding is one notice."""
+        rows = {
+            n: (pos, h)
+            for n, pos, h in self.conn.execute(
+                "SELECT name, position, last_hash FROM proj_checkpoints"
+            )
+        }
+        at: dict[int, Envelope | None] = {}
+        stale: dict[str, str] = {}
+        end: int | None = None
+        for p in self.projections:
+            pos, kept = rows.get(p.name, (0, ""))
+            if pos <= 0:
+                continue
+            if pos not in at:
+                page = await self.store.read_all(pos, 1)
+                at[pos] = page[0] if page and page[0].position == pos else None
+            env = at[pos]
+            if env is None:
+                if end is None:
+                    end = (await self.store.head()).position
+                if end < pos:
+                    stale[p.name] = (
+                        f"its checkpoint (position {pos}) lies beyond the log's end ({end})"
+                    )
+            elif kept and env.hash != kept:
+                stale[p.name] = (
+                    f"the log's event at its checkpoint (position {pos}) is not the one it folded"
+                )
+        if not stale:
+            return
+        names = sorted(stale)
+        self.notices.append(
+            f"read model was stale ({stale[names[0]]}): rebuilt from the log ({', '.join(names)})"
+        )
+        await self.rebuild(names)
 
     async def follow(self) -> None:
         """Catch up, then fold new events as they are appended, until cancelled."""
@@ -310,7 +367,8 @@ class ProjectionRunner:
             for p, model, _ in active:
                 model.flush()
                 conn.execute(
-                    "UPDATE proj_checkpoints SET position = ? WHERE name = ?", (last, p.name)
+                    "UPDATE proj_checkpoints SET position = ?, last_hash = ? WHERE name = ?",
+                    (last, events[-1].hash, p.name),
                 )
             conn.execute("COMMIT")
         except BaseException:
@@ -349,7 +407,7 @@ class ProjectionRunner:
                 for spec in p.tables:
                     for sql in spec.ddl(indexes=False):
                         c.execute(sql)
-                c.execute("INSERT INTO proj_checkpoints VALUES (?, 0, ?)", (p.name, p.version))
+                c.execute("INSERT INTO proj_checkpoints VALUES (?, 0, ?, '')", (p.name, p.version))
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")

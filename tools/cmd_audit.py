@@ -104,8 +104,7 @@ def verify(
     """
     kept = decode_head(Path(head_file).read_bytes()) if head_file else None
     key = _key(key_file)
-    if kept is not None and key is not None and not signature_ok(kept, key):
-        raise ConfigError(f"the head in {head_file!r} is not signed with that key (or was edited)")
+    signature = _signature(kept, head_file, key)
     if task_id is None:
         problems, end = run(_audit(db, kept))
         scope, streams, count = "the whole log", None, end.position
@@ -114,7 +113,33 @@ def verify(
             raise click.UsageError("--head checks the whole log: leave out TASK_ID")
         streams, problems, count = run(_verify_task(db, task_id))
         scope = f"{len(streams)} stream(s) of {task_id}"
-    _report(problems, scope, task_id, streams, count, kept, as_json)
+    _report(problems, scope, task_id, streams, count, kept, as_json, signature)
+
+
+def _signature(kept: LogHead | None, head_file: str | None, key: bytes | None) -> str:
+    """Whether the kept head's signature was checked: "checked", "unsigned" or "" (no head).
+
+    A signed head is checked with --key-file or refused (its signature would go
+    unchecked: a forged head of a cut or rewritten log would pass); an unsigned
+    head is accepted with a warning on stderr.
+    """
+    if kept is None:
+        return ""
+    if kept.signature and key is None:
+        raise ConfigError(
+            f"the head in {head_file!r} is signed, but its signature was not checked:"
+            " give the key with --key-file"
+        )
+    if key is not None and not signature_ok(kept, key):
+        raise ConfigError(f"the head in {head_file!r} is not signed with that key (or was edited)")
+    if key is None:
+        click.echo(
+            f"warning: the head in {head_file!r} is unsigned: it was not checked, and proves"
+            " the log only if the file itself was kept safe (sign it: cardbus head --key-file)",
+            err=True,
+        )
+        return "unsigned"
+    return "checked"
 
 
 async def _audit(db: StoreRef, kept: LogHead | None) -> tuple[list[ChainProblem], LogHead]:
@@ -156,6 +181,7 @@ def _report(
     count: int,
     kept: LogHead | None,
     as_json: bool,
+    signature: str = "",
 ) -> None:
     if as_json:
         echo_json(
@@ -165,11 +191,15 @@ def _report(
                 "streams": streams,
                 "events": count,
                 "head": kept,
+                "signature": signature or None,  # "checked" | "unsigned" (with --head)
                 "problems": problems,
             }
         )
     elif not problems:
-        against = f", up to the kept head at position {kept.position}" if kept else ""
+        against = ""
+        if kept:
+            how = "its signature checked" if signature == "checked" else "unsigned, not checked"
+            against = f", up to the kept head at position {kept.position}, {how}"
         click.echo(f"OK: hash chains intact in {scope} ({count} events{against})")
     else:
         for p in problems:

@@ -12,9 +12,11 @@ import asyncio
 from typing import Any
 
 import click
+import msgspec
 
 from cardbus.eventstore import NewEvent, new_id
-from cardbus.eventstore.errors import StreamNotFound
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import ConfigError, StreamNotFound
 from cardbus.projections import resolve_id
 from cardbus.projections.fork import ForkPlan, plan_fork
 from cardbus.tools.cli import cli
@@ -27,7 +29,9 @@ from cardbus.tools.store_option import StoreRef, store_option
 @click.option("--at", "at", required=True, help="Event id (or global position) to fork at.")
 @store_option
 @json_option
-@click.option("--agent", "agent_paths", multiple=True, help="module:Class (default: the demo's).")
+@click.option(
+    "--agent", "agent_paths", multiple=True, help="module:Class (default: the plan's agents)."
+)
 @click.option("--no-run", is_flag=True, help="Only write the forked run; do not run it.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
 def fork(
@@ -42,18 +46,11 @@ def fork(
     """Start a new run from the run of TASK_ID (a task or root id) as it was at --at.
 
     Results completed at or before the fork point are reused; every other task
-    of the plan runs again on the current agents. The new run's run.started
-    event records forked_from = "<old root>@<event id>".
+    of the plan runs again, by default on the plan's agents (the classes the
+    old run named, kept in its run.started), else on --agent. The new run's
+    run.started event records forked_from = "<old root>@<event id>".
     """
-    from cardbus.bus.runtime.embedded import EmbeddedRuntime
-    from cardbus.tools.loading import load_agent
-
-    if agent_paths:
-        agents = [load_agent(p) for p in agent_paths]
-    else:
-        from cardbus.agents.demo import DEMO_AGENTS
-
-        agents = list(DEMO_AGENTS)
+    from cardbus.bus.runtime.embedded import EmbeddedRuntime, with_planner
 
     async def go() -> tuple[ForkPlan, Any]:
         store = await open_store(db)
@@ -64,6 +61,10 @@ def fork(
             if not events:
                 raise StreamNotFound(task_id)
             plan = plan_fork(events, at, new_id())
+            paths, agents = _agents(plan, agent_paths)
+            if not no_run:
+                agents = with_planner(agents)
+            plan = _named(plan, paths, [a.agent_id for a in agents])
             for stream, datas in plan.streams:
                 await store.append(
                     stream,
@@ -106,7 +107,41 @@ def fork(
             f" {len(plan.rerun)} task(s) to run again"
         )
         if result is not None:
-            click.echo(f"run {plan.root_id}: {result.status} {result.reason}".rstrip())
+            line = f"run {plan.root_id}: {result.status} {result.reason}".rstrip()
+            click.echo(line + (f" ({result.detail})" if result.detail else ""))
         click.echo(f"cardbus replay {plan.root_id}{db.flag()}")
     if result is not None and result.status != "completed":
         raise SystemExit(1)  # a failed run (2 is a usage error)
+
+
+def _agents(plan: ForkPlan, given: tuple[str, ...]) -> tuple[list[str], list[Any]]:
+    """The import paths and classes the fork runs on: ``given``, else the old run's."""
+    from cardbus.agents.demo import DEMO_AGENTS
+    from cardbus.tools.loading import load_agent
+
+    started = plan.streams[0][1][0]
+    assert isinstance(started, ev.RunStarted)
+    paths = list(given) or list(started.agent_paths)
+    if paths:
+        return paths, [load_agent(p) for p in paths]
+    # a run from before the paths were kept: the demo's agents, if they are the ones it named
+    demo = {a.agent_id: a for a in DEMO_AGENTS}
+    named = [a for a in started.agents if a != "rule-planner"]
+    unknown = [a for a in named if a not in demo]
+    if unknown:
+        raise ConfigError(
+            f"run {plan.source_root_id} ran on agents {', '.join(sorted(unknown))}, whose"
+            " classes its log does not name: give them with --agent module:Class"
+        )
+    chosen = [demo[a] for a in named] or list(DEMO_AGENTS)
+    return [f"{a.__module__}:{a.__name__}" for a in chosen], chosen
+
+
+def _named(plan: ForkPlan, paths: list[str], agent_ids: list[str]) -> ForkPlan:
+    """``plan`` whose new run names the agents it runs on (selection considers only them)."""
+    root, (started, *rest) = plan.streams[0]
+    assert isinstance(started, ev.RunStarted)
+    started = msgspec.structs.replace(
+        started, agents=sorted(set(agent_ids)), agent_paths=list(paths)
+    )
+    return msgspec.structs.replace(plan, streams=[(root, [started, *rest]), *plan.streams[1:]])

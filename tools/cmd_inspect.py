@@ -111,6 +111,8 @@ async def read_model(
             try:
                 runner = ProjectionRunner.open(store, ref.projection_path(), chosen)
                 await runner.catch_up()
+                for notice in runner.notices:  # a stale model is rebuilt, never served silently
+                    click.echo(f"warning: {notice}", err=True)
             except sqlite3.Error:  # read-only directory, damaged model: fold into memory
                 if runner is not None:
                     runner.close()

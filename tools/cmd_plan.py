@@ -57,8 +57,14 @@ def goal_plan(
     max_tasks: int | None = None,
     max_plan_rounds: int | None = None,
     budget_tokens: int | None = None,
+    inputs: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """A goal alone in the plan format, with the limits given on the command line."""
+    """A goal alone in the plan format, with the limits given on the command line.
+
+    ``inputs`` (``--input NAME=VALUE``) go into the session, and the planner sees them
+    (``session_fields``): an input of that name takes the value (``NAME.FIELD=VALUE``:
+    only the task planned to feed the input ``NAME``).
+    """
     limits = {
         "capabilities": list(capabilities) or None,
         "final_capability": final_capability,
@@ -72,7 +78,22 @@ def goal_plan(
         plan["max_plan_rounds"] = max_plan_rounds
     if budget_tokens is not None:
         plan["budget_tokens"] = budget_tokens
+    session = parse_inputs(inputs)
+    if session:
+        plan["session"] = session
+        plan["session_fields"] = list(session)
     return plan
+
+
+def parse_inputs(inputs: tuple[str, ...]) -> dict[str, str]:
+    """``("region=East", ...)`` as ``{"region": "East"}``; ``UsageError`` for one without ``=``."""
+    out: dict[str, str] = {}
+    for item in inputs:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise click.UsageError(f"--input {item!r}: give NAME=VALUE (e.g. --input region=East)")
+        out[name.strip()] = value
+    return out
 
 
 def limit_options(f: Any) -> Any:
@@ -88,6 +109,14 @@ def limit_options(f: Any) -> Any:
             click.option("--final-capability", default=None, help="The capability to end with."),
             click.option("--final-output", default=None, help="The output type to end with."),
             click.option("--max-tasks", type=int, default=None, help="At most this many tasks."),
+            click.option(
+                "--input",
+                "inputs",
+                multiple=True,
+                metavar="NAME=VALUE",
+                help="A value for the input NAME of the planned tasks (repeat; NAME.FIELD=VALUE:"
+                " the input FIELD of the task feeding NAME). Kept in the run's session.",
+            ),
             click.option(
                 "--max-plan-rounds",
                 type=int,
@@ -172,6 +201,7 @@ def plan_cmd(
     final_capability: str | None,
     final_output: str | None,
     max_tasks: int | None,
+    inputs: tuple[str, ...],
     max_plan_rounds: int | None,
     as_json: bool,
     out: Path | None,
@@ -193,7 +223,14 @@ def plan_cmd(
     paths = with_planner_path(list(agent_paths) or DEMO_AGENT_PATHS, planner)
     agents = [load_agent(p) for p in paths]
     spec = goal_plan(
-        goal, paths, capabilities, final_capability, final_output, max_tasks, max_plan_rounds
+        goal,
+        paths,
+        capabilities,
+        final_capability,
+        final_output,
+        max_tasks,
+        max_plan_rounds,
+        inputs=inputs,
     )
 
     async def go() -> Any:

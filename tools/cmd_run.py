@@ -50,6 +50,7 @@ def run(
     final_capability: str | None,
     final_output: str | None,
     max_tasks: int | None,
+    inputs: tuple[str, ...],
     max_plan_rounds: int | None,
     db: StoreRef,
     agent_paths: tuple[str, ...],
@@ -83,11 +84,20 @@ def run(
     """
     if (plan_file is None) == (goal is None):
         raise click.UsageError("give PLAN_FILE or --goal GOAL (one of them)")
+    if inputs and goal is None:
+        raise click.UsageError("--input is for --goal (a plan file gives its tasks' inputs)")
     plan_servers: list[MCPServer] = []
     if goal is not None:
         paths = with_planner_path(list(agent_paths) or DEMO_AGENT_PATHS, planner)
         spec = goal_plan(
-            goal, paths, capabilities, final_capability, final_output, max_tasks, max_plan_rounds
+            goal,
+            paths,
+            capabilities,
+            final_capability,
+            final_output,
+            max_tasks,
+            max_plan_rounds,
+            inputs=inputs,
         )
         plan = as_plan(spec)
         agents = [load_agent(p) for p in paths]

@@ -235,8 +235,12 @@ class Orchestrator:
 
     # -- lifecycle -----------------------------------------------------------
 
-    async def start(self) -> None:
-        """Rebuild state from the log, then follow the log, the bus and the clock."""
+    async def start(self, agents: Iterable[AgentCard] = ()) -> None:
+        """Rebuild state from the log, then follow the log, the bus and the clock.
+
+        ``agents``: cards registered (as :meth:`register`, live while this runs)
+        before any open run is resumed, so a resumed run finds them.
+        """
         started: dict[str, str | None] = {}  # root -> its run.started's traceparent
         loaded = (
             await _snapshot.load(self.snapshot_path, self.store) if self.snapshot_path else None
@@ -257,6 +261,8 @@ class Orchestrator:
             if len(page) < 5000:
                 break
         self._followed = self.state.position
+        for card in agents:  # before the open runs are looked at
+            await self.register(card)
         for root in self.state.open:  # runs resumed from the log rejoin their traces
             self.tracing.resume_run(root, started.get(root))
         await self._started()
@@ -473,7 +479,8 @@ class Orchestrator:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
         ``agents``: the run's agents (ids); selection considers only them (none: all).
-        ``agent_paths``: their import paths, recorded for ``cardbus rerun``.
+        ``agent_paths``: their classes ("module:Class", default ``plan.agents``), kept in
+        ``run.started`` for ``cardbus fork`` and ``cardbus rerun``.
 
         The same plan id runs once.
         """
@@ -504,7 +511,7 @@ class Orchestrator:
             session=plan.session,
             planning=planning_spec(plan, self.policy) if goal_only else None,
             agents=sorted(set(agents)),
-            agent_paths=list(dict.fromkeys(agent_paths)),
+            agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
         )
         created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
         # refuse what the log would refuse before writing anything, not half-way

@@ -230,6 +230,10 @@ class Decider:
                     if len(results) == len(task.dispatched_to):
                         self._settle_fanout(task, results)
                     return
+                if reply.needs_retry:  # the agent asks for another attempt: honoured
+                    detail = reply.notes or "the agent asked for a retry"
+                    self._fail_attempt(task, "needs_retry", detail)
+                    return
                 self._accept_output(task, reply.agent_id, reply.output, reply.confidence)
 
     def _redelivered(self, task: TaskView, reply: Started | ResultCard) -> None:
@@ -646,8 +650,12 @@ class Decider:
             embedder=self.embedder,
             weights=self.policy.weights,
             exclude=frozenset(task.excluded),
-            penalty=lambda agent: self.state.failure_penalty(
-                agent, c.capability, self.now, self.policy.failure_half_life_s
+            penalty=lambda agent: (
+                1.0  # this task failed on it in this run: a retry prefers another agent
+                if agent in task.failed_on
+                else self.state.failure_penalty(
+                    agent, c.capability, self.now, self.policy.failure_half_life_s
+                )
             ),
         )
         if not candidates:
@@ -877,10 +885,7 @@ class Decider:
                 ev.RunFailed(
                     reason="planning_failed",
                     failed_tasks=[planner.task_id],
-                    detail=(
-                        f"the planning task {planner.state}: {planner.reason}"
-                        + "".join(f"; rejected by {r}" for r in planner.rejections)
-                    )[:2000],
+                    detail=planning.planning_failure(planner)[:2000],
                 ),
             )
             return

@@ -47,7 +47,7 @@ from cardbus.bus.orchestrator.plan import (
     validate_plan,
 )
 from cardbus.bus.orchestrator.policy import Policy
-from cardbus.bus.orchestrator.runstate import RunState, RunView
+from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.eventstore import TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import InvalidPlan
@@ -81,6 +81,19 @@ def planning_spec(plan: Plan, policy: Policy) -> ev.PlanningSpec:
         ),
         session_fields=list(plan.session_fields),
     )
+
+
+def planning_failure(planner: TaskView) -> str:
+    """Why the planning task ended without a proposal, the planner's own words first.
+
+    A planner that declined (``cannot_plan: no value for the inputs ...``) or
+    whose model gave no usable answer (``llm_bad_output: ...``, the detail an
+    LLM agent's failure carries) is named before the task's state.
+    """
+    said = [f"{planner.reason}: {planner.error}"] if planner.error else []
+    said += [f"rejected by {r}" for r in planner.rejections]
+    state = f"the planning task {planner.state}: {planner.reason}"
+    return "; ".join([*said, state]) if said else state
 
 
 def planner_task_id(root_id: str, round: int) -> str:

@@ -49,6 +49,9 @@ class TaskView:
     results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
     settled: frozenset[int] = frozenset()  # attempts already decided
     excluded: frozenset[str] = frozenset()  # agents that rejected this task
+    # agents an attempt of this task failed on (a reason with a failure weight): within the
+    # run each counts as a full recent failure for the retries (selection's penalty)
+    failed_on: frozenset[str] = frozenset()
     rejections: list[str] = field(default_factory=list)  # "agent: reason (detail)", latest 5
     not_before: float = 0.0
     output: Any = None
@@ -474,6 +477,8 @@ def _retry_scheduled(
     task.failures += 1
     task.not_before = data.not_before
     task.reason = data.reason
+    if _FAILURE_WEIGHT.get(data.reason.split(":", 1)[0].strip(), 0.0) > 0:
+        task.failed_on |= frozenset(task.dispatched_to)
     state._wake(data.not_before, task.created.root_id)
 
 

@@ -110,9 +110,9 @@ class EmbeddedRuntime:
         tune_gc()
         self._mcp = await start_mcp(self.mcp_servers, self.tools)
         try:
-            await self.orchestrator.start()
+            # its agents are registered before the open runs it finds are resumed
+            await self.orchestrator.start(agents=[w.agent.card() for w in self.workers])
             for w in self.workers:
-                await self.orchestrator.register(w.agent.card())
                 await w.start()
         except BaseException:
             await self._stop_mcp()
@@ -144,8 +144,7 @@ class EmbeddedRuntime:
         require_started(self, self._state)  # NotStarted outside `async with`
         # the run's agents are this runtime's: none registered by an earlier process is chosen
         agents = [w.agent.agent_id for w in self.workers]
-        paths = [p for p in (agent_path(w.agent) for w in self.workers) if p]
-        result = await self.orchestrator.run(plan_of(plan), timeout, agents, paths)
+        result = await self.orchestrator.run(plan_of(plan), timeout, agents, self.agent_paths())
         try:
             await self.keeper.settle(result.root_id)
         except CardbusError as e:
@@ -154,6 +153,10 @@ class EmbeddedRuntime:
             # next settle of this run) writes exactly them later.
             log.warning("memory records of run %s not written: %s", result.root_id, e)
         return result
+
+    def agent_paths(self) -> list[str]:
+        """Its agents' classes as "module:Class" (those importable by that name)."""
+        return [p for p in (agent_path(w.agent) for w in self.workers) if p]
 
 
 def agent_path(agent: type[Agent]) -> str:
@@ -209,7 +212,8 @@ async def plan_goal(
     agents = with_planner(agents)
     store = MemoryEventStore()
     bus = InProcessBus()
-    orchestrator = Orchestrator(store, bus, policy)
+    # an LLM planner's model calls are journaled: requests are served, as in a run
+    orchestrator = Orchestrator(store, bus, policy, serve_requests=True)
     done = asyncio.Event()
     root: list[str] = []
 

@@ -125,7 +125,7 @@ def test_head_and_verify_on_a_jetstream_log_name_each_tamper(
     assert json.loads(r.stdout)["position"] == 42
     ok = runner.invoke(cli, ["verify", "--store", url, "--head", str(kept)])
     assert ok.exit_code == 0, ok.output
-    assert "(42 events, up to the kept head at position 42)" in ok.output
+    assert "(42 events, up to the kept head at position 42, unsigned, not checked)" in ok.output
 
     asyncio.run(delete(7))
     r = runner.invoke(cli, ["verify", "--store", url])

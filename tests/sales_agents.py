@@ -1,0 +1,103 @@
+"""Agents over sales figures, as a user writes them: inputs ``region`` and ``period``.
+
+Used by the planning tests (the rule planner never fills ``region`` or
+``period`` with the goal's words) and the retry tests (``FlakySales`` always
+fails, ``SteadySales`` offers the same capability and succeeds).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from cardbus.agents.agent import Agent, Capability, TaskContext
+from cardbus.agents.cards import TaskCard
+
+
+class SalesQueryIn(msgspec.Struct, frozen=True):
+    region: str
+    period: str
+
+
+class Sales(msgspec.Struct, frozen=True):
+    region: str
+    period: str
+    total: float
+
+
+class ReportIn(msgspec.Struct, frozen=True):
+    sales: Sales
+
+
+class Report(msgspec.Struct, frozen=True):
+    text: str
+
+
+class CompareIn(msgspec.Struct, frozen=True):
+    current: Sales
+    previous: Sales
+
+
+class Comparison(msgspec.Struct, frozen=True):
+    change: float
+    text: str
+
+
+def _total(region: str, period: str) -> float:
+    return float(sum(map(ord, region + period)) % 1000)
+
+
+class SalesQuery(Agent):
+    agent_id = "sales-query"
+    description = "Queries the sales database."
+    capabilities = [
+        Capability(
+            "sales_query", SalesQueryIn, Sales, "query the sales figures of a region for a period"
+        )
+    ]
+
+    async def handle(self, task: TaskCard, inputs: SalesQueryIn, ctx: TaskContext) -> Sales:
+        return Sales(inputs.region, inputs.period, _total(inputs.region, inputs.period))
+
+
+class SalesReport(Agent):
+    agent_id = "sales-report"
+    description = "Writes reports."
+    capabilities = [
+        Capability("sales_report", ReportIn, Report, "generate a report of sales figures")
+    ]
+
+    async def handle(self, task: TaskCard, inputs: ReportIn, ctx: TaskContext) -> Report:
+        s = inputs.sales
+        return Report(f"Sales in {s.region} for {s.period}: {s.total:.0f}")
+
+
+class CompareSales(Agent):
+    agent_id = "compare-sales"
+    description = "Compares two periods."
+    capabilities = [
+        Capability("compare_sales", CompareIn, Comparison, "compare sales of two periods")
+    ]
+
+    async def handle(self, task: TaskCard, inputs: CompareIn, ctx: TaskContext) -> Comparison:
+        change = inputs.current.total - inputs.previous.total
+        text = f"{inputs.current.period} vs {inputs.previous.period}: {change:+.0f}"
+        return Comparison(change, text)
+
+
+class FlakySales(SalesQuery):
+    """Offers ``sales_query`` and always fails."""
+
+    agent_id = "flaky-sales"
+
+    async def handle(self, task: TaskCard, inputs: SalesQueryIn, ctx: TaskContext) -> Sales:
+        raise RuntimeError("the sales database is down")
+
+
+class SteadySales(SalesQuery):
+    """Offers ``sales_query`` and succeeds."""
+
+    agent_id = "steady-sales"
+
+
+SALES_AGENTS = [SalesQuery, SalesReport, CompareSales]
+SALES_PATHS = [f"sales_agents:{a.__name__}" for a in SALES_AGENTS]
