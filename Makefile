@@ -1,6 +1,8 @@
 # Two commands do all set-up on a fresh machine with Python 3.11+ and make:
 #   make demo   -> creates .venv, installs cardbus, runs the demo pipeline
 #   make test   -> creates .venv, installs cardbus[dev], runs lint, types and the whole suite
+#                  (python -P: the cwd is not put first on sys.path, where the repository's
+#                  folders would shadow installed packages: openai-agents installs `agents`)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -37,7 +39,7 @@ check: $(STAMP) typecheck-tree
 	$(BIN)/mypy
 
 test: check
-	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
+	$(BIN)/python -P -m pytest -q -n 2 -p no:cacheprovider
 
 # every bench appends its figures (JSON lines) to $(BENCH_JSON); bench/summary.py prints
 # them as one table at the end
