@@ -26,7 +26,9 @@ demo: $(STAMP)
 
 # mypy finds `cardbus` through links: .typecheck/cardbus/<pkg> -> ../../<pkg>,
 # and cardbus.testing -> ../../tests/contract
-# (the installed package maps the same folders with setuptools' package-dir)
+# (the installed package maps the same folders with setuptools' package-dir); it runs in
+# .typecheck, since mypy puts its cwd before site-packages, where the repository's folders
+# would shadow installed packages of the same names (openai-agents' `agents`)
 typecheck-tree:
 	@mkdir -p .typecheck/cardbus
 	@ln -sfn ../../__init__.py .typecheck/cardbus/__init__.py
@@ -36,7 +38,7 @@ typecheck-tree:
 check: $(STAMP) typecheck-tree
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml
 
 test: check
 	$(BIN)/python -P -m pytest -q -n 2 -p no:cacheprovider
