@@ -180,13 +180,17 @@ async def local_tool_call(
     name: str,
     arguments: dict[str, Any],
     run: Callable[[], Awaitable[Any]],
+    *,
+    idempotent: bool = False,
 ) -> Any:
     """One of the framework agent's own tools, run in the agent and journaled
     (``ctx.journal.tool_call``): ``tool.requested`` before it runs, its result after,
     replayed on a retry that calls it again with the same arguments at the same place.
-    The result is JSON builtins (what the log keeps), live and replayed alike."""
+    The result is JSON builtins (what the log keeps), live and replayed alike. A call
+    whose effect is unknown (the process died during it) runs again only if
+    ``idempotent``; else the task waits for an operator (``EffectUnknown``)."""
 
     async def live(_key: str) -> Any:
         return to_json(await run())
 
-    return await ctx.journal.tool_call(name, to_json(arguments), live)
+    return await ctx.journal.tool_call(name, to_json(arguments), live, idempotent=idempotent)

@@ -82,8 +82,9 @@ _OUTPUT_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseOutputItem)
 class _Run:
     """One task's run: its context and the tokens its live model calls spent."""
 
-    def __init__(self, ctx: TaskContext) -> None:
+    def __init__(self, ctx: TaskContext, idempotent_tools: Sequence[str] = ()) -> None:
         self.ctx = ctx
+        self.idempotent_tools = frozenset(idempotent_tools)
         self.input_tokens = 0
         self.output_tokens = 0
 
@@ -194,7 +195,7 @@ class JournaledModel(Model):
         await self.wrapped.close()
 
 
-def _journaled_tool(tool: Tool, run: _Run) -> Tool:
+def _journaled_tool(tool: Tool, run: _Run, idempotent: bool) -> Tool:
     """A function tool of the agent, its invocations journaled; other tools as they are."""
     if not isinstance(tool, FunctionTool):
         return tool
@@ -210,6 +211,7 @@ def _journaled_tool(tool: Tool, run: _Run) -> Tool:
             tool.name,
             parsed if isinstance(parsed, dict) else {"_args": parsed},
             lambda: invoke(context, arguments),
+            idempotent=idempotent,
         )
 
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
@@ -256,7 +258,8 @@ def _journaled_agent(
     name = agent.model if isinstance(agent.model, str) else ""
     clone = agent.clone(
         model=JournaledModel(model, run, name),
-        tools=[_journaled_tool(t, run) for t in agent.tools] + list(extra_tools),
+        tools=[_journaled_tool(t, run, t.name in run.idempotent_tools) for t in agent.tools]
+        + list(extra_tools),
     )
     seen[id(agent)] = clone
     clone.handoffs = [
@@ -283,6 +286,8 @@ class OpenAIAgentsAgent(Agent):
     output_type: ClassVar[Any] = None
     #: the runtime's tools (names or globs) the agent may call, offered to its model
     tools_allowed: ClassVar[Sequence[str]] = ()
+    #: the agent's own tools that may run again when a crash left their effect unknown
+    idempotent_tools: ClassVar[Sequence[str]] = ()
     #: ``Runner.run``'s limit on model turns
     max_turns: ClassVar[int] = 10
     #: the SDK's own tracing (it exports to OpenAI's servers): off
@@ -324,7 +329,7 @@ class OpenAIAgentsAgent(Agent):
 
     async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
         inputs = decode_inputs(self.capability_for(task.capability), inputs)
-        run = _Run(ctx)
+        run = _Run(ctx, self.idempotent_tools)
         config = self.run_config()
         agent = _journaled_agent(self.agent, run, config, cardbus_tools(ctx), {})
         try:
@@ -349,6 +354,7 @@ def openai_agents_agent(
     input_type: Any = None,
     output_type: Any = None,
     tools_allowed: Sequence[str] = (),
+    idempotent_tools: Sequence[str] = (),
     constraints: AgentConstraints | None = None,
     max_turns: int | None = None,
 ) -> type[OpenAIAgentsAgent]:
@@ -358,7 +364,8 @@ def openai_agents_agent(
     ``description``: default its ``handoff_description``, else its instructions;
     ``input_type``: a msgspec Struct or pydantic model (default ``{"prompt": str}``);
     ``output_type``: for the card's schema (default the agent's); ``tools_allowed``:
-    the runtime's tools it may call (``constraints`` replaces the whole constraints).
+    the runtime's tools it may call (``constraints`` replaces the whole constraints);
+    ``idempotent_tools``: its own tools that may run again after a crash during them.
     """
     ident = agent_id_from(agent.name, agent_id)
     attrs: dict[str, Any] = {
@@ -366,6 +373,7 @@ def openai_agents_agent(
         "agent_id": ident,
         "capability": capability or ident,
         "tools_allowed": tuple(tools_allowed),
+        "idempotent_tools": tuple(idempotent_tools),
         "__module__": __name__,
     }
     for key, value in (

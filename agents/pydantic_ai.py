@@ -188,6 +188,7 @@ class _JournaledToolset(WrapperToolset[Any]):
             name,
             tool_args,
             lambda: self.wrapped.call_tool(name, tool_args, ctx, tool),
+            idempotent=name in journal.idempotent_tools,
         )
 
 
@@ -199,6 +200,9 @@ class CardbusJournal(AbstractCapability[Any]):
     ctx: TaskContext
     #: names of the runtime's tools offered to the run (their calls are ``ctx.tool``)
     cardbus_tools: frozenset[str] = frozenset()
+    #: names of the agent's own tools that may run again after a crash left their
+    #: effect unknown (calling one twice with the same arguments does no more than once)
+    idempotent_tools: frozenset[str] = frozenset()
     input_tokens: int = field(default=0, init=False)
     output_tokens: int = field(default=0, init=False)
 
@@ -248,6 +252,8 @@ class PydanticAIAgent(Agent):
     output_type: ClassVar[Any] = None
     #: the runtime's tools (names or globs) the agent may call, offered to its model
     tools_allowed: ClassVar[Sequence[str]] = ()
+    #: the agent's own tools that may run again when a crash left their effect unknown
+    idempotent_tools: ClassVar[Sequence[str]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -283,7 +289,7 @@ class PydanticAIAgent(Agent):
     async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
         inputs = decode_inputs(self.capability_for(task.capability), inputs)
         toolsets = [cardbus_toolset(ctx)] if ctx.tool_specs else []
-        journal = CardbusJournal(ctx, frozenset(ctx.tool_specs))
+        journal = CardbusJournal(ctx, frozenset(ctx.tool_specs), frozenset(self.idempotent_tools))
         try:
             result = await self.agent.run(
                 self.prompt(task, inputs),
@@ -321,6 +327,7 @@ def pydantic_ai_agent(
     input_type: Any = None,
     output_type: Any = None,
     tools_allowed: Sequence[str] = (),
+    idempotent_tools: Sequence[str] = (),
     constraints: AgentConstraints | None = None,
 ) -> type[PydanticAIAgent]:
     """A cardbus agent class running ``agent`` for each task (see the module docstring).
@@ -329,7 +336,8 @@ def pydantic_ai_agent(
     ``description``: default the agent's description, else its instructions;
     ``input_type``: a msgspec Struct or pydantic model (default ``{"prompt": str}``);
     ``output_type``: for the card's schema (default the agent's); ``tools_allowed``:
-    the runtime's tools it may call (``constraints`` replaces the whole constraints).
+    the runtime's tools it may call (``constraints`` replaces the whole constraints);
+    ``idempotent_tools``: its own tools that may run again after a crash during them.
     """
     ident = agent_id_from(agent.name, agent_id)
     attrs: dict[str, Any] = {
@@ -337,6 +345,7 @@ def pydantic_ai_agent(
         "agent_id": ident,
         "capability": capability or ident,
         "tools_allowed": tuple(tools_allowed),
+        "idempotent_tools": tuple(idempotent_tools),
         "__module__": __name__,
     }
     if description is not None:
