@@ -25,7 +25,9 @@ run (``CardbusJournal``):
   so a retry asks the same thing), the response likewise. A retried or redelivered
   attempt that asks the same gets the recorded response, and the model is not called;
 * the agent's own tools (its function tools, its toolsets) run in the agent through
-  ``ctx.journal.tool_call`` (a ``WrapperToolset``): recorded, replayed on a retry;
+  ``ctx.journal.tool_call`` (a ``WrapperToolset``): recorded, replayed on a retry. The
+  calls of one model response run one after the other, in order (each takes the next
+  place in the journal, where a retry must find it);
 * the runtime's tools on the agent's allow-list (``tools_allowed``; MCP servers
   mounted in the runtime included) are offered to the model as a toolset whose
   calls are ``ctx.tool``: checked, recorded and replayed by the orchestrator.
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 try:
@@ -176,6 +178,15 @@ class _JournaledToolset(WrapperToolset[Any]):
     """The agent's own tools, each call a step of the task's journal."""
 
     cardbus: CardbusJournal | None = None
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        # one call at a time, in the order the model asked for them: each takes the next
+        # place (``seq``) in the journal, and a retry must find each at the same place
+        tools = await super().get_tools(ctx)
+        return {
+            name: replace(tool, tool_def=replace(tool.tool_def, sequential=True))
+            for name, tool in tools.items()
+        }
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]

@@ -260,3 +260,41 @@ async def test_against_the_openai_stub_a_retry_does_not_ask_the_endpoint_again(
     failed, done = _results(events)
     assert (failed.usage.input_tokens, failed.usage.output_tokens) == (22, 14)  # two calls
     assert (done.usage.input_tokens, done.usage.output_tokens) == (11, 7)  # one live call
+
+
+async def test_the_tool_calls_of_one_response_keep_their_places_on_a_retry(
+    tmp_path: Path,
+) -> None:
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):  # both tools at once
+            calls = [
+                ToolCallPart("glossary", {"term": "tide"}),
+                ToolCallPart("note", {"text": "n"}),
+            ]
+            return ModelResponse(parts=calls)
+        final = {"term": "tide", "sentence": "The sea rises."}
+        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, final)])
+
+    inner = PydanticAgent(FunctionModel(answer), output_type=Explanation, name="explainer")
+    _with_note_tool(inner)
+    Explainer = pydantic_ai_agent(
+        inner, capability="explain", input_type=Term, tools_allowed=["glossary"]
+    )
+    NOTES_FAIL["left"], NOTES[:] = 1, []
+    result, events = await _run(tmp_path, [Topics, Explainer], _plan("pa-parallel"))
+    assert result.status == "completed", result
+    calls = [
+        (e.attempt, e.seq, getattr(e, "tool", "model"), e.replayed_from is not None)
+        for e in events
+        if isinstance(e, (ev.ModelAnswered, ev.ToolCalled))
+    ]
+    # one after the other, in the order asked: glossary then note, in both attempts
+    assert sorted(calls) == [
+        (1, 0, "model", False),
+        (1, 1, "glossary", False),
+        (1, 2, "note", False),  # failed
+        (2, 0, "model", True),
+        (2, 1, "glossary", True),
+        (2, 2, "note", False),
+        (2, 3, "model", False),
+    ]
