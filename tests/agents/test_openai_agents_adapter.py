@@ -9,6 +9,7 @@ a real ``ToolRegistry``. Nothing of the SDK is mocked.
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,7 +22,7 @@ from agents import OpenAIChatCompletionsModel, function_tool
 from openai import AsyncOpenAI
 
 from cardbus.agents import Agent, Capability, TaskCard, TaskContext
-from cardbus.agents.openai_agents import OpenAIAgentsAgent, openai_agents_agent
+from cardbus.agents.frameworks import OpenAIAgentsAgent, openai_agents_agent
 from cardbus.agents.tools import Tool, ToolRegistry
 from cardbus.bus.orchestrator import Policy, RetryPolicy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
@@ -110,7 +111,9 @@ def test_agents_is_the_sdk_not_the_repository_folder() -> None:
     # the repository's agents/ folder is cardbus.agents; `agents` is openai-agents
     assert "site-packages" in (sdk.__file__ or ""), sdk.__file__
     assert SDKAgent.__module__.startswith("agents.")
-    assert all(Path(p or ".").resolve() != Path(__file__).parents[2] for p in sys.path[:-1])
+    # and nothing on sys.path now would shadow it (a fresh look, past the module cache)
+    spec = importlib.machinery.PathFinder.find_spec("agents", sys.path)
+    assert spec is not None and spec.origin == sdk.__file__
 
 
 def test_the_card_is_derived_from_the_agent() -> None:

@@ -21,7 +21,7 @@ from pydantic_ai.models.test import TestModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from cardbus.agents import Agent, Capability, TaskCard, TaskContext
-from cardbus.agents.pydantic_ai import PydanticAIAgent, pydantic_ai_agent
+from cardbus.agents.frameworks import PydanticAIAgent, pydantic_ai_agent
 from cardbus.agents.tools import Tool, ToolRegistry
 from cardbus.bus.orchestrator import Policy, RetryPolicy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime

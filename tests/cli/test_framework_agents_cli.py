@@ -35,8 +35,8 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from cardbus.agents import Agent, Capability
-from cardbus.agents.openai_agents import openai_agents_agent
-from cardbus.agents.pydantic_ai import pydantic_ai_agent
+from cardbus.agents.frameworks import openai_agents_agent
+from cardbus.agents.frameworks import pydantic_ai_agent
 
 URL = os.environ["FW_STUB_URL"]
 MARKER = Path(os.environ["FW_MARKER"])

@@ -1,7 +1,7 @@
 """A pydantic-ai ``Agent`` as a cardbus agent (``pip install 'cardbus[pydantic-ai]'``).
 
     from pydantic_ai import Agent as PydanticAgent
-    from cardbus.agents.pydantic_ai import pydantic_ai_agent
+    from cardbus.agents.frameworks import pydantic_ai_agent
 
     briefer = PydanticAgent("openai:gpt-4o-mini", output_type=Brief, name="briefer",
                             instructions="Write a three-point brief.")
@@ -61,12 +61,13 @@ try:
     from pydantic_core import to_jsonable_python
 except ImportError as e:  # pragma: no cover - the extra is in dev
     raise ImportError(
-        "cardbus.agents.pydantic_ai needs pydantic-ai: pip install 'cardbus[pydantic-ai]'"
+        "cardbus.agents.frameworks.pydantic_ai needs pydantic-ai:"
+        " pip install 'cardbus[pydantic-ai]'"
     ) from e
 
 from cardbus.agents.agent import Agent, TaskContext
 from cardbus.agents.cards import AgentConstraints, TaskCard
-from cardbus.agents.frameworks import (
+from cardbus.agents.frameworks.common import (
     FrameworkCapability,
     Prompt,
     agent_id_from,
@@ -290,7 +291,7 @@ class PydanticAIAgent(Agent):
             cls.constraints = AgentConstraints(tools=list(cls.tools_allowed))
 
     def prompt(self, task: TaskCard, inputs: Any) -> str:
-        """The run's user prompt (see ``cardbus.agents.frameworks.render_prompt``)."""
+        """The run's user prompt (see ``cardbus.agents.frameworks.common.render_prompt``)."""
         return render_prompt(task, inputs)
 
     def deps(self, task: TaskCard, inputs: Any) -> Any:

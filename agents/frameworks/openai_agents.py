@@ -1,7 +1,7 @@
 """An OpenAI Agents SDK ``Agent`` as a cardbus agent (``pip install 'cardbus[openai-agents]'``).
 
     from agents import Agent as SDKAgent          # the SDK (its top-level package is `agents`)
-    from cardbus.agents.openai_agents import openai_agents_agent
+    from cardbus.agents.frameworks import openai_agents_agent
 
     briefer = SDKAgent(name="briefer", instructions="Write a three-point brief.",
                        output_type=Brief, model=OpenAIChatCompletionsModel(...))
@@ -56,13 +56,13 @@ try:
     from pydantic_core import to_jsonable_python
 except ImportError as e:  # pragma: no cover - the extra is in dev
     raise ImportError(
-        "cardbus.agents.openai_agents needs the OpenAI Agents SDK:"
+        "cardbus.agents.frameworks.openai_agents needs the OpenAI Agents SDK:"
         " pip install 'cardbus[openai-agents]'"
     ) from e
 
 from cardbus.agents.agent import Agent, TaskContext
 from cardbus.agents.cards import AgentConstraints, TaskCard
-from cardbus.agents.frameworks import (
+from cardbus.agents.frameworks.common import (
     FrameworkCapability,
     Prompt,
     agent_id_from,
@@ -317,7 +317,7 @@ class OpenAIAgentsAgent(Agent):
             cls.constraints = AgentConstraints(tools=list(cls.tools_allowed))
 
     def prompt(self, task: TaskCard, inputs: Any) -> str:
-        """The run's input (see ``cardbus.agents.frameworks.render_prompt``)."""
+        """The run's input (see ``cardbus.agents.frameworks.common.render_prompt``)."""
         return render_prompt(task, inputs)
 
     def context(self, task: TaskCard, inputs: Any) -> Any:

@@ -1,6 +1,6 @@
 """What the framework adapters share: the card, the prompt, the output, cardbus tools.
 
-``cardbus.agents.pydantic_ai`` and ``cardbus.agents.openai_agents`` turn another
+``cardbus.agents.frameworks.pydantic_ai`` and ``.openai_agents`` turn another
 framework's agent into a cardbus ``Agent``. Both derive its card the same way (a
 capability with the run's input and output schemas: msgspec types as cardbus has
 them, pydantic models and other types through pydantic), render the task's card into
