@@ -1,6 +1,8 @@
 # Two commands do all set-up on a fresh machine with Python 3.11+ and make:
 #   make demo   -> creates .venv, installs cardbus, runs the demo pipeline
 #   make test   -> creates .venv, installs cardbus[dev], runs lint, types and the whole suite
+#                  (python -P: the cwd is not put first on sys.path, where the repository's
+#                  folders would shadow installed packages: openai-agents installs `agents`)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,7 +26,9 @@ demo: $(STAMP)
 
 # mypy finds `cardbus` through links: .typecheck/cardbus/<pkg> -> ../../<pkg>,
 # and cardbus.testing -> ../../tests/contract
-# (the installed package maps the same folders with setuptools' package-dir)
+# (the installed package maps the same folders with setuptools' package-dir); it runs in
+# .typecheck, since mypy puts its cwd before site-packages, where the repository's folders
+# would shadow installed packages of the same names (openai-agents' `agents`)
 typecheck-tree:
 	@mkdir -p .typecheck/cardbus
 	@ln -sfn ../../__init__.py .typecheck/cardbus/__init__.py
@@ -34,10 +38,10 @@ typecheck-tree:
 check: $(STAMP) typecheck-tree
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml
 
 test: check
-	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
+	$(BIN)/python -P -m pytest -q -n 2 -p no:cacheprovider
 
 # every bench appends its figures (JSON lines) to $(BENCH_JSON); bench/summary.py prints
 # them as one table at the end

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
+# The repository's folders (agents, bus, tools, ...) install as cardbus.<folder>; at the
+# front of sys.path they would shadow installed packages of the same names (openai-agents
+# installs `agents`). `python -m pytest` puts the cwd first (the Makefile runs it with -P,
+# which does not): the root goes last instead, where it still serves the tests' own
+# helpers (`tests.agents.openai_stub`, ...) and shadows nothing installed.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT] + [str(ROOT)]
 
-from cardbus.eventstore import MemoryEventStore, SqliteEventStore
+import pytest  # noqa: E402
+
+from cardbus.eventstore import MemoryEventStore, SqliteEventStore  # noqa: E402
 
 
 @pytest.fixture

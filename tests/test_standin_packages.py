@@ -97,5 +97,8 @@ def test_cardbus_itself_provides_no_top_level_agents_tools_or_bus(tmp_path: Path
         check=True,
     )
     found = json.loads(out.stdout)
-    root = str(Path(__file__).resolve().parents[1])
-    assert {n: where for n, where in found.items() if where and root in str(where)} == {}
+    # an installed package of that name may be found (openai-agents' `agents`, in a
+    # .venv inside the checkout), never one of the repository's folders
+    root = Path(__file__).resolve().parents[1]
+    ours = {n: str(root / n) for n in found}
+    assert {n: where for n, where in found.items() if where and ours[n] in str(where)} == {}

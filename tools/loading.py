@@ -21,7 +21,9 @@ def load_agent(path: str) -> type[Agent]:
     if not module_name or not attr:
         raise ValidationError(f"agent path {path!r} must look like 'package.module:ClassName'")
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # let users name agents in their working directory
+        # let users name agents in their working directory; after the installed packages,
+        # so a folder there never stands for one of them (openai-agents' `agents`)
+        sys.path.append(os.getcwd())
     try:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
