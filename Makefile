@@ -46,6 +46,7 @@ check: $(STAMP) typecheck-tree
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/mypy docs/_hooks tests/docs
+	@for d in examples/*/; do $(BIN)/mypy --no-error-summary $$d || exit 1; done
 
 # tests/docs/ builds the site with --strict too, and runs every block of docs/ and examples/
 test: check
