@@ -15,11 +15,13 @@ def _id(p: Path) -> str:
     return str(p.relative_to(DOCS))
 
 
+@pytest.mark.timeout(300)  # a page's commands each start a process; the box is shared
 @pytest.mark.parametrize("page", PAGES, ids=_id)
 def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
     run_page(page, tmp_path)
 
 
+@pytest.mark.timeout(300)
 def test_the_tutorial_runs_blocks_of_every_kind(tmp_path: Path) -> None:
     ran = run_page(DOCS / "tutorials" / "first-agent.md", tmp_path)
     assert {b.lang for b in ran} >= {"python", "json", "console"}
