@@ -1,27 +1,37 @@
 # Two commands do all set-up on a fresh machine with Python 3.11+ and make:
-#   make demo   -> creates .venv, installs cardbus, runs the demo pipeline
-#   make test   -> creates .venv, installs cardbus[dev], runs lint, types and the whole suite
+#   make demo   -> creates .venv, installs cardbus alone (no test tools), runs the demo pipeline
+#   make test   -> creates .venv, installs cardbus[dev], runs lint, types, the docs build and the suite
 #                  (python -P: the cwd is not put first on sys.path, where the repository's
 #                  folders would shadow installed packages: openai-agents installs `agents`)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CKSUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# what `make demo` needs: cardbus and its dependencies, nothing else
+DEMO_STAMP := $(VENV)/.installed-demo-$(CKSUM)
+# what test, check, docs and bench need: the dev extra (which includes the demo's)
+STAMP := $(VENV)/.installed-dev-$(CKSUM)
 
 PACKAGES := agents bus eventstore projections tools
 
-.PHONY: demo test check lint bench clean install typecheck-tree
+.PHONY: demo test check lint bench clean install typecheck-tree docs docs-serve
+
+$(DEMO_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
+	@rm -f $(VENV)/.installed-demo-*
+	@touch $(DEMO_STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@rm -f $(VENV)/.installed-*
-	@touch $(STAMP)
+	@touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/cardbus demo
 
 # mypy finds `cardbus` through links: .typecheck/cardbus/<pkg> -> ../../<pkg>,
@@ -39,9 +49,22 @@ check: $(STAMP) typecheck-tree
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml ../docs/_hooks ../tests/docs
+	@for d in examples/*/; do \
+		(cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml --no-error-summary ../$$d) || exit 1; \
+	done
 
+# tests/docs/ builds the site with --strict too, and runs every block of docs/ and examples/
 test: check
 	$(BIN)/python -P -m pytest -q -n 2 -p no:cacheprovider
+
+# the site: docs/ (mkdocs.yml), the reference pages generated from the code at build time
+# (docs/_hooks/); --strict: a broken link or a missing reference fails the build
+docs: $(STAMP) typecheck-tree
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP) typecheck-tree
+	$(BIN)/mkdocs serve
 
 # every bench appends its figures (JSON lines) to $(BENCH_JSON); bench/summary.py prints
 # them as one table at the end
@@ -72,4 +95,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/summary.py $(BENCH_JSON)
 
 clean:
-	rm -rf $(VENV) .typecheck cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj* cardbus.db.snap
+	rm -rf $(VENV) .typecheck site cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj* cardbus.db.snap

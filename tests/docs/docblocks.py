@@ -1,0 +1,292 @@
+"""Run the fenced code blocks of a Markdown page, in order, in a fresh working directory.
+
+The rules (docs/how-to/write-docs.md says the same to the pages' writers):
+
+* Every fence names its language; one this module does not know fails the page,
+  so no block is left out by accident.
+* ``python``: executed in the page's namespace (blocks share it, as a reader's
+  session would), with the working directory as the current directory and on
+  ``sys.path``; a top-level ``await`` runs in a fresh event loop.
+* A block with a title (```` ```python title="my_agents.py" ````) is a file: it is
+  written into the working directory (later blocks and commands use it), and a
+  Python file is also executed once as a module to check it runs.
+* ``sh``, ``bash``, ``shell``: the block is a bash script (``set -euo pipefail``);
+  ``console``: the lines after ``$ `` are the commands and the rest is output.
+  They run in the working directory with the venv's ``bin`` first on ``PATH``
+  (``cardbus``, ``python``), no ``CARDBUS_STORE`` and no ``OPENAI_*`` variables
+  (so the LLM agents get the deterministic mock). The working directory stands
+  for a clone: ``.venv`` in it is the running venv (``source .venv/bin/activate``
+  works), and ``make TARGET`` (the set-up commands) is checked with ``make -n``
+  against the repository: it must resolve (the fresh-clone run is timed by hand,
+  not in the suite). A ``cd`` carries over to the next blocks, but may not leave
+  the working directory.
+* ``json`` without a title must parse; ``text`` and ``toml``/``yaml``/``ini`` are
+  shown, not run.
+* A block that needs a real external endpoint (a hosted model, a remote A2A
+  agent) is skipped only with an explicit marker on the line before its fence::
+
+      <!-- docs-test: skip: needs a real endpoint (OPENAI_BASE_URL) -->
+
+  The reason must say it needs a real endpoint; any other skip fails the page.
+
+A failing block raises ``BlockFailed`` naming the file, the line of its fence and
+what went wrong.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = {"python", "py"}
+SHELL = {"sh", "bash", "shell"}
+CONSOLE = {"console"}
+SHOWN = {"text", "toml", "yaml", "ini", "json"}
+KNOWN = PYTHON | SHELL | CONSOLE | SHOWN
+SKIP = re.compile(r"^<!-- docs-test: skip: (.+?) -->$")
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
+TITLE = re.compile(r"""title=["']([^"']+)["']""")
+BLOCK_TIMEOUT_S = 120.0
+
+
+class BlockFailed(AssertionError):
+    """A block of a page did not run: the file, the fence's line and why."""
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # the fence's line, from 1
+    lang: str
+    title: str | None
+    code: str
+    skip: str | None  # the reason of a docs-test skip marker
+
+    @property
+    def where(self) -> str:
+        try:
+            shown = self.path.relative_to(REPO)
+        except ValueError:
+            shown = self.path
+        return f"{shown}:{self.line}"
+
+
+def parse(text: str, path: Path) -> list[Block]:
+    """The fenced blocks of a Markdown text, in order."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, info = m.group("indent"), m.group("fence"), m.group("info").strip()
+        start = i
+        body: list[str] = []
+        i += 1
+        while i < len(lines) and not (
+            lines[i].strip().startswith(fence) and set(lines[i].strip()) == {fence[0]}
+        ):
+            line = lines[i]
+            body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
+            i += 1
+        if i == len(lines):
+            raise BlockFailed(f"{path}:{start + 1}: a fence that is never closed")
+        i += 1
+        lang = info.split()[0].lstrip("{.").rstrip("}") if info else ""
+        title = TITLE.search(info)
+        prev = next((lines[j].strip() for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        skip = SKIP.match(prev)
+        blocks.append(
+            Block(
+                path=path,
+                line=start + 1,
+                lang=lang,
+                title=title.group(1) if title else None,
+                code="\n".join(body) + "\n",
+                skip=skip.group(1) if skip else None,
+            )
+        )
+    return blocks
+
+
+def check(blocks: list[Block]) -> None:
+    """Every fence names a known language; every skip needs a real endpoint."""
+    for b in blocks:
+        if b.lang not in KNOWN:
+            raise BlockFailed(
+                f"{b.where}: a fence must name one of {sorted(KNOWN)} (got {b.lang!r})"
+            )
+        if b.skip is not None and "needs a real" not in b.skip:
+            raise BlockFailed(
+                f"{b.where}: a block is skipped only when it needs a real endpoint"
+                f" ('<!-- docs-test: skip: needs a real ... -->'), not for {b.skip!r}"
+            )
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+def shell_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OPENAI_", "CARDBUS_STORE", "CARDBUS_DB", "CARDBUS_MODEL"))
+    }
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def shell_script(block: Block) -> str:
+    """The bash script a shell or console block runs as."""
+    if block.lang in CONSOLE:
+        commands: list[str] = []
+        cont = False
+        for line in block.code.splitlines():
+            if line.startswith("$ ") or cont:
+                cmd = line[2:] if line.startswith("$ ") and not cont else line
+                commands.append(cmd)
+                cont = cmd.rstrip().endswith("\\")
+        body = "\n".join(commands)
+    else:
+        body = block.code
+    make = re.compile(r"^(\s*)make\s+([\w.-]+)(.*)$", re.M)
+    body = make.sub(rf"\1make -n -s -C {REPO} \2 >/dev/null\3", body)
+    return "set -euo pipefail\n" + body
+
+
+def run_shell(block: Block, workdir: Path, cwd: Path) -> Path:
+    """Run the block in ``cwd``; returns the directory it ended in."""
+    where = workdir / ".docblocks-cwd"
+    script = f"trap 'pwd > {where}' EXIT\n{shell_script(block)}"
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", script],
+            cwd=cwd,
+            env=shell_env(),
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise BlockFailed(f"{block.where}: still running after {e.timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise BlockFailed(
+            f"{block.where}: {block.lang} block exited {proc.returncode}\n"
+            f"--- script\n{shell_script(block)}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-4000:]}"
+        )
+    ended = Path(where.read_text().strip()).resolve()
+    if not ended.is_relative_to(workdir.resolve()):
+        raise BlockFailed(f"{block.where}: the block left the working directory (for {ended})")
+    return ended
+
+
+def run_python(block: Block, namespace: dict[str, Any]) -> None:
+    filename = f"{block.where} (python block)"
+    try:
+        code = compile(block.code, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    except SyntaxError as e:
+        raise BlockFailed(f"{block.where}: does not compile: {e}") from e
+    try:
+        result = eval(code, namespace)
+        if asyncio.iscoroutine(result):
+            asyncio.run(result)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        import traceback
+
+        detail = "".join(traceback.format_exception(e))
+        raise BlockFailed(f"{block.where}: python block raised\n{detail}") from e
+
+
+def write_file(block: Block, cwd: Path) -> None:
+    assert block.title is not None
+    target = cwd / block.title
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(block.code, encoding="utf-8")
+    if target.suffix == ".py":
+        # checked once as a module of its own name (its __main__ part does not run)
+        run_python(block, {"__name__": target.stem, "__file__": str(target)})
+    elif target.suffix == ".json":
+        check_json(block)
+
+
+def check_json(block: Block) -> None:
+    try:
+        json.loads(block.code)
+    except ValueError as e:
+        raise BlockFailed(f"{block.where}: json block does not parse: {e}") from e
+
+
+@contextlib.contextmanager
+def inside(workdir: Path) -> Iterator[None]:
+    """The process's cwd and sys.path are given back after; modules loaded from
+    ``workdir`` are forgotten."""
+    old_cwd = os.getcwd()
+    old_path = list(sys.path)
+    before = set(sys.modules)
+    try:
+        yield
+    finally:
+        os.chdir(old_cwd)
+        sys.path[:] = old_path
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if file.startswith(str(workdir)):
+                del sys.modules[name]
+
+
+def _enter(cwd: Path) -> None:
+    os.chdir(cwd)
+    if sys.path[0] != str(cwd):
+        sys.path.insert(0, str(cwd))
+
+
+def run_blocks(blocks: list[Block], workdir: Path) -> list[Block]:
+    """Run the blocks in order in ``workdir``; returns the blocks that ran."""
+    check(blocks)
+    ran: list[Block] = []
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    venv = workdir / ".venv"
+    if not venv.exists():
+        venv.symlink_to(sys.prefix)  # the clone's .venv
+    cwd = workdir
+    with inside(workdir):
+        for b in blocks:
+            if b.skip is not None:
+                continue
+            _enter(cwd)
+            if b.title is not None:
+                write_file(b, cwd)
+            elif b.lang in PYTHON:
+                run_python(b, namespace)
+            elif b.lang in SHELL | CONSOLE:
+                cwd = run_shell(b, workdir, cwd)
+            elif b.lang == "json":
+                check_json(b)
+            else:
+                continue
+            ran.append(b)
+    return ran
+
+
+def run_page(path: Path, workdir: Path) -> list[Block]:
+    """Every block of the Markdown file ``path``, in order, in ``workdir``."""
+    return run_blocks(parse(path.read_text(encoding="utf-8"), path), workdir)

@@ -1,0 +1,103 @@
+"""Every code block of docs/ runs (tests/docs/docblocks.py says how), and a broken one fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from docblocks import REPO, BlockFailed, parse, run_page
+
+DOCS = REPO / "docs"
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)
+
+
+def _id(p: Path) -> str:
+    return str(p.relative_to(DOCS))
+
+
+@pytest.mark.timeout(300)  # a page's commands each start a process; the box is shared
+@pytest.mark.parametrize("page", PAGES, ids=_id)
+def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
+    run_page(page, tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_the_tutorial_runs_blocks_of_every_kind(tmp_path: Path) -> None:
+    ran = run_page(DOCS / "tutorials" / "first-agent.md", tmp_path)
+    assert {b.lang for b in ran} >= {"python", "json", "console"}
+    assert (tmp_path / "first-agent" / "cardbus.db").exists()  # the log, where they ran
+
+
+# -- the harness fails on a broken page ---------------------------------------------------
+
+
+def _page(tmp_path: Path, text: str) -> Path:
+    page = tmp_path / "broken.md"
+    page.write_text(text, encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    return page
+
+
+def test_a_python_block_that_raises_fails_with_its_line(tmp_path: Path) -> None:
+    page = _page(tmp_path, "# Page\n\n```python\nx = 1\n```\n\ntext\n\n```python\n1 / x0\n```\n")
+    with pytest.raises(BlockFailed, match=r"broken\.md:9: python block raised(?s:.*)NameError"):
+        run_page(page, tmp_path / "work")
+
+
+def test_a_cardbus_command_that_fails_fails_the_page(tmp_path: Path) -> None:
+    page = _page(tmp_path, "```console\n$ cardbus replay no-such-task\nsome output\n```\n")
+    with pytest.raises(BlockFailed, match=r"broken\.md:1: console block exited 1"):
+        run_page(page, tmp_path / "work")
+
+
+def test_a_sh_block_stops_at_its_first_failing_line(tmp_path: Path) -> None:
+    page = _page(tmp_path, "```sh\ncardbus --version\ncardbus no-such-command\ntrue\n```\n")
+    with pytest.raises(BlockFailed, match="exited 2"):
+        run_page(page, tmp_path / "work")
+
+
+def test_a_json_block_that_does_not_parse_fails(tmp_path: Path) -> None:
+    page = _page(tmp_path, '```json title="plan.json"\n{"goal": }\n```\n')
+    with pytest.raises(BlockFailed, match="does not parse"):
+        run_page(page, tmp_path / "work")
+
+
+def test_a_file_block_is_written_and_checked(tmp_path: Path) -> None:
+    page = _page(
+        tmp_path,
+        '```python title="mod.py"\nVALUE = 41\n```\n\n'
+        "```python\nimport mod\n\nassert mod.VALUE + 1 == 42\n```\n",
+    )
+    ran = run_page(page, tmp_path / "work")
+    assert [b.title for b in ran] == ["mod.py", None]
+    assert (tmp_path / "work" / "mod.py").read_text() == "VALUE = 41\n"
+    page.write_text('```python title="bad.py"\nimport no_such_module_here\n```\n')
+    with pytest.raises(BlockFailed, match="ModuleNotFoundError"):
+        run_page(page, tmp_path / "work")
+
+
+def test_a_fence_without_a_known_language_fails(tmp_path: Path) -> None:
+    page = _page(tmp_path, "```\ncardbus --version\n```\n")
+    with pytest.raises(BlockFailed, match="must name one of"):
+        run_page(page, tmp_path / "work")
+
+
+def test_a_block_is_skipped_only_when_it_needs_a_real_endpoint(tmp_path: Path) -> None:
+    marked = "<!-- docs-test: skip: needs a real endpoint (OPENAI_BASE_URL) -->\n\n"
+    page = _page(tmp_path, marked + "```sh\nexit 1\n```\n")
+    assert run_page(page, tmp_path / "work") == []
+    page.write_text("<!-- docs-test: skip: too slow -->\n```sh\nexit 1\n```\n")
+    with pytest.raises(BlockFailed, match="only when it needs a real endpoint"):
+        run_page(page, tmp_path / "work")
+
+
+def test_top_level_await_and_indented_fences(tmp_path: Path) -> None:
+    text = (
+        "!!! note\n\n    ```python\n    import asyncio\n\n"
+        "    await asyncio.sleep(0)\n    DONE = True\n    ```\n"
+    )
+    blocks = parse(text, Path("x.md"))
+    assert [(b.lang, b.line) for b in blocks] == [("python", 3)]
+    assert blocks[0].code.startswith("import asyncio\n")
+    run_page(_page(tmp_path, text), tmp_path / "work")
