@@ -16,6 +16,11 @@ the effects file:
   most once more than it was answered: a call killed in flight is re-sent);
 * no effect was applied twice: every idempotency key in the effects file once.
 
+A kill right after the ``tool.requested`` of ``note`` (a tool not declared idempotent)
+leaves its effect unknown: the task waits for an operator, and the resumed child acts as
+one (it approves; the count is printed), since a kill at a write boundary comes before
+the call's effect.
+
 ``python -m tests.e2e.crashsweep`` runs the whole sweep (every kill point of
 both stores, over 100 in all) and prints the count and the three figures;
 ``tests/e2e/test_crash_sweep.py`` runs a sample of it in ``make test``.
@@ -180,6 +185,7 @@ async def _child(store_url: str, stub_url: str, effects: Path, crash_at: int) ->
     from cardbus.agents.llm import OpenAIChatLLM
     from cardbus.bus.orchestrator import Policy, RetryPolicy
 
+    approved: list[str] = []
     llm = OpenAIChatLLM(stub_url, "stub-model", max_retries=0, timeout_s=10)
     policy = Policy(retry=RetryPolicy(max_attempts=5, initial_interval_s=0.05, jitter=0.0))
     registry = tools(effects)
@@ -196,7 +202,7 @@ async def _child(store_url: str, stub_url: str, effects: Path, crash_at: int) ->
             bus_options={"ack_wait": 2.0},
         ) as rt:
             root = await rt.submit(plan())
-            result = await rt.orchestrator.wait(root, timeout=120)
+            result = await _finish(rt.orchestrator, root, approved)
     else:
         from cardbus.bus.orchestrator.access import AccessPolicy
         from cardbus.bus.runtime.embedded import EmbeddedRuntime
@@ -209,8 +215,31 @@ async def _child(store_url: str, stub_url: str, effects: Path, crash_at: int) ->
             EmbeddedRuntime(store, [Worker], policy, llm=llm, tools=registry, access=access) as rt,
         ):
             root = await rt.orchestrator.submit(plan())
-            result = await rt.orchestrator.wait(root, timeout=120)
-    return {"root": root, "status": result.status, "outputs": result.outputs}
+            result = await _finish(rt.orchestrator, root, approved)
+    return {
+        "root": root,
+        "status": result.status,
+        "outputs": result.outputs,
+        "approved": approved,
+    }
+
+
+async def _finish(orchestrator: Any, root: str, approved: list[str]) -> Any:
+    """Wait for the run; meanwhile act as the operator: a task waiting because a call of
+    ``note`` (not idempotent) was cut off is approved. That is right here, since the kill
+    came at a write boundary, right after ``tool.requested``: before the call's effect."""
+    from cardbus.eventstore import TaskState
+
+    waiting = asyncio.ensure_future(orchestrator.wait(root, timeout=120))
+    while not waiting.done():
+        run = orchestrator.state.runs.get(root)
+        for task_id in list(run.tasks if run is not None else ()):
+            task = orchestrator.state.tasks[task_id]
+            if task.state is TaskState.AWAITING_APPROVAL and task_id not in approved:
+                approved.append(task_id)
+                await orchestrator.approve(task_id, by="sweep-operator")
+        await asyncio.wait({waiting}, timeout=0.05)
+    return waiting.result()
 
 
 # -- the parent: trials and figures --------------------------------------------------
@@ -224,6 +253,7 @@ class Figures:
     effects_twice: int = 0
     failures: list[str] = field(default_factory=list)
     killed: int = 0
+    approved: int = 0  # unknown effects of a non-idempotent tool, approved by the operator
 
     def line(self) -> str:
         return (
@@ -231,6 +261,7 @@ class Figures:
             f" {self.completed_same} completed with the same output;"
             f" {self.resent_after_durable} model calls sent again after their answer was"
             f" durable; {self.effects_twice} effects applied twice"
+            f" ({self.approved} unknown effects approved by the operator)"
         )
 
 
@@ -358,6 +389,7 @@ class Sweep:
                 self.figures.failures.append(f"{self.kind} k={crash_at}: resume failed: {out}")
                 return
         result = json.loads(out)
+        self.figures.approved += len(result.get("approved", []))
         resent, twice = judge(asyncio.run(_log_of(store_url)), effects)
         self.figures.trials += 1
         self.figures.resent_after_durable += resent
@@ -446,6 +478,7 @@ def main() -> None:
         total.completed_same += f.completed_same
         total.resent_after_durable += f.resent_after_durable
         total.effects_twice += f.effects_twice
+        total.approved += f.approved
         total.failures += f.failures
     print(f"all: {total.line()}")
     ok = (
