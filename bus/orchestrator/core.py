@@ -85,6 +85,7 @@ __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 
 log = logging.getLogger(__name__)
 _TICK = object()  # look at every open run
+_RESEND = object()  # send again the cards of our runs dispatched and not taken (resend)
 _DUE = object()  # look at the runs whose deadline or backoff has come
 _LAPSED = object()  # an agent's lease ran out: deregister it
 
@@ -679,11 +680,15 @@ class Orchestrator:
     async def deny(self, task_id: str, by: str = "api", note: str = "") -> None:
         await answer_approval(self.store, task_id, False, by, note)
 
-    def wake(self, replies: Iterable[object] = ()) -> None:
+    def wake(self, replies: Iterable[object] = (), resend: bool = False) -> None:
         """Look at every open run again (e.g. the runs of a partition just acquired), after
-        ``replies`` (those of ``foreign_replies`` its previous owner left unrecorded)."""
+        ``replies`` (those of ``foreign_replies`` its previous owner left unrecorded);
+        ``resend``: then send again the cards dispatched and not taken (``resend``: the
+        previous owner may have died between logging a dispatch and sending its card)."""
         for reply in replies:
             self._queue.put_nowait(reply)
+        if resend and self.attempts_survive_restart:
+            self._queue.put_nowait(_RESEND)
         self._queue.put_nowait(_TICK)
 
     def _reply_owned(self, reply: object) -> bool:
@@ -824,6 +829,13 @@ class Orchestrator:
         for item in items:
             if item is _TICK:
                 dirty.update(self.state.open)
+            elif item is _RESEND:  # after the replies queued before it: still untaken
+                cards = untaken_cards(decider, self.owns)
+                if cards:
+                    log.info("sending again %d card(s) dispatched and not taken", len(cards))
+                    sending = asyncio.create_task(self._send_cards(cards))
+                    self._commits.add(sending)
+                    sending.add_done_callback(self._commits.discard)
             elif item is _DUE:
                 dirty.update(self.state.due(decider.now))
             elif isinstance(item, _Changed):

@@ -216,7 +216,7 @@ class NatsRuntime:
         keep, offer = sort_held_replies(o.foreign_replies, o.state.tasks, partitions.owns, since)
         o.foreign_replies.clear()
         o.foreign_replies.extend(keep)
-        o.wake(offer)
+        o.wake(offer, resend=True)
 
     async def __aexit__(self, *exc: object) -> None:
         self._state = "stopped"
