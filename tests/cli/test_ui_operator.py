@@ -277,7 +277,14 @@ def test_operator_console_at_scale(
         assert page.locator(".pager").first.get_attribute("data-total") == str(BIG_TASKS)
         # the failed-only filter: the 21 failed tasks (i % 97 == 5)
         page.locator("#show button[data-show='failed']").click()
-        page.wait_for_selector("#tasks tbody tr[data-status='failed']")
+        # the table is redrawn when the filtered page arrives: wait for the redrawn one
+        # (a failed row of the unfiltered page would satisfy a wait for any failed row)
+        page.wait_for_function(
+            """() => {
+                const rows = [...document.querySelectorAll('#tasks tbody tr')];
+                return rows.length > 0 && rows.every(r => r.dataset.status === 'failed');
+            }"""
+        )
         statuses = page.eval_on_selector_all(
             "#tasks tbody tr", "rs => rs.map(r => r.dataset.status)"
         )
