@@ -149,6 +149,11 @@ class Orchestrator:
         ``owns``: several orchestrator processes share the runs (``partition``): this one
         decides only the runs (roots) it owns; None: every run."""
         self.owns = owns
+        # what the log is read through for the start and the follower: the store, or (a
+        # partitioned member, ``bus.runtime.members``) only the partitions it holds; then
+        # ``elsewhere`` answers ``wait`` for the runs it does not fold
+        self.log: Any = store
+        self.elsewhere: Any = None
         # replies for runs another process decides (time, reply): its partition's next owner
         # offers them again (``wake``), in case that process died before recording them
         self.foreign_replies: collections.deque[tuple[float, object]] = collections.deque(
@@ -228,7 +233,7 @@ class Orchestrator:
             self.state.position = self.snapshot_position = snap.position
             started.update(snap.traceparents)
         while True:
-            page = await self.store.read_all(self.state.position + 1, 5000)
+            page = await self.log.read_all(self.state.position + 1, 5000)
             for env in page:
                 self.state.apply(env)
                 if isinstance(env.data, ev.RunStarted):
@@ -568,6 +573,8 @@ class Orchestrator:
 
         Raises ``StoreUnavailable`` once the log cannot be written (see store_failure).
         """
+        if self.elsewhere is not None and not self.elsewhere.folds(root_id):
+            return await self.elsewhere.wait(root_id, timeout)  # a run another member folds
         done = self._result(root_id) or await self._retired_result(root_id)
         if done is not None:
             return done
@@ -607,6 +614,10 @@ class Orchestrator:
             self._queue.put_nowait(reply)
         self._queue.put_nowait(_TICK)
 
+    def later(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` in the decision loop, between two steps (``bus.runtime.members``)."""
+        self._queue.put_nowait(fn)
+
     def _reply_owned(self, reply: object) -> bool:
         """A reply is decided by its run's owner; a task not folded yet is not ours: the
         owner folded the dispatch before it sent the card."""
@@ -625,7 +636,10 @@ class Orchestrator:
     async def _follow_log(self) -> None:
         versions = self.state.versions
         busy = self._busy
-        async for env in self.store.subscribe(self.state.position + 1):
+        async for env in self.log.subscribe(self.state.position + 1):
+            if not isinstance(env, Envelope):  # a change of what is followed: see ``log``
+                self._queue.put_nowait(env)
+                continue
             # Only news wakes the loop. Our own appends come back already applied, or
             # (the log can be quicker than the append's caller) onto a stream still
             # busy with our append: that applies them, or on a conflict reads the stream.
@@ -736,6 +750,8 @@ class Orchestrator:
                 dirty.update(item.roots)
             elif isinstance(item, Envelope):
                 continue
+            elif callable(item):  # from ``log``: partitions acquired or released
+                item()
             elif item is _LAPSED:
                 for agent_id in self.leases.lapsed(list(self.state.agents), decider.now):
                     await self.deregister(agent_id, "lease_expired")

@@ -30,7 +30,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,13 @@ from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.runtime.loop import tune_gc
+from cardbus.bus.runtime.members import MemberLog
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, NatsBus
 from cardbus.bus.transport.nats import agent_inbox_prefix as inbox_prefix_of
 from cardbus.eventstore import EventStore
-from cardbus.eventstore.errors import BusError, CardbusError
+from cardbus.eventstore.errors import BusError, CardbusError, ConfigError
 from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.connection import NatsOptions
 
@@ -113,6 +114,7 @@ class NatsRuntime:
         self.name = name
         self._given_store = store
         self.partitions: Partitions | None = None
+        self.member_log: MemberLog | None = None
         self._partition_args = (partitions, partition_lease_s, member)
         if partitions is not None:
             self._partitioned(member)
@@ -139,7 +141,9 @@ class NatsRuntime:
         # every member writes the log and follows all of it: through a consumer it is
         # delivered, rather than heard and read back by direct get (a one-writer saving;
         # nats_scale_bench: 151 against 124 runs/s with two members)
-        self.store_options = {"follow": "consumer", **self.store_options}
+        # a stream this creates gets the partition count (one already there has its own,
+        # which must be this: checked on start)
+        self.store_options = {"follow": "consumer", "partitions": count, **self.store_options}
         policy = self.policy or Policy()
         if policy.actor == Policy().actor:
             self.policy = dataclasses.replace(policy, actor=f"orchestrator-{self.member}"[:200])
@@ -159,6 +163,14 @@ class NatsRuntime:
             self.keeper = MemoryKeeper(self.store, None, self.memory)
             count, lease_s, _ = self._partition_args
             if count is not None:
+                if isinstance(self.store, NatsEventStore):  # fold only what it holds
+                    if self.store.partitions != count:
+                        raise ConfigError(
+                            f"the log's stream has {self.store.partitions} partitions: start"
+                            f" every orchestrator on it with --partitions {self.store.partitions}"
+                        )
+                    self.member_log = MemberLog(self.store)
+                    self.member_log.on_folded = lambda _: self._acquired()
                 self.partitions = Partitions(
                     nc.jetstream(timeout=self.bus.request_timeout),
                     count,
@@ -166,6 +178,7 @@ class NatsRuntime:
                     member=self.member,
                     replicas=self.bus.replicas,
                     on_acquired=self._acquired,
+                    on_change=self.member_log.hold if self.member_log is not None else None,
                 )
             self.orchestrator = Orchestrator(
                 self.store,
@@ -175,8 +188,12 @@ class NatsRuntime:
                 memory=self.memory,
                 serve_requests=True,
                 agents=self.grants,
-                owns=self.partitions.owns if self.partitions is not None else None,
+                owns=self._owns() if self.partitions is not None else None,
             )
+            if self.member_log is not None:
+                self.orchestrator.log = self.orchestrator.elsewhere = self.member_log
+                self.member_log.orchestrator = self.orchestrator
+                self.orchestrator.observers.append(self.member_log.observe)
             self.orchestrator.observers.append(self.keeper.observe)
             if self.partitions is not None:  # a first share before the resume: its runs
                 await self.partitions.start()
@@ -198,13 +215,23 @@ class NatsRuntime:
         self._state = "running"
         return self
 
+    def _owns(self) -> Callable[[str], bool]:
+        partitions, member_log = self.partitions, self.member_log
+        assert partitions is not None
+        if member_log is None:
+            return partitions.owns
+        # decided here once its lease is held and its events folded
+        return lambda root: partitions.owns(root) and member_log.folds(root)
+
     def _acquired(self) -> None:
         """Partitions just taken (from a member that died or stopped): their runs are looked
         at, and the replies this process held for them that nobody recorded are offered."""
         o, partitions = self.orchestrator, self.partitions
         assert partitions is not None  # called by them
         since = time.monotonic() - 4 * partitions.lease_s
-        keep, offer = sort_held_replies(o.foreign_replies, o.state.tasks, partitions.owns, since)
+        keep, offer = sort_held_replies(
+            o.foreign_replies, o.state.tasks, o.owns or partitions.owns, since
+        )
         o.foreign_replies.clear()
         o.foreign_replies.extend(keep)
         o.wake(offer)
@@ -222,6 +249,8 @@ class NatsRuntime:
         if self.partitions is not None:  # after the last decision: the others take over now
             with contextlib.suppress(Exception):
                 await self.partitions.stop()
+        if self.member_log is not None:
+            await self.member_log.close()
         for b in self._agent_buses:
             with contextlib.suppress(Exception):
                 await b.close()

@@ -34,7 +34,7 @@ import contextlib
 import logging
 import random
 import weakref
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -74,9 +74,10 @@ class _ConsumerLost(Exception):
 
 
 class EphemeralConsumer:
-    """One ephemeral pull consumer on ``filt`` from stream sequence ``start``."""
+    """One ephemeral pull consumer on ``filt`` (one filter or several: nats-server 2.10+
+    ``filter_subjects``) from stream sequence ``start``."""
 
-    def __init__(self, store: StoreBase, filt: str, start: int) -> None:
+    def __init__(self, store: StoreBase, filt: str | Sequence[str], start: int) -> None:
         self.store = store
         self.filt = filt
         self.start = max(start, 1)
@@ -99,7 +100,8 @@ class EphemeralConsumer:
             deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=self.start,
             ack_policy=js_api.AckPolicy.NONE,
-            filter_subject=self.filt,
+            filter_subject=self.filt if isinstance(self.filt, str) else None,
+            filter_subjects=None if isinstance(self.filt, str) else list(self.filt),
             mem_storage=True,
             num_replicas=1,
             inactive_threshold=max(10.0, store.heartbeat * 10),
@@ -430,11 +432,26 @@ class Follows(StoreBase):
                 await sub.unsubscribe()
 
     async def _subscribe_consumer(self, from_position: int) -> AsyncIterator[Envelope]:
+        async for env in self.follow_filtered([all_filter(self.subject_prefix)], from_position):
+            yield env
+
+    async def follow_filtered(
+        self,
+        filters: Sequence[str],
+        from_position: int = 1,
+        opened: Callable[[EphemeralConsumer], None] | None = None,
+    ) -> AsyncIterator[Envelope]:
+        """The events matching any of ``filters`` (``subjects.partition_filter``, ...) from
+        ``from_position``, forever, through one consumer (recreated as ``subscribe``'s).
+        ``opened`` is told of each consumer made: closing it (``EphemeralConsumer.close``)
+        ends this iterator, so its caller can follow other filters from where it stopped."""
         next_position = max(from_position, 1)
         failures = 0
         while True:
             self._check_open()
-            reader = EphemeralConsumer(self, all_filter(self.subject_prefix), next_position)
+            reader = EphemeralConsumer(self, list(filters), next_position)
+            if opened is not None:
+                opened(reader)
             try:
                 await reader.open()
                 async for msg in reader.follow(self.read_batch, self.heartbeat):
@@ -446,7 +463,11 @@ class Follows(StoreBase):
                     env = envelope_of(stored)
                     next_position = seq + 1
                     yield env
-            except _FOLLOW_ERRORS as e:
+            except Exception as e:
+                if reader.closed and opened is not None:
+                    return  # closed by the caller: it follows on with other filters
+                if not isinstance(e, _FOLLOW_ERRORS):
+                    raise
                 failures += 1
                 log.debug("subscription consumer lost (%r); recreating at %d", e, next_position)
             finally:

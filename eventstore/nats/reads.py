@@ -100,7 +100,7 @@ class Reads(StoreBase):
     async def read_correlation(self, correlation_id: str) -> list[Envelope]:
         if not isinstance(correlation_id, str):
             return []
-        filt = correlation_filter(self.subject_prefix, correlation_id)
+        filt = correlation_filter(self.subject_prefix, correlation_id, self.partitions)
         msgs = await self._retry(lambda: self._read(filt))
         return [e for e in map(envelope_of, msgs) if e.correlation_id == correlation_id]
 

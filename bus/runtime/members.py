@@ -1,0 +1,254 @@
+"""What one of several partitioned orchestrator processes reads of the log: the shared
+partition and the partitions it holds (``NatsRuntime(partitions=...)``).
+
+The log's subjects name each event's partition (``eventstore.nats.subjects``), so a
+member's follower is one consumer filtered to ``<prefix>.*.s.>`` (agents, orchestrator
+starts, memory) and ``<prefix>.*.<p>.>`` for each partition ``p`` it holds. When the
+leases change (``Partitions.on_change``), the consumer is closed and the follower goes
+on from the last event it yielded with the new filters:
+
+* a partition *acquired* is caught up first: its events up to that position read from
+  the log (no snapshot per partition on NATS: from its first event), handed to the
+  orchestrator's decision loop in order, then a marker that makes the partition count
+  as folded (``folds``: only then may the member decide its runs) and offers the
+  replies held for it;
+* a partition *released* stops counting as folded at once, and a marker drops its
+  runs' state in the decision loop (``RunState.forget``); whoever waits for one of
+  them waits through the log from then on.
+
+``wait`` for a run this member does not fold is answered from the log: the run's finish
+is heard on the log's subjects (a core subscription, one message per finished run) and
+its result read with ``read_correlation``; a slow poll covers what is not heard. A
+submit for such a run writes its creation to the log, where its owner folds it; an
+approval is written to the log too (``answer_approval``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from cardbus.bus.orchestrator.core import Orchestrator, RunResult, _result_of
+from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.eventstore import Envelope
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats import NatsEventStore
+from cardbus.eventstore.nats.follow import EphemeralConsumer
+from cardbus.eventstore.nats.subjects import (
+    SHARED,
+    decode_token,
+    kind_token,
+    partition_filter,
+    partition_of,
+)
+from cardbus.eventstore.nats.wire import envelope_of
+
+__all__ = ["MemberLog"]
+
+log = logging.getLogger(__name__)
+
+_FINISHES = tuple(kind_token(t) for t in ("run.completed.v1", "run.failed.v1", "run.halted.v1"))
+_FINISH_TYPES = (ev.RunCompleted, ev.RunFailed, ev.RunHalted)
+_POLL_S = 2.0  # a run waited for elsewhere is looked at this often when nothing is heard
+
+
+class MemberLog:
+    """The log as one member sees it; ``Orchestrator.log`` and ``Orchestrator.elsewhere``."""
+
+    def __init__(self, store: NatsEventStore) -> None:
+        self.store = store
+        self.partitions = store.partitions
+        self.want: frozenset[int] = frozenset()  # what the leases say (Partitions.holding)
+        self.following: frozenset[int] = frozenset()  # in the follower's filters
+        self.folded: frozenset[int] = frozenset()  # caught up and folded: decided here
+        self.orchestrator: Orchestrator | None = None
+        self.on_folded: Callable[[frozenset[int]], None] | None = None  # (acquired ones)
+        self.folded_events = 0  # events handed to the orchestrator (bench: the fold share)
+        self._reader: EphemeralConsumer | None = None
+        self._finish_sub: Any = None
+        self._finishing: dict[str, asyncio.Event] = {}  # root waited for -> its finish heard
+        self._waiting: dict[str, int] = {}  # root -> how many wait for it here
+        self._handovers: set[asyncio.Task[None]] = set()
+
+    # -- what is folded ----------------------------------------------------------
+
+    def folds(self, root_id: str) -> bool:
+        return partition_of(root_id, self.partitions) in self.folded
+
+    def hold(self, partitions: Iterable[int]) -> None:
+        """The partitions the leases give this member now (``Partitions.on_change``)."""
+        want = frozenset(partitions)
+        if want == self.want:
+            return
+        self.want = want
+        reader = self._reader
+        if reader is not None:  # the follower goes on with the new filters
+            task = asyncio.ensure_future(reader.close())
+            self._handovers.add(task)
+            task.add_done_callback(self._handovers.discard)
+
+    def _filters(self, parts: Iterable[int | str]) -> list[str]:
+        prefix = self.store.subject_prefix
+        return [partition_filter(prefix, p) for p in parts]
+
+    async def _read(
+        self, parts: Iterable[int | str], start: int, end: int | None
+    ) -> list[Envelope]:
+        """The events of ``parts`` from ``start`` (to ``end``), in log order."""
+        msgs = []
+        for filt in self._filters(parts):
+            msgs.extend(await self.store._retry(lambda f=filt: self.store._read(f, start)))  # type: ignore[misc]
+        msgs.sort(key=lambda m: m.seq)
+        return [envelope_of(m) for m in msgs if end is None or m.seq <= end]
+
+    # -- the orchestrator's reads (Orchestrator.log) -----------------------------
+
+    async def read_all(self, from_position: int = 0, limit: int = 1000) -> list[Envelope]:
+        """The start's replay: every event of the shared and the held partitions."""
+        parts = self.want
+        envs = await self._read([SHARED, *sorted(parts)], max(from_position, 1), None)
+        self.following = self.folded = parts
+        self.folded_events += len(envs)
+        return envs
+
+    async def subscribe(self, from_position: int) -> AsyncIterator[Envelope | Callable[[], None]]:
+        last = from_position - 1
+        while True:
+            want = self.want
+            lost, gained = self.following - want, want - self.following
+            if lost:
+                self.following -= lost
+                self.folded -= lost  # decided here no more, from now
+                yield lambda lost=lost: self._forget(lost)  # type: ignore[misc]
+            if gained:
+                envs = await self._read(sorted(gained), 1, last)
+                self.following |= gained
+                self.folded_events += len(envs)
+                for env in envs:
+                    yield env
+                yield lambda gained=gained: self._acquired(gained)  # type: ignore[misc]
+            parts: list[int | str] = [SHARED, *sorted(self.following)]
+            follow = self.store.follow_filtered(self._filters(parts), last + 1, self._opened)
+            async with contextlib.aclosing(follow):  # type: ignore[type-var]
+                async for env in follow:
+                    last = env.position
+                    self.folded_events += 1
+                    yield env
+                    if self.want != self.following:
+                        break
+
+    def _opened(self, reader: EphemeralConsumer) -> None:
+        self._reader = reader
+        if self.want != self.following:  # changed meanwhile: go round again at once
+            task = asyncio.ensure_future(reader.close())
+            self._handovers.add(task)
+            task.add_done_callback(self._handovers.discard)
+
+    def observe(self, env: Envelope) -> None:
+        """(An orchestrator observer.) A run created here in a partition this member does
+        not follow (a submit for another member's run) is dropped once folded: its owner
+        goes on with it, and ``wait`` reads it from the log."""
+        o = self.orchestrator
+        root = env.stream
+        if (
+            o is not None
+            and isinstance(env.data, ev.RunStarted)
+            and partition_of(root, self.partitions) not in self.following
+        ):
+            o.later(lambda: None if self.folds(root) else o.state.forget(root))
+
+    # -- markers, run in the decision loop -----------------------------------------
+
+    def _acquired(self, gained: frozenset[int]) -> None:
+        self.folded |= gained & self.following
+        if self.on_folded is not None:
+            self.on_folded(gained)
+
+    def _forget(self, lost: frozenset[int]) -> None:
+        o = self.orchestrator
+        if o is None:
+            return
+        n = self.partitions
+        for root in [r for r in o.state.runs if partition_of(r, n) in lost]:
+            o.state.forget(root)
+            for future in o._waiters.pop(root, []):  # they wait through the log now
+                self._hand_over(root, future)
+
+    def _hand_over(self, root: str, future: asyncio.Future[RunResult]) -> None:
+        async def answer() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                result = await self.wait(root, None)
+                if not future.done():
+                    future.set_result(result)
+
+        task = asyncio.ensure_future(answer())
+        self._handovers.add(task)
+        task.add_done_callback(self._handovers.discard)
+        future.add_done_callback(lambda _: task.cancel())
+
+    # -- waiting for a run another member folds (Orchestrator.elsewhere) ------------
+
+    async def wait(self, root_id: str, timeout: float | None) -> RunResult:
+        heard = self._finishing.setdefault(root_id, asyncio.Event())
+        self._waiting[root_id] = self._waiting.get(root_id, 0) + 1
+        try:
+            async with asyncio.timeout(timeout):
+                await self._listen()
+                while True:
+                    if self.folds(root_id) and self.orchestrator is not None:
+                        # taken over meanwhile: this member folds it now
+                        return await self.orchestrator.wait(root_id, None)
+                    result = await self._result(root_id)
+                    if result is not None:
+                        return result
+                    heard.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_POLL_S):
+                            await heard.wait()
+        finally:
+            self._waiting[root_id] -= 1
+            if not self._waiting[root_id]:
+                del self._waiting[root_id]
+                self._finishing.pop(root_id, None)
+
+    async def _result(self, root_id: str) -> RunResult | None:
+        last = await self.store.read_stream(root_id)
+        if not last or not isinstance(last[-1].data, _FINISH_TYPES):
+            return None
+        state = RunState()
+        for env in await self.store.read_correlation(root_id):
+            state.apply(env)
+        return _result_of(state, root_id)
+
+    async def _listen(self) -> None:
+        """Hear runs finish: a core subscription to the finish events' subjects (others'
+        publishes; the store's connection does not echo its own)."""
+        if self._finish_sub is not None:
+            return
+        prefix = self.store.subject_prefix
+
+        async def on_msg(msg: Any) -> None:
+            tokens = msg.subject[len(prefix) + 1 :].split(".")
+            if len(tokens) == 4:
+                heard = self._finishing.get(decode_token(tokens[2]))
+                if heard is not None:
+                    heard.set()
+
+        subs = []
+        try:
+            for kind in _FINISHES:
+                subs.append(await self.store.nc.subscribe(f"{prefix}.*.*.*.{kind}", cb=on_msg))
+        except Exception as e:  # not allowed to: the poll alone
+            log.info("runs waited for elsewhere are polled: %r", e)
+        self._finish_sub = subs
+
+    async def close(self) -> None:
+        for task in list(self._handovers):
+            task.cancel()
+        for sub in self._finish_sub or ():
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._finish_sub = None
