@@ -83,6 +83,7 @@ log = logging.getLogger(__name__)
 _TICK = object()  # look at every open run
 _DUE = object()  # look at the runs whose deadline or backoff has come
 _LAPSED = object()  # an agent's lease ran out: deregister it
+_PLACE_TRIES = 256  # new root ids drawn for one in a partition this member holds (p ~ share)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class Orchestrator:
         attempts_survive_restart: bool = True,
         agents: AgentGrants | Iterable[AgentCard] | None = None,
         owns: Callable[[str], bool] | None = None,
+        local_runs: bool = True,
     ) -> None:
         """``snapshot``: the file a start reads the state from and a stop (and every
         ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
@@ -147,8 +149,13 @@ class Orchestrator:
         ceiling.
 
         ``owns``: several orchestrator processes share the runs (``partition``): this one
-        decides only the runs (roots) it owns; None: every run."""
+        decides only the runs (roots) it owns; None: every run. ``local_runs`` (with
+        ``owns``): a new run's root id is drawn in a partition this process owns when it
+        owns any, so the run is decided where it was submitted (its creation written with
+        its first dispatches, its ``wait`` answered here); False: wherever its root id
+        falls (another process then decides it)."""
         self.owns = owns
+        self.local_runs = local_runs
         # what the log is read through for the start and the follower: the store, or (a
         # partitioned member, ``bus.runtime.members``) only the partitions it holds; then
         # ``elsewhere`` answers ``wait`` for the runs it does not fold
@@ -432,7 +439,7 @@ class Orchestrator:
         if root_id is not None and root_id in self.state.runs:
             return root_id
         fresh = root_id is None
-        root_id = root_id or new_id()
+        root_id = root_id or self._new_root()
         self.tracing.start_run(root_id, plan_id, plan.goal)
         ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
         started = ev.RunStarted(
@@ -472,6 +479,19 @@ class Orchestrator:
         # the next submit of the same plan id (each append below is create-only)
         await self._create(creates, root_id, first_step=fresh and plan.plan_id is None)
         self._queue.put_nowait(_Changed(frozenset([root_id])))
+        return root_id
+
+    def _new_root(self) -> str:
+        """A new run's root id. With ``owns`` (several members share the runs), one this
+        member decides when it decides any: drawn again until its partition is one held
+        here, so the run's creation goes with its first dispatches and its ``wait`` is
+        answered here, not through another member. Runs go where they are submitted."""
+        root_id = new_id()
+        if self.owns is not None and self.local_runs:
+            for _ in range(_PLACE_TRIES):
+                if self.owns(root_id):
+                    break
+                root_id = new_id()
         return root_id
 
     def _same_plan(self, plan_id: str, digest: str) -> None:

@@ -82,6 +82,7 @@ class NatsRuntime:
         partitions: int | None = None,
         partition_lease_s: float = 6.0,
         member: str | None = None,
+        local_runs: bool = True,
     ) -> None:
         """``tools``: the registry agents' tool requests are served from (none: refused).
 
@@ -97,7 +98,10 @@ class NatsRuntime:
         one's after its lease, and accepts submits for any run. ``member``: this
         process's name among them (default: a new id each start); it names the reply
         consumer (``cardbus-orchestrator-<member>``) unless ``bus_options`` name one.
-        None: this process decides every run (no KV bucket).
+        None: this process decides every run (no KV bucket). ``local_runs``: a run
+        submitted here goes in a partition this process holds (``Orchestrator``), so it
+        is decided here with no other member in between; the runs spread over the
+        members as the submits do. False: a run goes where its root id falls.
 
         ``store_options`` go to ``NatsEventStore.from_connection``: the bus's connection
         echoes, so the store opens its own (``<name>-log``, ``no_echo``);
@@ -116,6 +120,7 @@ class NatsRuntime:
         self.partitions: Partitions | None = None
         self.member_log: MemberLog | None = None
         self._partition_args = (partitions, partition_lease_s, member)
+        self.local_runs = local_runs
         if partitions is not None:
             self._partitioned(member)
         self.store: EventStore
@@ -189,6 +194,7 @@ class NatsRuntime:
                 serve_requests=True,
                 agents=self.grants,
                 owns=self._owns() if self.partitions is not None else None,
+                local_runs=self.local_runs,
             )
             if self.member_log is not None:
                 self.orchestrator.log = self.orchestrator.elsewhere = self.member_log

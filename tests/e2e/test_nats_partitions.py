@@ -75,7 +75,8 @@ async def _agents(url: str, stop: asyncio.Event) -> asyncio.Task[None]:
     return serving
 
 
-def _runtime(url: str, member: str, lease_s: float) -> NatsRuntime:
+def _runtime(url: str, member: str, lease_s: float, local_runs: bool = False) -> NatsRuntime:
+    # (not local: a run goes where its root id falls, so a submit reaches the other's runs)
     return NatsRuntime(
         NatsOptions(url=url),
         bus_options=FAST_BUS,
@@ -83,17 +84,23 @@ def _runtime(url: str, member: str, lease_s: float) -> NatsRuntime:
         partitions=PARTITIONS,
         partition_lease_s=lease_s,
         member=member,
+        local_runs=local_runs,
     )
 
 
 @contextlib.asynccontextmanager
-async def _two_members(url: str) -> AsyncIterator[tuple[NatsRuntime, NatsRuntime]]:
+async def _two_members(
+    url: str, local_runs: bool = False
+) -> AsyncIterator[tuple[NatsRuntime, NatsRuntime]]:
     """Members "a" and "b", once each holds half the partitions, and agents serving
     them. A long lease: no handover under load, where a late renewal could pass it on."""
     stop = asyncio.Event()
     serving = await _agents(url, stop)
     try:
-        async with _runtime(url, "a", 6.0) as a, _runtime(url, "b", 6.0) as b:
+        async with (
+            _runtime(url, "a", 6.0, local_runs) as a,
+            _runtime(url, "b", 6.0, local_runs) as b,
+        ):
             assert a.partitions is not None and b.partitions is not None
             pa, pb = a.partitions, b.partitions
             await until(lambda: len(pa.held) == len(pb.held) == 4, what="half each")
@@ -142,6 +149,28 @@ async def test_two_orchestrators_share_the_runs_each_decided_by_one(
     assert not [e for e in events if isinstance(e.data, ev.TaskResultIgnored)]
     # both decided (the runs' roots are random: all 16 on one side is a 2**-15 chance)
     assert set(Counter(a for r in roots for a in decisions(events, r))) == set(owner.values())
+
+
+async def test_a_run_is_decided_by_the_member_it_was_submitted_to(
+    nats_server: NatsServer,
+) -> None:
+    """``local_runs`` (the default): a submit draws its root in a partition the member
+    holds, so the run is created with its first dispatches and waited for there."""
+    async with _two_members(nats_server.url, local_runs=True) as (a, b):
+        roots = [
+            await m.submit(plan(f"run-{i}"), agent_timeout=10) for i, m in enumerate([a, b] * 4)
+        ]
+        results = await asyncio.gather(
+            *(m.orchestrator.wait(r, timeout=60) for m, r in zip([a, b] * 4, roots, strict=True))
+        )
+        for m, root in zip([a, b] * 4, roots, strict=True):
+            assert m.partitions is not None and m.partitions.owns(root)
+        assert a.orchestrator.bad_messages == b.orchestrator.bad_messages == []
+    assert [r.status for r in results] == ["completed"] * len(roots)
+    events = await read_log(nats_server.url)
+    check_runs(events, roots)
+    for i, root in enumerate(roots):
+        assert set(decisions(events, root)) == {f"orchestrator-{'ab'[i % 2]}"}, root
 
 
 async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
