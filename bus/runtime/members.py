@@ -16,9 +16,14 @@ on from the last event it yielded with the new filters:
   runs' state in the decision loop (``RunState.forget``); whoever waits for one of
   them waits through the log from then on.
 
-``wait`` for a run this member does not fold is answered from the log: the run's finish
-is heard on the log's subjects (a core subscription, one message per finished run) and
-its result read with ``read_correlation``; a slow poll covers what is not heard. A
+A run submitted here is placed in a partition this member holds (``local_runs``), so
+``wait`` is mostly answered from the fold. One for a run this member does not fold is
+answered from the log: the run's finish is heard on the log's subjects (a core
+subscription, one message per finished run), looked at with one lookup of the root's last
+event (``read_last``: the server's subject index; a read with a wildcard filter walks the
+log's blocks message by message on the server), and its result read with
+``read_correlation`` once it has finished; a slow poll of that lookup covers what is not
+heard. A
 submit for such a run writes its creation to the log, where its owner folds it; an
 approval is written to the log too (``answer_approval``).
 """
@@ -215,8 +220,10 @@ class MemberLog:
                 self._finishing.pop(root_id, None)
 
     async def _result(self, root_id: str) -> RunResult | None:
-        last = await self.store.read_stream(root_id)
-        if not last or not isinstance(last[-1].data, _FINISH_TYPES):
+        # the root's last event first (the server's subject index, no scan of the log); the
+        # run's events are read once it has finished
+        last = await self.store.read_last(root_id)
+        if last is None or not isinstance(last.data, _FINISH_TYPES):
             return None
         state = RunState()
         for env in await self.store.read_correlation(root_id):

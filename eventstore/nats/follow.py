@@ -447,30 +447,47 @@ class Follows(StoreBase):
         ends this iterator, so its caller can follow other filters from where it stopped."""
         next_position = max(from_position, 1)
         failures = 0
-        while True:
-            self._check_open()
-            reader = EphemeralConsumer(self, list(filters), next_position)
-            if opened is not None:
-                opened(reader)
-            try:
-                await reader.open()
-                async for msg in reader.follow(self.read_batch, self.heartbeat):
-                    failures = 0
-                    stored = stored_of(msg)
-                    seq = stored.seq
-                    if seq < next_position:
-                        continue  # already yielded (defensive: consumers restart at next)
-                    env = envelope_of(stored)
-                    next_position = seq + 1
-                    yield env
-            except Exception as e:
-                if reader.closed and opened is not None:
-                    return  # closed by the caller: it follows on with other filters
-                if not isinstance(e, _FOLLOW_ERRORS):
-                    raise
-                failures += 1
-                log.debug("subscription consumer lost (%r); recreating at %d", e, next_position)
-            finally:
-                await reader.close()
-            self._check_open()
-            await asyncio.sleep(min(0.02 * 2 ** min(failures, 7), 2.0) * (1 + random.random() / 4))
+        # what this connection appends is handed over by the append (as to the echo-free
+        # follower): the consumer still delivers it, in order, but it is not decoded again
+        mine = _Follower((self.stream_name, self.subject_prefix), next_position)
+        own = mine.own
+        followers = _FOLLOWERS.setdefault(self.nc, [])
+        followers.append(mine)
+        try:
+            while True:
+                self._check_open()
+                reader = EphemeralConsumer(self, list(filters), next_position)
+                if opened is not None:
+                    opened(reader)
+                try:
+                    await reader.open()
+                    async for msg in reader.follow(self.read_batch, self.heartbeat):
+                        failures = 0
+                        seq = msg.metadata.sequence.stream
+                        if seq < next_position:
+                            continue  # already yielded (defensive: consumers restart at next)
+                        env = own.pop(seq, None) if own else None
+                        if env is None:
+                            env = envelope_of(stored_of(msg))
+                        next_position = mine.next = seq + 1
+                        while own:  # own appends before it outside the filters: never come
+                            first = next(iter(own))
+                            if first >= seq:
+                                break
+                            del own[first]
+                        yield env
+                except Exception as e:
+                    if reader.closed and opened is not None:
+                        return  # closed by the caller: it follows on with other filters
+                    if not isinstance(e, _FOLLOW_ERRORS):
+                        raise
+                    failures += 1
+                    log.debug("subscription consumer lost (%r); recreating at %d", e, next_position)
+                finally:
+                    await reader.close()
+                self._check_open()
+                pause = min(0.02 * 2 ** min(failures, 7), 2.0) * (1 + random.random() / 4)
+                await asyncio.sleep(pause)
+        finally:
+            with contextlib.suppress(ValueError):
+                followers.remove(mine)
