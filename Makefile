@@ -61,7 +61,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/planning_bench.py
 	$(BIN)/python bench/restart_bench.py --json $(BENCH_JSON)
 	$(BIN)/python bench/agent_latency_bench.py --json $(BENCH_JSON)
+	$(BIN)/python bench/journal_bench.py --json $(BENCH_JSON)
 	$(BIN)/python bench/nats_scale_bench.py --json $(BENCH_JSON)
+	$(BIN)/python bench/overload_bench.py
 	@uptime
 	$(BIN)/python bench/summary.py $(BENCH_JSON)
 

@@ -14,7 +14,7 @@ from cardbus.agents.cards import (
     TaskCard,
 )
 from cardbus.agents.embedding import Embedder, HashingEmbedder
-from cardbus.agents.llm import LLM, Completion, MockLLM, OpenAIChatLLM, configured_llm
+from cardbus.agents.llm import LLM, Completion, MockLLM, OpenAIChatLLM, ToolCall, configured_llm
 from cardbus.agents.llm_agent import LLMAgent
 from cardbus.agents.planning import (
     LLMPlanner,
@@ -24,6 +24,7 @@ from cardbus.agents.planning import (
     RulePlanner,
     plan_json_schema,
 )
+from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec, current_idempotency_key
 
 __all__ = [
     "LLM",
@@ -51,6 +52,11 @@ __all__ = [
     "Started",
     "TaskCard",
     "TaskContext",
+    "Tool",
+    "ToolCall",
+    "ToolRegistry",
+    "current_idempotency_key",
+    "ToolSpec",
     "configured_llm",
     "plan_json_schema",
 ]

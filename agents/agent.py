@@ -48,7 +48,7 @@ from cardbus.agents.cards import (
 )
 from cardbus.agents.llm import LLM, MeteredLLM, MockLLM
 from cardbus.agents.requests import TaskServices
-from cardbus.eventstore.errors import LLMError
+from cardbus.eventstore.errors import EffectUnknown, LLMError
 from cardbus.eventstore.events import Usage
 
 __all__ = ["Agent", "Capability", "NeedsInput", "Reject", "TaskContext"]
@@ -156,7 +156,7 @@ class TaskContext(TaskServices):
         """The task's model, every call counted; made when first asked (most agents of a
         pipeline never call one, and each task would make two objects for nothing)."""
         if self._metered is None:
-            self._metered = MeteredLLM(self._given or MockLLM())
+            self._metered = MeteredLLM(self._given or MockLLM(), journal=self.journal)
         return self._metered
 
     @llm.setter
@@ -184,6 +184,10 @@ class Agent:
     version: ClassVar[str] = "0.1.0"
     capabilities: ClassVar[Sequence[Capability]] = ()
     constraints: ClassVar[AgentConstraints] = AgentConstraints()
+    #: a retried or redelivered attempt gets the answers its model and tool calls got
+    #: before, while it asks the same (``agents.journal``); False: always fresh calls
+    #: (still recorded)
+    replay_journal: ClassVar[bool] = True
     _capabilities_by_name: ClassVar[tuple[Sequence[Capability], dict[str, Capability]] | None] = (
         None
     )
@@ -253,6 +257,8 @@ class Agent:
             return reject("over_constraint", problem)
 
         ctx = TaskContext(task, cls.agent_id, llm)
+        if not cls.replay_journal:
+            ctx.replay_journal = False
         extra: dict[str, Any]
         try:
             output = await _call_handler(cls(), task, inputs, ctx)
@@ -275,6 +281,8 @@ class Agent:
             extra = {"error": f"{type(e).__name__}: {_text(e)}"}
             if isinstance(e, LLMError):  # a typed reason for the retry policy
                 extra["reason"] = _text(e.error_type)
+            elif isinstance(e, EffectUnknown):  # the orchestrator asks an operator
+                extra["reason"] = "tool_effect_unknown"
         result = ResultCard(
             **base,
             status=status,

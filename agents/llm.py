@@ -1,12 +1,18 @@
 """The LLM seam agents call: a protocol, a deterministic mock, an OpenAI-compatible client.
 
-Two calls, both answering a ``Completion`` (text, token usage, model):
+Two calls, both answering a ``Completion`` (text, token usage, model, and the
+tool calls the model asked for with the reason it stopped):
 
 * ``complete(prompt, *, system)``: the bare prompt -> text call every ``LLM`` has;
-* ``chat(messages, *, model, response_format)``: chat messages, a model chosen
-  per call and optionally OpenAI structured output (``response_format``);
+* ``chat(messages, *, model, response_format, tools)``: chat messages, a model
+  chosen per call, optionally OpenAI structured output (``response_format``)
+  and OpenAI function tools (``tools``: the model may answer ``tool_calls``);
   ``MockLLM`` and ``OpenAIChatLLM`` have it, and :func:`chat` gives it to any
-  ``LLM`` (a plain one refuses structured output with ``LLMRequestRefused``).
+  ``LLM`` (a plain one refuses structured output and tools with ``LLMRequestRefused``).
+
+Tool-calling messages are OpenAI's: the model's turn is
+:func:`assistant_message` of its completion (``tool_calls`` included), and each
+result goes back as :func:`tool_message` (role ``tool``, ``tool_call_id``).
 
 The mock is the default everywhere (demo, tests): the same messages always give
 the same text and token counts, so runs are reproducible and need no network;
@@ -59,10 +65,13 @@ __all__ = [
     "MockLLM",
     "ModelJournal",
     "OpenAIChatLLM",
+    "ToolCall",
+    "assistant_message",
     "chat",
     "configured_llm",
     "describe_llm",
     "schema_instance",
+    "tool_message",
     "use_tracer_provider",
 ]
 
@@ -70,15 +79,55 @@ ENV_BASE_URL = "OPENAI_BASE_URL"
 ENV_API_KEY = "OPENAI_API_KEY"
 ENV_MODEL = "CARDBUS_MODEL"
 
-#: one chat message: ``{"role": "system" | "user" | "assistant", "content": text}``
-Message = Mapping[str, str]
+#: one chat message, as OpenAI's: ``{"role": "system" | "user" | "assistant", "content": text}``;
+#: an assistant turn that called tools also has ``tool_calls`` (see :func:`assistant_message`),
+#: a tool's result is ``{"role": "tool", "tool_call_id": id, "content": text}``
+Message = Mapping[str, Any]
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """One function call the model asked for: ``arguments`` is JSON text, as the model wrote it
+    (it may not parse: the caller checks)."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
 
 
 class Completion(msgspec.Struct, frozen=True):
+    """One model answer. ``tool_calls``: the calls it asked for (several: parallel calls, to
+    be answered in one go); ``finish_reason``: why it stopped (``stop``, ``tool_calls``,
+    ``length``, ...; "" when the endpoint does not say)."""
+
     text: str
     input_tokens: int = 0
     output_tokens: int = 0
     model: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str = ""
+
+
+def assistant_message(completion: Completion) -> dict[str, Any]:
+    """The model's turn as the next request must repeat it (its ``tool_calls`` included)."""
+    if not completion.tool_calls:
+        return {"role": "assistant", "content": completion.text}
+    return {
+        "role": "assistant",
+        "content": completion.text or None,
+        "tool_calls": [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in completion.tool_calls
+        ],
+    }
+
+
+def tool_message(call_id: str, content: str) -> dict[str, Any]:
+    """The result of the tool call ``call_id``, as the model reads it."""
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
 class LLM(Protocol):
@@ -123,10 +172,10 @@ async def chat(
         raise LLMRequestRefused(f"{type(llm).__name__} has no chat(): no tool calls")
     if response_format is not None:
         raise LLMRequestRefused(f"{type(llm).__name__} has no chat(): no structured output")
-    system = "\n\n".join(m["content"] for m in messages if m.get("role") == "system")
+    system = "\n\n".join(str(m["content"]) for m in messages if m.get("role") == "system")
     rest = [m for m in messages if m.get("role") != "system"]
     if len(rest) == 1:
-        prompt = rest[0]["content"]
+        prompt = str(rest[0]["content"])
     else:
         prompt = "\n\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in rest)
     return await llm.complete(prompt, system=system)
@@ -146,19 +195,39 @@ def _count(value: Any) -> int:
 # -- the mock ------------------------------------------------------------------------
 
 
+#: one call in a ``MockLLM`` tool script: a tool's name (its arguments are then an instance
+#: of the parameters schema it is offered with), or ``(name, arguments)``
+MockToolCall = str | tuple[str, Mapping[str, Any]]
+
+
 class MockLLM:
     """Deterministic: ``respond(prompt)`` if given, else a stable echo of the prompt.
 
     ``chat`` hands ``respond`` the last user message; without ``respond`` and
     asked for structured output it answers :func:`schema_instance` of the
     schema (seeded by the messages), so an ``LLMAgent`` works on it as is.
+
+    Offered ``tools``, it drives a tool loop with no network: ``tool_script`` is
+    its tool-calling turns, each a sequence of calls (several: parallel calls);
+    a call is a tool's name (its arguments: :func:`schema_instance` of the
+    tool's parameters) or ``(name, arguments)``. Which turn it plays is read
+    from the conversation (the n-th assistant turn with tool calls in it), so
+    the same messages always get the same answer. Past its script it answers
+    as it would without tools (the final answer). The default script is one
+    turn calling the first tool offered; ``tool_script=()`` never calls one.
     """
 
     provider = "cardbus.mock"
 
-    def __init__(self, respond: Callable[[str], str] | None = None, model: str = "mock-1") -> None:
+    def __init__(
+        self,
+        respond: Callable[[str], str] | None = None,
+        model: str = "mock-1",
+        tool_script: Sequence[Sequence[MockToolCall]] | None = None,
+    ) -> None:
         self.respond = respond
         self.model = model
+        self.tool_script = None if tool_script is None else [list(t) for t in tool_script]
         self.calls: list[str] = []
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
@@ -176,13 +245,20 @@ class MockLLM:
         *,
         model: str | None = None,
         response_format: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Completion:
         model = model or self.model
         prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        prompt = prompt if isinstance(prompt, str) else ""
         self.calls.append(prompt)
         seed = hashlib.sha256(
-            json.dumps([dict(m) for m in messages], sort_keys=True).encode()
+            json.dumps([dict(m) for m in messages], sort_keys=True, default=str).encode()
         ).hexdigest()[:8]
+        used = sum(_tokens(str(m.get("content") or "")) for m in messages)
+        calls = self._tool_turn(messages, tools or (), f"{model}:{seed}")
+        if calls:
+            spent = sum(_tokens(c.arguments) + 1 for c in calls)
+            return Completion("", used, spent, model, calls, "tool_calls")
         schema = _json_schema_of(response_format)
         if self.respond is not None:
             text = self.respond(prompt)
@@ -190,8 +266,34 @@ class MockLLM:
             text = json.dumps(schema_instance(schema, f"{model}:{seed}"))
         else:
             text = f"[{model}:{seed}] {prompt[:200]}"
-        used = sum(_tokens(m.get("content", "")) for m in messages)
-        return Completion(text, used, _tokens(text), model)
+        return Completion(text, used, _tokens(text), model, (), "stop")
+
+    def _tool_turn(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], seed: str
+    ) -> tuple[ToolCall, ...]:
+        """The scripted calls of this turn (none: past the script, or no tools offered)."""
+        params: dict[str, Any] = {}
+        for t in tools:
+            fn = t.get("function") if isinstance(t, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                params.setdefault(fn["name"], fn.get("parameters") or {})
+        if not params:
+            return ()
+        script = self.tool_script
+        if script is None:
+            script = [[next(iter(params))]]
+        turn = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+        if turn >= len(script):
+            return ()
+        calls = []
+        for i, call in enumerate(script[turn]):
+            if isinstance(call, str):
+                name, args = call, schema_instance(params.get(call, {}), seed)
+            else:
+                name, args = call[0], dict(call[1])
+            arguments = json.dumps(args if isinstance(args, dict) else {}, sort_keys=True)
+            calls.append(ToolCall(f"call_{turn}_{i}", name, arguments))
+        return tuple(calls)
 
 
 def _json_schema_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -267,7 +369,29 @@ class OpenAIChatLLM:
     local servers expect.
     """
 
-    provider = "openai"
+    #: hosts of OpenAI-compatible endpoints -> the GenAI registry's ``gen_ai.provider.name``
+    PROVIDERS = {
+        "api.openai.com": "openai",
+        "api.anthropic.com": "anthropic",
+        "generativelanguage.googleapis.com": "gcp.gemini",
+        "api.mistral.ai": "mistral_ai",
+        "api.deepseek.com": "deepseek",
+        "api.groq.com": "groq",
+        "api.x.ai": "x_ai",
+        "api.perplexity.ai": "perplexity",
+        "api.cohere.ai": "cohere",
+    }
+
+    @property
+    def provider(self) -> str:
+        """``gen_ai.provider.name`` of the endpoint, from the base URL's host: the
+        OpenTelemetry registry's name for a known provider (api.openai.com -> ``openai``,
+        ``*.openai.azure.com`` -> ``azure.ai.openai``, ...), else the host itself (a
+        custom value, as the GenAI conventions allow: a local vLLM is not OpenAI)."""
+        host = (urlsplit(self.base_url).hostname or "").lower().rstrip(".")
+        if host.endswith(".openai.azure.com"):
+            return "azure.ai.openai"
+        return self.PROVIDERS.get(host) or host or "unknown"
 
     def __init__(
         self,
@@ -310,13 +434,19 @@ class OpenAIChatLLM:
         *,
         model: str | None = None,
         response_format: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Completion:
+        """One chat completion; ``tools`` are OpenAI function tools
+        (``{"type": "function", "function": {"name", "description", "parameters"}}``),
+        and the calls the model asks for are the answer's ``tool_calls``."""
         import openai
 
         model = model or self.model
         extra: dict[str, Any] = {}
         if response_format is not None:
             extra["response_format"] = response_format
+        if tools:
+            extra["tools"] = [dict(t) for t in tools]
         try:
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=model,
@@ -378,29 +508,62 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 def _completion(body: bytes, model: str) -> Completion:
-    """A chat-completion response body as a ``Completion``; anything else is LLMBadOutput."""
+    """A chat-completion response body as a ``Completion``; anything else is LLMBadOutput.
+
+    A message with ``tool_calls`` may have no content (null): its text is then "".
+    """
     try:
         doc: Any = msgspec.json.decode(body)
-        text = doc["choices"][0]["message"]["content"]
+        choice = doc["choices"][0]
+        message = choice["message"]
+        calls = _tool_calls(message.get("tool_calls"))
+        text = message["content"] if not calls else (message.get("content") or "")
         usage = doc.get("usage") or {}
+        reason = choice.get("finish_reason")
         completion = Completion(
             text,
             _count(usage.get("prompt_tokens", 0)),
             _count(usage.get("completion_tokens", 0)),
             str(doc.get("model") or model),
+            calls,
+            reason if isinstance(reason, str) else "",
         )
     except (
         msgspec.DecodeError,  # not JSON
         KeyError,  # no choices / message / content
         IndexError,  # empty choices
         TypeError,  # a field of the wrong type
-        AttributeError,  # "usage" or the document is not an object
-        ValueError,  # a bad token count
+        AttributeError,  # "usage", the message or the document is not an object
+        ValueError,  # a bad token count, a bad tool call
     ) as e:
         raise LLMBadOutput(f"unexpected chat completion response: {e!r}") from e
     if not isinstance(text, str):
         raise LLMBadOutput("chat completion content is not text")
     return completion
+
+
+def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
+    """The message's ``tool_calls`` (function calls; arguments kept as JSON text)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ValueError(f"tool_calls is not a list: {raw!r}")
+    calls = []
+    for i, item in enumerate(raw):
+        fn = item["function"]
+        name = fn["name"]
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tool call without a name: {item!r}")
+        args = fn.get("arguments")
+        if args is None:
+            args = "{}"
+        elif not isinstance(args, str):  # some servers send the object itself
+            args = json.dumps(args)
+        call_id = item.get("id")
+        calls.append(
+            ToolCall(call_id if isinstance(call_id, str) and call_id else f"call_{i}", name, args)
+        )
+    return tuple(calls)
 
 
 # -- configuration ---------------------------------------------------------------------
@@ -476,6 +639,11 @@ def _tracer() -> trace.Tracer | None:
 class ModelJournal(Protocol):
     """Records a model call and answers it from the log when a retry asks it again."""
 
+    @property
+    def recording(self) -> bool:
+        """Whether there is a log to record in (else calls go out as they are)."""
+        ...
+
     async def model_call(
         self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
     ) -> Completion: ...
@@ -538,13 +706,17 @@ class MeteredLLM:
         self, model: str | None, call: Callable[[], Any], request: dict[str, Any]
     ) -> Completion:
         journal = self.journal
-        if journal is not None:  # recorded in the task's stream; answered from it on a retry
-            return await journal.model_call(request, lambda: self._live(model, call))
+        if journal is not None and journal.recording:
+            # recorded in the task's stream, answered from it on a retry; its span is the
+            # orchestrator's, made from the log (one span a call, not one on each side)
+            return await journal.model_call(request, lambda: self._live(model, call, False))
         return await self._live(model, call)
 
-    async def _live(self, model: str | None, call: Callable[[], Any]) -> Completion:
+    async def _live(
+        self, model: str | None, call: Callable[[], Any], traced: bool = True
+    ) -> Completion:
         requested = model or self.model
-        tracer = _tracer()
+        tracer = _tracer() if traced else None
         if tracer is None:
             return self._count(await call())
         with tracer.start_as_current_span(

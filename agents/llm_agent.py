@@ -18,6 +18,19 @@ A subclass declares a capability name, input and output msgspec Structs and
 4. its usage is the calls' (``ctx.llm`` counts them), and the model that
    answered goes into the result's ``notes`` (``model: <name>``).
 
+Tools: an agent that declares ``tools`` (``ToolSpec``, ``Tool`` or names; its
+allow-list ``constraints.tools`` is derived from them unless given) offers the
+model those on its allow-list, as OpenAI function tools, with the specs the
+runtime serving it knows (``ctx.tool_specs``) or else its own. While the model
+answers with tool calls, each goes through ``ctx.tool`` (checked against the
+allow-list and recorded by the orchestrator), the calls of one turn
+concurrently, and the results (or the calls' errors: a refusal, a tool error)
+go back as tool messages; then the final answer is parsed and repaired as
+above (``agents.tool_loop``). Per task, ``max_turns`` model answers,
+``max_tool_calls`` tool calls and ``max_tokens_per_task`` tokens: past one the
+attempt fails with ``llm_max_turns``, ``llm_max_tool_calls`` or
+``llm_token_limit``.
+
 On the deterministic mock (a ``MockLLM`` without ``respond``), an agent that
 defines :meth:`LLMAgent.mock_answer` gets that answer from the model instead
 of a schema-shaped placeholder: built from its inputs, it goes through the
@@ -42,8 +55,17 @@ import msgspec
 
 from cardbus.agents.agent import Agent, Capability, TaskContext
 from cardbus.agents.cards import TaskCard
-from cardbus.agents.llm import Message, MeteredLLM, MockLLM
+from cardbus.agents.llm import Message, MeteredLLM, MockLLM, assistant_message
 from cardbus.agents.schema import schema_errors
+from cardbus.agents.tool_loop import (
+    TaskSpend,
+    declared_names,
+    object_root,
+    offered_specs,
+    run_tool_calls,
+    tool_definition,
+)
+from cardbus.agents.tools import Tool, ToolSpec
 from cardbus.eventstore.errors import LLMBadOutput, LLMRequestRefused
 
 __all__ = ["LLMAgent", "extract_json", "response_format", "structured_schema"]
@@ -141,8 +163,12 @@ def structured_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def response_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """The ``response_format`` asking for ``schema`` as structured output."""
-    body, strict = structured_schema(schema)
+    """The ``response_format`` asking for ``schema`` as structured output.
+
+    Its root is an object (strict mode requires one): a root ``$ref`` is
+    replaced by the definition it names, and ``$defs`` are kept.
+    """
+    body, strict = structured_schema(object_root(schema))
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "output"
     return {"type": "json_schema", "json_schema": {"name": safe, "schema": body, "strict": strict}}
 
@@ -168,9 +194,23 @@ class LLMAgent(Agent):
     max_repairs: ClassVar[int] = 2
     #: ask for structured output first (False: always the schema in the prompt)
     structured_output: ClassVar[bool] = True
+    #: the tools offered to the model (those on the allow-list, ``constraints.tools``,
+    #: which is derived from these unless the class gives it)
+    tools: ClassVar[Sequence[ToolSpec | Tool | str]] = ()
+    #: per task: model answers (tool-calling turns and repairs included)
+    max_turns: ClassVar[int] = 10
+    #: per task: tool calls in all
+    max_tool_calls: ClassVar[int] = 20
+    #: per task: input plus output tokens of all its model answers (None: no limit)
+    max_tokens_per_task: ClassVar[int | None] = 200_000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        names = declared_names(cls.tools)
+        own_list = "constraints" in cls.__dict__ and cls.constraints.tools
+        if "tools" in cls.__dict__ and names and not own_list:  # the allow-list, derived
+            cls.constraints = msgspec.structs.replace(cls.constraints, tools=names)
+        TaskSpend(cls.max_turns, cls.max_tool_calls, cls.max_tokens_per_task)  # checked early
         if cls.capability and "capabilities" not in cls.__dict__:
             cls.capabilities = [
                 Capability(cls.capability, cls.input_type, cls.output_type, cls.description)
@@ -247,7 +287,9 @@ class LLMAgent(Agent):
             answer = self.mock_answer(task, inputs)
             if answer is not None:  # the mock answers what the agent built from its card
                 text = json.dumps(msgspec.to_builtins(answer), ensure_ascii=False)
-                llm.inner = MockLLM(respond=lambda _prompt: text, model=inner.model)
+                llm.inner = MockLLM(
+                    respond=lambda _prompt: text, model=inner.model, tool_script=inner.tool_script
+                )
                 try:
                     return await self._converse(task, inputs, ctx, output_type, schema, model)
                 finally:
@@ -273,11 +315,14 @@ class LLMAgent(Agent):
             {"role": "system", "content": self.system_prompt(None if structured else schema)},
             {"role": "user", "content": user},
         ]
+        specs = offered_specs(self.tools, self.constraints.tools, ctx.tool_specs)
+        tools = [tool_definition(s) for s in specs] or None
+        spend = TaskSpend(self.max_turns, self.max_tool_calls, self.max_tokens_per_task)
         errors: list[str] = []
         asks = 0
         while asks <= self.max_repairs:
             try:
-                completion = await llm.chat(messages, model=model, response_format=fmt)
+                completion = await llm.chat(messages, model=model, response_format=fmt, tools=tools)
             except LLMRequestRefused as e:
                 if fmt is None or e.status not in (0, 400, 422):
                     raise
@@ -285,12 +330,22 @@ class LLMAgent(Agent):
                 fmt = None  # the endpoint cannot do structured output: say it in the prompt
                 messages[0] = {"role": "system", "content": self.system_prompt(schema)}
                 continue
+            spend.answered(completion)
+            if completion.tool_calls:  # the model asks for tools: make the calls, answer them
+                spend.another_turn()
+                spend.calls(len(completion.tool_calls))
+                results = await run_tool_calls(ctx, completion.tool_calls)
+                messages = [*messages, assistant_message(completion), *results]
+                continue
             asks += 1
             output, errors = self._parse(completion.text, schema, output_type, inputs, task)
             if not errors:
                 if not ctx.notes:
                     ctx.notes = f"model: {completion.model or model_key}"
                 return output
+            if asks > self.max_repairs:
+                break
+            spend.another_turn()
             messages = [
                 *messages,
                 {"role": "assistant", "content": completion.text},

@@ -28,7 +28,14 @@ kind               target           args
 ``memory.get``     a memory key     -
 ``memory.list``    -                ``tags``, ``kind``, ``prefix``, ``where``, ``limit``
 ``memory.search``  -                ``text``, ``k``, ``tags``, ``kind``
+``model.request``  the model        ``request``, ``digest``, ``replay`` (``agents.journal``)
+``model.answer``   the model        ``call``, ``answer`` or ``error`` and ``error_type``
+``tool.begin``     the agent's tool ``arguments``, ``idempotent`` (before it runs)
+``tool.end``       the agent's tool ``arguments``, ``key``, ``result`` or ``error``
 =================  ===============  =================================================
+
+``tool``, ``model.request`` and ``model.answer`` carry the journal's coordinates
+(``execution``, ``seq``): see ``agents.journal``.
 """
 
 from __future__ import annotations
@@ -36,27 +43,31 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextvars
-from collections.abc import Awaitable, Callable, Sequence
+import types
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from cardbus.agents.tools import TOOL_ERRORS
+from cardbus.agents.tools import TOOL_ERRORS, ToolSpec
 from cardbus.eventstore.errors import (
     AccessDenied,
     BusError,
     CardbusError,
     DecodeError,
+    EffectUnknown,
     ValidationError,
 )
 from cardbus.eventstore.ids import new_id
 
 if TYPE_CHECKING:
     from cardbus.agents.cards import TaskCard
+    from cardbus.agents.journal import TaskJournal
 
 __all__ = [
     "REQUESTER",
     "REQUEST_KINDS",
+    "TOOL_SPECS",
     "AgentRequest",
     "AgentResponse",
     "MemoryClient",
@@ -69,7 +80,16 @@ __all__ = [
 ]
 
 RequestKind = Literal[
-    "read_output", "write_output", "tool", "memory.get", "memory.list", "memory.search"
+    "read_output",
+    "write_output",
+    "tool",
+    "memory.get",
+    "memory.list",
+    "memory.search",
+    "model.request",
+    "model.answer",
+    "tool.begin",
+    "tool.end",
 ]
 REQUEST_KINDS: tuple[str, ...] = (
     "read_output",
@@ -78,6 +98,10 @@ REQUEST_KINDS: tuple[str, ...] = (
     "memory.get",
     "memory.list",
     "memory.search",
+    "model.request",
+    "model.answer",
+    "tool.begin",
+    "tool.end",
 )
 
 
@@ -102,7 +126,7 @@ class AgentResponse(msgspec.Struct, frozen=True, kw_only=True, tag="agent_respon
     result: Any = None
     error: str | None = None
     #: access_denied | not_found | invalid_input | timeout | result_too_large | tool_error
-    #: | bad_request | unavailable
+    #: | bad_request | unavailable | effect_unknown
     error_type: str | None = None
     duration_s: float = 0.0
 
@@ -136,6 +160,8 @@ def error_for(response: AgentResponse) -> CardbusError:
     kind = response.error_type or ""
     if kind == "access_denied":
         return AccessDenied(message)
+    if kind == "effect_unknown":
+        return EffectUnknown(message)
     if kind in TOOL_ERRORS:
         return TOOL_ERRORS[kind](message)
     if kind == "bad_request":
@@ -148,6 +174,13 @@ Requester = Callable[[AgentRequest], Awaitable[AgentResponse]]
 #: The requester of the agent worker running the current task (set by ``AgentWorker``).
 REQUESTER: contextvars.ContextVar[Requester | None] = contextvars.ContextVar(
     "cardbus_requester", default=None
+)
+
+
+#: The specs of the tools the current task's agent may call, by name, as the runtime
+#: serving it has them (set by ``AgentWorker`` from its ``ToolRegistry``; empty: none known).
+TOOL_SPECS: contextvars.ContextVar[Mapping[str, ToolSpec]] = contextvars.ContextVar(
+    "cardbus_tool_specs", default=types.MappingProxyType({})
 )
 
 
@@ -204,12 +237,39 @@ class TaskServices:
     requester: Requester | None = None
 
     @property
+    def tool_specs(self) -> Mapping[str, ToolSpec]:
+        """Specs of the tools on this agent's allow-list that the runtime knows, by name
+        (what ``ctx.tool`` runs them with: an ``LLMAgent`` offers them to its model);
+        empty when the runtime has not said (an agent outside a worker)."""
+        return TOOL_SPECS.get()
+
+    @property
     def long_term(self) -> MemoryClient:
         """Long-term memory reads (``get``, ``list``, ``search``), checked and recorded."""
         return MemoryClient(self)
 
+    _journal: TaskJournal | None = None
+    #: False: the orchestrator never answers this task's calls from the journal
+    replay_journal: bool = True
+
+    @property
+    def journal(self) -> TaskJournal:
+        """This handler run's journal of model and tool calls (made when first used)."""
+        journal = self._journal
+        if journal is None:
+            from cardbus.agents.journal import TaskJournal
+
+            journal = self._journal = TaskJournal(self, replay=self.replay_journal)
+        return journal
+
     async def request(
-        self, kind: RequestKind, target: str = "", args: dict[str, Any] | None = None
+        self,
+        kind: RequestKind,
+        target: str = "",
+        args: dict[str, Any] | None = None,
+        *,
+        seq: int = -1,
+        execution: str = "",
     ) -> Any:
         """Send one request; its result, or the typed error it failed with."""
         requester = self.requester or REQUESTER.get()
@@ -224,6 +284,8 @@ class TaskServices:
             target=target,
             args=args or {},
             traceparent=self.task.traceparent,
+            execution=execution,
+            seq=seq,
         )
         try:
             resp = await asyncio.wait_for(requester(req), max(1.0, self.task.timeout_s))
@@ -234,8 +296,15 @@ class TaskServices:
         return resp.result
 
     async def tool(self, name: str, /, **args: Any) -> Any:
-        """Call a tool on this agent's allow-list; its result (JSON builtins)."""
-        return await self.request("tool", name, args)
+        """Call a tool on this agent's allow-list; its result (JSON builtins).
+
+        The call is journaled: a retried attempt that calls the same tool with the same
+        arguments at the same place gets the recorded result, and the tool does not run
+        again (``bus.orchestrator.journal``)."""
+        journal = self.journal
+        return await self.request(
+            "tool", name, args, seq=journal.next_seq(), execution=journal.execution
+        )
 
     async def read_output(self, task_id: str) -> Any:
         """The output of ``task_id``, which must be one of this task's declared deps."""

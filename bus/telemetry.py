@@ -5,14 +5,18 @@ Spans, all on the tracer ``cardbus``::
     invoke_workflow                         INTERNAL  one per root run (submit .. run.* finish)
       task <capability>                     INTERNAL  task.created .. the task's end
         invoke_agent <agent name>           CLIENT    one attempt: task.dispatched .. outcome
+          chat <model>                      CLIENT    a model call: model.requested .. answered
+          execute_tool <tool>               INTERNAL  a tool call: tool.requested .. tool.called
           send cardbus.agent.<agent>        PRODUCER  the orchestrator hands a card to the bus
             process cardbus.agent.<agent>   CONSUMER  an agent worker takes the card (any process)
               invoke_agent <agent name>     INTERNAL  the agent's run, with gen_ai usage
         task <capability>                   INTERNAL  a review or supplementary task
 
-The orchestrator's spans (workflow, task, attempt) are the ones ``cardbus
-export`` rebuilds from the log, with the same ids and span events
-(:class:`RunTracing`), so exporting a run traced live adds to its trace.
+The orchestrator's spans (workflow, task, attempt, and the attempt's model and
+tool calls as the journal records them) are the ones ``cardbus export`` rebuilds
+from the log, with the same ids, attributes and span events (:class:`RunTracing`),
+so exporting a run traced live adds to its trace. A call answered from the
+journal is a span of no duration naming the event it replays, without usage.
 
 The W3C ``traceparent`` links them across processes: the orchestrator stores
 the run span's in every event envelope it appends (``NewEvent.traceparent``)
@@ -244,7 +248,7 @@ def _message_id(card: TaskCard) -> str:
 class _Run:
     """One traced run: its workflow span, its tasks' spans, its open attempts' spans."""
 
-    __slots__ = ("attempts", "resumed", "seen", "span", "tasks")
+    __slots__ = ("attempts", "calls", "journals", "resumed", "seen", "span", "tasks")
 
     def __init__(self, span: Span, resumed: bool = False) -> None:
         self.span = span
@@ -252,6 +256,10 @@ class _Run:
         self.tasks: dict[str, Span] = {}  # open task spans
         self.seen: set[str] = set()  # every task of the run (their tool calls are no run events)
         self.attempts: dict[tuple[str, str], Span] = {}  # (task id, agent id) -> open attempt
+        # the journal of each open task (its calls, folded as the log grows) and the spans
+        # of its calls still open: call -> (span, task id, agent id)
+        self.journals: dict[str, traces.JournalFold] = {}
+        self.calls: dict[int, tuple[Span, Any, str, str]] = {}
 
     def task(self, task_id: str) -> Span | None:
         """The open span of a task; for a task created before a restart, its span's context
@@ -352,6 +360,9 @@ class RunTracing:
             return
         if type(data) not in _TASK_TYPES:  # the run's (run.*, plan.*) or a task's tool call
             owner = getattr(data, "task_id", None)
+            if isinstance(data, _JOURNAL_TYPES) and owner in run.seen:
+                self._journal(run, env, str(owner), t)
+                return
             run_event = owner not in run.seen and not isinstance(data, ev.RunStarted)
             if run_event and run.span.is_recording():
                 _add_event(run.span, traces.span_event(env))
@@ -382,6 +393,7 @@ class RunTracing:
                 _record_usage(attempt, data)
             case ev.TaskRejected() | ev.TaskTimedOut():
                 span = run.attempts.pop((task_id, data.agent_id), None)
+                _end_calls(run, task_id, data.agent_id, t)
                 if span is not None:
                     error = data.reason if isinstance(data, ev.TaskRejected) else "timeout"
                     why = traces.span_event(env).attributes.get("cardbus.reason", error)
@@ -390,6 +402,7 @@ class RunTracing:
                 for (tid, agent_id), span in list(run.attempts.items()):
                     if tid == task_id:
                         del run.attempts[(tid, agent_id)]
+                        _end_calls(run, tid, agent_id, t)
                         done = "completed" if agent_id == data.agent_id else "superseded"
                         _end(span, t, done)
                 _end_task(run, task_id, t, "completed")
@@ -399,11 +412,46 @@ class RunTracing:
                     reason = str(record.attributes.get("cardbus.reason", outcome))
                     fault = _outcome_error(outcome, data)
                     for tid, agent_id in [k for k in run.attempts if k[0] == task_id]:
+                        _end_calls(run, tid, agent_id, t)
                         _end(run.attempts.pop((tid, agent_id)), t, outcome, fault, reason)
                 if isinstance(data, (ev.TaskFailed, ev.TaskHalted, ev.TaskCancelled)):
                     status = record.name.split(".", 1)[-1]
                     why = str(record.attributes.get("cardbus.reason", data.reason))
                     _end_task(run, task_id, t, status, data.reason, why)
+
+    def _journal(self, run: _Run, env: Envelope, task_id: str, t: int) -> None:
+        """A journaled call: its span opens with its request and ends with its answer (a
+        replayed one opens and ends at once); an unknown effect is an attempt's span event."""
+        data = env.data
+        journal = run.journals.get(task_id)
+        if journal is None:
+            journal = run.journals[task_id] = traces.JournalFold()
+        call = journal.apply(env)
+        agent_id = str(getattr(data, "agent_id", ""))
+        attempt = run.attempts.get((task_id, agent_id))
+        if isinstance(call, traces.EffectUnknown):
+            if attempt is not None and attempt.is_recording():
+                _add_event(attempt, traces.span_event(env))
+            return
+        if call is None:
+            return
+        open_call = run.calls.get(id(call))
+        if open_call is None:
+            parent = attempt or run.task(task_id)
+            if parent is None:
+                return
+            span = _start(
+                traces.call_span_name(call),
+                trace.set_span_in_context(parent),
+                SpanKind.CLIENT if isinstance(call, traces.ModelCall) else SpanKind.INTERNAL,
+                None,
+                traces.call_span_id(call),
+                round(call.start * 1e9),
+            )
+            open_call = run.calls[id(call)] = (span, call, task_id, agent_id)
+        if call.end is not None:
+            del run.calls[id(call)]
+            _end_call(open_call[0], call, task_id, t)
 
     def _task_span(self, env: Envelope, data: ev.TaskCreated, parent: Span, t: int) -> Span:
         ctx = trace.set_span_in_context(parent)
@@ -454,6 +502,8 @@ class RunTracing:
     def _end_run(self, root_id: str, run: _Run, env: Envelope, t: int) -> None:
         del self._runs[root_id]
         status = env.type.split(".")[1]
+        for task_id, agent_id in list(run.attempts):
+            _end_calls(run, task_id, agent_id, t)
         for span in run.attempts.values():
             _end(span, t, "open")
         for span in run.tasks.values():
@@ -477,6 +527,8 @@ class RunTracing:
     def close(self) -> None:
         """End the spans of runs still open (the orchestrator stops before they finish)."""
         for run in self._runs.values():
+            for span, *_ in run.calls.values():
+                span.end()
             for span in [*run.attempts.values(), *run.tasks.values(), run.span]:
                 if span.is_recording():
                     span.set_attribute("cardbus.run.status", "open")
@@ -485,6 +537,13 @@ class RunTracing:
 
 
 _TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
+_JOURNAL_TYPES = (
+    ev.ModelRequested,
+    ev.ModelAnswered,
+    ev.ToolRequested,
+    ev.ToolCalled,
+    ev.ToolEffectUnknown,
+)
 _CLOSE_ALL: dict[type, str] = {
     ev.RevisionRequested: "revision",
     ev.TaskRetryScheduled: "retry",
@@ -547,8 +606,26 @@ def _end_task(
     run: _Run, task_id: str, t: int, status: str, error: str | None = None, message: str = ""
 ) -> None:
     span = run.tasks.pop(task_id, None)
+    run.journals.pop(task_id, None)
     if span is not None:
         _end(span, t, status, error, message, attribute="cardbus.task.status")
+
+
+def _end_call(span: Span, call: Any, task_id: str, t: int) -> None:
+    if span.is_recording():
+        attrs = traces.call_attributes(call, task_id)
+        span.set_attributes(attrs)
+        if "error.type" in attrs:
+            span.set_status(Status(StatusCode.ERROR, call.error or attrs["error.type"]))
+    span.end(end_time=t)
+
+
+def _end_calls(run: _Run, task_id: str, agent_id: str, t: int) -> None:
+    """End the spans of an attempt's calls still open (no answer came) with the attempt."""
+    for key, (span, call, tid, aid) in list(run.calls.items()):
+        if (tid, aid) == (task_id, agent_id):
+            del run.calls[key]
+            _end_call(span, call, tid, t)
 
 
 def _add_event(span: Span, record: traces.SpanEventRecord) -> None:

@@ -26,12 +26,17 @@ they resemble, so ``except ValueError`` keeps working::
     ├── BusError                  the bus could not deliver or receive
     ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
     ├── AccessDenied              an agent asked for something outside its card
+    ├── EffectUnknown             a journaled tool call may have taken effect before a crash
     ├── LLMError                  the model endpoint failed or answered something unusable
     │   ├── LLMRateLimited        429: the endpoint asks to slow down (``retry_after`` seconds)
     │   ├── LLMTimeout            no answer within the client's timeout
     │   ├── LLMServerError        5xx, or the endpoint cannot be reached
     │   ├── LLMRequestRefused     4xx: the request was refused (bad request, key, model)
-    │   └── LLMBadOutput          an answer that is not usable (no JSON, wrong schema)
+    │   ├── LLMBadOutput          an answer that is not usable (no JSON, wrong schema)
+    │   └── LLMLimitExceeded      a task's conversation went past one of its agent's limits
+    │       ├── LLMMaxTurns       more model turns than ``max_turns``
+    │       ├── LLMMaxToolCalls   more tool calls than ``max_tool_calls``
+    │       └── LLMTokenLimit     more tokens than ``max_tokens_per_task``
     └── ToolError                 a tool call did not produce a usable result
         ├── ToolNotFound          no tool of that name is registered
         ├── ToolInputInvalid      the arguments break the tool's input schema
@@ -52,12 +57,17 @@ __all__ = [
     "AccessDenied",
     "AmbiguousId",
     "ConfigError",
+    "EffectUnknown",
     "LLMBadOutput",
     "LLMError",
+    "LLMLimitExceeded",
+    "LLMMaxToolCalls",
+    "LLMMaxTurns",
     "LLMRateLimited",
     "LLMRequestRefused",
     "LLMServerError",
     "LLMTimeout",
+    "LLMTokenLimit",
     "SubjectLayoutError",
     "ToolError",
     "ToolFailed",
@@ -210,6 +220,18 @@ class AccessDenied(CardbusError):
     """An agent asked for data or a tool outside what its card allows."""
 
 
+class EffectUnknown(CardbusError):
+    """A retried attempt reached a tool call whose effect is unknown (the process died
+    during it) and the tool is not idempotent: it is not repeated silently.
+
+    Not a ``ToolError``, so a tool-calling loop that hands tool errors back to the model
+    does not swallow it: the attempt ends (reason ``tool_effect_unknown``) and the task
+    waits for an operator's approval to repeat the call.
+    """
+
+    error_type = "effect_unknown"
+
+
 class LLMError(CardbusError):
     """The model endpoint failed or answered something unusable.
 
@@ -249,6 +271,29 @@ class LLMRequestRefused(LLMError):
 
 class LLMBadOutput(LLMError):
     error_type = "llm_bad_output"
+
+
+class LLMLimitExceeded(LLMError):
+    """A task's model conversation went past a limit of its agent (``LLMAgent.max_turns``,
+    ``max_tool_calls``, ``max_tokens_per_task``); ``limit`` is the limit's value."""
+
+    error_type = "llm_limit_exceeded"
+
+    def __init__(self, message: str, limit: int = 0) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class LLMMaxTurns(LLMLimitExceeded):
+    error_type = "llm_max_turns"
+
+
+class LLMMaxToolCalls(LLMLimitExceeded):
+    error_type = "llm_max_tool_calls"
+
+
+class LLMTokenLimit(LLMLimitExceeded):
+    error_type = "llm_token_limit"
 
 
 class ToolError(CardbusError):

@@ -43,6 +43,8 @@ __all__ = [
     "MemoryForgotten",
     "MemoryRead",
     "MemoryWritten",
+    "ModelAnswered",
+    "ModelRequested",
     "NeedsInput",
     "OrchestratorStarted",
     "PlanAccepted",
@@ -77,6 +79,7 @@ __all__ = [
     "TaskRedelivered",
     "TaskTimedOut",
     "ToolCalled",
+    "ToolEffectUnknown",
     "ToolRequested",
     "Usage",
     "tag_of",
@@ -136,7 +139,11 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     agent_id: str
     score: float = 0.0
     candidates: list[Candidate] = []
-    deadline: float = 0.0  # unix seconds after which the attempt times out
+    # unix seconds after which the attempt times out if no agent took the card by then
+    # (reason queue_timeout); with timeout_s 0 (logs from before it): the attempt's deadline
+    deadline: float = 0.0
+    # the attempt's limit from its start (task.started's recorded_at): start-to-close
+    timeout_s: float = 0.0
     inputs_digest: str = ""  # sha256 of exactly what the agent was sent
     loop_hash: str = ""  # hash of (capability, normalized inputs): loop detection counts it
 
@@ -232,7 +239,8 @@ class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
     attempt: int
     agent_id: str
     deadline: float
-    # "deadline"; "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
+    # "deadline"; "queue_timeout": no agent took the card by the dispatch's deadline;
+    # "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
     # the previous embedded process), so the attempt was timed out at once
     reason: str = "deadline"
 
@@ -266,6 +274,7 @@ class TaskHalted(_Event, frozen=True, kw_only=True, tag="task.halted.v1"):
 class ApprovalRequested(_Event, frozen=True, kw_only=True, tag="task.approval_requested.v1"):
     reason: str
     proposed_output: Any = None
+    detail: str = ""  # what is to be decided (e.g. the tool call whose effect is unknown)
 
 
 class ApprovalGranted(_Event, frozen=True, kw_only=True, tag="task.approval_granted.v1"):
@@ -437,6 +446,13 @@ class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
     arguments: Any = None  # per AccessPolicy.arguments, as in tool.called
     arguments_digest: str = ""
     attempt: int = 0
+    # the journal's coordinates (``model.requested`` has the same): the handler run and the
+    # call's place in it; ``idempotency_key`` is this event's id, or on a call made again
+    # after its effect was unknown the key of the call it repeats
+    execution: str = ""
+    seq: int = -1
+    idempotency_key: str = ""
+    local: bool = False  # run by the agent itself (``ctx.journal.tool_call``), not a registry
 
 
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
@@ -453,6 +469,84 @@ class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     result_digest: str = ""
     result_bytes: int = 0
     request_id: str = ""  # of the tool.requested it answers ("" in logs before it existed)
+    execution: str = ""
+    seq: int = -1
+    idempotency_key: str = ""
+    #: set on a call answered from the journal: the ``tool.called`` whose result (or error)
+    #: this is; the tool did not run again
+    local: bool = False
+    replayed_from: str | None = None
+
+
+# --- inside an attempt: the journal of model and tool calls --------------------
+
+
+class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested.v1"):
+    """A model call about to go out (made through ``ctx.llm``), on the task's stream.
+
+    ``request`` is what was asked (``op``, ``model``, ``messages`` or ``prompt``,
+    ``response_format``, ``tools``) as the journal policy keeps it: whole, redacted,
+    or None with only its digest and size. ``request_digest`` is over the request as
+    asked, so a retry that asks the same thing is answered from the journal.
+    """
+
+    task_id: str
+    agent_id: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    model: str = ""
+    request: Any = None
+    request_digest: str = ""
+    request_bytes: int = 0
+    tools_offered: list[str] = []
+
+
+class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
+    """A model call's answer (or typed error), durable before the handler sees it.
+
+    ``answer`` is the completion (``text``, ``tool_calls``, tokens, ``model``) as the
+    policy keeps it. A call answered from the journal names the ``model.answered`` it
+    replays (``replayed_from``), has no ``answer`` of its own and costs nothing: its
+    tokens are 0 (the original's were counted once, where they were spent).
+    """
+
+    task_id: str
+    agent_id: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    request_digest: str = ""
+    model: str = ""  # the model that answered
+    answer: Any = None
+    answer_digest: str = ""
+    answer_bytes: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_s: float = 0.0
+    error: str | None = None
+    error_type: str | None = None
+    replayed_from: str | None = None
+
+
+class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):
+    """A journaled tool call with a ``tool.requested`` and no result: the process died
+    during the call, and whether its effect happened is unknown.
+
+    ``decision``: ``repeat`` (the tool is idempotent, or an operator approved: called
+    again with the same ``idempotency_key``) or ``ask`` (the task stops and waits for
+    an approval naming the call; it is never repeated silently).
+    """
+
+    task_id: str
+    agent_id: str
+    tool: str
+    requested_event_id: str
+    idempotency_key: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    decision: str = "ask"
 
 
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
@@ -532,6 +626,9 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     AccessRefused,
     ContextTrimmed,
     ReplyRefused,
+    ModelRequested,
+    ModelAnswered,
+    ToolEffectUnknown,
 )
 
 TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
@@ -578,6 +675,9 @@ Event = (
     | AccessRefused
     | ContextTrimmed
     | ReplyRefused
+    | ModelRequested
+    | ModelAnswered
+    | ToolEffectUnknown
 )
 
 

@@ -80,6 +80,9 @@ class TaskOptions(TaskSpec, frozen=True, kw_only=True):
     tie_policy: str | None = None
     reviewers: int = 1  # reviewers per review round (cross-checking: different agents)
     review_quorum: str = "all"  # with several reviewers: "all" must pass, or a "majority"
+    # a retried attempt is answered from the journal of the calls before it (False: every
+    # attempt's model and tool calls go out fresh; they are recorded all the same)
+    journal: bool = True
 
 
 def restate(source: msgspec.Struct, as_type: type[S], **changes: Any) -> S:

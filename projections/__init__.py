@@ -32,7 +32,18 @@ from cardbus.projections.ids import resolve_id
 from cardbus.projections.loops import LoopCounter, LoopHashes
 from cardbus.projections.model import MemoryTable, Model, SqliteTable, TableSpec
 from cardbus.projections.quality import Quality
-from cardbus.projections.replay import AttemptSpan, Step, TaskNode, Timeline, build_timeline, replay
+from cardbus.projections.replay import (
+    AttemptSpan,
+    EffectUnknown,
+    ModelCall,
+    Step,
+    TaskNode,
+    Timeline,
+    ToolCall,
+    build_timeline,
+    journal_calls,
+    replay,
+)
 from cardbus.projections.replay_html import render_html
 from cardbus.projections.runner import (
     ProjectionError,
@@ -51,11 +62,13 @@ __all__ = [
     "AsOf",
     "AttemptSpan",
     "Cost",
+    "EffectUnknown",
     "ForkPlan",
     "LoopCounter",
     "LoopHashes",
     "MemoryTable",
     "Model",
+    "ModelCall",
     "Projection",
     "ProjectionError",
     "ProjectionRunner",
@@ -68,12 +81,14 @@ __all__ = [
     "TaskNode",
     "TaskTable",
     "Timeline",
+    "ToolCall",
     "all_projections",
     "build_as_of",
     "build_timeline",
     "dump_tables",
     "event_reason",
     "fork_task_id",
+    "journal_calls",
     "parse_since",
     "percentile",
     "plan_fork",

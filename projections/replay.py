@@ -13,6 +13,16 @@ events (``run.*``, ``plan.*``); given a task id, that task and its subtasks.
 A run planned from a goal also lists its planning rounds (:class:`PlanRound`:
 the planning task, who proposed, the tasks proposed, refused with the errors
 or accepted), so the timeline shows how the plan came to be.
+
+What an attempt did inside (the journal, ``bus.orchestrator.journal``) is on
+its span: ``AttemptSpan.calls`` lists, in order, each model call
+(:class:`ModelCall`: the model, tokens, latency, the prompt and the answer as
+the log keeps them), each tool call (:class:`ToolCall`: arguments, result or
+error, idempotency key) and each unknown effect (:class:`EffectUnknown`, with
+its decision). A call answered from the journal names the event it replays
+(``replayed_from``); its prompt, arguments, answer or result are that event's
+(always in the same task stream), its tokens 0: nothing was spent again.
+:func:`journal_calls` builds them from one task's events.
 """
 
 from __future__ import annotations
@@ -34,11 +44,19 @@ from cardbus.projections.timetravel import AsOf
 
 __all__ = [
     "AttemptSpan",
+    "Call",
+    "EffectUnknown",
+    "ModelCall",
     "PlanRound",
     "Step",
     "TaskNode",
     "Timeline",
+    "ToolCall",
+    "answer_excerpt",
     "build_timeline",
+    "journal_calls",
+    "one_line",
+    "prompt_excerpt",
     "replay",
 ]
 
@@ -65,6 +83,78 @@ class Step(msgspec.Struct, kw_only=True):
     payload: Any = None  # what the step carried: inputs, an output, tool arguments/result, ...
 
 
+class ModelCall(msgspec.Struct, kw_only=True, tag="model", tag_field="kind"):
+    """One model call of an attempt (``model.requested`` .. ``model.answered``)."""
+
+    position: int  # of its first event
+    seq: int
+    execution: str = ""
+    attempt: int = 0
+    agent_id: str = ""
+    model: str = ""  # the model asked for
+    response_model: str = ""  # the model that answered
+    start: float
+    end: float | None = None  # None: no answer recorded (the process died during the call)
+    latency_s: float = 0.0
+    input_tokens: int = 0  # spent by this call: 0 when replayed
+    output_tokens: int = 0
+    status: str = "open"  # answered | failed | replayed | open
+    replayed_from: str | None = None  # the model.answered whose answer this is (no call made)
+    prompt: Any = None  # the request as the log keeps it (None: only its digest)
+    answer: Any = None  # the completion as the log keeps it
+    request_digest: str = ""
+    request_bytes: int = 0
+    tools_offered: list[str] = []
+    error: str | None = None
+    error_type: str | None = None
+    requested_event_id: str = ""
+    answered_event_id: str = ""
+
+
+class ToolCall(msgspec.Struct, kw_only=True, tag="tool", tag_field="kind"):
+    """One tool call of an attempt (``tool.requested`` .. ``tool.called``)."""
+
+    position: int
+    seq: int = -1  # -1: not journaled (a log from before the journal)
+    execution: str = ""
+    attempt: int = 0
+    agent_id: str = ""
+    tool: str
+    start: float
+    end: float | None = None  # None: no result recorded
+    duration_s: float = 0.0
+    status: str = "open"  # ok | failed | replayed | open | unknown (named by an unknown effect)
+    replayed_from: str | None = None  # the tool.called whose result this is (the tool did not run)
+    idempotency_key: str = ""
+    arguments: Any = None  # as the log keeps them (None: only their digest)
+    result: Any = None
+    error: str | None = None
+    error_type: str | None = None
+    arguments_digest: str = ""
+    result_bytes: int = 0
+    requested_event_id: str = ""
+    called_event_id: str = ""
+
+
+class EffectUnknown(msgspec.Struct, kw_only=True, tag="effect_unknown", tag_field="kind"):
+    """A tool call of an earlier attempt left without a result: repeated or asked about."""
+
+    position: int
+    seq: int = 0
+    execution: str = ""
+    attempt: int = 0
+    agent_id: str = ""
+    tool: str
+    time: float
+    decision: str = "ask"
+    idempotency_key: str = ""
+    requested_event_id: str = ""  # the tool.requested whose effect is unknown
+    event_id: str = ""
+
+
+Call = ModelCall | ToolCall | EffectUnknown
+
+
 class AttemptSpan(msgspec.Struct, kw_only=True):
     """One attempt of one agent: from dispatch to its outcome (``end`` None while open)."""
 
@@ -84,6 +174,7 @@ class AttemptSpan(msgspec.Struct, kw_only=True):
     output: Any = None  # the result this attempt submitted
     replica: str | None = None  # who ran it: the worker process that answered (or started)
     deliveries: int = 1  # the card's delivery count at the end (2 or more: redelivered)
+    calls: list[Call] = []  # its model calls, tool calls and unknown effects, in order
 
 
 class TaskNode(msgspec.Struct, kw_only=True):
@@ -106,6 +197,7 @@ class TaskNode(msgspec.Struct, kw_only=True):
     duration_s: float = 0.0
     steps: list[Step] = []
     spans: list[AttemptSpan] = []
+    calls: list[Call] = []  # calls no attempt of the timeline claims (e.g. cut by --as-of)
     children: list[TaskNode] = []
 
 
@@ -192,9 +284,28 @@ def _detail(data: Any) -> str | None:
         case ev.ApprovalGranted():
             return f"approved by {data.by}"
         case ev.ToolRequested():
-            return f"tool {data.tool} requested"
+            return f"tool {data.tool} requested" + (f" (call {data.seq})" if data.seq >= 0 else "")
+        case ev.ToolCalled() if data.replayed_from:
+            return f"tool {data.tool} replayed from {data.replayed_from}"
         case ev.ToolCalled():
             return f"tool {data.tool}" + (f" failed: {data.error}" if data.error else "")
+        case ev.ModelRequested():
+            return f"model {data.model or '?'} asked (call {data.seq})"
+        case ev.ModelAnswered() if data.replayed_from:
+            return f"model {data.model or '?'} replayed from {data.replayed_from} (call {data.seq})"
+        case ev.ModelAnswered() if data.error is not None:
+            return f"model {data.model or '?'} failed: {data.error_type or data.error}"
+        case ev.ModelAnswered():
+            return (
+                f"model {data.model or '?'} answered (call {data.seq}),"
+                f" {data.input_tokens}+{data.output_tokens} tokens,"
+                f" {data.latency_s * 1000:.0f}ms"
+            )
+        case ev.ToolEffectUnknown():
+            return (
+                f"tool {data.tool}: effect unknown (call {data.requested_event_id},"
+                f" key {data.idempotency_key}): {data.decision}"
+            )
         case ev.RunStarted():
             d = f"goal: {data.goal}"
             if data.planning is not None:
@@ -282,7 +393,248 @@ def _payload(data: Any) -> Any:
             return {"arguments": data.arguments}
         case ev.ToolCalled():
             return {"arguments": data.arguments, "result": data.result, "error": data.error}
+        case ev.ModelRequested():
+            return {"request": data.request}
+        case ev.ModelAnswered() if data.replayed_from is None:
+            return {"answer": data.answer, "error": data.error}
     return None
+
+
+# -- the journal: what an attempt asked models and tools ------------------------------
+
+
+def _tokens(n: int) -> int:
+    return n if isinstance(n, int) and n > 0 else 0
+
+
+def journal_calls(events: Sequence[Envelope]) -> list[Call]:
+    """The model calls, tool calls and unknown effects of one task's events, in order.
+
+    A live call pairs its request and its answer (by execution and ``seq``); a
+    replayed one takes its prompt, arguments, answer or result from the event
+    it names (``replayed_from``), which comes before it in the same stream.
+    """
+    fold = JournalFold()
+    for env in events:
+        fold.apply(env)
+    return fold.calls
+
+
+class JournalFold:
+    """:func:`journal_calls` one event at a time (live tracing follows the log with it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.models: dict[tuple[str, int], ModelCall] = {}  # open, by (execution, seq)
+        self.by_answer: dict[str, ModelCall] = {}  # model.answered event id -> its call
+        self.tools: dict[tuple[str, Any], ToolCall] = {}  # open tool calls
+        self.by_called: dict[str, ToolCall] = {}  # tool.called event id -> its call
+        self.by_requested: dict[str, ToolCall] = {}  # tool.requested event id -> its call
+
+    def apply(self, env: Envelope) -> Call | None:
+        """Fold one event; the call it opened, answered or is (None: not a journal event)."""
+        data, t = env.data, env.recorded_at
+        match data:
+            case ev.ModelRequested():
+                call = ModelCall(
+                    position=env.position,
+                    seq=data.seq,
+                    execution=data.execution,
+                    attempt=data.attempt,
+                    agent_id=data.agent_id,
+                    model=data.model,
+                    start=t,
+                    prompt=data.request,
+                    request_digest=data.request_digest,
+                    request_bytes=data.request_bytes,
+                    tools_offered=list(data.tools_offered),
+                    requested_event_id=env.event_id,
+                )
+                self.models[(data.execution, data.seq)] = call
+                self.calls.append(call)
+                return call
+            case ev.ModelAnswered():
+                found = self.models.pop((data.execution, data.seq), None)
+                if found is None or data.replayed_from is not None:
+                    found = ModelCall(
+                        position=env.position,
+                        seq=data.seq,
+                        execution=data.execution,
+                        attempt=data.attempt,
+                        agent_id=data.agent_id,
+                        model=data.model,
+                        start=t,
+                        request_digest=data.request_digest,
+                    )
+                    self.calls.append(found)
+                call = found
+                call.end = t
+                call.answered_event_id = env.event_id
+                call.response_model = data.model
+                call.latency_s = data.latency_s
+                call.input_tokens = _tokens(data.input_tokens)
+                call.output_tokens = _tokens(data.output_tokens)
+                call.error, call.error_type = data.error, data.error_type
+                if data.replayed_from is not None:
+                    call.status, call.replayed_from = "replayed", data.replayed_from
+                    source = self.by_answer.get(data.replayed_from)
+                    if source is not None:
+                        call.model = source.model or call.model
+                        call.prompt, call.answer = source.prompt, source.answer
+                        call.request_bytes = source.request_bytes
+                        call.tools_offered = list(source.tools_offered)
+                        call.error, call.error_type = source.error, source.error_type
+                else:
+                    call.answer = data.answer
+                    call.status = "answered" if data.error is None else "failed"
+                self.by_answer[env.event_id] = call
+                return call
+            case ev.ToolRequested():
+                tool = ToolCall(
+                    position=env.position,
+                    seq=data.seq,
+                    execution=data.execution,
+                    attempt=data.attempt,
+                    agent_id=data.agent_id,
+                    tool=data.tool,
+                    start=t,
+                    # a first call's key is its tool.requested's id
+                    idempotency_key=data.idempotency_key
+                    or (env.event_id if data.execution else ""),
+                    arguments=data.arguments,
+                    arguments_digest=data.arguments_digest,
+                    requested_event_id=env.event_id,
+                )
+                self.tools[_tool_key(data)] = tool
+                self.by_requested[env.event_id] = tool
+                self.calls.append(tool)
+                return tool
+            case ev.ToolCalled():
+                open_call = self.tools.pop(_tool_key(data), None)
+                if open_call is None or data.replayed_from is not None:
+                    open_call = ToolCall(
+                        position=env.position,
+                        seq=data.seq,
+                        execution=data.execution,
+                        attempt=data.attempt,
+                        agent_id=data.agent_id,
+                        tool=data.tool,
+                        start=t,
+                        arguments=data.arguments,
+                        arguments_digest=data.arguments_digest,
+                    )
+                    self.calls.append(open_call)
+                tool = open_call
+                tool.end = t
+                tool.called_event_id = env.event_id
+                tool.duration_s = data.duration_s
+                tool.idempotency_key = data.idempotency_key or tool.idempotency_key
+                tool.result_bytes = data.result_bytes
+                if data.replayed_from is not None:
+                    tool.status, tool.replayed_from = "replayed", data.replayed_from
+                    done = self.by_called.get(data.replayed_from)
+                    if done is not None:
+                        tool.arguments = done.arguments
+                        tool.result, tool.error = done.result, done.error
+                        tool.error_type = done.error_type
+                else:
+                    tool.result, tool.error, tool.error_type = (
+                        data.result,
+                        data.error,
+                        data.error_type,
+                    )
+                    tool.arguments = (
+                        data.arguments if data.arguments is not None else tool.arguments
+                    )
+                    tool.status = "ok" if data.error is None else "failed"
+                self.by_called[env.event_id] = tool
+                return tool
+            case ev.ToolEffectUnknown():
+                named = self.by_requested.get(data.requested_event_id)
+                if named is not None and named.status == "open":
+                    named.status = "unknown"
+                effect = EffectUnknown(
+                    position=env.position,
+                    seq=data.seq,
+                    execution=data.execution,
+                    attempt=data.attempt,
+                    agent_id=data.agent_id,
+                    tool=data.tool,
+                    time=t,
+                    decision=data.decision,
+                    idempotency_key=data.idempotency_key,
+                    requested_event_id=data.requested_event_id,
+                    event_id=env.event_id,
+                )
+                self.calls.append(effect)
+                return effect
+            case _:
+                return None
+
+
+def _tool_key(data: ev.ToolRequested | ev.ToolCalled) -> tuple[str, Any]:
+    """How a tool call's result finds its request: by the journal's coordinates, or (a log
+    from before the journal) by the request id."""
+    if data.execution:
+        return (data.execution, data.seq)
+    return ("", data.request_id)
+
+
+def _attach(node: TaskNode, calls: list[Call]) -> None:
+    """Each call under the attempt span of its agent and attempt (else on the node)."""
+    spans = {(s.attempt, s.agent_id): s for s in node.spans}
+    for call in calls:
+        span = spans.get((call.attempt, call.agent_id))
+        (span.calls if span is not None else node.calls).append(call)
+
+
+def one_line(value: Any, limit: int = 60) -> str:
+    """``value`` (text, or as JSON) on one line of at most ``limit`` characters."""
+    try:
+        text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    except (TypeError, ValueError):
+        text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def prompt_excerpt(call: ModelCall, limit: int = 60) -> str:
+    """The prompt on one line: the last message's text (or the bare prompt)."""
+    request = call.prompt
+    if request is None:
+        digest = call.request_digest[:12]
+        return f"(not kept: sha256 {digest}, {call.request_bytes} bytes)"
+    if isinstance(request, dict):
+        messages = request.get("messages")
+        if isinstance(messages, list) and messages:
+            last = messages[-1]
+            if isinstance(last, dict) and isinstance(last.get("content"), str):
+                return one_line(last["content"], limit)
+        if isinstance(request.get("prompt"), str):
+            return one_line(request["prompt"], limit)
+    return one_line(request, limit)
+
+
+def answer_excerpt(call: ModelCall, limit: int = 60) -> str:
+    """The answer on one line: its text, else the tools it called, else the error."""
+    if call.error is not None:
+        return one_line(f"error {call.error_type or ''}: {call.error}", limit)
+    answer = call.answer
+    if answer is None:
+        return "(not kept)" if call.status != "open" else "(no answer recorded)"
+    if isinstance(answer, dict):
+        text = answer.get("text")
+        if isinstance(text, str) and text:
+            return one_line(text, limit)
+        called = answer.get("tool_calls")
+        if isinstance(called, list) and called:
+            names = [
+                str(c.get("name") or c.get("function", {}).get("name") or "?")
+                for c in called
+                if isinstance(c, dict)
+            ]
+            return one_line("tool calls: " + ", ".join(names), limit)
+    return one_line(answer, limit)
 
 
 _CLOSE_ALL = {
@@ -297,7 +649,7 @@ _CLOSE_ALL = {
 
 
 def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
-    node = TaskNode(task_id=task_id, steps=[], spans=[], children=[])
+    node = TaskNode(task_id=task_id, steps=[], spans=[], calls=[], children=[])
     state: TaskState | None = None
     open_spans: dict[str, AttemptSpan] = {}
     pending_since: float | None = None  # when the task last became ready for dispatch
@@ -374,6 +726,7 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
             pending_since = t if pending_since is None else pending_since
         elif state is not None:
             pending_since = None
+    _attach(node, journal_calls(events))
     for a, b in itertools.pairwise(node.steps):
         a.duration_s = b.time - a.time
     node.status = state.value if state else None

@@ -49,6 +49,8 @@ th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid var(--line
          vertical-align: top; }
 th { color: var(--muted); font-weight: 600; }
 td.reason { color: #a03a1d; }
+td.replayed { color: #8a6d00; } td.live { color: #2e7d32; }
+tr.call-attempt th { background: #f7f8fa; color: var(--fg); }
 .queued { position: absolute; top: 9px; height: 10px; border-radius: 2px;
           background: repeating-linear-gradient(45deg, #c9d3df 0 3px, #eef2f6 3px 6px); }
 details summary { cursor: pointer; color: var(--muted); }
@@ -246,6 +248,112 @@ _JS = r"""
       t.appendChild(tr);
     });
     details.appendChild(t);
+    calls(n);
+  };
+  // the journal: each attempt's model calls, tool calls and unknown effects
+  const short = (v, k) => {
+    const s = typeof v === "string" ? v : JSON.stringify(v);
+    const one = (s || "").replace(/\s+/g, " ").trim();
+    return one.length > (k || 60) ? one.slice(0, (k || 60) - 1) + "\u2026" : one;
+  };
+  const promptText = (c) => {
+    const r = c.prompt;
+    if (r == null) return "(not kept: sha256 " + (c.request_digest || "").slice(0, 12) + ")";
+    const m = r.messages;
+    if (Array.isArray(m) && m.length && typeof m[m.length - 1].content === "string") {
+      return short(m[m.length - 1].content);
+    }
+    return short(typeof r.prompt === "string" ? r.prompt : r);
+  };
+  const answerText = (c) => {
+    if (c.error != null) return "error " + (c.error_type || "") + ": " + short(c.error);
+    const a = c.answer;
+    if (a == null) return c.status === "open" ? "(no answer recorded)" : "(not kept)";
+    if (typeof a.text === "string" && a.text) return short(a.text);
+    if (Array.isArray(a.tool_calls) && a.tool_calls.length) {
+      return "tool calls: " + a.tool_calls.map((t) => t.name || (t.function || {}).name).join(", ");
+    }
+    return short(a);
+  };
+  const ccols = ["call", "kind", "model / tool", "tokens", "latency", "live / replayed",
+    "key / decision", "prompt / arguments", "answer / result"];
+  const calls = (n) => {
+    const all = [];
+    (n.spans || []).forEach((s) => (s.calls || []).forEach((c) => all.push([s, c])));
+    (n.calls || []).forEach((c) => all.push([null, c]));
+    if (!all.length) return;
+    const t = $("table", "calls");
+    t.dataset.task = n.task_id;
+    const head = $("tr");
+    ccols.forEach((c) => head.appendChild($("th", null, c)));
+    t.appendChild(head);
+    let last;
+    all.forEach(([s, c]) => {
+      if (s !== last) {
+        last = s;
+        const g = $("tr", "call-attempt");
+        g.dataset.attempt = s ? s.attempt : "";
+        const td = $("th", null, s ? "attempt #" + s.attempt + " \u2014 " + s.agent_id +
+          " (" + s.outcome + ")" : "outside the attempts shown");
+        td.colSpan = ccols.length;
+        g.appendChild(td);
+        t.appendChild(g);
+      }
+      const tr = $("tr", "call k-" + c.kind);
+      tr.dataset.kind = c.kind;
+      tr.dataset.attempt = c.attempt;
+      tr.dataset.seq = c.seq;
+      tr.dataset.replayed = c.replayed_from ? "yes" : "no";
+      tr.dataset.status = c.kind === "effect_unknown" ? c.decision : c.status;
+      const how = c.replayed_from ? "replayed from " + c.replayed_from
+        : c.status === "open" ? "no answer recorded"
+        : c.status === "unknown" ? "effect unknown" : "live";
+      const cell = (cls, v) => tr.appendChild($("td", cls, v));
+      const folded = (summary, value) => {
+        const td = $("td");
+        const d = $("details", "payload");
+        d.appendChild($("summary", null, summary));
+        d.appendChild($("pre", "mono", pretty(value)));
+        td.appendChild(d);
+        tr.appendChild(td);
+      };
+      cell("mono", "#" + c.seq);
+      if (c.kind === "model") {
+        cell(null, "model");
+        cell("mono", c.response_model || c.model);
+        cell("mono tokens", c.input_tokens + "+" + c.output_tokens);
+        cell("mono", fmtDur(c.latency_s));
+        cell(c.replayed_from ? "replayed" : "live", how);
+        cell("mono", "");
+        folded(promptText(c), c.prompt);
+        folded(answerText(c), c.error != null ? {error: c.error, error_type: c.error_type}
+          : c.answer);
+      } else if (c.kind === "tool") {
+        cell(null, "tool");
+        cell("mono", c.tool);
+        cell("mono", "");
+        cell("mono", fmtDur(c.duration_s));
+        cell(c.replayed_from ? "replayed" : "live", how);
+        cell("mono key", c.idempotency_key);
+        folded(short(c.arguments, 40), c.arguments);
+        if (c.error != null) folded("error " + (c.error_type || "") + ": " + short(c.error, 40),
+          {error: c.error, error_type: c.error_type});
+        else if (c.end == null) cell("reason", "no result recorded");
+        else folded(short(c.result, 40), c.result);
+      } else {
+        cell("reason", "effect unknown");
+        cell("mono", c.tool);
+        cell("mono", "");
+        cell("mono", "");
+        cell(null, "");
+        cell("mono decision", "decision " + c.decision + ", key " + c.idempotency_key);
+        cell("mono", "call " + c.requested_event_id);
+        cell(null, c.decision === "ask" ? "asks an operator before repeating"
+          : "repeated with the same key");
+      }
+      t.appendChild(tr);
+    });
+    details.appendChild(t);
   };
   const table = (title, steps, id, n) => {
     const h = $("h2", null, title);
@@ -257,7 +365,7 @@ _JS = r"""
       if (n.deps && n.deps.length) io.appendChild($("div", "mono", "after " + n.deps.join(", ")));
       if (n.output !== null && n.output !== undefined) io.appendChild(fold("output", n.output));
       details.appendChild(io);
-      if (n.spans && n.spans.length) attempts(n);
+      if (n.spans && n.spans.length) attempts(n); else calls(n);
     }
     const t = $("table", "steps");
     t.dataset.task = id;

@@ -87,7 +87,8 @@ def event_reason(data: Any) -> str | None:
         case ev.TaskNeedsInput():
             return f"needs input: {data.missing}"
         case ev.ApprovalRequested():
-            return f"awaiting approval: {data.reason}"
+            r = f"awaiting approval: {data.reason}"
+            return f"{r} ({data.detail})" if data.detail else r
         case ev.ApprovalDenied():
             return f"approval denied by {data.by}" + (f": {data.note}" if data.note else "")
         case ev.TaskResultIgnored():

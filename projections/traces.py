@@ -15,8 +15,28 @@ Shape of a trace (one per root run)::
         task {capability}                    a review / supplementary subtask
           invoke_agent {agent name}
 
+What an attempt asked models and tools (the journal, ``AttemptSpan.calls``)
+are its children, per the OpenTelemetry GenAI conventions::
+
+        invoke_agent {agent name}  (CLIENT)
+          chat {model}             (CLIENT)    model.requested .. model.answered
+          execute_tool {tool}      (INTERNAL)  tool.requested .. tool.called
+
+with ``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.response.model``,
+``gen_ai.usage.input_tokens`` / ``output_tokens`` (a chat), ``gen_ai.tool.name`` and
+``gen_ai.tool.call.id`` (the call's idempotency key), ``error.type`` on a failure,
+and the journal's coordinates (``cardbus.journal.seq``, ``.execution``, ``.status``).
+A call answered from the journal is a span of no duration that names the event it
+replays (``cardbus.journal.replayed_from``) and carries no usage: nothing was spent.
+The prompt and the answer (``gen_ai.input.messages`` / ``gen_ai.output.messages``, a
+tool's ``gen_ai.tool.call.arguments`` / ``.result``) are added only when
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true`` (and the log kept
+them, see ``AccessPolicy``). The provider (``gen_ai.provider.name``) is not in the
+log; the agent's own model-call span has it.
+
 Lifecycle facts become span events: on the attempt span ``task.started``,
-``task.result_submitted``, ``task.rejected``, ``task.timed_out``; on the task
+``task.result_submitted``, ``task.rejected``, ``task.timed_out``,
+``tool.effect_unknown`` (with ``cardbus.journal.decision``); on the task
 span ``task.retry_scheduled``, ``task.revision_requested``,
 ``task.approval_requested|granted|denied``, ``task.needs_input``,
 ``task.input_provided``, ``task.result_ignored``, ``task.failed``,
@@ -28,10 +48,12 @@ whole run) gives the same ids and a tracing backend sees one trace, not two:
 
 * trace id = the first 16 bytes of ``sha256(root id)``;
 * span id = the first 8 bytes of ``sha256(event id)`` of an attempt's opening
-  event (``task.dispatched``); a task's is ``sha256("task:" + task id)`` and the
-  workflow's ``sha256("run:" + root id)``: known without reading the log (the
-  workflow's before ``run.started`` is written, whose envelope names it; a task's
-  by an orchestrator that resumes a run from a snapshot).
+  event (``task.dispatched``), of a call's (``model.requested``, ``tool.requested``;
+  a replayed call's ``model.answered`` / ``tool.called``); a task's is
+  ``sha256("task:" + task id)`` and the workflow's ``sha256("run:" + root id)``:
+  known without reading the log (the workflow's before ``run.started`` is written,
+  whose envelope names it; a task's by an orchestrator that resumes a run from a
+  snapshot).
 
 Live tracing (``bus.telemetry.RunTracing``) opens its spans with the same ids
 and the same span events (:func:`span_event`), so a run traced live and then
@@ -44,6 +66,8 @@ last week is sent with last week's times.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -52,14 +76,36 @@ import msgspec
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.batch import tokens_in_range
 from cardbus.eventstore.envelope import Envelope
-from cardbus.projections.replay import AttemptSpan, Step, TaskNode, _step, build_timeline
+from cardbus.projections.replay import (
+    AttemptSpan,
+    Call,
+    EffectUnknown,
+    JournalFold,
+    ModelCall,
+    Step,
+    TaskNode,
+    ToolCall,
+    _step,
+    build_timeline,
+)
 
 __all__ = [
+    "CAPTURE_CONTENT",
+    "EffectUnknown",
+    "JournalFold",
+    "ModelCall",
+    "ToolCall",
     "SCOPE_NAME",
     "SpanEventRecord",
     "SpanRecord",
     "agent_names_from",
+    "call_attributes",
+    "call_span_id",
+    "call_span_name",
+    "capture_content",
     "event_home",
+    "input_messages",
+    "output_messages",
     "span_event",
     "span_id_for",
     "task_span_id",
@@ -72,7 +118,9 @@ __all__ = [
 SCOPE_NAME = "cardbus.export"
 
 #: events that belong to one attempt (its span), the rest of a task's go on the task span
-_ATTEMPT_KINDS = frozenset({"started", "result_submitted", "rejected", "timed_out"})
+_ATTEMPT_KINDS = frozenset(
+    {"started", "result_submitted", "rejected", "timed_out", "tool.effect_unknown"}
+)
 _TASK_EVENT_KINDS = frozenset(
     {
         "retry_scheduled",
@@ -183,9 +231,167 @@ def _span_event(step: Step, data: Any, extra: dict[str, Any] | None = None) -> S
             attrs["cardbus.result.status"] = data.status
         case ev.TaskFailed():
             attrs["error.type"] = data.reason
+        case ev.ToolEffectUnknown():
+            attrs["gen_ai.tool.name"] = data.tool
+            attrs["gen_ai.tool.call.id"] = data.idempotency_key
+            attrs["cardbus.journal.decision"] = data.decision
+            attrs["cardbus.journal.requested_event_id"] = data.requested_event_id
     if extra:
         attrs.update(extra)
     return SpanEventRecord(name=step.type.rsplit(".", 1)[0], time=step.time, attributes=attrs)
+
+
+# -- the journal's calls as GenAI spans ---------------------------------------------
+
+#: the standard switch for recording prompts and answers on GenAI spans
+CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+
+def capture_content() -> bool:
+    """True when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``."""
+    return os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
+
+
+def call_span_id(call: ModelCall | ToolCall) -> int:
+    """A call's span id: from its request event, or (replayed) its answer event."""
+    if isinstance(call, ModelCall):
+        return span_id_for(call.requested_event_id or call.answered_event_id)
+    return span_id_for(call.requested_event_id or call.called_event_id)
+
+
+def call_span_name(call: ModelCall | ToolCall) -> str:
+    """``chat {model}`` or ``execute_tool {tool}``."""
+    if isinstance(call, ModelCall):
+        return f"chat {call.model or call.response_model}".rstrip()
+    return f"execute_tool {call.tool}"
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "content": text}
+
+
+def _tool_call_part(c: Any) -> dict[str, Any]:
+    fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+    arguments = c.get("arguments", fn.get("arguments"))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass
+    return {
+        "type": "tool_call",
+        "id": c.get("id"),
+        "name": c.get("name") or fn.get("name"),
+        "arguments": arguments,
+    }
+
+
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    role = str(m.get("role") or "user")
+    content = m.get("content")
+    parts: list[dict[str, Any]] = []
+    if role == "tool":
+        parts.append(
+            {"type": "tool_call_response", "id": m.get("tool_call_id"), "response": content}
+        )
+    elif isinstance(content, str):
+        if content:
+            parts.append(_text_part(content))
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(_text_part(part["text"]))
+    for c in m.get("tool_calls") or ():
+        if isinstance(c, dict):
+            parts.append(_tool_call_part(c))
+    return {"role": role, "parts": parts}
+
+
+def input_messages(request: Any) -> list[dict[str, Any]]:
+    """A model request as the GenAI input messages (``role`` and ``parts``)."""
+    if not isinstance(request, dict):
+        return []
+    messages = request.get("messages")
+    if isinstance(messages, list):
+        return [_message(m) for m in messages if isinstance(m, dict)]
+    out: list[dict[str, Any]] = []
+    if isinstance(request.get("system"), str) and request["system"]:
+        out.append({"role": "system", "parts": [_text_part(request["system"])]})
+    if isinstance(request.get("prompt"), str):
+        out.append({"role": "user", "parts": [_text_part(request["prompt"])]})
+    return out
+
+
+def output_messages(answer: Any) -> list[dict[str, Any]]:
+    """A completion as the GenAI output messages (``role``, ``parts``, ``finish_reason``)."""
+    if not isinstance(answer, dict):
+        return []
+    parts: list[dict[str, Any]] = []
+    if isinstance(answer.get("text"), str) and answer["text"]:
+        parts.append(_text_part(answer["text"]))
+    called = [c for c in answer.get("tool_calls") or () if isinstance(c, dict)]
+    parts += [_tool_call_part(c) for c in called]
+    finish = str(answer.get("finish_reason") or ("tool_call" if called else "stop"))
+    finish = _FINISH.get(finish, finish)
+    return [{"role": "assistant", "parts": parts, "finish_reason": finish}]
+
+
+#: OpenAI's finish reasons -> the GenAI conventions' (``tool_calls`` is ``tool_call`` there)
+_FINISH = {"tool_calls": "tool_call", "function_call": "tool_call"}
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return msgspec.json.encode(value).decode()
+    except (TypeError, ValueError):
+        return json.dumps(value, default=repr)
+
+
+def call_attributes(
+    call: ModelCall | ToolCall, task_id: str, capture: bool | None = None
+) -> dict[str, Any]:
+    """The span attributes of a call (content only when ``capture``, default: the env)."""
+    capture = capture_content() if capture is None else capture
+    attrs: dict[str, Any] = {
+        "cardbus.task.id": task_id,
+        "cardbus.task.attempt": call.attempt,
+        "cardbus.journal.seq": call.seq,
+        "cardbus.journal.execution": call.execution,
+        "cardbus.journal.status": call.status,
+    }
+    if call.agent_id:
+        attrs["gen_ai.agent.id"] = call.agent_id
+    if call.replayed_from:
+        attrs["cardbus.journal.replayed_from"] = call.replayed_from
+    if isinstance(call, ModelCall):
+        attrs["gen_ai.operation.name"] = "chat"
+        if call.model:
+            attrs["gen_ai.request.model"] = call.model
+        if call.response_model:
+            attrs["gen_ai.response.model"] = call.response_model
+        if call.status == "answered":  # a replayed call spent nothing
+            attrs["gen_ai.usage.input_tokens"] = call.input_tokens
+            attrs["gen_ai.usage.output_tokens"] = call.output_tokens
+        if call.error is not None:
+            attrs["error.type"] = call.error_type or "error"
+        if capture and call.prompt is not None:
+            attrs["gen_ai.input.messages"] = _json_text(input_messages(call.prompt))
+        if capture and call.answer is not None:
+            attrs["gen_ai.output.messages"] = _json_text(output_messages(call.answer))
+        return attrs
+    attrs["gen_ai.operation.name"] = "execute_tool"
+    attrs["gen_ai.tool.name"] = call.tool
+    attrs["gen_ai.tool.type"] = "function"
+    if call.idempotency_key:
+        attrs["gen_ai.tool.call.id"] = call.idempotency_key
+        attrs["cardbus.journal.idempotency_key"] = call.idempotency_key
+    if call.error is not None:
+        attrs["error.type"] = call.error_type or "tool_error"
+    if capture and call.arguments is not None:
+        attrs["gen_ai.tool.call.arguments"] = _json_text(call.arguments)
+    if capture and call.result is not None and call.error is None:
+        attrs["gen_ai.tool.call.result"] = _json_text(call.result)
+    return attrs
 
 
 def agent_names_from(events: Iterable[Envelope]) -> dict[str, str]:
@@ -227,6 +433,7 @@ class _Builder:
         self.by_id = by_id
         self.agent_names = agent_names
         self.spans: list[SpanRecord] = []
+        self.capture = capture_content()
         self.tokens_in = 0
         self.tokens_out = 0
 
@@ -323,6 +530,7 @@ class _Builder:
             attrs["error.type"] = span.error
         for attempt in node.spans:
             self.attempt_span(node, attempt, span, run_end)
+        self.call_spans(node, node.calls, span)
         for child in node.children:
             self.task_span(child, span.span_id, run_end)
 
@@ -383,6 +591,38 @@ class _Builder:
         if span.error:
             attrs["error.type"] = span.error
         self.spans.append(span)
+        self.call_spans(node, a.calls, span)
+
+    def call_spans(self, node: TaskNode, calls: Sequence[Call], parent: SpanRecord) -> None:
+        """A span per model or tool call, under ``parent`` (open ones end with it)."""
+        for call in calls:
+            if isinstance(call, EffectUnknown):
+                continue  # a span event of the attempt (tool.effect_unknown)
+            end = call.end if call.end is not None else max(parent.end, call.start)
+            attrs = call_attributes(call, node.task_id, self.capture)
+            self.spans.append(
+                SpanRecord(
+                    trace_id=self.trace_id,
+                    span_id=call_span_id(call),
+                    parent_span_id=parent.span_id,
+                    name=call_span_name(call),
+                    kind="client" if isinstance(call, ModelCall) else "internal",
+                    start=call.start,
+                    end=end,
+                    attributes=attrs,
+                    events=[],
+                    error=attrs.get("error.type"),
+                    status_message=call.error or "",
+                    opening_event_id=(
+                        call.requested_event_id
+                        or (
+                            call.answered_event_id
+                            if isinstance(call, ModelCall)
+                            else call.called_event_id
+                        )
+                    ),
+                )
+            )
 
     def _outcome_error(self, steps: list[Step], a: AttemptSpan) -> str:
         for step in steps:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
+from cardbus.bus.http_guard import DEFAULT_MAX_BODY, load_tokens
 from cardbus.bus.runtime.loop import run as run_loop
+from cardbus.eventstore.errors import ConfigError
 from cardbus.tools.cli import cli
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 _DEMO = [
@@ -31,17 +34,65 @@ def a2a() -> None:
     multiple=True,
     help="module:Class or a2a+http://host:port, served in this process (default: the demo's).",
 )
-def serve(host: str, port: int, db: StoreRef, agent_paths: tuple[str, ...]) -> None:
+@click.option(
+    "--token",
+    default=None,
+    envvar="CARDBUS_A2A_TOKEN",
+    show_envvar=True,
+    help="Required on every request (Authorization: Bearer or X-API-Key); needed beyond loopback.",
+)
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    envvar="CARDBUS_A2A_TOKEN_FILE",
+    show_envvar=True,
+    help="Tokens, one a line (# comments), any of which is accepted.",
+)
+@click.option(
+    "--public-url",
+    default=None,
+    help="The URL the card advertises (behind a proxy); its host may be in the Host header.",
+)
+@click.option(
+    "--max-request-bytes",
+    default=DEFAULT_MAX_BODY,
+    show_default=True,
+    type=click.IntRange(1024),
+    help="Larger request bodies are refused unread.",
+)
+@mcp_options
+def serve(
+    host: str,
+    port: int,
+    db: StoreRef,
+    agent_paths: tuple[str, ...],
+    token: str | None,
+    token_file: str | None,
+    public_url: str | None,
+    max_request_bytes: int,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
+) -> None:
     """Serve the orchestrator as an A2A agent: a message with a plan starts a run.
 
     The card is at http://HOST:PORT/.well-known/agent-card.json, JSON-RPC
-    (A2A 1.0 and 0.3, streaming over SSE) at http://HOST:PORT/.
+    (A2A 1.0 and 0.3, streaming over SSE) at http://HOST:PORT/. Bound to
+    loopback by default; on any other interface it refuses to start without
+    a token, and then every request but the card's must carry one.
     """
+    from cardbus.bus.a2a.serve import check_exposure
     from cardbus.bus.a2a.serve import serve as run_server
     from cardbus.tools.loading import load_agent
 
+    try:
+        tokens = load_tokens(token, token_file)
+        check_exposure(host, tokens)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from e  # one line on stderr, exit 1
     paths = list(agent_paths) or _DEMO
     agents = [load_agent(p) for p in paths]
+    servers = mcp_servers(mcp, mcp_config)
 
     async def go() -> None:
         store = await open_store_option(db, create=True)
@@ -52,6 +103,10 @@ def serve(host: str, port: int, db: StoreRef, agent_paths: tuple[str, ...]) -> N
                 host=host,
                 port=port,
                 served=paths,
+                tokens=tokens,
+                public_url=public_url,
+                max_body=max_request_bytes,
+                mcp_servers=servers,
                 on_ready=lambda url: click.echo(f"cardbus a2a: serving {url} (log {db})"),
             )
         finally:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import click
 import msgspec
 
 from cardbus.agents.demo import DEMO_AGENTS, parallel_plan, report_plan
+from cardbus.agents.mcp_config import MCPServer
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.eventstore import new_id
@@ -18,6 +20,7 @@ from cardbus.tools.cli import cli
 from cardbus.tools.cmd_plan import planner_option, with_planner_path
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 from cardbus.tools.loading import load_agent
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
@@ -85,6 +88,7 @@ async def _demo(
     as_json: bool = False,
     goal: str | None = None,
     planner: str | None = None,
+    servers: Sequence[MCPServer] = (),
 ) -> int:
     llm = open_llm(llm_base_url, model)
     store = await open_store_option(db, create=True)
@@ -93,7 +97,9 @@ async def _demo(
         plan["plan_id"] = plan_id = new_id()  # how the progress finds the run in the log
         started = time.perf_counter()
         agents = [load_agent(p) for p in with_planner_path([], planner)]
-        async with EmbeddedRuntime(store, [*DEMO_AGENTS, *agents], llm=llm) as rt:
+        async with EmbeddedRuntime(
+            store, [*DEMO_AGENTS, *agents], llm=llm, mcp_servers=servers
+        ) as rt:
             if as_json:  # stdout: the result alone
                 result = await rt.run(plan, timeout=60)
             else:
@@ -138,6 +144,7 @@ async def _demo(
 )
 @planner_option
 @llm_options
+@mcp_options
 def demo(
     db: StoreRef,
     as_json: bool,
@@ -150,6 +157,8 @@ def demo(
     planner: str | None = None,
     llm_base_url: str | None = None,
     model: str | None = None,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
 ) -> None:
     """Run the demo report pipeline on the embedded default (SQLite + in-process bus).
 
@@ -161,14 +170,23 @@ def demo(
     orchestrator in this process, the agents in this process too unless
     --external-agents (then `cardbus agent serve` processes do the work).
     """
+    servers = mcp_servers(mcp, mcp_config)
     if nats_url or start_nats:
         from cardbus.tools.cmd_nats import demo_on_nats
 
         raise SystemExit(
             demo_on_nats(
-                nats_url, start_nats, parallel, topic, external_agents, as_json, llm_base_url, model
+                nats_url,
+                start_nats,
+                parallel,
+                topic,
+                external_agents,
+                as_json,
+                llm_base_url,
+                model,
+                mcp_servers=servers,
             )
         )
     raise SystemExit(
-        run_loop(_demo(db, parallel, topic, llm_base_url, model, as_json, goal, planner))
+        run_loop(_demo(db, parallel, topic, llm_base_url, model, as_json, goal, planner, servers))
     )

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import click
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.mcp_config import MCPServer, split_plan_servers
 from cardbus.agents.tools import ToolRegistry, doc_search_tool
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.orchestrator.policy import Policy
@@ -47,6 +48,7 @@ from cardbus.eventstore.nats.connection import ENV_VARS, NatsOptions
 from cardbus.tools.cli import cli
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 from cardbus.tools.loading import load_agent
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -286,6 +288,7 @@ def agent_serve(
 @_max_deliver
 @_stream_replicas
 @llm_options
+@mcp_options
 def orchestrator(
     nats_url: str,
     db: str | None,
@@ -304,6 +307,8 @@ def orchestrator(
     stream_replicas: int,
     llm_base_url: str | None = None,
     model: str | None = None,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
     **kw: Any,
 ) -> None:
     """Run the orchestrator on NATS; it resumes every open run from the log.
@@ -316,8 +321,12 @@ def orchestrator(
     every run.
     """
     options = build_options(nats_url, kw)
-    plan = decode_plan(Path(plan_file).read_bytes()) if plan_file else None
+    plan_data, plan_servers = (
+        split_plan_servers(Path(plan_file).read_bytes()) if plan_file else (b"", [])
+    )
+    plan = decode_plan(plan_data) if plan_file else None
     grants = AgentGrants.load(agents_file) if agents_file else None
+    servers = mcp_servers(mcp, mcp_config, plan_servers)
 
     async def go() -> int:
         llm = open_llm(llm_base_url, model)  # for any agent the runtime runs in-process
@@ -333,6 +342,7 @@ def orchestrator(
                 },
                 store_options={"replicas": stream_replicas},
                 tools=ToolRegistry([doc_search_tool(docs)]) if docs else None,
+                mcp_servers=servers,
                 grants=grants,
                 partitions=partitions,
                 partition_lease_s=partition_lease,
@@ -500,6 +510,7 @@ def demo_on_nats(
     as_json: bool = False,
     llm_base_url: str | None = None,
     model: str | None = None,
+    mcp_servers: Sequence[MCPServer] = (),
 ) -> int:
     """The demo with the orchestrator in this process, on NATS.
 
@@ -535,6 +546,7 @@ def demo_on_nats(
                 llm=llm,
                 bus_options=bus_options,
                 tools=ToolRegistry([doc_search_tool(docs)]),
+                mcp_servers=mcp_servers,
             ) as rt,
         ):
             result = await rt.run(plan, timeout=120)

@@ -16,6 +16,16 @@ from cardbus.projections import (
     replay,
     resolve_id,
 )
+from cardbus.projections.replay import (
+    AttemptSpan,
+    Call,
+    EffectUnknown,
+    ModelCall,
+    ToolCall,
+    answer_excerpt,
+    one_line,
+    prompt_excerpt,
+)
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import (
     as_of_option,
@@ -68,6 +78,64 @@ def _task_label(n: TaskNode) -> str:
     return label
 
 
+def _how(replayed_from: str | None) -> tuple[str, str]:
+    if replayed_from:
+        return f"replayed from {replayed_from}", "yellow"
+    return "live", "green"
+
+
+def call_line(call: Call) -> Any:
+    """One journaled call on one line: a model call with its prompt and answer in short,
+    a tool call with its arguments and result, an unknown effect with its decision."""
+    from rich.text import Text
+
+    line = Text()
+    match call:
+        case ModelCall():
+            line.append(f"model #{call.seq:<3}", style="bold")
+            line.append(f" {call.response_model or call.model or '?'}", style="cyan")
+            line.append(f"  {call.input_tokens}+{call.output_tokens} tokens")
+            line.append(f"  {fmt_duration(call.latency_s)}", style="dim")
+            how, style = _how(call.replayed_from)
+            if call.status == "open":
+                how, style = "no answer recorded", "red"
+            line.append(f"  {how}", style=style)
+            line.append(f'  "{prompt_excerpt(call)}"', style="dim")
+            line.append(" -> ")
+            line.append(f'"{answer_excerpt(call)}"', style="red" if call.error else "")
+        case ToolCall():
+            line.append(f"tool  #{call.seq:<3}", style="bold")
+            line.append(f" {call.tool}", style="cyan")
+            line.append(f"({one_line(call.arguments, 40) if call.arguments is not None else ''})")
+            if call.error is not None:
+                line.append(f" -> error {call.error_type or ''}: {one_line(call.error, 50)}", "red")
+            elif call.status in ("open", "unknown"):
+                line.append(" -> no result recorded", style="red")
+            else:
+                line.append(f" -> {one_line(call.result, 50)}")
+            how, style = _how(call.replayed_from)
+            if call.status in ("open", "unknown"):
+                how = "effect unknown" if call.status == "unknown" else "still running or lost"
+            line.append(f"  {how}", style=style)
+            if call.idempotency_key:
+                line.append(f"  key {call.idempotency_key}", style="dim")
+        case EffectUnknown():
+            line.append(f"effect unknown #{call.seq}", style="bold red")
+            line.append(f" {call.tool}", style="cyan")
+            line.append(f"  call {call.requested_event_id}  key {call.idempotency_key}", "dim")
+            line.append(f"  decision {call.decision}", style="bold")
+    return line
+
+
+def _attempt_label(a: AttemptSpan) -> str:
+    models = [c for c in a.calls if isinstance(c, ModelCall)]
+    tools = [c for c in a.calls if isinstance(c, ToolCall)]
+    replayed = sum(1 for c in models if c.replayed_from) + sum(1 for c in tools if c.replayed_from)
+    label = f"[bold]attempt #{a.attempt}[/] [cyan]{a.agent_id}[/] ({a.outcome}):"
+    label += f" {len(models)} model call(s), {len(tools)} tool call(s)"
+    return label + (f", {replayed} replayed" if replayed else "")
+
+
 def render_tree(t: Timeline) -> Any:
     from rich.tree import Tree
 
@@ -88,6 +156,15 @@ def render_tree(t: Timeline) -> Any:
         for s in n.steps:
             branch.add(_step_line(s, t.start, s.status != before))
             before = s.status or before  # a tool or memory step carries none
+        for a in n.spans:  # what each attempt asked models and tools (the journal)
+            if a.calls:
+                calls = branch.add(_attempt_label(a))
+                for call in a.calls:
+                    calls.add(call_line(call))
+        if n.calls:
+            calls = branch.add("[bold]calls outside the attempts shown[/]")
+            for call in n.calls:
+                calls.add(call_line(call))
         for c in n.children:
             add(branch, c)
 

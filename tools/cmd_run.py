@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import msgspec
 
+from cardbus.agents.mcp_config import MCPServer, split_plan_servers
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
@@ -24,6 +25,7 @@ from cardbus.tools.cmd_plan import (
 )
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 from cardbus.tools.loading import load_agent
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
@@ -40,6 +42,7 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @planner_option
 @llm_options
+@mcp_options
 def run(
     plan_file: Path | None,
     goal: str | None,
@@ -55,6 +58,8 @@ def run(
     planner: str | None = None,
     llm_base_url: str | None = None,
     model: str | None = None,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
 ) -> None:
     """Run PLAN_FILE (JSON) with the agents it names, on the log --store (in this process).
 
@@ -68,12 +73,17 @@ def run(
     command for a task that waits for approval), then the result (--json:
     the result alone, with the outputs).
 
+    MCP servers (--mcp, --mcp-config, and the plan file's "mcp_servers") are
+    started for the run; their tools are NAME__<tool> (the plan's agents must
+    allow them, e.g. "NAME__*").
+
     Running a plan with a plan_id that is already in the log resumes that
     run instead of starting another: after a crash, run the same command.
     Exit code 0 when the run completed, 1 when it failed (or halted).
     """
     if (plan_file is None) == (goal is None):
         raise click.UsageError("give PLAN_FILE or --goal GOAL (one of them)")
+    plan_servers: list[MCPServer] = []
     if goal is not None:
         paths = with_planner_path(list(agent_paths) or DEMO_AGENT_PATHS, planner)
         spec = goal_plan(
@@ -83,10 +93,12 @@ def run(
         agents = [load_agent(p) for p in paths]
     else:
         assert plan_file is not None
-        plan = decode_plan(plan_file.read_bytes())
+        data, plan_servers = split_plan_servers(plan_file.read_bytes())
+        plan = decode_plan(data)
         paths = with_planner_path([*plan.agents, *agent_paths], planner)
         agents = [load_agent(p) for p in paths]
 
+    servers = mcp_servers(mcp, mcp_config, plan_servers)
     # the run is found in the log by its plan id (a plan without one gets it here)
     plan = msgspec.structs.replace(plan, plan_id=plan.plan_id or new_id())
 
@@ -94,7 +106,7 @@ def run(
         llm = open_llm(llm_base_url, model)
         store = await open_store_option(db, create=True)
         try:
-            async with EmbeddedRuntime(store, agents, llm=llm) as rt:
+            async with EmbeddedRuntime(store, agents, llm=llm, mcp_servers=servers) as rt:
                 if as_json:  # stdout: the result alone
                     result = await rt.run(plan, timeout)
                 else:

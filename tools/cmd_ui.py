@@ -32,6 +32,7 @@ def ui(db: StoreRef, host: str, port: int, token: str | None) -> None:
     try:
         import uvicorn
 
+        from cardbus.bus.http_guard import host_names
         from cardbus.tools.ui import create_app, is_loopback
     except ImportError as e:
         raise click.ClickException(
@@ -44,7 +45,7 @@ def ui(db: StoreRef, host: str, port: int, token: str | None) -> None:
             " give --token (or CARDBUS_UI_TOKEN) to require it on every request"
         )
     # the Host header must name the interface served (DNS rebinding); "*" when all of them
-    hosts = None if loopback else (["*"] if host in ("0.0.0.0", "::") else [host, f"[{host}]"])
+    hosts = host_names(host)
     # opened in uvicorn's loop at start-up; a SQLite file is created if missing
     app = create_app(opener=lambda: open_store_option(db, create=True), token=token, hosts=hosts)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host

@@ -286,6 +286,10 @@ class TaskFold:
     def interrupted(self) -> bool:
         return self.status_state() == TaskState.TASK_STATE_INPUT_REQUIRED
 
+    def timestamp_ns(self) -> int:
+        """The status timestamp (``status.timestamp``) in nanoseconds; 0 before any event."""
+        return _stamp(self.updated).ToNanoseconds() if self.updated else 0
+
     def _task_status(self) -> TaskStatus:
         state = self.status_state()
         status = TaskStatus(state=state)

@@ -17,7 +17,14 @@ sent as the HTTP header and in the metadata), sent with a2a-sdk's client
   the same remote task;
 * ``TASK_STATE_REJECTED``: ``rejected``; ``FAILED``, ``CANCELED``,
   ``AUTH_REQUIRED``, a transport error or no answer within the card's
-  ``timeout_s``: a ``failed`` attempt with the reason (retried as usual).
+  ``timeout_s``: a ``failed`` attempt with the reason (retried as usual);
+* a refusal of the request itself (a JSON-RPC error other than an internal
+  one, such as -32602 or -32004, or HTTP 4xx such as a missing token): a
+  ``failed`` attempt with reason ``remote_refused``, not retried (the same
+  request would be refused again).
+
+A remote that wants a token gets ``token`` (``remote_a2a_agent(url, token=...)``,
+else ``CARDBUS_A2A_REMOTE_TOKEN``) as ``Authorization: Bearer``.
 
 While the remote works the worker reports ``task.started`` as for any agent
 (its ``started_after_s`` timer).
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any, ClassVar
 
@@ -46,6 +54,7 @@ from a2a.types import (
     SendMessageRequest,
     TaskState,
 )
+from a2a.utils.errors import A2AError, InternalError
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from cardbus.agents.a2a_card import ImportedCard, import_a2a, ints_back
@@ -59,19 +68,36 @@ from cardbus.eventstore.events import Usage
 __all__ = ["SCHEME", "RemoteA2AAgent", "load_remote", "remote_a2a_agent"]
 
 SCHEME = "a2a+"
+#: the token sent to remote A2A agents when none is given
+TOKEN_ENV = "CARDBUS_A2A_REMOTE_TOKEN"
+
+
+def _refusal(e: BaseException) -> str | None:
+    """What a refusal of the request says (not worth retrying), or None for a failure."""
+    from a2a.client.errors import A2AClientError
+
+    if isinstance(e, A2AClientError):
+        cause = e.__cause__
+        if isinstance(cause, httpx.HTTPStatusError) and 400 <= cause.response.status_code < 500:
+            return f"HTTP {cause.response.status_code}: {cause.response.text[:300]}"
+        return None
+    if isinstance(e, A2AError) and not isinstance(e, InternalError):
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 class RemoteA2AAgent(Agent):
     """Base of the classes :func:`remote_a2a_agent` makes, one per remote agent."""
 
     url: ClassVar[str] = ""
+    token: ClassVar[str | None] = None
     remote: ClassVar[ImportedCard]
     a2a_card: ClassVar[PbAgentCard]
     # the remote task waiting for input, per cardbus task: (remote task id, context id)
     _waiting: ClassVar[dict[str, tuple[str, str]]]
 
     @classmethod
-    def bind(cls, url: str, doc: dict[str, Any]) -> type[RemoteA2AAgent]:
+    def bind(cls, url: str, doc: dict[str, Any], token: str | None = None) -> type[RemoteA2AAgent]:
         """A subclass for the remote agent at ``url`` whose card JSON is ``doc``."""
         imported = import_a2a(doc)
         pb = ParseDict(doc, PbAgentCard(), ignore_unknown_fields=True)
@@ -82,6 +108,7 @@ class RemoteA2AAgent(Agent):
             "description": card.description,
             "version": card.version,
             "url": url,
+            "token": token,
             "remote": imported,
             "a2a_card": pb,
             "_waiting": {},
@@ -153,6 +180,8 @@ class RemoteA2AAgent(Agent):
                 notes=f"{cls.agent_id} does not offer {task.capability!r}",
             )
         headers = {"traceparent": task.traceparent} if task.traceparent else {}
+        if cls.token:
+            headers["authorization"] = f"Bearer {cls.token}"
         state: int = TaskState.TASK_STATE_UNSPECIFIED
         remote_task = ("", "")
         status_text = ""
@@ -195,6 +224,15 @@ class RemoteA2AAgent(Agent):
                 duration_s=time.monotonic() - start,
             )
         except Exception as e:  # transport, protocol, a broken remote: a failed attempt
+            refused = _refusal(e)
+            if refused is not None:
+                return ResultCard(
+                    **base,
+                    status="failed",
+                    reason="remote_refused",
+                    error=f"{cls.url} refused the request: {refused}"[:1000],
+                    duration_s=time.monotonic() - start,
+                )
             return ResultCard(
                 **base,
                 status="failed",
@@ -234,15 +272,21 @@ def _text_of(parts: Any) -> str:
     return "\n".join(p.text for p in parts if p.HasField("text"))
 
 
-async def remote_a2a_agent(url: str, timeout_s: float = 10.0) -> type[RemoteA2AAgent]:
-    """Fetch and import the card of the A2A agent at ``url``; its cardbus agent class."""
+async def remote_a2a_agent(
+    url: str, timeout_s: float = 10.0, token: str | None = None
+) -> type[RemoteA2AAgent]:
+    """Fetch and import the card of the A2A agent at ``url``; its cardbus agent class.
+
+    ``token`` (default: ``$CARDBUS_A2A_REMOTE_TOKEN``) goes with every request to it."""
     url = url.removeprefix(SCHEME)
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as http:
+        async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as http:
             pb = await A2ACardResolver(http, url).get_agent_card()
     except Exception as e:
         raise ValidationError(f"cannot fetch the A2A card at {url}: {e}") from e
-    return RemoteA2AAgent.bind(url, MessageToDict(pb))
+    return RemoteA2AAgent.bind(url, MessageToDict(pb), token)
 
 
 def load_remote(path: str) -> type[RemoteA2AAgent]:

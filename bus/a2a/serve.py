@@ -8,13 +8,25 @@ import logging
 from collections.abc import Callable, Sequence
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.mcp_config import MCPServer
 from cardbus.bus.a2a.server import A2AGateway, GoalPlanning, Planner, build_app
+from cardbus.bus.http_guard import DEFAULT_MAX_BODY, host_names, is_loopback
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import EventStore
+from cardbus.eventstore.errors import ConfigError
 
-__all__ = ["serve"]
+__all__ = ["check_exposure", "serve"]
 
 log = logging.getLogger(__name__)
+
+
+def check_exposure(host: str, tokens: Sequence[str]) -> None:
+    """``ConfigError`` for a server reachable beyond loopback that no token locks."""
+    if not is_loopback(host) and not tokens:
+        raise ConfigError(
+            f"--host {host} is not loopback and no token is set: anyone who can reach it could"
+            " start runs and answer approvals; give --token, CARDBUS_A2A_TOKEN or --token-file"
+        )
 
 
 async def serve(
@@ -25,17 +37,28 @@ async def serve(
     planner: Planner | None = None,
     served: Sequence[str] = (),
     on_ready: Callable[[str], None] | None = None,
+    *,
+    tokens: Sequence[str] = (),
+    public_url: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    mcp_servers: Sequence[MCPServer] = (),
 ) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers), then stop the runtime.
 
     A goal sent as text is planned by the orchestrator (``GoalPlanning``) with
     the planner agents among ``agents``, or the runtime's ``RulePlanner``;
-    ``planner`` replaces that.
+    ``planner`` replaces that. ``tokens``: one of them on every request but
+    the card's (required beyond loopback: ``ConfigError``); ``public_url``:
+    the URL the card advertises (and a name the ``Host`` header may carry);
+    ``max_body``: the largest request body taken, in bytes. ``mcp_servers`` are
+    mounted as tools for the runtime's life.
     """
     import uvicorn
 
-    url = f"http://{host}:{port}/"
-    async with EmbeddedRuntime(store, agents) as rt:
+    check_exposure(host, tokens)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = public_url or f"http://{shown}:{port}/"
+    async with EmbeddedRuntime(store, agents, mcp_servers=mcp_servers) as rt:
         names = {*served, *(a.agent_id for a in agents)}
         gateway = A2AGateway(
             store,
@@ -45,7 +68,9 @@ async def serve(
             served=sorted(names),
         )
         await gateway.start()
-        app = build_app(gateway, url)
+        app = build_app(
+            gateway, url, tokens=tokens, hosts=host_names(host, public_url), max_body=max_body
+        )
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve())

@@ -8,11 +8,12 @@ reads every answer back from the log (``TaskFold``):
   text goal with no plan is handed to the gateway's ``planner``:
   :class:`GoalPlanning` (what ``serve`` uses) makes it a plan of the goal
   alone, which the orchestrator splits with its planner agents (capability
-  ``plan``) like any goal plan; with no planner the answer is a failed task
-  saying goal decomposition is not available. The A2A task id is the run's
-  root id; the context id and the message are kept in ``run.started``'s
-  session, the plan id is
-  ``a2a-<message id>`` (so a resent message runs once);
+  ``plan``) like any goal plan; with no planner the answer is
+  ``UnsupportedOperationError``; a plan refused before it runs is
+  ``InvalidParamsError`` with the reason. The A2A task id is the run's root
+  id; the context id and the message are kept in ``run.started``'s session,
+  the plan id is ``a2a-<hash of context id and message id>`` (a resent
+  message answers with the task it started);
 * a message on a task that is input-required answers what it waits for: an
   approval (``{"approve": true|false}`` or a text beginning with yes/approve
   or no/deny, through ``answer_approval``) or a question an agent asked with
@@ -30,15 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import inspect
+import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.request_handler import RequestHandler
-from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.routes import create_jsonrpc_routes
 from a2a.server.tasks.task_store import TaskStore
 from a2a.types import (
     AgentCard as PbAgentCard,
@@ -55,8 +59,6 @@ from a2a.types import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
-    Part,
-    Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -64,10 +66,22 @@ from a2a.types import (
     TaskNotFoundError,
     TaskPushNotificationConfig,
     TaskState,
-    TaskStatus,
     UnsupportedOperationError,
 )
-from a2a.utils.errors import ExtendedAgentCardNotConfiguredError, PushNotificationNotSupportedError
+from a2a.utils.errors import (
+    A2AError,
+    ExtendedAgentCardNotConfiguredError,
+    InternalError,
+    PushNotificationNotSupportedError,
+)
+from a2a.utils.proto_utils import validate_proto_required_fields
+from a2a.utils.task import (
+    ListTasksCursor,
+    decode_list_tasks_cursor,
+    encode_list_tasks_cursor,
+    validate_history_length,
+    validate_page_size,
+)
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from cardbus.agents.a2a_card import ints_back, to_a2a_v1
@@ -80,13 +94,14 @@ from cardbus.bus.a2a.fold import (
     Question,
     TaskFold,
 )
+from cardbus.bus.http_guard import DEFAULT_MAX_BODY, LOOPBACK_NAMES, HttpGuard, Refusal
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import Orchestrator, answer_approval
 from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore import EventStore, new_id
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import CardbusError, InvalidPlan
+from cardbus.eventstore.errors import CardbusError, InvalidPlan, PlanConflict
 
 __all__ = [
     "A2AGateway",
@@ -169,21 +184,59 @@ def gateway_card(planner: bool = False) -> AgentCard:
     )
 
 
-def _failed_task(text: str, context_id: str = "", message: Message | None = None) -> Task:
-    """A task that never became a run (nothing to record): failed, with the reason."""
-    task_id = new_id()
-    status = TaskStatus(state=TaskState.TASK_STATE_FAILED)
-    status.message.CopyFrom(
-        Message(
-            message_id=f"status-{task_id}",
-            task_id=task_id,
-            context_id=context_id or task_id,
-            role=Role.ROLE_AGENT,
-            parts=[Part(text=text)],
-        )
-    )
-    history = [message] if message is not None else []
-    return Task(id=task_id, context_id=context_id or task_id, status=status, history=history)
+def _refuse(message: str) -> InvalidParamsError:
+    return InvalidParamsError(message=message)
+
+
+def _check_message(params: SendMessageRequest) -> None:
+    """What a2a-sdk's default handler checks (``validate_request_params``), in short words."""
+    try:
+        validate_proto_required_fields(params)
+    except InvalidParamsError as e:
+        errors = (e.data or {}).get("errors") or []
+        said = "; ".join(f"{x.get('field')}: {x.get('message')}" for x in errors)
+        raise _refuse(said or "required fields are missing") from None
+    validate_history_length(params.configuration)
+    for i, part in enumerate(params.message.parts):
+        if part.WhichOneof("content") is None:
+            raise _refuse(f"message.parts[{i}] has no content (text, data, raw or url)")
+
+
+def _a2a_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A2A errors as they are; a cardbus error as invalid params with its message; anything
+    else as an internal error that names its type only (the details go to the log)."""
+
+    def translate(e: Exception) -> Exception:
+        if isinstance(e, A2AError):
+            return e
+        if isinstance(e, CardbusError):
+            return InvalidParamsError(message=str(e)[:500])
+        log.exception("A2A %s failed", method.__name__)
+        return InternalError(message=f"internal error ({type(e).__name__})")
+
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def gen(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            inner = method(*args, **kwargs)
+            try:
+                async for item in inner:
+                    yield item
+            except Exception as e:
+                raise translate(e) from e
+            finally:
+                await inner.aclose()
+
+        return gen
+
+    @functools.wraps(method)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(*args, **kwargs)
+        except Exception as e:
+            raise translate(e) from e
+
+    return call
 
 
 def _split(message: Message) -> tuple[str, list[Any]]:
@@ -191,6 +244,12 @@ def _split(message: Message) -> tuple[str, list[Any]]:
     texts = [p.text for p in message.parts if p.HasField("text")]
     data = [ints_back(MessageToDict(p.data)) for p in message.parts if p.HasField("data")]
     return "\n".join(texts).strip(), data
+
+
+def _plan_id(message: Message) -> str:
+    """The run a message starts, named by its id in its context: a resend finds it again."""
+    key = f"{message.context_id}\x00{message.message_id}"
+    return "a2a-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 class LogTaskStore(TaskStore):
@@ -213,41 +272,64 @@ class LogTaskStore(TaskStore):
         fold = await self.fold(task_id)
         return fold.task() if fold else None
 
-    async def list(
-        self, params: ListTasksRequest, context: ServerCallContext | None = None
-    ) -> ListTasksResponse:
-        roots: list[str] = []
+    async def _folds(self, context_id: str) -> list[TaskFold]:
+        """Every A2A run (of ``context_id``, if given), folded in one pass over the log."""
+        folds: dict[str, TaskFold] = {}
         position = 1
         while True:
             page = await self.store.read_all(position, 1000)
             for env in page:
                 data = env.data
-                if isinstance(data, ev.RunStarted) and "a2a" in data.session:
-                    a2a = data.session["a2a"]
-                    if not params.context_id or a2a.get("context_id") == params.context_id:
-                        roots.append(env.stream)
+                if isinstance(data, ev.RunStarted) and env.stream == env.correlation_id:
+                    a2a = data.session.get("a2a") if isinstance(data.session, dict) else None
+                    if isinstance(a2a, dict) and (
+                        not context_id or a2a.get("context_id") == context_id
+                    ):
+                        folds[env.stream] = TaskFold(env.stream)
+                fold = folds.get(env.correlation_id)
+                if fold is not None:
+                    fold.apply(env)
             if len(page) < 1000:
                 break
             position = page[-1].position + 1
+        return [f for f in folds.values() if f.found]
+
+    async def list(
+        self, params: ListTasksRequest, context: ServerCallContext | None = None
+    ) -> ListTasksResponse:
+        """Newest status first (spec 3.1.4: by status timestamp, then id, descending)."""
+        validate_history_length(params)
+        if params.HasField("page_size"):
+            validate_page_size(params.page_size)
+        after: tuple[bool, int, str] | None = None
+        if params.page_token:
+            cursor = decode_list_tasks_cursor(params.page_token)
+            if cursor is None:
+                raise _refuse("pageToken is not a token this server gave")
+            after = cursor.sort_key()
+        folds = await self._folds(params.context_id)
+        if params.status:
+            folds = [f for f in folds if f.status_state() == params.status]
+        if params.HasField("status_timestamp_after"):
+            since = params.status_timestamp_after.ToNanoseconds()
+            folds = [f for f in folds if f.timestamp_ns() >= since]
+        keyed = sorted(((True, f.timestamp_ns(), f.root_id), f) for f in folds)
+        keyed.reverse()
+        total = len(keyed)
+        if after is not None:
+            keyed = [(k, f) for k, f in keyed if k < after]
         size = params.page_size or 50
-        start = int(params.page_token) if params.page_token.isdigit() else 0
-        tasks = []
-        for root in reversed(roots[: len(roots) - start]):
-            fold = await self.fold(root)
-            if fold is None:
-                continue
-            if params.status and fold.status_state() != params.status:
-                continue
-            hl = params.history_length if params.HasField("history_length") else None
-            tasks.append(fold.task(hl))
-            if len(tasks) >= size:
-                break
-        nxt = start + size
+        page, rest = keyed[:size], keyed[size:]
+        hl = params.history_length if params.HasField("history_length") else None
+        token = ""
+        if rest:
+            last = page[-1][0]
+            token = encode_list_tasks_cursor(ListTasksCursor(timestamp_ns=last[1], task_id=last[2]))
         return ListTasksResponse(
-            tasks=tasks,
-            next_page_token=str(nxt) if nxt < len(roots) else "",
+            tasks=[f.task(hl) for _, f in page],
+            next_page_token=token,
             page_size=size,
-            total_size=len(roots),
+            total_size=total,
         )
 
     async def save(self, task: Task, context: ServerCallContext | None = None) -> None:
@@ -258,7 +340,11 @@ class LogTaskStore(TaskStore):
 
 
 class A2AGateway(RequestHandler):
-    """a2a-sdk's ``RequestHandler`` over an orchestrator, its store and its bus."""
+    """a2a-sdk's ``RequestHandler`` over an orchestrator, its store and its bus.
+
+    Every method checks its parameters as a2a-sdk's default handler does
+    (``-32602`` naming the field) and answers errors with a short message.
+    """
 
     def __init__(
         self,
@@ -276,6 +362,7 @@ class A2AGateway(RequestHandler):
         self.tasks = LogTaskStore(store)
         self.served = set(served)  # agent import paths / ids a plan may name
         self.wait_timeout_s = wait_timeout_s
+        self.extended_card: PbAgentCard | None = None  # set by build_app when tokens lock it
 
     async def start(self) -> None:
         """Register ``a2a-user`` and take its cards (their state is read from the log)."""
@@ -285,53 +372,82 @@ class A2AGateway(RequestHandler):
     async def _on_question(self, card: TaskCard) -> None:
         log.info("A2A task %s asks the user: %s", card.root_id, card.goal)
 
+    def served_capabilities(self) -> list[tuple[str, CapabilitySpec]]:
+        """(agent id, capability) of the agents served, but the planners and ``a2a-user``."""
+        out = []
+        for card in sorted(self.orchestrator.state.agents.values(), key=lambda c: c.agent_id):
+            if card.agent_id == USER_AGENT_ID:
+                continue
+            out += [(card.agent_id, c) for c in card.capabilities if c.name != PLAN_CAPABILITY]
+        return out
+
     # -- starting runs and answering them -------------------------------------------
 
-    async def _start(self, message: Message) -> Task | str:
-        """Submit the run a message asks for; its root id, or a failed task."""
+    async def _plan(self, message: Message) -> Plan:
+        """The plan a message asks for: a plan (data part), a goal (text), or one capability
+        of a served agent (``metadata.cardbus.capability``, as a cardbus caller sends)."""
         text, data = _split(message)
-        context_id = message.context_id or new_id()
-        plan_doc = next((d for d in data if isinstance(d, dict)), None)
-        try:
-            if plan_doc is not None and plan_doc.get("tasks"):
-                plan = as_plan(plan_doc)
-            else:
-                goal = text or str((plan_doc or {}).get("goal") or "")
-                if not goal:
-                    return _failed_task("send a plan (a data part) or a goal (text)", context_id)
-                if self.planner is None:
-                    return _failed_task(
-                        "goal decomposition is not available on this server: send a plan "
-                        "(a data part in the cardbus plan format) instead of a goal",
-                        context_id,
-                        message,
-                    )
-                plan = await self.planner.plan(goal, list(self.orchestrator.state.agents.values()))
-            unknown = [a for a in plan.agents if a not in self.served]
-            if unknown:
-                return _failed_task(
-                    f"agents not served here: {', '.join(unknown)} (start `cardbus a2a serve`"
-                    " with --agent for each)",
-                    context_id,
-                    message,
-                )
-            first = MessageToDict(message)
-            first.pop("taskId", None)
-            session = {**plan.session, "a2a": {"context_id": context_id, "message": first}}
-            digest = hashlib.sha256(message.message_id.encode()).hexdigest()[:24]
-            plan = msgspec.structs.replace(
-                plan, session=session, plan_id=plan.plan_id or f"a2a-{digest}"
+        doc = next((d for d in data if isinstance(d, dict)), None)
+        meta = MessageToDict(message.metadata).get("cardbus") if message.metadata else None
+        wanted = meta.get("capability") if isinstance(meta, dict) else None
+        direct = {c.name for _, c in self.served_capabilities()}
+        if isinstance(wanted, str) and wanted in direct:
+            inputs = doc if doc is not None else {"text": text}
+            return as_plan(
+                {
+                    "goal": f"{wanted} for an A2A caller",
+                    "tasks": [{"id": wanted, "capability": wanted, "inputs": inputs}],
+                }
             )
+        if doc is not None and doc.get("tasks"):
+            return as_plan(doc)
+        goal = text or str((doc or {}).get("goal") or (doc or {}).get("text") or "")
+        if not goal:
+            raise _refuse("send a plan (a data part) or a goal (a text part)")
+        if self.planner is None:
+            raise UnsupportedOperationError(
+                message="goal decomposition is not available on this server: send a plan"
+                " (a data part in the cardbus plan format) instead of a goal"
+            )
+        return await self.planner.plan(goal, list(self.orchestrator.state.agents.values()))
+
+    async def _start(self, message: Message) -> str:
+        """Submit the run a message asks for; its root id (the run it started before, when
+        the same message id comes again in the same context)."""
+        plan_id = _plan_id(message)
+        known = self.orchestrator.state.plans.get(plan_id)
+        if known is not None:
+            return known
+        plan = await self._plan(message)
+        unknown = [a for a in plan.agents if a not in self.served]
+        if unknown:
+            raise _refuse(
+                f"agents not served here: {', '.join(unknown)} (start `cardbus a2a serve`"
+                " with --agent for each)"
+            )
+        first = MessageToDict(message)
+        first.pop("taskId", None)
+        context_id = message.context_id or new_id()
+        session = {**plan.session, "a2a": {"context_id": context_id, "message": first}}
+        plan = msgspec.structs.replace(plan, session=session, plan_id=plan.plan_id or plan_id)
+        try:
             return await self.orchestrator.submit(plan)
-        except CardbusError as e:
-            return _failed_task(f"{type(e).__name__}: {e}", context_id, message)
+        except PlanConflict as e:
+            if e.plan_id == plan_id:  # the same message again, its run started meanwhile
+                return e.root_id
+            raise
 
     async def _answer(self, fold: TaskFold, message: Message) -> Question:
         """Answer what the task waits for with ``message``; the question answered."""
+        if fold.terminal:
+            raise UnsupportedOperationError(
+                message=f"task {fold.root_id} is {TaskState.Name(fold.status_state())}:"
+                " a finished task takes no more messages"
+            )
         questions = fold.questions()
         if not questions:
-            raise InvalidParamsError(
-                message=f"task {fold.root_id} is {TaskState.Name(fold.status_state())}: "
+            raise _refuse(
+                f"task {fold.root_id} is {TaskState.Name(fold.status_state())}: "
                 "it waits for no input"
             )
         text, data = _split(message)
@@ -345,9 +461,7 @@ class A2AGateway(RequestHandler):
                 word = text.split()[0].lower().strip(".,!") if text else ""
                 verdict = True if word in _YES else False if word in _NO else None
             if not isinstance(verdict, bool):
-                raise InvalidParamsError(
-                    message=f"{q.text}: answer yes/approve or no/deny, or {{'approve': bool}}"
-                )
+                raise _refuse(f"{q.text}: answer yes/approve or no/deny, or {{'approve': bool}}")
             await answer_approval(self.store, q.task_id, verdict, by, text or str(fields))
         else:
             output: Any = fields if fields else {"text": text}
@@ -393,24 +507,29 @@ class A2AGateway(RequestHandler):
                 return
 
     async def _stream(self, params: SendMessageRequest) -> AsyncIterator[Any]:
+        _check_message(params)
         message = params.message
         if message.task_id:
             fold = await self.tasks.fold(message.task_id)
             if fold is None:
                 raise TaskNotFoundError(message=f"no task {message.task_id}")
+            if message.context_id and message.context_id != fold.context_id:
+                raise _refuse(
+                    f"contextId {message.context_id} is not the context of task {fold.root_id}"
+                )
+            if any(m.message_id == message.message_id for m in fold.history):
+                yield fold.task()  # a resent answer: the task as it is, not a second answer
+                return
             answered = await self._answer(fold, message)
             async for item in self._follow(message.task_id, answered):
                 yield item
             return
-        started = await self._start(message)
-        if isinstance(started, Task):
-            yield started
-            return
-        async for item in self._follow(started):
+        async for item in self._follow(await self._start(message)):
             yield item
 
     # -- the A2A methods ----------------------------------------------------------------
 
+    @_a2a_errors
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
@@ -428,42 +547,56 @@ class A2AGateway(RequestHandler):
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         if last is None:
-            raise InvalidParamsError(message="no task")
-        if (
-            params.configuration.return_immediately
-            and last.status.state != TaskState.TASK_STATE_FAILED
-        ):
-            return last
+            raise InternalError(message="no task")
+        if params.configuration.return_immediately:
+            return _trim(last, params.configuration)
         got = await self.tasks.get(last.id)
         return _trim(got or last, params.configuration)
 
+    @_a2a_errors
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
         async for item in self._stream(params):
             yield item
 
+    @_a2a_errors
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
+        validate_proto_required_fields(params)
+        fold = await self.tasks.fold(params.id)
+        if fold is None:
+            raise TaskNotFoundError(message=f"no task {params.id}")
+        if fold.terminal:  # spec 3.1.6: nothing more will come
+            raise UnsupportedOperationError(
+                message=f"task {params.id} is {TaskState.Name(fold.status_state())}:"
+                " GetTask reads a finished task"
+            )
         async for item in self._follow(params.id):
             yield item
 
+    @_a2a_errors
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        validate_proto_required_fields(params)
+        validate_history_length(params)
         fold = await self.tasks.fold(params.id)
         if fold is None:
             raise TaskNotFoundError(message=f"no task {params.id}")
         hl = params.history_length if params.HasField("history_length") else None
         return fold.task(hl)
 
+    @_a2a_errors
     async def on_list_tasks(
         self, params: ListTasksRequest, context: ServerCallContext
     ) -> ListTasksResponse:
         return await self.tasks.list(params, context)
 
+    @_a2a_errors
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:
+        validate_proto_required_fields(params)
         fold = await self.tasks.fold(params.id)
         if fold is None:
             raise TaskNotFoundError(message=f"no task {params.id}")
@@ -503,7 +636,10 @@ class A2AGateway(RequestHandler):
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> PbAgentCard:
-        raise ExtendedAgentCardNotConfiguredError
+        """The card, for a caller who passed the token (the guard checked it)."""
+        if self.extended_card is None:
+            raise ExtendedAgentCardNotConfiguredError
+        return self.extended_card
 
 
 def _trim(task: Task, config: Any) -> Task:
@@ -515,15 +651,122 @@ def _trim(task: Task, config: Any) -> Task:
     return task
 
 
-def build_app(gateway: A2AGateway, url: str) -> Any:
-    """The Starlette app: the card at ``/.well-known/agent-card.json``, JSON-RPC at ``/``
-    (A2A 1.0, and 0.3 for older clients)."""
-    from starlette.applications import Starlette
+#: the header an API key may come in (the card's ``apiKey`` scheme; ``Authorization:
+#: Bearer`` is the ``bearer`` scheme)
+API_KEY_HEADER = "X-API-Key"
+CARD_PATH = "/.well-known/agent-card.json"
 
-    doc = to_a2a_v1(gateway_card(gateway.planner is not None), url, streaming=True)
-    card = ParseDict(doc, PbAgentCard())
+
+def _example(cap: CapabilitySpec) -> str:
+    """A message that runs ``cap``: its own example, else a plan of it with its inputs' names."""
+    if cap.examples:
+        return cap.examples[0]
+    props = (cap.input_schema or {}).get("properties") or {}
+    inputs = {k: "..." for k in props} or {"text": "..."}
+    doc = {
+        "goal": cap.description or cap.name,
+        "tasks": [{"id": cap.name, "capability": cap.name, "inputs": inputs}],
+    }
+    return json.dumps(doc)
+
+
+def card_doc(gateway: A2AGateway, url: str, locked: bool = False) -> dict[str, Any]:
+    """The gateway's v1.0 card: ``run_plan``, ``run_goal`` (with a planner) and each
+    capability of the agents served (a message naming it in ``metadata.cardbus.capability``
+    runs it alone), each with an example; with ``locked``, its security schemes."""
+    card = gateway_card(gateway.planner is not None)
+    plan_example = json.dumps(
+        {
+            "goal": "say hello",
+            "tasks": [{"id": "t", "capability": "<a capability below>", "inputs": {}}],
+        }
+    )
+    caps = []
+    for c in card.capabilities:
+        example = plan_example if c.name == "run_plan" else "Write a short report on tides"
+        caps.append(msgspec.structs.replace(c, examples=[example]))
+    for agent_id, c in gateway.served_capabilities():
+        described = f"{c.description or c.name} (agent {agent_id})"
+        caps.append(msgspec.structs.replace(c, description=described, examples=[_example(c)]))
+    card = msgspec.structs.replace(card, capabilities=caps)
+    doc = to_a2a_v1(card, url, streaming=True)
+    for skill in doc["skills"]:
+        if skill["id"] == "run_goal":
+            skill["inputModes"] = ["text/plain"]
+    if locked:
+        doc["securitySchemes"] = {
+            "bearer": {
+                "httpAuthSecurityScheme": {
+                    "scheme": "Bearer",
+                    "description": "the token `cardbus a2a serve` was given (--token, "
+                    "CARDBUS_A2A_TOKEN or --token-file)",
+                }
+            },
+            "apiKey": {
+                "apiKeySecurityScheme": {
+                    "location": "header",
+                    "name": API_KEY_HEADER,
+                    "description": "the same token, as an API key",
+                }
+            },
+        }
+        doc["securityRequirements"] = [{"schemes": {"bearer": {}}}, {"schemes": {"apiKey": {}}}]
+        doc["capabilities"]["extendedAgentCard"] = True
+    return doc
+
+
+def _jsonrpc_refusal(refusal: Refusal) -> bytes:
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {
+                "code": -32600,
+                "message": refusal.message,
+                "data": {"refused": refusal.kind},
+            },
+        }
+    ).encode()
+
+
+def build_app(
+    gateway: A2AGateway,
+    url: str,
+    *,
+    tokens: Sequence[str] = (),
+    hosts: Sequence[str] = LOOPBACK_NAMES,
+    max_body: int = DEFAULT_MAX_BODY,
+) -> Any:
+    """The ASGI app: the card at ``/.well-known/agent-card.json`` (v1.0; the v0.3 form for
+    a request with ``A2A-Version: 0.3``), JSON-RPC at ``/`` (A2A 1.0, and 0.3), behind
+    :class:`~cardbus.bus.http_guard.HttpGuard`: ``hosts`` the ``Host`` may name,
+    ``tokens`` one of which every request but the card's must carry, ``max_body`` bytes
+    at most; a refusal is a JSON-RPC error (code -32600) with the HTTP status."""
+    from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    card = ParseDict(card_doc(gateway, url, locked=bool(tokens)), PbAgentCard())  # strict
+    gateway.extended_card = card if tokens else None
+    v1 = MessageToDict(card)
+    v03 = agent_card_to_dict(card)  # a2a-sdk's merge of the v0.3 keys
+
+    async def card_route(request: Request) -> JSONResponse:
+        version = request.headers.get("a2a-version", "")
+        return JSONResponse(v03 if version.startswith("0.") else v1)
+
     routes = [
-        *create_agent_card_routes(card),
+        Route(CARD_PATH, card_route, methods=["GET"]),
         *create_jsonrpc_routes(gateway, rpc_url="/", enable_v0_3_compat=True),
     ]
-    return Starlette(routes=routes)
+    return HttpGuard(
+        Starlette(routes=routes),
+        hosts=hosts,
+        tokens=tokens,
+        token_headers=[API_KEY_HEADER],
+        open_paths=[CARD_PATH],
+        max_body=max_body,
+        render=_jsonrpc_refusal,
+    )

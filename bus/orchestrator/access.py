@@ -8,7 +8,9 @@ orchestrator. For each one it
    dispatched agent of the current attempt); ``read_output`` may name only a
    task the card declares as a dependency, ``write_output`` only the task
    itself; ``tool`` only a tool on the agent's allow-list as registered in the
-   log (``AgentConstraints.tools``, not what the request claims); memory reads
+   log (``AgentConstraints.tools``, not what the request claims), whose entries
+   are names or globs (:func:`tool_allowed`: ``"time__*"`` names every tool of
+   the MCP server ``time``); memory reads
    are allowed unless the policy turns them off;
 2. on a refusal records ``access.refused`` and answers ``access_denied``
    (the agent gets ``AccessDenied``);
@@ -33,29 +35,43 @@ for a task the log does not know is recorded on the agent's stream
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from cardbus.agents.requests import AgentRequest, AgentResponse
-from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.checks import allowed_values, check_choice, check_number
+from cardbus.bus.orchestrator.journal import BadJournalRequest, Journal, inline_size
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import TaskState
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import AccessDenied, ConfigError
+from cardbus.eventstore.errors import ConfigError
 
-__all__ = ["AccessPolicy", "ArgumentsRecord", "Record", "RequestBroker", "access_problem", "digest"]
+if TYPE_CHECKING:
+    from cardbus.eventstore.store import EventStore
+
+__all__ = [
+    "AccessPolicy",
+    "ArgumentsRecord",
+    "Record",
+    "RequestBroker",
+    "access_problem",
+    "digest",
+    "inline_size",
+    "tool_allowed",
+]
 
 log = logging.getLogger(__name__)
 
-Record = Callable[[str, list[ev.Event]], Awaitable[None]]
+Record = Callable[[str, list[ev.Event]], Awaitable[Any]]
 _WORKING = (TaskState.DISPATCHED, TaskState.RUNNING)
 
 
@@ -68,14 +84,30 @@ class AccessPolicy:
     """What agents may read and what the log keeps of their requests; checked when made."""
 
     arguments: ArgumentsRecord = "full"
-    max_inline_bytes: int = 4096  # larger arguments / results are recorded as digest + size
+    max_inline_bytes: int = 4096  # larger arguments are recorded as digest + size
     memory_reads: bool = True  # may agents read long-term memory at all
     max_memory_results: int = 20
+    #: what ``model.requested`` / ``model.answered`` keep of prompts and answers: all of
+    #: them, or (``"digest"``) only their digests and sizes, for deployments that must not
+    #: store prompts (such calls are recorded but cannot be replayed)
+    model_content: ArgumentsRecord = "full"
+    max_model_bytes: int = 1 << 20  # a larger prompt or answer is kept as digest + size
+    #: called as ``redact(kind, value)`` (kind ``model.request`` or ``model.answer``)
+    #: before anything is written; what it returns is what the log keeps
+    redact: Callable[[str, Any], Any] | None = None
+    #: answer a retried attempt's calls from the journal (``bus.orchestrator.journal``)
+    replay: bool = True
 
     def __post_init__(self) -> None:
         me = "AccessPolicy"
         check_choice(me, "arguments", self.arguments, allowed_values(ArgumentsRecord))
+        check_choice(me, "model_content", self.model_content, allowed_values(ArgumentsRecord))
         check_number(me, "max_inline_bytes", self.max_inline_bytes, at_least=0, integer=True)
+        check_number(me, "max_model_bytes", self.max_model_bytes, at_least=0, integer=True)
+        if self.redact is not None and not callable(self.redact):
+            raise ConfigError(f"{me}.redact must be a function or None; got {self.redact!r}")
+        if not isinstance(self.replay, bool):
+            raise ConfigError(f"{me}.replay must be True or False; got {self.replay!r}")
         if not isinstance(self.memory_reads, bool):
             raise ConfigError(f"{me}.memory_reads must be True or False; got {self.memory_reads!r}")
         check_number(me, "max_memory_results", self.max_memory_results, at_least=1, integer=True)
@@ -89,11 +121,10 @@ def digest(value: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _size(value: Any) -> int:
-    try:
-        return len(msgspec.json.encode(value))
-    except Exception:
-        return 1 << 62
+def tool_allowed(name: str, allowed: Iterable[str]) -> bool:
+    """Whether tool ``name`` is on the allow-list ``allowed``: an entry is a name, or a
+    glob (``fnmatch``, case-sensitive: ``*``, ``?``, ``[...]``) such as ``"time__*"``."""
+    return any(name == p or fnmatch.fnmatchcase(name, p) for p in allowed)
 
 
 def access_problem(
@@ -121,11 +152,13 @@ def access_problem(
                 return "not_own_task"
         case "tool":
             card = state.agents.get(req.agent_id)
-            if card is None or req.target not in card.constraints.tools:
+            if card is None or not tool_allowed(req.target, card.constraints.tools):
                 return "tool_not_allowed"
         case "memory.get" | "memory.list" | "memory.search":
             if not policy.memory_reads:
                 return "memory_not_allowed"
+        case "model.request" | "model.answer" | "tool.begin" | "tool.end":
+            pass  # its own model call or tool: recorded (the journal), never refused
         case _:
             return "unknown_request"
     return None
@@ -143,19 +176,44 @@ class RequestBroker:
         tools: ToolRegistry | None = None,
         memory: LongTermMemory | None = None,
         policy: AccessPolicy | None = None,
+        store: EventStore | None = None,
+        catch_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """``store``: where the journal reads a task's recorded calls (None: no replay).
+        ``catch_up``: waits until the state holds what the log held when called; asked
+        before refusing a request for a task not (or no longer) the agent's, since with
+        several orchestrators serving requests this one may not have folded it yet."""
+        self.catch_up = catch_up
         self.state = state
         self.record = record
         self.tools = tools or ToolRegistry()
         self.memory = memory
-        self.policy = policy or AccessPolicy()
+        policy = policy or AccessPolicy()
+        self.journal = Journal(
+            store, record, self.tools, policy, self._replay_allowed, self._folded_version
+        )
+
+    @property
+    def policy(self) -> AccessPolicy:
+        return self.journal.policy
+
+    @policy.setter
+    def policy(self, value: AccessPolicy) -> None:
+        self.journal.policy = value
+
+    def _folded_version(self, task_id: str) -> int:
+        return self.state.versions.get(task_id, 0)
+
+    def _replay_allowed(self, task_id: str) -> bool:
+        task = self.state.tasks.get(task_id)
+        return self.policy.replay and (task is None or task.created.journal)
 
     async def handle(self, req: AgentRequest) -> AgentResponse:
         """Check, do, record, answer; never raises for a bad or refused request."""
         start = time.monotonic()
         try:
             return await self._handle(req, start)
-        except _BadRequest as e:
+        except (_BadRequest, BadJournalRequest) as e:
             return self._answer(req, start, error=str(e), error_type="bad_request")
         except Exception as e:  # e.g. the record could not be appended: no effect, no answer
             log.exception("request %s failed", req.request_id)
@@ -165,6 +223,9 @@ class RequestBroker:
 
     async def _handle(self, req: AgentRequest, start: float) -> AgentResponse:
         problem = access_problem(self.state, req, self.policy)
+        if problem in ("unknown_task", "not_assigned") and self.catch_up is not None:
+            await self.catch_up()  # behind the log? (another orchestrator decided it)
+            problem = access_problem(self.state, req, self.policy)
         if problem is not None:
             refused = ev.AccessRefused(
                 task_id=req.task_id,
@@ -187,71 +248,18 @@ class RequestBroker:
             case "write_output":  # its own task: the output itself arrives in the ResultCard
                 return self._answer(req, start, result={"accepted": True})
             case "tool":
-                return await self._tool(req, start)
+                outcome = await self.journal.tool(req)
+            case "model.request":
+                outcome = await self.journal.model_request(req)
+            case "model.answer":
+                outcome = await self.journal.model_answer(req)
+            case "tool.begin":
+                outcome = await self.journal.tool_begin(req)
+            case "tool.end":
+                outcome = await self.journal.tool_end(req)
             case _:
                 return await self._memory(req, start)
-
-    # -- tools ---------------------------------------------------------------------
-
-    async def _tool(self, req: AgentRequest, start: float) -> AgentResponse:
-        args = req.args
-        arg_digest = digest(args)
-        inline_args = (
-            self.policy.arguments == "full" and _size(args) <= self.policy.max_inline_bytes
-        )
-        result: Any = None
-        error: str | None = None
-        error_type: str | None = None
-        extra: list[ev.Event] = []
-        # invariant 2: the call is in the log before its side effect can happen
-        requested = ev.ToolRequested(
-            task_id=req.task_id,
-            agent_id=req.agent_id,
-            tool=req.target,
-            request_id=req.request_id,
-            arguments=args if inline_args else None,
-            arguments_digest=arg_digest,
-            attempt=req.attempt,
-        )
-        await self._record(req, [requested])
-        try:
-            outcome = await self.tools.call(req.target, args)
-            result = outcome.result
-        except AccessDenied as e:  # the tool's own allow-list (e.g. a host)
-            error, error_type = str(e), "access_denied"
-            extra.append(
-                ev.AccessRefused(
-                    task_id=req.task_id,
-                    agent_id=req.agent_id,
-                    action="tool",
-                    target=req.target,
-                    reason=str(e),
-                    attempt=req.attempt,
-                )
-            )
-        except ToolError as e:
-            error, error_type = str(e), e.error_type
-        duration = time.monotonic() - start
-        size = 0 if error else _size(result)
-        called = ev.ToolCalled(
-            task_id=req.task_id,
-            agent_id=req.agent_id,
-            tool=req.target,
-            arguments=args if inline_args else None,
-            result=result if size <= self.policy.max_inline_bytes else None,
-            error=error,
-            duration_s=round(duration, 6),
-            attempt=req.attempt,
-            error_type=error_type,
-            arguments_digest=arg_digest,
-            result_digest="" if error else digest(result),
-            result_bytes=size,
-            request_id=req.request_id,
-        )
-        await self._record(req, [called, *extra])
-        if error is not None:
-            return self._answer(req, start, error=error, error_type=error_type)
-        return self._answer(req, start, result=result)
+        return self._answer(req, start, outcome.result, outcome.error, outcome.error_type)
 
     # -- long-term memory --------------------------------------------------------
 

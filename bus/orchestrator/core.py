@@ -16,15 +16,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
-import hashlib
 import logging
 import math
 import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,10 @@ from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
+from cardbus.bus.orchestrator.admission import Admission
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
+from cardbus.bus.orchestrator.digest import plan_digest
+from cardbus.bus.orchestrator.gaps import fill_gap
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
@@ -99,7 +100,7 @@ class _Record:
 
     stream: str
     events: list[ev.Event]
-    done: asyncio.Future[None]
+    done: asyncio.Future[list[Envelope]]
     tries: int = 0
 
 
@@ -190,6 +191,7 @@ class Orchestrator:
         self.embedder = embedder
         self.rng = rng or random.Random()
         self.state = RunState(retain_finished=self.policy.retain_finished_runs)
+        self.admission = Admission(self.policy.max_runs_in_flight)  # runs in flight, queued
         # the clock (_tick) sleeps until the next moment something may be due; a new
         # wakeup earlier than that wakes it
         self._clock = asyncio.Event()
@@ -201,6 +203,8 @@ class Orchestrator:
         self._busy: set[str] = set()  # streams with an append in flight
         self._expected: dict[str, int] = {}  # busy stream -> its version when decided
         self._parked: list[object] = []  # replies waiting for a busy stream
+        # the log's events for a stream busy with our append: folded once it is settled
+        self._held: dict[str, list[Envelope]] = {}
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
         # spans per run, the tree cardbus export draws (agents by name); no-ops without an SDK
@@ -213,7 +217,9 @@ class Orchestrator:
             else any(x is not None for x in (tools, memory, access))
         )
         memory = memory if memory is not None else LongTermMemory(store, embedder)
-        self.broker = RequestBroker(self.state, self.record, tools, memory, access)
+        self.broker = RequestBroker(
+            self.state, self.record, tools, memory, access, store=store, catch_up=self.caught_up
+        )
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start)
         self.observers: list[Callable[[Envelope], None]] = []
@@ -555,6 +561,8 @@ class Orchestrator:
         events on the run's own new streams (the decide loop then decides it)."""
         if self.store_failure is not None or (self.owns is not None and not self.owns(root_id)):
             return None
+        if not self.admission.room_for_one_more(self.state):
+            return None  # it may be queued: the decide loop admits it or not
         now = time.time()
         drafts = [
             Envelope(
@@ -644,12 +652,20 @@ class Orchestrator:
         task = self.state.tasks.get(getattr(reply, "task_id", ""))
         return task is not None and self.owns is not None and self.owns(task.created.root_id)
 
-    async def record(self, stream: str, events: list[ev.Event]) -> None:
+    async def caught_up(self, timeout: float = 2.0) -> None:
+        """Return once the state holds every event the log held when asked (or after
+        ``timeout``: the caller then decides on what it has)."""
+        target = await self.store.last_position()
+        deadline = time.monotonic() + timeout
+        while self.state.position < target and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # the follower folds meanwhile; a rare wait
+
+    async def record(self, stream: str, events: list[ev.Event]) -> list[Envelope]:
         """Append an agent request's events to ``stream`` through the decision loop (so
-        they never race the stream's own decisions); returns once they are durable."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        they never race the stream's own decisions); returns them stored, once durable."""
+        done: asyncio.Future[list[Envelope]] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Record(stream, list(events), done))
-        await done
+        return await done
 
     # -- the loops -----------------------------------------------------------
 
@@ -662,12 +678,18 @@ class Orchestrator:
                 continue
             # Only news wakes the loop. Our own appends come back already applied, or
             # (the log can be quicker than the append's caller) onto a stream still
-            # busy with our append: that applies them, or on a conflict reads the stream.
+            # busy with our append: held until it is settled, then folded if still new.
+            # Never dropped: an append that ends in neither success nor a conflict
+            # (PrerequisiteNotStored, a store error) reads nothing back, and a dropped
+            # event of another writer left a gap the next one was folded across (a
+            # member then saw a dispatched task as pending and dispatched attempt 1 again).
             self._followed = env.position
             if env.version > versions.get(env.stream, 0):
                 self._unfolded.add(env.position)
                 if env.stream not in busy:
                     self._queue.put_nowait(env)
+                else:
+                    self._held.setdefault(env.stream, []).append(env)
             else:
                 self._maybe_snapshot()
 
@@ -758,6 +780,7 @@ class Orchestrator:
             # our own appends come back from the log already applied: only news
             # (another writer's event) can change what to decide
             if isinstance(item, Envelope):
+                await fill_gap(self.store, self.state, item, self._apply)
                 if self._apply(item):
                     dirty.add(item.correlation_id)
                 self._unfolded.discard(item.position)  # folded now or before
@@ -799,9 +822,12 @@ class Orchestrator:
                 decider.on_reply(item)  # type: ignore[arg-type]
         # a completion decided just now lets its run go on in this same step
         dirty.update(self._root_of(t) for t in decider.d.completed)
+        # runs that moved up from the queue (one ended, or a partition came)
+        dirty |= self.admission.update(self.state, self.owns, force=_TICK in items)
         for root in dirty:
             run = self.state.open.get(root)
-            if run is not None and (self.owns is None or self.owns(root)):
+            owned = self.owns is None or self.owns(root)
+            if run is not None and owned and self.admission.admits(root):
                 decider.advance(run)
         d = decider.d
         self._parked.extend(d.deferred)
@@ -851,6 +877,9 @@ class Orchestrator:
             await self._send(d, done)
         finally:
             self._busy.difference_update(streams)
+            for stream in streams:  # the log's events for them meanwhile (see _follow_log)
+                for env in self._held.pop(stream, ()):
+                    self._queue.put_nowait(env)
             for stream in streams:
                 self._expected.pop(stream, None)
                 for rec in self._records.pop(stream, []):  # never appended (e.g. blocked)
@@ -893,6 +922,11 @@ class Orchestrator:
         time out; this way the failure is recorded with its reason and retried.
         """
         reply = d.origins.get(stream)
+        if isinstance(error, (ConcurrencyError, StoreUnavailable)) and reply is not None:
+            # decided again (on the stream as it now is): the agent took the card, and an
+            # attempt that never started waits for the queue deadline only (deadlines)
+            self._parked.append(reply)
+            return
         if not isinstance(error, (DecodeError, ValidationError)):
             return
         if reply is None:  # a decision of the orchestrator's own: deciding it again would loop
@@ -922,7 +956,7 @@ class Orchestrator:
         failed = [stream] if stream != root else []
         detail = f"the log refused the events decided for {stream}: {type(error).__name__}: {error}"
         data = ev.RunFailed(reason="decision_unstorable", failed_tasks=failed, detail=detail[:2000])
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[list[Envelope]] = asyncio.get_running_loop().create_future()
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
         self._parked.append(_Record(root, [data], done))
 
@@ -964,7 +998,7 @@ class Orchestrator:
                 self._store_trouble_since = None  # the log takes writes again
                 for env in outcome:
                     self._apply(env)
-                self._settle_records(stream, d.events[stream], None)
+                self._settle_records(stream, d.events[stream], None, outcome)
                 out.append((stream, None))
         return out
 
@@ -1005,7 +1039,11 @@ class Orchestrator:
         return task.created.root_id if task else stream
 
     def _settle_records(
-        self, stream: str, data: list[ev.Event], error: BaseException | None
+        self,
+        stream: str,
+        data: list[ev.Event],
+        error: BaseException | None,
+        stored: Sequence[Envelope] = (),
     ) -> None:
         """Tell the requests whose events were in this append how it went; after a race,
         decide them again."""
@@ -1020,7 +1058,10 @@ class Orchestrator:
             elif not all(any(e is x for x in data) for e in rec.events):
                 rec.done.set_exception(BusError(f"not recorded: {stream} was halted"))
             else:
-                rec.done.set_result(None)
+                # stored in the order decided (a backend may return decoded copies of the
+                # events, so they are matched by place, not identity)
+                places = [i for i, x in enumerate(data) if any(x is e for e in rec.events)]
+                rec.done.set_result([stored[i] for i in places if i < len(stored)])
 
     async def _append(
         self, stream: str, data: Iterable[ev.Event], expected: int, root: str
@@ -1160,7 +1201,7 @@ class Orchestrator:
             attempt=refusal.attempt,
             subject=refusal.subject[:1000],
         )
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[list[Envelope]] = asyncio.get_running_loop().create_future()
         done.add_done_callback(_log_unrecorded)
         self._queue.put_nowait(_Record(stream, [event], done))
 
@@ -1175,7 +1216,7 @@ class Orchestrator:
             del self.bad_messages[:500]
 
 
-def _log_unrecorded(done: asyncio.Future[None]) -> None:
+def _log_unrecorded(done: asyncio.Future[list[Envelope]]) -> None:
     if not done.cancelled() and done.exception() is not None:
         log.error("a refusal could not be recorded: %r", done.exception())
 
@@ -1205,51 +1246,6 @@ def _result_of(state: RunState, root_id: str) -> RunResult | None:
         quality_met=not unmet,
         open_issues=unmet,
     )
-
-
-def plan_digest(plan: Plan) -> str:
-    """sha256 of a plan's body: every field but ``plan_id``, fields at their default left
-    out (so a field added to the plan format later does not change old plans' digests)."""
-    body = _canonical(msgspec.structs.replace(plan, plan_id=None))
-    return hashlib.sha256(msgspec.json.encode(body, order="sorted")).hexdigest()
-
-
-@functools.cache
-def _fields_of(kind: type) -> tuple[tuple[str, str, Any], ...]:
-    """(name, encoded name, default) of a Struct type's fields: ``msgspec.structs.fields``
-    evaluates the annotations on every call (0.6 ms of each run's plan digest), so once a type."""
-    out = []
-    for f in msgspec.structs.fields(kind):
-        default = f.default
-        if default is msgspec.NODEFAULT and f.default_factory is not msgspec.NODEFAULT:
-            default = f.default_factory()  # only compared with, never handed out
-        out.append((f.name, f.encode_name, default))
-    return tuple(out)
-
-
-#: the types ``msgspec.to_builtins`` hands back as they are (exact types: a subclass, an
-#: IntEnum say, is converted as before)
-_PLAIN = frozenset({str, int, float, bool, type(None)})
-
-
-def _canonical(value: Any) -> Any:
-    """``value`` as builtins, a Struct's fields at their default left out. A plain value
-    (``_PLAIN``) is taken as it is, not recursed into and converted: the recursion was
-    26 calls a 3-task plan, 14 of them on plain values (plan_digest 15 -> 11 us)."""
-    if type(value) in _PLAIN:
-        return value
-    if isinstance(value, msgspec.Struct):
-        out = {}
-        for name, encode_name, default in _fields_of(type(value)):
-            v = getattr(value, name)
-            if default is msgspec.NODEFAULT or v != default:
-                out[encode_name] = v if type(v) in _PLAIN else _canonical(v)
-        return out
-    if isinstance(value, dict):
-        return {str(k): v if type(v) in _PLAIN else _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [v if type(v) in _PLAIN else _canonical(v) for v in value]
-    return msgspec.to_builtins(value)
 
 
 def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import dep_path_problem, schema_errors
 from cardbus.bus.orchestrator import planning
 from cardbus.bus.orchestrator.context import fit_card
+from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
@@ -204,6 +205,11 @@ class Decider:
                 if len(task.dispatched_to) > 1:
                     if len(results) == len(task.dispatched_to):
                         self._settle_fanout(task, results)
+                    return
+                if reply.reason == "tool_effect_unknown":  # never repeated silently (journal)
+                    detail = reply.error or ""
+                    asked = ev.ApprovalRequested(reason="tool_effect_unknown", detail=detail)
+                    self.d.add(task.task_id, asked)
                     return
                 # the agent's own reason (llm_timeout, ...) for the retry policy, if it gave one
                 self._fail_attempt(task, reply.reason or "agent_error", reply.error or "")
@@ -473,7 +479,7 @@ class Decider:
                     agent = task.proposed_agent or "approval"
                     self._deliver(task, agent, task.proposed_output, 0.0)
                 elif task.attempt not in task.settled:
-                    self._check_deadline(task)
+                    check_deadline(self, task)
             case _:
                 pass
 
@@ -537,50 +543,6 @@ class Decider:
                     open_issues=list(review.issues),
                 ),
             )
-
-    def _check_deadline(self, task: TaskView) -> None:
-        if task.results:
-            # fan-out with some answers in: at the deadline, settle with those
-            # (the attempt did not time out; the silent candidates were late)
-            waiting = [d for a, d in task.dispatched_to.items() if a not in task.results]
-            if waiting and all(d <= self.now for d in waiting):
-                self._settle_fanout(task, task.results)
-            return
-        lost = [a for a in task.dispatched_to if self._lost(task, a)]
-        if lost and len(lost) == len(task.dispatched_to):
-            # its agent is gone (lease lapsed, deregistered, or died with the previous
-            # process): no answer will come, so the attempt times out now, not at the deadline
-            agent = lost[0]
-            self.d.add(
-                task.task_id,
-                ev.TaskTimedOut(
-                    attempt=task.attempt,
-                    agent_id=agent,
-                    deadline=task.dispatched_to[agent],
-                    reason="agent_lost",
-                ),
-            )
-            self._fail_attempt(task, "agent_lost", f"{agent} went before it answered")
-            return
-        overdue = [a for a, deadline in task.dispatched_to.items() if deadline <= self.now]
-        if not overdue or len(overdue) < len(task.dispatched_to):
-            return
-        agent = overdue[0]
-        self.d.add(
-            task.task_id,
-            ev.TaskTimedOut(
-                attempt=task.attempt, agent_id=agent, deadline=task.dispatched_to[agent]
-            ),
-        )
-        self._fail_attempt(task, "timeout", f"no result from {agent} by the deadline")
-
-    def _lost(self, task: TaskView, agent_id: str) -> bool:
-        """The attempt's agent will never answer it."""
-        if (task.task_id, task.attempt) in self.lost_attempts:
-            return True
-        if self.leases is None:
-            return False
-        return agent_id not in self.state.agents or self.leases.lost(agent_id, self.now)
 
     def _selectable(self, run: RunView) -> list[AgentCard]:
         """The agents a dispatch of ``run`` may choose from: live ones, of the run's named
@@ -684,7 +646,8 @@ class Decider:
                 return
             self._loop_here[(run.root_id, h)] += 1
         digest = hashlib.sha256(msgspec.json.encode(card.inputs, order="sorted")).hexdigest()
-        deadline = self.now + c.timeout_s
+        # schedule-to-start; the task's timeout_s runs from its start (``deadlines``)
+        deadline = self.now + self.policy.queue_timeout_s
         if trimmed is not None:
             self.d.add(task.task_id, trimmed)  # recorded with the dispatch it shaped
         for i, chosen in enumerate(candidates[: max(1, c.fanout)]):
@@ -696,6 +659,7 @@ class Decider:
                     score=chosen.score,
                     candidates=candidates[:5],
                     deadline=deadline,
+                    timeout_s=c.timeout_s,
                     inputs_digest=digest,
                     loop_hash=h if i == 0 else "",
                 ),

@@ -44,6 +44,13 @@ class Policy:
     # how long the log may refuse writes (StoreUnavailable: disk full, read-only, server
     # gone) before the orchestrator gives up: every wait then raises it, nothing is decided
     store_grace_s: float = 2.0
+    # how long a dispatched card may wait for an agent to take it (schedule-to-start);
+    # past it the attempt times out with reason queue_timeout. A task's timeout_s counts
+    # from the start (``deadlines``): a card queued behind others never eats into it
+    queue_timeout_s: float = 3600.0
+    # runs decided at once (the first open ones in log order); the others wait, queued in
+    # the log, until one ends (``admission``); None: no limit
+    max_runs_in_flight: int | None = 500
     # the orchestrator's state is written to its snapshot file (see ``snapshot``) after
     # this many events folded, and on stop; 0: on stop only
     snapshot_every: int = 10_000
@@ -74,3 +81,8 @@ class Policy:
         check_number(me, "replan_on_failure", self.replan_on_failure, at_least=0, integer=True)
         check_number(me, "max_plan_tasks", self.max_plan_tasks, at_least=1, integer=True)
         check_number(me, "plan_timeout_s", self.plan_timeout_s, above=0)
+        check_number(me, "queue_timeout_s", self.queue_timeout_s, above=0)
+        if self.max_runs_in_flight is not None:
+            check_number(
+                me, "max_runs_in_flight", self.max_runs_in_flight, at_least=1, integer=True
+            )

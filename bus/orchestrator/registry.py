@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.cards import AgentCard, AgentConstraints
+from cardbus.bus.orchestrator.access import tool_allowed
 from cardbus.eventstore.errors import ConfigError
 
 __all__ = ["Admission", "AgentGrants", "narrowed"]
@@ -59,6 +60,15 @@ def _lower(name: str, granted: Any, asked: Any, refused: list[str]) -> Any:
     return asked
 
 
+def _within(asked: str, granted: list[str]) -> bool:
+    """An announced allow-list entry is within the grant when it is one of the granted
+    entries, or a plain name (no glob) that a granted glob matches (``"time__now"`` under
+    ``"time__*"``); a glob is never judged narrower than another glob."""
+    if asked in granted:
+        return True
+    return not any(c in asked for c in "*?[") and tool_allowed(asked, granted)
+
+
 def narrowed(ceiling: AgentCard, announced: AgentCard) -> Admission:
     """``announced`` cut down to ``ceiling``: its descriptive fields, the ceiling's powers."""
     refused: list[str] = []
@@ -70,8 +80,8 @@ def narrowed(ceiling: AgentCard, announced: AgentCard) -> Admission:
         else:
             caps.append(granted)
     g, a = ceiling.constraints, announced.constraints
-    tools = [t for t in a.tools if t in g.tools]
-    refused += [f"tool {t!r}" for t in a.tools if t not in g.tools]
+    tools = [t for t in a.tools if _within(t, g.tools)]
+    refused += [f"tool {t!r}" for t in a.tools if not _within(t, g.tools)]
     if a.limits != g.limits:
         refused.append("limits (the granted ones are kept)")
     constraints = AgentConstraints(

@@ -33,10 +33,18 @@ RetryReason = Literal[
     "llm_server_error",  # 5xx, or the endpoint unreachable
     "llm_request_refused",  # another 4xx (key, model): not retried by default
     "llm_bad_output",  # no usable answer after the repairs: not retried by default
+    "llm_max_turns",  # an LLMAgent's conversation past its max_turns
+    "llm_max_tool_calls",  # ... past its max_tool_calls
+    "llm_token_limit",  # ... past its max_tokens_per_task
+    # a remote A2A agent refused the request (a JSON-RPC error such as -32602 or -32004,
+    # or HTTP 4xx: no token, a foreign Host): the same request is refused again
+    "remote_refused",
 ]
 RETRY_REASONS = allowed_values(RetryReason)
 #: failures that another attempt would only repeat (``RetryPolicy.non_retryable_reasons``)
-DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset({"llm_request_refused", "llm_bad_output"})
+DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset(
+    {"llm_request_refused", "llm_bad_output", "remote_refused"}
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,8 @@ class RetryPolicy:
             ``[0, jitter)``, so that tasks failing together do not retry together.
         non_retryable_reasons: failure reasons (``RETRY_REASONS``) that fail
             the task at once instead of retrying it; by default
-            ``llm_request_refused`` and ``llm_bad_output`` (``DEFAULT_NON_RETRYABLE``).
+            ``llm_request_refused``, ``llm_bad_output`` and ``remote_refused``
+            (``DEFAULT_NON_RETRYABLE``).
     """
 
     max_attempts: int = DEFAULT_MAX_ATTEMPTS

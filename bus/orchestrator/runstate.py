@@ -68,6 +68,10 @@ class TaskView:
     quality_met: bool = True  # from task.completed: False if its review never passed
     open_issues: list[ev.ReviewIssue] = field(default_factory=list)
     delivered: int = 0  # the highest delivery count recorded for the current attempt
+    # the current attempt's limit from its start (0: its dispatch's deadline is the one),
+    # and the agents that took its card (task.started, or a result): ``deadlines``
+    start_to_close_s: float = 0.0
+    started: frozenset[str] = frozenset()
 
     @property
     def terminal(self) -> bool:
@@ -91,6 +95,7 @@ class RunView:
     refusals: dict[int, ev.PlanRefused] = field(default_factory=dict)
     accepted: list[ev.PlanAccepted] = field(default_factory=list)
     expected: list[str] = field(default_factory=list)  # task ids the plan(s) will create
+    position: int = 0  # of its run.started in the log: the order of admission (admission)
 
     def planning_open(self) -> bool:
         """A goal run whose latest planning has not been accepted yet (or not begun)."""
@@ -113,6 +118,7 @@ class RunState:
         self._plan_streams: dict[str, str] = {}  # root -> its plan's stream
         self.runs: dict[str, RunView] = {}
         self.open: dict[str, RunView] = {}  # runs not finished yet, in start order
+        self.runs_changed = 0  # counts runs started and finished (admission recomputes)
         self.tasks: dict[str, TaskView] = {}
         self.agents: dict[str, AgentCard] = {}
         self.agent_leases: dict[str, float] = {}  # agent -> the lease_s it registered with
@@ -251,7 +257,7 @@ class RunState:
         if type(data) in _TASK_TYPES:  # most events: tested first, by one set lookup
             self._apply_task(env)
         elif isinstance(data, ev.RunStarted):
-            self._start_run(env.stream, data)
+            self._start_run(env.stream, data, env.position)
         elif isinstance(data, (ev.PlanProposed, ev.PlanRefused, ev.PlanAccepted)):
             self._plan_event(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
@@ -273,6 +279,7 @@ class RunState:
                 run.finished = _finish(data)
                 run.finish_event = data
                 self.open.pop(env.stream, None)
+                self.runs_changed += 1
                 self._retire(env.stream)
         elif isinstance(data, ev.MemoryWritten):
             if data.kind == "failure":
@@ -303,8 +310,9 @@ class RunState:
         self.anomalies.append(what)
         log.warning("log anomaly: %s", what)
 
-    def _start_run(self, root_id: str, data: ev.RunStarted) -> None:
-        run = RunView(root_id, data, tasks=[], expected=list(data.task_ids))
+    def _start_run(self, root_id: str, data: ev.RunStarted, position: int = 0) -> None:
+        run = RunView(root_id, data, tasks=[], expected=list(data.task_ids), position=position)
+        self.runs_changed += 1
         # a backend may store a run's tasks before the run (append_many's order is free)
         for task_id in data.task_ids:
             task = self.tasks.get(task_id)
@@ -393,6 +401,8 @@ def _dispatched(
         task.dispatched_to = {}
         task.results = {}
         task.delivered = 0
+        task.started = frozenset()
+    task.start_to_close_s = data.timeout_s
     task.dispatched_to[data.agent_id] = data.deadline
     task.assigned |= {data.agent_id}
     state._wake(data.deadline, task.created.root_id)
@@ -411,6 +421,12 @@ def _started(
 ) -> None:
     if data.attempt == task.attempt:
         task.delivered = max(task.delivered, data.delivery)
+        agent = data.agent_id
+        if task.start_to_close_s > 0 and agent in task.dispatched_to and agent not in task.started:
+            # taken: the deadline is now its start plus the task's limit (``deadlines``)
+            task.started |= {agent}
+            task.dispatched_to[agent] = env.recorded_at + task.start_to_close_s
+            state._wake(task.dispatched_to[agent], task.created.root_id)
 
 
 def _result(
@@ -422,6 +438,7 @@ def _result(
 ) -> None:
     if data.attempt == task.attempt:
         task.results[data.agent_id] = data
+        task.started |= {data.agent_id}
         task.delivered = max(task.delivered, data.delivery)
     if run is not None:
         # a negative count from a broken agent must not buy budget back
@@ -483,7 +500,8 @@ def _approval_requested(
 ) -> None:
     # asked with results in hand: the output itself awaits approval (it
     # may be None); asked before any dispatch: the task itself does
-    task.has_proposal = bool(task.results)
+    # (an unknown tool effect asks whether to run the task again, not about an output)
+    task.has_proposal = bool(task.results) and data.reason != "tool_effect_unknown"
     task.proposed_output = data.proposed_output
     task.proposed_agent = next(  # who produced it (a fan-out tie)
         (a for a, r in task.results.items() if r.output == data.proposed_output), ""
@@ -541,6 +559,7 @@ _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, 
 _FAILURE_WEIGHT = {
     "timeout": 1.0,
     "agent_lost": 1.0,
+    "queue_timeout": 0.5,  # the agent was busy, not broken
     "agent_error": 0.5,
     "output_schema_mismatch": 0.5,
     "all_candidates_failed": 0.5,

@@ -95,6 +95,7 @@ HANDLED = frozenset(
         "position",
         "wakeups",
         "_wake_limit",
+        "runs_changed",  # a change counter (admission): any value will do after a restore
         "on_wake",
         "_stats",
         "anomalies",

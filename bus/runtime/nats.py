@@ -37,6 +37,7 @@ from typing import Any
 from cardbus.agents.agent import Agent
 from cardbus.agents.cards import AgentCard
 from cardbus.agents.llm import LLM
+from cardbus.agents.mcp_config import MCPServer
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
@@ -44,6 +45,7 @@ from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.runtime.loop import tune_gc
+from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.members import MemberLog
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
@@ -83,8 +85,11 @@ class NatsRuntime:
         partition_lease_s: float = 6.0,
         member: str | None = None,
         local_runs: bool = True,
+        mcp_servers: Sequence[MCPServer] = (),
     ) -> None:
         """``tools``: the registry agents' tool requests are served from (none: refused).
+        ``mcp_servers``: started with the runtime, their tools mounted in ``tools`` (a new
+        registry if none) as ``<server>__<tool>`` (``cardbus.agents.mcp``), stopped with it.
 
         ``grants``: the operator's word on which agents may register, with what
         (``AgentGrants.load("agents.json")``; see ``bus.orchestrator.registry``);
@@ -108,7 +113,9 @@ class NatsRuntime:
         ``own_connection=False`` keeps it on the bus's (followed through a consumer).
         """
         self.options = options
-        self.tools = tools
+        self.tools = tools if tools is not None or not mcp_servers else ToolRegistry()
+        self.mcp_servers = list(mcp_servers)
+        self._mcp: Any = None  # the MCPToolset while running
         self.grants = grants
         self.agents = list(agents)
         self.policy = policy
@@ -163,6 +170,8 @@ class NatsRuntime:
                 self.store = self._given_store
             else:
                 self.store = await NatsEventStore.from_connection(nc, **self.store_options)
+            if self.tools is not None:
+                self._mcp = await start_mcp(self.mcp_servers, self.tools)
             # Agents' requests (read_output, long-term memory) are served here too.
             self.memory = LongTermMemory(self.store)
             self.keeper = MemoryKeeper(self.store, None, self.memory)
@@ -212,7 +221,7 @@ class NatsRuntime:
                 self._agent_buses.append(agent_bus)
                 for a in self.agents:
                     await self.orchestrator.register(a.card())  # ours: trusted
-                    worker = AgentWorker(agent_bus, a, self.llm)
+                    worker = AgentWorker(agent_bus, a, self.llm, tools=self.tools)
                     await worker.start()
                     self._workers.append(worker)  # held: its lease renewals run on
         except BaseException:
@@ -252,6 +261,10 @@ class NatsRuntime:
                 await w.stop(announce=False)
         with contextlib.suppress(Exception):
             await self.orchestrator.stop()
+        mcp, self._mcp = self._mcp, None
+        if mcp is not None:
+            with contextlib.suppress(Exception):
+                await mcp.stop()
         if self.partitions is not None:  # after the last decision: the others take over now
             with contextlib.suppress(Exception):
                 await self.partitions.stop()

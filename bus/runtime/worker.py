@@ -47,7 +47,8 @@ import msgspec
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
 from cardbus.agents.cards import Announce, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
-from cardbus.agents.requests import REQUESTER
+from cardbus.agents.requests import REQUESTER, TOOL_SPECS
+from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore.errors import BusError, ConfigError
@@ -64,12 +65,16 @@ class AgentWorker:
         concurrency: int | None = None,
         started_after_s: float = 0.01,
         lease_s: float = 10.0,
+        tools: ToolRegistry | None = None,
     ) -> None:
         """``concurrency``: cards at once (None: the agent's ``constraints.max_concurrency``);
-        ``lease_s``: the lease announced, renewed every third of it (0: never renewed)."""
+        ``lease_s``: the lease announced, renewed every third of it (0: never renewed);
+        ``tools``: the registry the agent's tool calls are served from, whose specs of the
+        tools on its allow-list a handler reads as ``ctx.tool_specs``."""
         self.bus = bus
         self.agent = agent
         self.llm = llm
+        self.tools = tools
         if concurrency is None:
             concurrency = agent.constraints.max_concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -181,6 +186,10 @@ class AgentWorker:
         future: asyncio.Future[ResultCard] = loop.create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
+        if self.tools is not None and self.agent.constraints.tools:  # ctx.tool_specs
+            TOOL_SPECS.set(
+                {n: t.spec for n in self.agent.constraints.tools if (t := self.tools.get(n))}
+            )
         if self._threads is None:
             self._threads = ThreadPoolExecutor(
                 self.concurrency, thread_name_prefix=f"cardbus-{self.agent.agent_id}"

@@ -10,6 +10,9 @@ With ``honour_schema`` set, an unscripted request for structured output is
 answered with an instance of its schema, as a real server constrained to it
 would (any schema: a run of LLM agents completes on the stub); ``responder``
 (request body -> Reply, content or None) answers unscripted requests first.
+``Reply(tool_calls=[(name, arguments), ...])`` answers with those function
+calls (several: parallel calls; arguments a dict, or text sent as is), no
+content and ``finish_reason: "tool_calls"``, as a model calling tools does.
 Every request is recorded (path, headers, JSON body).
 
     with OpenAIStub() as stub:
@@ -20,6 +23,7 @@ Every request is recorded (path, headers, JSON body).
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -50,11 +54,17 @@ class Reply:
     body: bytes | None = None
     usage: dict[str, int] | None = None
     model: str = "stub-model-2024"
+    tool_calls: list[tuple[str, dict[str, Any] | str]] | None = None
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that died mid-request (a crash test kills it) is not the stub's error
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class OpenAIStub:
@@ -67,6 +77,7 @@ class OpenAIStub:
         self.responder: Callable[[Any], Reply | str | None] | None = None
         self.usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
         self._lock = threading.Lock()
+        self._calls = 0  # tool calls answered: their ids are call_1, call_2, ...
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -112,18 +123,30 @@ class OpenAIStub:
             return reply.body
         if reply.status != 200:
             return json.dumps({"error": {"message": f"stub status {reply.status}"}}).encode()
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        finish = "stop"
+        if reply.tool_calls:
+            calls = []
+            for name, args in reply.tool_calls:
+                with self._lock:
+                    self._calls += 1
+                    call_id = f"call_{self._calls}"
+                text = args if isinstance(args, str) else json.dumps(args)
+                calls.append(
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": text},
+                    }
+                )
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            finish = "tool_calls"
         doc = {
             "id": "chatcmpl-stub",
             "object": "chat.completion",
             "created": 1700000000,
             "model": reply.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": reply.content},
-                    "finish_reason": "stop",
-                }
-            ],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": self.usage if reply.usage is None else reply.usage,
         }
         return json.dumps(doc).encode()
@@ -134,6 +157,7 @@ class OpenAIStub:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True  # headers and body in one segment: no 40 ms ACK stall
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:

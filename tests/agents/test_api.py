@@ -34,6 +34,11 @@ PUBLIC = {
     "Started",
     "TaskCard",
     "TaskContext",
+    "Tool",
+    "ToolCall",
+    "ToolRegistry",
+    "current_idempotency_key",
+    "ToolSpec",
     "configured_llm",
     "plan_json_schema",
 }
@@ -46,7 +51,8 @@ def test_the_package_exports_exactly_the_public_names() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["cards", "agent", "embedding", "schema", "llm", "llm_agent", "planning"]
+    "module",
+    ["cards", "agent", "embedding", "schema", "llm", "llm_agent", "planning", "tool_loop", "tools"],
 )
 def test_every_module_name_in_all_exists(module: str) -> None:
     mod = importlib.import_module(f"cardbus.agents.{module}")

@@ -72,7 +72,7 @@ def client(stub: OpenAIStub, model: str = "m", **kw: Any) -> OpenAIChatLLM:
 async def test_openai_client_sends_a_chat_completion_request(stub: OpenAIStub) -> None:
     async with OpenAIChatLLM(stub.url, "gpt-test", api_key="sk-secret") as llm:
         c = await llm.complete("What is a bee?", system="You are terse.")
-    assert c == Completion("stub answer", 11, 7, "stub-model-2024")
+    assert c == Completion("stub answer", 11, 7, "stub-model-2024", finish_reason="stop")
     (req,) = stub.requests
     assert req["path"] == "/v1/chat/completions"
     assert req["headers"]["authorization"] == "Bearer sk-secret"

@@ -342,7 +342,7 @@ async def test_each_model_call_is_a_genai_span(stub: OpenAIStub) -> None:
     assert attrs["gen_ai.request.model"] == "class-model"
     assert attrs["gen_ai.response.model"] == "stub-model-2024"
     assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (11, 7)
-    assert attrs["gen_ai.provider.name"] == "openai"
+    assert attrs["gen_ai.provider.name"] == "127.0.0.1"  # from the endpoint: the stub's host
     assert dict(spans[2].attributes or {})["error.type"] == "llm_server_error"
 
 

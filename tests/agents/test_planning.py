@@ -27,6 +27,7 @@ from cardbus.agents.planning import (
     plan_json_schema,
     plan_request,
 )
+from cardbus.agents.tool_loop import object_root
 from cardbus.bus.orchestrator.plan import Plan, as_plan, validate_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import MemoryEventStore
@@ -276,7 +277,9 @@ async def test_llm_planner_returns_a_plan(stub: OpenAIStub) -> None:
     (body,) = stub.bodies()
     fmt = body["response_format"]["json_schema"]
     assert fmt["name"] == "PlanProposal"
-    assert fmt["schema"] == plan_json_schema()  # the exported plan schema, as is
+    # the exported plan schema, its root object inlined (strict servers want an object there)
+    assert fmt["schema"] == object_root(plan_json_schema())
+    assert fmt["schema"]["type"] == "object" and "$defs" in fmt["schema"]
     assert fmt["strict"] is False  # free-form inputs cannot be a strict schema
     prompt = body["messages"][1]["content"]
     assert '"research"' in prompt and '"input_schema"' in prompt and GOAL in prompt

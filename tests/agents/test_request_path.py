@@ -43,6 +43,10 @@ def test_request_and_response_round_trip() -> None:
         "memory.get",
         "memory.list",
         "memory.search",
+        "model.request",
+        "model.answer",
+        "tool.begin",
+        "tool.end",
     }
 
 

@@ -3,13 +3,15 @@
 Every view is a library call: the runs list and task table are the ``runs``
 and ``tasks`` projections (folded into memory from the store, brought up to
 date on each request), a run's timeline is :func:`projections.replay`, a
-task's steps are its stream, and approve/deny is
+task's steps are its stream (with its model and tool calls folded by
+:func:`projections.journal_calls`), and approve/deny is
 :func:`bus.orchestrator.core.answer_approval`, the function behind ``cardbus
 approve``. ``/api/events`` streams the store's :meth:`subscribe` as
 server-sent events: the page refetches what changed.
 
-Access: the server refuses requests whose ``Host`` is not one it was bound
-to (DNS rebinding); with a token every request must carry it (``?token=``,
+Access (:class:`cardbus.bus.http_guard.HttpGuard`, the A2A gateway's lock too):
+the server refuses requests whose ``Host`` is not one it was bound to (DNS
+rebinding); with a token every request must carry it (``?token=``,
 ``Authorization: Bearer``, or ``X-Cardbus-Token``); a POST must be JSON from
 the same origin (a cross-site form cannot approve anything).
 """
@@ -18,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import ipaddress
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
 
+from cardbus.bus.http_guard import LOOPBACK_NAMES, HttpGuard, is_loopback
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore.errors import (
@@ -39,6 +40,7 @@ from cardbus.projections import (
     Runs,
     TaskTable,
     event_reason,
+    journal_calls,
     replay,
     resolve_id,
     run_duration,
@@ -48,11 +50,9 @@ from cardbus.tools.ui.page import PAGE
 try:
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
-    from starlette.types import ASGIApp, Receive, Scope, Send
 except ImportError as e:  # pragma: no cover - depends on the extra
     raise ImportError(
         "the web console needs starlette and uvicorn: pip install 'cardbus[ui]'"
@@ -62,16 +62,6 @@ __all__ = ["create_app", "is_loopback"]
 
 _encode = msgspec.json.Encoder().encode
 HEARTBEAT_S = 15.0
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -85,28 +75,6 @@ def _error(e: Exception) -> Response:
     elif isinstance(e, ValidationError | ValueError):  # ConfigError is a ValueError
         status = 400
     return JSONResponse({"error": str(e), "type": type(e).__name__}, status_code=status)
-
-
-class _TokenGate:
-    """Every request carries the token (query, bearer header or X-Cardbus-Token)."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            request = Request(scope)
-            given = (
-                request.query_params.get("token")
-                or request.headers.get("x-cardbus-token")
-                or request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            )
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
-                response = JSONResponse({"error": "a valid token is required"}, status_code=401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class Console:
@@ -162,7 +130,8 @@ class Console:
             if row[col] is not None:
                 row[col] = msgspec.json.decode(row[col])
         steps = []
-        for env in await self.store.read_stream(task_id):
+        stream = await self.store.read_stream(task_id)
+        for env in stream:
             data = msgspec.to_builtins(env.data)
             data.pop("type", None)
             steps.append(
@@ -177,7 +146,9 @@ class Console:
                     "data": data,
                 }
             )
-        return {"task": row, "steps": steps, "position": runner.position}
+        # what its attempts asked models and tools (the journal), replays resolved
+        calls = journal_calls(stream)
+        return {"task": row, "steps": steps, "calls": calls, "position": runner.position}
 
     async def events(self, root: str | None, start: int) -> AsyncIterator[bytes]:
         """SSE frames: one per appended event (of run ``root``, if given), plus heartbeats."""
@@ -267,11 +238,6 @@ def create_app(
             return _error(e)
 
     async def answer(request: Request) -> Response:
-        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-            return JSONResponse({"error": "send JSON"}, status_code=415)
-        origin = request.headers.get("origin")
-        if origin is not None and origin.split("://", 1)[-1] != request.headers.get("host"):
-            return JSONResponse({"error": "cross-origin request refused"}, status_code=403)
         try:
             body = msgspec.json.decode(await request.body() or b"{}")
         except msgspec.DecodeError:
@@ -314,8 +280,11 @@ def create_app(
         Route("/api/tasks/{id:path}", task),
         Route("/api/events", events),
     ]
-    allowed = hosts or ["127.0.0.1", "localhost", "::1", "[::1]"]
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed)]
-    if token:
-        middleware.append(Middleware(_TokenGate, token=token))
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    # Host allow-list, same-origin JSON posts, the token (bus/http_guard.py)
+    guard = Middleware(
+        HttpGuard,
+        hosts=hosts or LOOPBACK_NAMES,
+        tokens=[token] if token else [],
+        token_query=True,  # the page's own links carry ?token=
+    )
+    return Starlette(routes=routes, middleware=[guard], lifespan=lifespan)

@@ -4,7 +4,9 @@ Nothing is loaded from elsewhere (no CDN, no build step): the page fetches
 the app's JSON views and listens to ``/api/events`` (server-sent events),
 refetching the view it shows when an event of interest arrives. Views, by
 the URL's fragment: ``#/`` the runs, ``#/run/ID`` a run's task table and
-timeline, ``#/task/ID`` a task's steps with inputs, outputs and reasons.
+timeline, ``#/task/ID`` a task's steps with inputs, outputs and reasons, and
+its model calls (prompt and answer expandable), tool calls and unknown effects
+by attempt, each marked live or replayed (naming the event it replays).
 Elements carry ``data-*`` attributes (status, ids) for tests and scripts.
 """
 
@@ -51,6 +53,8 @@ PAGE = """<!doctype html>
   h2 { font-size: 16px; margin: 16px 0 6px; }
   #error { color: #c62828; }
   details summary { cursor: pointer; color: #345; }
+  .replayed { color: #8a6d00; } .live { color: #17803d; }
+  tr.call-attempt th { background: #f6f7f9; }
 </style>
 </head>
 <body data-live="no" data-view="">
@@ -174,8 +178,70 @@ function taskView(data) {
     <h2>Goal</h2><p>${esc(k.goal)}</p>
     <h2>Inputs</h2><div id="task-input">${json(k.input)}</div>
     <h2>Output</h2><div id="task-output">${json(k.output)}</div>
+    ${callsTable(data.calls)}
     <h2>Steps</h2><table id="steps"><thead><tr><th>time</th><th>event</th><th>by</th><th>reason</th><th></th></tr></thead>
     <tbody>${steps}</tbody></table>`;
+}
+
+function short(v, k) {
+  const s = typeof v === "string" ? v : JSON.stringify(v);
+  const one = (s || "").split(/\\s+/).join(" ").trim();
+  return one.length > (k || 60) ? one.slice(0, (k || 60) - 1) + "…" : one;
+}
+function promptText(c) {
+  const r = c.prompt;
+  if (r === null || r === undefined) return "(not kept: sha256 " + (c.request_digest || "").slice(0, 12) + ")";
+  const m = r.messages;
+  if (Array.isArray(m) && m.length && typeof m[m.length - 1].content === "string") return short(m[m.length - 1].content);
+  return short(typeof r.prompt === "string" ? r.prompt : r);
+}
+function answerText(c) {
+  if (c.error !== null && c.error !== undefined) return "error " + (c.error_type || "") + ": " + short(c.error);
+  const a = c.answer;
+  if (a === null || a === undefined) return c.status === "open" ? "(no answer recorded)" : "(not kept)";
+  if (typeof a.text === "string" && a.text) return short(a.text);
+  if (Array.isArray(a.tool_calls) && a.tool_calls.length) return "tool calls: " + a.tool_calls.map((t) => t.name || (t.function || {}).name).join(", ");
+  return short(a);
+}
+const fold = (key, summary, value) => `<details data-key="${esc(key)}"><summary>${esc(summary)}</summary>${json(value)}</details>`;
+function callRow(c) {
+  const how = c.replayed_from ? `<span class="replayed">replayed from <span class="id">${esc(c.replayed_from)}</span></span>`
+    : c.status === "open" ? `<span class="reason">no answer recorded</span>`
+    : c.status === "unknown" ? `<span class="reason">effect unknown</span>` : `<span class="live">live</span>`;
+  const attrs = `data-kind="${esc(c.kind)}" data-attempt="${c.attempt}" data-seq="${c.seq}" data-replayed="${c.replayed_from ? "yes" : "no"}" data-status="${esc(c.kind === "effect_unknown" ? c.decision : c.status)}"`;
+  const k = "call-" + c.position;
+  if (c.kind === "model") {
+    const answer = c.error !== null && c.error !== undefined ? {error: c.error, error_type: c.error_type} : c.answer;
+    return `<tr class="call" ${attrs}><td>#${c.seq}</td><td>model <code>${esc(c.response_model || c.model)}</code></td>
+      <td>${c.input_tokens}+${c.output_tokens}</td><td>${fmtDur(c.latency_s)}</td><td>${how}</td><td></td>
+      <td>${fold(k + "-prompt", promptText(c), c.prompt)}</td><td>${fold(k + "-answer", answerText(c), answer)}</td></tr>`;
+  }
+  if (c.kind === "tool") {
+    const result = c.error !== null && c.error !== undefined
+      ? fold(k + "-result", "error " + (c.error_type || "") + ": " + short(c.error, 40), {error: c.error, error_type: c.error_type})
+      : c.end === null ? `<span class="reason">no result recorded</span>` : fold(k + "-result", short(c.result, 40), c.result);
+    return `<tr class="call" ${attrs}><td>#${c.seq}</td><td>tool <code>${esc(c.tool)}</code></td><td></td>
+      <td>${fmtDur(c.duration_s)}</td><td>${how}</td><td class="id">${esc(c.idempotency_key)}</td>
+      <td>${fold(k + "-args", short(c.arguments, 40), c.arguments)}</td><td>${result}</td></tr>`;
+  }
+  return `<tr class="call" ${attrs}><td>#${c.seq}</td><td class="reason">effect unknown <code>${esc(c.tool)}</code></td><td></td><td></td>
+    <td>decision <b>${esc(c.decision)}</b></td><td class="id">${esc(c.idempotency_key)}</td>
+    <td>call <span class="id">${esc(c.requested_event_id)}</span></td>
+    <td>${c.decision === "ask" ? "waits for an operator before repeating it" : "repeated with the same key"}</td></tr>`;
+}
+function callsTable(calls) {
+  if (!calls || !calls.length) return "";
+  let rows = "", last = null;
+  for (const c of calls) {
+    const group = c.attempt + " " + c.agent_id;
+    if (group !== last) {
+      last = group;
+      rows += `<tr class="call-attempt" data-attempt="${c.attempt}"><th colspan="8">attempt #${c.attempt} · ${esc(c.agent_id)}</th></tr>`;
+    }
+    rows += callRow(c);
+  }
+  return `<h2>Model and tool calls</h2><table id="calls"><thead><tr><th>call</th><th>what</th><th>tokens</th><th>latency</th>
+    <th>live / replayed</th><th>key</th><th>prompt / arguments</th><th>answer / result</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
 
 let source = null, sourceKey = null, timer = null, current = null;
@@ -191,9 +257,13 @@ async function refresh() {
     if (r.view === "run") { d = await getJSON(`/api/runs/${encodeURIComponent(r.id)}`); html = runView(d); root = d.timeline.root_id; }
     else if (r.view === "task") { d = await getJSON(`/api/tasks/${encodeURIComponent(r.id)}`); html = taskView(d); root = d.task.root_id; }
     else { d = await getJSON("/api/runs", {limit: 200}); html = runsView(d); }
-    const open = [...document.querySelectorAll("details[open]")].map((d) => d.closest("tr")?.dataset.position);
+    const open = [...document.querySelectorAll("details[open]")].map((d) => d.dataset.key ? "key:" + d.dataset.key : d.closest("tr")?.dataset.position);
     document.getElementById("view").innerHTML = html;
-    for (const p of open) document.querySelector(`tr[data-position="${p}"] details`)?.setAttribute("open", "");
+    for (const p of open) {
+      const d = p && p.startsWith("key:") ? document.querySelector(`details[data-key="${p.slice(4)}"]`)
+        : document.querySelector(`tr[data-position="${p}"] details`);
+      d?.setAttribute("open", "");
+    }
     document.body.dataset.view = r.view;
     showError(null);
     listen(root, d.position);

@@ -105,9 +105,12 @@ def free_port() -> int:
 class ServeProcess:
     """``cardbus a2a serve`` in a real subprocess, on a free port, over a SQLite file."""
 
-    def __init__(self, db: Path, agents: list[str], port: int | None = None) -> None:
+    def __init__(
+        self, db: Path, agents: list[str], port: int | None = None, extra: tuple[str, ...] = ()
+    ) -> None:
         self.db = db
         self.agents = agents
+        self.extra = list(extra)  # more options: --token, --public-url, ...
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -115,10 +118,13 @@ class ServeProcess:
 
     def start(self, timeout: float = 30.0) -> ServeProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+        env.pop("CARDBUS_A2A_TOKEN", None)
+        env.pop("CARDBUS_A2A_TOKEN_FILE", None)
         cmd = [sys.executable, "-m", "cardbus.tools", "a2a", "serve"]
         cmd += ["--db", str(self.db), "--port", str(self.port)]
         for a in self.agents:
             cmd += ["--agent", a]
+        cmd += self.extra
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout

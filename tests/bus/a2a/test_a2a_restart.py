@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from a2a.types import (
     GetTaskRequest,
     SendMessageConfiguration,
@@ -12,6 +13,7 @@ from a2a.types import (
     SubscribeToTaskRequest,
     TaskState,
 )
+from a2a.utils.errors import UnsupportedOperationError
 from a2a_support import ServeProcess, a2a_client, collect, data_message, plan
 from google.protobuf.json_format import MessageToDict
 
@@ -62,11 +64,11 @@ async def test_the_task_survives_a_crash_of_the_server(tmp_path: Path) -> None:
         assert any("timed out" in t for t in texts)  # the lost attempt, read from the log
         outputs = {a.artifact_id: MessageToDict(a.parts[0].data) for a in task.artifacts}
         assert outputs == {"first": {"text": "A"}, "second": {"text": "B"}}
+        # the task is finished: a subscription is refused (A2A 3.1.6), GetTask reads it whole
         async with a2a_client(server.url) as client:
-            events = [e async for e in client.subscribe(SubscribeToTaskRequest(id=task_id))]
-        assert len(events) == 1 and events[0].task.status.state == S.TASK_STATE_COMPLETED
-        assert [m.message_id for m in events[0].task.history] == [
-            m.message_id for m in task.history
-        ]
+            with pytest.raises(UnsupportedOperationError, match="TASK_STATE_COMPLETED"):
+                _ = [e async for e in client.subscribe(SubscribeToTaskRequest(id=task_id))]
+            again = await client.get_task(GetTaskRequest(id=task_id))
+        assert [m.message_id for m in again.history] == [m.message_id for m in task.history]
     finally:
         server.stop()

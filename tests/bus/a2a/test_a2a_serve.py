@@ -16,6 +16,7 @@ from a2a.types import (
     SubscribeToTaskRequest,
     TaskState,
 )
+from a2a.utils.errors import InvalidParamsError, UnsupportedOperationError
 from a2a_support import ServeProcess, a2a_client, collect, data_message, plan, text_message
 from google.protobuf.json_format import MessageToDict
 
@@ -121,12 +122,12 @@ async def test_a_text_goal_is_planned_and_streams_to_completion(server: ServePro
     assert task.history[0].parts[0].text == goal
 
 
-async def test_an_invalid_plan_is_a_failed_task_with_the_reason(server: ServeProcess) -> None:
+async def test_an_invalid_plan_is_refused_with_the_reason(server: ServeProcess) -> None:
+    """A plan refused before anything runs is no task (GetTask would not know it): -32602."""
     bad = plan([{"id": "s", "capability": "fly", "inputs": {}}])
     async with a2a_client(server.url, streaming=False) as client:
-        (resp,) = await collect(client, SendMessageRequest(message=data_message(bad)))
-    assert S.Name(resp.task.status.state) == "TASK_STATE_FAILED"
-    assert "fly" in resp.task.status.message.parts[0].text
+        with pytest.raises(InvalidParamsError, match="fly"):
+            await collect(client, SendMessageRequest(message=data_message(bad)))
 
 
 async def test_cancel_cancels_the_run(server: ServeProcess) -> None:
@@ -153,11 +154,12 @@ async def test_resubscribe_replays_what_was_missed_then_follows(server: ServePro
     assert first.history[0].message_id == request.message.message_id  # the whole past
     assert any("dispatched to slow" in p.text for m in first.history for p in m.parts)
     assert _final(events) == "TASK_STATE_COMPLETED"
-    # a finished task: subscribing again is the final task, whole
+    # a finished task: a subscription is refused (A2A 3.1.6); GetTask reads it whole
     async with a2a_client(server.url) as client:
-        again = [e async for e in client.subscribe(SubscribeToTaskRequest(id=resp.task.id))]
-    assert _states(again) == ["task:TASK_STATE_COMPLETED"]
-    assert again[0].task.artifacts[0].artifact_id == "s"
+        with pytest.raises(UnsupportedOperationError, match="TASK_STATE_COMPLETED"):
+            _ = [e async for e in client.subscribe(SubscribeToTaskRequest(id=resp.task.id))]
+        again = await client.get_task(GetTaskRequest(id=resp.task.id))
+    assert again.artifacts[0].artifact_id == "s"
 
 
 async def test_input_required_round_trip(server: ServeProcess) -> None:
@@ -195,12 +197,13 @@ async def test_approval_is_input_required_and_a_yes_approves(server: ServeProces
     assert _final(second) == "TASK_STATE_COMPLETED"
 
 
-async def test_a_message_on_a_task_that_waits_for_nothing_is_an_error(
+async def test_a_message_on_a_finished_task_is_unsupported(
     server: ServeProcess,
 ) -> None:
     async with a2a_client(server.url, streaming=False) as client:
         (resp,) = await collect(client, SendMessageRequest(message=data_message(shout("done"))))
-        with pytest.raises(Exception, match="waits for no input"):
+        # a finished task takes no more messages (A2A 3.1.1)
+        with pytest.raises(UnsupportedOperationError, match="finished task"):
             await collect(client, SendMessageRequest(message=text_message("hm", resp.task.id)))
         with pytest.raises(Exception, match="no task"):
             await client.get_task(GetTaskRequest(id="nope"))

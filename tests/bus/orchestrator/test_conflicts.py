@@ -107,7 +107,9 @@ async def test_fanout_with_a_hanging_candidate_settles_at_the_deadline(make_runt
     # settled with the answers in at the deadline: the attempt itself did not time out
     assert not log.of(ev.TaskTimedOut, t) and not log.of(ev.TaskRetryScheduled, t)
     first = log.first(ev.TaskDispatched, t).data
-    assert log.first(ev.TaskCompleted, t).recorded_at >= first.deadline
+    # the hanging candidate's deadline: its start plus the task's limit (deadlines)
+    (hung,) = [e for e in log.e(ev.TaskStarted) if e.stream == t and e.data.agent_id == "hanger"]
+    assert log.first(ev.TaskCompleted, t).recorded_at >= hung.recorded_at + first.timeout_s
 
 
 async def test_equal_null_outputs_agree_and_need_no_approval(make_runtime, store):

@@ -16,7 +16,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cardbus.bus.orchestrator.core import _canonical, _fields_of, plan_digest
+from cardbus.bus.orchestrator.digest import _canonical, _fields_of, plan_digest
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
 from cardbus.eventstore.taskspec import RetryOverride
 

@@ -33,7 +33,9 @@ def test_the_defaults() -> None:
     assert (p.initial_interval_s, p.backoff_coefficient, p.maximum_interval_s) == (0.05, 2.0, 10.0)
     assert p.jitter == 0.5
     # a refused request or unusable answers after the repairs would only fail again
-    assert p.non_retryable_reasons == frozenset({"llm_request_refused", "llm_bad_output"})
+    assert p.non_retryable_reasons == frozenset(
+        {"llm_request_refused", "llm_bad_output", "remote_refused"}
+    )
     assert not p.retries(1, "llm_bad_output") and p.retries(1, "llm_timeout")
 
 

@@ -27,8 +27,11 @@ async def test_a_hanging_agent_times_out_and_another_agent_completes(make_runtim
     first = log.first(ev.TaskDispatched, t)
     timed_out = log.first(ev.TaskTimedOut, t)
     assert (timed_out.data.attempt, timed_out.data.agent_id) == (1, "hanger")
-    assert timed_out.data.deadline == first.data.deadline
-    assert timed_out.recorded_at >= first.data.deadline
+    # the deadline counts from the start (task.started), not the dispatch (deadlines)
+    started = log.first(ev.TaskStarted, t)
+    assert first.data.timeout_s == 0.3 and timed_out.data.reason == "deadline"
+    assert timed_out.data.deadline == started.recorded_at + first.data.timeout_s
+    assert timed_out.recorded_at >= timed_out.data.deadline
     retry = log.first(ev.TaskRetryScheduled, t).data
     assert retry.attempt == 2 and retry.reason.startswith("timeout")
     second = log.of(ev.TaskDispatched, t)[1]

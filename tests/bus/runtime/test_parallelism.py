@@ -102,10 +102,10 @@ async def timed_run(agent: type[Agent], plan: dict[str, Any]) -> tuple[float, li
 
 @pytest.mark.parametrize("sync", [False, True], ids=["async-handler", "sync-handler"])
 async def test_three_tasks_on_one_agent_run_at_once_up_to_max_concurrency(sync: bool) -> None:
-    serial_s, serial_events = await timed_run(
+    _, serial_events = await timed_run(
         make_agent("slow1", "work", 1, sync), three_jobs("work", "serial")
     )
-    parallel_s, parallel_events = await timed_run(
+    _, parallel_events = await timed_run(
         make_agent("slow3", "work", 3, sync), three_jobs("work", "parallel")
     )
     # the log says so: with max_concurrency 3 the three attempts overlap, with 1 none do
@@ -115,8 +115,8 @@ async def test_three_tasks_on_one_agent_run_at_once_up_to_max_concurrency(sync: 
     assert all_overlap(parallel), parallel
     assert all(a[1] <= b[0] + 0.005 for a, b in itertools.pairwise(serial)), serial
     assert all(not e.data.implied for e in parallel_events if isinstance(e.data, TaskStarted))
-    ratio = parallel_s / serial_s
-    assert ratio < 2 / 3, f"max_concurrency 3 took {parallel_s:.2f}s, 1 took {serial_s:.2f}s"
+    # (no wall-clock ratio: on a busy machine it measures the machine; the overlap of the
+    # attempts in the log is the claim, and bench/concurrency_bench.py prints the times)
 
 
 async def test_a_blocking_sync_handler_does_not_delay_another_agents_task() -> None:

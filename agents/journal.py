@@ -1,0 +1,190 @@
+"""The agent's side of the journal: each model call and tool call, in order, on the log.
+
+A handler run (one delivery of one card) is an *execution*. Every model call
+made through ``ctx.llm`` and every ``ctx.tool`` call gets the next ``seq`` of
+that execution, so the calls of a run form one sequence. The journal never
+writes the log itself (agents never do, DESIGN.md): it asks the orchestrator,
+as ``ctx.tool`` does, with two requests per model call:
+
+``model.request``  the request and its digest, before the call. The
+                   orchestrator records ``model.requested`` and answers "go
+                   live", or, when an earlier execution of the task asked
+                   exactly this at this place and nothing before it differed,
+                   answers with the recorded answer (``model.answered`` naming
+                   the one it replays): no call goes out, nothing is spent.
+``model.answer``   the answer (or the typed error), after a live call. The
+                   orchestrator records ``model.answered``; only then does the
+                   handler see it (invariant 8: the answer is durable first).
+
+Tool calls need no extra request: the orchestrator runs them, and records and
+replays them itself (``bus.orchestrator.journal``).
+
+Without an orchestrator to ask (``Agent.run`` called directly, no worker), model
+calls go out unrecorded, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from cardbus.agents.llm import Completion
+from cardbus.agents.requests import REQUESTER
+from cardbus.eventstore.errors import LLMError
+from cardbus.eventstore.ids import new_id
+
+if TYPE_CHECKING:
+    from cardbus.agents.requests import TaskServices
+
+__all__ = ["TaskJournal", "request_digest"]
+
+_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def request_digest(request: Any) -> str:
+    """The digest that decides whether a retry asks the same thing: sha256 of the
+    request's canonical JSON (keys sorted)."""
+    try:
+        data = _encoder.encode(request)
+    except Exception:
+        data = repr(request).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+class TaskJournal:
+    """One execution's journal: its id and the next call's ``seq``."""
+
+    def __init__(self, services: TaskServices, replay: bool = True) -> None:
+        """``replay``: False asks the orchestrator never to answer from the journal
+        (fresh calls every attempt; they are still recorded)."""
+        self.services = services
+        self.execution = new_id()
+        self.replay = replay
+        self._seq = itertools.count()
+        self.replayed = 0  # calls answered from the journal in this execution
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    @property
+    def recording(self) -> bool:
+        """Whether an orchestrator takes the records (a worker runs the task)."""
+        return (self.services.requester or REQUESTER.get()) is not None
+
+    async def model_call(
+        self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
+    ) -> Completion:
+        """Answer ``request`` from the journal, or make it ``live`` and record the answer."""
+        if not self.recording:
+            return await live()
+
+        async def asked() -> dict[str, Any]:
+            return msgspec.to_builtins(await live())
+
+        return msgspec.convert(await self.call(request, asked), Completion)
+
+    async def call(
+        self, request: dict[str, Any], live: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """The journal's one model-call step, for any client (a framework's model too).
+
+        ``request`` is what is asked, as JSON builtins (its ``model`` names the model);
+        ``live()`` makes the call and returns the answer as a JSON object, with
+        ``input_tokens``, ``output_tokens`` and ``model`` keys where it knows them (the
+        log's usage figures). Returns the recorded answer on a replay, else the live one
+        once it is durable. Without an orchestrator to ask, ``live()`` as it is.
+        """
+        if not self.recording:
+            return await live()
+        seq = self.next_seq()
+        services = self.services
+        model = str(request.get("model") or "")
+        asked = await services.request(
+            "model.request",
+            model,
+            {"request": request, "digest": request_digest(request), "replay": self.replay},
+            seq=seq,
+            execution=self.execution,
+        )
+        replayed = asked.get("replay") if isinstance(asked, dict) else None
+        if isinstance(replayed, dict):
+            self.replayed += 1
+            return replayed
+        call = asked.get("call", "") if isinstance(asked, dict) else ""
+        start = time.monotonic()
+        try:
+            answer = await live()
+        except Exception as e:
+            reason = e.error_type if isinstance(e, LLMError) else type(e).__name__
+            await services.request(
+                "model.answer",
+                model,
+                {
+                    "call": call,
+                    "error": f"{type(e).__name__}: {e}",
+                    "error_type": reason,
+                    "latency_s": round(time.monotonic() - start, 6),
+                },
+                seq=seq,
+                execution=self.execution,
+            )
+            raise
+        await services.request(
+            "model.answer",
+            model,
+            {"call": call, "answer": answer, "latency_s": round(time.monotonic() - start, 6)},
+            seq=seq,
+            execution=self.execution,
+        )
+        return answer
+
+    async def tool_call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        run: Callable[[str], Awaitable[Any]],
+        *,
+        idempotent: bool = False,
+    ) -> Any:
+        """A tool the agent runs itself (a framework's function tool), journaled.
+
+        ``run(idempotency_key)`` is awaited only when the journal has no result for this
+        call: its ``tool.requested`` is durable before it runs (invariant 8), its result
+        (JSON builtins) or error is recorded after. A retry that calls it again with the
+        same arguments at the same place gets the recorded result; a call whose effect is
+        unknown (the process died during it) runs again only if ``idempotent``, else
+        ``EffectUnknown`` is raised and the task waits for an operator.
+        """
+        if not self.recording:
+            return await run("")
+        seq = self.next_seq()
+        services = self.services
+        begun = await services.request(
+            "tool.begin",
+            name,
+            {"arguments": arguments, "idempotent": idempotent},
+            seq=seq,
+            execution=self.execution,
+        )
+        if isinstance(begun, dict) and "replay" in begun:
+            self.replayed += 1
+            return begun["replay"]
+        key = str(begun.get("key", "")) if isinstance(begun, dict) else ""
+        start = time.monotonic()
+        ended: dict[str, Any] = {"arguments": arguments, "key": key}
+        try:
+            result = await run(key)
+        except Exception as e:
+            ended |= {"error": f"{type(e).__name__}: {e}", "error_type": "tool_error"}
+            ended["duration_s"] = round(time.monotonic() - start, 6)
+            await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+            raise
+        ended |= {"result": msgspec.to_builtins(result)}
+        ended["duration_s"] = round(time.monotonic() - start, 6)
+        await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+        return ended["result"]

@@ -1,0 +1,692 @@
+"""The orchestrator's side of the journal: model and tool calls recorded, and replayed.
+
+Each model call an agent makes through ``ctx.llm`` and each ``ctx.tool`` call
+is a numbered step (``seq``) of one handler run (an ``execution``: one
+delivery of one card; ``agents.journal``). This module records them on the
+task's stream and answers a later execution from them:
+
+* a model call: ``model.requested`` before it goes out, ``model.answered``
+  (or its typed error) when the agent reports the answer, before the handler
+  sees it;
+* a tool call (the orchestrator makes it): ``tool.requested`` before the
+  effect, ``tool.called`` after, with an idempotency key (the first
+  ``tool.requested``'s event id) handed to the tool (``current_idempotency_key``).
+
+**Replay.** A new execution of a task (a retry, a redelivery, a resumption
+after a restart) is answered from the *reference*: the calls of the latest
+earlier execution, in order, with what that one replayed resolved to the
+originals (and, if it never went live, the rest of its own reference). While
+the new execution asks at ``seq`` exactly what the reference asked there (the
+same request digest, the same tool and argument digest), it gets the recorded
+answer: ``model.answered`` / ``tool.called`` naming the event replayed
+(``replayed_from``), tokens 0, no call made. From the first call that differs,
+or that was never answered, it goes live, and stays live. Errors are not
+replayed (a timed-out model or a failed tool is asked again). When an attempt
+failed *because of* the model's answer (``MODEL_CAUSED`` reasons), the next
+one asks the model again from that attempt's last model call.
+
+**Unknown effects.** A reference step with ``tool.requested`` and no
+``tool.called`` (the process died during the call), or with a result the log
+did not keep: a tool declared idempotent (``ToolSpec.idempotent``) is called
+again with the same key (``tool.effect_unknown`` decision ``repeat``); any
+other is not: ``tool.effect_unknown`` decision ``ask``, the agent gets
+``EffectUnknown``, and the orchestrator asks for an approval naming the call.
+Approved, the next attempt repeats it (with the same key); denied, the task
+is cancelled.
+
+State is a cache of the log: per task, loaded from its stream when first
+needed and brought up to date when a new execution starts; a restarted
+orchestrator rebuilds it the same way. At most ``_CACHED_TASKS`` tasks are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from cardbus.agents.requests import AgentRequest
+from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.errors import AccessDenied, ValidationError
+
+if TYPE_CHECKING:
+    from cardbus.bus.orchestrator.access import AccessPolicy
+    from cardbus.eventstore.store import EventStore
+
+__all__ = ["MODEL_CAUSED", "BadJournalRequest", "CallOutcome", "Journal", "call_digest"]
+
+log = logging.getLogger(__name__)
+
+#: failure reasons of an attempt that the model's answer caused: the next attempt asks the
+#: model again from that attempt's last model call instead of replaying into the failure
+MODEL_CAUSED = frozenset(
+    {
+        "llm_bad_output",
+        "output_schema_mismatch",
+        "llm_max_turns",
+        "llm_max_tool_calls",
+        "llm_token_limit",
+    }
+)
+
+_CACHED_TASKS = 1024
+_encoder = msgspec.json.Encoder(order="sorted")
+
+Record = Callable[[str, list[ev.Event]], Awaitable[Any]]
+
+
+class BadJournalRequest(ValidationError):
+    """A journal request whose arguments are not what the protocol says."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What the broker answers: a result, or an error and its type."""
+
+    result: Any = None
+    error: str | None = None
+    error_type: str | None = None
+
+
+def _json(value: Any) -> bytes:
+    try:
+        return _encoder.encode(value)
+    except Exception:
+        return repr(value).encode()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def call_digest(tool: str, arguments_digest: str) -> str:
+    """A tool call's identity in the journal: the tool and its arguments' digest."""
+    return _sha(f"{tool}\0{arguments_digest}".encode())
+
+
+@dataclass(slots=True)
+class _Step:
+    """One recorded call of an execution (resolved: a replayed step is its source)."""
+
+    kind: str  # model | tool
+    seq: int
+    digest: str
+    requested_id: str = ""
+    answered_id: str = ""  # model.answered / tool.called event id ("": none yet)
+    answer: Any = None
+    has_answer: bool = False  # the answer (or result) is kept whole in the log
+    error: str | None = None
+    error_type: str | None = None
+    tool: str = ""
+    key: str = ""  # a tool call's idempotency key
+    repeat_ok: bool = False  # an operator approved repeating this unknown effect
+
+
+@dataclass(slots=True)
+class _Execution:
+    attempt: int
+    steps: dict[int, _Step] = field(default_factory=dict)
+    diverged: bool = False  # it made a live call: its reference no longer applies
+    reference: list[_Step] | None = None  # None: not worked out yet
+
+
+class _TaskJournal:
+    """The journal of one task, folded from its stream."""
+
+    def __init__(self) -> None:
+        self.version = 0  # the last version folded from the log
+        self.executions: dict[str, _Execution] = {}  # in order of first appearance
+        self.answered: dict[str, _Step] = {}  # answer event id -> the (original) step
+        self.requested: dict[str, _Step] = {}  # tool.requested event id -> step
+        self.asked: list[_Step] = []  # unknown effects waiting for an approval
+        self.model_failed: set[int] = set()  # attempts that failed because of the model
+        self.seen: set[str] = set()  # event ids folded
+
+    # -- folding ------------------------------------------------------------------
+
+    def fold(self, env: Envelope) -> None:
+        if env.version > self.version:
+            self.version = env.version
+        if env.event_id in self.seen:
+            return
+        self.seen.add(env.event_id)
+        data = env.data
+        match data:
+            case ev.ModelRequested():
+                run = self._execution(data.execution, data.attempt)
+                run.steps[data.seq] = _Step(
+                    "model", data.seq, data.request_digest, requested_id=env.event_id
+                )
+                run.diverged = True
+            case ev.ModelAnswered(replayed_from=str(source)):
+                run = self._execution(data.execution, data.attempt)
+                original = self.answered.get(source)
+                if original is not None:
+                    run.steps[data.seq] = original
+            case ev.ModelAnswered():
+                run = self._execution(data.execution, data.attempt)
+                step = run.steps.get(data.seq)
+                if step is None:
+                    step = run.steps[data.seq] = _Step("model", data.seq, data.request_digest)
+                    run.diverged = True
+                step.answered_id = env.event_id
+                step.answer = data.answer
+                step.has_answer = data.error is None and data.answer is not None
+                step.error, step.error_type = data.error, data.error_type
+                self.answered[env.event_id] = step
+            case ev.ToolRequested() if data.execution:
+                run = self._execution(data.execution, data.attempt)
+                step = _Step(
+                    "tool",
+                    data.seq,
+                    call_digest(data.tool, data.arguments_digest),
+                    requested_id=env.event_id,
+                    tool=data.tool,
+                    key=data.idempotency_key or env.event_id,
+                )
+                run.steps[data.seq] = step
+                run.diverged = True
+                self.requested[env.event_id] = step
+            case ev.ToolCalled(replayed_from=str(source)) if data.execution:
+                run = self._execution(data.execution, data.attempt)
+                original = self.answered.get(source)
+                if original is not None:
+                    run.steps[data.seq] = original
+            case ev.ToolCalled() if data.execution:
+                run = self._execution(data.execution, data.attempt)
+                step = run.steps.get(data.seq)
+                if step is None:  # its tool.requested is missing: a log written by hand
+                    return
+                step.answered_id = env.event_id
+                step.answer = data.result
+                # a result is kept whole when inline ("null" is 4 bytes)
+                step.has_answer = data.error is None and (
+                    data.result is not None or data.result_bytes <= 4
+                )
+                step.error, step.error_type = data.error, data.error_type
+                self.answered[env.event_id] = step
+            case ev.ToolEffectUnknown(decision="ask"):
+                step = self.requested.get(data.requested_event_id)
+                if step is not None:
+                    self.asked.append(step)
+            case ev.ApprovalGranted():
+                for step in self.asked:
+                    step.repeat_ok = True
+                self.asked.clear()
+            case ev.TaskRetryScheduled():
+                if data.reason.split(":", 1)[0] in MODEL_CAUSED:
+                    self.model_failed.add(data.attempt - 1)
+            case ev.TaskFailed():
+                if data.reason in MODEL_CAUSED:
+                    self.model_failed.add(data.attempts)
+            case _:
+                pass
+
+    def _execution(self, execution: str, attempt: int) -> _Execution:
+        run = self.executions.get(execution)
+        if run is None:
+            run = self.executions[execution] = _Execution(attempt)
+        return run
+
+    # -- the reference ------------------------------------------------------------
+
+    def effective(self, execution: str) -> list[_Step]:
+        """What ``execution`` amounts to, seq by seq: its own steps (replays resolved to
+        their originals), then, if it never went live, the rest of its reference."""
+        run = self.executions[execution]
+        own: list[_Step] = []
+        while len(own) in run.steps:
+            own.append(run.steps[len(own)])
+        steps = list(own)
+        if not run.diverged:
+            steps += self.reference(execution)[len(own) :]
+        later = [r for r in self.executions.values() if r.attempt > run.attempt]
+        if run.attempt in self.model_failed and not any(r.steps for r in later):
+            models = [i for i, s in enumerate(own) if s.kind == "model"]
+            if models:  # ask the model again from the call whose answer failed it
+                steps = steps[: models[-1]]
+        return steps
+
+    def reference(self, execution: str) -> list[_Step]:
+        """The steps ``execution`` is answered from: the effective steps of the latest
+        execution before it (none for the first)."""
+        run = self.executions[execution]
+        if run.reference is None:
+            order = list(self.executions)
+            at = order.index(execution)
+            run.reference = self.effective(order[at - 1]) if at > 0 else []
+        return run.reference
+
+
+class Journal:
+    """Records and replays the model and tool calls of tasks; used by ``RequestBroker``."""
+
+    def __init__(
+        self,
+        store: EventStore | None,
+        record: Record,
+        tools: ToolRegistry,
+        policy: AccessPolicy,
+        replay_allowed: Callable[[str], bool] = lambda task_id: True,
+        folded_version: Callable[[str], int] = lambda task_id: 0,
+    ) -> None:
+        """``folded_version``: the task stream's version the orchestrator has folded; a
+        journal behind it reads the rest of the stream before deciding (another writer's
+        events: a call recorded by another orchestrator, a retry, an approval)."""
+        self.folded_version = folded_version
+        self.store = store
+        self.record = record
+        self.tools = tools
+        self.policy = policy
+        self.replay_allowed = replay_allowed
+        self._tasks: OrderedDict[str, _TaskJournal] = OrderedDict()
+        #: model.requested writes in flight, by (task, execution, seq): answers wait for them
+        self._pending: dict[tuple[str, str, int], asyncio.Future[list[str]]] = {}
+
+    # -- the task's journal, from the log ------------------------------------------
+
+    async def _journal(self, task_id: str, execution: str, attempt: int) -> _TaskJournal:
+        """The task's journal, up to date with the log when ``execution`` is new."""
+        journal = self._tasks.get(task_id)
+        if journal is None:
+            journal = self._tasks[task_id] = _TaskJournal()
+            while len(self._tasks) > _CACHED_TASKS:
+                self._tasks.popitem(last=False)
+        else:
+            self._tasks.move_to_end(task_id)
+        if self.store is not None and (
+            execution not in journal.executions or self.folded_version(task_id) > journal.version
+        ):  # what was decided since: failures, approvals, another writer's calls
+            for env in await self.store.read_stream(task_id, journal.version + 1):
+                journal.fold(env)
+        if execution not in journal.executions:  # a new handler run
+            run = journal._execution(execution, attempt)
+            if not self.replay_allowed(task_id):
+                run.reference = []
+        return journal
+
+    async def _write(
+        self, journal: _TaskJournal | None, task_id: str, events: list[ev.Event]
+    ) -> list[str]:
+        """Record ``events`` (durable on return), fold them, and return their event ids."""
+        stored = await self.record(task_id, events)
+        envs = [e for e in stored or () if isinstance(e, Envelope)]
+        # a call not journaled still moves the task's journal on (no read of it later)
+        journal = journal or self._tasks.get(task_id)
+        for env in envs if journal is not None else ():
+            journal.fold(env)  # type: ignore[union-attr]
+        return [env.event_id for env in envs]
+
+    # -- model calls ------------------------------------------------------------------
+
+    async def model_request(self, req: AgentRequest) -> CallOutcome:
+        request, replay = req.args.get("request"), req.args.get("replay", True)
+        if not isinstance(request, dict) or req.seq < 0 or not req.execution:
+            raise BadJournalRequest("model.request needs a request object, seq and execution")
+        digest = _sha(_json(request))
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        run = journal.executions[req.execution]
+        known = run.steps.get(req.seq)
+        if known is not None and known.has_answer:  # asked again (a resent request)
+            return CallOutcome(result={"replay": known.answer, "source": known.answered_id})
+        ref = journal.reference(req.execution)
+        if replay is not False and not run.diverged and req.seq < len(ref):
+            step = ref[req.seq]
+            if step.kind == "model" and step.digest == digest and step.has_answer:
+                await self._write(
+                    journal,
+                    req.task_id,
+                    [
+                        ev.ModelAnswered(
+                            task_id=req.task_id,
+                            agent_id=req.agent_id,
+                            attempt=req.attempt,
+                            execution=req.execution,
+                            seq=req.seq,
+                            request_digest=digest,
+                            model=str((step.answer or {}).get("model") or req.target)
+                            if isinstance(step.answer, dict)
+                            else req.target,
+                            replayed_from=step.answered_id,
+                        )
+                    ],
+                )
+                return CallOutcome(result={"replay": step.answer, "source": step.answered_id})
+        kept, size = self._content("model.request", request)
+        tools = request.get("tools")
+        offered = (
+            [
+                str(t.get("function", {}).get("name") or t.get("name") or "")
+                for t in tools
+                if isinstance(t, dict)
+            ]
+            if isinstance(tools, list)
+            else []
+        )
+        # The request need not be durable before the call (a model call has no effect;
+        # the answer must be before the handler sees it): it is written while the model
+        # works, and ``model_answer`` waits for it first, which keeps the two in order.
+        journal.executions[req.execution].diverged = True
+        write = self._write(
+            journal,
+            req.task_id,
+            [
+                ev.ModelRequested(
+                    task_id=req.task_id,
+                    agent_id=req.agent_id,
+                    attempt=req.attempt,
+                    execution=req.execution,
+                    seq=req.seq,
+                    model=req.target,
+                    request=kept,
+                    request_digest=digest,
+                    request_bytes=size,
+                    tools_offered=offered,
+                )
+            ],
+        )
+        pending = asyncio.ensure_future(write)
+        pending.add_done_callback(_retrieve)
+        self._pending[(req.task_id, req.execution, req.seq)] = pending
+        if len(self._pending) > 4096:  # answers that never came (their agent died)
+            self._pending = {k: f for k, f in self._pending.items() if not f.done()}
+        return CallOutcome(result={"call": ""})
+
+    async def model_answer(self, req: AgentRequest) -> CallOutcome:
+        a = req.args
+        if req.seq < 0 or not req.execution:
+            raise BadJournalRequest("model.answer needs seq and execution")
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        pending = self._pending.pop((req.task_id, req.execution, req.seq), None)
+        if pending is not None:
+            await pending  # its request first (a failure to write it fails this answer)
+        step = journal.executions[req.execution].steps.get(req.seq)
+        error = a.get("error")
+        answer = a.get("answer")
+        if error is None and not isinstance(answer, dict):
+            raise BadJournalRequest("model.answer needs an answer object or an error")
+        latency = a.get("latency_s", 0.0)
+        latency = float(latency) if isinstance(latency, (int, float)) else 0.0
+        if error is not None:
+            event = ev.ModelAnswered(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                attempt=req.attempt,
+                execution=req.execution,
+                seq=req.seq,
+                request_digest=step.digest if step else "",
+                model=req.target,
+                latency_s=round(latency, 6),
+                error=str(error)[:2000],
+                error_type=str(a.get("error_type") or "error")[:200],
+            )
+        else:
+            assert isinstance(answer, dict)
+            kept, size = self._content("model.answer", answer)
+            event = ev.ModelAnswered(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                attempt=req.attempt,
+                execution=req.execution,
+                seq=req.seq,
+                request_digest=step.digest if step else "",
+                model=str(answer.get("model") or req.target),
+                answer=kept,
+                answer_digest=_sha(_json(answer)),
+                answer_bytes=size,
+                input_tokens=_tokens(answer.get("input_tokens")),
+                output_tokens=_tokens(answer.get("output_tokens")),
+                latency_s=round(latency, 6),
+            )
+        await self._write(journal, req.task_id, [event])
+        return CallOutcome(result={"recorded": True})
+
+    def _content(self, kind: str, value: Any) -> tuple[Any, int]:
+        """What the log keeps of a prompt or an answer (whole, redacted, or nothing but
+        its size), per the access policy; and its size in bytes."""
+        size = len(_json(value))
+        if self.policy.model_content == "digest" or size > self.policy.max_model_bytes:
+            return None, size
+        redact = self.policy.redact
+        if redact is None:
+            return value, size
+        try:
+            return redact(kind, value), size
+        except Exception:  # a broken hook must not leak what it was meant to hide
+            log.exception("redaction hook failed on %s: recorded as digest only", kind)
+            return None, size
+
+    # -- tool calls ---------------------------------------------------------------------
+
+    async def tool(self, req: AgentRequest) -> CallOutcome:
+        """A registry tool call: answered from the journal, or made live and recorded."""
+        arg_digest = _sha(_json(req.args))
+        tool = self.tools.get(req.target)
+
+        async def live(journal: _TaskJournal | None, key: str) -> CallOutcome:
+            return await self._tool_live(req, journal, arg_digest, key)
+
+        idempotent = tool is not None and tool.spec.idempotent
+        return await self._tool_step(req, req.args, idempotent, live, lambda r: r)
+
+    async def tool_begin(self, req: AgentRequest) -> CallOutcome:
+        """A tool the agent runs itself (``ctx.journal.tool_call``), before it runs: the
+        recorded result (``{"replay": result}``), or ``{"key": key}`` once its
+        ``tool.requested`` is durable (the agent then runs it and sends ``tool.end``)."""
+        args = req.args.get("arguments")
+        if not isinstance(args, dict) or req.seq < 0 or not req.execution:
+            raise BadJournalRequest("tool.begin needs arguments (an object), seq and execution")
+        arg_digest = _sha(_json(args))
+
+        async def begin(journal: _TaskJournal | None, key: str) -> CallOutcome:
+            requested = self._requested(req, args, arg_digest, key, local=True)
+            ids = await self._write(journal, req.task_id, [requested])
+            return CallOutcome(result={"key": key or (ids[0] if ids else req.request_id)})
+
+        idempotent = req.args.get("idempotent") is True
+        return await self._tool_step(req, args, idempotent, begin, lambda r: {"replay": r})
+
+    async def tool_end(self, req: AgentRequest) -> CallOutcome:
+        """A tool the agent ran itself, after: its result or error, recorded."""
+        a = req.args
+        args = a.get("arguments")
+        key = a.get("key")
+        if not isinstance(args, dict) or not isinstance(key, str) or req.seq < 0:
+            raise BadJournalRequest("tool.end needs arguments, key and seq")
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        error = a.get("error")
+        result = None if error is not None else a.get("result")
+        size = 0 if error is not None else inline_size(result)
+        duration = a.get("duration_s", 0.0)
+        called = ev.ToolCalled(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            tool=req.target,
+            arguments=args if inline_size(args) <= self.policy.max_inline_bytes else None,
+            result=result if self.policy.arguments == "full" else None,
+            error=None if error is None else str(error)[:2000],
+            duration_s=round(float(duration), 6) if isinstance(duration, (int, float)) else 0.0,
+            attempt=req.attempt,
+            error_type=None if error is None else str(a.get("error_type") or "tool_error"),
+            arguments_digest=_sha(_json(args)),
+            result_digest="" if error is not None else _sha(_json(result)),
+            result_bytes=size,
+            request_id=req.request_id,
+            execution=req.execution,
+            seq=req.seq,
+            idempotency_key=key,
+            local=True,
+        )
+        await self._write(journal, req.task_id, [called])
+        return CallOutcome(result={"recorded": True})
+
+    async def _tool_step(
+        self,
+        req: AgentRequest,
+        args: dict[str, Any],
+        idempotent: bool,
+        live: Callable[[_TaskJournal | None, str], Awaitable[CallOutcome]],
+        replayed: Callable[[Any], Any],
+    ) -> CallOutcome:
+        """A tool call at its place in the journal: replayed, made live (``live(journal,
+        key)``, key "" for a new call), or, its effect unknown, repeated or refused."""
+        arg_digest = _sha(_json(args))
+        if not req.execution or req.seq < 0:  # not journaled (an old agent): made live
+            return await live(None, "")
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        run = journal.executions[req.execution]
+        ref = journal.reference(req.execution)
+        step = ref[req.seq] if not run.diverged and req.seq < len(ref) else None
+        if (
+            step is None
+            or step.kind != "tool"
+            or step.digest != call_digest(req.target, arg_digest)
+            or (step.answered_id and step.error is not None)  # a failed call is asked again
+        ):
+            return await live(journal, "")
+        if step.answered_id and step.has_answer:
+            replay = ev.ToolCalled(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                tool=req.target,
+                attempt=req.attempt,
+                arguments_digest=arg_digest,
+                result_digest=_sha(_json(step.answer)),
+                result_bytes=len(_json(step.answer)),
+                request_id=req.request_id,
+                execution=req.execution,
+                seq=req.seq,
+                idempotency_key=step.key,
+                replayed_from=step.answered_id,
+            )
+            await self._write(journal, req.task_id, [replay])
+            return CallOutcome(result=replayed(step.answer))
+        # requested and never answered (or its result not kept): its effect is unknown
+        decision = "repeat" if idempotent or step.repeat_ok else "ask"
+        unknown = ev.ToolEffectUnknown(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            tool=req.target,
+            requested_event_id=step.requested_id,
+            idempotency_key=step.key,
+            attempt=req.attempt,
+            execution=req.execution,
+            seq=req.seq,
+            decision=decision,
+        )
+        await self._write(journal, req.task_id, [unknown])
+        if decision == "repeat":
+            return await live(journal, step.key)
+        message = (
+            f"the effect of {req.target} (call {step.requested_id}, key {step.key}) is unknown:"
+            " the process died during it and the tool is not idempotent; approve the task"
+            " to call it again"
+        )
+        return CallOutcome(error=message, error_type="effect_unknown")
+
+    def _requested(
+        self, req: AgentRequest, args: dict[str, Any], arg_digest: str, key: str, local: bool
+    ) -> ev.ToolRequested:
+        policy = self.policy
+        inline = policy.arguments == "full" and inline_size(args) <= policy.max_inline_bytes
+        return ev.ToolRequested(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            tool=req.target,
+            request_id=req.request_id,
+            arguments=args if inline else None,
+            arguments_digest=arg_digest,
+            attempt=req.attempt,
+            execution=req.execution,
+            seq=req.seq,
+            idempotency_key=key,
+            local=local,
+        )
+
+    async def _tool_live(
+        self, req: AgentRequest, journal: _TaskJournal | None, arg_digest: str, key: str
+    ) -> CallOutcome:
+        start = time.monotonic()
+        args = req.args
+        policy = self.policy
+        inline_args = policy.arguments == "full" and inline_size(args) <= policy.max_inline_bytes
+        # invariant 2: the call is in the log before its side effect can happen
+        requested = self._requested(req, args, arg_digest, key, local=False)
+        ids = await self._write(journal, req.task_id, [requested])
+        key = key or (ids[0] if ids else req.request_id)
+        result: Any = None
+        error: str | None = None
+        error_type: str | None = None
+        extra: list[ev.Event] = []
+        try:
+            outcome = await self.tools.call(req.target, args, idempotency_key=key)
+            result = outcome.result
+        except AccessDenied as e:  # the tool's own allow-list (e.g. a host)
+            error, error_type = str(e), "access_denied"
+            extra.append(
+                ev.AccessRefused(
+                    task_id=req.task_id,
+                    agent_id=req.agent_id,
+                    action="tool",
+                    target=req.target,
+                    reason=str(e),
+                    attempt=req.attempt,
+                )
+            )
+        except ToolError as e:
+            error, error_type = str(e), e.error_type
+        size = 0 if error else inline_size(result)
+        tool = self.tools.get(req.target)
+        # a result is kept whole up to the tool's own size limit (its journal replays it)
+        keep = policy.arguments == "full" and size <= max(
+            policy.max_inline_bytes, tool.spec.max_result_bytes if tool else 0
+        )
+        called = ev.ToolCalled(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            tool=req.target,
+            arguments=args if inline_args else None,
+            result=result if keep else None,
+            error=error,
+            duration_s=round(time.monotonic() - start, 6),
+            attempt=req.attempt,
+            error_type=error_type,
+            arguments_digest=arg_digest,
+            result_digest="" if error else _sha(_json(result)),
+            result_bytes=size,
+            request_id=req.request_id,
+            execution=req.execution,
+            seq=req.seq,
+            idempotency_key=key,
+        )
+        await self._write(journal, req.task_id, [called, *extra])
+        if error is not None:
+            return CallOutcome(error=error, error_type=error_type)
+        return CallOutcome(result=result)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """A write nobody awaited (its answer never came: the agent died) logs its error."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("a model.requested was not recorded: %r", future.exception())
+
+
+def inline_size(value: Any) -> int:
+    """The size of ``value`` as JSON (huge when it cannot be encoded: never inline)."""
+    try:
+        return len(msgspec.json.encode(value))
+    except Exception:
+        return 1 << 62
+
+
+def _tokens(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
