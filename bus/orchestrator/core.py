@@ -22,7 +22,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard, Announce
 from cardbus.agents.embedding import Embedder
+from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
@@ -220,6 +221,9 @@ class Orchestrator:
         self.broker = RequestBroker(
             self.state, self.record, tools, memory, access, store=store, catch_up=self.caught_up
         )
+        # what agents' requests are answered with (a partitioned member hands those of runs
+        # another member decides to it: ``bus.runtime.members``)
+        self.handle_request: Callable[[AgentRequest], Awaitable[AgentResponse]] = self.broker.handle
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start)
         self.observers: list[Callable[[Envelope], None]] = []
@@ -263,7 +267,7 @@ class Orchestrator:
         self.bus.on_refused = self._on_refused
         if self.serve_requests:
             try:
-                await self.bus.serve_requests(self.broker.handle)
+                await self.bus.serve_requests(self.handle_request)
             except BusError:
                 log.info("%s carries no agent requests", type(self.bus).__name__)
         self._loops = [

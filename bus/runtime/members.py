@@ -36,6 +36,9 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
+import nats.errors
+
+from cardbus.agents import requests as rq
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult, _result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import Envelope
@@ -51,13 +54,16 @@ from cardbus.eventstore.nats.subjects import (
 )
 from cardbus.eventstore.nats.wire import envelope_of
 
-__all__ = ["MemberLog"]
+__all__ = ["OWNER_REQUESTS", "MemberLog"]
 
 log = logging.getLogger(__name__)
 
 _FINISHES = tuple(kind_token(t) for t in ("run.completed.v1", "run.failed.v1", "run.halted.v1"))
 _FINISH_TYPES = (ev.RunCompleted, ev.RunFailed, ev.RunHalted)
 _POLL_S = 2.0  # a run waited for elsewhere is looked at this often when nothing is heard
+# + ``.<partition>``: an agent's request for a run another member decides, handed to it
+OWNER_REQUESTS = "cardbus.orch.req"
+_HAND_S = 10.0  # how long a request waits for its run's partition to have an owner
 
 
 class MemberLog:
@@ -77,6 +83,11 @@ class MemberLog:
         self._finishing: dict[str, asyncio.Event] = {}  # root waited for -> its finish heard
         self._waiting: dict[str, int] = {}  # root -> how many wait for it here
         self._handovers: set[asyncio.Task[None]] = set()
+        self.nc: Any = None  # the connection requests are handed over on (the bus's)
+        self._handler: Callable[[rq.AgentRequest], Any] | None = None  # this member's answer
+        self._serving: dict[int, Any] = {}  # partition -> subscription to its requests
+        self._syncing: asyncio.Task[None] | None = None
+        self.handed_over = 0  # requests answered by another member (tests, bench)
 
     # -- what is folded ----------------------------------------------------------
 
@@ -116,6 +127,7 @@ class MemberLog:
         parts = self.want
         envs = await self._read([SHARED, *sorted(parts)], max(from_position, 1), None)
         self.following = self.folded = parts
+        self._sync_serving()
         self.folded_events += len(envs)
         return envs
 
@@ -127,6 +139,7 @@ class MemberLog:
             if lost:
                 self.following -= lost
                 self.folded -= lost  # decided here no more, from now
+                self._sync_serving()
                 yield lambda lost=lost: self._forget(lost)  # type: ignore[misc]
             if gained:
                 envs = await self._read(sorted(gained), 1, last)
@@ -169,6 +182,7 @@ class MemberLog:
 
     def _acquired(self, gained: frozenset[int]) -> None:
         self.folded |= gained & self.following
+        self._sync_serving()
         if self.on_folded is not None:
             self.on_folded(gained)
 
@@ -193,6 +207,99 @@ class MemberLog:
         self._handovers.add(task)
         task.add_done_callback(self._handovers.discard)
         future.add_done_callback(lambda _: task.cancel())
+
+    # -- agents' requests: answered by the member that decides the run -------------------
+
+    def route(
+        self, handler: Callable[[rq.AgentRequest], Any], nc: Any
+    ) -> Callable[[rq.AgentRequest], Any]:
+        """``handler`` (``Orchestrator.handle_request``) for the requests of the runs this
+        member folds; one for a run another member folds is handed to it on
+        ``cardbus.orch.req.<partition>`` (each member serves those of the partitions it
+        folds), and its answer returned. A request without its run (an older agent) is
+        answered here."""
+        self._handler, self.nc = handler, nc
+        self._sync_serving()
+
+        async def handle(req: rq.AgentRequest) -> rq.AgentResponse:
+            root = req.root_id
+            if not root or self.folds(root):
+                response: rq.AgentResponse = await handler(req)
+                return response
+            return await self._hand_request(req, handler)
+
+        return handle
+
+    async def _hand_request(
+        self, req: rq.AgentRequest, handler: Callable[[rq.AgentRequest], Any]
+    ) -> rq.AgentResponse:
+        subject = f"{OWNER_REQUESTS}.{partition_of(req.root_id, self.partitions)}"
+        data = rq.encode(req)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _HAND_S
+        pause = 0.02
+        while not self.folds(req.root_id):  # (taken over meanwhile: answered here)
+            try:
+                msg = await self.nc.request(subject, data, timeout=max(deadline - loop.time(), 0.1))
+            except nats.errors.NoRespondersError:  # its partition between two members
+                if loop.time() + pause >= deadline:
+                    break
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                continue
+            except (nats.errors.TimeoutError, TimeoutError):
+                break
+            self.handed_over += 1
+            return rq.decode_response(msg.data)
+        response: rq.AgentResponse = await handler(req)  # nobody else: as if it were ours
+        return response
+
+    def _sync_serving(self) -> None:
+        """Serve the handed-over requests of the partitions folded now (in a task)."""
+        if self._handler is None or self.nc is None:
+            return
+        if self._syncing is None or self._syncing.done():
+            self._syncing = asyncio.ensure_future(self._serve_folded())
+        else:
+            self._syncing.add_done_callback(lambda _: self._sync_serving())
+
+    async def _serve_folded(self) -> None:
+        want = self.folded
+        for p in [p for p in self._serving if p not in want]:
+            with contextlib.suppress(Exception):
+                await self._serving.pop(p).unsubscribe()
+        for p in sorted(want - set(self._serving)):
+            try:
+                self._serving[p] = await self.nc.subscribe(
+                    f"{OWNER_REQUESTS}.{p}", cb=self._on_handed
+                )
+            except Exception as e:  # not allowed, or the connection closing: answered where
+                log.warning("requests of partition %s not served here: %r", p, e)  # they land
+                return
+
+    async def _on_handed(self, msg: Any) -> None:
+        handler = self._handler
+        if handler is None or not msg.reply:
+            return
+
+        async def answer() -> None:
+            try:
+                req = rq.decode_request(msg.data)
+                response = await handler(req)
+                data = rq.encode(response)
+            except Exception as e:  # answered as the bus answers a server bug
+                log.exception("a handed-over request failed")
+                data = rq.encode(
+                    rq.AgentResponse(
+                        request_id="", ok=False, error=repr(e)[:1000], error_type="unavailable"
+                    )
+                )
+            with contextlib.suppress(Exception):
+                await self.nc.publish(msg.reply, data)
+
+        task = asyncio.ensure_future(answer())
+        self._handovers.add(task)
+        task.add_done_callback(self._handovers.discard)
 
     # -- waiting for a run another member folds (Orchestrator.elsewhere) ------------
 
@@ -253,6 +360,13 @@ class MemberLog:
         self._finish_sub = subs
 
     async def close(self) -> None:
+        self._handler = None
+        if self._syncing is not None:
+            self._syncing.cancel()
+        for sub in list(self._serving.values()):
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._serving.clear()
         for task in list(self._handovers):
             task.cancel()
         for sub in self._finish_sub or ():

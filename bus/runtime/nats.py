@@ -207,6 +207,8 @@ class NatsRuntime:
             )
             if self.member_log is not None:
                 self.orchestrator.log = self.orchestrator.elsewhere = self.member_log
+                o = self.orchestrator
+                o.handle_request = self.member_log.route(o.handle_request, self.bus.nc)
                 self.member_log.orchestrator = self.orchestrator
                 self.orchestrator.observers.append(self.member_log.observe)
             self.orchestrator.observers.append(self.keeper.observe)

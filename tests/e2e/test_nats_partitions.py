@@ -27,6 +27,7 @@ from natsprocs import (
 )
 from natsserver import NatsServer
 
+from cardbus.agents import Agent
 from cardbus.bus.orchestrator.partition import partition_of
 from cardbus.bus.orchestrator.plan import Plan
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
@@ -64,11 +65,19 @@ def check_runs(events: list[Envelope], roots: list[str]) -> None:
         assert len(finished) == 1, root
 
 
-async def _agents(url: str, stop: asyncio.Event) -> asyncio.Task[None]:
+class Asking(Quick):
+    """``quick`` that asks the orchestrator once (a request) before it answers."""
+
+    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
+        await ctx.write_output(task.task_id, {"n": 0})  # its own task: allowed, recorded
+        return await super().handle(task, inputs, ctx)
+
+
+async def _agents(url: str, stop: asyncio.Event, quick: type[Agent] = Quick) -> asyncio.Task[None]:
     ready = asyncio.Event()
     serving = asyncio.create_task(
         serve_agents(
-            NatsOptions(url=url), [Quick, Slow], stop, replicas=2, bus_options=FAST_BUS, ready=ready
+            NatsOptions(url=url), [quick, Slow], stop, replicas=2, bus_options=FAST_BUS, ready=ready
         )
     )
     await asyncio.wait_for(ready.wait(), 10)
@@ -90,12 +99,12 @@ def _runtime(url: str, member: str, lease_s: float, local_runs: bool = False) ->
 
 @contextlib.asynccontextmanager
 async def _two_members(
-    url: str, local_runs: bool = False
+    url: str, local_runs: bool = False, quick: type[Agent] = Quick
 ) -> AsyncIterator[tuple[NatsRuntime, NatsRuntime]]:
     """Members "a" and "b", once each holds half the partitions, and agents serving
     them. A long lease: no handover under load, where a late renewal could pass it on."""
     stop = asyncio.Event()
-    serving = await _agents(url, stop)
+    serving = await _agents(url, stop, quick)
     try:
         async with (
             _runtime(url, "a", 6.0, local_runs) as a,
@@ -171,6 +180,27 @@ async def test_a_run_is_decided_by_the_member_it_was_submitted_to(
     check_runs(events, roots)
     for i, root in enumerate(roots):
         assert set(decisions(events, root)) == {f"orchestrator-{'ab'[i % 2]}"}, root
+
+
+async def test_an_agents_request_is_answered_by_its_runs_member(
+    nats_server: NatsServer,
+) -> None:
+    """Agents' requests go to any member (a queue group); one that does not fold the run
+    hands it to the member that does (``cardbus.orch.req.<partition>``)."""
+    async with _two_members(nats_server.url, local_runs=True, quick=Asking) as (a, b):
+        members = [a, b] * 4
+        roots = [await m.submit(plan(f"run-{i}"), agent_timeout=10) for i, m in enumerate(members)]
+        results = await asyncio.gather(
+            *(m.orchestrator.wait(r, timeout=60) for m, r in zip(members, roots, strict=True))
+        )
+        assert a.member_log is not None and b.member_log is not None
+        # 16 requests, each to either member: none handed over is a 2**-16 chance
+        assert a.member_log.handed_over + b.member_log.handed_over > 0
+    assert [r.status for r in results] == ["completed"] * len(roots)
+    events = await read_log(nats_server.url)
+    check_runs(events, roots)
+    # (a member that does not fold the task refuses it: unknown_task, recorded)
+    assert not [e for e in events if isinstance(e.data, ev.AccessRefused)]
 
 
 async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
