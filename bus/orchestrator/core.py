@@ -658,8 +658,9 @@ class Orchestrator:
 
     async def caught_up(self, timeout: float = 2.0) -> None:
         """Return once the state holds every event the log held when asked (or after
-        ``timeout``: the caller then decides on what it has)."""
-        target = await self.store.last_position()
+        ``timeout``: the caller then decides on what it has). The log as this process
+        reads it (``log``): a partitioned member's ends at its partitions' last event."""
+        target = await self.log.last_position()
         deadline = time.monotonic() + timeout
         while self.state.position < target and time.monotonic() < deadline:
             await asyncio.sleep(0.005)  # the follower folds meanwhile; a rare wait

@@ -158,6 +158,23 @@ class MemberLog:
                     if self.want != self.following:
                         break
 
+    async def last_position(self) -> int:
+        """The position of the last event this member follows (``Orchestrator.caught_up``):
+        its consumer's last delivery once nothing is pending for it; while the consumer
+        is behind (a few tries), or without one, the log's last position."""
+        for _ in range(5):
+            reader = self._reader
+            if reader is None or reader.consumer is None or reader.closed:
+                break
+            try:
+                info = await self.store._js.consumer_info(self.store.stream_name, reader.consumer)
+            except Exception:  # recreated meanwhile, or the server away: the whole log
+                break
+            if not info.num_pending and info.delivered is not None:
+                return int(info.delivered.stream_seq or 0)
+            await asyncio.sleep(0.01)
+        return await self.store.last_position()
+
     def _opened(self, reader: EphemeralConsumer) -> None:
         self._reader = reader
         if self.want != self.following:  # changed meanwhile: go round again at once
