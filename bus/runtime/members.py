@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import nats.errors
@@ -43,16 +43,19 @@ from cardbus.bus.orchestrator.core import Orchestrator, RunResult, _result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import StoreUnavailable
 from cardbus.eventstore.nats import NatsEventStore
-from cardbus.eventstore.nats.follow import EphemeralConsumer
+from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, is_transient
+from cardbus.eventstore.nats.follow import EphemeralConsumer, OwnAppends, echoes
 from cardbus.eventstore.nats.subjects import (
     SHARED,
     decode_token,
     kind_token,
     partition_filter,
     partition_of,
+    partition_token,
 )
-from cardbus.eventstore.nats.wire import envelope_of
+from cardbus.eventstore.nats.wire import MSG_ID, envelope_of
 
 __all__ = ["OWNER_REQUESTS", "MemberLog"]
 
@@ -63,6 +66,8 @@ _FINISH_TYPES = (ev.RunCompleted, ev.RunFailed, ev.RunHalted)
 _POLL_S = 2.0  # a run waited for elsewhere is looked at this often when nothing is heard
 # + ``.<partition>``: an agent's request for a run another member decides, handed to it
 OWNER_REQUESTS = "cardbus.orch.req"
+_READ_ERRORS: tuple[type[BaseException], ...] = (StoreUnavailable, *TRANSPORT_ERRORS)
+_HINT_TRIES = 8  # reads for another writer's event heard, not stored yet: 1 ms doubling
 _HAND_S = 10.0  # how long a request waits for its run's partition to have an owner
 
 
@@ -88,6 +93,8 @@ class MemberLog:
         self._serving: dict[int, Any] = {}  # partition -> subscription to its requests
         self._syncing: asyncio.Task[None] | None = None
         self.handed_over = 0  # requests answered by another member (tests, bench)
+        self.last_yielded = 0  # the highest position the follower handed over
+        self._wake: asyncio.Event | None = None  # the echo-free follower's
 
     # -- what is folded ----------------------------------------------------------
 
@@ -100,6 +107,8 @@ class MemberLog:
         if want == self.want:
             return
         self.want = want
+        if self._wake is not None:
+            self._wake.set()
         reader = self._reader
         if reader is not None:  # the follower goes on with the new filters
             task = asyncio.ensure_future(reader.close())
@@ -132,6 +141,190 @@ class MemberLog:
         return envs
 
     async def subscribe(self, from_position: int) -> AsyncIterator[Envelope | Callable[[], None]]:
+        if self.store._direct_reads and not echoes(self.store.nc):
+            source = self._subscribe_echo_free(from_position)
+        else:
+            source = self._subscribe_consumer(from_position)
+        async with contextlib.aclosing(source):  # type: ignore[type-var]
+            async for item in source:
+                yield item
+
+    def _changes(self) -> Iterator[Callable[[], None]]:
+        """The markers of the partitions lost since the follower last looked (its state
+        updated here; gained ones are the caller's to catch up)."""
+        lost = self.following - self.want
+        if lost:
+            self.following -= lost
+            self.folded -= lost  # decided here no more, from now
+            self._sync_serving()
+            yield lambda: self._forget(lost)
+
+    async def _subscribe_echo_free(
+        self, from_position: int
+    ) -> AsyncIterator[Envelope | Callable[[], None]]:
+        """The shared and held partitions without the server sending this member's own
+        events back: its appends are handed over by the append (``OwnAppends``), and
+        others' publishes on the followed partitions' subjects are heard (a core
+        subscription per partition, ``no_echo``: others' only) and then read from the
+        log, from where that partition's last read ended. Nothing heard for
+        ``heartbeat`` seconds, or a reconnect: every followed partition is read.
+
+        Events of different writers may come out of log order (another writer's event
+        after an own later one): each task's stream stays in order, which is what the
+        fold needs (a version it did not get is read: ``gaps.fill_gap``)."""
+        store = self.store
+        prefix = store.subject_prefix
+        loop = asyncio.get_running_loop()
+        own = OwnAppends(store, from_position)
+        wake = self._wake = own.wake
+        hints: dict[str, set[str]] = {}  # partition token -> ids of others' events heard
+        due: dict[str, float] = {}  # partition token -> when to read it (again)
+        tries: dict[str, int] = {}
+        subs: dict[str, Any] = {}
+        read_from: dict[str, int] = {}  # partition token -> where its next read starts
+        yielded: dict[int, None] = {}  # positions yielded since the oldest read_from
+        reconnects = store.nc.stats.get("reconnects", 0)
+        idle_since = loop.time()
+
+        async def on_hint(msg: Any) -> None:
+            tokens = msg.subject[len(prefix) + 1 :].split(".", 2)
+            if len(tokens) >= 2:
+                hints.setdefault(tokens[1], set()).add((msg.headers or {}).get(MSG_ID, ""))
+                wake.set()
+
+        async def listen(tokens: Iterable[str]) -> None:  # before the read: nothing missed
+            for tok in tokens:
+                subs[tok] = await store.nc.subscribe(
+                    partition_filter(prefix, tok),
+                    cb=on_hint,
+                    pending_msgs_limit=1_000_000,
+                    pending_bytes_limit=1 << 30,
+                )
+            await store.nc.flush()
+
+        def followed(env: Envelope) -> bool:
+            tok = partition_token(env.correlation_id, self.partitions)
+            return tok == SHARED or int(tok) in self.following
+
+        def read_all_again() -> None:
+            for tok in read_from:
+                hints.setdefault(tok, set())
+                due[tok] = 0.0
+
+        try:
+            first = [SHARED, *(str(p) for p in sorted(self.following))]
+            await listen(first)
+            for tok in first:
+                read_from[tok] = max(from_position, 1)
+            read_all_again()
+            while True:
+                for marker in self._changes():
+                    yield marker
+                for tok in [t for t in read_from if t != SHARED and int(t) not in self.following]:
+                    del read_from[tok]
+                    hints.pop(tok, None)
+                    sub = subs.pop(tok, None)
+                    if sub is not None:
+                        with contextlib.suppress(Exception):
+                            await sub.unsubscribe()
+                gained = self.want - self.following
+                if gained:
+                    await listen(str(p) for p in gained)
+                    end = await store.last_position()
+                    envs = await self._read(sorted(gained), 1, None)
+                    self.following |= gained
+                    self.folded_events += len(envs)
+                    for env in envs:
+                        yielded[env.position] = None
+                        yield env
+                    for p in gained:  # what is stored after its read, or was heard, next
+                        tok = str(p)
+                        n = self.partitions
+                        read = [
+                            e.position for e in envs if partition_token(e.correlation_id, n) == tok
+                        ]
+                        read_from[tok] = max([end, *read]) + 1
+                    yield lambda gained=gained: self._acquired(gained)  # type: ignore[misc]
+                    continue
+                if own.own:  # this member's appends, in order
+                    for pos in sorted(own.own):
+                        env = own.own.pop(pos)
+                        if pos in yielded or not followed(env):
+                            continue
+                        yielded[pos] = None
+                        self.last_yielded = max(self.last_yielded, pos)
+                        self.folded_events += 1
+                        yield env
+                    idle_since = loop.time()
+                    continue
+                now = loop.time()
+                if store.nc.stats.get("reconnects", 0) != reconnects:
+                    reconnects = store.nc.stats.get("reconnects", 0)
+                    read_all_again()  # others' publishes while away were not heard
+                elif now - idle_since >= store.heartbeat:
+                    read_all_again()  # nothing for a while: anything not heard?
+                    idle_since = now
+                ready = [t for t in hints if due.get(t, 0.0) <= now and t in read_from]
+                for tok in [t for t in hints if t not in read_from]:
+                    del hints[tok]
+                if not ready:
+                    waits = [idle_since + store.heartbeat - now]
+                    waits += [due.get(t, 0.0) - now for t in hints]
+                    wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), max(min(waits), 0.0005))
+                    continue
+                for tok in ready:
+                    heard = hints.pop(tok)
+                    start = read_from[tok]
+                    try:
+                        page = await store._read_direct(
+                            partition_filter(prefix, tok), start, None, 0
+                        )
+                    except _READ_ERRORS as e:
+                        store._check_open()
+                        if isinstance(e, StoreUnavailable) and not is_transient(e):
+                            raise
+                        hints.setdefault(tok, set()).update(heard)
+                        due[tok] = loop.time() + 0.1
+                        continue
+                    for m in page:
+                        heard.discard(m.msg_id)
+                        read_from[tok] = max(read_from[tok], m.seq + 1)
+                        if m.seq in yielded:
+                            continue
+                        env = envelope_of(m)
+                        yielded[m.seq] = None
+                        self.last_yielded = max(self.last_yielded, m.seq)
+                        self.folded_events += 1
+                        yield env
+                    if heard:  # heard, not stored yet (or refused): looked at again
+                        tries[tok] = tries.get(tok, 0) + 1
+                        if tries[tok] <= _HINT_TRIES:
+                            hints.setdefault(tok, set()).update(heard)
+                            due[tok] = loop.time() + 0.001 * 2 ** (tries[tok] - 1)
+                        else:
+                            tries.pop(tok, None)
+                    else:
+                        tries.pop(tok, None)
+                        due.pop(tok, None)
+                    idle_since = loop.time()
+                oldest = min(read_from.values(), default=0)
+                while yielded:
+                    pos = next(iter(yielded))
+                    if pos >= oldest:
+                        break
+                    del yielded[pos]
+        finally:
+            self._wake = None
+            own.close()
+            for sub in subs.values():
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _subscribe_consumer(
+        self, from_position: int
+    ) -> AsyncIterator[Envelope | Callable[[], None]]:
         last = from_position - 1
         while True:
             want = self.want
@@ -152,7 +345,7 @@ class MemberLog:
             follow = self.store.follow_filtered(self._filters(parts), last + 1, self._opened)
             async with contextlib.aclosing(follow):  # type: ignore[type-var]
                 async for env in follow:
-                    last = env.position
+                    last = self.last_yielded = env.position
                     self.folded_events += 1
                     yield env
                     if self.want != self.following:

@@ -62,7 +62,7 @@ from cardbus.eventstore.nats.wire import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EphemeralConsumer", "Follows", "echoes", "offer_appended"]
+__all__ = ["EphemeralConsumer", "Follows", "OwnAppends", "echoes", "offer_appended"]
 
 
 class _ConsumerLost(Exception):
@@ -269,6 +269,23 @@ def offer_appended(nc: Any, key: tuple[str, str], envs: list[Envelope]) -> None:
         for f in followers:
             if f.key == key:
                 f.offer(envs)
+
+
+class OwnAppends:
+    """The envelopes the appends on ``store``'s connection stored, by position, from
+    ``start`` on (``own``), as an echo-free follower is handed them; ``wake`` is set at
+    each. ``close`` when done."""
+
+    def __init__(self, store: StoreBase, start: int) -> None:
+        self._follower = _Follower((store.stream_name, store.subject_prefix), start)
+        self._nc = store.nc
+        _FOLLOWERS.setdefault(store.nc, []).append(self._follower)
+        self.own = self._follower.own
+        self.wake = self._follower.wake
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError, KeyError):
+            _FOLLOWERS[self._nc].remove(self._follower)
 
 
 def echoes(nc: Any) -> bool:
