@@ -1,17 +1,21 @@
 """What one of several partitioned orchestrator processes reads of the log: the shared
 partition and the partitions it holds (``NatsRuntime(partitions=...)``).
 
-The log's subjects name each event's partition (``eventstore.nats.subjects``), so a
-member's follower is one consumer filtered to ``<prefix>.*.s.>`` (agents, orchestrator
-starts, memory) and ``<prefix>.*.<p>.>`` for each partition ``p`` it holds. When the
-leases change (``Partitions.on_change``), the consumer is closed and the follower goes
-on from the last event it yielded with the new filters:
+The log's subjects name each event's partition (``eventstore.nats.subjects``): the
+shared partition ``<prefix>.*.s.>`` (agents, orchestrator starts, memory) and
+``<prefix>.*.<p>.>`` for each partition ``p`` the member holds are what it follows.
+A member is nearly the only writer of its partitions, so it follows them *echo-free*
+(on its ``no_echo`` log connection with direct get): its own appends are handed over by
+the append, never sent back by the server; others' publishes on those subjects are
+heard (a core subscription per partition) and read from the log from where that
+partition's last read ended. Without direct get or ``no_echo``, one consumer filtered
+to those subjects (``filter_subjects``) delivers them all. When the leases change
+(``Partitions.on_change``) the follower goes on with the new partitions:
 
-* a partition *acquired* is caught up first: its events up to that position read from
-  the log (no snapshot per partition on NATS: from its first event), handed to the
-  orchestrator's decision loop in order, then a marker that makes the partition count
-  as folded (``folds``: only then may the member decide its runs) and offers the
-  replies held for it;
+* a partition *acquired* is caught up first: its events read from the log (no snapshot
+  per partition on NATS: from its first event), handed to the orchestrator's decision
+  loop, then a marker that makes the partition count as folded (``folds``: only then
+  may the member decide its runs) and offers the replies held for it;
 * a partition *released* stops counting as folded at once, and a marker drops its
   runs' state in the decision loop (``RunState.forget``); whoever waits for one of
   them waits through the log from then on.
@@ -23,9 +27,9 @@ subscription, one message per finished run), looked at with one lookup of the ro
 event (``read_last``: the server's subject index; a read with a wildcard filter walks the
 log's blocks message by message on the server), and its result read with
 ``read_correlation`` once it has finished; a slow poll of that lookup covers what is not
-heard. A
-submit for such a run writes its creation to the log, where its owner folds it; an
-approval is written to the log too (``answer_approval``).
+heard. A submit for such a run writes its creation to the log, where its owner folds it;
+an approval is written to the log too (``answer_approval``). An agent's request for such
+a run is handed to the member that folds it (``route``).
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class MemberLog:
         self.handed_over = 0  # requests answered by another member (tests, bench)
         self.last_yielded = 0  # the highest position the follower handed over
         self._wake: asyncio.Event | None = None  # the echo-free follower's
+        self._quiet: Callable[[], bool] | None = None  # it has nothing waiting
 
     # -- what is folded ----------------------------------------------------------
 
@@ -177,6 +182,7 @@ class MemberLog:
         loop = asyncio.get_running_loop()
         own = OwnAppends(store, from_position)
         wake = self._wake = own.wake
+        self._quiet = lambda: not hints and not own.own
         hints: dict[str, set[str]] = {}  # partition token -> ids of others' events heard
         due: dict[str, float] = {}  # partition token -> when to read it (again)
         tries: dict[str, int] = {}
@@ -316,7 +322,7 @@ class MemberLog:
                         break
                     del yielded[pos]
         finally:
-            self._wake = None
+            self._wake = self._quiet = None
             own.close()
             for sub in subs.values():
                 with contextlib.suppress(Exception):
@@ -355,6 +361,12 @@ class MemberLog:
         """The position of the last event this member follows (``Orchestrator.caught_up``):
         its consumer's last delivery once nothing is pending for it; while the consumer
         is behind (a few tries), or without one, the log's last position."""
+        quiet = self._quiet
+        if quiet is not None:  # echo-free: once nothing heard or appended waits to be handed
+            for _ in range(50):
+                if quiet():
+                    return self.last_yielded
+                await asyncio.sleep(0.01)
         for _ in range(5):
             reader = self._reader
             if reader is None or reader.consumer is None or reader.closed:
