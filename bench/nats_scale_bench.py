@@ -8,10 +8,10 @@ Runs of the 3-step plan (research -> draft -> review) whose agents each wait
 that holds no CPU), ``--inflight`` runs in flight (a closed loop: a run starts as
 one ends), on a fresh local nats-server per measurement, with
 
-* 1 orchestrator process (today's default: it decides every run), or 2
+* 1 orchestrator process (today's default: it decides every run), or 2 or 4
   (``NatsRuntime(partitions=...)``: each decides the runs of the partitions it
-  holds a lease on; each submits and waits for half the runs in flight, and a
-  run it submitted may be decided by the other);
+  holds a lease on; each submits and waits for its share of the runs in flight,
+  placed in its own partitions: ``local_runs``);
 * 1..k agent processes, each serving the three agents as one replica (the
   agents' work-queue consumers share the cards).
 
@@ -287,17 +287,17 @@ def _cpu_text(cpu: dict[str, float]) -> str:
 
 
 def _project(one_ms: float, two_ms: float, rest_ms: list[float]) -> None:
-    """What the CPU per run says about more cores. Every orchestrator folds every event
-    (any of them answers a wait, and takes over a partition from its folded state), so
-    per run: one ms of folding in each process, plus deciding, shared among k:
-    1 process: fold + decide = one_ms; 2 processes: 2 fold + decide = two_ms."""
+    """What the CPU per run says about more cores. Each member folds and decides its own
+    partitions' runs, and pays for what every member reads (every reply, the shared
+    partition): per run, that much in each process, plus the rest, shared among k:
+    1 process: each + rest = one_ms; 2 processes: 2 each + rest = two_ms."""
     fold = max(0.0, two_ms - one_ms)
     decide = max(0.0, one_ms - fold)
     rest = statistics.median(rest_ms)
     cores = os.cpu_count() or 1
     print(
         f"# CPU per run: orchestrators {one_ms:.1f} ms with 1, {two_ms:.1f} ms with 2"
-        f" (so about {fold:.1f} ms folding in each, {decide:.1f} ms deciding, shared);"
+        f" (so about {fold:.1f} ms paid in each, {decide:.1f} ms shared);"
         f" agents + nats-server {rest:.1f} ms"
     )
     print(

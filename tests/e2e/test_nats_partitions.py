@@ -172,8 +172,9 @@ async def test_a_run_is_decided_by_the_member_it_was_submitted_to(
         results = await asyncio.gather(
             *(m.orchestrator.wait(r, timeout=60) for m, r in zip([a, b] * 4, roots, strict=True))
         )
-        for m, root in zip([a, b] * 4, roots, strict=True):
-            assert m.partitions is not None and m.partitions.owns(root)
+        for m, root in zip([a, b] * 4, roots, strict=True):  # (held; the lease may be late)
+            assert m.partitions is not None
+            assert partition_of(root, PARTITIONS) in m.partitions.holding
         assert a.orchestrator.bad_messages == b.orchestrator.bad_messages == []
     assert [r.status for r in results] == ["completed"] * len(roots)
     events = await read_log(nats_server.url)
