@@ -120,6 +120,10 @@ class AgentRequest(msgspec.Struct, frozen=True, kw_only=True, tag="agent_request
     #: new at every delivery of the card) and the call's place in it (``seq``, from 0)
     execution: str = ""
     seq: int = -1
+    #: the task's run (its card's root id): orchestrators that share the runs hand the
+    #: request to the one deciding that run ("" from agents before it: answered where it
+    #: lands)
+    root_id: str = ""
 
 
 class AgentResponse(msgspec.Struct, frozen=True, kw_only=True, tag="agent_response"):
@@ -284,6 +288,7 @@ class TaskServices:
         req = AgentRequest(
             request_id=new_id(),
             task_id=self.task.task_id,
+            root_id=self.task.root_id,
             attempt=self.task.attempt,
             agent_id=self.agent_id,
             kind=kind,

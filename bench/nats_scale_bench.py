@@ -8,10 +8,10 @@ Runs of the 3-step plan (research -> draft -> review) whose agents each wait
 that holds no CPU), ``--inflight`` runs in flight (a closed loop: a run starts as
 one ends), on a fresh local nats-server per measurement, with
 
-* 1 orchestrator process (today's default: it decides every run), or 2
+* 1 orchestrator process (today's default: it decides every run), or 2 or 4
   (``NatsRuntime(partitions=...)``: each decides the runs of the partitions it
-  holds a lease on; each submits and waits for half the runs in flight, and a
-  run it submitted may be decided by the other);
+  holds a lease on; each submits and waits for its share of the runs in flight,
+  placed in its own partitions: ``local_runs``);
 * 1..k agent processes, each serving the three agents as one replica (the
   agents' work-queue consumers share the cards).
 
@@ -42,6 +42,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,11 @@ from agent_latency_bench import (  # the same workload, in processes
     model_like_agent,
     plan_for,
 )
+from nats_bench import MonitoredServer, monitor_counts
 from summary import record
 
 from cardbus.bus.runtime.loop import run
-from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime, serve_agents
+from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
 from cardbus.eventstore.nats.connection import NatsOptions
 
 BENCH = "nats scale"
@@ -135,17 +137,25 @@ async def orchestrator_role(
                 i += 1
 
         loops = [asyncio.create_task(slot(s)) for s in range(slots)]
-        counted = 0
+        folded = 0
 
-        def count_finished(env: Any) -> None:  # runs this process waited for, by end time
-            nonlocal counted
-            if env.stream in orch._waiters and warm_end <= time.time() <= end:
-                counted += type(env.data).__name__ == "RunCompleted"
+        def count_folded(env: Any) -> None:  # every event this member folds, in the window
+            nonlocal folded
+            folded += warm_end <= time.time() <= end
 
-        orch.observers.append(count_finished)
+        orch.observers.append(count_folded)
+        await asyncio.sleep(max(0.0, warm_end - time.time()))
+        first = await rt.store.last_position()
         await asyncio.sleep(max(0.0, end - time.time()))
+        last = await rt.store.last_position()
         # events its fold could not use (out of a task's order, unknown task): must be none
-        _say(completed=counted, walls=walls, anomalies=len(orch.state.anomalies))
+        _say(
+            completed=len(walls),
+            walls=walls,
+            anomalies=len(orch.state.anomalies),
+            folded=folded,
+            logged=last - first,
+        )
         logging.disable(logging.WARNING)  # the runs cut off by the stop are no news
         for t in loops:
             t.cancel()
@@ -200,7 +210,8 @@ class _Child:
 
 def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement on a fresh nats-server: runs/s, wall p50, CPU % per process."""
-    server = LocalNatsServer().start()
+    tmp = tempfile.TemporaryDirectory(prefix="cardbus-scale-")
+    server = MonitoredServer(tmp.name).start()
     children: list[_Child] = []
     try:
         base = ["--url", server.url, "--inflight", str(args.inflight)]
@@ -234,13 +245,16 @@ def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[s
         pids["nats-server"] = server.proc.pid
         time.sleep(max(0.0, warm_end - time.time()))
         before = {n: _cpu_s(p) for n, p in pids.items()}
+        msgs_before = monitor_counts(server.monitor)
         time.sleep(max(0.0, end - time.time()))
         cpu = {n: (_cpu_s(p) - before[n]) / args.seconds * 100 for n, p in pids.items()}
+        msgs_after = monitor_counts(server.monitor)
         done = [c.line(timeout=60 + args.seconds) for c in orch_procs]
     finally:
         for c in children:
             c.stop()
         server.stop()
+        tmp.cleanup()
     walls = [w for d in done for w in d["walls"]]
     runs_s = sum(d["completed"] for d in done) / args.seconds
     per_run = {  # CPU ms per run finished, by role: robust to the machine's other load
@@ -249,8 +263,13 @@ def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[s
         else float("nan")
         for role in ("orchestrator", "agents", "nats-server")
     }
+    logged = max(d.get("logged", 0) for d in done) or 1
+    msgs = sum(msgs_after[k] - msgs_before[k] for k in ("in_msgs", "out_msgs"))
     return {
         "runs_s": runs_s,
+        # each member's folded events in the window, as a share of the events logged in it
+        "fold_share": [d.get("folded", 0) / logged for d in done],
+        "msgs_per_run": msgs / (runs_s * args.seconds) if runs_s else float("nan"),
         "anomalies": sum(d.get("anomalies", 0) for d in done),
         "wall_p50_ms": statistics.median(walls) * 1000 if walls else float("nan"),
         "cpu": cpu,
@@ -268,17 +287,17 @@ def _cpu_text(cpu: dict[str, float]) -> str:
 
 
 def _project(one_ms: float, two_ms: float, rest_ms: list[float]) -> None:
-    """What the CPU per run says about more cores. Every orchestrator folds every event
-    (any of them answers a wait, and takes over a partition from its folded state), so
-    per run: one ms of folding in each process, plus deciding, shared among k:
-    1 process: fold + decide = one_ms; 2 processes: 2 fold + decide = two_ms."""
+    """What the CPU per run says about more cores. Each member folds and decides its own
+    partitions' runs, and pays for what every member reads (every reply, the shared
+    partition): per run, that much in each process, plus the rest, shared among k:
+    1 process: each + rest = one_ms; 2 processes: 2 each + rest = two_ms."""
     fold = max(0.0, two_ms - one_ms)
     decide = max(0.0, one_ms - fold)
     rest = statistics.median(rest_ms)
     cores = os.cpu_count() or 1
     print(
         f"# CPU per run: orchestrators {one_ms:.1f} ms with 1, {two_ms:.1f} ms with 2"
-        f" (so about {fold:.1f} ms folding in each, {decide:.1f} ms deciding, shared);"
+        f" (so about {fold:.1f} ms paid in each, {decide:.1f} ms shared);"
         f" agents + nats-server {rest:.1f} ms"
     )
     print(
@@ -295,7 +314,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--inflight", type=int, default=500)
     ap.add_argument(
-        "--orchestrators", default="1,2", help="orchestrator processes, comma-separated"
+        "--orchestrators", default="1,2,4", help="orchestrator processes, comma-separated"
     )
     ap.add_argument("--agents", default="1,2", help="agent processes, comma-separated")
     ap.add_argument("--seconds", type=float, default=10.0, help="the measured window")
@@ -330,9 +349,11 @@ def main() -> None:
     print(f"# ideal (no overhead): {args.inflight / (3 * _AGENT_S):.0f} runs/s")
     print(
         "| orchestrators | agent procs | runs/s (range) | run wall p50 | CPU % of a core"
-        " | CPU ms per run: orch / agents / nats-server |"
+        " | CPU ms per run: orch (summed) / agents / nats-server | events folded, share of"
+        " the log, per member | server msgs per run |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
+    shares: dict[int, list[float]] = {}  # orchestrators -> the largest member's fold share
     medians: dict[tuple[int, int], float] = {}
     orch_ms: dict[int, list[float]] = {}  # orchestrators -> orchestrator CPU ms per run
     rest_ms: list[float] = []  # agents + nats-server CPU ms per run
@@ -350,8 +371,28 @@ def main() -> None:
             print(
                 f"| {o} | {a} | {medians[(o, a)]:.0f} ({rates[0]:.0f}-{rates[-1]:.0f})"
                 f" | {mid['wall_p50_ms']:.0f} ms | {_cpu_text(mid['cpu'])}"
-                f" | {pr['orchestrator']:.1f} / {pr['agents']:.1f} / {pr['nats-server']:.1f} |",
+                f" | {pr['orchestrator']:.1f} / {pr['agents']:.1f} / {pr['nats-server']:.1f}"
+                f" | {' '.join(f'{x:.0%}' for x in mid['fold_share'])}"
+                f" | {mid['msgs_per_run']:.1f} |",
                 flush=True,
+            )
+            shares.setdefault(o, []).append(max(mid["fold_share"]))
+            record(
+                args.json,
+                BENCH,
+                f"events folded by the busiest member, share of the log, {o} orchestrator(s),"
+                f" {a} agent process(es)",
+                round(max(mid["fold_share"]) * 100, 1),
+                "%",
+                target="<= 60%" if o == 2 else "",
+                met=max(mid["fold_share"]) <= 0.6 if o == 2 else None,
+            )
+            record(
+                args.json,
+                BENCH,
+                f"server messages per run, {o} orchestrator(s), {a} agent process(es)",
+                round(mid["msgs_per_run"], 1),
+                "msgs",
             )
             record(
                 args.json,
@@ -371,6 +412,35 @@ def main() -> None:
         target="0",
         met=anomalies == 0,
     )
+    if 1 in orchestrators:
+        base_ms = statistics.median(orch_ms[1])
+        for k, limit in ((2, 0.60), (4, None)):
+            if k in shares:
+                worst = max(shares[k])
+                verdict = "" if limit is None else f" (target <= {limit:.0%}: "
+                verdict += "" if limit is None else ("met)" if worst <= limit else "MISSED)")
+                print(f"{k} members: the busiest folded {worst:.0%} of the log{verdict}")
+        for k, limit in ((2, 1.15), (4, 1.3)):
+            if k not in orch_ms:
+                continue
+            ms = statistics.median(orch_ms[k])
+            ratio = ms / base_ms if base_ms else float("nan")
+            met = ratio <= limit
+            print(
+                f"orchestrator CPU per run, {k} members summed: {ms:.1f} ms, {ratio:.2f}x one"
+                f" ({base_ms:.1f} ms; target <= {limit}x: {'met' if met else 'MISSED'})"
+            )
+            record(
+                args.json,
+                BENCH,
+                f"orchestrator CPU per run, {k} processes summed, vs 1",
+                round(ratio, 2),
+                "x",
+                target=f"<= {limit}x one orchestrator",
+                met=met,
+                ratio=round(ratio, 2),
+                ratio_of="1 orchestrator process",
+            )
     if 1 in orchestrators and 2 in orchestrators:
         one = max(v for (o, _), v in medians.items() if o == 1)
         two = max(v for (o, _), v in medians.items() if o == 2)

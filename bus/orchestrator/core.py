@@ -22,7 +22,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard, Announce, TaskCard
 from cardbus.agents.embedding import Embedder
+from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
@@ -88,6 +89,7 @@ _TICK = object()  # look at every open run
 _RESEND = object()  # send again the cards of our runs dispatched and not taken (resend)
 _DUE = object()  # look at the runs whose deadline or backoff has come
 _LAPSED = object()  # an agent's lease ran out: deregister it
+_PLACE_TRIES = 256  # new root ids drawn for one in a partition this member holds (p ~ share)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class Orchestrator:
         agents: AgentGrants | Iterable[AgentCard] | None = None,
         owns: Callable[[str], bool] | None = None,
         prices: PriceTable | None = None,
+        local_runs: bool = True,
     ) -> None:
         """``snapshot``: the file a start reads the state from and a stop (and every
         ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
@@ -153,12 +156,22 @@ class Orchestrator:
         ceiling.
 
         ``owns``: several orchestrator processes share the runs (``partition``): this one
-        decides only the runs (roots) it owns; None: every run.
+        decides only the runs (roots) it owns; None: every run. ``local_runs`` (with
+        ``owns``): a new run's root id is drawn in a partition this process owns when it
+        owns any, so the run is decided where it was submitted (its creation written with
+        its first dispatches, its ``wait`` answered here); False: wherever its root id
+        falls (another process then decides it).
 
         ``prices``: what model calls cost (``projections.pricing``; None: the table
         ``CARDBUS_PRICES`` names, over genai-prices' bundled data), for the runs' money
         budgets and the cost recorded with each answer (``bus.orchestrator.budget``)."""
         self.owns = owns
+        self.local_runs = local_runs
+        # what the log is read through for the start and the follower: the store, or (a
+        # partitioned member, ``bus.runtime.members``) only the partitions it holds; then
+        # ``elsewhere`` answers ``wait`` for the runs it does not fold
+        self.log: Any = store
+        self.elsewhere: Any = None
         # replies for runs another process decides (time, reply): its partition's next owner
         # offers them again (``wake``), in case that process died before recording them
         self.foreign_replies: collections.deque[tuple[float, object]] = collections.deque(
@@ -220,6 +233,9 @@ class Orchestrator:
         # budgets checked before each live model call (the journal) and each dispatch
         self.budgets = Budgets(self.state, prices)
         self.broker.journal.budgets = self.budgets
+        # what agents' requests are answered with (a partitioned member hands those of runs
+        # another member decides to it: ``bus.runtime.members``)
+        self.handle_request: Callable[[AgentRequest], Awaitable[AgentResponse]] = self.broker.handle
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start)
         self.observers: list[Callable[[Envelope], None]] = []
@@ -252,7 +268,7 @@ class Orchestrator:
             self.state.position = self.snapshot_position = snap.position
             started.update(snap.traceparents)
         while True:
-            page = await self.store.read_all(self.state.position + 1, 5000)
+            page = await self.log.read_all(self.state.position + 1, 5000)
             for env in page:
                 self.state.apply(env)
                 if isinstance(env.data, ev.RunStarted):
@@ -271,7 +287,7 @@ class Orchestrator:
         self.bus.on_refused = self._on_refused
         if self.serve_requests:
             try:
-                await self.bus.serve_requests(self.broker.handle)
+                await self.bus.serve_requests(self.handle_request)
             except BusError:
                 log.info("%s carries no agent requests", type(self.bus).__name__)
         self._loops = [
@@ -498,7 +514,7 @@ class Orchestrator:
         if root_id is not None and root_id in self.state.runs:
             return root_id
         fresh = root_id is None
-        root_id = root_id or new_id()
+        root_id = root_id or self._new_root()
         self.tracing.start_run(root_id, plan_id, plan.goal)
         ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
         started = ev.RunStarted(
@@ -542,6 +558,19 @@ class Orchestrator:
         # the next submit of the same plan id (each append below is create-only)
         await self._create(creates, root_id, first_step=fresh and plan.plan_id is None)
         self._queue.put_nowait(_Changed(frozenset([root_id])))
+        return root_id
+
+    def _new_root(self) -> str:
+        """A new run's root id. With ``owns`` (several members share the runs), one this
+        member decides when it decides any: drawn again until its partition is one held
+        here, so the run's creation goes with its first dispatches and its ``wait`` is
+        answered here, not through another member. Runs go where they are submitted."""
+        root_id = new_id()
+        if self.owns is not None and self.local_runs:
+            for _ in range(_PLACE_TRIES):
+                if self.owns(root_id):
+                    break
+                root_id = new_id()
         return root_id
 
     def _same_plan(self, plan_id: str, digest: str) -> None:
@@ -647,6 +676,8 @@ class Orchestrator:
 
         Raises ``StoreUnavailable`` once the log cannot be written (see store_failure).
         """
+        if self.elsewhere is not None and not self.elsewhere.folds(root_id):
+            return await self.elsewhere.wait(root_id, timeout)  # a run another member folds
         done = self._result(root_id) or await self._retired_result(root_id)
         if done is not None:
             return done
@@ -691,6 +722,10 @@ class Orchestrator:
             self._queue.put_nowait(_RESEND)
         self._queue.put_nowait(_TICK)
 
+    def later(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` in the decision loop, between two steps (``bus.runtime.members``)."""
+        self._queue.put_nowait(fn)
+
     def _reply_owned(self, reply: object) -> bool:
         """A reply is decided by its run's owner; a task not folded yet is not ours: the
         owner folded the dispatch before it sent the card."""
@@ -699,8 +734,9 @@ class Orchestrator:
 
     async def caught_up(self, timeout: float = 2.0) -> None:
         """Return once the state holds every event the log held when asked (or after
-        ``timeout``: the caller then decides on what it has)."""
-        target = await self.store.last_position()
+        ``timeout``: the caller then decides on what it has). The log as this process
+        reads it (``log``): a partitioned member's ends at its partitions' last event."""
+        target = await self.log.last_position()
         deadline = time.monotonic() + timeout
         while self.state.position < target and time.monotonic() < deadline:
             await asyncio.sleep(0.005)  # the follower folds meanwhile; a rare wait
@@ -717,7 +753,10 @@ class Orchestrator:
     async def _follow_log(self) -> None:
         versions = self.state.versions
         busy = self._busy
-        async for env in self.store.subscribe(self.state.position + 1):
+        async for env in self.log.subscribe(self.state.position + 1):
+            if not isinstance(env, Envelope):  # a change of what is followed: see ``log``
+                self._queue.put_nowait(env)
+                continue
             # Only news wakes the loop. Our own appends come back already applied, or
             # (the log can be quicker than the append's caller) onto a stream still
             # busy with our append: held until it is settled, then folded if still new.
@@ -842,6 +881,8 @@ class Orchestrator:
                 dirty.update(item.roots)
             elif isinstance(item, Envelope):
                 continue
+            elif callable(item):  # from ``log``: partitions acquired or released
+                item()
             elif item is _LAPSED:
                 for agent_id in self.leases.lapsed(list(self.state.agents), decider.now):
                     await self.deregister(agent_id, "lease_expired")

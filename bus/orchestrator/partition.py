@@ -50,6 +50,7 @@ from nats.js.kv import KeyValue
 from cardbus.agents.cards import ResultCard
 from cardbus.eventstore import TaskState, new_id
 from cardbus.eventstore.errors import ConfigError
+from cardbus.eventstore.nats.subjects import partition_of
 
 __all__ = [
     "DEFAULT_PARTITIONS",
@@ -68,11 +69,6 @@ MAX_PARTITIONS = 4096
 _MARGIN = 0.9  # a holder stops deciding at 90% of the lease: clocks and scheduling slack
 _MEMBER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one KV key token
 _KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
-
-
-def partition_of(root_id: str, partitions: int) -> int:
-    """The partition of a run: stable across processes and restarts (not ``hash``)."""
-    return zlib.crc32(root_id.encode()) % partitions
 
 
 def check_settings(
@@ -108,14 +104,15 @@ def sort_held_replies(
     offer now). A reply is offered once its run is ours and its attempt still waits
     for it (its dead owner never recorded it: without it the attempt would only time
     out); one recorded already is dropped (offering it would log a duplicate), as is
-    one received before ``since``. ``tasks``: the orchestrator's ``state.tasks``."""
+    one received before ``since``; one for a task not folded here (yet) is kept.
+    ``tasks``: the orchestrator's ``state.tasks``."""
     keep: list[tuple[float, Any]] = []
     offer: list[Any] = []
     for at, reply in held:
         task = tasks.get(getattr(reply, "task_id", ""))
-        if at < since or task is None:
+        if at < since:
             continue
-        if not owns(task.created.root_id):
+        if task is None or not owns(task.created.root_id):  # (not folded here yet)
             keep.append((at, reply))
         elif (
             task.state in (TaskState.DISPATCHED, TaskState.RUNNING)
@@ -141,6 +138,7 @@ class Partitions:
         bucket: str = OWNERS_BUCKET,
         replicas: int = 1,
         on_acquired: Callable[[], None] | None = None,
+        on_change: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         member = check_settings(partitions, lease_s, member, bucket)
         self.js = js
@@ -150,6 +148,7 @@ class Partitions:
         self.bucket = bucket
         self.replicas = replicas
         self.on_acquired = on_acquired
+        self.on_change = on_change  # told the partitions held after every round
         self.members = 1  # live members seen in the latest round
         self._kv: KeyValue | None = None
         self._revision: dict[int, int] = {}  # partition -> the revision of our lease
@@ -163,6 +162,12 @@ class Partitions:
     def owns(self, root_id: str) -> bool:
         """Whether this process may decide run ``root_id`` now."""
         return self._until.get(partition_of(root_id, self.partitions), 0.0) > time.monotonic()
+
+    @property
+    def holding(self) -> frozenset[int]:
+        """The partitions this process has a lease revision of (renewed or not yet lapsed
+        elsewhere): what it follows and folds."""
+        return frozenset(self._revision)
 
     @property
     def held(self) -> frozenset[int]:
@@ -264,6 +269,8 @@ class Partitions:
             await self._release(p)
         if len(self._revision) < share:
             acquired |= await self._take(kv, share)
+        if self.on_change is not None:
+            self.on_change(self.holding)
         if acquired and self.on_acquired is not None:
             self.on_acquired()  # their runs are looked at now
 

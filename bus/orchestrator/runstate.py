@@ -380,13 +380,19 @@ class RunState:
             return
         self._finished.append(root_id)
         while len(self._finished) > self.retain_finished:
-            old = self.runs.pop(self._finished.popleft(), None)
-            if old is None:
-                continue
+            self.forget(self._finished.popleft())
+
+    def forget(self, root_id: str) -> None:
+        """Drop a run and its tasks (retired, or its partition went to another member);
+        folding its events again from the first brings it back."""
+        self.open.pop(root_id, None)
+        old = self.runs.pop(root_id, None)
+        plan_stream = self._plan_streams.pop(root_id, "")
+        self.versions.pop(plan_stream, None)
+        if old is not None:
             self.versions.pop(old.root_id, None)
             self.plans.pop(old.started.plan_id, None)
             self.plan_digests.pop(old.started.plan_id, None)
-            self.versions.pop(self._plan_streams.pop(old.root_id, ""), None)
             for task_id in old.tasks:
                 self.tasks.pop(task_id, None)
                 self.versions.pop(task_id, None)

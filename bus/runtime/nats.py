@@ -30,7 +30,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,13 @@ from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
+from cardbus.bus.runtime.members import MemberLog
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, NatsBus
 from cardbus.bus.transport.nats import agent_inbox_prefix as inbox_prefix_of
 from cardbus.eventstore import EventStore
-from cardbus.eventstore.errors import BusError, CardbusError
+from cardbus.eventstore.errors import BusError, CardbusError, ConfigError
 from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.connection import NatsOptions
 
@@ -83,6 +84,7 @@ class NatsRuntime:
         partitions: int | None = None,
         partition_lease_s: float = 6.0,
         member: str | None = None,
+        local_runs: bool = True,
         mcp_servers: Sequence[MCPServer] = (),
     ) -> None:
         """``tools``: the registry agents' tool requests are served from (none: refused).
@@ -101,7 +103,10 @@ class NatsRuntime:
         one's after its lease, and accepts submits for any run. ``member``: this
         process's name among them (default: a new id each start); it names the reply
         consumer (``cardbus-orchestrator-<member>``) unless ``bus_options`` name one.
-        None: this process decides every run (no KV bucket).
+        None: this process decides every run (no KV bucket). ``local_runs``: a run
+        submitted here goes in a partition this process holds (``Orchestrator``), so it
+        is decided here with no other member in between; the runs spread over the
+        members as the submits do. False: a run goes where its root id falls.
 
         ``store_options`` go to ``NatsEventStore.from_connection``: the bus's connection
         echoes, so the store opens its own (``<name>-log``, ``no_echo``);
@@ -120,7 +125,9 @@ class NatsRuntime:
         self.name = name
         self._given_store = store
         self.partitions: Partitions | None = None
+        self.member_log: MemberLog | None = None
         self._partition_args = (partitions, partition_lease_s, member)
+        self.local_runs = local_runs
         if partitions is not None:
             self._partitioned(member)
         self.store: EventStore
@@ -146,7 +153,9 @@ class NatsRuntime:
         # every member writes the log and follows all of it: through a consumer it is
         # delivered, rather than heard and read back by direct get (a one-writer saving;
         # nats_scale_bench: 151 against 124 runs/s with two members)
-        self.store_options = {"follow": "consumer", **self.store_options}
+        # a stream this creates gets the partition count (one already there has its own,
+        # which must be this: checked on start)
+        self.store_options = {"follow": "consumer", "partitions": count, **self.store_options}
         policy = self.policy or Policy()
         if policy.actor == Policy().actor:
             self.policy = dataclasses.replace(policy, actor=f"orchestrator-{self.member}"[:200])
@@ -168,6 +177,14 @@ class NatsRuntime:
             self.keeper = MemoryKeeper(self.store, None, self.memory)
             count, lease_s, _ = self._partition_args
             if count is not None:
+                if isinstance(self.store, NatsEventStore):  # fold only what it holds
+                    if self.store.partitions != count:
+                        raise ConfigError(
+                            f"the log's stream has {self.store.partitions} partitions: start"
+                            f" every orchestrator on it with --partitions {self.store.partitions}"
+                        )
+                    self.member_log = MemberLog(self.store)
+                    self.member_log.on_folded = lambda _: self._acquired()
                 self.partitions = Partitions(
                     nc.jetstream(timeout=self.bus.request_timeout),
                     count,
@@ -175,6 +192,7 @@ class NatsRuntime:
                     member=self.member,
                     replicas=self.bus.replicas,
                     on_acquired=self._acquired,
+                    on_change=self.member_log.hold if self.member_log is not None else None,
                 )
             self.orchestrator = Orchestrator(
                 self.store,
@@ -184,8 +202,15 @@ class NatsRuntime:
                 memory=self.memory,
                 serve_requests=True,
                 agents=self.grants,
-                owns=self.partitions.owns if self.partitions is not None else None,
+                owns=self._owns() if self.partitions is not None else None,
+                local_runs=self.local_runs,
             )
+            if self.member_log is not None:
+                self.orchestrator.log = self.orchestrator.elsewhere = self.member_log
+                o = self.orchestrator
+                o.handle_request = self.member_log.route(o.handle_request, self.bus.nc)
+                self.member_log.orchestrator = self.orchestrator
+                self.orchestrator.observers.append(self.member_log.observe)
             self.orchestrator.observers.append(self.keeper.observe)
             if self.partitions is not None:  # a first share before the resume: its runs
                 await self.partitions.start()
@@ -207,13 +232,23 @@ class NatsRuntime:
         self._state = "running"
         return self
 
+    def _owns(self) -> Callable[[str], bool]:
+        partitions, member_log = self.partitions, self.member_log
+        assert partitions is not None
+        if member_log is None:
+            return partitions.owns
+        # decided here once its lease is held and its events folded
+        return lambda root: partitions.owns(root) and member_log.folds(root)
+
     def _acquired(self) -> None:
         """Partitions just taken (from a member that died or stopped): their runs are looked
         at, and the replies this process held for them that nobody recorded are offered."""
         o, partitions = self.orchestrator, self.partitions
         assert partitions is not None  # called by them
         since = time.monotonic() - 4 * partitions.lease_s
-        keep, offer = sort_held_replies(o.foreign_replies, o.state.tasks, partitions.owns, since)
+        keep, offer = sort_held_replies(
+            o.foreign_replies, o.state.tasks, o.owns or partitions.owns, since
+        )
         o.foreign_replies.clear()
         o.foreign_replies.extend(keep)
         o.wake(offer, resend=True)
@@ -235,6 +270,8 @@ class NatsRuntime:
         if self.partitions is not None:  # after the last decision: the others take over now
             with contextlib.suppress(Exception):
                 await self.partitions.stop()
+        if self.member_log is not None:
+            await self.member_log.close()
         for b in self._agent_buses:
             with contextlib.suppress(Exception):
                 await b.close()

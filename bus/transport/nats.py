@@ -317,11 +317,18 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             "$JS.API.>",
             f"$JS.ACK.{REPLY_STREAM}.>",
             "$KV.cardbus-owners.>",  # run partitions' leases (bus.orchestrator.partition)
+            "cardbus.orch.>",  # an agent's request handed to its run's member (runtime.members)
         ],
         # and allow_responses (answers to agents' requests), see authorization_config;
         # cardbus.evt.>: the log's store hears other writers' appends (without it, it
         # follows the log through a consumer: every event sent back, its own too)
-        "subscribe": ["_INBOX.>", f"{REQUEST_PREFIX}.>", MAX_DELIVERIES_ADVISORY, "cardbus.evt.>"],
+        "subscribe": [
+            "_INBOX.>",
+            f"{REQUEST_PREFIX}.>",
+            MAX_DELIVERIES_ADVISORY,
+            "cardbus.evt.>",
+            "cardbus.orch.>",
+        ],
     }
 
 

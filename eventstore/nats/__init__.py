@@ -28,6 +28,7 @@ from cardbus.eventstore.nats.subjects import (
     encode_token,
     event_subject,
     kind_token,
+    partition_of,
 )
 from cardbus.eventstore.nats.wire import HASH_HEADER
 
@@ -44,4 +45,5 @@ __all__ = [
     "encode_token",
     "event_subject",
     "kind_token",
+    "partition_of",
 ]

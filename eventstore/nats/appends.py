@@ -167,7 +167,11 @@ class Appends(Reads):
             )
         filt = stream_filter(self.subject_prefix, stream)
         subjects = [
-            checked(event_subject(self.subject_prefix, e.correlation_id, stream, e.type))
+            checked(
+                event_subject(
+                    self.subject_prefix, e.correlation_id, stream, e.type, self.partitions
+                )
+            )
             for e in events
         ]
         for attempt in range(8):

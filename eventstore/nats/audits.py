@@ -35,7 +35,13 @@ from cardbus.eventstore.errors import DecodeError
 from cardbus.eventstore.loghead import LogHead
 from cardbus.eventstore.nats.connection import transient, translated
 from cardbus.eventstore.nats.reads import Reads
-from cardbus.eventstore.nats.subjects import all_filter, decode_token, kind_token
+from cardbus.eventstore.nats.subjects import (
+    DEFAULT_PARTITIONS,
+    all_filter,
+    decode_token,
+    kind_token,
+    partition_token,
+)
 from cardbus.eventstore.nats.wire import Stored
 
 __all__ = ["Audits", "StreamState", "audit_messages"]
@@ -50,7 +56,7 @@ class StreamState(NamedTuple):
     num_deleted: int
 
 
-def _subject_problems(prefix: str, msg: Stored) -> list[ChainProblem]:
+def _subject_problems(prefix: str, msg: Stored, partitions: int) -> list[ChainProblem]:
     """What the message's subject tokens and msg id get wrong about its body."""
     try:
         env = decode_body(msg.data, max_bytes=1 << 62)
@@ -60,12 +66,15 @@ def _subject_problems(prefix: str, msg: Stored) -> list[ChainProblem]:
     if not msg.subject.startswith(prefix + "."):
         return [ChainProblem(*where, f"subject {msg.subject!r} is not under {prefix}.>")]
     tokens = msg.subject[len(prefix) + 1 :].split(".")
-    if len(tokens) != 3:
-        return [ChainProblem(*where, f"subject {msg.subject!r} is not <task>.<root>.<kind>")]
-    task, root, kind = decode_token(tokens[0]), decode_token(tokens[1]), tokens[2]
+    if len(tokens) != 4:
+        return [
+            ChainProblem(*where, f"subject {msg.subject!r} is not <task>.<partition>.<root>.<kind>")
+        ]
+    task, part, root, kind = decode_token(tokens[0]), tokens[1], decode_token(tokens[2]), tokens[3]
     problems = []
     for name, got, want in (
         ("task", task, env.stream),
+        ("partition", part, partition_token(env.correlation_id, partitions)),
         ("root", root, env.correlation_id),
         ("kind", kind, kind_token(env.type)),
     ):
@@ -101,13 +110,17 @@ def _row(msg: Stored) -> StoredRow:
 
 
 def audit_messages(
-    prefix: str, msgs: Iterable[Stored], state: StreamState, head: LogHead | None = None
+    prefix: str,
+    msgs: Iterable[Stored],
+    state: StreamState,
+    head: LogHead | None = None,
+    partitions: int = DEFAULT_PARTITIONS,
 ) -> tuple[list[ChainProblem], LogHead]:
     """Every problem of the log's stored messages (in sequence order), and its head."""
     kept = [m for m in msgs if m.seq <= state.last_seq]
     problems: list[ChainProblem] = []
     for m in kept:
-        problems.extend(_subject_problems(prefix, m))
+        problems.extend(_subject_problems(prefix, m, partitions))
     found, end = audit(map(_row, kept), head, log_chain=False)
     problems.extend(found)
     last = kept[-1].seq if kept else 0
@@ -165,4 +178,4 @@ class Audits(Reads):
         state = await self.stream_state()  # first: appends during the read come after it
         filt = all_filter(self.subject_prefix)
         msgs = await self._retry(lambda: self._read(filt))
-        return audit_messages(self.subject_prefix, msgs, state, head)
+        return audit_messages(self.subject_prefix, msgs, state, head, self.partitions)

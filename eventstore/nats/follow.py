@@ -34,7 +34,7 @@ import contextlib
 import logging
 import random
 import weakref
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -62,7 +62,7 @@ from cardbus.eventstore.nats.wire import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EphemeralConsumer", "Follows", "echoes", "offer_appended"]
+__all__ = ["EphemeralConsumer", "Follows", "OwnAppends", "echoes", "offer_appended"]
 
 
 class _ConsumerLost(Exception):
@@ -74,9 +74,10 @@ class _ConsumerLost(Exception):
 
 
 class EphemeralConsumer:
-    """One ephemeral pull consumer on ``filt`` from stream sequence ``start``."""
+    """One ephemeral pull consumer on ``filt`` (one filter or several: nats-server 2.10+
+    ``filter_subjects``) from stream sequence ``start``."""
 
-    def __init__(self, store: StoreBase, filt: str, start: int) -> None:
+    def __init__(self, store: StoreBase, filt: str | Sequence[str], start: int) -> None:
         self.store = store
         self.filt = filt
         self.start = max(start, 1)
@@ -99,7 +100,8 @@ class EphemeralConsumer:
             deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=self.start,
             ack_policy=js_api.AckPolicy.NONE,
-            filter_subject=self.filt,
+            filter_subject=self.filt if isinstance(self.filt, str) else None,
+            filter_subjects=None if isinstance(self.filt, str) else list(self.filt),
             mem_storage=True,
             num_replicas=1,
             inactive_threshold=max(10.0, store.heartbeat * 10),
@@ -269,6 +271,23 @@ def offer_appended(nc: Any, key: tuple[str, str], envs: list[Envelope]) -> None:
                 f.offer(envs)
 
 
+class OwnAppends:
+    """The envelopes the appends on ``store``'s connection stored, by position, from
+    ``start`` on (``own``), as an echo-free follower is handed them; ``wake`` is set at
+    each. ``close`` when done."""
+
+    def __init__(self, store: StoreBase, start: int) -> None:
+        self._follower = _Follower((store.stream_name, store.subject_prefix), start)
+        self._nc = store.nc
+        _FOLLOWERS.setdefault(store.nc, []).append(self._follower)
+        self.own = self._follower.own
+        self.wake = self._follower.wake
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError, KeyError):
+            _FOLLOWERS[self._nc].remove(self._follower)
+
+
 def echoes(nc: Any) -> bool:
     """Whether the server sends this connection its own publishes."""
     return not (getattr(nc, "options", None) or {}).get("no_echo")
@@ -430,26 +449,62 @@ class Follows(StoreBase):
                 await sub.unsubscribe()
 
     async def _subscribe_consumer(self, from_position: int) -> AsyncIterator[Envelope]:
+        async for env in self.follow_filtered([all_filter(self.subject_prefix)], from_position):
+            yield env
+
+    async def follow_filtered(
+        self,
+        filters: Sequence[str],
+        from_position: int = 1,
+        opened: Callable[[EphemeralConsumer], None] | None = None,
+    ) -> AsyncIterator[Envelope]:
+        """The events matching any of ``filters`` (``subjects.partition_filter``, ...) from
+        ``from_position``, forever, through one consumer (recreated as ``subscribe``'s).
+        ``opened`` is told of each consumer made: closing it (``EphemeralConsumer.close``)
+        ends this iterator, so its caller can follow other filters from where it stopped."""
         next_position = max(from_position, 1)
         failures = 0
-        while True:
-            self._check_open()
-            reader = EphemeralConsumer(self, all_filter(self.subject_prefix), next_position)
-            try:
-                await reader.open()
-                async for msg in reader.follow(self.read_batch, self.heartbeat):
-                    failures = 0
-                    stored = stored_of(msg)
-                    seq = stored.seq
-                    if seq < next_position:
-                        continue  # already yielded (defensive: consumers restart at next)
-                    env = envelope_of(stored)
-                    next_position = seq + 1
-                    yield env
-            except _FOLLOW_ERRORS as e:
-                failures += 1
-                log.debug("subscription consumer lost (%r); recreating at %d", e, next_position)
-            finally:
-                await reader.close()
-            self._check_open()
-            await asyncio.sleep(min(0.02 * 2 ** min(failures, 7), 2.0) * (1 + random.random() / 4))
+        # what this connection appends is handed over by the append (as to the echo-free
+        # follower): the consumer still delivers it, in order, but it is not decoded again
+        mine = _Follower((self.stream_name, self.subject_prefix), next_position)
+        own = mine.own
+        followers = _FOLLOWERS.setdefault(self.nc, [])
+        followers.append(mine)
+        try:
+            while True:
+                self._check_open()
+                reader = EphemeralConsumer(self, list(filters), next_position)
+                if opened is not None:
+                    opened(reader)
+                try:
+                    await reader.open()
+                    async for msg in reader.follow(self.read_batch, self.heartbeat):
+                        failures = 0
+                        seq = msg.metadata.sequence.stream
+                        if seq < next_position:
+                            continue  # already yielded (defensive: consumers restart at next)
+                        env = own.pop(seq, None) if own else None
+                        if env is None:
+                            env = envelope_of(stored_of(msg))
+                        next_position = mine.next = seq + 1
+                        while own:  # own appends before it outside the filters: never come
+                            first = next(iter(own))
+                            if first >= seq:
+                                break
+                            del own[first]
+                        yield env
+                except Exception as e:
+                    if reader.closed and opened is not None:
+                        return  # closed by the caller: it follows on with other filters
+                    if not isinstance(e, _FOLLOW_ERRORS):
+                        raise
+                    failures += 1
+                    log.debug("subscription consumer lost (%r); recreating at %d", e, next_position)
+                finally:
+                    await reader.close()
+                self._check_open()
+                pause = min(0.02 * 2 ** min(failures, 7), 2.0) * (1 + random.random() / 4)
+                await asyncio.sleep(pause)
+        finally:
+            with contextlib.suppress(ValueError):
+                followers.remove(mine)

@@ -100,9 +100,37 @@ class Reads(StoreBase):
     async def read_correlation(self, correlation_id: str) -> list[Envelope]:
         if not isinstance(correlation_id, str):
             return []
-        filt = correlation_filter(self.subject_prefix, correlation_id)
+        filt = correlation_filter(self.subject_prefix, correlation_id, self.partitions)
         msgs = await self._retry(lambda: self._read(filt))
         return [e for e in map(envelope_of, msgs) if e.correlation_id == correlation_id]
+
+    async def read_last(self, stream: str) -> Envelope | None:
+        """The task's last event (None: it has none), from the stream leader: one lookup
+        in the server's subject index, where ``read_stream`` walks the log's blocks from
+        the task's first event (a direct get with a wildcard filter reads message by
+        message)."""
+        self._check_open()
+        if not isinstance(stream, str) or not stream:
+            return None
+        filt = stream_filter(self.subject_prefix, stream)
+        return await self._retry(lambda: self._last_event(filt))
+
+    async def _last_event(self, filt: str) -> Envelope | None:
+        with translated(f"cannot read the end of {filt!r}", error=transient, refused=transient):
+            try:
+                raw = await self._js.get_msg(self.stream_name, subject=filt)
+            except nats.js.errors.NotFoundError as e:
+                if e.err_code == ERR_STREAM_NOT_FOUND:
+                    raise StoreUnavailable(f"stream {self.stream_name!r} is gone") from e
+                return None
+        stored = Stored(
+            int(raw.seq or 0),
+            raw.subject or "",
+            raw.data or b"",
+            (raw.headers or {}).get(HASH_HEADER, ""),
+            (raw.headers or {}).get(MSG_ID, ""),
+        )
+        return envelope_of(stored)
 
     async def last_position(self) -> int:
         self._check_open()

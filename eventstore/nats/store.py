@@ -32,9 +32,12 @@ from cardbus.eventstore.nats.connection import (
 )
 from cardbus.eventstore.nats.follow import Follows, echoes
 from cardbus.eventstore.nats.subjects import (
+    DEFAULT_PARTITIONS,
     DEFAULT_STREAM,
     DEFAULT_SUBJECT_PREFIX,
+    MAX_PARTITIONS,
     OLD_LAYOUT,
+    PARTITIONS_KEY,
     SUBJECT_LAYOUT,
     SUBJECT_LAYOUT_KEY,
 )
@@ -64,6 +67,7 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         heartbeat: float = 1.0,
         store_retry_timeout: float = 15.0,
         follow: str = "auto",
+        partitions: int = DEFAULT_PARTITIONS,
     ) -> None:
         if follow not in ("auto", "consumer"):
             raise ValidationError(f"follow must be 'auto' or 'consumer': {follow!r}")
@@ -73,6 +77,8 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         #: has the server deliver every event (fewer messages once three or more processes
         #: write the log, each following all of it)
         self.follow = follow
+        #: the stream's partition count (subjects.py), read from its metadata on connect
+        self.partitions = partitions
         self.stream_name = stream_name
         self.subject_prefix = subject_prefix
         self.max_event_bytes = max_event_bytes
@@ -105,6 +111,7 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         duplicate_window: float = 24 * 3600.0,
         deny_delete: bool = True,
         atomic: bool | None = None,
+        partitions: int = DEFAULT_PARTITIONS,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         request_timeout: float = 5.0,
         store_retry_timeout: float = 15.0,
@@ -146,7 +153,9 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         without news; ``follow="consumer"`` has it follow through a consumer instead
         (see ``follow.py``). The connection options are those of
         :class:`~cardbus.eventstore.nats.connection.NatsOptions`.
-        ``atomic=None`` uses atomic batches when the server has them.
+        ``atomic=None`` uses atomic batches when the server has them. ``partitions``:
+        the partition count of a stream this creates (an existing stream's own count,
+        in its metadata, is used whatever this says; see ``subjects.py``).
         Any other keyword goes to ``nats.connect``.
         """
         options = NatsOptions(
@@ -187,6 +196,7 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
                 duplicate_window=duplicate_window,
                 deny_delete=deny_delete,
                 atomic=atomic,
+                partitions=partitions,
             )
         except BaseException:
             with contextlib.suppress(Exception):
@@ -215,7 +225,14 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         """
         setup = {
             k: options.pop(k)
-            for k in ("replicas", "storage", "duplicate_window", "deny_delete", "atomic")
+            for k in (
+                "replicas",
+                "storage",
+                "duplicate_window",
+                "deny_delete",
+                "atomic",
+                "partitions",
+            )
             if k in options
         }
         made = opened_with(nc)
@@ -251,7 +268,12 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         duplicate_window: float = 24 * 3600.0,
         deny_delete: bool = True,
         atomic: bool | None = None,
+        partitions: int = DEFAULT_PARTITIONS,
     ) -> None:
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise ValidationError(f"partitions must be an integer: {partitions!r}")
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ValidationError(f"partitions must be 1 to {MAX_PARTITIONS}: {partitions}")
         server_has_atomic = version_at_least(self.nc.connected_server_version, 2, 12)
         want_atomic = server_has_atomic if atomic is None else (atomic and server_has_atomic)
         if atomic and not server_has_atomic:
@@ -282,7 +304,10 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
                         deny_delete=deny_delete,
                         deny_purge=deny_delete,
                         allow_atomic=want_atomic or None,
-                        metadata={SUBJECT_LAYOUT_KEY: SUBJECT_LAYOUT},
+                        metadata={
+                            SUBJECT_LAYOUT_KEY: SUBJECT_LAYOUT,
+                            PARTITIONS_KEY: str(partitions),
+                        },
                     )
                     try:
                         return await self._js.add_stream(config)
@@ -292,7 +317,7 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
 
             # store retries: a cluster still electing the stream's leader times out at first
             info = await self._retry(get_or_create)
-            await self._check_layout(info)
+            await self._check_layout(info, partitions)
             if want_atomic and not info.config.allow_atomic:
                 try:
                     info.config.allow_atomic = True
@@ -312,33 +337,46 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
                     f" (its subjects: {subjects})"
                 )
 
-    async def _check_layout(self, info: js_api.StreamInfo) -> None:
-        """Refuse a stream written in another subject layout (README, "Running on NATS")."""
-        layout = (info.config.metadata or {}).get(SUBJECT_LAYOUT_KEY)
+    async def _check_layout(self, info: js_api.StreamInfo, partitions: int) -> None:
+        """Refuse a stream written in another subject layout (README, "Running on NATS");
+        take the stream's partition count."""
+        metadata = info.config.metadata or {}
+        layout = metadata.get(SUBJECT_LAYOUT_KEY)
         if layout == SUBJECT_LAYOUT:
+            try:
+                self.partitions = int(metadata.get(PARTITIONS_KEY, ""))
+            except ValueError:
+                raise SubjectLayoutError(
+                    f"JetStream stream {self.stream_name!r} names no partition count"
+                    f" ({PARTITIONS_KEY}={metadata.get(PARTITIONS_KEY)!r} in its metadata)"
+                ) from None
             return
         events = int(info.state.messages or 0) if info.state else 0
         if layout is None and events == 0:
             # An empty stream made outside cardbus (or by a version before the marker):
             # nothing to misread. Mark it so the next connect knows; without the right
             # to update the stream, go on unmarked.
+            self.partitions = partitions
             try:
                 info.config.metadata = {
-                    **(info.config.metadata or {}),
+                    **metadata,
                     SUBJECT_LAYOUT_KEY: SUBJECT_LAYOUT,
+                    PARTITIONS_KEY: str(partitions),
                 }
                 await self._js.update_stream(info.config)
             except TRANSPORT_ERRORS as e:
                 log.warning("cannot mark %s with its subject layout: %r", self.stream_name, e)
             return
         found = layout or f"{OLD_LAYOUT} (no {SUBJECT_LAYOUT_KEY!r} in its metadata)"
+        how = (
+            "JetStream cannot rename stored subjects: use a new stream (another server or"
+            " store directory, or stream_name=NEW) and keep this one for reading with the"
+            " cardbus that wrote it"
+        )
         raise SubjectLayoutError(
             f"JetStream stream {self.stream_name!r} holds {events} events in subject layout"
-            f" {found}; this cardbus writes and reads {self.subject_prefix}.<task>.<root>.<kind>"
-            f" (layout {SUBJECT_LAYOUT}) and would misread it. Use a new stream (another"
-            f" server or store directory, or stream_name=) or, if its events really are in"
-            f" layout {SUBJECT_LAYOUT}, set the stream's metadata"
-            f" {SUBJECT_LAYOUT_KEY}={SUBJECT_LAYOUT}."
+            f" {found}; this cardbus reads {self.subject_prefix}.<task>.<partition>.<root>.<kind>"
+            f" (layout {SUBJECT_LAYOUT}): {how}."
         )
 
     # -- lifecycle -------------------------------------------------------------

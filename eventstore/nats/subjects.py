@@ -1,14 +1,22 @@
 """Subjects of the log: ids as subject tokens, one event's subject, the read filters.
 
-``<prefix>.<task>.<root>.<kind>``, the task first so that a task's filter
+``<prefix>.<task>.<partition>.<root>.<kind>``, the task first so that a task's filter
 (``<prefix>.<task>.>``) is a literal prefix nats-server finds without walking
-every subject (README, "Running on NATS"). These are pure functions: no
-network, no state.
+every subject (README, "Running on NATS"); then the run's partition, so that one
+partition is readable on its own (``<prefix>.*.<partition>.>``): an orchestrator
+member follows only the partitions it holds. A run's partition is a stable CRC-32
+of its root id modulo the stream's partition count (the stream's metadata
+``cardbus.partitions``); what every member needs (agents' registrations,
+orchestrator starts, long-term memory: the correlation ids of ``SHARED_PREFIXES``)
+is in the shared partition ``s``. The task stays first (not the partition):
+``read_stream`` and the per-append concurrency check know only the task, not its run.
+These are pure functions: no network, no state.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 
 from cardbus.eventstore.errors import ValidationError
 
@@ -16,7 +24,11 @@ __all__ = [
     "DEFAULT_STREAM",
     "DEFAULT_SUBJECT_PREFIX",
     "MAX_SUBJECT_LEN",
+    "DEFAULT_PARTITIONS",
     "OLD_LAYOUT",
+    "PARTITIONS_KEY",
+    "PREVIOUS_LAYOUT",
+    "SHARED",
     "SUBJECT_LAYOUT",
     "SUBJECT_LAYOUT_KEY",
     "all_filter",
@@ -26,6 +38,9 @@ __all__ = [
     "encode_token",
     "event_subject",
     "kind_token",
+    "partition_filter",
+    "partition_of",
+    "partition_token",
     "stream_filter",
     "stream_of_subject",
 ]
@@ -35,9 +50,18 @@ DEFAULT_SUBJECT_PREFIX = "cardbus.evt"
 MAX_SUBJECT_LEN = 3500  # a publish line must fit nats-server's max_control_line (4 KiB)
 # The stream's metadata names the order of the subject tokens its events were written with.
 SUBJECT_LAYOUT_KEY = "cardbus.subject-layout"
-SUBJECT_LAYOUT = "task.root.kind"
+SUBJECT_LAYOUT = "task.part.root.kind"
+# The layout before partitions: <prefix>.<task>.<root>.<kind>
+PREVIOUS_LAYOUT = "task.root.kind"
 # The layout before the marker existed: <prefix>.<root>.<task>.<kind>
 OLD_LAYOUT = "root.task.kind"
+# The stream's metadata names its partition count (fixed when the stream is made).
+PARTITIONS_KEY = "cardbus.partitions"
+DEFAULT_PARTITIONS = 32
+MAX_PARTITIONS = 4096
+SHARED = "s"  # the partition token of what every member folds
+# correlation ids that are no run's: their events are in the shared partition
+SHARED_PREFIXES = ("agent-", "orchestrator-", "memory")
 
 _SAFE = re.compile(r"[A-Za-z0-9-]+")
 _ESCAPED = re.compile(r"_([0-9a-f]{2})")
@@ -88,9 +112,22 @@ def kind_token(tag: str) -> str:
     return _KIND_UNSAFE.sub("-", tag.replace(".", "_")) or "_"
 
 
-def event_subject(prefix: str, root: str, stream: str, tag: str) -> str:
-    """``<prefix>.<task>.<root>.<kind>`` for one event (the task first: see the module doc)."""
-    return f"{prefix}.{encode_token(stream)}.{encode_token(root)}.{kind_token(tag)}"
+def partition_of(root_id: str, partitions: int) -> int:
+    """The partition of a run: stable across processes and restarts (not ``hash``)."""
+    return zlib.crc32(root_id.encode()) % partitions
+
+
+def partition_token(correlation_id: str, partitions: int) -> str:
+    """The partition token of an event: ``s`` (shared) or the run's partition number."""
+    if correlation_id.startswith(SHARED_PREFIXES):
+        return SHARED
+    return str(partition_of(correlation_id, partitions))
+
+
+def event_subject(prefix: str, root: str, stream: str, tag: str, partitions: int) -> str:
+    """``<prefix>.<task>.<partition>.<root>.<kind>`` for one event (see the module doc)."""
+    part = partition_token(root, partitions)
+    return f"{prefix}.{encode_token(stream)}.{part}.{encode_token(root)}.{kind_token(tag)}"
 
 
 def checked(subject: str) -> str:
@@ -107,9 +144,14 @@ def stream_filter(prefix: str, stream: str) -> str:
     return checked(f"{prefix}.{encode_token(stream)}.>")
 
 
-def correlation_filter(prefix: str, root: str) -> str:
+def correlation_filter(prefix: str, root: str, partitions: int) -> str:
     """Every event of one root task's tree: ``*`` first, so the server walks its index."""
-    return checked(f"{prefix}.*.{encode_token(root)}.>")
+    return checked(f"{prefix}.*.{partition_token(root, partitions)}.{encode_token(root)}.>")
+
+
+def partition_filter(prefix: str, token: int | str) -> str:
+    """Every event of one partition (a number, or ``SHARED``)."""
+    return f"{prefix}.*.{token}.>"
 
 
 def all_filter(prefix: str) -> str:

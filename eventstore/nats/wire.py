@@ -265,6 +265,7 @@ class StoreBase:
     _mux: RequestMux  # publishes and their acks
     stream_name: str
     subject_prefix: str
+    partitions: int  # the stream's partition count (subjects.py)
     request_timeout: float
     heartbeat: float
     _closed: bool

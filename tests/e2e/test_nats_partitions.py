@@ -27,6 +27,7 @@ from natsprocs import (
 )
 from natsserver import NatsServer
 
+from cardbus.agents import Agent
 from cardbus.bus.orchestrator.partition import partition_of
 from cardbus.bus.orchestrator.plan import Plan
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
@@ -64,18 +65,27 @@ def check_runs(events: list[Envelope], roots: list[str]) -> None:
         assert len(finished) == 1, root
 
 
-async def _agents(url: str, stop: asyncio.Event) -> asyncio.Task[None]:
+class Asking(Quick):
+    """``quick`` that asks the orchestrator once (a request) before it answers."""
+
+    async def handle(self, task, inputs, ctx):  # type: ignore[no-untyped-def]
+        await ctx.write_output(task.task_id, {"n": 0})  # its own task: allowed, recorded
+        return await super().handle(task, inputs, ctx)
+
+
+async def _agents(url: str, stop: asyncio.Event, quick: type[Agent] = Quick) -> asyncio.Task[None]:
     ready = asyncio.Event()
     serving = asyncio.create_task(
         serve_agents(
-            NatsOptions(url=url), [Quick, Slow], stop, replicas=2, bus_options=FAST_BUS, ready=ready
+            NatsOptions(url=url), [quick, Slow], stop, replicas=2, bus_options=FAST_BUS, ready=ready
         )
     )
     await asyncio.wait_for(ready.wait(), 10)
     return serving
 
 
-def _runtime(url: str, member: str, lease_s: float) -> NatsRuntime:
+def _runtime(url: str, member: str, lease_s: float, local_runs: bool = False) -> NatsRuntime:
+    # (not local: a run goes where its root id falls, so a submit reaches the other's runs)
     return NatsRuntime(
         NatsOptions(url=url),
         bus_options=FAST_BUS,
@@ -83,17 +93,23 @@ def _runtime(url: str, member: str, lease_s: float) -> NatsRuntime:
         partitions=PARTITIONS,
         partition_lease_s=lease_s,
         member=member,
+        local_runs=local_runs,
     )
 
 
 @contextlib.asynccontextmanager
-async def _two_members(url: str) -> AsyncIterator[tuple[NatsRuntime, NatsRuntime]]:
+async def _two_members(
+    url: str, local_runs: bool = False, quick: type[Agent] = Quick
+) -> AsyncIterator[tuple[NatsRuntime, NatsRuntime]]:
     """Members "a" and "b", once each holds half the partitions, and agents serving
     them. A long lease: no handover under load, where a late renewal could pass it on."""
     stop = asyncio.Event()
-    serving = await _agents(url, stop)
+    serving = await _agents(url, stop, quick)
     try:
-        async with _runtime(url, "a", 6.0) as a, _runtime(url, "b", 6.0) as b:
+        async with (
+            _runtime(url, "a", 6.0, local_runs) as a,
+            _runtime(url, "b", 6.0, local_runs) as b,
+        ):
             assert a.partitions is not None and b.partitions is not None
             pa, pb = a.partitions, b.partitions
             await until(lambda: len(pa.held) == len(pb.held) == 4, what="half each")
@@ -119,9 +135,19 @@ async def test_two_orchestrators_share_the_runs_each_decided_by_one(
         results = await asyncio.gather(
             *((b if i % 2 else a).orchestrator.wait(r, timeout=60) for i, r in enumerate(roots))
         )
-        # each folded the whole log as it is: no event out of its task's order
+        # each folded its share of the log as it is: no event out of its task's order
         assert list(a.orchestrator.state.anomalies) == []
         assert list(b.orchestrator.state.anomalies) == []
+        # each folded only the shared partition and its own: less than the whole log
+        total = await a.store.last_position()
+        assert a.member_log is not None and b.member_log is not None
+        folded = (a.member_log.folded_events, b.member_log.folded_events)
+        assert all(0 < f < total for f in folded), (folded, total)
+        # and each has only its own runs' state
+        for m, held in ((a, pa.held), (b, pb.held)):
+            assert {partition_of(r, PARTITIONS) for r in m.orchestrator.state.runs} <= held
+        # standbys for the other's runs stay quiet: no bad message, no duplicate
+        assert a.orchestrator.bad_messages == b.orchestrator.bad_messages == []
     assert [r.status for r in results] == ["completed"] * len(roots)
     assert all(r.outputs["c"] == {"n": 13} for r in results)
     events = await read_log(url)
@@ -129,8 +155,53 @@ async def test_two_orchestrators_share_the_runs_each_decided_by_one(
     assert await verify(url) == []
     for root in roots:
         assert set(decisions(events, root)) == {owner[partition_of(root, PARTITIONS)]}, root
+    assert not [e for e in events if isinstance(e.data, ev.TaskResultIgnored)]
     # both decided (the runs' roots are random: all 16 on one side is a 2**-15 chance)
     assert set(Counter(a for r in roots for a in decisions(events, r))) == set(owner.values())
+
+
+async def test_a_run_is_decided_by_the_member_it_was_submitted_to(
+    nats_server: NatsServer,
+) -> None:
+    """``local_runs`` (the default): a submit draws its root in a partition the member
+    holds, so the run is created with its first dispatches and waited for there."""
+    async with _two_members(nats_server.url, local_runs=True) as (a, b):
+        roots = [
+            await m.submit(plan(f"run-{i}"), agent_timeout=10) for i, m in enumerate([a, b] * 4)
+        ]
+        results = await asyncio.gather(
+            *(m.orchestrator.wait(r, timeout=60) for m, r in zip([a, b] * 4, roots, strict=True))
+        )
+        for m, root in zip([a, b] * 4, roots, strict=True):  # (held; the lease may be late)
+            assert m.partitions is not None
+            assert partition_of(root, PARTITIONS) in m.partitions.holding
+        assert a.orchestrator.bad_messages == b.orchestrator.bad_messages == []
+    assert [r.status for r in results] == ["completed"] * len(roots)
+    events = await read_log(nats_server.url)
+    check_runs(events, roots)
+    for i, root in enumerate(roots):
+        assert set(decisions(events, root)) == {f"orchestrator-{'ab'[i % 2]}"}, root
+
+
+async def test_an_agents_request_is_answered_by_its_runs_member(
+    nats_server: NatsServer,
+) -> None:
+    """Agents' requests go to any member (a queue group); one that does not fold the run
+    hands it to the member that does (``cardbus.orch.req.<partition>``)."""
+    async with _two_members(nats_server.url, local_runs=True, quick=Asking) as (a, b):
+        members = [a, b] * 4
+        roots = [await m.submit(plan(f"run-{i}"), agent_timeout=10) for i, m in enumerate(members)]
+        results = await asyncio.gather(
+            *(m.orchestrator.wait(r, timeout=60) for m, r in zip(members, roots, strict=True))
+        )
+        assert a.member_log is not None and b.member_log is not None
+        # 16 requests, each to either member: none handed over is a 2**-16 chance
+        assert a.member_log.handed_over + b.member_log.handed_over > 0
+    assert [r.status for r in results] == ["completed"] * len(roots)
+    events = await read_log(nats_server.url)
+    check_runs(events, roots)
+    # (a member that does not fold the task refuses it: unknown_task, recorded)
+    assert not [e for e in events if isinstance(e.data, ev.AccessRefused)]
 
 
 async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
@@ -159,14 +230,16 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
             theirs = [r for r in roots if not pb.owns(r)]
             assert theirs  # all 12 on one side is a 2**-11 chance
 
-            def slow_step_running() -> bool:  # the killed one's run is mid-way
-                tasks = b.orchestrator.state.tasks
-                return any(
-                    t.task_id.startswith("b-")
-                    and t.created.root_id in theirs
-                    and t.state.value in ("dispatched", "running")
-                    for t in tasks.values()
-                )
+            async def slow_step_running() -> bool:  # the killed one's run is mid-way
+                # (read from the log: b folds only its own partitions' runs)
+                for root in theirs:
+                    events = await b.store.read_correlation(root)
+                    slow = [e for e in events if e.stream.startswith("b-")]
+                    if any(isinstance(e.data, ev.TaskDispatched) for e in slow) and not any(
+                        isinstance(e.data, ev.TaskCompleted) for e in slow
+                    ):
+                        return True
+                return False
 
             await until(slow_step_running, timeout=30, what="a slow step of the other's run")
             killed.kill()  # kill -9: no release, its leases lapse on the server

@@ -27,6 +27,7 @@ from cardbus.eventstore.envelope import ChainProblem, Envelope, encode_body
 from cardbus.eventstore.loghead import LOG_GENESIS, LogHead
 from cardbus.eventstore.nats import HASH_HEADER, NatsEventStore, encode_token, kind_token
 from cardbus.eventstore.nats.audits import StreamState, audit_messages
+from cardbus.eventstore.nats.subjects import partition_token
 from cardbus.eventstore.nats.wire import Stored
 
 N_EVENTS = 42
@@ -54,7 +55,8 @@ class Log:
 
     def subject(self, env: Envelope) -> str:
         task, root = encode_token(env.stream), encode_token(env.correlation_id)
-        return f"{self.prefix}.{task}.{root}.{kind_token(env.type)}"
+        part = partition_token(env.correlation_id, self.store.partitions)
+        return f"{self.prefix}.{task}.{part}.{root}.{kind_token(env.type)}"
 
     async def audit(self, head: LogHead | None = None) -> list[ChainProblem]:
         problems, _ = await self.store.audit(head)
@@ -184,7 +186,8 @@ async def test_forged_and_misfiled_messages_are_named(log: Log) -> None:
     assert any(p.position == ack.seq and p.stream == target.stream for p in problems)
     # an untouched body filed under another task's subject and another kind
     other = events[7]
-    wrong = f"{log.prefix}.{encode_token('a-task-code')}.{encode_token(other.correlation_id)}.x"
+    part = partition_token(other.correlation_id, log.store.partitions)
+    wrong = f"{log.prefix}.a-task-code.{part}.{encode_token(other.correlation_id)}.x"
     ack2 = await log.js.publish(
         wrong, encode_body(other), headers={HASH_HEADER: other.hash, "Nats-Msg-Id": "zzz"}
     )

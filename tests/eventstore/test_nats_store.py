@@ -53,6 +53,7 @@ from cardbus.eventstore.nats import (
     encode_token,
     event_subject,
     kind_token,
+    partition_of,
 )
 from cardbus.projections import ProjectionRunner, all_projections, dump_tables
 
@@ -127,8 +128,12 @@ def test_any_id_encodes_to_one_valid_token(value: str) -> None:
 def test_subject_layout() -> None:
     assert kind_token("task.dispatched.v1") == "task_dispatched_v1"
     assert (
-        event_subject("cardbus.evt", "root 1", "r1.a", "task.created.v1")
-        == "cardbus.evt.r1_2ea.root_201.task_created_v1"  # the task first, then the root
+        event_subject("cardbus.evt", "root 1", "r1.a", "task.created.v1", 32)
+        # the task first, then the run's partition, then the root
+        == f"cardbus.evt.r1_2ea.{partition_of('root 1', 32)}.root_201.task_created_v1"
+    )
+    assert event_subject("p", "agent-x", "agent-x", "agent.registered.v1", 8) == (
+        "p.agent-x.s.agent-x.agent_registered_v1"  # what every member folds: shared
     )
 
 
@@ -142,7 +147,8 @@ async def test_stored_message_is_the_envelope_body_on_the_documented_subject(
     msgs = await raw_messages(nats_url)
     assert [m.seq for m in msgs] == [e.position for e in out] == [1, 2]
     for env, msg in zip(out, msgs, strict=True):
-        assert msg.subject == f"cardbus.evt.r1_2ea.r1.{kind_token(env.type)}"
+        p = partition_of("r1", 32)
+        assert msg.subject == f"cardbus.evt.r1_2ea.{p}.r1.{kind_token(env.type)}"
         assert msg.data == encode_body(env)
         assert msg.headers[HASH_HEADER] == env.hash == hashlib.sha256(msg.data).hexdigest()
         assert msg.headers["Nats-Msg-Id"] == env.event_id
@@ -161,7 +167,9 @@ async def test_stream_config(nats_store: NatsEventStore) -> None:
     assert info.config.deny_delete is True
     assert info.config.deny_purge is True
     assert nats_store.atomic is True
-    assert (info.config.metadata or {})[SUBJECT_LAYOUT_KEY] == SUBJECT_LAYOUT == "task.root.kind"
+    metadata = info.config.metadata or {}
+    assert metadata[SUBJECT_LAYOUT_KEY] == SUBJECT_LAYOUT == "task.part.root.kind"
+    assert metadata["cardbus.partitions"] == "32" and nats_store.partitions == 32
 
 
 async def _old_style_stream(url: str, events: int) -> None:
@@ -191,6 +199,28 @@ async def test_a_stream_in_the_old_subject_layout_is_refused_on_connect(nats_url
         await nc.close()
 
 
+async def test_a_stream_in_the_layout_before_partitions_is_refused_with_one_line(
+    nats_url: str,
+) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(
+            name="CARDBUS_EVENTS",
+            subjects=["cardbus.evt.>"],
+            metadata={SUBJECT_LAYOUT_KEY: "task.root.kind"},
+        )
+        await js.publish("cardbus.evt.t1.r1.task_created_v1", b"{}")
+    finally:
+        await nc.close()
+    with pytest.raises(SubjectLayoutError) as raised:
+        await NatsEventStore.connect(nats_url)
+    text = str(raised.value)
+    assert "\n" not in text
+    assert "holds 1 events in subject layout task.root.kind" in text
+    assert "<task>.<partition>.<root>.<kind>" in text and "use a new stream" in text
+
+
 async def test_an_empty_unmarked_stream_is_marked_and_used(nats_url: str) -> None:
     await _old_style_stream(nats_url, 0)
     async with await NatsEventStore.connect(nats_url) as store:
@@ -210,7 +240,8 @@ async def test_custom_stream_name_and_prefix(nats_url: str) -> None:
         nc = await nats.connect(nats_url)
         try:
             msg = await nc.jetstream().get_msg("OTHER_LOG", seq=1)
-            assert msg.subject == "acme.log.t.root.task_created_v1"
+            p = partition_of("root", 32)
+            assert msg.subject == f"acme.log.t.{p}.root.task_created_v1"
         finally:
             await nc.close()
 

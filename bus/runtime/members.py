@@ -1,0 +1,597 @@
+"""What one of several partitioned orchestrator processes reads of the log: the shared
+partition and the partitions it holds (``NatsRuntime(partitions=...)``).
+
+The log's subjects name each event's partition (``eventstore.nats.subjects``): the
+shared partition ``<prefix>.*.s.>`` (agents, orchestrator starts, memory) and
+``<prefix>.*.<p>.>`` for each partition ``p`` the member holds are what it follows.
+A member is nearly the only writer of its partitions, so it follows them *echo-free*
+(on its ``no_echo`` log connection with direct get): its own appends are handed over by
+the append, never sent back by the server; others' publishes on those subjects are
+heard (a core subscription per partition) and read from the log from where that
+partition's last read ended. Without direct get or ``no_echo``, one consumer filtered
+to those subjects (``filter_subjects``) delivers them all. When the leases change
+(``Partitions.on_change``) the follower goes on with the new partitions:
+
+* a partition *acquired* is caught up first: its events read from the log (no snapshot
+  per partition on NATS: from its first event), handed to the orchestrator's decision
+  loop, then a marker that makes the partition count as folded (``folds``: only then
+  may the member decide its runs) and offers the replies held for it;
+* a partition *released* stops counting as folded at once, and a marker drops its
+  runs' state in the decision loop (``RunState.forget``); whoever waits for one of
+  them waits through the log from then on.
+
+A run submitted here is placed in a partition this member holds (``local_runs``), so
+``wait`` is mostly answered from the fold. One for a run this member does not fold is
+answered from the log: the run's finish is heard on the log's subjects (a core
+subscription, one message per finished run), looked at with one lookup of the root's last
+event (``read_last``: the server's subject index; a read with a wildcard filter walks the
+log's blocks message by message on the server), and its result read with
+``read_correlation`` once it has finished; a slow poll of that lookup covers what is not
+heard. A submit for such a run writes its creation to the log, where its owner folds it;
+an approval is written to the log too (``answer_approval``). An agent's request for such
+a run is handed to the member that folds it (``route``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
+
+import nats.errors
+
+from cardbus.agents import requests as rq
+from cardbus.bus.orchestrator.core import Orchestrator, RunResult, _result_of
+from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.eventstore import Envelope
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import StoreUnavailable
+from cardbus.eventstore.nats import NatsEventStore
+from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, is_transient
+from cardbus.eventstore.nats.follow import EphemeralConsumer, OwnAppends, echoes
+from cardbus.eventstore.nats.subjects import (
+    SHARED,
+    decode_token,
+    kind_token,
+    partition_filter,
+    partition_of,
+    partition_token,
+)
+from cardbus.eventstore.nats.wire import MSG_ID, envelope_of
+
+__all__ = ["OWNER_REQUESTS", "MemberLog"]
+
+log = logging.getLogger(__name__)
+
+_FINISHES = tuple(kind_token(t) for t in ("run.completed.v1", "run.failed.v1", "run.halted.v1"))
+_FINISH_TYPES = (ev.RunCompleted, ev.RunFailed, ev.RunHalted)
+_POLL_S = 2.0  # a run waited for elsewhere is looked at this often when nothing is heard
+# + ``.<partition>``: an agent's request for a run another member decides, handed to it
+OWNER_REQUESTS = "cardbus.orch.req"
+_READ_ERRORS: tuple[type[BaseException], ...] = (StoreUnavailable, *TRANSPORT_ERRORS)
+_HINT_TRIES = 8  # reads for another writer's event heard, not stored yet: 1 ms doubling
+_HAND_S = 10.0  # how long a request waits for its run's partition to have an owner
+
+
+class MemberLog:
+    """The log as one member sees it; ``Orchestrator.log`` and ``Orchestrator.elsewhere``."""
+
+    def __init__(self, store: NatsEventStore) -> None:
+        self.store = store
+        self.partitions = store.partitions
+        self.want: frozenset[int] = frozenset()  # what the leases say (Partitions.holding)
+        self.following: frozenset[int] = frozenset()  # in the follower's filters
+        self.folded: frozenset[int] = frozenset()  # caught up and folded: decided here
+        self.orchestrator: Orchestrator | None = None
+        self.on_folded: Callable[[frozenset[int]], None] | None = None  # (acquired ones)
+        self.folded_events = 0  # events handed to the orchestrator (bench: the fold share)
+        self._reader: EphemeralConsumer | None = None
+        self._finish_sub: Any = None
+        self._finishing: dict[str, asyncio.Event] = {}  # root waited for -> its finish heard
+        self._waiting: dict[str, int] = {}  # root -> how many wait for it here
+        self._handovers: set[asyncio.Task[None]] = set()
+        self.nc: Any = None  # the connection requests are handed over on (the bus's)
+        self._handler: Callable[[rq.AgentRequest], Any] | None = None  # this member's answer
+        self._serving: dict[int, Any] = {}  # partition -> subscription to its requests
+        self._syncing: asyncio.Task[None] | None = None
+        self.handed_over = 0  # requests answered by another member (tests, bench)
+        self.last_yielded = 0  # the highest position the follower handed over
+        self._wake: asyncio.Event | None = None  # the echo-free follower's
+        self._quiet: Callable[[], bool] | None = None  # it has nothing waiting
+
+    # -- what is folded ----------------------------------------------------------
+
+    def folds(self, root_id: str) -> bool:
+        return partition_of(root_id, self.partitions) in self.folded
+
+    def hold(self, partitions: Iterable[int]) -> None:
+        """The partitions the leases give this member now (``Partitions.on_change``)."""
+        want = frozenset(partitions)
+        if want == self.want:
+            return
+        self.want = want
+        if self._wake is not None:
+            self._wake.set()
+        reader = self._reader
+        if reader is not None:  # the follower goes on with the new filters
+            task = asyncio.ensure_future(reader.close())
+            self._handovers.add(task)
+            task.add_done_callback(self._handovers.discard)
+
+    def _filters(self, parts: Iterable[int | str]) -> list[str]:
+        prefix = self.store.subject_prefix
+        return [partition_filter(prefix, p) for p in parts]
+
+    async def _read(
+        self, parts: Iterable[int | str], start: int, end: int | None
+    ) -> list[Envelope]:
+        """The events of ``parts`` from ``start`` (to ``end``), in log order."""
+        msgs = []
+        for filt in self._filters(parts):
+            msgs.extend(await self.store._retry(lambda f=filt: self.store._read(f, start)))  # type: ignore[misc]
+        msgs.sort(key=lambda m: m.seq)
+        return [envelope_of(m) for m in msgs if end is None or m.seq <= end]
+
+    # -- the orchestrator's reads (Orchestrator.log) -----------------------------
+
+    async def read_all(self, from_position: int = 0, limit: int = 1000) -> list[Envelope]:
+        """The start's replay: every event of the shared and the held partitions."""
+        parts = self.want
+        envs = await self._read([SHARED, *sorted(parts)], max(from_position, 1), None)
+        self.following = self.folded = parts
+        self._sync_serving()
+        self.folded_events += len(envs)
+        return envs
+
+    async def subscribe(self, from_position: int) -> AsyncIterator[Envelope | Callable[[], None]]:
+        if self.store._direct_reads and not echoes(self.store.nc):
+            source = self._subscribe_echo_free(from_position)
+        else:
+            source = self._subscribe_consumer(from_position)
+        async with contextlib.aclosing(source):  # type: ignore[type-var]
+            async for item in source:
+                yield item
+
+    def _changes(self) -> Iterator[Callable[[], None]]:
+        """The markers of the partitions lost since the follower last looked (its state
+        updated here; gained ones are the caller's to catch up)."""
+        lost = self.following - self.want
+        if lost:
+            self.following -= lost
+            self.folded -= lost  # decided here no more, from now
+            self._sync_serving()
+            yield lambda: self._forget(lost)
+
+    async def _subscribe_echo_free(
+        self, from_position: int
+    ) -> AsyncIterator[Envelope | Callable[[], None]]:
+        """The shared and held partitions without the server sending this member's own
+        events back: its appends are handed over by the append (``OwnAppends``), and
+        others' publishes on the followed partitions' subjects are heard (a core
+        subscription per partition, ``no_echo``: others' only) and then read from the
+        log, from where that partition's last read ended. Nothing heard for
+        ``heartbeat`` seconds, or a reconnect: every followed partition is read.
+
+        Events of different writers may come out of log order (another writer's event
+        after an own later one): each task's stream stays in order, which is what the
+        fold needs (a version it did not get is read: ``gaps.fill_gap``)."""
+        store = self.store
+        prefix = store.subject_prefix
+        loop = asyncio.get_running_loop()
+        own = OwnAppends(store, from_position)
+        wake = self._wake = own.wake
+        self._quiet = lambda: not hints and not own.own
+        hints: dict[str, set[str]] = {}  # partition token -> ids of others' events heard
+        due: dict[str, float] = {}  # partition token -> when to read it (again)
+        tries: dict[str, int] = {}
+        subs: dict[str, Any] = {}
+        read_from: dict[str, int] = {}  # partition token -> where its next read starts
+        yielded: dict[int, None] = {}  # positions yielded since the oldest read_from
+        reconnects = store.nc.stats.get("reconnects", 0)
+        idle_since = loop.time()
+
+        async def on_hint(msg: Any) -> None:
+            tokens = msg.subject[len(prefix) + 1 :].split(".", 2)
+            if len(tokens) >= 2:
+                hints.setdefault(tokens[1], set()).add((msg.headers or {}).get(MSG_ID, ""))
+                wake.set()
+
+        async def listen(tokens: Iterable[str]) -> None:  # before the read: nothing missed
+            for tok in tokens:
+                subs[tok] = await store.nc.subscribe(
+                    partition_filter(prefix, tok),
+                    cb=on_hint,
+                    pending_msgs_limit=1_000_000,
+                    pending_bytes_limit=1 << 30,
+                )
+            await store.nc.flush()
+
+        def followed(env: Envelope) -> bool:
+            tok = partition_token(env.correlation_id, self.partitions)
+            return tok == SHARED or int(tok) in self.following
+
+        def read_all_again() -> None:
+            for tok in read_from:
+                hints.setdefault(tok, set())
+                due[tok] = 0.0
+
+        try:
+            first = [SHARED, *(str(p) for p in sorted(self.following))]
+            await listen(first)
+            for tok in first:
+                read_from[tok] = max(from_position, 1)
+            read_all_again()
+            while True:
+                for marker in self._changes():
+                    yield marker
+                for tok in [t for t in read_from if t != SHARED and int(t) not in self.following]:
+                    del read_from[tok]
+                    hints.pop(tok, None)
+                    sub = subs.pop(tok, None)
+                    if sub is not None:
+                        with contextlib.suppress(Exception):
+                            await sub.unsubscribe()
+                gained = self.want - self.following
+                if gained:
+                    await listen(str(p) for p in gained)
+                    end = await store.last_position()
+                    envs = await self._read(sorted(gained), 1, None)
+                    self.following |= gained
+                    self.folded_events += len(envs)
+                    for env in envs:
+                        yielded[env.position] = None
+                        yield env
+                    for p in gained:  # what is stored after its read, or was heard, next
+                        tok = str(p)
+                        n = self.partitions
+                        read = [
+                            e.position for e in envs if partition_token(e.correlation_id, n) == tok
+                        ]
+                        read_from[tok] = max([end, *read]) + 1
+                    yield lambda gained=gained: self._acquired(gained)  # type: ignore[misc]
+                    continue
+                if own.own:  # this member's appends, in order
+                    for pos in sorted(own.own):
+                        env = own.own.pop(pos)
+                        if pos in yielded or not followed(env):
+                            continue
+                        yielded[pos] = None
+                        self.last_yielded = max(self.last_yielded, pos)
+                        self.folded_events += 1
+                        yield env
+                    idle_since = loop.time()
+                    continue
+                now = loop.time()
+                if store.nc.stats.get("reconnects", 0) != reconnects:
+                    reconnects = store.nc.stats.get("reconnects", 0)
+                    read_all_again()  # others' publishes while away were not heard
+                elif now - idle_since >= store.heartbeat:
+                    read_all_again()  # nothing for a while: anything not heard?
+                    idle_since = now
+                ready = [t for t in hints if due.get(t, 0.0) <= now and t in read_from]
+                for tok in [t for t in hints if t not in read_from]:
+                    del hints[tok]
+                if not ready:
+                    waits = [idle_since + store.heartbeat - now]
+                    waits += [due.get(t, 0.0) - now for t in hints]
+                    wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), max(min(waits), 0.0005))
+                    continue
+                for tok in ready:
+                    heard = hints.pop(tok)
+                    start = read_from[tok]
+                    try:
+                        page = await store._read_direct(
+                            partition_filter(prefix, tok), start, None, 0
+                        )
+                    except _READ_ERRORS as e:
+                        store._check_open()
+                        if isinstance(e, StoreUnavailable) and not is_transient(e):
+                            raise
+                        hints.setdefault(tok, set()).update(heard)
+                        due[tok] = loop.time() + 0.1
+                        continue
+                    for m in page:
+                        heard.discard(m.msg_id)
+                        read_from[tok] = max(read_from[tok], m.seq + 1)
+                        if m.seq in yielded:
+                            continue
+                        env = envelope_of(m)
+                        yielded[m.seq] = None
+                        self.last_yielded = max(self.last_yielded, m.seq)
+                        self.folded_events += 1
+                        yield env
+                    if heard:  # heard, not stored yet (or refused): looked at again
+                        tries[tok] = tries.get(tok, 0) + 1
+                        if tries[tok] <= _HINT_TRIES:
+                            hints.setdefault(tok, set()).update(heard)
+                            due[tok] = loop.time() + 0.001 * 2 ** (tries[tok] - 1)
+                        else:
+                            tries.pop(tok, None)
+                    else:
+                        tries.pop(tok, None)
+                        due.pop(tok, None)
+                    idle_since = loop.time()
+                oldest = min(read_from.values(), default=0)
+                while yielded:
+                    pos = next(iter(yielded))
+                    if pos >= oldest:
+                        break
+                    del yielded[pos]
+        finally:
+            self._wake = self._quiet = None
+            own.close()
+            for sub in subs.values():
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _subscribe_consumer(
+        self, from_position: int
+    ) -> AsyncIterator[Envelope | Callable[[], None]]:
+        last = from_position - 1
+        while True:
+            want = self.want
+            lost, gained = self.following - want, want - self.following
+            if lost:
+                self.following -= lost
+                self.folded -= lost  # decided here no more, from now
+                self._sync_serving()
+                yield lambda lost=lost: self._forget(lost)  # type: ignore[misc]
+            if gained:
+                envs = await self._read(sorted(gained), 1, last)
+                self.following |= gained
+                self.folded_events += len(envs)
+                for env in envs:
+                    yield env
+                yield lambda gained=gained: self._acquired(gained)  # type: ignore[misc]
+            parts: list[int | str] = [SHARED, *sorted(self.following)]
+            follow = self.store.follow_filtered(self._filters(parts), last + 1, self._opened)
+            async with contextlib.aclosing(follow):  # type: ignore[type-var]
+                async for env in follow:
+                    last = self.last_yielded = env.position
+                    self.folded_events += 1
+                    yield env
+                    if self.want != self.following:
+                        break
+
+    async def last_position(self) -> int:
+        """The position of the last event this member follows (``Orchestrator.caught_up``):
+        its consumer's last delivery once nothing is pending for it; while the consumer
+        is behind (a few tries), or without one, the log's last position."""
+        quiet = self._quiet
+        if quiet is not None:  # echo-free: once nothing heard or appended waits to be handed
+            for _ in range(50):
+                if quiet():
+                    return self.last_yielded
+                await asyncio.sleep(0.01)
+        for _ in range(5):
+            reader = self._reader
+            if reader is None or reader.consumer is None or reader.closed:
+                break
+            try:
+                info = await self.store._js.consumer_info(self.store.stream_name, reader.consumer)
+            except Exception:  # recreated meanwhile, or the server away: the whole log
+                break
+            if not info.num_pending and info.delivered is not None:
+                return int(info.delivered.stream_seq or 0)
+            await asyncio.sleep(0.01)
+        return await self.store.last_position()
+
+    def _opened(self, reader: EphemeralConsumer) -> None:
+        self._reader = reader
+        if self.want != self.following:  # changed meanwhile: go round again at once
+            task = asyncio.ensure_future(reader.close())
+            self._handovers.add(task)
+            task.add_done_callback(self._handovers.discard)
+
+    def observe(self, env: Envelope) -> None:
+        """(An orchestrator observer.) A run created here in a partition this member does
+        not follow (a submit for another member's run) is dropped once folded: its owner
+        goes on with it, and ``wait`` reads it from the log."""
+        o = self.orchestrator
+        root = env.stream
+        if (
+            o is not None
+            and isinstance(env.data, ev.RunStarted)
+            and partition_of(root, self.partitions) not in self.following
+        ):
+            o.later(lambda: None if self.folds(root) else o.state.forget(root))
+
+    # -- markers, run in the decision loop -----------------------------------------
+
+    def _acquired(self, gained: frozenset[int]) -> None:
+        self.folded |= gained & self.following
+        self._sync_serving()
+        if self.on_folded is not None:
+            self.on_folded(gained)
+
+    def _forget(self, lost: frozenset[int]) -> None:
+        o = self.orchestrator
+        if o is None:
+            return
+        n = self.partitions
+        for root in [r for r in o.state.runs if partition_of(r, n) in lost]:
+            o.state.forget(root)
+            for future in o._waiters.pop(root, []):  # they wait through the log now
+                self._hand_over(root, future)
+
+    def _hand_over(self, root: str, future: asyncio.Future[RunResult]) -> None:
+        async def answer() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                result = await self.wait(root, None)
+                if not future.done():
+                    future.set_result(result)
+
+        task = asyncio.ensure_future(answer())
+        self._handovers.add(task)
+        task.add_done_callback(self._handovers.discard)
+        future.add_done_callback(lambda _: task.cancel())
+
+    # -- agents' requests: answered by the member that decides the run -------------------
+
+    def route(
+        self, handler: Callable[[rq.AgentRequest], Any], nc: Any
+    ) -> Callable[[rq.AgentRequest], Any]:
+        """``handler`` (``Orchestrator.handle_request``) for the requests of the runs this
+        member folds; one for a run another member folds is handed to it on
+        ``cardbus.orch.req.<partition>`` (each member serves those of the partitions it
+        folds), and its answer returned. A request without its run (an older agent) is
+        answered here."""
+        self._handler, self.nc = handler, nc
+        self._sync_serving()
+
+        async def handle(req: rq.AgentRequest) -> rq.AgentResponse:
+            root = req.root_id
+            if not root or self.folds(root):
+                response: rq.AgentResponse = await handler(req)
+                return response
+            return await self._hand_request(req, handler)
+
+        return handle
+
+    async def _hand_request(
+        self, req: rq.AgentRequest, handler: Callable[[rq.AgentRequest], Any]
+    ) -> rq.AgentResponse:
+        subject = f"{OWNER_REQUESTS}.{partition_of(req.root_id, self.partitions)}"
+        data = rq.encode(req)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _HAND_S
+        pause = 0.02
+        while not self.folds(req.root_id):  # (taken over meanwhile: answered here)
+            try:
+                msg = await self.nc.request(subject, data, timeout=max(deadline - loop.time(), 0.1))
+            except nats.errors.NoRespondersError:  # its partition between two members
+                if loop.time() + pause >= deadline:
+                    break
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                continue
+            except (nats.errors.TimeoutError, TimeoutError):
+                break
+            self.handed_over += 1
+            return rq.decode_response(msg.data)
+        response: rq.AgentResponse = await handler(req)  # nobody else: as if it were ours
+        return response
+
+    def _sync_serving(self) -> None:
+        """Serve the handed-over requests of the partitions folded now (in a task)."""
+        if self._handler is None or self.nc is None:
+            return
+        if self._syncing is None or self._syncing.done():
+            self._syncing = asyncio.ensure_future(self._serve_folded())
+        else:
+            self._syncing.add_done_callback(lambda _: self._sync_serving())
+
+    async def _serve_folded(self) -> None:
+        want = self.folded
+        for p in [p for p in self._serving if p not in want]:
+            with contextlib.suppress(Exception):
+                await self._serving.pop(p).unsubscribe()
+        for p in sorted(want - set(self._serving)):
+            try:
+                self._serving[p] = await self.nc.subscribe(
+                    f"{OWNER_REQUESTS}.{p}", cb=self._on_handed
+                )
+            except Exception as e:  # not allowed, or the connection closing: answered where
+                log.warning("requests of partition %s not served here: %r", p, e)  # they land
+                return
+
+    async def _on_handed(self, msg: Any) -> None:
+        handler = self._handler
+        if handler is None or not msg.reply:
+            return
+
+        async def answer() -> None:
+            try:
+                req = rq.decode_request(msg.data)
+                response = await handler(req)
+                data = rq.encode(response)
+            except Exception as e:  # answered as the bus answers a server bug
+                log.exception("a handed-over request failed")
+                data = rq.encode(
+                    rq.AgentResponse(
+                        request_id="", ok=False, error=repr(e)[:1000], error_type="unavailable"
+                    )
+                )
+            with contextlib.suppress(Exception):
+                await self.nc.publish(msg.reply, data)
+
+        task = asyncio.ensure_future(answer())
+        self._handovers.add(task)
+        task.add_done_callback(self._handovers.discard)
+
+    # -- waiting for a run another member folds (Orchestrator.elsewhere) ------------
+
+    async def wait(self, root_id: str, timeout: float | None) -> RunResult:
+        heard = self._finishing.setdefault(root_id, asyncio.Event())
+        self._waiting[root_id] = self._waiting.get(root_id, 0) + 1
+        try:
+            async with asyncio.timeout(timeout):
+                await self._listen()
+                while True:
+                    if self.folds(root_id) and self.orchestrator is not None:
+                        # taken over meanwhile: this member folds it now
+                        return await self.orchestrator.wait(root_id, None)
+                    result = await self._result(root_id)
+                    if result is not None:
+                        return result
+                    heard.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_POLL_S):
+                            await heard.wait()
+        finally:
+            self._waiting[root_id] -= 1
+            if not self._waiting[root_id]:
+                del self._waiting[root_id]
+                self._finishing.pop(root_id, None)
+
+    async def _result(self, root_id: str) -> RunResult | None:
+        # the root's last event first (the server's subject index, no scan of the log); the
+        # run's events are read once it has finished
+        last = await self.store.read_last(root_id)
+        if last is None or not isinstance(last.data, _FINISH_TYPES):
+            return None
+        state = RunState()
+        for env in await self.store.read_correlation(root_id):
+            state.apply(env)
+        return _result_of(state, root_id)
+
+    async def _listen(self) -> None:
+        """Hear runs finish: a core subscription to the finish events' subjects (others'
+        publishes; the store's connection does not echo its own)."""
+        if self._finish_sub is not None:
+            return
+        prefix = self.store.subject_prefix
+
+        async def on_msg(msg: Any) -> None:
+            tokens = msg.subject[len(prefix) + 1 :].split(".")
+            if len(tokens) == 4:
+                heard = self._finishing.get(decode_token(tokens[2]))
+                if heard is not None:
+                    heard.set()
+
+        subs = []
+        try:
+            for kind in _FINISHES:
+                subs.append(await self.store.nc.subscribe(f"{prefix}.*.*.*.{kind}", cb=on_msg))
+        except Exception as e:  # not allowed to: the poll alone
+            log.info("runs waited for elsewhere are polled: %r", e)
+        self._finish_sub = subs
+
+    async def close(self) -> None:
+        self._handler = None
+        if self._syncing is not None:
+            self._syncing.cancel()
+        for sub in list(self._serving.values()):
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._serving.clear()
+        for task in list(self._handovers):
+            task.cancel()
+        for sub in self._finish_sub or ():
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._finish_sub = None
