@@ -6,7 +6,9 @@ from typing import Any
 
 import click
 
+from cardbus.projections.pricing import PriceTable
 from cardbus.tools.cli import cli
+from cardbus.tools.costs import prices_option
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
@@ -24,9 +26,12 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
     show_envvar=True,
     help="Required on every request (?token=...); needed to bind beyond loopback.",
 )
-def ui(db: StoreRef, host: str, port: int, token: str | None) -> None:
+@prices_option
+def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable) -> None:
     """Serve the web console: the runs, each run's timeline and task table updating live,
-    each task's inputs, outputs and reasons, and approve/deny buttons.
+    each task's inputs, outputs and reasons, approve/deny buttons, each run's cost in USD
+    (--prices, else genai-prices; "unknown price" where a model has none) and the diff of
+    two runs.
 
     Bound to loopback by default. On any other interface it refuses to start
     without --token, and then every request must carry the token.
@@ -49,7 +54,9 @@ def ui(db: StoreRef, host: str, port: int, token: str | None) -> None:
     # the Host header must name the interface served (DNS rebinding); "*" when all of them
     hosts = host_names(host)
     # opened in uvicorn's loop at start-up; a SQLite file is created if missing
-    app = create_app(opener=lambda: open_store_option(db, create=True), token=token, hosts=hosts)
+    app = create_app(
+        opener=lambda: open_store_option(db, create=True), token=token, hosts=hosts, prices=prices
+    )
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     suffix = f"?token={token}" if token else ""
     click.echo(f"cardbus console on http://{shown}:{port}/{suffix}  (log {db}; Ctrl-C stops)")

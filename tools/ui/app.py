@@ -41,6 +41,7 @@ from cardbus.eventstore.store import EventStore
 from cardbus.projections import (
     ProjectionRunner,
     Runs,
+    Spend,
     TaskTable,
     build_timeline,
     event_reason,
@@ -49,7 +50,10 @@ from cardbus.projections import (
     resolve_id,
     run_duration,
 )
+from cardbus.projections.diff import diff_runs
+from cardbus.projections.pricing import Money, PriceTable
 from cardbus.projections.replay_html import render_html
+from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.page import PAGE
 
@@ -82,6 +86,14 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(_encode(obj), status_code=status, media_type="application/json")
 
 
+def cost_json(m: Money | None) -> dict[str, Any]:
+    """A cost as the API shows it: ``usd`` the known part (None when no part has a price:
+    never 0 for unknown), ``complete`` False when some part has none, and the text."""
+    m = m or Money()
+    usd = None if m.unknown and not m.priced else round(m.usd, 10)
+    return {"usd": usd, "complete": m.known, "text": m.text()}
+
+
 def _error(e: Exception) -> Response:
     status = 409  # a state the request does not fit (a task not awaiting approval)
     if isinstance(e, StreamNotFound):
@@ -94,9 +106,10 @@ def _error(e: Exception) -> Response:
 class Console:
     """The state behind the app: one store, one in-memory read model of runs and tasks."""
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: EventStore, prices: PriceTable | None = None) -> None:
         self.store = store
-        self.runner = ProjectionRunner.open(store, ":memory:", [Runs(), TaskTable()])
+        self.prices = prices if prices is not None else PriceTable()
+        self.runner = ProjectionRunner.open(store, ":memory:", [Runs(), TaskTable(), Spend()])
         self._lock = asyncio.Lock()
         self.stopping = asyncio.Event()  # set when the server stops: event streams end
 
@@ -124,12 +137,16 @@ class Console:
         runs = Runs()
         rows = runs.list(runner.conn, limit=limit, offset=offset, **filters)
         now = time.time()
+        spent = Spend().rows(runner.conn, roots=[r["root_id"] for r in rows])
+        money = {m["root_id"]: m["money"] for m in priced(spent, self.prices, "root_id")}
         for r in rows:
             r["duration_s"] = run_duration(r, now)
+            r["cost"] = cost_json(money.get(r["root_id"]))
         total = runs.count(runner.conn, **filters)
         return {
             "runs": rows,
             "total": total,
+            "prices": self.prices.describe(),
             "offset": offset,
             "position": runner.position,
             "now": now,
@@ -188,6 +205,7 @@ class Console:
         return {
             "run": row,
             "root_id": root,
+            **self._costs(runner, root),
             "timeline": timeline,
             "tasks": tasks,
             "counts": counts,
@@ -198,6 +216,36 @@ class Console:
             "position": runner.position,
             "now": now,
         }
+
+    def _costs(self, runner: ProjectionRunner, root: str) -> dict[str, Any]:
+        """A run's cost, and its cost per task and per model (tokens and calls with each)."""
+        spent = Spend().rows(runner.conn, root_id=root)
+        total = Money()
+        for r in priced(spent, self.prices, "root_id"):
+            total += r["money"]
+
+        def rows(by: str) -> list[dict[str, Any]]:
+            out = []
+            for r in priced(spent, self.prices, by):
+                r["cost"] = cost_json(r.pop("money"))
+                out.append(r)
+            return out
+
+        return {
+            "cost": cost_json(total),
+            "cost_by_task": rows("task_id"),
+            "cost_by_model": rows("model"),
+            "prices": self.prices.describe(),
+        }
+
+    async def diff(self, a: str, b: str) -> dict[str, Any]:
+        """``cardbus diff A B`` as JSON: :func:`projections.diff.diff_runs` of the two runs."""
+        from cardbus.tools.cmd_diff import read_run
+
+        if not a or not b:
+            raise ValidationError("give two runs: ?a=ROOT&b=ROOT")
+        d = diff_runs(await read_run(self.store, a), await read_run(self.store, b))
+        return msgspec.to_builtins(d)
 
     async def cancel(self, text: str, by: str, note: str) -> dict[str, Any]:
         root = await resolve_id(self.store, text)
@@ -356,13 +404,16 @@ def create_app(
     token: str | None = None,
     hosts: list[str] | None = None,
     heartbeat_s: float | None = None,
+    prices: PriceTable | None = None,
 ) -> Starlette:
     """The console over the SQLite log ``db``, a log ``opener`` opens at start-up, or ``store``.
 
     ``hosts`` are the names the ``Host`` header may carry (default: loopback
     names); ``token``, if given, is required on every request. ``heartbeat_s``: the
     events stream's quiet interval before a heartbeat comment (default 15 s, or
-    ``CARDBUS_UI_HEARTBEAT_S``).
+    ``CARDBUS_UI_HEARTBEAT_S``). ``prices``: the price table costs are shown with
+    (default: genai-prices' bundled data alone; a model without a price is shown as
+    "unknown price", never as $0).
     """
     if heartbeat_s is None:
         heartbeat_s = float(os.environ.get("CARDBUS_UI_HEARTBEAT_S") or HEARTBEAT_S)
@@ -384,7 +435,7 @@ def create_app(
             opened = await opener()  # cardbus ui --store: SQLite or NATS
         else:
             opened = await SqliteEventStore.open(db or "")
-        state["console"] = Console(opened)
+        state["console"] = Console(opened, prices)
         app.state.stop_streams = state["console"].stopping.set
         try:
             yield
@@ -413,6 +464,13 @@ def create_app(
                     int(q.get("limit") or TASK_PAGE),
                 )
             )
+        except (CardbusError, ValueError) as e:
+            return _error(e)
+
+    async def diff(request: Request) -> Response:
+        q = request.query_params
+        try:
+            return _json(await console().diff(q.get("a") or "", q.get("b") or ""))
         except (CardbusError, ValueError) as e:
             return _error(e)
 
@@ -501,6 +559,7 @@ def create_app(
         Route("/api/runs/{id:path}", run),
         Route("/api/tasks/{id:path}/{action:str}", answer, methods=["POST"]),
         Route("/api/tasks/{id:path}", task),
+        Route("/api/diff", diff),
         Route("/api/events", events),
     ]
     # Host allow-list, same-origin JSON posts, the token (bus/http_guard.py)

@@ -11,7 +11,10 @@ renderer, :data:`~cardbus.projections.replay_html.GANTT_JS`, over the same
 replay projection), the task table with each task's events fetched when
 opened; ``#/task/ID`` a task's steps, its inputs as planned beside the inputs
 its agent received, and its model calls (prompt and answer expandable), tool
-calls and unknown effects by attempt, each marked live or replayed. Running
+calls and unknown effects by attempt, each marked live or replayed;
+``#/diff/A/B`` two runs compared (``cardbus diff``): the first divergence and
+each task side by side. Costs are in USD ("unknown price" for a model the
+price table has none for, "at least" a sum with such a part). Running
 and waiting durations tick every second. Elements carry ``data-*`` attributes
 (status, ids) for tests and scripts.
 """
@@ -56,6 +59,8 @@ _CSS = """
   button { font: inherit; padding: 2px 10px; margin-right: 6px; cursor: pointer; }
   button.approve { background: #e3f5e9; border: 1px solid #17803d; }
   button.deny { background: #fdeaea; border: 1px solid #c62828; }
+  .cost.unknown { color: #b26a00; }
+  tr.differs td.differs { color: #c62828; font-weight: 600; }
   .tab.on { background: #1d2330; color: #fff; }
   .filters { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin-bottom: 6px; }
   .pager { margin: 6px 0; } .pager span { margin-right: 6px; }
@@ -134,6 +139,8 @@ function fmtDur(s) {
 }
 const status = (s) => `<span class="st s-${esc(s)}">${esc(s || "?")}</span>`;
 const json = (v) => `<pre>${esc(JSON.stringify(v, null, 2))}</pre>`;
+// a cost from the API ({usd, complete, text}): "unknown price" and "at least" as the CLI says
+const cost = (c) => `<span class="cost ${c && c.complete ? "" : "unknown"}" data-usd="${c && c.usd !== null ? c.usd : ""}" data-complete="${c && c.complete ? "yes" : "no"}">${esc(c ? c.text : "unknown price")}</span>`;
 const idLink = (kind, id) => `<a class="id" title="${esc(id)}" href="#/${kind}/${encodeURIComponent(id)}">${esc(id)}</a>`;
 const RUNNING = ["running", "dispatched"], WAITING = ["pending", "awaiting_approval", "needs_input", "needs_revision"];
 // the server's clock: durations tick from it (skew-free), every second
@@ -191,6 +198,8 @@ document.addEventListener("toggle", (e) => {  // a task's events, fetched when f
 function route() {
   const [path, query] = location.hash.replace(/^#/, "").split("?");
   const params = Object.fromEntries(new URLSearchParams(query || ""));
+  const d = (path || "").match(/^\/diff\/([^/]+)\/([^/]+)$/);
+  if (d) return {view: "diff", id: decodeURIComponent(d[1]), other: decodeURIComponent(d[2]), params};
   const m = (path || "").match(/^\/(run|task)\/(.+)$/);
   return m ? {view: m[1], id: decodeURIComponent(m[2]), params} : {view: "runs", id: null, params};
 }
@@ -218,7 +227,7 @@ function runsView(data, p) {
     <td>${esc(r.goal)}</td><td class="id">${esc(r.plan_id)}</td><td class="nowrap">${fmtTime(r.started_at)}</td>
     <td class="nowrap">${r.ended_at === null ? since(r.started_at) : fmtDur(r.duration_s)}</td>
     <td data-tasks>${r.tasks_done}/${r.tasks_total}${r.tasks_failed ? ` (${r.tasks_failed} failed)` : ""}</td>
-    <td>${(r.input_tokens + r.output_tokens).toLocaleString()}</td></tr>`).join("");
+    <td>${(r.input_tokens + r.output_tokens).toLocaleString()}</td><td data-cost class="nowrap">${cost(r.cost)}</td></tr>`).join("");
   const opt = (v) => `<option value="${v}" ${p.status === v ? "selected" : ""}>${v || "any status"}</option>`;
   const day = (t) => t ? new Date(Number(t) * 1000).toISOString().slice(0, 10) : "";
   return `<form id="filters" class="filters">
@@ -232,9 +241,15 @@ function runsView(data, p) {
     <h2>Runs <span class="muted" id="runs-count" data-total="${data.total}">(${data.total} matching)</span></h2>
     ${pager(data.total, data.offset, RUNS_PAGE)}
     <table id="runs"><thead><tr><th>root</th><th>status</th><th>goal</th><th>plan</th><th>started</th>
-    <th>duration</th><th>tasks</th><th>tokens</th></tr></thead><tbody>${rows}</tbody></table>`;
+    <th>duration</th><th>tasks</th><th>tokens</th><th title="USD; prices: ${esc(data.prices)}">cost</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
 document.addEventListener("submit", (e) => {
+  if (e.target instanceof HTMLFormElement && e.target.id === "compare") {
+    e.preventDefault();
+    const other = String(new FormData(e.target).get("other") || "").trim();
+    if (other) location.hash = `/diff/${encodeURIComponent(e.target.dataset.root)}/${encodeURIComponent(other)}`;
+    return;
+  }
   if (!(e.target instanceof HTMLFormElement) || e.target.id !== "filters") return;
   e.preventDefault();
   const f = new FormData(e.target);
@@ -318,6 +333,9 @@ function runView(data) {
     <p id="run-status" data-status="${esc(r.status)}">${status(r.status)} ${r.reason ? `<span class="reason">${esc(r.reason)}</span>` : ""}
     · ${esc(r.goal)} · plan <span class="id">${esc(r.plan_id)}</span> · started ${fmtTime(r.started_at)}
     · ${open ? since(r.started_at) : fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${((r.input_tokens || 0) + (r.output_tokens || 0)).toLocaleString()} tokens</p>
+    <p id="run-cost">cost ${cost(data.cost)} <span class="muted">(USD; prices: ${esc(data.prices)})</span>
+      ${costTable("cost-by-model", "model", data.cost_by_model)}${costTable("cost-by-task", "task", data.cost_by_task)}</p>
+    <form id="compare" class="filters" data-root="${esc(data.root_id)}"><label>compare with <input name="other" placeholder="another run's id"></label> <button type="submit">Diff</button></form>
     <p class="actions">${open ? `<input id="cancel-note" placeholder="why (optional)"> <button class="deny" data-cancel="${esc(data.root_id)}" id="cancel">Cancel run</button>` : ""}
       <a id="download-replay" href="${url(`/api/runs/${encodeURIComponent(data.root_id)}/replay.html`)}" download>Download HTML replay</a>
       · <a id="download-traces" href="${url(`/api/runs/${encodeURIComponent(data.root_id)}/traces.json`)}" download>Export trace spans (JSON)</a>
@@ -329,6 +347,37 @@ function runView(data) {
     <table id="tasks"><thead><tr><th>task</th><th>capability</th><th>agent</th><th>status</th>
     <th>att</th><th>for</th><th>reason</th><th></th><th></th></tr></thead><tbody>${tasksTable(data)}</tbody></table>
     ${t && t.run && t.run.length ? `<details id="run-events"><summary>the run's own events (${t.run.length})</summary>${stepsTable(t.run.map((s) => ({position: s.position, time: s.time, type: s.kind, actor: s.actor, reason: s.reason || s.detail, data: s.payload})), "")}</details>` : ""}`;
+}
+function costTable(id, what, rows) {
+  if (!rows || !rows.length) return "";
+  const key = what === "task" ? "task_id" : "model";
+  const body = rows.map((x) => `<tr data-${what}="${esc(x[key])}"><td>${what === "task" ? idLink("task", x[key]) : `<code>${esc(x[key] || "?")}</code>`}</td>
+    <td>${what === "task" ? esc((x.models || []).join(", ")) : ""}</td><td>${x.calls}</td><td>${(x.input_tokens + x.output_tokens).toLocaleString()}</td><td>${cost(x.cost)}</td></tr>`).join("");
+  return `<details id="${id}"><summary>cost per ${what} (${rows.length})</summary><table><thead><tr><th>${what}</th><th>${what === "task" ? "models" : ""}</th>
+    <th>calls</th><th>tokens</th><th>cost</th></tr></thead><tbody>${body}</tbody></table></details>`;
+}
+// -- two runs compared: cardbus diff A B --------------------------------------------------
+function diffTask(t) {
+  if (!t) return `<span class="muted">—</span>`;
+  const models = t.calls.filter((c) => c.kind === "model").length;
+  const how = t.reused_from ? "reused" : `${models} model / ${t.calls.length - models} tool call(s)`;
+  return `${status(t.status)} ${t.reason ? `<span class="reason">${esc(t.reason)}</span>` : ""} · ${esc(t.agents.join(", ") || "-")}
+    · <code>${esc(t.models.join(", ") || "-")}</code> · ${how}<details><summary>output</summary>${json(t.output)}</details>`;
+}
+function diffView(d) {
+  const runLine = (name, r) => `<tr data-side="${name}"><th>${name}</th><td>${idLink("run", r.root_id)}</td><td>${status(r.status)}</td><td>${esc(r.goal)}</td>
+    <td>${r.rerun_of ? `re-run of <span class="id">${esc(r.rerun_of)}</span>${r.offline ? " (offline)" : ""}` : r.forked_from ? `fork of <span class="id">${esc(r.forked_from)}</span>` : ""}</td></tr>`;
+  const f = d.first_divergence;
+  const first = f === null ? `<p id="first-divergence" data-what="none">none: the same requests, answers and outputs</p>`
+    : `<div id="first-divergence" data-what="${esc(f.what)}" data-task="${esc(f.task)}"><p><b>${esc(f.summary)}</b></p>
+       <p class="muted">event in A: <span class="id">${esc(f.event_a || "-")}</span> · event in B: <span class="id">${esc(f.event_b || "-")}</span></p>
+       ${f.diff && f.diff.length ? `<pre>${esc(f.diff.join("\n"))}</pre>` : ""}</div>`;
+  const rows = d.tasks.map((p) => `<tr class="${p.differs.length ? "differs" : "same"}" data-key="${esc(p.key)}"><td class="id">${esc(p.key)}</td>
+    <td class="differs">${p.differs.length ? esc(p.differs.join(", ")) : `<span class="muted">same</span>`}</td><td>${diffTask(p.a)}</td><td>${diffTask(p.b)}</td></tr>`).join("");
+  return `<h2>Diff of two runs</h2><table id="diff-runs">${runLine("A", d.a)}${runLine("B", d.b)}</table>
+    <p class="muted">plan: ${d.a.plan.join(",") === d.b.plan.join(",") ? `${esc(d.a.plan.join(", "))} (the same tasks)` : `A ${esc(d.a.plan.join(", "))} · B ${esc(d.b.plan.join(", "))}`}</p>
+    <h2>First divergence</h2>${first}
+    <h2>Tasks</h2><table id="diff-tasks"><thead><tr><th>task</th><th>differs</th><th>A</th><th>B</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
 function drawGantt(data) {
   const el = document.getElementById("gantt");
@@ -441,6 +490,8 @@ async function refresh() {
     if (r.view === "run") {
       d = await getJSON(`/api/runs/${encodeURIComponent(r.id)}`, {show: r.params.show, offset: r.params.offset});
       html = runView(d); root = d.root_id;
+    } else if (r.view === "diff") {
+      d = await getJSON("/api/diff", {a: r.id, b: r.other}); html = diffView(d);
     } else if (r.view === "task") { d = await getJSON(`/api/tasks/${encodeURIComponent(r.id)}`); html = taskView(d); root = d.task.root_id; }
     else { d = await getJSON("/api/runs", {...r.params, limit: RUNS_PAGE}); html = runsView(d, r.params); }
     if (d.now) skew = d.now - Date.now() / 1000;
