@@ -22,10 +22,11 @@ pass over the log.
 from __future__ import annotations
 
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import AmbiguousId, StreamNotFound, ValidationError
 from cardbus.eventstore.store import EventStore
 
-__all__ = ["resolve_id"]
+__all__ = ["read_run", "resolve_id"]
 
 _PAGE = 5000
 
@@ -95,3 +96,13 @@ async def resolve_id(store: EventStore, text: str) -> str:
         if all(m.startswith(shortest) for m in matches):
             return shortest
     raise AmbiguousId(text, sorted(matches))
+
+
+async def read_run(store: EventStore, text: str) -> list[Envelope]:
+    """The events of the run ``text`` names (a root or task id, a plan id, a prefix)."""
+    own = await store.read_stream(await resolve_id(store, text))
+    root = own[0].correlation_id if own else text
+    events = await store.read_correlation(root)
+    if not events:
+        raise StreamNotFound(text)
+    return events

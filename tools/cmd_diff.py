@@ -12,25 +12,13 @@ from typing import Any
 import click
 import msgspec
 
-from cardbus.eventstore import Envelope, EventStore
-from cardbus.eventstore.errors import StreamNotFound
-from cardbus.projections import resolve_id
 from cardbus.projections.diff import CallView, RunDiff, TaskView, diff_runs
+from cardbus.projections.ids import read_run
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
 from cardbus.tools.store_option import StoreRef, store_option
 
 __all__ = ["diff_text", "read_run"]
-
-
-async def read_run(store: EventStore, text: str) -> list[Envelope]:
-    """The events of the run ``text`` names (a root or task id, a plan id, a prefix)."""
-    own = await store.read_stream(await resolve_id(store, text))
-    root = own[0].correlation_id if own else text
-    events = await store.read_correlation(root)
-    if not events:
-        raise StreamNotFound(text)
-    return events
 
 
 def _short(value: Any, limit: int = 70) -> str:

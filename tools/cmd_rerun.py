@@ -26,9 +26,10 @@ from cardbus.eventstore import NewEvent, new_id
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import ValidationError
 from cardbus.projections.diff import RunDiff, diff_runs
+from cardbus.projections.ids import read_run
 from cardbus.projections.rerun import RerunPlan, plan_rerun, recorded_model
 from cardbus.tools.cli import cli
-from cardbus.tools.cmd_diff import diff_text, read_run
+from cardbus.tools.cmd_diff import diff_text
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
 from cardbus.tools.loading import load_agent
 from cardbus.tools.store_option import StoreRef, store_option

@@ -240,7 +240,7 @@ class Console:
 
     async def diff(self, a: str, b: str) -> dict[str, Any]:
         """``cardbus diff A B`` as JSON: :func:`projections.diff.diff_runs` of the two runs."""
-        from cardbus.tools.cmd_diff import read_run
+        from cardbus.projections.ids import read_run
 
         if not a or not b:
             raise ValidationError("give two runs: ?a=ROOT&b=ROOT")
