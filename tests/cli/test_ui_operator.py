@@ -341,8 +341,14 @@ def test_operator_console_at_scale(
         assert code.locator(".span[data-outcome='timed_out']").count() == 1
         assert page.locator(f"#gantt .row.task[data-task='{ids.review}'] .span").count() == 1
         shot = tmp_path / "lifecycle-gantt.png"
-        page.locator(".cb-gantt").screenshot(path=str(shot))
-        row_png = row.screenshot(path=str(tmp_path / "write-row.png"))
+        # page shots clipped to the elements: the live view redraws its rows (durations
+        # tick), and an element shot fails when its element is replaced meanwhile
+        gantt_box, row_box = page.locator(".cb-gantt").bounding_box(), row.bounding_box()
+        assert gantt_box is not None and row_box is not None
+        page.screenshot(path=str(shot), clip=gantt_box, full_page=True)
+        row_png = page.screenshot(
+            path=str(tmp_path / "write-row.png"), clip=row_box, full_page=True
+        )
         assert shot.stat().st_size > 0
         colours = _colours(page, row_png)
         for want in (QUEUED, REJECTED, REVISION, COMPLETED):

@@ -166,21 +166,24 @@ async def test_a_run_is_decided_by_the_member_it_was_submitted_to(
     """``local_runs`` (the default): a submit draws its root in a partition the member
     holds, so the run is created with its first dispatches and waited for there."""
     async with _two_members(nats_server.url, local_runs=True) as (a, b):
-        roots = [
-            await m.submit(plan(f"run-{i}"), agent_timeout=10) for i, m in enumerate([a, b] * 4)
-        ]
+        roots = []
+        for i, m in enumerate([a, b] * 4):
+            root = await m.submit(plan(f"run-{i}"), agent_timeout=10)
+            assert m.partitions is not None  # drawn in a partition it held when it submitted
+            held = m.partitions.holding | m.partitions.held
+            assert partition_of(root, PARTITIONS) in held
+            roots.append(root)
         results = await asyncio.gather(
             *(m.orchestrator.wait(r, timeout=60) for m, r in zip([a, b] * 4, roots, strict=True))
         )
-        for m, root in zip([a, b] * 4, roots, strict=True):  # (held; the lease may be late)
-            assert m.partitions is not None
-            assert partition_of(root, PARTITIONS) in m.partitions.holding
         assert a.orchestrator.bad_messages == b.orchestrator.bad_messages == []
     assert [r.status for r in results] == ["completed"] * len(roots)
     events = await read_log(nats_server.url)
     check_runs(events, roots)
     for i, root in enumerate(roots):
-        assert set(decisions(events, root)) == {f"orchestrator-{'ab'[i % 2]}"}, root
+        # created with its first dispatches by the member it was submitted to (later steps
+        # too, unless a lease lapsed on a busy machine and the partition moved: failover)
+        assert decisions(events, root)[0] == f"orchestrator-{'ab'[i % 2]}", root
 
 
 async def test_an_agents_request_is_answered_by_its_runs_member(
