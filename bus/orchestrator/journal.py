@@ -654,20 +654,7 @@ class Journal:
         ):
             return await live(journal, "")
         if step.answered_id and step.has_answer:
-            replay = ev.ToolCalled(
-                task_id=req.task_id,
-                agent_id=req.agent_id,
-                tool=req.target,
-                attempt=req.attempt,
-                arguments_digest=arg_digest,
-                result_digest=_sha(_json(step.answer)),
-                result_bytes=len(_json(step.answer)),
-                request_id=req.request_id,
-                execution=req.execution,
-                seq=req.seq,
-                idempotency_key=step.key,
-                replayed_from=step.answered_id,
-            )
+            replay = _replayed_tool_call(req, step, arg_digest)
             await self._write(journal, req.task_id, [replay])
             return CallOutcome(result=replayed(step.answer))
         # requested and never answered (or its result not kept): its effect is unknown
@@ -710,28 +697,7 @@ class Journal:
         if step.error is None and not step.has_answer:
             return _diverged(req, journal, ref, "tool", digest, req.args)
         result = None if step.error is not None else step.answer
-        await self._write(
-            journal,
-            req.task_id,
-            [
-                ev.ToolCalled(
-                    task_id=req.task_id,
-                    agent_id=req.agent_id,
-                    tool=req.target,
-                    attempt=req.attempt,
-                    arguments_digest=arg_digest,
-                    result_digest="" if step.error is not None else _sha(_json(result)),
-                    result_bytes=0 if step.error is not None else len(_json(result)),
-                    error=step.error,
-                    error_type=step.error_type,
-                    request_id=req.request_id,
-                    execution=req.execution,
-                    seq=req.seq,
-                    idempotency_key=step.key,
-                    replayed_from=step.answered_id,
-                )
-            ],
-        )
+        await self._write(journal, req.task_id, [_replayed_tool_call(req, step, arg_digest)])
         if step.error is not None:
             return CallOutcome(error=step.error, error_type=step.error_type)
         return CallOutcome(result=replayed(result))
@@ -857,6 +823,28 @@ def _diverged(
 
 def _release(budgets: Budgets, key: str, future: asyncio.Future[Any]) -> None:
     budgets.release(key)
+
+
+def _replayed_tool_call(req: AgentRequest, step: _Step, arg_digest: str) -> ev.ToolCalled:
+    """The ``tool.called`` of a call answered from the journal: it names the call it
+    replays and carries its result's digest and size (or its error), not the result."""
+    data = b"" if step.error is not None else _json(step.answer)
+    return ev.ToolCalled(
+        task_id=req.task_id,
+        agent_id=req.agent_id,
+        tool=req.target,
+        attempt=req.attempt,
+        arguments_digest=arg_digest,
+        result_digest=_sha(data) if data else "",
+        result_bytes=len(data),
+        error=step.error,
+        error_type=step.error_type,
+        request_id=req.request_id,
+        execution=req.execution,
+        seq=req.seq,
+        idempotency_key=step.key,
+        replayed_from=step.answered_id,
+    )
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
