@@ -166,9 +166,11 @@ class Decider:
             or reply.agent_id in task.results
             or task.state not in (S.DISPATCHED, S.RUNNING)
         ):
-            # the current attempt answered again: a duplicate; any other attempt (an
-            # earlier one that timed out, or one never dispatched): stale
-            reason = "duplicate" if reply.attempt == task.attempt else "stale_attempt"
+            # the current attempt answered again (its agent's result is in): a duplicate; any
+            # other answer (an earlier attempt, or the current one after it timed out, its
+            # retry not dispatched yet; one never dispatched): stale
+            again = reply.attempt == task.attempt and reply.agent_id in task.results
+            reason = "duplicate" if again else "stale_attempt"
             self.d.add(
                 task.task_id,
                 ev.TaskResultIgnored(attempt=reply.attempt, agent_id=reply.agent_id, reason=reason),
