@@ -328,13 +328,22 @@ def test_operator_console_at_scale(
             "revision",
             "completed",
         ]
-        queued = row.locator(".queued")
-        assert queued.count() >= 1
-        # the retry's queued bar ends where its attempt's bar begins, and they do not overlap
-        q = queued.first.bounding_box()
-        attempt = row.locator(f".span[data-attempt='{queued.first.get_attribute('data-attempt')}']")
-        a = attempt.bounding_box()
-        assert q is not None and a is not None
+        # the retry's queued bar ends where its attempt's bar begins, and they do not overlap;
+        # measured in one script run, as the live view may redraw its rows between two calls
+        q, a = page.evaluate(
+            """(task) => {
+                const row = document.querySelector(`#gantt .row.task[data-task="${task}"]`);
+                const queued = row.querySelector(".queued");
+                if (!queued) return [null, null];
+                const attempt = row.querySelector(
+                    `.span[data-attempt="${queued.dataset.attempt}"]`);
+                const box = (e) => { const r = e.getBoundingClientRect();
+                                     return {x: r.x, width: r.width}; };
+                return [box(queued), attempt ? box(attempt) : null];
+            }""",
+            ids.write,
+        )
+        assert q is not None and a is not None, (q, a)
         assert abs((q["x"] + q["width"]) - a["x"]) <= 2 and q["width"] > 3
         # the time-out, the review subtask and the failure are there too
         code = page.locator(f"#gantt .row.task[data-task='{ids.code}']")
@@ -343,8 +352,13 @@ def test_operator_console_at_scale(
         shot = tmp_path / "lifecycle-gantt.png"
         # page shots clipped to the elements: the live view redraws its rows (durations
         # tick), and an element shot fails when its element is replaced meanwhile
-        gantt_box, row_box = page.locator(".cb-gantt").bounding_box(), row.bounding_box()
-        assert gantt_box is not None and row_box is not None
+        gantt_box, row_box = page.evaluate(
+            """(task) => [".cb-gantt", `#gantt .row.task[data-task="${task}"]`].map((s) => {
+                const r = document.querySelector(s).getBoundingClientRect();
+                return {x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height};
+            })""",
+            ids.write,
+        )
         page.screenshot(path=str(shot), clip=gantt_box, full_page=True)
         row_png = page.screenshot(
             path=str(tmp_path / "write-row.png"), clip=row_box, full_page=True

@@ -481,10 +481,13 @@ function callsTable(calls) {
     <th>live / replayed</th><th>key</th><th>prompt / arguments</th><th>answer / result</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
 
-let source = null, sourceKey = null, timer = null, last = null;
+let source = null, sourceKey = null, timer = null, last = null, generation = 0;
 function showError(e) { document.getElementById("error").textContent = e ? String(e.message || e) : ""; }
 async function refresh() {
   const r = route();
+  // a refresh that a newer one overtook draws nothing: an older, slower answer
+  // (the run left a moment ago) must not replace the view of the newer route
+  const mine = ++generation;
   try {
     let d, html, root = null;
     if (r.view === "run") {
@@ -494,6 +497,7 @@ async function refresh() {
       d = await getJSON("/api/diff", {a: r.id, b: r.other}); html = diffView(d);
     } else if (r.view === "task") { d = await getJSON(`/api/tasks/${encodeURIComponent(r.id)}`); html = taskView(d); root = d.task.root_id; }
     else { d = await getJSON("/api/runs", {...r.params, limit: RUNS_PAGE}); html = runsView(d, r.params); }
+    if (mine !== generation) return;
     if (d.now) skew = d.now - Date.now() / 1000;
     const open = [...document.querySelectorAll("details[open]")].map((x) => x.dataset.key ? "key:" + x.dataset.key : x.dataset.events ? "ev:" + x.dataset.events : x.closest("tr")?.dataset.position);
     const focus = document.activeElement && document.activeElement.matches("input") ? [document.activeElement.dataset.note || document.activeElement.id, document.activeElement.value] : null;
@@ -512,7 +516,7 @@ async function refresh() {
     document.body.dataset.rendered = String(performance.now());
     showError(null);
     listen(root, d.position);
-  } catch (e) { showError(e); }
+  } catch (e) { if (mine === generation) showError(e); }
 }
 function schedule() { clearTimeout(timer); timer = setTimeout(refresh, 150); }
 function listen(root, position) {
