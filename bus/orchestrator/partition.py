@@ -225,8 +225,14 @@ class Partitions:
         raise ConfigError(f"the bucket {self.bucket!r} could not be opened")
 
     async def _renew(self) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            # every third of the lease from when the last round began, not after it ended:
+            # a round slowed by load (a dozen KV requests) no longer pushes the next one
+            # late, towards the lease's end
+            await asyncio.sleep(max(0.0, began + self.lease_s / 3 - loop.time()))
+            began = loop.time()
             try:
                 await self.round()
             except asyncio.CancelledError:
