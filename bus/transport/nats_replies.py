@@ -111,7 +111,9 @@ class ReplyAcks:
 
     def __init__(self, bus: NatsBus, info: js_api.ConsumerInfo, settles: bool = False) -> None:
         self.bus = bus
+        self.durable = info.name
         self.settles = settles
+        self.mine = 0  # (taken mode) replies taken since the last ack
         self.latest: Msg | None = None  # the reply taken with the highest stream sequence
         self.latest_seq = 0
         self.open: dict[int, Msg] = {}  # (settled mode) stream seq -> taken, not settled
@@ -129,14 +131,36 @@ class ReplyAcks:
         self.hold_left = outstanding
         self.hold_seen: set[int] = set()
         self.hold_until = loop.time() + 2 * bus.reply_ack_wait + 5
+        if self.hold_upto:
+            bus._spawn(self._watch_hold(), "reply-hold")
+
+    async def _watch_hold(self) -> None:
+        """While holding, look at the consumer every half second: the predecessor may yet
+        ack some of what it had (one letting a partition go acks what it settled, then
+        hands the rest back), and those never come here."""
+        while self._holding():
+            await asyncio.sleep(0.5)
+            try:
+                info = await self.bus._js.consumer_info(REPLY_STREAM, self.durable)
+            except Exception:  # (the server away: the next look)
+                continue
+            if int(getattr(info.ack_floor, "stream_seq", 0) or 0) >= self.hold_upto:
+                self.hold_left = 0
+            else:  # what waits for an ack and is not ours is the predecessor's
+                ours = len(self.open) + len(self.done) + self.mine
+                self.hold_left = min(self.hold_left, int(info.num_ack_pending or 0) - ours)
+            if not self._holding():
+                self._soon()
 
     def taken(self, msg: Msg) -> None:
         seq = stream_seq(msg.reply)
         if self.settles:
             self.open[seq] = msg
             self.done.pop(seq, None)  # (a redelivery of one settled and not acked yet)
-        elif seq >= self.latest_seq:  # (a redelivery of an older one: the newer ack covers it)
-            self.latest, self.latest_seq = msg, seq
+        else:
+            self.mine += 1
+            if seq >= self.latest_seq:  # (a redelivery of an older one: the newer ack covers it)
+                self.latest, self.latest_seq = msg, seq
         if self.hold_upto and 0 < seq <= self.hold_upto and seq not in self.hold_seen:
             self.hold_seen.add(seq)
             self.hold_left -= 1
@@ -177,7 +201,7 @@ class ReplyAcks:
             for s in below:
                 del self.done[s]
         else:
-            msg, self.latest = self.latest, None
+            msg, self.latest, self.mine = self.latest, None, 0
         if msg is None or not msg.reply:
             return
         self.unsent = msg.reply

@@ -31,6 +31,8 @@ from cardbus.agents import Agent
 from cardbus.bus.orchestrator.partition import partition_of
 from cardbus.bus.orchestrator.plan import Plan
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
+from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, REPLY_STREAM
+from cardbus.bus.transport.nats_replies import PARTITION_CONSUMER, partition_consumer
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.nats.connection import NatsOptions
@@ -166,6 +168,9 @@ async def test_two_orchestrators_share_the_runs_each_decided_by_one(
             assert {partition_of(r, PARTITIONS) for r in m.orchestrator.state.runs} <= held
         # standbys for the other's runs stay quiet: no bad message, no duplicate
         assert a.orchestrator.bad_messages == b.orchestrator.bad_messages == []
+        # every reply went to its run's member alone, and nothing waits unread
+        assert not a.orchestrator.foreign_replies and not b.orchestrator.foreign_replies
+        await until(lambda: _replies_left(a), what="every reply acked")
     assert [r.status for r in results] == ["completed"] * len(roots)
     assert all(r.outputs["c"] == {"n": 13} for r in results)
     events = await read_log(url)
@@ -272,6 +277,9 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
             killed.kill()  # kill -9: no release, its leases lapse on the server
             results = await asyncio.gather(*(b.orchestrator.wait(r, timeout=90) for r in roots))
             assert len(pb.held) == PARTITIONS
+            # every reply read and acked, the killed one's partitions' too; no consumer
+            # that nobody reads (the default one) keeps replies
+            await until(lambda: _replies_left(b), timeout=30, what="every reply acked")
     finally:
         killed.kill()
         stop.set()
@@ -305,6 +313,16 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
         and (e.stream, e.data.attempt) in dispatched_by_k
         for e in events
     )
+
+
+async def _replies_left(m: NatsRuntime) -> bool:
+    """Whether nothing waits in the reply stream's consumers but for a member's own."""
+    infos = await m.bus._js.consumers_info(REPLY_STREAM)
+    names = {i.name for i in infos}
+    assert ORCHESTRATOR_DURABLE not in names
+    assert {partition_consumer(p) for p in range(PARTITIONS)} <= names
+    parts = [i for i in infos if i.name.startswith(PARTITION_CONSUMER)]
+    return all(not i.num_pending and not i.num_ack_pending for i in parts)
 
 
 async def test_runs_submitted_at_once_to_both_fold_in_order_on_both(
