@@ -24,7 +24,10 @@ TAP_NAME = "bench-tap"
 
 
 def family(subject: str, reply: str, data: bytes, headers: dict[str, str] | None) -> str:
-    """The subject family of one message as the server routes it."""
+    """The subject family of one message as the server routes it (a consumer's delivery
+    keeps its stored subject, and has a ``$JS.ACK`` reply subject: told apart first)."""
+    if reply.startswith("$JS.ACK."):
+        return f"deliveries ({reply.split('.')[2]})"
     for prefix, name in (
         ("cardbus.evt.", "log publishes (cardbus.evt)"),
         ("cardbus.agent.", "cards (cardbus.agent)"),
@@ -47,8 +50,6 @@ def family(subject: str, reply: str, data: bytes, headers: dict[str, str] | None
         return "JetStream advisories"
     if subject.startswith("$JS."):
         return f"JetStream API ({'.'.join(tokens[2:4])})"
-    if reply.startswith("$JS.ACK."):
-        return f"deliveries ({reply.split('.')[2]})"
     if data.startswith(b'{"stream":'):
         stream = data.split(b'"', 4)[3].decode("ascii", "replace")
         return f"publish acks ({stream})"
