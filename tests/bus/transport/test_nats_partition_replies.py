@@ -163,3 +163,29 @@ async def test_a_partition_let_go_hands_its_unsettled_replies_back_at_once(nats_
     finally:
         for bus in (quick, a, b):
             await bus.close()
+
+
+async def test_a_members_consumer_of_the_previous_layout_is_given_its_filters(
+    nats_url: str,
+) -> None:
+    """A member's consumer made before partitioned replies (no filter: every reply) would
+    keep every partition's replies unread: a member starting on it filters it, and the
+    replies it held that are still for it (announcements, unpartitioned) are read."""
+    old = await NatsBus.connect(nats_url, reply_durable="m-a", fetch_wait=0.5)
+    quick = await NatsBus.connect(nats_url)
+    try:
+        await old._reply_sub()  # the consumer as the previous version made it
+        info = await old._js.consumer_info(REPLY_STREAM, "m-a")
+        assert not info.config.filter_subjects and not info.config.filter_subject
+        await old.close()
+        # an agent of the previous version answers without a partition meanwhile
+        await quick.reply(ResultCard(task_id="t0", attempt=1, agent_id="quick", status="completed"))
+        a = await member(nats_url, "m-a")
+        try:
+            info = await a._js.consumer_info(REPLY_STREAM, "m-a")
+            assert sorted(info.config.filter_subjects or []) == sorted(member_filters())
+            assert (await next_reply(a.replies())).task_id == "t0"
+        finally:
+            await a.close()
+    finally:
+        await quick.close()
