@@ -64,10 +64,11 @@ __all__ = [
     "serve_agents",
 ]
 
-#: On NATS a worker says ``Started`` only for a card still running after this long: a
-#: ``Started`` costs five server messages (its publish, its ack, its delivery, the
-#: ``task.started`` event's publish and ack), and a faster answer implies the start (the
-#: result says who ran it). Embedded, where it costs next to nothing, it is 0.01 s.
+#: Agents served on NATS (``serve_agents``, ``cardbus agent serve``) say ``Started`` only
+#: for a card still running after this long: a ``Started`` costs five server messages (its
+#: publish, its ack, its delivery, the ``task.started`` event's publish and ack), and a
+#: faster answer implies the start (the result says who ran it, and how long it took).
+#: The worker's default (0.01 s) stays for agents in the orchestrator's own process.
 NATS_STARTED_AFTER_S = 1.0
 
 
@@ -243,13 +244,7 @@ class NatsRuntime:
                 self._agent_buses.append(agent_bus)
                 for a in self.agents:
                     await self.orchestrator.register(a.card())  # ours: trusted
-                    worker = AgentWorker(
-                        agent_bus,
-                        a,
-                        self.llm,
-                        tools=self.tools,
-                        started_after_s=NATS_STARTED_AFTER_S,
-                    )
+                    worker = AgentWorker(agent_bus, a, self.llm, tools=self.tools)
                     await worker.start()
                     self._workers.append(worker)  # held: its lease renewals run on
         except BaseException:

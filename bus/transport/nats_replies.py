@@ -130,7 +130,9 @@ class ReplyAcks:
         self.hold_upto = delivered if outstanding and delivered > floor else 0
         self.hold_left = outstanding
         self.hold_seen: set[int] = set()
-        self.hold_until = loop.time() + 2 * bus.reply_ack_wait + 5
+        # (the consumer's own ack wait: whoever made it may have set another than ours)
+        ack_wait = float(getattr(info.config, "ack_wait", None) or bus.reply_ack_wait)
+        self.hold_until = loop.time() + 2 * ack_wait + 5
         if self.hold_upto:
             bus._spawn(self._watch_hold(), "reply-hold")
 

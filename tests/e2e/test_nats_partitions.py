@@ -279,7 +279,9 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
             assert len(pb.held) == PARTITIONS
             # every reply read and acked, the killed one's partitions' too; no consumer
             # that nobody reads (the default one) keeps replies
-            await until(lambda: _replies_left(b), timeout=30, what="every reply acked")
+            # (what the killed one took and did not settle comes back after the consumers'
+            # ack wait, 30 s: it made them)
+            await until(lambda: _replies_left(b), timeout=120, what="every reply acked")
     finally:
         killed.kill()
         stop.set()
