@@ -221,13 +221,17 @@ class ReplyAcks:
         await self._send()
 
     async def release(self) -> None:
-        """(Settled mode) The partition goes: ack what is settled, hand back (nak) what is
-        not, so its next owner gets it at once; no ack from here after this."""
+        """(Settled mode) The partition goes: ack what is settled below every unsettled
+        reply, hand back (nak) the rest, so its next owner gets it at once (one settled
+        above an unsettled one comes back too: recorded once, the next time a duplicate);
+        no ack from here after this."""
         self.flush()
         await self._send()
         self.released = True
-        left, self.open = list(self.open.values()), {}
-        for msg in left:
+        # (settled above one that is not: an ack for it would ack that one too)
+        left = sorted({**self.open, **self.done}.items())
+        self.open, self.done = {}, {}
+        for _, msg in left:
             with contextlib.suppress(*TRANSPORT_ERRORS):
                 await msg.nak()
 
