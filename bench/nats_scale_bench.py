@@ -90,13 +90,20 @@ async def _go_line() -> dict[str, Any]:
     return data
 
 
-async def agents_role(url: str, inflight: int) -> None:
+async def agents_role(url: str, inflight: int, started_after_s: float | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     ready = asyncio.Event()
     serving = asyncio.create_task(
-        serve_agents(NatsOptions(url=url), AGENTS, stop, concurrency=inflight, ready=ready)
+        serve_agents(
+            NatsOptions(url=url),
+            AGENTS,
+            stop,
+            concurrency=inflight,
+            ready=ready,
+            **({} if started_after_s is None else {"started_after_s": started_after_s}),
+        )
     )
     await ready.wait()
     _say(ready=True)
@@ -224,6 +231,8 @@ def measure(
         # each agent process pulls for its share of the cards in flight (a pull loop per
         # card at once: more would only poll)
         share = ["--url", server.url, "--inflight", str(-(-args.inflight // agents))]
+        if args.started_after_s is not None:
+            share += ["--started-after-s", str(args.started_after_s)]
         agent_procs = [_Child(["--role", "agents", *share], f"agents-{j}") for j in range(agents)]
         children += agent_procs
         for c in agent_procs:
@@ -377,13 +386,20 @@ def main() -> None:
         help="skip the extra measurement per orchestrator count that counts the server's"
         " messages by subject family",
     )
+    ap.add_argument(
+        "--started-after-s",
+        type=float,
+        default=None,
+        help="the agents' Started threshold (default: serve_agents', NATS_STARTED_AFTER_S;"
+        " 0.01: a Started for every card, as before it)",
+    )
     ap.add_argument("--role", choices=("agents", "orchestrator"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--of", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role == "agents":
-        run(agents_role(args.url, args.inflight))
+        run(agents_role(args.url, args.inflight, args.started_after_s))
         return
     if args.role == "orchestrator":
         run(orchestrator_role(args.url, args.index, args.of, args.inflight, args.follow))
