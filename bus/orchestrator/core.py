@@ -387,8 +387,15 @@ class Orchestrator:
             return
         self._lost_attempts = self._lost_attempts | mine
         self._queue.put_nowait(_Changed(frozenset(self._root_of(t) for t, _ in mine)))
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and any(self._in_flight(*key) for key in mine):
+        # Until the loss is recorded (or the loop or the log is gone), with no time limit:
+        # another process on the same log waits on these attempts, and an attempt left
+        # in flight there waits out the queue limit (an hour by default). A fixed limit
+        # here expired on a busy machine and wedged the other process's run.
+        while (
+            any(self._in_flight(*key) for key in mine)
+            and self.store_failure is None
+            and not all(t.done() for t in self._loops)
+        ):
             await asyncio.sleep(0.01)
 
     def _in_flight(self, task_id: str, attempt: int) -> bool:

@@ -582,12 +582,19 @@ class Decider:
         ]
 
     def _awaited(self, run: RunView, capability: str) -> bool:
-        """An unconfirmed agent (in the log, not yet renewed) that could do it: wait for it."""
+        """An unconfirmed agent (in the log, not yet renewed) that could do it: wait for it.
+
+        So is one whose lease or grace has run out but whose ``agent.deregistered`` is
+        not written yet (the loop's next sweep writes it): failing the task first would
+        tell, in the log, of a task that found no agent while a capable one was still
+        registered (seen on a busy machine, where a grace ran out before a decision)."""
         if self.leases is None:
             return False
+        leases, now = self.leases, self.now
         named = set(run.started.agents)
         return any(
-            self.leases.waiting(a.agent_id, self.now) and a.capability(capability) is not None
+            (leases.waiting(a.agent_id, now) or leases.lapsed([a.agent_id], now))
+            and a.capability(capability) is not None
             for a in self.state.agents.values()
             if not named or a.agent_id in named
         )
