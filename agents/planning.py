@@ -68,6 +68,9 @@ class ProposedTask(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     deps: list[str] = []
     constraints: dict[str, Any] = {}  # e.g. {"model": "small-model"} for an LLM agent
     review_by: str | None = None  # the capability that reviews this task's output
+    # the run can do without it: its failure leaves its output absent for its dependents
+    # and the run completes "degraded" instead of failing
+    optional: bool = False
 
 
 class PlanProposal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

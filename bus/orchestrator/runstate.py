@@ -57,6 +57,9 @@ class TaskView:
     output: Any = None
     reason: str = ""
     error: str = ""  # what the failure says beyond its reason (task.failed's error)
+    # who cancelled it, when that stops its dependents too (``optional``): "run" for the
+    # whole run's cancel, the dependency's task id for a cascade; "" otherwise
+    cancel_cause: str = ""
     review_round: int = 0
     review: list[ev.ReviewIssue] = field(default_factory=list)
     under_review: str | None = None  # reviewer task id while a review runs
@@ -561,6 +564,8 @@ def _ended(
     task.settled |= {task.attempt}
     task.reason = data.reason
     task.error = data.error if isinstance(data, ev.TaskFailed) else ""
+    if isinstance(data, ev.TaskCancelled):
+        task.cancel_cause = "run" if data.whole_run else data.cause_task_id or ""
 
 
 _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, Any], None]] = {
