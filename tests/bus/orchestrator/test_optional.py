@@ -263,3 +263,26 @@ async def test_a_sqlite_file_keeps_the_optional_flag(store: SqliteEventStore, ma
     log = await run_log(store, result.root_id)
     flags = {e.plan_id: e.optional for e in log.of(ev.TaskCreated)}
     assert flags == {"research": True, "write": False}
+
+
+async def test_a_degraded_run_is_a_completed_a2a_task_saying_degraded(make_runtime, store):
+    pytest.importorskip("a2a")
+    from a2a.types import TaskState as A2AState
+
+    from cardbus.bus.a2a.fold import TaskFold
+
+    rt = await make_runtime([BROKEN, WRITER])
+    degraded = await rt.run(_research_plan(optional=True))
+    failed = await rt.run(_research_plan(optional=False))
+    states = {}
+    for result in (degraded, failed):
+        fold = TaskFold(result.root_id)
+        for env in await store.read_correlation(result.root_id):
+            fold.apply(env)
+        task = fold.task()
+        states[result.status] = (task.status.state, task.status.message.parts[0].text)
+    state, text = states["completed"]
+    assert state == A2AState.TASK_STATE_COMPLETED
+    assert text.startswith("run completed, degraded: without research (research: failed:")
+    assert states["failed"][0] == A2AState.TASK_STATE_FAILED
+    assert "degraded" not in states["failed"][1]
