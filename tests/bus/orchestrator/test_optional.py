@@ -286,3 +286,24 @@ async def test_a_degraded_run_is_a_completed_a2a_task_saying_degraded(make_runti
     assert text.startswith("run completed, degraded: without research (research: failed:")
     assert states["failed"][0] == A2AState.TASK_STATE_FAILED
     assert "degraded" not in states["failed"][1]
+
+
+async def test_the_diff_of_two_runs_names_the_degraded_one(make_runtime, store, tmp_path):
+    from cardbus.projections.diff import diff_runs
+
+    one = plan(task("research", "research", optional=True, max_attempts=1))
+    degraded = await (await make_runtime([BROKEN])).run(one)
+    other = await SqliteEventStore.open(tmp_path / "other.db", poll_interval=0.01)
+    rt = await make_runtime([OK_RESEARCH], store=other)
+    try:
+        fine = await rt.run(one)
+        diff = diff_runs(
+            await store.read_correlation(degraded.root_id),
+            await other.read_correlation(fine.root_id),
+        )
+    finally:
+        await rt.stop()
+        await other.close()
+    assert (degraded.reason, fine.reason) == ("degraded", "")
+    assert diff.a.status == "completed: degraded (without research)"
+    assert diff.b.status == "completed"
