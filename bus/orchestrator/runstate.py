@@ -544,6 +544,14 @@ def _approval_granted(
     task.approved = True
 
 
+def _denied(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.ApprovalDenied
+) -> None:
+    # cancelled by a person: why, for a run's detail (a failed run's, a degraded one's)
+    task.reason = "approval_denied"
+    task.error = f"by {data.by}" + (f": {data.note}" if data.note else "")
+
+
 def _completed(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskCompleted
 ) -> None:
@@ -581,6 +589,7 @@ _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, 
     ev.RevisionRequested: _revision_requested,
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalGranted: _approval_granted,
+    ev.ApprovalDenied: _denied,
     ev.TaskCompleted: _completed,
     ev.TaskFailed: _ended,
     ev.TaskCancelled: _ended,

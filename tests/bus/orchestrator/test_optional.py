@@ -307,3 +307,35 @@ async def test_the_diff_of_two_runs_names_the_degraded_one(make_runtime, store, 
     assert (degraded.reason, fine.reason) == ("degraded", "")
     assert diff.a.status == "completed: degraded (without research)"
     assert diff.b.status == "completed"
+
+
+def test_a_planner_may_propose_an_optional_task() -> None:
+    from cardbus.agents.planning import plan_json_schema
+    from cardbus.bus.orchestrator.plan import task_created
+    from cardbus.bus.orchestrator.planning import proposal_plan
+    from cardbus.bus.orchestrator.retry import RetryPolicy
+
+    schema = plan_json_schema()
+    assert schema["$defs"]["ProposedTask"]["properties"]["optional"] == {
+        "type": "boolean",
+        "default": False,
+    }
+    proposed = {"tasks": [{"id": "extra", "capability": "c", "optional": True}]}
+    (t,) = proposal_plan(proposed, "g").tasks
+    assert t.optional is True
+    assert task_created(t, "root", {"extra": "extra-1"}, RetryPolicy()).optional is True
+
+
+async def test_a_denied_optional_task_is_done_without(make_runtime, store):
+    rt = await make_runtime([OK_RESEARCH, WRITER])
+    the_plan = _research_plan(optional=True)
+    gated = msgspec.structs.replace(the_plan.tasks[0], requires_approval=True)
+    submitted = asyncio.create_task(
+        rt.run(msgspec.structs.replace(the_plan, tasks=[gated, the_plan.tasks[1]]))
+    )
+    asked = await wait_for(store, is_(ev.ApprovalRequested))
+    await answer_approval(store, asked.stream, False, by="test", note="not today")
+    result = await submitted
+    assert (result.status, result.degraded) == ("completed", ["research"])
+    assert result.detail == "research: cancelled: approval_denied (by test: not today)"
+    assert "fine" not in CARDS and CARDS["writer"][0].absent == [asked.stream]
