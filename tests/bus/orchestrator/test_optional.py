@@ -339,3 +339,11 @@ async def test_a_denied_optional_task_is_done_without(make_runtime, store):
     assert (result.status, result.degraded) == ("completed", ["research"])
     assert result.detail == "research: cancelled: approval_denied (by test: not today)"
     assert "fine" not in CARDS and CARDS["writer"][0].absent == [asked.stream]
+
+
+def test_cardbus_plan_shows_which_tasks_are_optional() -> None:
+    from cardbus.tools.cmd_plan import describe
+
+    shown = describe(_research_plan(optional=True)).splitlines()
+    assert shown[0].endswith("research  (optional)")
+    assert "optional" not in "\n".join(shown[1:])
