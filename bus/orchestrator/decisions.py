@@ -825,12 +825,8 @@ class Decider:
             self._planning_round(run, errors=[], previous=self._accepted_proposal(run))
             return
         self._follow_completed(run.root_id, run.tasks)
-        if failing:  # every plan task not completed is named, the absent ones too
-            failed = sorted(
-                t.task_id
-                for t in plan_tasks.values()
-                if t.state is not S.COMPLETED and t.task_id not in done
-            )
+        if failing:
+            failed = optional.not_completed(plan_tasks, done)  # the absent ones too
             self.d.add(
                 run.root_id,
                 ev.RunFailed(
@@ -840,16 +836,7 @@ class Decider:
                 ),
             )
         else:
-            outputs = {
-                name: done.get(t.task_id, t.output)
-                for name, t in plan_tasks.items()
-                if name not in degraded
-            }
-            completed = ev.RunCompleted(
-                outputs=outputs,
-                degraded=degraded,
-                detail=optional.degraded_detail(plan_tasks, degraded)[:2000],
-            )
+            completed = optional.completion(plan_tasks, done, degraded)
             size = len(msgspec.json.encode(completed))
             if size > self.event_limit:  # it could never be stored: fail, never retry
                 self.d.add(

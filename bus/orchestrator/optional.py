@@ -32,17 +32,21 @@ restart, a fork or a snapshot decides the same):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from cardbus.bus.orchestrator.runstate import TaskView
 from cardbus.eventstore import TaskState
+from cardbus.eventstore import events as ev
 
 __all__ = [
     "DEPENDENCY_ABSENT",
     "absent_deps",
     "blocks",
+    "completion",
     "degraded_detail",
     "is_absent",
     "no_agent_failure",
+    "not_completed",
     "outcome",
     "why_ended",
 ]
@@ -96,6 +100,33 @@ def outcome(
         else:
             failed.append(task.task_id)
     return sorted(failed), sorted(degraded)
+
+
+def not_completed(plan_tasks: Mapping[str, TaskView], done: Mapping[str, object]) -> list[str]:
+    """The task ids of every plan task that did not complete, absent ones included (what a
+    failed run's ``failed_tasks`` names)."""
+    return sorted(
+        t.task_id
+        for t in plan_tasks.values()
+        if t.state is not S.COMPLETED and t.task_id not in done
+    )
+
+
+def completion(
+    plan_tasks: Mapping[str, TaskView], done: Mapping[str, Any], degraded: list[str]
+) -> ev.RunCompleted:
+    """The ``run.completed`` of a run whose only plan tasks not completed are ``degraded``
+    (names): the completed tasks' outputs, and the absent ones named with how they ended."""
+    gone = set(degraded)
+    return ev.RunCompleted(
+        outputs={
+            name: done.get(t.task_id, t.output)
+            for name, t in plan_tasks.items()
+            if name not in gone
+        },
+        degraded=degraded,
+        detail=degraded_detail(plan_tasks, degraded)[:2000],
+    )
 
 
 def degraded_detail(plan_tasks: Mapping[str, TaskView], names: Iterable[str]) -> str:
