@@ -347,3 +347,19 @@ def test_cardbus_plan_shows_which_tasks_are_optional() -> None:
     shown = describe(_research_plan(optional=True)).splitlines()
     assert shown[0].endswith("research  (optional)")
     assert "optional" not in "\n".join(shown[1:])
+
+
+async def test_an_optional_task_over_its_budget_is_done_without(make_runtime, store):
+    """A cap on a part of the run stops the optional task (budget_exceeded): an absence;
+    the run's own cap is spent: the run is halted, never degraded."""
+    rt = await make_runtime([OK_RESEARCH, WRITER])
+    capped = msgspec.structs.replace(
+        _research_plan(optional=True), budgets={"capability:research": ev.BudgetLimit(tokens=0)}
+    )
+    result = await rt.run(capped)
+    assert (result.status, result.degraded) == ("completed", ["research"])
+    assert result.detail.startswith("research: failed: budget_exceeded (capability:research")
+    assert "fine" not in CARDS and CARDS["writer"][0].absent
+    whole = msgspec.structs.replace(_research_plan(optional=True), budget_usd=0.0)
+    halted = await rt.run(whole)
+    assert (halted.status, halted.degraded) == ("halted", [])
