@@ -30,6 +30,7 @@ from cardbus.eventstore import InvalidPlan, SqliteEventStore
 from cardbus.projections import ProjectionRunner
 from cardbus.projections.replay import build_timeline
 from cardbus.projections.runs import Runs
+from cardbus.projections.traces import trace_spans
 
 
 class Loose(msgspec.Struct, frozen=True):
@@ -220,6 +221,10 @@ async def test_replay_names_a_degraded_run(make_runtime, store):
     (end,) = [s for s in timeline.run if s.kind == "run.completed"]
     assert end.reason == "degraded: without research"
     assert end.detail is not None and "research: failed" in end.detail
+    # the exported trace's run span names it too
+    (workflow,) = [s for s in trace_spans(events) if s.name == "invoke_workflow"]
+    assert workflow.attributes["cardbus.run.status"] == "completed"
+    assert workflow.attributes["cardbus.run.degraded"] == ["research"]
 
 
 def test_resolve_inputs_leaves_absent_placeholders_out() -> None:
