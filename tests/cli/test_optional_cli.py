@@ -25,6 +25,13 @@ class Search(Agent):
     async def handle(self, task, inputs, ctx):
         raise RuntimeError("index down")
 
+class GoodSearch(Agent):
+    agent_id = "good-search"
+    capabilities = [Capability("search", Text, Text, "its index is up")]
+
+    async def handle(self, task, inputs, ctx):
+        return Text(text="tides")
+
 class Write(Agent):
     agent_id = "write"
     capabilities = [Capability("write", Text, Text, "writes with or without facts")]
@@ -104,3 +111,25 @@ def test_the_same_plan_without_optional_fails_and_says_so(agents: Path) -> None:
     assert ": failed tasks_not_completed" in line and "degraded" not in line
     rows = json.loads(CliRunner().invoke(cli, ["runs", "--store", db, "--json"]).stdout)
     assert [(x["status"], x["degraded"]) for x in rows] == [("failed", [])]
+
+
+def test_a_fork_of_a_degraded_run_runs_the_optional_task_again(agents: Path) -> None:
+    """Forked at its end, the report is reused and the optional task runs again: on the
+    same broken agent the fork is degraded too; on a working one it is not."""
+    db = str(agents / "log.db")
+    r = CliRunner().invoke(cli, ["run", str(_plan(agents, True)), "--store", db, "--json"])
+    root = json.loads(r.stdout.strip().splitlines()[-1])["root_id"]
+    steps = json.loads(CliRunner().invoke(cli, ["replay", root, "--store", db, "--json"]).stdout)
+    (end,) = [s for s in steps["run"] if s["kind"] == "run.completed"]
+    at = ["--at", str(end["position"]), "--store", db, "--json"]
+    again = CliRunner().invoke(cli, ["fork", root, *at])
+    assert again.exit_code == 0, again.output
+    body = json.loads(again.stdout)
+    assert (len(body["reused"]), len(body["rerun"]), body["reason"]) == (1, 1, "degraded")
+    agents_now = ["--agent", "optagents:GoodSearch", "--agent", "optagents:Write"]
+    fixed = CliRunner().invoke(cli, ["fork", root, *at, *agents_now])
+    assert fixed.exit_code == 0, fixed.output
+    assert (json.loads(fixed.stdout)["status"], json.loads(fixed.stdout)["reason"]) == (
+        "completed",
+        "",
+    )
