@@ -162,6 +162,9 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     # at most DISPATCH_INPUTS_INLINE bytes (else None: the digest and the size only)
     inputs: Any = None
     inputs_bytes: int = 0
+    # deps whose output is absent: optional tasks that ended without completing; their
+    # ``$dep`` placeholders were left out of the inputs sent (``bus.orchestrator.optional``)
+    absent: list[str] = []
 
 
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
@@ -278,8 +281,14 @@ class TaskFailed(_Event, frozen=True, kw_only=True, tag="task.failed.v1"):
 
 
 class TaskCancelled(_Event, frozen=True, kw_only=True, tag="task.cancelled.v1"):
+    """A task stopped before it completed: by the orchestrator (``reason``
+    ``dependency_failed`` and the like, ``cause_task_id`` the dependency), or from
+    outside. ``whole_run``: the whole run was cancelled (``cancel_run``), so an optional
+    task cancelled so is not an absence the run completes without: the run fails."""
+
     reason: str
     cause_task_id: str | None = None
+    whole_run: bool = False
 
 
 class TaskHalted(_Event, frozen=True, kw_only=True, tag="task.halted.v1"):
@@ -364,7 +373,17 @@ class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
 
 
 class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
+    """Every task of the plan completed, or only ``optional`` ones did not.
+
+    ``outputs``: each completed plan task's output, by plan task id. ``degraded``:
+    the plan task ids of the optional tasks that ended without completing (failed,
+    cancelled or halted; their outputs are absent): a run with any is a *degraded*
+    completion, and ``detail`` says why each ended (``name: reason (error)``).
+    """
+
     outputs: dict[str, Any] = {}
+    degraded: list[str] = []
+    detail: str = ""
 
 
 class RunFailed(_Event, frozen=True, kw_only=True, tag="run.failed.v1"):

@@ -142,6 +142,8 @@ def describe(plan: Any) -> str:
             line += f"  after {', '.join(t.deps)}"
         if t.review_by:
             line += f"  reviewed by {t.review_by}"
+        if t.optional:  # the run can do without it
+            line += "  (optional)"
         lines.append(line)
         if inputs:
             lines.append(f"  {'':<{width}}    inputs: {inputs}")

@@ -137,6 +137,7 @@ def run(
                         "outputs": result.outputs,
                         "quality_met": result.quality_met,
                         "open_issues": msgspec.to_builtins(result.open_issues),
+                        "degraded": result.degraded,
                     }
                 )
             )

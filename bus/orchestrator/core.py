@@ -114,11 +114,13 @@ class RunResult:
     root_id: str
     status: str  # completed | failed | halted
     outputs: dict[str, Any]
-    reason: str = ""
+    reason: str = ""  # "degraded" for a completion without some optional tasks' outputs
     detail: str = ""  # e.g. the errors of a plan refused for good (reason plan_invalid)
     # False if a reviewed task completed with its review not passed (max_review_rounds spent)
     quality_met: bool = True
     open_issues: dict[str, list[ev.ReviewIssue]] = field(default_factory=dict)  # by plan task id
+    # completed degraded: the optional plan tasks that did not complete (``optional``)
+    degraded: list[str] = field(default_factory=list)
 
 
 class Orchestrator:
@@ -1342,14 +1344,16 @@ def _result_of(state: RunState, root_id: str) -> RunResult | None:
         for name, tid in run.names.items()
         if tid in state.tasks and not state.tasks[tid].quality_met
     }
+    degraded = list(data.degraded) if isinstance(data, ev.RunCompleted) else []
     return RunResult(
         root_id,
         run.finished,
         outputs,
-        getattr(data, "reason", ""),
+        "degraded" if degraded else getattr(data, "reason", ""),
         getattr(data, "detail", ""),
         quality_met=not unmet,
         open_issues=unmet,
+        degraded=degraded,
     )
 
 
