@@ -137,16 +137,6 @@ def _own_doc(cls: type) -> str:
     return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split()) if doc else ""
 
 
-def _readme_meanings() -> dict[str, str]:
-    """The README catalogue's one-line meanings (``<!-- catalogue:begin/end -->``), by tag:
-    the meaning of an event class without a docstring of its own."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    m = re.search(r"<!-- catalogue:begin -->\n(.*?)\n<!-- catalogue:end -->", text, re.S)
-    if not m:
-        return {}
-    return dict(re.findall(r"^\| `([a-z_.0-9]+)` \| (.*) \|$", m.group(1), re.M))
-
-
 def render_events() -> str:
     """Every event type: its tag, its class, what it means and its fields."""
     from cardbus.eventstore.events import EVENT_TYPES, TASK_EVENT_TYPES, tag_of
@@ -156,11 +146,10 @@ def render_events() -> str:
         "|---|---|---|---|",
     ]
     sections: list[str] = []
-    meanings = _readme_meanings()
     for cls in EVENT_TYPES:
         tag = tag_of(cls)
         path = f"{cls.__module__}.{cls.__qualname__}"
-        doc = _own_doc(cls) or meanings.get(tag, "")
+        doc = _own_doc(cls)  # every event class has one (tests/eventstore/test_states.py)
         stream = "task" if cls in TASK_EVENT_TYPES else "run, agent or other"
         anchor = tag.replace(".", "-").replace("_", "-")
         lines.append(
