@@ -6,6 +6,8 @@ A page asks for a generated section with a marker on a line of its own::
     <!-- generated: events -->       the event catalogue, from EVENT_TYPES
     <!-- generated: transitions -->  the task-state table, from eventstore.states
     <!-- generated: a2a-states -->   each task state's A2A TaskState
+    <!-- generated: speed-table -->  the figures of the last `make bench`, from the committed
+                                     docs/explanation/speed-figures.json (no bench runs here)
 
 so none of them can drift from the code. The state tables reuse the renderers
 that pin the README's copies (``tests/eventstore/test_states.py``). An unknown
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import re
 from pathlib import Path
 from types import ModuleType
@@ -179,6 +182,23 @@ def _default(field: msgspec.inspect.Field) -> str:
     return _cell(repr(field.default))
 
 
+# -- the speed table ---------------------------------------------------------------------
+
+SPEED_FIGURES = ROOT / "docs" / "explanation" / "speed-figures.json"
+
+
+def render_speed_table(path: Path = SPEED_FIGURES) -> str:
+    """The table ``make bench`` saved (``bench/summary.py --write``), with its machine and date:
+    read from the committed file, so building the docs never runs a benchmark."""
+    spec = importlib.util.spec_from_file_location(
+        "_cardbus_bench_summary", ROOT / "bench" / "summary.py"
+    )
+    assert spec and spec.loader
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    return str(summary.render(json.loads(path.read_text(encoding="utf-8"))))
+
+
 # -- the hook --------------------------------------------------------------------------
 
 RENDERERS: dict[str, Any] = {
@@ -186,6 +206,7 @@ RENDERERS: dict[str, Any] = {
     "events": render_events,
     "transitions": lambda: _states_renderers().render_transition_table() + "\n",
     "a2a-states": lambda: _states_renderers().render_a2a_table() + "\n",
+    "speed-table": render_speed_table,
 }
 
 
