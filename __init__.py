@@ -65,9 +65,6 @@ if TYPE_CHECKING:
         SqliteEventStore,
         open_store,
     )
-    from cardbus.eventstore.events import (
-        ReviewIssue,
-    )
     from cardbus.eventstore.errors import (
         AccessDenied,
         AmbiguousId,
@@ -106,6 +103,9 @@ if TYPE_CHECKING:
         ToolTimeout,
         UnknownEventType,
         ValidationError,
+    )
+    from cardbus.eventstore.events import (
+        ReviewIssue,
     )
     from cardbus.eventstore.nats import (
         NatsEventStore,
