@@ -608,8 +608,9 @@ def describe_llm(llm: LLM) -> str:
         return f"LLM: {llm.model} at {llm.base_url} ({host})"
     if isinstance(llm, MockLLM):
         return (
-            f"LLM: the deterministic mock ({llm.model}); no endpoint configured"
-            f" (set {ENV_BASE_URL} and {ENV_MODEL}, or --llm-base-url and --model)"
+            # one line of at most 100 columns (the demo's screen); --help names the flags
+            f"LLM: deterministic mock ({llm.model}); no endpoint configured"
+            f" (set {ENV_BASE_URL} and {ENV_MODEL})"
         )
     return f"LLM: {type(llm).__name__}"
 
