@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from cardbus.eventstore.errors import MissingExtra
 from cardbus.projections.pricing import PriceTable
 from cardbus.tools.cli import cli
 from cardbus.tools.costs import prices_option
@@ -42,9 +43,7 @@ def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable
         from cardbus.bus.http_guard import host_names
         from cardbus.tools.ui import create_app, is_loopback
     except ImportError as e:
-        raise click.ClickException(
-            f"the web console needs the 'ui' extra: pip install 'cardbus[ui]' ({e})"
-        ) from e
+        raise MissingExtra("ui", "the web console") from e
     loopback = is_loopback(host)
     if not loopback and not token:
         raise click.UsageError(
