@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from cardbus.bus.listen import listen_socket
 from cardbus.eventstore.errors import MissingExtra
 from cardbus.projections.pricing import PriceTable
 from cardbus.tools.cli import cli
@@ -56,6 +57,8 @@ def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable
     app = create_app(
         opener=lambda: open_store_option(db, create=True), token=token, hosts=hosts, prices=prices
     )
+    sock = listen_socket(host, port)  # a port in use: PortInUse, one line, before the banner
+    port = sock.getsockname()[1]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     suffix = f"?token={token}" if token else ""
     click.echo(f"cardbus console on http://{shown}:{port}/{suffix}  (log {db}; Ctrl-C stops)")
@@ -77,4 +80,4 @@ def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable
                 stop()
             super().handle_exit(sig, frame)
 
-    Server(config).run()
+    Server(config).run(sockets=[sock])
