@@ -1,8 +1,10 @@
 """The last line of a command that ran a run (``run``, ``demo``, ``fork``, ``rerun``,
 ``orchestrator --plan``), and what a command does when it gives up waiting for one.
 
-A run that completed: ``run R: completed``. One that did not: the task that
-failed it first and why, before anything generic (``projections.outcome``)::
+A run that completed: ``run R: completed``. One whose tasks did not complete:
+the task that failed it first and why, before anything generic
+(``projections.outcome``); any other end (planning failed, a loop, a budget):
+the run's own reason and detail::
 
     run R failed: task draft-3f2a (write) failed: agent_error: RuntimeError: boom (attempt 3 of 3)
 
@@ -40,7 +42,7 @@ __all__ = [
 #: the reason a timed-out command's cancellations carry (then ": <command> gave up ...")
 CLIENT_TIMED_OUT = "client_timed_out"
 
-_ERROR_CHARS = 300  # of a task's error in the line: the start says what it is
+_ERROR_CHARS = 500  # of an error or detail in the line (a hint may end it): one line still
 
 
 def _attempts(f: Failure) -> str:
@@ -61,8 +63,11 @@ def run_line(result: Any, events: list[Any]) -> str:
     if result.status == "completed":
         line = f"{head}: completed {result.reason}".rstrip()
         return line + (f" ({result.detail})" if result.detail else "")
-    failure = first_failure(events)
-    if failure is None:  # the run failed before a task did: a plan refused, planning
+    # only a run that ended because tasks did not complete is told by its first failed
+    # task; any other end (planning found no plan, a loop, a budget) by the run's reason,
+    # whose detail says more than its tasks' (a planner's rejection and its hint)
+    failure = first_failure(events) if result.reason in ("tasks_not_completed", "") else None
+    if failure is None:
         why = ": ".join(x for x in (result.reason, _error(result.detail)) if x)
         return f"{head} {result.status}: {why or 'no reason recorded'}"
     why = ": ".join(x for x in (failure.reason, _error(failure.error)) if x)

@@ -27,6 +27,7 @@ from cardbus.eventstore import Envelope, SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import AmbiguousId, CardbusError, IdNotFound
 from cardbus.projections import resolve_id
+from cardbus.projections.outcome import first_failure
 from cardbus.tools.cli import cli
 from cardbus.tools.errors import EXIT_TIMEOUT, one_line
 
@@ -110,12 +111,26 @@ def test_a_failed_run_in_json_names_the_task_too(tmp_path: Path) -> None:
     }
 
 
+def test_a_run_that_found_no_plan_says_the_planners_reason(tmp_path: Path) -> None:
+    """Not a task's failure: the run's own reason, with the planner's rejection and hint."""
+    db = str(tmp_path / "c.db")
+    r = invoke("run", "--goal", "zzz qqq", "--agent", "oneline_agents:Stuck", "--store", db)
+    assert r.exit_code == 1, r.output
+    root = r.stdout.splitlines()[0].split()[1].rstrip(":")
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"run {root} failed: planning_failed: "), last
+    assert "cannot_plan" in last and "--input n=" in last, last
+
+
 def _assert_ended_on_timeout(db: str, root: str) -> None:
     """The run is not left running: it failed, and its tasks say why."""
     events = run_events(db, root)
     assert any(isinstance(e.data, ev.RunFailed) for e in events), [e.type for e in events]
     cancelled = [e.data for e in events if isinstance(e.data, ev.TaskCancelled)]
     assert cancelled and all(c.reason.startswith("client_timed_out: ") for c in cancelled)
+    failure = first_failure(events)  # what a later look at the run names as its cause
+    assert failure is not None and failure.ended == "cancelled"
+    assert failure.reason.startswith("client_timed_out: "), failure
     runs = json.loads(invoke("runs", "--store", db, "--json").stdout)
     assert {x["root_id"]: x["status"] for x in runs}[root] == "failed"
 
