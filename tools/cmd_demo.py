@@ -22,7 +22,7 @@ from cardbus.tools.errors import EXIT_FAILED
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
-from cardbus.tools.outcome import failure_json, give_up, root_of_plan, run_events, run_line
+from cardbus.tools.outcome import failure_json, run_events, run_line, see_through
 from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
@@ -106,17 +106,22 @@ async def _demo(
             store, [*DEMO_AGENTS, *agents], llm=llm, mcp_servers=servers
         ) as rt:
             watch_model_calls(rt.orchestrator, llm)
-            try:
+
+            async def wait() -> Any:
                 if as_json:  # stdout: the result alone
-                    result = await rt.run(plan, timeout=timeout)
-                else:
-                    async with RunProgress(store, plan_id, db.flag(), echo=click.echo):
-                        result = await rt.run(plan, timeout=timeout)
-            except TimeoutError:
-                root = await root_of_plan(store, plan_id)
-                raise await give_up(
-                    store, root, timeout, "cardbus demo", rt.orchestrator, db.flag()
-                ) from None
+                    return await rt.run(plan, timeout=timeout)
+                async with RunProgress(store, plan_id, db.flag(), echo=click.echo):
+                    return await rt.run(plan, timeout=timeout)
+
+            result = await see_through(
+                wait(),
+                store,
+                timeout,
+                "cardbus demo",
+                plan_id=plan_id,
+                orchestrator=rt.orchestrator,
+                store_flag=db.flag(),
+            )
         elapsed = time.perf_counter() - started
         events = [] if result.status == "completed" else await run_events(store, result)
         if as_json:

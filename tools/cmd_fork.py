@@ -22,7 +22,7 @@ from cardbus.projections.fork import ForkPlan, plan_fork
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
 from cardbus.tools.errors import EXIT_FAILED
-from cardbus.tools.outcome import failure_json, give_up, run_events, run_line
+from cardbus.tools.outcome import failure_json, run_events, run_line, see_through
 from cardbus.tools.store_option import StoreRef, store_option
 
 
@@ -93,12 +93,15 @@ def fork(
             if no_run:
                 return plan, None, []
             async with EmbeddedRuntime(store, agents) as rt:
-                try:
-                    result = await rt.orchestrator.wait(plan.root_id, timeout)
-                except TimeoutError:
-                    raise await give_up(
-                        store, plan.root_id, timeout, "cardbus fork", rt.orchestrator, db.flag()
-                    ) from None
+                result = await see_through(
+                    rt.orchestrator.wait(plan.root_id, timeout),
+                    store,
+                    timeout,
+                    "cardbus fork",
+                    root_id=plan.root_id,
+                    orchestrator=rt.orchestrator,
+                    store_flag=db.flag(),
+                )
             ok = result.status == "completed"
             return plan, result, [] if ok else await run_events(store, result)
         finally:

@@ -51,7 +51,7 @@ from cardbus.tools.errors import EXIT_FAILED
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
-from cardbus.tools.outcome import give_up, root_of_plan, run_events, run_line
+from cardbus.tools.outcome import run_events, run_line, see_through
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -363,15 +363,15 @@ def orchestrator(
                     sys.stdout.flush()
                     await stop.wait()
                     return 0
-                flag = f" --store {db or nats_url}"
-                try:
-                    result = await rt.run(plan, timeout, agent_timeout)
-                except TimeoutError:
-                    root = await root_of_plan(rt.store, plan.plan_id)
-                    what = "cardbus orchestrator --plan"
-                    raise await give_up(
-                        rt.store, root, timeout, what, rt.orchestrator, flag
-                    ) from None
+                result = await see_through(
+                    rt.run(plan, timeout, agent_timeout),
+                    rt.store,
+                    timeout,
+                    "cardbus orchestrator --plan",
+                    plan_id=plan.plan_id,
+                    orchestrator=rt.orchestrator,
+                    store_flag=f" --store {db or nats_url}",
+                )
                 events = [] if result.status == "completed" else await run_events(rt.store, result)
             _print_result(result, as_json, events)
             return 0 if result.status == "completed" else EXIT_FAILED
@@ -563,14 +563,15 @@ def demo_on_nats(
             ) as rt,
         ):
             watch_model_calls(rt.orchestrator, llm)
-            try:
-                result = await rt.run(plan, timeout=timeout)
-            except TimeoutError:
-                root = await root_of_plan(rt.store, plan.plan_id)
-                flag = f" --store {url}"
-                raise await give_up(
-                    rt.store, root, timeout, "cardbus demo --nats", rt.orchestrator, flag
-                ) from None
+            result = await see_through(
+                rt.run(plan, timeout=timeout),
+                rt.store,
+                timeout,
+                "cardbus demo --nats",
+                plan_id=plan.plan_id,
+                orchestrator=rt.orchestrator,
+                store_flag=f" --store {url}",
+            )
             elapsed = time.perf_counter() - started
             events = [] if result.status == "completed" else await run_events(rt.store, result)
             if as_json:

@@ -34,7 +34,7 @@ from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
 from cardbus.tools.errors import EXIT_FAILED
 from cardbus.tools.llm_options import announce_on_first_call, watch_model_calls
 from cardbus.tools.loading import load_agent
-from cardbus.tools.outcome import give_up, run_line
+from cardbus.tools.outcome import run_line, see_through
 from cardbus.tools.store_option import StoreRef, store_option
 
 __all__ = ["rerun_agents"]
@@ -179,12 +179,15 @@ def rerun(
                 )
             async with EmbeddedRuntime(store, agents, llm=llm, default_planner=False) as rt:
                 watch_model_calls(rt.orchestrator, llm)
-                try:
-                    result = await rt.orchestrator.wait(plan.root_id, timeout)
-                except TimeoutError:
-                    raise await give_up(
-                        store, plan.root_id, timeout, "cardbus rerun", rt.orchestrator, db.flag()
-                    ) from None
+                result = await see_through(
+                    rt.orchestrator.wait(plan.root_id, timeout),
+                    store,
+                    timeout,
+                    "cardbus rerun",
+                    root_id=plan.root_id,
+                    orchestrator=rt.orchestrator,
+                    store_flag=db.flag(),
+                )
             new = await store.read_correlation(plan.root_id)
             compared = None if offline else diff_runs(events, new)
             return plan, result, new, compared

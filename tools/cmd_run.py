@@ -9,7 +9,7 @@ import click
 import msgspec
 
 from cardbus.agents.mcp_config import MCPServer, split_plan_servers
-from cardbus.bus.orchestrator.core import answer_approval
+from cardbus.bus.orchestrator.core import RunResult, answer_approval
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run as run_loop
@@ -27,7 +27,7 @@ from cardbus.tools.errors import EXIT_FAILED
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
-from cardbus.tools.outcome import failure_json, give_up, root_of_plan, run_events, run_line
+from cardbus.tools.outcome import failure_json, run_events, run_line, see_through
 from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
@@ -129,18 +129,23 @@ def run(
         try:
             async with EmbeddedRuntime(store, agents, llm=llm, mcp_servers=servers) as rt:
                 watch_model_calls(rt.orchestrator, llm)
-                try:
+
+                async def wait() -> RunResult:
                     if as_json:  # stdout: the result alone
-                        result = await rt.run(plan, timeout)
-                    else:
-                        assert plan.plan_id is not None
-                        async with RunProgress(store, plan.plan_id, db.flag(), echo=click.echo):
-                            result = await rt.run(plan, timeout)
-                except TimeoutError:
-                    root = await root_of_plan(store, plan.plan_id)
-                    raise await give_up(
-                        store, root, timeout, "cardbus run", rt.orchestrator, db.flag()
-                    ) from None
+                        return await rt.run(plan, timeout)
+                    assert plan.plan_id is not None
+                    async with RunProgress(store, plan.plan_id, db.flag(), echo=click.echo):
+                        return await rt.run(plan, timeout)
+
+                result = await see_through(
+                    wait(),
+                    store,
+                    timeout,
+                    "cardbus run",
+                    plan_id=plan.plan_id,
+                    orchestrator=rt.orchestrator,
+                    store_flag=db.flag(),
+                )
             events = [] if result.status == "completed" else await run_events(store, result)
         finally:
             await store.close()

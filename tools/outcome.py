@@ -14,14 +14,16 @@ A command that started a run and reaches its ``--timeout`` cancels the run
 run with ``run.failed``), so the log never keeps a run ``running`` that
 nothing works on: the agents and the orchestrator of these commands live in
 the command's process and stop with it. Then one line, exit code 124
-(:class:`~cardbus.tools.errors.TimedOut`).
+(:class:`~cardbus.tools.errors.TimedOut`). Interrupted (Ctrl-C), it cancels
+the run as well, with the reason ``client_interrupted`` (:func:`see_through`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.eventstore import EventStore
@@ -31,16 +33,22 @@ from cardbus.projections.outcome import Failure, first_failure
 from cardbus.tools.errors import TimedOut
 
 __all__ = [
+    "CLIENT_INTERRUPTED",
     "CLIENT_TIMED_OUT",
     "failure_json",
     "give_up",
     "root_of_plan",
     "run_events",
     "run_line",
+    "see_through",
 ]
 
 #: the reason a timed-out command's cancellations carry (then ": <command> gave up ...")
 CLIENT_TIMED_OUT = "client_timed_out"
+#: the reason of an interrupted command's (Ctrl-C)
+CLIENT_INTERRUPTED = "client_interrupted"
+
+T = TypeVar("T")
 
 _ERROR_CHARS = 500  # of an error or detail in the line (a hint may end it): one line still
 
@@ -144,3 +152,38 @@ async def give_up(
         f"{waited} waiting for run {root_id}: cancelled it ({len(cancelled)} task(s),"
         f" reason {CLIENT_TIMED_OUT}); see cardbus replay {root_id}{store_flag}"
     )
+
+
+async def see_through(
+    wait: Awaitable[T],
+    store: EventStore,
+    timeout: float,
+    command: str,
+    *,
+    root_id: str | None = None,
+    plan_id: str | None = None,
+    orchestrator: Any = None,
+    store_flag: str = "",
+) -> T:
+    """``await wait`` (the command's wait for its run: ``root_id``, or found by ``plan_id``).
+
+    Past ``timeout`` (a ``TimeoutError``) the run is cancelled and :class:`TimedOut`
+    raised (:func:`give_up`). Interrupted (Ctrl-C: ``asyncio.run`` cancels the command's
+    task) the run is cancelled too, with the reason ``client_interrupted``, and the
+    interruption goes on: either way no run stays ``running`` that nothing works on.
+    """
+    try:
+        return await wait
+    except TimeoutError:
+        root = root_id or await root_of_plan(store, plan_id)
+        raise await give_up(store, root, timeout, command, orchestrator, store_flag) from None
+    except asyncio.CancelledError:
+        root = root_id or await root_of_plan(store, plan_id)
+        if root is not None:
+            reason = f"{CLIENT_INTERRUPTED}: {command} was interrupted"
+            # best effort on the way out: a store that fails here has its own line
+            with contextlib.suppress(Exception):
+                await cancel_run(store, root, by="cli", reason=reason)
+                if orchestrator is not None:
+                    await orchestrator.wait(root, 5.0)
+        raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -343,3 +344,30 @@ def test_agents_offering_the_same_capability_are_said_once(
     listed = invoke("agents", "--store", db, "--json")
     assert listed.exit_code == 0, listed.output
     assert warned() == ["agent inc overlaps inc-too (100%)"]  # the pair, once
+
+
+def test_an_interrupted_run_is_cancelled_with_the_reason(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) while the run waits: the run ends, its task says why."""
+    db = str(tmp_path / "c.db")
+    plan = write_plan(
+        tmp_path, [{"id": "w", "capability": "wait", "inputs": {"n": 1}}], ["oneline_agents:Stuck"]
+    )
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    cmd = [sys.executable, "-P", "-m", "cardbus.tools", "run", plan, "--store", db]
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as p:
+        assert p.stdout is not None
+        first = p.stdout.readline()
+        root = first.split()[1].rstrip(":")
+        for line in p.stdout:  # interrupted once its agent works on the task
+            if "running on stuck" in line:
+                p.send_signal(signal.SIGINT)
+                break
+        _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and only_line(err) == "Aborted!", err  # click's word for it
+    events = run_events(db, root)
+    assert any(isinstance(e.data, ev.RunFailed) for e in events), [e.type for e in events]
+    failure = first_failure(events)
+    assert failure is not None and failure.ended == "cancelled"
+    assert failure.reason == "client_interrupted: cardbus run was interrupted"
