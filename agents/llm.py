@@ -50,6 +50,7 @@ from cardbus.eventstore.errors import (
     LLMRequestRefused,
     LLMServerError,
     LLMTimeout,
+    MissingExtra,
 )
 
 __all__ = [
@@ -405,9 +406,7 @@ class OpenAIChatLLM:
         try:
             import openai
         except ImportError as e:  # pragma: no cover - depends on the install
-            raise LLMError(
-                "OpenAIChatLLM needs the openai SDK: pip install 'cardbus[openai]'"
-            ) from e
+            raise MissingExtra("openai", "an OpenAI-compatible endpoint") from e
         key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
         self._headers: dict[str, Any] = {} if key else {"Authorization": openai.Omit()}
         self.base_url = base_url.rstrip("/")

@@ -19,9 +19,11 @@ from cardbus.eventstore import new_id
 from cardbus.projections.replay import TaskNode, Timeline, replay
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_plan import planner_option, with_planner_path
-from cardbus.tools.llm_options import close_llm, llm_options, open_llm
+from cardbus.tools.errors import EXIT_FAILED
+from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
+from cardbus.tools.outcome import failure_json, run_events, run_line, see_through
 from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
@@ -100,12 +102,14 @@ def timeline_text(timeline: Timeline) -> str:
     return buf.getvalue().rstrip()
 
 
-def result_json(result: Any) -> dict[str, Any]:
-    """A run's result as ``--json`` prints it (demo, run, orchestrator --plan)."""
+def result_json(result: Any, events: list[Any] | None = None) -> dict[str, Any]:
+    """A run's result as ``--json`` prints it (demo, orchestrator --plan); ``events``, the
+    run's, name the task that failed it (``failure``, None when it completed)."""
     return {
         "root_id": result.root_id,
         "status": result.status,
         "reason": result.reason,
+        "failure": failure_json(events or []),
         "outputs": result.outputs,
     }
 
@@ -143,9 +147,10 @@ async def _demo(
     goal: str | None = None,
     planner: str | None = None,
     servers: Sequence[MCPServer] = (),
+    timeout: float = 60.0,
 ) -> int:
-    llm = open_llm(llm_base_url, model)
     store = await open_store_option(db, create=True)
+    llm = open_llm(llm_base_url, model)
     try:
         plan = parallel_plan(topic) if parallel else goal_plan(topic, goal)
         plan["plan_id"] = plan_id = new_id()  # how the progress finds the run in the log
@@ -154,16 +159,28 @@ async def _demo(
         async with EmbeddedRuntime(
             store, [*DEMO_AGENTS, *agents], llm=llm, mcp_servers=servers
         ) as rt:
-            if as_json:  # stdout: the result alone
-                result = await rt.run(plan, timeout=60)
-            else:  # a live display on a terminal; else the first line (and approvals)
-                progress = RunProgress(store, plan_id, db.flag(), echo=click.echo, changes=False)
-                async with progress:
-                    result = await rt.run(plan, timeout=60)
+            watch_model_calls(rt.orchestrator, llm)
+
+            async def wait() -> Any:
+                if as_json:  # stdout: the result alone
+                    return await rt.run(plan, timeout=timeout)
+                async with RunProgress(store, plan_id, db.flag(), echo=click.echo, changes=False):
+                    return await rt.run(plan, timeout=timeout)
+
+            result = await see_through(
+                wait(),
+                store,
+                timeout,
+                "cardbus demo",
+                plan_id=plan_id,
+                orchestrator=rt.orchestrator,
+                store_flag=db.flag(),
+            )
         elapsed = time.perf_counter() - started
+        events = [] if result.status == "completed" else await run_events(store, result)
         if as_json:
-            click.echo(msgspec.json.encode(result_json(result)).decode())
-            return 0 if result.status == "completed" else 1
+            click.echo(msgspec.json.encode(result_json(result, events)).decode())
+            return 0 if result.status == "completed" else EXIT_FAILED
         click.echo(f"run {result.root_id}: {result.status} in {elapsed:.2f} s")
         click.echo("")
         click.echo(report_text(final_draft(result.outputs)))
@@ -173,7 +190,9 @@ async def _demo(
         click.echo("")
         for line in next_lines(result.root_id, db.flag()):
             click.echo(line)
-        return 0 if result.status == "completed" else 1
+        if result.status != "completed":  # last: what failed it, first
+            click.echo(run_line(result, events))
+        return 0 if result.status == "completed" else EXIT_FAILED
     finally:
         await store.close()
         await close_llm(llm)
@@ -191,6 +210,12 @@ async def _demo(
     default=None,
     help="The goal to plan (default: Write a short report on TOPIC); not with --parallel.",
 )
+@click.option(
+    "--timeout",
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the run; then it is cancelled and the exit code is 124.",
+)
 @click.option("--nats", "nats_url", default=None, help="Run across NATS at this URL instead.")
 @click.option("--start-nats", is_flag=True, help="Start a local nats-server for the run.")
 @click.option(
@@ -205,6 +230,7 @@ def demo(
     parallel: bool,
     topic: str,
     goal: str | None = None,
+    timeout: float = 60.0,
     nats_url: str | None = None,
     start_nats: bool = False,
     external_agents: bool = False,
@@ -223,6 +249,10 @@ def demo(
     With --nats URL (or --start-nats) it runs on NATS JetStream instead: the
     orchestrator in this process, the agents in this process too unless
     --external-agents (then `cardbus agent serve` processes do the work).
+
+    Exit code 0 when the run completed, 1 when it did not (the last line
+    names the task that failed it and why), 124 after --timeout (the run is
+    cancelled, reason client_timed_out in the log).
     """
     servers = mcp_servers(mcp, mcp_config)
     if nats_url or start_nats:
@@ -239,8 +269,13 @@ def demo(
                 llm_base_url,
                 model,
                 mcp_servers=servers,
+                timeout=timeout,
             )
         )
     raise SystemExit(
-        run_loop(_demo(db, parallel, topic, llm_base_url, model, as_json, goal, planner, servers))
+        run_loop(
+            _demo(
+                db, parallel, topic, llm_base_url, model, as_json, goal, planner, servers, timeout
+            )
+        )
     )
