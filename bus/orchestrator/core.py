@@ -492,12 +492,15 @@ class Orchestrator:
         plan: Plan | Mapping[str, Any],
         agents: Iterable[str] = (),
         agent_paths: Iterable[str] = (),
+        actor: str | None = None,
     ) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
         ``agents``: the run's agents (ids); selection considers only them (none: all).
         ``agent_paths``: their classes ("module:Class", default ``plan.agents``), kept in
-        ``run.started`` for ``cardbus fork`` and ``cardbus rerun``.
+        ``run.started`` for ``cardbus fork`` and ``cardbus rerun``. ``actor``: who asked
+        for the run (an operator of the console), the actor of its creation events
+        (``plan.submitted``, ``run.started``, ``task.created``); default the policy's.
 
         The same plan id runs once.
         """
@@ -548,7 +551,7 @@ class Orchestrator:
                 creates.insert(0, claim)
             else:
                 try:
-                    await self._append(claim[0], [claim[1]], 0, root_id)
+                    await self._append(claim[0], [claim[1]], 0, root_id, actor)
                 except ConcurrencyError:
                     for env in await self.store.read_stream(claim[0]):
                         self.state.apply(env)
@@ -556,7 +559,7 @@ class Orchestrator:
                     return self.state.plans[plan_id]
         # PlanSubmitted claims the id; a submitter that died after it is completed by
         # the next submit of the same plan id (each append below is create-only)
-        await self._create(creates, root_id, first_step=fresh and plan.plan_id is None)
+        await self._create(creates, root_id, fresh and plan.plan_id is None, actor)
         self._queue.put_nowait(_Changed(frozenset([root_id])))
         return root_id
 
@@ -581,7 +584,11 @@ class Orchestrator:
             raise PlanConflict(plan_id, root_id)
 
     async def _create(
-        self, creates: list[tuple[str, ev.Event]], root_id: str, first_step: bool = False
+        self,
+        creates: list[tuple[str, ev.Event]],
+        root_id: str,
+        first_step: bool = False,
+        actor: str | None = None,
     ) -> None:
         """Create streams (one commit on SQLite); one created earlier is read instead.
 
@@ -592,16 +599,25 @@ class Orchestrator:
         folded and its cards are sent.
         """
         first = self._first_step(creates, root_id) if first_step else None
-        write = asyncio.ensure_future(self._write_creation(creates, root_id, first))
+        write = asyncio.ensure_future(self._write_creation(creates, root_id, first, actor))
         write.add_done_callback(lambda f: f.cancelled() or f.exception())  # the caller's to see
         await asyncio.shield(write)
 
     async def _write_creation(
-        self, creates: list[tuple[str, ev.Event]], root_id: str, first: Decisions | None
+        self,
+        creates: list[tuple[str, ev.Event]],
+        root_id: str,
+        first: Decisions | None,
+        actor: str | None = None,
     ) -> None:
         extra = first.events if first is not None else {}
-        appends = [
-            Append(s, self._new_events([data, *extra.get(s, ())], root_id), 0)
+        appends = [  # the creation is the submitter's (actor), the first dispatches ours
+            Append(
+                s,
+                self._new_events([data], root_id, actor)
+                + self._new_events(extra.get(s, ()), root_id),
+                0,
+            )
             for s, data in creates
         ]
         error: Exception | None = None
@@ -1162,16 +1178,24 @@ class Orchestrator:
                 rec.done.set_result([stored[i] for i in places if i < len(stored)])
 
     async def _append(
-        self, stream: str, data: Iterable[ev.Event], expected: int, root: str
+        self,
+        stream: str,
+        data: Iterable[ev.Event],
+        expected: int,
+        root: str,
+        actor: str | None = None,
     ) -> list[Envelope]:
-        stored = await self.store.append(stream, self._new_events(data, root), expected)
+        stored = await self.store.append(stream, self._new_events(data, root, actor), expected)
         for env in stored:
             self._apply(env)
         return stored
 
-    def _new_events(self, data: Iterable[ev.Event], root: str) -> list[NewEvent]:
+    def _new_events(
+        self, data: Iterable[ev.Event], root: str, actor: str | None = None
+    ) -> list[NewEvent]:
+        """``data`` as events of run ``root``, by ``actor`` (default: the policy's)."""
         tp = self.tracing.traceparent(root)
-        actor = self.policy.actor
+        actor = actor or self.policy.actor
         return [NewEvent(data=x, correlation_id=root, actor=actor, traceparent=tp) for x in data]
 
     async def _append_folded(self, root: str, data: list[ev.Event]) -> None:
