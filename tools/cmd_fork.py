@@ -115,4 +115,3 @@ def _agents(plan: ForkPlan, given: tuple[str, ...]) -> tuple[list[str], list[Any
         )
     chosen = [demo[a] for a in named] or list(DEMO_AGENTS)
     return [f"{a.__module__}:{a.__name__}" for a in chosen], chosen
-
