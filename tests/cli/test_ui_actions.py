@@ -140,7 +140,9 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
         page.locator("#start-plan-button").click()
         pasted_root = _new_run(page, "#/")
         _run_ends(page, "completed")
-        page.wait_for_selector(f"#tasks tr[data-task='sum-{pasted_root[-12:]}'][data-status='completed']")
+        page.wait_for_selector(
+            f"#tasks tr[data-task='sum-{pasted_root[-12:]}'][data-status='completed']"
+        )
 
         # 3. an uploaded plan file: count to 7, which the counter refuses quickly: it fails
         plan_file = tmp_path / "seven.json"
@@ -165,7 +167,9 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
         page.locator("#rerun-button").click()
         rerun_root = _new_run(page, before)
         _run_ends(page, "completed")
-        assert f"re-run of {failed_root} by ops-tester" in page.locator("#action-result").inner_text()
+        assert (
+            f"re-run of {failed_root} by ops-tester" in page.locator("#action-result").inner_text()
+        )
         page.goto(f"{server.url}?token={TOKEN}#/task/sum-{rerun_root[-12:]}")
         page.wait_for_selector("#task-status[data-status='completed']")
         assert json.loads(page.locator("#task-output pre").inner_text()) == {"total": 28}
@@ -212,7 +216,8 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
                 for (const id of ["download-replay", "download-traces"]) {
                   const a = document.getElementById(id);
                   const r = a.getBoundingClientRect();
-                  const shown = r.width > 0 && r.height > 0 && getComputedStyle(a).visibility === "visible";
+                  const shown = r.width > 0 && r.height > 0
+                    && getComputedStyle(a).visibility === "visible";
                   const got = await fetch(a.href);
                   out[id] = {shown, text: a.textContent, status: got.status,
                              disposition: got.headers.get("content-disposition") || ""};
@@ -230,8 +235,9 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
             """async (paths) => {
                 const out = [];
                 for (const p of paths) {
-                  const r = await fetch(p, {method: "POST", headers: {"Content-Type": "application/json"},
-                                            body: JSON.stringify({goal: "x", model: "careful", by: "intruder"})});
+                  const body = JSON.stringify({goal: "x", model: "careful", by: "intruder"});
+                  const r = await fetch(p, {method: "POST", body,
+                                            headers: {"Content-Type": "application/json"}});
                   out.push(r.status);
                 }
                 return out;
@@ -258,8 +264,8 @@ def test_without_agents_the_buttons_are_disabled_and_say_how(db: Path, browser: 
         shown = page.evaluate(
             """() => ({
                 how: document.getElementById("ops-how").textContent,
-                disabled: ["start-goal-button", "start-plan-button", "goal", "plan-text", "plan-file"]
-                  .map((id) => document.getElementById(id).disabled),
+                disabled: ["start-goal-button", "start-plan-button", "goal", "plan-text",
+                           "plan-file"].map((id) => document.getElementById(id).disabled),
             })"""
         )
         assert "cardbus ui --agent module:Class" in shown["how"]

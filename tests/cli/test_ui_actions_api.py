@@ -105,7 +105,12 @@ def test_actions_refused_without_the_token_append_nothing(client: TestClient) ->
     ("path", "body", "status", "says"),
     [
         ("/api/runs", {"plan": "{not json"}, 400, "not valid JSON"),
-        ("/api/runs", {"plan": {"goal": "g", "tasks": [{"id": "a", "capability": "fly"}]}}, 400, "fly"),
+        (
+            "/api/runs",
+            {"plan": {"goal": "g", "tasks": [{"id": "a", "capability": "fly"}]}},
+            400,
+            "fly",
+        ),
         ("/api/runs", {"plan": {"goal": "g", "tasks": "nope"}}, 400, "plan"),
         ("/api/runs", {}, 400, "give a goal"),
         ("/api/runs", {"goal": "g", "plan": "{}"}, 400, "one of them"),
