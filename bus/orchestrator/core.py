@@ -46,15 +46,14 @@ from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
     Plan,
     as_plan,
-    task_created,
     validate_goal_plan,
     validate_plan,
 )
-from cardbus.bus.orchestrator.planning import planning_spec
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.orchestrator.submission import run_creation
 from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -72,7 +71,6 @@ from cardbus.eventstore.errors import (
     BusError,
     CardbusError,
     DecodeError,
-    InvalidPlan,
     PlanConflict,
     PrerequisiteNotStored,
     StoreUnavailable,
@@ -519,29 +517,10 @@ class Orchestrator:
         fresh = root_id is None
         root_id = root_id or self._new_root()
         self.tracing.start_run(root_id, plan_id, plan.goal)
-        ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
-        started = ev.RunStarted(
-            goal=plan.goal,
-            plan_id=plan_id,
-            task_ids=list(ids.values()),
-            budget_tokens=plan.budget_tokens,
-            budget_usd=plan.budget_usd,
-            budgets=dict(plan.budgets),
-            on_budget=plan.on_budget,
-            session=plan.session,
-            planning=planning_spec(plan, self.policy) if goal_only else None,
-            agents=sorted(set(agents)),
-            agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
+        # bus.orchestrator.submission: refused before anything is written, not half-way
+        creates = run_creation(
+            plan, plan_id, root_id, self.policy, agents, agent_paths, self._event_limit
         )
-        created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
-        # refuse what the log would refuse before writing anything, not half-way
-        limit = self._event_limit
-        named = [(f"task {t.id!r}", created[ids[t.id]]) for t in plan.tasks]
-        for what, data in [("the run", started), *named]:
-            size = len(msgspec.json.encode(data))
-            if size > limit:
-                raise InvalidPlan(f"{what} is {size} bytes, over the event size limit ({limit})")
-        creates: list[tuple[str, ev.Event]] = [(root_id, started), *created.items()]
         if fresh:
             claim = (
                 f"plan-{plan_id}",
