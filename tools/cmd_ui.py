@@ -55,7 +55,10 @@ def ui(
     With --agent, the console also runs work: it hosts those agents (and the rule
     planner) on an embedded orchestrator, and its page starts a run from a goal or a
     plan, forks a run from a task with overrides, and re-runs a failed task. Without
-    --agent those buttons are disabled and say how to enable them.
+    --agent those buttons are disabled and say how to enable them. On a NATS log the
+    agents and orchestrators run elsewhere (`cardbus agent serve`, `cardbus orchestrator`):
+    the page's actions write the new runs to the log and the running orchestrators
+    decide them.
 
     Bound to loopback by default. On any other interface it refuses to start
     without --token, and then every request must carry the token.
@@ -91,6 +94,7 @@ def ui(
         prices=prices,
         agents=agents,
         llm=lambda: open_llm(llm_base_url, model),
+        submit_to_log=db.is_nats,  # NATS: the running orchestrators decide new runs
     )
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     suffix = f"?token={token}" if token else ""

@@ -81,7 +81,11 @@ def on_agents(plan: ForkPlan, paths: Iterable[str], agent_ids: Iterable[str]) ->
 def check_agents(streams: Streams, cards: Sequence[AgentCard]) -> None:
     """``ValidationError`` naming the first task of the new run that will run (no result
     reused) and that none of ``cards`` can take: its capability is not offered, or its
-    constraints (a model asked for) are over every offering agent's."""
+    constraints (a model asked for) are over every offering agent's. A run that names
+    its agents (``run.started.agents``) is checked against those alone."""
+    started = streams[0][1][0] if streams and streams[0][1] else None
+    if isinstance(started, ev.RunStarted) and started.agents:
+        cards = [c for c in cards if c.agent_id in set(started.agents)]
     for stream, datas in streams[1:]:
         created = datas[0]
         if not isinstance(created, ev.TaskCreated) or any(

@@ -5,14 +5,18 @@ does: ``cardbus ui --agent module:Class`` (repeat; the same loader) hosts an
 :class:`~cardbus.bus.runtime.embedded.EmbeddedRuntime` in the console's own
 process, on its SQLite log, with those agents (and the rule planner, for a goal).
 Without agents, :class:`NoAgents` refuses each action (HTTP 409) saying how to
-give them, and the page shows the buttons disabled with that line.
+give them, and the page shows the buttons disabled with that line. On NATS
+(:class:`LogActions`) the agents and orchestrators run in processes of their
+own (``cardbus agent serve``, ``cardbus orchestrator``): an action writes the
+new run to the log (``bus.orchestrator.submission.submit_to_log``, ``forks``)
+and the running orchestrators, which follow the log, decide it.
 
 Every action is a library call the command line makes too: a run is
 ``EmbeddedRuntime.submit`` (the plan decoded and checked as ``cardbus run``
 does: ``split_plan_servers``, ``decode_plan``, ``validate_plan``); a fork
 and a re-run are ``bus.orchestrator.forks`` (``cardbus fork``, ``cardbus
-rerun``): the new run's events are written to the log and the hosted
-orchestrator, following the log, runs them. Each writes its events with the
+rerun``): the new run's events are written to the log and the orchestrator,
+following the log, runs them. Each writes its events with the
 operator's name as their actor. Bad input is a ``CardbusError`` with the reason
 (the app answers 4xx with it) and nothing is written.
 
@@ -50,7 +54,9 @@ from cardbus.bus.orchestrator.plan import (
     validate_goal_plan,
     validate_plan,
 )
+from cardbus.bus.orchestrator.submission import submit_to_log
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
     CardbusError,
     InvalidPlan,
@@ -61,7 +67,7 @@ from cardbus.eventstore.store import EventStore
 from cardbus.projections import resolve_id
 from cardbus.projections.fork import override_task
 
-__all__ = ["Actions", "HostedAgents", "NoAgents", "NoAgentsHere"]
+__all__ = ["Actions", "HostedAgents", "LogActions", "NoAgents", "NoAgentsHere"]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +94,7 @@ class Actions:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    def describe(self) -> dict[str, Any]:
+    async def describe(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "how": "" if self.enabled else self.how, "agents": []}
 
     async def start(self, body: dict[str, Any], by: str) -> dict[str, Any]:
@@ -138,14 +144,90 @@ def plan_from(body: dict[str, Any], agent_paths: Sequence[str]) -> Plan:
     return decode_plan(data)
 
 
-class HostedAgents(Actions):
-    """An embedded runtime in the console's process, on its log, with the given agents."""
+class _RunMaker(Actions):
+    """Fork and re-run, the same wherever the work runs: read the new run from the log
+    (``bus.orchestrator.forks``), check some agent can take each task to run, write it
+    by the operator. Subclasses say which agents, and what happens once it is written."""
 
     enabled = True
 
-    def __init__(self, store: EventStore, agents: Sequence[type[Agent]], llm: Any = None) -> None:
-        self.runtime = EmbeddedRuntime(store, agents, llm=llm)
+    def __init__(self, store: EventStore) -> None:
         self.store = store
+
+    async def cards(self) -> list[AgentCard]:
+        raise NotImplementedError
+
+    def agents_of_new_runs(self) -> tuple[list[str], list[str]] | None:
+        """(import paths, agent ids) a new run is named to run on; None: the recorded."""
+        return None
+
+    def written(self, root: str) -> None:
+        """Called once a new run is in the log."""
+
+    async def describe(self) -> dict[str, Any]:
+        return {"enabled": True, "how": "", "agents": [c.agent_id for c in await self.cards()]}
+
+    async def fork(self, task: str, body: dict[str, Any], by: str) -> dict[str, Any]:
+        at = _text(body, "at") or None
+        model = _text(body, "model") or None
+        inputs = body.get("inputs")
+        if isinstance(inputs, str):
+            try:
+                inputs = msgspec.json.decode(inputs) if inputs.strip() else None
+            except msgspec.DecodeError as e:
+                raise ValidationError(f"the inputs override is not JSON: {e}") from e
+        plan = await read_fork(self.store, task, at)
+        if inputs is not None or model:
+            plan = override_task(
+                plan, await resolve_id(self.store, task), inputs=inputs, model=model
+            )
+        named = self.agents_of_new_runs()
+        if named is not None:
+            plan = on_agents(plan, *named)
+        check_agents(plan.streams, await self.cards())
+        await write_run(self.store, plan.streams, plan.root_id, plan.at_event_id, by)
+        self.written(plan.root_id)
+        return {
+            "root_id": plan.root_id,
+            "forked_from": plan.forked_from,
+            "at_position": plan.at_position,
+            "reused": plan.reused,
+            "rerun": plan.rerun,
+            "by": by,
+        }
+
+    async def rerun(self, task: str, body: dict[str, Any], by: str) -> dict[str, Any]:
+        model = _text(body, "model") or None
+        task_id = await resolve_id(self.store, task)
+        own = await self.store.read_stream(task_id)
+        if not own:
+            raise StreamNotFound(task)
+        named = self.agents_of_new_runs()
+        plan, _ = await read_rerun(
+            self.store,
+            own[0].correlation_id,
+            [task_id],
+            model=model,
+            agents=None if named is None else named[1],
+        )
+        check_agents(plan.streams, await self.cards())
+        await write_run(self.store, plan.streams, plan.root_id, plan.source_root_id, by)
+        self.written(plan.root_id)
+        return {
+            "root_id": plan.root_id,
+            "rerun_of": plan.source_root_id,
+            "reused": plan.reused,
+            "rerun": plan.rerun,
+            "by": by,
+        }
+
+
+class HostedAgents(_RunMaker):
+    """An embedded runtime in the console's process, on its log, with the given agents."""
+
+    def __init__(self, store: EventStore, agents: Sequence[type[Agent]], llm: Any = None) -> None:
+        super().__init__(store)
+        self.runtime = EmbeddedRuntime(store, agents, llm=llm)
         self._settling: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> HostedAgents:
@@ -160,18 +242,14 @@ class HostedAgents(Actions):
                 await t
         await self.runtime.__aexit__(*exc)
 
-    @property
-    def cards(self) -> list[AgentCard]:
+    async def cards(self) -> list[AgentCard]:
         return [w.agent.card() for w in self.runtime.workers]
 
-    @property
-    def agent_ids(self) -> list[str]:
-        return [w.agent.agent_id for w in self.runtime.workers]
+    def agents_of_new_runs(self) -> tuple[list[str], list[str]]:
+        # the runs it starts run here, on its agents alone (as `cardbus fork --agent`)
+        return self.runtime.agent_paths(), [w.agent.agent_id for w in self.runtime.workers]
 
-    def describe(self) -> dict[str, Any]:
-        return {"enabled": True, "how": "", "agents": self.agent_ids}
-
-    def _settle(self, root: str) -> None:
+    def written(self, root: str) -> None:
         """When the run ends, the memory policy is applied to it (as ``cardbus run`` does)."""
 
         async def settle() -> None:
@@ -189,56 +267,47 @@ class HostedAgents(Actions):
         plan = plan_from(body, self.runtime.agent_paths())
         # checked against this console's agents (the orchestrator checks against every
         # agent the log knows, some of them gone): refused before anything is written
+        cards = await self.cards()
         if plan.tasks:
-            validate_plan(plan, self.cards, self.runtime.orchestrator.policy.retry)
+            validate_plan(plan, cards, self.runtime.orchestrator.policy.retry)
         else:
-            validate_goal_plan(plan, self.cards)
+            validate_goal_plan(plan, cards)
         root = await self.runtime.submit(plan, actor=by)
-        self._settle(root)
+        self.written(root)
         return {"root_id": root, "by": by, "goal": plan.goal}
 
-    async def fork(self, task: str, body: dict[str, Any], by: str) -> dict[str, Any]:
-        at = _text(body, "at") or None
-        model = _text(body, "model") or None
-        inputs = body.get("inputs")
-        if isinstance(inputs, str):
-            try:
-                inputs = msgspec.json.decode(inputs) if inputs.strip() else None
-            except msgspec.DecodeError as e:
-                raise ValidationError(f"the inputs override is not JSON: {e}") from e
-        plan = await read_fork(self.store, task, at)
-        if inputs is not None or model:
-            plan = override_task(
-                plan, await resolve_id(self.store, task), inputs=inputs, model=model
-            )
-        plan = on_agents(plan, self.runtime.agent_paths(), self.agent_ids)
-        check_agents(plan.streams, self.cards)
-        await write_run(self.store, plan.streams, plan.root_id, plan.at_event_id, by)
-        self._settle(plan.root_id)
-        return {
-            "root_id": plan.root_id,
-            "forked_from": plan.forked_from,
-            "at_position": plan.at_position,
-            "reused": plan.reused,
-            "rerun": plan.rerun,
-            "by": by,
-        }
 
-    async def rerun(self, task: str, body: dict[str, Any], by: str) -> dict[str, Any]:
-        model = _text(body, "model") or None
-        task_id = await resolve_id(self.store, task)
-        own = await self.store.read_stream(task_id)
-        if not own:
-            raise StreamNotFound(task)
-        root = own[0].correlation_id
-        plan, _ = await read_rerun(self.store, root, [task_id], model=model, agents=self.agent_ids)
-        check_agents(plan.streams, self.cards)
-        await write_run(self.store, plan.streams, plan.root_id, plan.source_root_id, by)
-        self._settle(plan.root_id)
-        return {
-            "root_id": plan.root_id,
-            "rerun_of": plan.source_root_id,
-            "reused": plan.reused,
-            "rerun": plan.rerun,
-            "by": by,
-        }
+class LogActions(_RunMaker):
+    """The orchestrators and agents run elsewhere (NATS): a new run is written to the log,
+    where the running orchestrators fold it and decide it. Plans are checked against the
+    agents the log has registered (and not deregistered)."""
+
+    def __init__(self, store: EventStore) -> None:
+        super().__init__(store)
+        self._known: dict[str, AgentCard] = {}
+        self._position = 0  # how far the registrations are folded
+        self._lock = asyncio.Lock()
+
+    async def cards(self) -> list[AgentCard]:
+        async with self._lock:
+            while True:
+                page = await self.store.read_all(self._position + 1, 5000)
+                for env in page:
+                    data = env.data
+                    if isinstance(data, ev.AgentRegistered):
+                        try:
+                            self._known[data.agent_id] = msgspec.convert(data.card, AgentCard)
+                        except msgspec.ValidationError:
+                            log.warning("agent %s: a card that is not one", data.agent_id)
+                    elif isinstance(data, ev.AgentDeregistered):
+                        self._known.pop(data.agent_id, None)
+                if page:
+                    self._position = page[-1].position
+                if len(page) < 5000:
+                    break
+        return list(self._known.values())
+
+    async def start(self, body: dict[str, Any], by: str) -> dict[str, Any]:
+        plan = plan_from(body, [])
+        root = await submit_to_log(self.store, plan, await self.cards(), by)
+        return {"root_id": root, "by": by, "goal": plan.goal}

@@ -58,7 +58,7 @@ from cardbus.projections.pricing import Money, PriceTable
 from cardbus.projections.replay_html import render_html
 from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
-from cardbus.tools.ui.actions import Actions, HostedAgents, NoAgents, NoAgentsHere
+from cardbus.tools.ui.actions import Actions, HostedAgents, LogActions, NoAgents, NoAgentsHere
 from cardbus.tools.ui.page import PAGE
 
 try:
@@ -417,6 +417,7 @@ def create_app(
     prices: PriceTable | None = None,
     agents: Sequence[type[Agent]] = (),
     llm: Callable[[], Any] | None = None,
+    submit_to_log: bool = False,
 ) -> Starlette:
     """The console over the SQLite log ``db``, a log ``opener`` opens at start-up, or ``store``.
 
@@ -429,7 +430,11 @@ def create_app(
     embedded runtime with, to start, fork and re-run runs (``tools.ui.actions``; none:
     those actions are refused, saying how to enable them); ``llm``: makes, at start-up
     in the server's loop, the LLM they get (default: the environment's, else the mock).
+    ``submit_to_log`` (a NATS log, whose orchestrators and agents run elsewhere): those
+    actions write the new runs to the log, for the running orchestrators to decide.
     """
+    if agents and submit_to_log:
+        raise ValidationError("give agents to host, or submit_to_log, not both")
     if heartbeat_s is None:
         heartbeat_s = float(os.environ.get("CARDBUS_UI_HEARTBEAT_S") or HEARTBEAT_S)
     if not heartbeat_s > 0:
@@ -451,7 +456,13 @@ def create_app(
         else:
             opened = await SqliteEventStore.open(db or "")
         model = llm() if agents and llm is not None else None
-        actions: Actions = HostedAgents(opened, agents, model) if agents else NoAgents()
+        actions: Actions = (
+            HostedAgents(opened, agents, model)
+            if agents
+            else LogActions(opened)
+            if submit_to_log
+            else NoAgents()
+        )
         try:
             await actions.__aenter__()
         except BaseException:
@@ -543,7 +554,7 @@ def create_app(
 
     async def about(request: Request) -> Response:
         """What the page needs to know of the console: whether its actions can run."""
-        return _json({"actions": console().actions.describe()})
+        return _json({"actions": await console().actions.describe()})
 
     async def act(
         work: Callable[[Actions, str, dict[str, Any]], Awaitable[Any]], request: Request
