@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ui_agents import Counter, Summer, count_plan
@@ -56,6 +58,21 @@ def _position(c: TestClient) -> int:
     return int(c.get("/api/runs", headers=AUTH).json()["position"])
 
 
+def _written_by(db: Path, after: int, actor: str) -> list[str]:
+    """The types of the events after position ``after`` written by ``actor``. (The log
+    itself may grow meanwhile: the hosted orchestrator and memory keeper write on their
+    own, e.g. a failed run's reason once it has ended.)"""
+
+    async def read() -> list[str]:
+        store = await SqliteEventStore.open(db, create=False)
+        try:
+            return [e.type for e in await store.read_all(after + 1, 100_000) if e.actor == actor]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
 def _wait_run(c: TestClient, root: str, status: str) -> dict[str, Any]:
     """The run once its status is ``status`` (read through the API, as the page does)."""
     deadline = time.monotonic() + 60
@@ -74,7 +91,7 @@ def _actors(c: TestClient, task_id: str) -> set[str]:
     return {s["actor"] for s in steps if s["type"] == "task.created.v1"}
 
 
-def test_actions_refused_without_the_token_append_nothing(client: TestClient) -> None:
+def test_actions_refused_without_the_token_append_nothing(client: TestClient, db: Path) -> None:
     c = client
     failed = c.post("/api/runs", json={"plan": count_plan(7), "by": "ops"}, headers=AUTH)
     assert failed.status_code == 200, failed.text
@@ -83,18 +100,19 @@ def test_actions_refused_without_the_token_append_nothing(client: TestClient) ->
     count = f"count-{root[-12:]}"
     before = _position(c)
     refused = {
-        "start": ("/api/runs", {"goal": "x", "plan": None}),
-        "fork": (f"/api/tasks/{count}/fork", {}),
-        "rerun": (f"/api/tasks/{count}/rerun", {"model": "careful"}),
+        "start": ("/api/runs", {"goal": "x", "by": "intruder"}),
+        "fork": (f"/api/tasks/{count}/fork", {"by": "intruder"}),
+        "rerun": (f"/api/tasks/{count}/rerun", {"model": "careful", "by": "intruder"}),
     }
     for name, (path, body) in refused.items():
         assert c.post(path, json=body).status_code == 401, name  # no token
         assert c.post(path + "?token=nope", json=body).status_code == 401, name
         # what a hostile page could send: a form, another origin (with the token, even)
-        assert c.post(path, data={"goal": "x"}, headers=AUTH).status_code == 415, name
+        form = c.post(path, data={"goal": "x", "by": "intruder"}, headers=AUTH)
+        assert form.status_code == 415, name
         other = {**AUTH, "Origin": "http://evil.example"}
         assert c.post(path, json=body, headers=other).status_code == 403, name
-    assert _position(c) == before  # nothing appended
+    assert _written_by(db, before, "intruder") == []  # nothing appended
     # the same actions with the token go through, each by its operator
     ok = c.post(f"/api/tasks/{count}/rerun", json={"model": "careful", "by": "ops"}, headers=AUTH)
     assert ok.status_code == 200, ok.text
@@ -127,7 +145,7 @@ def test_actions_refused_without_the_token_append_nothing(client: TestClient) ->
     ],
 )
 def test_bad_input_is_a_4xx_with_a_reason_and_appends_nothing(
-    client: TestClient, path: str, body: dict[str, Any], status: int, says: str
+    client: TestClient, db: Path, path: str, body: dict[str, Any], status: int, says: str
 ) -> None:
     c = client
     done = c.post("/api/runs", json={"plan": count_plan(3), "by": "ops"}, headers=AUTH)
@@ -140,11 +158,11 @@ def test_bad_input_is_a_4xx_with_a_reason_and_appends_nothing(
     path = path.format(count=count)
     body = {k: (str(first) if v == "{first}" else v) for k, v in body.items()}
     before = _position(c)
-    r = c.post(path, json={**body, "by": "ops"}, headers=AUTH)
+    r = c.post(path, json={**body, "by": "bad-input"}, headers=AUTH)
     assert r.status_code == status, r.text
     assert says in r.json()["error"], r.json()
     assert "Traceback" not in r.text
-    assert _position(c) == before
+    assert _written_by(db, before, "bad-input") == []
     assert c.get("/api/runs", headers=AUTH).status_code == 200  # not wedged
 
 
@@ -192,3 +210,54 @@ def test_each_action_is_written_by_its_operator(client: TestClient, db: Path) ->
             await store.close()
 
     assert asyncio.run(started_by()) == {root: "alice", f["root_id"]: "bob"}
+
+
+def test_the_nats_console_does_not_host_agents() -> None:
+    from click.testing import CliRunner
+
+    from cardbus.tools.cli import cli
+
+    r = CliRunner().invoke(
+        cli, ["ui", "--store", "nats://127.0.0.1:1", "--agent", "ui_agents:Counter"]
+    )
+    assert r.exit_code == 2 and "cardbus agent serve" in r.output, r.output
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_plans = st.one_of(
+    st.text(max_size=40),  # JSON text, mostly not JSON
+    st.dictionaries(
+        st.sampled_from(["goal", "tasks", "plan_id", "agents", "limits", "budget_tokens"]),
+        _json_values,
+        max_size=4,
+    ),
+    _json_values,
+)
+
+
+def test_any_plan_body_is_a_run_or_a_4xx_that_appends_nothing(client: TestClient, db: Path) -> None:
+    c = client
+    n = [0]
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(plan=_plans)
+    def check(plan: Any) -> None:
+        before = _position(c)
+        n[0] += 1
+        by = f"fuzz-{n[0]}"
+        r = c.post("/api/runs", json={"plan": plan, "by": by}, headers=AUTH)
+        assert "Traceback" not in r.text
+        if r.status_code == 200:
+            assert r.json()["root_id"]
+        else:
+            assert r.status_code in (400, 409), r.text
+            assert r.json()["error"], r.text
+            assert _written_by(db, before, by) == []
+
+    check()
