@@ -117,6 +117,15 @@ def _new_run(page: Any, before: str) -> str:
     return str(page.evaluate("decodeURIComponent(location.hash.slice('#/run/'.length))"))
 
 
+def _task_page(page: Any, url: str, task_id: str, status: str) -> None:
+    """Open a task's page and wait for *its* view: going from one task's page to another's
+    is a hash change, and until the new view is drawn the old one still matches a bare
+    ``#task-status`` (the ops forms are drawn with the view, naming their task)."""
+    page.goto(f"{url}#/task/{task_id}")
+    page.wait_for_selector(f"#fork[data-task='{task_id}']", state="attached")
+    page.wait_for_selector(f"#task-status[data-status='{status}']")
+
+
 def _run_ends(page: Any, status: str) -> None:
     page.wait_for_selector(f"#run-status[data-status='{status}']")
 
@@ -169,7 +178,8 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
         page.wait_for_selector(f"#tasks tr[data-task='{count7}'][data-status='failed']")
 
         # 4. re-run the failed task, asking for the careful model: a new run completes
-        page.locator(f"#tasks tr[data-task='{count7}'] a").first.click()
+        page.locator(f"#tasks tr[data-task='{count7}'] a.rerun-link").click()  # to its page
+        page.wait_for_selector(f"#rerun[data-task='{count7}']", state="attached")
         page.wait_for_selector("body[data-view='task'] #task-status[data-status='failed']")
         page.wait_for_selector("#rerun-button:not([disabled])")
         page.fill("#rerun-model", "careful")
@@ -180,13 +190,12 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
         assert (
             f"re-run of {failed_root} by ops-tester" in page.locator("#action-result").inner_text()
         )
-        page.goto(f"{server.url}?token={TOKEN}#/task/sum-{rerun_root[-12:]}")
-        page.wait_for_selector("#task-status[data-status='completed']")
+        home = f"{server.url}?token={TOKEN}"
+        _task_page(page, home, f"sum-{rerun_root[-12:]}", "completed")
         assert json.loads(page.locator("#task-output pre").inner_text()) == {"total": 28}
 
         # 5. fork the pasted run from its count task, its inputs overridden (n: 4)
-        page.goto(f"{server.url}?token={TOKEN}#/task/count-{pasted_root[-12:]}")
-        page.wait_for_selector("#task-status[data-status='completed']")
+        _task_page(page, home, f"count-{pasted_root[-12:]}", "completed")
         page.locator("#fork-panel summary").click()
         page.fill("#fork-inputs", json.dumps({"n": 4}))
         before = page.evaluate("location.hash")
@@ -194,13 +203,11 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
         fork_root = _new_run(page, before)
         _run_ends(page, "completed")
         assert f"forked {pasted_root}@" in page.locator("#action-result").inner_text()
-        page.goto(f"{server.url}?token={TOKEN}#/task/sum-{fork_root[-12:]}")
-        page.wait_for_selector("#task-status[data-status='completed']")
+        _task_page(page, home, f"sum-{fork_root[-12:]}", "completed")
         assert json.loads(page.locator("#task-output pre").inner_text()) == {"total": 10}
 
         # a bad override is refused on the page with its reason; nothing is written
-        page.goto(f"{server.url}?token={TOKEN}#/task/count-{pasted_root[-12:]}")
-        page.wait_for_selector("#task-status[data-status='completed']")
+        _task_page(page, home, f"count-{pasted_root[-12:]}", "completed")
         page.locator("#fork-panel summary").click()
         page.fill("#fork-model", "gpt-9")
         at = _last_position(db)

@@ -6,8 +6,12 @@ date on each request), a run's timeline is :func:`projections.replay`, a
 task's steps are its stream (with its model and tool calls folded by
 :func:`projections.journal_calls`), and approve/deny is
 :func:`bus.orchestrator.core.answer_approval`, the function behind ``cardbus
-approve``. ``/api/events`` streams the store's :meth:`subscribe` as
-server-sent events: the page refetches what changed.
+approve``; start a run, fork from a task and re-run a task are
+:mod:`cardbus.tools.ui.actions` (on agents the console hosts, or on NATS by
+writing the new run to the log), each a ``POST`` like the others, each
+event's actor the operator the page names. ``/api/events`` streams the
+store's :meth:`subscribe` as server-sent events: the page refetches what
+changed.
 
 Access (:class:`cardbus.bus.http_guard.HttpGuard`, the A2A gateway's lock too):
 the server refuses requests whose ``Host`` is not one it was bound to (DNS

@@ -13,7 +13,13 @@ opened; ``#/task/ID`` a task's steps, its inputs as planned beside the inputs
 its agent received, and its model calls (prompt and answer expandable), tool
 calls and unknown effects by attempt, each marked live or replayed;
 ``#/diff/A/B`` two runs compared (``cardbus diff``): the first divergence and
-each task side by side. Costs are in USD ("unknown price" for a model the
+each task side by side. The run-making actions (``tools.ui.actions``) have
+forms of their own outside the view, drawn when the route changes and kept
+across the live view's re-renders: "Start a run" (a goal, a pasted plan or a
+plan file) above the runs, "Re-run this task" and "Fork the run from this task"
+(fork point, model, inputs to override) on a task's page; disabled, with the
+line saying how to enable them, when ``/api/console`` says the console runs no
+agents. Costs are in USD ("unknown price" for a model the
 price table has none for, "at least" a sum with such a part). Running
 and waiting durations tick every second. Elements carry ``data-*`` attributes
 (status, ids) for tests and scripts.
@@ -407,7 +413,8 @@ function tasksTable(data) {
       <td>${status(k.status)}</td><td>${k.attempts}</td>
       <td class="nowrap">${live ? since(k.updated_at, RUNNING.includes(k.status) ? "running" : "waiting") : ""}</td>
       <td class="reason">${esc(reason)}</td>
-      <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id) : ""}</td>
+      <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id)
+        : FINISHED_BAD.includes(k.status) ? `<a class="rerun-link" href="#/task/${encodeURIComponent(k.task_id)}" title="re-run it or fork from it, on its page">re-run…</a>` : ""}</td>
       <td><details data-events="${esc(k.task_id)}"><summary>events</summary><div>loading…</div></details></td></tr>`;
   }).join("");
 }
