@@ -12,13 +12,11 @@ import asyncio
 from typing import Any
 
 import click
-import msgspec
 
-from cardbus.eventstore import NewEvent, new_id
+from cardbus.bus.orchestrator.forks import on_agents, read_fork, write_run
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import ConfigError, IdNotFound
-from cardbus.projections import resolve_id
-from cardbus.projections.fork import ForkPlan, plan_fork
+from cardbus.eventstore.errors import ConfigError
+from cardbus.projections.fork import ForkPlan
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
 from cardbus.tools.errors import EXIT_FAILED
@@ -66,30 +64,12 @@ def fork(
     async def go() -> tuple[ForkPlan, Any, list[Any]]:
         store = await open_store(db)
         try:
-            own = await store.read_stream(await resolve_id(store, task_id))
-            root = own[0].correlation_id if own else task_id
-            events = await store.read_correlation(root)
-            if not events:
-                raise IdNotFound(task_id)
-            plan = plan_fork(events, at, new_id())
+            plan = await read_fork(store, task_id, at)
             paths, agents = _agents(plan, agent_paths)
             if not no_run:
                 agents = with_planner(agents)
-            plan = _named(plan, paths, [a.agent_id for a in agents])
-            for stream, datas in plan.streams:
-                await store.append(
-                    stream,
-                    [
-                        NewEvent(
-                            data=d,
-                            correlation_id=plan.root_id,
-                            causation_id=plan.at_event_id,
-                            actor="fork",
-                        )
-                        for d in datas
-                    ],
-                    0,
-                )
+            plan = on_agents(plan, paths, [a.agent_id for a in agents])
+            await write_run(store, plan.streams, plan.root_id, plan.at_event_id, "fork")
             if no_run:
                 return plan, None, []
             async with EmbeddedRuntime(store, agents) as rt:
@@ -155,13 +135,3 @@ def _agents(plan: ForkPlan, given: tuple[str, ...]) -> tuple[list[str], list[Any
         )
     chosen = [demo[a] for a in named] or list(DEMO_AGENTS)
     return [f"{a.__module__}:{a.__name__}" for a in chosen], chosen
-
-
-def _named(plan: ForkPlan, paths: list[str], agent_ids: list[str]) -> ForkPlan:
-    """``plan`` whose new run names the agents it runs on (selection considers only them)."""
-    root, (started, *rest) = plan.streams[0]
-    assert isinstance(started, ev.RunStarted)
-    started = msgspec.structs.replace(
-        started, agents=sorted(set(agent_ids)), agent_paths=list(paths)
-    )
-    return msgspec.structs.replace(plan, streams=[(root, [started, *rest]), *plan.streams[1:]])

@@ -22,12 +22,12 @@ import click
 import msgspec
 
 from cardbus.agents.agent import Agent
-from cardbus.eventstore import NewEvent, new_id
+from cardbus.bus.orchestrator.forks import read_rerun, write_run
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import ValidationError
 from cardbus.projections.diff import RunDiff, diff_runs
 from cardbus.projections.ids import read_run
-from cardbus.projections.rerun import RerunPlan, plan_rerun, recorded_model
+from cardbus.projections.rerun import RerunPlan, recorded_model
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_diff import diff_text
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
@@ -154,8 +154,8 @@ def rerun(
                 )
             agents = rerun_agents(recorded, given)
             ids = [a.agent_id for a in agents]
-            plan = plan_rerun(
-                events, new_id(), tasks=None if offline else tasks, model=model, agents=ids
+            plan, events = await read_rerun(
+                store, root, None if offline else tasks, model=model, agents=ids
             )
             default_model = recorded_model(events)
             if offline:
@@ -165,18 +165,7 @@ def rerun(
             # said once, at the first model call that goes out (none, offline: OfflineLLM
             # refuses it, and the task fails with replay_diverged)
             llm = announce_on_first_call(llm, describe_llm(llm))
-            source = plan.source_root_id
-            for stream, datas in plan.streams:
-                await store.append(
-                    stream,
-                    [
-                        NewEvent(
-                            data=d, correlation_id=plan.root_id, causation_id=source, actor="rerun"
-                        )
-                        for d in datas
-                    ],
-                    0,
-                )
+            await write_run(store, plan.streams, plan.root_id, plan.source_root_id, "rerun")
             async with EmbeddedRuntime(store, agents, llm=llm, default_planner=False) as rt:
                 watch_model_calls(rt.orchestrator, llm)
                 result = await see_through(

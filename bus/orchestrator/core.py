@@ -46,15 +46,14 @@ from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
     Plan,
     as_plan,
-    task_created,
     validate_goal_plan,
     validate_plan,
 )
-from cardbus.bus.orchestrator.planning import planning_spec
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.orchestrator.submission import run_creation
 from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -72,7 +71,6 @@ from cardbus.eventstore.errors import (
     BusError,
     CardbusError,
     DecodeError,
-    InvalidPlan,
     PlanConflict,
     PrerequisiteNotStored,
     StoreUnavailable,
@@ -501,12 +499,15 @@ class Orchestrator:
         plan: Plan | Mapping[str, Any],
         agents: Iterable[str] = (),
         agent_paths: Iterable[str] = (),
+        actor: str | None = None,
     ) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
         ``agents``: the run's agents (ids); selection considers only them (none: all).
         ``agent_paths``: their classes ("module:Class", default ``plan.agents``), kept in
-        ``run.started`` for ``cardbus fork`` and ``cardbus rerun``.
+        ``run.started`` for ``cardbus fork`` and ``cardbus rerun``. ``actor``: who asked
+        for the run (an operator of the console), the actor of its creation events
+        (``plan.submitted``, ``run.started``, ``task.created``); default the policy's.
 
         The same plan id runs once.
         """
@@ -525,29 +526,10 @@ class Orchestrator:
         fresh = root_id is None
         root_id = root_id or self._new_root()
         self.tracing.start_run(root_id, plan_id, plan.goal)
-        ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
-        started = ev.RunStarted(
-            goal=plan.goal,
-            plan_id=plan_id,
-            task_ids=list(ids.values()),
-            budget_tokens=plan.budget_tokens,
-            budget_usd=plan.budget_usd,
-            budgets=dict(plan.budgets),
-            on_budget=plan.on_budget,
-            session=plan.session,
-            planning=planning_spec(plan, self.policy) if goal_only else None,
-            agents=sorted(set(agents)),
-            agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
+        # bus.orchestrator.submission: refused before anything is written, not half-way
+        creates = run_creation(
+            plan, plan_id, root_id, self.policy, agents, agent_paths, self._event_limit
         )
-        created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
-        # refuse what the log would refuse before writing anything, not half-way
-        limit = self._event_limit
-        named = [(f"task {t.id!r}", created[ids[t.id]]) for t in plan.tasks]
-        for what, data in [("the run", started), *named]:
-            size = len(msgspec.json.encode(data))
-            if size > limit:
-                raise InvalidPlan(f"{what} is {size} bytes, over the event size limit ({limit})")
-        creates: list[tuple[str, ev.Event]] = [(root_id, started), *created.items()]
         if fresh:
             claim = (
                 f"plan-{plan_id}",
@@ -557,7 +539,7 @@ class Orchestrator:
                 creates.insert(0, claim)
             else:
                 try:
-                    await self._append(claim[0], [claim[1]], 0, root_id)
+                    await self._append(claim[0], [claim[1]], 0, root_id, actor)
                 except ConcurrencyError:
                     for env in await self.store.read_stream(claim[0]):
                         self.state.apply(env)
@@ -565,7 +547,7 @@ class Orchestrator:
                     return self.state.plans[plan_id]
         # PlanSubmitted claims the id; a submitter that died after it is completed by
         # the next submit of the same plan id (each append below is create-only)
-        await self._create(creates, root_id, first_step=fresh and plan.plan_id is None)
+        await self._create(creates, root_id, fresh and plan.plan_id is None, actor)
         self._queue.put_nowait(_Changed(frozenset([root_id])))
         return root_id
 
@@ -590,7 +572,11 @@ class Orchestrator:
             raise PlanConflict(plan_id, root_id)
 
     async def _create(
-        self, creates: list[tuple[str, ev.Event]], root_id: str, first_step: bool = False
+        self,
+        creates: list[tuple[str, ev.Event]],
+        root_id: str,
+        first_step: bool = False,
+        actor: str | None = None,
     ) -> None:
         """Create streams (one commit on SQLite); one created earlier is read instead.
 
@@ -601,16 +587,25 @@ class Orchestrator:
         folded and its cards are sent.
         """
         first = self._first_step(creates, root_id) if first_step else None
-        write = asyncio.ensure_future(self._write_creation(creates, root_id, first))
+        write = asyncio.ensure_future(self._write_creation(creates, root_id, first, actor))
         write.add_done_callback(lambda f: f.cancelled() or f.exception())  # the caller's to see
         await asyncio.shield(write)
 
     async def _write_creation(
-        self, creates: list[tuple[str, ev.Event]], root_id: str, first: Decisions | None
+        self,
+        creates: list[tuple[str, ev.Event]],
+        root_id: str,
+        first: Decisions | None,
+        actor: str | None = None,
     ) -> None:
         extra = first.events if first is not None else {}
-        appends = [
-            Append(s, self._new_events([data, *extra.get(s, ())], root_id), 0)
+        appends = [  # the creation is the submitter's (actor), the first dispatches ours
+            Append(
+                s,
+                self._new_events([data], root_id, actor)
+                + self._new_events(extra.get(s, ()), root_id),
+                0,
+            )
             for s, data in creates
         ]
         error: Exception | None = None
@@ -1171,16 +1166,24 @@ class Orchestrator:
                 rec.done.set_result([stored[i] for i in places if i < len(stored)])
 
     async def _append(
-        self, stream: str, data: Iterable[ev.Event], expected: int, root: str
+        self,
+        stream: str,
+        data: Iterable[ev.Event],
+        expected: int,
+        root: str,
+        actor: str | None = None,
     ) -> list[Envelope]:
-        stored = await self.store.append(stream, self._new_events(data, root), expected)
+        stored = await self.store.append(stream, self._new_events(data, root, actor), expected)
         for env in stored:
             self._apply(env)
         return stored
 
-    def _new_events(self, data: Iterable[ev.Event], root: str) -> list[NewEvent]:
+    def _new_events(
+        self, data: Iterable[ev.Event], root: str, actor: str | None = None
+    ) -> list[NewEvent]:
+        """``data`` as events of run ``root``, by ``actor`` (default: the policy's)."""
         tp = self.tracing.traceparent(root)
-        actor = self.policy.actor
+        actor = actor or self.policy.actor
         return [NewEvent(data=x, correlation_id=root, actor=actor, traceparent=tp) for x in data]
 
     async def _append_folded(self, root: str, data: list[ev.Event]) -> None:

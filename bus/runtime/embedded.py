@@ -138,21 +138,31 @@ class EmbeddedRuntime:
         if self._docs is not None:
             self._docs.cleanup()
 
-    async def run(self, plan: PlanLike, timeout: float | None = 60) -> RunResult:
-        """Run ``plan`` (a Plan, a mapping or JSON text of the plan format, or a goal alone
-        to plan); then apply the memory policy to it. Only inside ``async with``."""
+    async def submit(self, plan: PlanLike, actor: str | None = None) -> str:
+        """Start a run of ``plan`` (any form :meth:`run` takes) on this runtime's agents; its
+        root id. ``actor``: who asked (the actor of the run's creation events). Only
+        inside ``async with``; the memory policy is applied by :meth:`settle`."""
         require_started(self, self._state)  # NotStarted outside `async with`
         # the run's agents are this runtime's: none registered by an earlier process is chosen
         agents = [w.agent.agent_id for w in self.workers]
-        result = await self.orchestrator.run(plan_of(plan), timeout, agents, self.agent_paths())
+        return await self.orchestrator.submit(plan_of(plan), agents, self.agent_paths(), actor)
+
+    async def run(self, plan: PlanLike, timeout: float | None = 60) -> RunResult:
+        """Run ``plan`` (a Plan, a mapping or JSON text of the plan format, or a goal alone
+        to plan); then apply the memory policy to it. Only inside ``async with``."""
+        result = await self.orchestrator.wait(await self.submit(plan), timeout)
+        await self.settle(result.root_id)
+        return result
+
+    async def settle(self, root_id: str) -> None:
+        """Apply the memory policy to the finished run ``root_id`` (:meth:`run` does it)."""
         try:
-            await self.keeper.settle(result.root_id)
+            await self.keeper.settle(root_id)
         except CardbusError as e:
             # bookkeeping after the end: the run's result stands. The records' ids derive
             # from the events that call for them, so ``MemoryKeeper.catch_up`` (or the
             # next settle of this run) writes exactly them later.
-            log.warning("memory records of run %s not written: %s", result.root_id, e)
-        return result
+            log.warning("memory records of run %s not written: %s", root_id, e)
 
     def agent_paths(self) -> list[str]:
         """Its agents' classes as "module:Class" (those importable by that name)."""
