@@ -45,6 +45,7 @@ __all__ = [
     "InputProvided",
     "MemoryForgotten",
     "MemoryRead",
+    "MemoryReused",
     "MemoryWritten",
     "ModelAnswered",
     "ModelRequested",
@@ -351,6 +352,9 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # caps of parts of the run: "agent:<id>", "role:<role>", "capability:<name>" -> limit
     budgets: dict[str, BudgetLimit] = {}
     on_budget: str = "fail"  # a refused call or dispatch: "fail" the task | ask for "approval"
+    # whose long-term memory the run reads and writes (``projections.scope``): "" for none
+    user: str = ""
+    tenant: str = ""
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -448,11 +452,34 @@ class MemoryWritten(_Event, frozen=True, kw_only=True, tag="memory.written.v1"):
     kind: str = "record"  # "record" | "preference" | "failure"
     root_id: str = ""  # the run it came from ("" for an explicit write)
     policy: str = ""  # the write policy that marked it reusable
+    # whose it is (``projections.scope``): "global", "tenant:<t>", "user:<u>" or
+    # "tenant:<t>/user:<u>"; "" (every record written before scopes) reads as global
+    scope: str = ""
+    agent_id: str = ""  # the agent that wrote it through a request ("" for a policy's)
 
 
 class MemoryForgotten(_Event, frozen=True, kw_only=True, tag="memory.forgotten.v1"):
     key: str
     reason: str = ""
+    scope: str = ""  # the scope of the record forgotten ("": global)
+
+
+class MemoryReused(_Event, frozen=True, kw_only=True, tag="memory.reused.v1"):
+    """A task answered from long-term memory instead of being dispatched (its stream).
+
+    Followed by the task's ``task.completed`` with ``reused_from`` = ``memory_event_id``:
+    the result a policy kept (``bus.orchestrator.reuse``) for the same capability and
+    the same inputs, no older than the policy's ``max_age_s``; no agent was called."""
+
+    key: str  # the memory key: "result/<capability>/<inputs digest>"
+    scope: str
+    memory_event_id: str  # the memory.written the result comes from
+    inputs_digest: str
+    source_task_id: str | None = None  # the task that produced it
+    source_root_id: str = ""  # and its run
+    agent_id: str = ""  # the agent that produced it
+    age_s: float = 0.0  # how old the result was when reused
+    policy: str = ""  # the reuse policy that allowed it
 
 
 class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
@@ -465,6 +492,7 @@ class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
     attempt: int = 0
     mode: str = "search"  # "get" | "list" | "search" (long-term) | "output" (task memory)
     duration_s: float = 0.0
+    scopes: list[str] = []  # the scopes the read looked in, most specific first
 
 
 class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
@@ -687,6 +715,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     MemoryWritten,
     MemoryForgotten,
     MemoryRead,
+    MemoryReused,
     ToolRequested,
     ToolCalled,
     AccessRefused,
@@ -737,6 +766,7 @@ Event = (
     | MemoryWritten
     | MemoryForgotten
     | MemoryRead
+    | MemoryReused
     | ToolRequested
     | ToolCalled
     | AccessRefused

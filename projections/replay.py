@@ -275,6 +275,13 @@ def _detail(data: Any) -> str | None:
             return d + (f", {_who(data)}" if _who(data) else "")
         case ev.TaskCompleted() if data.reused_from:
             return f"reused from {data.reused_from}"
+        case ev.MemoryReused():
+            origin = f"task {data.source_task_id}" if data.source_task_id else "memory"
+            return (
+                f"result reused from long-term memory ({data.scope}, {data.key}):"
+                f" {origin} of run {data.source_root_id or '?'} by {data.agent_id or '?'},"
+                f" {data.age_s:.0f}s old"
+            )
         case ev.TaskCompleted() if not data.quality_met:
             return f"quality not met: {len(data.open_issues)} open issue(s)"
         case ev.RunResumed():
@@ -310,6 +317,9 @@ def _detail(data: Any) -> str | None:
             )
         case ev.RunStarted():
             d = f"goal: {data.goal}"
+            if data.user or data.tenant:
+                who = "/".join(x for x in (data.tenant, data.user) if x)
+                d += f" (for {who})"
             if data.planning is not None:
                 d += " (to plan)"
             return d + (f" (forked from {data.forked_from})" if data.forked_from else "")
