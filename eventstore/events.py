@@ -45,7 +45,6 @@ __all__ = [
     "InputProvided",
     "MemoryForgotten",
     "MemoryRead",
-    "MemoryReused",
     "MemoryWritten",
     "ModelAnswered",
     "ModelRequested",
@@ -58,6 +57,7 @@ __all__ = [
     "PlanningLimits",
     "PlanningSpec",
     "RetryOverride",
+    "ResultOrigin",
     "ReviewIssue",
     "RevisionRequested",
     "RunCompleted",
@@ -105,6 +105,21 @@ class ReviewIssue(msgspec.Struct, frozen=True, kw_only=True):
     section: str
     severity: str  # "low" | "medium" | "high"
     suggestion: str
+
+
+class ResultOrigin(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a task's result answered from long-term memory came from (``task.completed``'s
+    ``reused``): the result a policy kept (``bus.orchestrator.reuse``) for the same
+    capability and inputs; no agent was called."""
+
+    key: str  # the memory key: "result/<capability>/<inputs digest>"
+    scope: str  # the scope it was found in
+    inputs_digest: str
+    source_task_id: str | None = None  # the task that produced it
+    source_root_id: str = ""  # and its run
+    agent_id: str = ""  # the agent that produced it
+    age_s: float = 0.0  # how old the result was when reused
+    policy: str = ""  # the reuse policy that allowed it
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -269,7 +284,9 @@ class TaskCompleted(_Event, frozen=True, kw_only=True, tag="task.completed.v1"):
     confidence: float = 0.0
     quality_met: bool = True
     open_issues: list[ReviewIssue] = []
-    reused_from: str | None = None  # event id of a forked-from completion
+    # event id of a forked-from completion, or of the memory.written a kept result is
+    reused_from: str | None = None
+    reused: ResultOrigin | None = None  # answered from long-term memory: where from
 
 
 class TaskFailed(_Event, frozen=True, kw_only=True, tag="task.failed.v1"):
@@ -462,24 +479,6 @@ class MemoryForgotten(_Event, frozen=True, kw_only=True, tag="memory.forgotten.v
     key: str
     reason: str = ""
     scope: str = ""  # the scope of the record forgotten ("": global)
-
-
-class MemoryReused(_Event, frozen=True, kw_only=True, tag="memory.reused.v1"):
-    """A task answered from long-term memory instead of being dispatched (its stream).
-
-    Followed by the task's ``task.completed`` with ``reused_from`` = ``memory_event_id``:
-    the result a policy kept (``bus.orchestrator.reuse``) for the same capability and
-    the same inputs, no older than the policy's ``max_age_s``; no agent was called."""
-
-    key: str  # the memory key: "result/<capability>/<inputs digest>"
-    scope: str
-    memory_event_id: str  # the memory.written the result comes from
-    inputs_digest: str
-    source_task_id: str | None = None  # the task that produced it
-    source_root_id: str = ""  # and its run
-    agent_id: str = ""  # the agent that produced it
-    age_s: float = 0.0  # how old the result was when reused
-    policy: str = ""  # the reuse policy that allowed it
 
 
 class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
@@ -715,7 +714,6 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     MemoryWritten,
     MemoryForgotten,
     MemoryRead,
-    MemoryReused,
     ToolRequested,
     ToolCalled,
     AccessRefused,
@@ -766,7 +764,6 @@ Event = (
     | MemoryWritten
     | MemoryForgotten
     | MemoryRead
-    | MemoryReused
     | ToolRequested
     | ToolCalled
     | AccessRefused

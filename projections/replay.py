@@ -273,15 +273,15 @@ def _detail(data: Any) -> str | None:
             d = f"result {data.status}, {u.input_tokens}+{u.output_tokens} tokens"
             d += f", ran {data.duration_s * 1000:.0f}ms" if data.duration_s else ""
             return d + (f", {_who(data)}" if _who(data) else "")
+        case ev.TaskCompleted() if data.reused is not None:
+            r = data.reused
+            origin = f"task {r.source_task_id}" if r.source_task_id else "memory"
+            return (
+                f"reused from long-term memory ({r.scope}, {r.key}): {origin} of run"
+                f" {r.source_root_id or '?'} by {r.agent_id or '?'}, {r.age_s:.0f}s old"
+            )
         case ev.TaskCompleted() if data.reused_from:
             return f"reused from {data.reused_from}"
-        case ev.MemoryReused():
-            origin = f"task {data.source_task_id}" if data.source_task_id else "memory"
-            return (
-                f"result reused from long-term memory ({data.scope}, {data.key}):"
-                f" {origin} of run {data.source_root_id or '?'} by {data.agent_id or '?'},"
-                f" {data.age_s:.0f}s old"
-            )
         case ev.TaskCompleted() if not data.quality_met:
             return f"quality not met: {len(data.open_issues)} open issue(s)"
         case ev.RunResumed():

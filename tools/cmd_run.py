@@ -82,7 +82,7 @@ def run(
 
     --user/--tenant name whose long-term memory the run reads and writes
     (its scope chain); --reuse keeps completed tasks' results and answers
-    identical later tasks from them (memory.reused in the log).
+    identical later tasks from them (task.completed says reused, and from where).
 
     MCP servers (--mcp, --mcp-config, and the plan file's "mcp_servers") are
     started for the run; their tools are NAME__<tool> (the plan's agents must

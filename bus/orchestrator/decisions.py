@@ -642,12 +642,12 @@ class Decider:
         """Answered from a result kept in long-term memory (``reuse``): no dispatch."""
         assert self.results is not None
         inputs = self.card_for(task, 1).inputs
-        events = self.results.answer(run.started, task.created, task.task_id, inputs, self.now)
-        if events is None:
+        done = self.results.answer(run.started, task.created, task.task_id, inputs, self.now)
+        if done is None:
             return False
-        self.d.add(task.task_id, *events)
+        self.d.add(task.task_id, done)
         if run.started.budget_tokens is None:  # dependents may go on in this step
-            self.d.completed[task.task_id] = events[-1].output  # type: ignore[union-attr]
+            self.d.completed[task.task_id] = done.output
         return True
 
     def _dispatch(self, run: RunView, task: TaskView) -> None:

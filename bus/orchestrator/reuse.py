@@ -13,10 +13,10 @@ Two halves, both off by default, both set by one :class:`ReusePolicy`:
 * **reuse** (the orchestrator, before a dispatch): a pending task whose
   capability the policy names, never attempted, looks up the same key in its
   run's scope chain (user, then tenant, then global). A record no older than
-  ``max_age_s`` answers it: ``memory.reused`` (the key, scope, the
-  ``memory.written`` it comes from, the producing task, run and agent, its
-  age) then ``task.completed`` with ``reused_from`` that event's id. No agent
-  is called, and the agent statistics do not count it.
+  ``max_age_s`` answers it: ``task.completed`` with ``reused_from`` the id of
+  the ``memory.written`` it comes from and ``reused`` (``ResultOrigin``: the
+  key, the scope, the producing task, run and agent, its age, the policy).
+  No agent is called, and the agent statistics do not count it.
 
 The inputs digest is the one ``task.dispatched`` records (sha256 of the card's
 inputs, keys sorted), so a record is found exactly when the later task's card
@@ -72,7 +72,7 @@ class ReusePolicy:
     ``reuse``: answer a pending task from a stored result instead of dispatching it;
     ``max_age_s``: a result older than this is not reused (it stays in memory);
     ``capabilities``: the capabilities it applies to (names or globs, ``"*"``: all);
-    ``name``: recorded in each record's ``policy`` and each ``memory.reused``;
+    ``name``: recorded in each record's ``policy`` and each reuse (``ResultOrigin``);
     ``max_results``: result records the orchestrator indexes (the latest).
     """
 
@@ -199,8 +199,8 @@ class ResultIndex:
         task_id: str,
         inputs: Any,
         now: float,
-    ) -> list[ev.Event] | None:
-        """The events that answer a task from memory, or None (dispatch it).
+    ) -> ev.TaskCompleted | None:
+        """The completion that answers a task from memory, or None (dispatch it).
 
         Only a plan's own tasks (no review, supplement or planner), never attempted."""
         policy = self.policy
@@ -219,11 +219,15 @@ class ResultIndex:
             age = max(0.0, now - entry.recorded_at)
             if age > policy.max_age_s:
                 continue  # too old to answer with (it stays in memory)
-            return [
-                ev.MemoryReused(
+            return ev.TaskCompleted(
+                attempt=0,
+                agent_id=entry.agent_id,
+                output=entry.output,
+                confidence=entry.confidence,
+                reused_from=entry.event_id,
+                reused=ev.ResultOrigin(
                     key=key,
                     scope=scope,
-                    memory_event_id=entry.event_id,
                     inputs_digest=digest,
                     source_task_id=entry.source_task_id,
                     source_root_id=entry.root_id,
@@ -231,12 +235,5 @@ class ResultIndex:
                     age_s=round(age, 3),
                     policy=policy.name,
                 ),
-                ev.TaskCompleted(
-                    attempt=0,
-                    agent_id=entry.agent_id,
-                    output=entry.output,
-                    confidence=entry.confidence,
-                    reused_from=entry.event_id,
-                ),
-            ]
+            )
         return None
