@@ -152,6 +152,8 @@ class EmbeddedRuntime:
         result = await self.orchestrator.run(plan_of(plan), timeout, agents, self.agent_paths())
         try:
             await self.keeper.settle(result.root_id)
+            if self.orchestrator.results is not None:  # the next run may reuse them at once
+                await self.orchestrator.results.build(self.store)
         except CardbusError as e:
             # bookkeeping after the end: the run's result stands. The records' ids derive
             # from the events that call for them, so ``MemoryKeeper.catch_up`` (or the
