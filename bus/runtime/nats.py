@@ -335,6 +335,8 @@ class NatsRuntime:
         root = await self.submit(plan, agent_timeout)
         result = await self.orchestrator.wait(root, timeout)
         await self.keeper.settle(result.root_id)  # what long-term memory keeps of the run
+        if self.orchestrator.results is not None:  # kept results: reusable by the next run
+            await self.orchestrator.results.build(self.store)
         return result
 
 

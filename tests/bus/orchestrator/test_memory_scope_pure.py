@@ -239,3 +239,37 @@ def test_the_result_index_is_bounded() -> None:
         index.apply(_result(i, "global", at=1.0, capability=f"c{i}"))
     assert len(index.entries) == 3
     assert sorted(k.split("/")[1] for _, k in index.entries) == ["c5", "c6", "c7"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(scope=st.text(max_size=30), key=st.text(max_size=30))
+def test_remember_writes_a_good_scope_and_key_or_nothing(scope: str, key: str) -> None:
+    import asyncio
+
+    from cardbus.bus.orchestrator.memory import LongTermMemory
+    from cardbus.eventstore import MemoryEventStore
+
+    async def go() -> None:
+        store = MemoryEventStore()
+        memory = LongTermMemory(store)
+        try:
+            await memory.remember(key, 1, scope=scope)
+        except InvalidScope:
+            assert await store.read_stream(MEMORY_STREAM) == []  # nothing half-written
+            assert not (check_key_ok(key) and _scope_ok(scope))
+            return
+        (env,) = await store.read_stream(MEMORY_STREAM)
+        assert env.data == ev.MemoryWritten(
+            key=key, value=1, scope=normalize_scope(scope), policy="explicit"
+        )
+        assert await memory.get(key, [normalize_scope(scope)]) is not None
+
+    asyncio.run(go())
+
+
+def _scope_ok(scope: str) -> bool:
+    try:
+        normalize_scope(scope)
+    except InvalidScope:
+        return False
+    return True
