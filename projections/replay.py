@@ -330,6 +330,8 @@ def _detail(data: Any) -> str | None:
             return d + (f", {len(data.superseded)} superseded" if data.superseded else "")
         case ev.RunFailed() if data.detail:
             return data.detail
+        case ev.RunCompleted() if data.degraded:
+            return data.detail or None
     return None
 
 
@@ -358,6 +360,8 @@ def _reason(data: Any) -> str | None:
         return f"refused (round {data.round}): " + "; ".join(data.errors)
     if isinstance(data, ev.RunFailed) and data.detail:
         return f"{data.reason}: {data.detail}"
+    if isinstance(data, ev.RunCompleted) and data.degraded:  # without optional tasks' outputs
+        return f"degraded: without {', '.join(data.degraded)}"
     return event_reason(data)
 
 

@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from cardbus.bus.listen import listen_socket
+from cardbus.eventstore.errors import MissingExtra
 from cardbus.projections.pricing import PriceTable
 from cardbus.tools.cli import cli
 from cardbus.tools.costs import prices_option
@@ -42,9 +44,7 @@ def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable
         from cardbus.bus.http_guard import host_names
         from cardbus.tools.ui import create_app, is_loopback
     except ImportError as e:
-        raise click.ClickException(
-            f"the web console needs the 'ui' extra: pip install 'cardbus[ui]' ({e})"
-        ) from e
+        raise MissingExtra("ui", "the web console") from e
     loopback = is_loopback(host)
     if not loopback and not token:
         raise click.UsageError(
@@ -57,6 +57,8 @@ def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable
     app = create_app(
         opener=lambda: open_store_option(db, create=True), token=token, hosts=hosts, prices=prices
     )
+    sock = listen_socket(host, port)  # a port in use: PortInUse, one line, before the banner
+    port = sock.getsockname()[1]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     suffix = f"?token={token}" if token else ""
     click.echo(f"cardbus console on http://{shown}:{port}/{suffix}  (log {db}; Ctrl-C stops)")
@@ -78,4 +80,4 @@ def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable
                 stop()
             super().handle_exit(sig, frame)
 
-    Server(config).run()
+    Server(config).run(sockets=[sock])

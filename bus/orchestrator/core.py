@@ -117,11 +117,13 @@ class RunResult:
     root_id: str
     status: str  # completed | failed | halted
     outputs: dict[str, Any]
-    reason: str = ""
+    reason: str = ""  # "degraded" for a completion without some optional tasks' outputs
     detail: str = ""  # e.g. the errors of a plan refused for good (reason plan_invalid)
     # False if a reviewed task completed with its review not passed (max_review_rounds spent)
     quality_met: bool = True
     open_issues: dict[str, list[ev.ReviewIssue]] = field(default_factory=dict)  # by plan task id
+    # completed degraded: the optional plan tasks that did not complete (``optional``)
+    degraded: list[str] = field(default_factory=list)
 
 
 class Orchestrator:
@@ -395,8 +397,15 @@ class Orchestrator:
             return
         self._lost_attempts = self._lost_attempts | mine
         self._queue.put_nowait(_Changed(frozenset(self._root_of(t) for t, _ in mine)))
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and any(self._in_flight(*key) for key in mine):
+        # Until the loss is recorded (or the loop or the log is gone), with no time limit:
+        # another process on the same log waits on these attempts, and an attempt left
+        # in flight there waits out the queue limit (an hour by default). A fixed limit
+        # here expired on a busy machine and wedged the other process's run.
+        while (
+            any(self._in_flight(*key) for key in mine)
+            and self.store_failure is None
+            and not all(t.done() for t in self._loops)
+        ):
             await asyncio.sleep(0.01)
 
     def _in_flight(self, task_id: str, attempt: int) -> bool:
@@ -1349,14 +1358,16 @@ def _result_of(state: RunState, root_id: str) -> RunResult | None:
         for name, tid in run.names.items()
         if tid in state.tasks and not state.tasks[tid].quality_met
     }
+    degraded = list(data.degraded) if isinstance(data, ev.RunCompleted) else []
     return RunResult(
         root_id,
         run.finished,
         outputs,
-        getattr(data, "reason", ""),
+        "degraded" if degraded else getattr(data, "reason", ""),
         getattr(data, "detail", ""),
         quality_met=not unmet,
         open_issues=unmet,
+        degraded=degraded,
     )
 
 

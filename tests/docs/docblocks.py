@@ -242,6 +242,10 @@ def inside(workdir: Path) -> Iterator[None]:
     old_cwd = os.getcwd()
     old_path = list(sys.path)
     before = set(sys.modules)
+    # a reader's interpreter has the repository's root at most at the end (the editable
+    # install's path entry): first, its folders would shadow installed packages of the
+    # same names (openai-agents' `agents`), as pytest's own entry for the root does here
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO] + [str(REPO)]
     try:
         yield
     finally:

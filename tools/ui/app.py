@@ -34,6 +34,7 @@ from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
     CardbusError,
+    MissingExtra,
     StreamNotFound,
     ValidationError,
 )
@@ -64,9 +65,7 @@ try:
     from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 except ImportError as e:  # pragma: no cover - depends on the extra
-    raise ImportError(
-        "the web console needs starlette and uvicorn: pip install 'cardbus[ui]'"
-    ) from e
+    raise MissingExtra("ui", "the web console") from e
 
 __all__ = ["create_app", "is_loopback"]
 

@@ -137,6 +137,8 @@ function fmtDur(s) {
   if (s < 7200) return (s / 60).toFixed(1) + " min";
   return (s / 3600).toFixed(1) + " h";
 }
+// a degraded completion names the optional tasks it did without
+const degraded = (r) => (r.degraded && r.degraded.length ? esc(` (without ${r.degraded.join(", ")})`) : "");
 const status = (s) => `<span class="st s-${esc(s)}">${esc(s || "?")}</span>`;
 const json = (v) => `<pre>${esc(JSON.stringify(v, null, 2))}</pre>`;
 // a cost from the API ({usd, complete, text}): "unknown price" and "at least" as the CLI says
@@ -223,7 +225,7 @@ function pager(total, offset, limit) {
 const RUNS_PAGE = 50;
 function runsView(data, p) {
   const rows = data.runs.map((r) => `<tr data-root="${esc(r.root_id)}" data-status="${esc(r.status)}">
-    <td>${idLink("run", r.root_id)}</td><td>${status(r.status)}${r.reason ? ` <span class="reason">${esc(r.reason)}</span>` : ""}</td>
+    <td>${idLink("run", r.root_id)}</td><td>${status(r.status)}${r.reason ? ` <span class="reason">${esc(r.reason)}${degraded(r)}</span>` : ""}</td>
     <td>${esc(r.goal)}</td><td class="id">${esc(r.plan_id)}</td><td class="nowrap">${fmtTime(r.started_at)}</td>
     <td class="nowrap">${r.ended_at === null ? since(r.started_at) : fmtDur(r.duration_s)}</td>
     <td data-tasks>${r.tasks_done}/${r.tasks_total}${r.tasks_failed ? ` (${r.tasks_failed} failed)` : ""}</td>
@@ -330,7 +332,7 @@ function runView(data) {
   const open = r.status === "running" || r.status === "awaiting_approval";
   const end = r.ended_at || now();
   return `<h2>Run <span class="id">${esc(data.root_id)}</span></h2>
-    <p id="run-status" data-status="${esc(r.status)}">${status(r.status)} ${r.reason ? `<span class="reason">${esc(r.reason)}</span>` : ""}
+    <p id="run-status" data-status="${esc(r.status)}">${status(r.status)} ${r.reason ? `<span class="reason">${esc(r.reason)}${degraded(r)}</span>` : ""}
     · ${esc(r.goal)} · plan <span class="id">${esc(r.plan_id)}</span> · started ${fmtTime(r.started_at)}
     · ${open ? since(r.started_at) : fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${((r.input_tokens || 0) + (r.output_tokens || 0)).toLocaleString()} tokens</p>
     <p id="run-cost">cost ${cost(data.cost)} <span class="muted">(USD; prices: ${esc(data.prices)})</span>
