@@ -25,6 +25,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── ValidationError           a card, plan or agent output breaks its schema
     │   ├── InvalidPlan           a plan refused before anything runs
     │   │   └── PlanConflict      a plan id reused with a different plan body
+    │   ├── InvalidScope          a memory scope or key that is not well formed
     │   └── AmbiguousId           an id prefix that matches more than one task or run
     ├── BusError                  the bus could not deliver or receive
     ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
@@ -93,6 +94,7 @@ __all__ = [
     "IdempotencyError",
     "IllegalTransition",
     "InvalidPlan",
+    "InvalidScope",
     "PayloadTooLarge",
     "PlanConflict",
     "PrerequisiteNotStored",
@@ -228,6 +230,12 @@ class PlanConflict(InvalidPlan):
         )
         self.plan_id = plan_id
         self.root_id = root_id
+
+
+class InvalidScope(ValidationError):
+    """A long-term memory scope (``global``, ``tenant:<id>``, ``user:<id>``,
+    ``tenant:<id>/user:<id>``), user or tenant id, or memory key that is not well formed;
+    the message names what was given and the form wanted."""
 
 
 class AmbiguousId(ValidationError):

@@ -57,6 +57,7 @@ __all__ = [
     "PlanningLimits",
     "PlanningSpec",
     "RetryOverride",
+    "ResultOrigin",
     "ReviewIssue",
     "RevisionRequested",
     "RunCompleted",
@@ -104,6 +105,21 @@ class ReviewIssue(msgspec.Struct, frozen=True, kw_only=True):
     section: str
     severity: str  # "low" | "medium" | "high"
     suggestion: str
+
+
+class ResultOrigin(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a task's result answered from long-term memory came from (``task.completed``'s
+    ``reused``): the result a policy kept (``bus.orchestrator.reuse``) for the same
+    capability and inputs; no agent was called."""
+
+    key: str  # the memory key: "result/<capability>/<inputs digest>"
+    scope: str  # the scope it was found in
+    inputs_digest: str
+    source_task_id: str | None = None  # the task that produced it
+    source_root_id: str = ""  # and its run
+    agent_id: str = ""  # the agent that produced it
+    age_s: float = 0.0  # how old the result was when reused
+    policy: str = ""  # the reuse policy that allowed it
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -294,7 +310,9 @@ class TaskCompleted(_Event, frozen=True, kw_only=True, tag="task.completed.v1"):
     confidence: float = 0.0
     quality_met: bool = True
     open_issues: list[ReviewIssue] = []
-    reused_from: str | None = None  # event id of a forked-from completion
+    # event id of a forked-from completion, or of the memory.written a kept result is
+    reused_from: str | None = None
+    reused: ResultOrigin | None = None  # answered from long-term memory: where from
 
 
 class TaskFailed(_Event, frozen=True, kw_only=True, tag="task.failed.v1"):
@@ -398,6 +416,9 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # caps of parts of the run: "agent:<id>", "role:<role>", "capability:<name>" -> limit
     budgets: dict[str, BudgetLimit] = {}
     on_budget: str = "fail"  # a refused call or dispatch: "fail" the task | ask for "approval"
+    # whose long-term memory the run reads and writes (``projections.scope``): "" for none
+    user: str = ""
+    tenant: str = ""
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -519,6 +540,10 @@ class MemoryWritten(_Event, frozen=True, kw_only=True, tag="memory.written.v1"):
     kind: str = "record"  # "record" | "preference" | "failure"
     root_id: str = ""  # the run it came from ("" for an explicit write)
     policy: str = ""  # the write policy that marked it reusable
+    # whose it is (``projections.scope``): "global", "tenant:<t>", "user:<u>" or
+    # "tenant:<t>/user:<u>"; "" (every record written before scopes) reads as global
+    scope: str = ""
+    agent_id: str = ""  # the agent that wrote it through a request ("" for a policy's)
 
 
 class MemoryForgotten(_Event, frozen=True, kw_only=True, tag="memory.forgotten.v1"):
@@ -526,6 +551,7 @@ class MemoryForgotten(_Event, frozen=True, kw_only=True, tag="memory.forgotten.v
 
     key: str
     reason: str = ""
+    scope: str = ""  # the scope of the record forgotten ("": global)
 
 
 class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
@@ -538,6 +564,7 @@ class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
     attempt: int = 0
     mode: str = "search"  # "get" | "list" | "search" (long-term) | "output" (task memory)
     duration_s: float = 0.0
+    scopes: list[str] = []  # the scopes the read looked in, most specific first
 
 
 class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):

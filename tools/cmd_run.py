@@ -27,6 +27,7 @@ from cardbus.tools.errors import EXIT_FAILED
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
+from cardbus.tools.memory_options import memory_options, with_context
 from cardbus.tools.outcome import failure_json, run_events, run_line, see_through
 from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
@@ -50,6 +51,7 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 @planner_option
 @llm_options
 @mcp_options
+@memory_options
 def run(
     plan_file: Path | None,
     goal: str | None,
@@ -68,6 +70,10 @@ def run(
     model: str | None = None,
     mcp: tuple[str, ...] = (),
     mcp_config: tuple[str, ...] = (),
+    user: str | None = None,
+    tenant: str | None = None,
+    reuse: bool = False,
+    reuse_max_age: float = 24 * 3600.0,
 ) -> None:
     """Run PLAN_FILE (JSON) with the agents it names, on the log --store (in this process).
 
@@ -80,6 +86,10 @@ def run(
     on a terminal; one line per change otherwise, and the `cardbus approve`
     command for a task that waits for approval), then the result (--json:
     the result alone, with the outputs).
+
+    --user/--tenant name whose long-term memory the run reads and writes
+    (its scope chain); --reuse keeps completed tasks' results and answers
+    identical later tasks from them (task.completed says reused, and from where).
 
     MCP servers (--mcp, --mcp-config, and the plan file's "mcp_servers") are
     started for the run; their tools are NAME__<tool> (the plan's agents must
@@ -122,12 +132,15 @@ def run(
     servers = mcp_servers(mcp, mcp_config, plan_servers)
     # the run is found in the log by its plan id (a plan without one gets it here)
     plan = msgspec.structs.replace(plan, plan_id=plan.plan_id or new_id())
+    plan, reuse_policy = with_context(plan, user, tenant, reuse, reuse_max_age)
 
     async def go() -> None:
         store = await open_store_option(db, create=True)
         llm = open_llm(llm_base_url, model)
         try:
-            async with EmbeddedRuntime(store, agents, llm=llm, mcp_servers=servers) as rt:
+            async with EmbeddedRuntime(
+                store, agents, llm=llm, mcp_servers=servers, reuse=reuse_policy
+            ) as rt:
                 watch_model_calls(rt.orchestrator, llm)
 
                 async def wait() -> RunResult:

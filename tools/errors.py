@@ -61,8 +61,10 @@ EXTRA_OF_MODULE = {
 }
 
 
-class TimedOut(click.ClickException):
-    """A command gave up waiting (``--timeout``): one line, exit code 124."""
+class TimedOut(CardbusError, click.ClickException):
+    """A command gave up waiting (``--timeout``): one line, exit code 124. A
+    ``CardbusError`` like every error cardbus raises; click prints it as it prints a
+    ``ClickException``."""
 
     exit_code = EXIT_TIMEOUT
 

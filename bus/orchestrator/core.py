@@ -52,6 +52,7 @@ from cardbus.bus.orchestrator.plan import (
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.resend import untaken_cards
+from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.submission import run_creation
 from cardbus.bus.transport.interface import Bus, Refusal
@@ -78,6 +79,7 @@ from cardbus.eventstore.errors import (
     ValidationError,
 )
 from cardbus.projections.agents import capability_overlaps
+from cardbus.projections.memory import MEMORY_STREAM
 from cardbus.projections.pricing import PriceTable
 
 __all__ = ["Orchestrator", "RunResult", "answer_approval"]
@@ -140,6 +142,7 @@ class Orchestrator:
         owns: Callable[[str], bool] | None = None,
         prices: PriceTable | None = None,
         local_runs: bool = True,
+        reuse: ReusePolicy | None = None,
     ) -> None:
         """``snapshot``: the file a start reads the state from and a stop (and every
         ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
@@ -167,6 +170,8 @@ class Orchestrator:
         budgets and the cost recorded with each answer (``bus.orchestrator.budget``)."""
         self.owns = owns
         self.local_runs = local_runs
+        # stored results pending tasks may be answered from (a fold of the memory stream)
+        self.results = ResultIndex(reuse) if reuse is not None and reuse.reuse else None
         # what the log is read through for the start and the follower: the store, or (a
         # partitioned member, ``bus.runtime.members``) only the partitions it holds; then
         # ``elsewhere`` answers ``wait`` for the runs it does not fold
@@ -278,6 +283,8 @@ class Orchestrator:
             if len(page) < 5000:
                 break
         self._followed = self.state.position
+        if self.results is not None:  # the memory stream whole: a snapshot skips it
+            await self.results.build(self.store)
         for card in agents:  # before the open runs are looked at
             await self.register(card)
         for root in self.state.open:  # runs resumed from the log rejoin their traces
@@ -673,6 +680,7 @@ class Orchestrator:
             lost_attempts=self._lost_attempts,
             dispatching=not self._stopping,
             budgets=self.budgets,
+            results=self.results,
         )
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
@@ -1226,6 +1234,8 @@ class Orchestrator:
             self.leases.unconfirm(env.data.agent_id, env.data.lease_s, time.time())
         elif isinstance(env.data, ev.AgentDeregistered):
             self.leases.forget(env.data.agent_id)
+        if self.results is not None and env.stream == MEMORY_STREAM:
+            self.results.apply(env)
         self._since_snapshot += 1
         self._unfolded.discard(env.position)
         self._maybe_snapshot()

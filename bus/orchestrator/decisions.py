@@ -27,6 +27,7 @@ from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.retry import RetryPolicy
+from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.bus.orchestrator.selection import hard_filter, rank
 from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TaskState
@@ -96,12 +97,15 @@ class Decider:
         lost_attempts: frozenset[tuple[str, int]] = frozenset(),
         dispatching: bool = True,
         budgets: Budgets | None = None,
+        results: ResultIndex | None = None,
     ) -> None:
-        """``leases``: which agents are live (None: every registered agent);
+        """``results``: stored results a pending task may be answered from (``reuse``);
+        ``leases``: which agents are live (None: every registered agent);
         ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now);
         ``dispatching``: False for an orchestrator stopping (its agents go with it);
         ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced)."""
         self.budgets = budgets
+        self.results = results
         self.leases = leases
         self.lost_attempts = lost_attempts
         self.dispatching = dispatching
@@ -482,6 +486,8 @@ class Decider:
                 if task.created.requires_approval and not task.approved:
                     self.d.add(task.task_id, ev.ApprovalRequested(reason="requires_approval"))
                     return
+                if self.results is not None and task.attempt == 0 and self._reused(run, task):
+                    return
                 self._dispatch(run, task)
             case S.NEEDS_REVISION:
                 self._dispatch(run, task)
@@ -642,6 +648,18 @@ class Decider:
             supplement=task.supplement,
             absent=absent,
         )
+
+    def _reused(self, run: RunView, task: TaskView) -> bool:
+        """Answered from a result kept in long-term memory (``reuse``): no dispatch."""
+        assert self.results is not None
+        inputs = self.card_for(task, 1).inputs
+        done = self.results.answer(run.started, task.created, task.task_id, inputs, self.now)
+        if done is None:
+            return False
+        self.d.add(task.task_id, done)
+        if run.started.budget_tokens is None:  # dependents may go on in this step
+            self.d.completed[task.task_id] = done.output
+        return True
 
     def _dispatch(self, run: RunView, task: TaskView) -> None:
         if not self.dispatching:

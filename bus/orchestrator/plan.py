@@ -26,9 +26,10 @@ from cardbus.agents.schema import schema_errors
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.batch import MAX_DEPTH, MAX_ID_CHARS, nesting_problem
-from cardbus.eventstore.errors import ConfigError, InvalidPlan
+from cardbus.eventstore.errors import ConfigError, InvalidPlan, InvalidScope
 from cardbus.eventstore.events import BudgetLimit, PlanningLimits, TaskCreated
 from cardbus.eventstore.taskspec import RetryOverride, TaskOptions, restate
+from cardbus.projections.scope import check_id
 
 __all__ = [
     "Plan",
@@ -39,6 +40,7 @@ __all__ = [
     "goal_limits",
     "rename_refs",
     "resolve_inputs",
+    "run_context",
     "PlanningLimits",
     "task_created",
     "task_retry",
@@ -93,6 +95,29 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     max_plan_rounds: int | None = None  # proposals in all (a refused one is re-proposed)
     replan_on_failure: int | None = None  # re-plannings after a task fails for good
     session_fields: list[str] = []
+    # --- whose long-term memory the run reads and writes (``projections.scope``): the
+    # run's user and tenant; None: the session's "user" / "tenant" field, if any
+    user: str | None = None
+    tenant: str | None = None
+
+
+def run_context(plan: Plan) -> tuple[str, str]:
+    """``(user, tenant)`` of a run of ``plan``: its own fields, else its session's
+    ``user`` / ``tenant`` ("" for none); ``InvalidPlan`` if one is not a valid id."""
+    out = []
+    for name in ("user", "tenant"):
+        value = getattr(plan, name)
+        where = f"plan.{name}"
+        if value is None:
+            value, where = plan.session.get(name), f"plan.session[{name!r}]"
+        if value is None or value == "":
+            out.append("")
+            continue
+        try:
+            out.append(check_id(name, value))
+        except InvalidScope as e:
+            raise InvalidPlan(f"{where}: {e}") from e
+    return out[0], out[1]
 
 
 def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:

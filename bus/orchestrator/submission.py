@@ -24,6 +24,7 @@ from cardbus.agents.cards import AgentCard
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.plan import (
     Plan,
+    run_context,
     task_created,
     validate_goal_plan,
     validate_plan,
@@ -69,6 +70,7 @@ def run_creation(
     """
     goal_only = not plan.tasks
     ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
+    user, tenant = run_context(plan)  # whose memory the run reads and writes
     started = ev.RunStarted(
         goal=plan.goal,
         plan_id=plan_id,
@@ -78,6 +80,8 @@ def run_creation(
         budgets=dict(plan.budgets),
         on_budget=plan.on_budget,
         session=plan.session,
+        user=user,
+        tenant=tenant,
         planning=planning_spec(plan, policy) if goal_only else None,
         agents=sorted(set(agents)),
         agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
