@@ -108,7 +108,9 @@ def test_the_same_plan_without_optional_fails_and_says_so(agents: Path) -> None:
     r = CliRunner().invoke(cli, ["run", str(_plan(agents, False)), "--store", db])
     assert r.exit_code == 1, r.output
     line = r.stdout.splitlines()[-1]
-    assert ": failed tasks_not_completed" in line and "degraded" not in line
+    # the failed task first, with its reason (tools.outcome), and no word of degraded
+    assert " failed: task facts-" in line and "agent_error" in line, line
+    assert "degraded" not in line
     rows = json.loads(CliRunner().invoke(cli, ["runs", "--store", db, "--json"]).stdout)
     assert [(x["status"], x["degraded"]) for x in rows] == [("failed", [])]
 
