@@ -67,9 +67,11 @@ docs-serve: $(STAMP) typecheck-tree
 	$(BIN)/mkdocs serve
 
 # every bench appends its figures (JSON lines) to $(BENCH_JSON); bench/summary.py prints
-# them as one table at the end
+# them as one table at the end and saves them, with the machine and the time, to
+# $(SPEED_FIGURES): commit it, the docs' speed page renders it (the docs build runs no bench)
 export CARDBUS_BENCH_JSON := bench/.figures.jsonl
 BENCH_JSON := $(CARDBUS_BENCH_JSON)
+SPEED_FIGURES := docs/explanation/speed-figures.json
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
@@ -92,7 +94,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/nats_scale_bench.py --json $(BENCH_JSON)
 	$(BIN)/python bench/overload_bench.py
 	@uptime
-	$(BIN)/python bench/summary.py $(BENCH_JSON)
+	$(BIN)/python bench/summary.py $(BENCH_JSON) --write $(SPEED_FIGURES)
 
 clean:
 	rm -rf $(VENV) .typecheck site cardbus.db cardbus.db-wal cardbus.db-shm cardbus.db.proj* cardbus.db.snap

@@ -1,6 +1,6 @@
 """cardbus: an event-sourced message bus for multi-agent work.
 
-``import cardbus`` is the curated public API: what the README's examples use.
+``import cardbus`` is the curated public API: what the README's and the docs' examples use.
 The packages under it keep the rest, by layer (imports only point down)::
 
     cardbus.tools        the `cardbus` command line
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
         RulePlanner,
         TaskCard,
         TaskContext,
+        Tool,
+        ToolRegistry,
     )
     from cardbus.bus import (
         EmbeddedRuntime,
@@ -102,6 +104,9 @@ if TYPE_CHECKING:
         UnknownEventType,
         ValidationError,
     )
+    from cardbus.eventstore.events import (
+        ReviewIssue,
+    )
     from cardbus.eventstore.nats import (
         NatsEventStore,
     )
@@ -133,6 +138,8 @@ _HOME = {
             "RulePlanner",
             "TaskCard",
             "TaskContext",
+            "Tool",
+            "ToolRegistry",
         ],
         "cardbus.agents",
     ),
@@ -216,6 +223,12 @@ _HOME = {
     ),
     **dict.fromkeys(
         [
+            "ReviewIssue",
+        ],
+        "cardbus.eventstore.events",
+    ),
+    **dict.fromkeys(
+        [
             "NatsEventStore",
         ],
         "cardbus.eventstore.nats",
@@ -283,6 +296,7 @@ __all__ = [
     "ResultCard",
     "RetryPolicy",
     "Review",
+    "ReviewIssue",
     "RulePlanner",
     "RunResult",
     "SqliteEventStore",
@@ -293,10 +307,12 @@ __all__ = [
     "TaskCard",
     "TaskContext",
     "Timeline",
+    "Tool",
     "ToolError",
     "ToolFailed",
     "ToolInputInvalid",
     "ToolNotFound",
+    "ToolRegistry",
     "ToolResultTooLarge",
     "ToolTimeout",
     "UnknownEventType",

@@ -57,7 +57,9 @@ class TaskCard(_Card, TaskSpec, frozen=True, kw_only=True, tag="task_card"):
     asked for. A revision's card carries ``previous_output``, the draft the
     review's issues are about, so the agent can make targeted edits; a
     reviewer's card carries the task's ``checklist`` (and its inputs the draft,
-    the goal and the checklist).
+    the goal and the checklist). ``absent`` names the dependencies (task ids) that
+    were optional and ended without an output: the inputs placed from them are left
+    out (a key omitted, a list item dropped).
     """
 
     task_id: str
@@ -71,6 +73,7 @@ class TaskCard(_Card, TaskSpec, frozen=True, kw_only=True, tag="task_card"):
     supplement: Any = None
     traceparent: str | None = None
     delivery: int = 1  # set by the transport: 2 or more when the card was redelivered
+    absent: list[str] = []  # deps (optional tasks) that ended without output
 
 
 class ResultCard(_Card, frozen=True, kw_only=True, tag="result_card"):

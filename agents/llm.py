@@ -50,6 +50,7 @@ from cardbus.eventstore.errors import (
     LLMRequestRefused,
     LLMServerError,
     LLMTimeout,
+    MissingExtra,
 )
 
 __all__ = [
@@ -405,9 +406,7 @@ class OpenAIChatLLM:
         try:
             import openai
         except ImportError as e:  # pragma: no cover - depends on the install
-            raise LLMError(
-                "OpenAIChatLLM needs the openai SDK: pip install 'cardbus[openai]'"
-            ) from e
+            raise MissingExtra("openai", "an OpenAI-compatible endpoint") from e
         key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
         self._headers: dict[str, Any] = {} if key else {"Authorization": openai.Omit()}
         self.base_url = base_url.rstrip("/")
@@ -608,8 +607,9 @@ def describe_llm(llm: LLM) -> str:
         return f"LLM: {llm.model} at {llm.base_url} ({host})"
     if isinstance(llm, MockLLM):
         return (
-            f"LLM: the deterministic mock ({llm.model}); no endpoint configured"
-            f" (set {ENV_BASE_URL} and {ENV_MODEL}, or --llm-base-url and --model)"
+            # one line of at most 100 columns (the demo's screen); --help names the flags
+            f"LLM: deterministic mock ({llm.model}); no endpoint configured"
+            f" (set {ENV_BASE_URL} and {ENV_MODEL})"
         )
     return f"LLM: {type(llm).__name__}"
 

@@ -63,6 +63,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from cardbus.eventstore.errors import MissingExtra
+
 try:
     import httpx2
     import mcp_types
@@ -70,7 +72,7 @@ try:
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError
 except ImportError as e:  # pragma: no cover - the extra is in the dev extra
-    raise ImportError("cardbus.agents.mcp needs the MCP SDK: pip install 'cardbus[mcp]'") from e
+    raise MissingExtra("mcp", "MCP servers mounted as tools") from e
 
 from cardbus.agents.mcp_config import (
     MCPServer,

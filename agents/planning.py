@@ -68,6 +68,9 @@ class ProposedTask(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     deps: list[str] = []
     constraints: dict[str, Any] = {}  # e.g. {"model": "small-model"} for an LLM agent
     review_by: str | None = None  # the capability that reviews this task's output
+    # the run can do without it: its failure leaves its output absent for its dependents
+    # and the run completes "degraded" instead of failing
+    optional: bool = False
 
 
 class PlanProposal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -662,7 +665,9 @@ class LLMPlanner(LLMAgent):
         " capability's input_schema (all required fields present); a field of an output is"
         " described by the output_schema. Respect the limits. If errors are given, your"
         " previous plan was refused for them: fix every one. Put the session's fields in"
-        " inputs only where an input asks for them."
+        " inputs only where an input asks for them. Mark a task optional only when the goal"
+        " can be met without its output (a best-effort extra): if it fails, the tasks after"
+        " it run without the fields they read from it."
     )
 
     def check(self, output: Any, inputs: Any, task: TaskCard) -> list[str]:

@@ -11,6 +11,7 @@ and only then answers. Handlers use it through ``TaskContext``::
     page = await ctx.tool("http_fetch", url="http://…")  # on the agent's allow-list only
     prefs = await ctx.long_term.search("preferred report format")
     record = await ctx.long_term.get("pref/ann/report_format")
+    await ctx.long_term.put("notes/q3", {"seen": True})  # if the policy lets it write
 
 A refusal raises ``AccessDenied``; a tool that fails raises its typed error
 (``ToolTimeout``, ``ToolResultTooLarge``, ... from ``agents.tools``); a bus
@@ -25,9 +26,10 @@ kind               target           args
 ``read_output``    a task id        -
 ``write_output``   a task id        ``value``
 ``tool``           a tool name      the tool's arguments
-``memory.get``     a memory key     -
-``memory.list``    -                ``tags``, ``kind``, ``prefix``, ``where``, ``limit``
-``memory.search``  -                ``text``, ``k``, ``tags``, ``kind``
+``memory.get``     a memory key     ``scope``
+``memory.list``    -                ``tags``, ``kind``, ``prefix``, ``where``, ``limit``, ``scope``
+``memory.search``  -                ``text``, ``k``, ``tags``, ``kind``, ``scope``
+``memory.put``     a memory key     ``value``, ``text``, ``tags``, ``kind``, ``scope``
 ``model.request``  the model        ``request``, ``digest``, ``replay`` (``agents.journal``)
 ``model.answer``   the model        ``call``, ``answer`` or ``error`` and ``error_type``
 ``tool.begin``     the agent's tool ``arguments``, ``idempotent`` (before it runs)
@@ -35,7 +37,10 @@ kind               target           args
 =================  ===============  =================================================
 
 ``tool``, ``model.request`` and ``model.answer`` carry the journal's coordinates
-(``execution``, ``seq``): see ``agents.journal``.
+(``execution``, ``seq``): see ``agents.journal``. A memory request's ``scope``
+is a level of the task's run (``"user"``, ``"tenant"``, ``"global"``) or absent:
+reads see the run's whole scope chain, a write goes to the run's own scope
+(``bus.orchestrator.memory_access``).
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ RequestKind = Literal[
     "memory.get",
     "memory.list",
     "memory.search",
+    "memory.put",
     "model.request",
     "model.answer",
     "tool.begin",
@@ -100,6 +106,7 @@ REQUEST_KINDS: tuple[str, ...] = (
     "memory.get",
     "memory.list",
     "memory.search",
+    "memory.put",
     "model.request",
     "model.answer",
     "tool.begin",
@@ -195,14 +202,39 @@ TOOL_SPECS: contextvars.ContextVar[Mapping[str, ToolSpec]] = contextvars.Context
 
 
 class MemoryClient:
-    """``ctx.long_term``: long-term memory reads, each checked and recorded by the orchestrator."""
+    """``ctx.long_term``: long-term memory, each request checked and recorded by the
+    orchestrator, within the scopes of the task's run (its user's, its tenant's, global).
+
+    ``scope`` narrows a read to one level of them (``"user"``, ``"tenant"``,
+    ``"global"``); a write goes to the run's own scope unless it names a broader level.
+    A scope the agent may not use raises ``AccessDenied``."""
 
     def __init__(self, services: TaskServices) -> None:
         self._services = services
 
-    async def get(self, key: str) -> dict[str, Any] | None:
-        """The record under ``key`` (a dict: key, value, text, tags, kind, ...) or None."""
-        result: dict[str, Any] | None = await self._services.request("memory.get", key)
+    async def get(self, key: str, *, scope: str | None = None) -> dict[str, Any] | None:
+        """The record under ``key`` (a dict: key, value, text, tags, kind, scope, ...) or
+        None; of the run's most specific scope that has it."""
+        args = {"scope": scope} if scope else {}
+        result: dict[str, Any] | None = await self._services.request("memory.get", key, args)
+        return result
+
+    async def put(
+        self,
+        key: str,
+        value: Any,
+        *,
+        text: str = "",
+        tags: Sequence[str] = (),
+        kind: str = "record",
+        scope: str | None = None,
+    ) -> dict[str, Any]:
+        """Write a record (allowed only to agents the access policy's ``memory_write``
+        grants); ``{"key", "scope", "event_id"}`` of the write."""
+        args: dict[str, Any] = {"value": value, "text": text, "tags": list(tags), "kind": kind}
+        if scope:
+            args["scope"] = scope
+        result: dict[str, Any] = await self._services.request("memory.put", key, args)
         return result
 
     async def list(
@@ -213,6 +245,7 @@ class MemoryClient:
         prefix: str = "",
         where: dict[str, Any] | None = None,
         limit: int | None = 20,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]:
         args = {
             "tags": list(tags),
@@ -221,14 +254,24 @@ class MemoryClient:
             "where": where or {},
             "limit": limit,
         }
+        if scope:
+            args["scope"] = scope
         result: list[dict[str, Any]] = await self._services.request("memory.list", "", args)
         return result
 
     async def search(
-        self, text: str, *, k: int = 5, tags: Sequence[str] = (), kind: str | None = None
+        self,
+        text: str,
+        *,
+        k: int = 5,
+        tags: Sequence[str] = (),
+        kind: str | None = None,
+        scope: str | None = None,
     ) -> builtins.list[dict[str, Any]]:
         """Hits, best first: ``{"record": {...}, "score": float}``."""
-        args = {"text": text, "k": k, "tags": list(tags), "kind": kind}
+        args: dict[str, Any] = {"text": text, "k": k, "tags": list(tags), "kind": kind}
+        if scope:
+            args["scope"] = scope
         result: builtins.list[dict[str, Any]] = await self._services.request(
             "memory.search", "", args
         )
@@ -255,7 +298,7 @@ class TaskServices:
 
     @property
     def long_term(self) -> MemoryClient:
-        """Long-term memory reads (``get``, ``list``, ``search``), checked and recorded."""
+        """Long-term memory (``get``, ``list``, ``search``, ``put``), checked and recorded."""
         return MemoryClient(self)
 
     _journal: TaskJournal | None = None

@@ -6,9 +6,14 @@ empties that file first, runs every bench, then runs this module, which
 prints one Markdown table: bench, figure, value, target, ``met``/``MISSED``
 and the ratio to the peer or baseline it was measured against in the same run.
 
-    .venv/bin/python bench/summary.py [FILE] [--compact]
+    .venv/bin/python bench/summary.py [FILE] [--compact] [--write FIGURES.json]
 
 ``--compact`` leaves out the peers' own rows (their figures are in the ratios).
+``--write`` also saves the rows with the machine and the time they were measured
+on as JSON: ``make bench`` writes ``docs/explanation/speed-figures.json``, which is
+committed, and the docs build renders it into the speed page (``render``), so
+the site's table is what the last ``make bench`` printed and the docs build never
+runs a benchmark.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sqlite3
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["record", "summary_path"]
+__all__ = ["figures_document", "record", "render", "summary_path"]
 
 DEFAULT = "bench/.figures.jsonl"
 PEERS = ("LangGraph", "DBOS")
@@ -56,6 +64,7 @@ def record(
         "ratio": ratio,
         "ratio_of": ratio_of,
         "load": os.getloadavg()[0],
+        "at": time.time(),
     }
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
@@ -82,26 +91,102 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _compact(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if not any(f", {p}," in f"{r['figure']}," for p in PEERS)]
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    try:  # Linux: the CPU's name, so a reader can tell one machine from another
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "arch": platform.machine(),
+        "cpus": os.cpu_count(),
+        "cpu": model,
+        "system": platform.system(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+    }
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def figures_document(rows: list[dict[str, Any]], *, compact: bool) -> dict[str, Any]:
+    """What ``--write`` saves: the rows, when (from the rows' own times) and on what machine
+    (this one: ``--write`` runs on the machine that just measured, as ``make bench`` does)."""
+    times = [r["at"] for r in rows if "at" in r]
+    loads = [r["load"] for r in rows if "load" in r]
+    return {
+        "measured_from": _utc(min(times)) if times else "",
+        "measured_to": _utc(max(times)) if times else "",
+        "machine": _machine(),
+        "load": [min(loads, default=0.0), max(loads, default=0.0)],
+        "compact": compact,
+        "source": "make bench",
+        "rows": _compact(rows) if compact else rows,
+    }
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The Markdown the docs show for a saved figures document: where and when, the table,
+    and how many targets were missed."""
+    m = doc["machine"]
+    cpu = f" ({m['cpu']})" if m.get("cpu") else ""
+    rows = doc["rows"]
+    missed = sum(1 for r in rows if r.get("met") is False)
+    lo, hi = doc["load"]
+    lines = [
+        f"Measured by `{doc['source']}` from {doc['measured_from']} to {doc['measured_to']},"
+        f" on {m['system']} {m['arch']} with {m['cpus']} CPUs{cpu}, Python {m['python']},"
+        f" SQLite {m['sqlite']}; 1-minute load {lo:.1f} to {hi:.1f} while measuring"
+        f" ({len(rows)} figures{', peers in the ratios only' if doc['compact'] else ''}).",
+    ]
+    if doc.get("note"):
+        lines += ["", str(doc["note"])]
+    lines += [
+        "",
+        table(rows),
+        "",
+        f"{missed} target(s) MISSED." if missed else "Every target met.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--compact"]
-    compact = "--compact" in sys.argv[1:]
+    argv = sys.argv[1:]
+    write = None
+    if "--write" in argv:
+        i = argv.index("--write")
+        write = Path(argv[i + 1])
+        del argv[i : i + 2]
+    args = [a for a in argv if a != "--compact"]
+    compact = "--compact" in argv
     path = Path(args[0] if args else summary_path() or DEFAULT)
     if not path.exists():
         print(f"no bench figures in {path}")
         return
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if compact:
-        rows = [r for r in rows if not any(f", {p}," in f"{r['figure']}," for p in PEERS)]
-    loads = [r["load"] for r in rows if "load" in r]
+    shown = _compact(rows) if compact else rows
+    loads = [r["load"] for r in shown if "load" in r]
     print()
     print(
-        f"Summary: {len(rows)} figures, {platform.machine()} {os.cpu_count()} CPUs,"
+        f"Summary: {len(shown)} figures, {platform.machine()} {os.cpu_count()} CPUs,"
         f" Python {platform.python_version()}, load {min(loads, default=0):.1f}"
         f" to {max(loads, default=0):.1f} while measuring"
     )
-    print(table(rows))
-    missed = sum(1 for r in rows if r.get("met") is False)
+    print(table(shown))
+    missed = sum(1 for r in shown if r.get("met") is False)
     print(f"{missed} target(s) MISSED" if missed else "every target met")
+    if write is not None:
+        write.write_text(json.dumps(figures_document(rows, compact=True), indent=1) + "\n")
+        print(f"wrote {write} (the docs' speed table)")
 
 
 if __name__ == "__main__":

@@ -512,6 +512,8 @@ class RunTracing:
         if span.is_recording():
             _add_event(span, traces.span_event(env))
             span.set_attribute("cardbus.run.status", status)
+            if isinstance(env.data, ev.RunCompleted) and env.data.degraded:  # optional tasks
+                span.set_attribute("cardbus.run.degraded", list(env.data.degraded))
             reason = getattr(env.data, "reason", None)
             if isinstance(env.data, (ev.RunFailed, ev.RunHalted)):
                 span.set_attribute("error.type", str(reason or status))

@@ -8,6 +8,8 @@ they resemble, so ``except ValueError`` keeps working::
 
     CardbusError
     ├── ConfigError(ValueError)   a setting or argument outside its allowed values
+    │   └── PortInUse             a port to listen on is taken by another process
+    ├── MissingExtra(ImportError) an optional extra is not installed (``cardbus[mcp]``, ...)
     ├── DecodeError               bytes that are not a valid event, card or plan
     │   ├── UnknownEventType      a well-formed envelope whose type tag we do not know
     │   └── PayloadTooLarge       over the configured size limit
@@ -15,6 +17,7 @@ they resemble, so ``except ValueError`` keeps working::
     │   ├── ConcurrencyError      expected version != actual version of the stream
     │   ├── IdempotencyError      an event id re-used for different content
     │   ├── StreamNotFound        reading a stream that has no events
+    │   │   └── IdNotFound        no task or run id matches what a user typed
     │   ├── StoreUnavailable      the backend (file, server) cannot be reached
     │   ├── PrerequisiteNotStored an append_many part whose ``after`` was not stored
     │   └── SubjectLayoutError    a JetStream stream written in another subject layout
@@ -22,6 +25,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── ValidationError           a card, plan or agent output breaks its schema
     │   ├── InvalidPlan           a plan refused before anything runs
     │   │   └── PlanConflict      a plan id reused with a different plan body
+    │   ├── InvalidScope          a memory scope or key that is not well formed
     │   └── AmbiguousId           an id prefix that matches more than one task or run
     ├── BusError                  the bus could not deliver or receive
     ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
@@ -72,6 +76,9 @@ __all__ = [
     "LLMServerError",
     "LLMTimeout",
     "LLMTokenLimit",
+    "IdNotFound",
+    "MissingExtra",
+    "PortInUse",
     "SubjectLayoutError",
     "ToolError",
     "ToolFailed",
@@ -87,6 +94,7 @@ __all__ = [
     "IdempotencyError",
     "IllegalTransition",
     "InvalidPlan",
+    "InvalidScope",
     "PayloadTooLarge",
     "PlanConflict",
     "PrerequisiteNotStored",
@@ -104,6 +112,28 @@ class CardbusError(Exception):
 
 class ConfigError(CardbusError, ValueError):
     """A setting or argument outside its allowed values; the message names them."""
+
+
+class PortInUse(ConfigError):
+    """A port to listen on is taken (``EADDRINUSE``); ``host`` and ``port`` name it."""
+
+    def __init__(self, host: str, port: int, option: str = "--port") -> None:
+        super().__init__(f"port {port} is in use on {host}: pass {option} with another port")
+        self.host = host
+        self.port = port
+
+
+class MissingExtra(CardbusError, ImportError):
+    """An optional extra is not installed; ``extra`` is its name (``mcp``, ``a2a``, ...).
+
+    Also an ``ImportError``, so code that probes an optional import with
+    ``except ImportError`` keeps working.
+    """
+
+    def __init__(self, extra: str, needed_for: str = "") -> None:
+        why = f" ({needed_for})" if needed_for else ""
+        super().__init__(f"cardbus[{extra}] is not installed{why}: pip install 'cardbus[{extra}]'")
+        self.extra = extra
 
 
 class DecodeError(CardbusError):
@@ -145,6 +175,14 @@ class StreamNotFound(StoreError):
     def __init__(self, stream: str) -> None:
         super().__init__(f"no events for {stream!r}")
         self.stream = stream
+
+
+class IdNotFound(StreamNotFound):
+    """No task or run id (whole, prefix, end or plan id) matches ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.args = (f"no task or run matches {text!r}",)
 
 
 class StoreUnavailable(StoreError):
@@ -192,6 +230,12 @@ class PlanConflict(InvalidPlan):
         )
         self.plan_id = plan_id
         self.root_id = root_id
+
+
+class InvalidScope(ValidationError):
+    """A long-term memory scope (``global``, ``tenant:<id>``, ``user:<id>``,
+    ``tenant:<id>/user:<id>``), user or tenant id, or memory key that is not well formed;
+    the message names what was given and the form wanted."""
 
 
 class AmbiguousId(ValidationError):

@@ -57,6 +57,7 @@ __all__ = [
     "PlanningLimits",
     "PlanningSpec",
     "RetryOverride",
+    "ResultOrigin",
     "ReviewIssue",
     "RevisionRequested",
     "RunCompleted",
@@ -106,6 +107,21 @@ class ReviewIssue(msgspec.Struct, frozen=True, kw_only=True):
     suggestion: str
 
 
+class ResultOrigin(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a task's result answered from long-term memory came from (``task.completed``'s
+    ``reused``): the result a policy kept (``bus.orchestrator.reuse``) for the same
+    capability and inputs; no agent was called."""
+
+    key: str  # the memory key: "result/<capability>/<inputs digest>"
+    scope: str  # the scope it was found in
+    inputs_digest: str
+    source_task_id: str | None = None  # the task that produced it
+    source_root_id: str = ""  # and its run
+    agent_id: str = ""  # the agent that produced it
+    age_s: float = 0.0  # how old the result was when reused
+    policy: str = ""  # the reuse policy that allowed it
+
+
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     """One agent considered by selection, with the parts of its hybrid score."""
 
@@ -147,6 +163,8 @@ DISPATCH_INPUTS_INLINE = 16 * 1024
 
 
 class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"):
+    """An attempt was sent to an agent, with the selection scores and the loop hash."""
+
     attempt: int
     agent_id: str
     score: float = 0.0
@@ -162,9 +180,17 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     # at most DISPATCH_INPUTS_INLINE bytes (else None: the digest and the size only)
     inputs: Any = None
     inputs_bytes: int = 0
+    # deps whose output is absent: optional tasks that ended without completing; their
+    # ``$dep`` placeholders were left out of the inputs sent (``bus.orchestrator.optional``)
+    absent: list[str] = []
 
 
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
+    """The agent said it began the attempt (its ``Started`` reply, sent once the handler has run
+    ``started_after_s``; a faster answer sends none); who ran it (``replica_id``, ``host``,
+    ``pid``) and the card's ``delivery`` count.
+    """
+
     attempt: int
     agent_id: str
     # True only in logs written before the orchestrator stopped recording an implied start
@@ -217,6 +243,8 @@ class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_igno
 
 
 class TaskRejected(_Event, frozen=True, kw_only=True, tag="task.rejected.v1"):
+    """The agent refused the card (input_schema_mismatch, out_of_capability, over_constraint, …)."""
+
     attempt: int
     agent_id: str
     reason: str  # input_schema_mismatch | out_of_capability | over_constraint | ...
@@ -224,6 +252,8 @@ class TaskRejected(_Event, frozen=True, kw_only=True, tag="task.rejected.v1"):
 
 
 class TaskNeedsInput(_Event, frozen=True, kw_only=True, tag="task.needs_input.v1"):
+    """The agent needs more input; a supplementary task may provide it."""
+
     attempt: int
     agent_id: str
     missing: str
@@ -234,17 +264,23 @@ NeedsInput = TaskNeedsInput
 
 
 class InputProvided(_Event, frozen=True, kw_only=True, tag="task.input_provided.v1"):
+    """The missing input arrived; the task goes back to pending."""
+
     supplementary_task_id: str
     output: Any = None
 
 
 class RevisionRequested(_Event, frozen=True, kw_only=True, tag="task.revision_requested.v1"):
+    """A reviewer asked for changes, with structured review issues."""
+
     round: int
     reviewer_task_id: str
     issues: list[ReviewIssue] = []
 
 
 class TaskRetryScheduled(_Event, frozen=True, kw_only=True, tag="task.retry_scheduled.v1"):
+    """Another attempt will run after a delay, and why."""
+
     attempt: int  # the attempt that will run next
     delay_s: float
     reason: str
@@ -252,6 +288,10 @@ class TaskRetryScheduled(_Event, frozen=True, kw_only=True, tag="task.retry_sche
 
 
 class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
+    """The attempt passed its deadline (``reason`` ``deadline``), or its agent went first
+    (``agent_lost``: lease lapsed, deregistered, or it ran in the previous embedded process).
+    """
+
     attempt: int
     agent_id: str
     deadline: float
@@ -262,44 +302,64 @@ class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
 
 
 class TaskCompleted(_Event, frozen=True, kw_only=True, tag="task.completed.v1"):
+    """The task's final output was accepted."""
+
     attempt: int
     agent_id: str
     output: Any = None
     confidence: float = 0.0
     quality_met: bool = True
     open_issues: list[ReviewIssue] = []
-    reused_from: str | None = None  # event id of a forked-from completion
+    # event id of a forked-from completion, or of the memory.written a kept result is
+    reused_from: str | None = None
+    reused: ResultOrigin | None = None  # answered from long-term memory: where from
 
 
 class TaskFailed(_Event, frozen=True, kw_only=True, tag="task.failed.v1"):
+    """The task failed for good (attempts or budget spent, or an error)."""
+
     reason: str
     error: str = ""
     attempts: int = 0
 
 
 class TaskCancelled(_Event, frozen=True, kw_only=True, tag="task.cancelled.v1"):
+    """A task stopped before it completed: by the orchestrator (``reason``
+    ``dependency_failed`` and the like, ``cause_task_id`` the dependency), or from
+    outside. ``whole_run``: the whole run was cancelled (``cancel_run``), so an optional
+    task cancelled so is not an absence the run completes without: the run fails."""
+
     reason: str
     cause_task_id: str | None = None
+    whole_run: bool = False
 
 
 class TaskHalted(_Event, frozen=True, kw_only=True, tag="task.halted.v1"):
+    """The task was stopped by a guard (loop detected, budget exceeded)."""
+
     reason: str  # loop_detected | budget_exceeded
     detail: str = ""
 
 
 class ApprovalRequested(_Event, frozen=True, kw_only=True, tag="task.approval_requested.v1"):
+    """The task waits for a human approval."""
+
     reason: str
     proposed_output: Any = None
     detail: str = ""  # what is to be decided (e.g. the tool call whose effect is unknown)
 
 
 class ApprovalGranted(_Event, frozen=True, kw_only=True, tag="task.approval_granted.v1"):
+    """Approval given; the task resumes in the state it names."""
+
     by: str
     resume: str = "pending"  # the state the task returns to
     note: str = ""
 
 
 class ApprovalDenied(_Event, frozen=True, kw_only=True, tag="task.approval_denied.v1"):
+    """Approval refused; the task is cancelled."""
+
     by: str
     note: str = ""
 
@@ -333,6 +393,11 @@ class PlanningSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
+    """A run of a plan began (goal, plan, task ids, budget; ``agents``: the run's agents, the only
+    ones selection considers; ``agent_paths``: their import paths; ``rerun_of``, ``offline``: a
+    re-run of that root).
+    """
+
     goal: str
     plan_id: str
     task_ids: list[str] = []
@@ -351,6 +416,9 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # caps of parts of the run: "agent:<id>", "role:<role>", "capability:<name>" -> limit
     budgets: dict[str, BudgetLimit] = {}
     on_budget: str = "fail"  # a refused call or dispatch: "fail" the task | ask for "approval"
+    # whose long-term memory the run reads and writes (``projections.scope``): "" for none
+    user: str = ""
+    tenant: str = ""
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -364,21 +432,39 @@ class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
 
 
 class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
+    """Every task of the plan completed, or only ``optional`` ones did not.
+
+    ``outputs``: each completed plan task's output, by plan task id. ``degraded``:
+    the plan task ids of the optional tasks that ended without completing (failed,
+    cancelled or halted; their outputs are absent): a run with any is a *degraded*
+    completion, and ``detail`` says why each ended (``name: reason (error)``).
+    """
+
     outputs: dict[str, Any] = {}
+    degraded: list[str] = []
+    detail: str = ""
 
 
 class RunFailed(_Event, frozen=True, kw_only=True, tag="run.failed.v1"):
+    """The run failed, naming the failed tasks (or ``plan_invalid``, ``planning_failed`` and
+    why).
+    """
+
     reason: str  # tasks_not_completed | plan_invalid | planning_failed
     failed_tasks: list[str] = []
     detail: str = ""
 
 
 class RunHalted(_Event, frozen=True, kw_only=True, tag="run.halted.v1"):
+    """The run was stopped by a guard (loop, budget)."""
+
     reason: str  # loop_detected | budget_exceeded
     detail: str = ""
 
 
 class PlanSubmitted(_Event, frozen=True, kw_only=True, tag="plan.submitted.v1"):
+    """A plan was submitted for a root task."""
+
     plan_id: str
     root_id: str
     # sha256 of the plan body (its fields but plan_id, defaults left out): a later submit of
@@ -412,6 +498,8 @@ class PlanAccepted(_Event, frozen=True, kw_only=True, tag="plan.accepted.v1"):
 
 
 class AgentRegistered(_Event, frozen=True, kw_only=True, tag="agent.registered.v1"):
+    """An agent joined, with its AgentCard and ``lease_s`` (0: registered by the operator)."""
+
     agent_id: str
     card: dict[str, Any]  # the AgentCard as JSON
     # the lease its workers renew (every lease_s / 3, in memory, never logged); 0: registered
@@ -420,6 +508,10 @@ class AgentRegistered(_Event, frozen=True, kw_only=True, tag="agent.registered.v
 
 
 class AgentDeregistered(_Event, frozen=True, kw_only=True, tag="agent.deregistered.v1"):
+    """An agent left: ``reason`` ``stopped`` (its last worker stopped) or ``lease_expired`` (no
+    renewal came in time).
+    """
+
     agent_id: str
     reason: str = ""  # "stopped" (its workers left) | "lease_expired" (no renewal came)
 
@@ -448,11 +540,18 @@ class MemoryWritten(_Event, frozen=True, kw_only=True, tag="memory.written.v1"):
     kind: str = "record"  # "record" | "preference" | "failure"
     root_id: str = ""  # the run it came from ("" for an explicit write)
     policy: str = ""  # the write policy that marked it reusable
+    # whose it is (``projections.scope``): "global", "tenant:<t>", "user:<u>" or
+    # "tenant:<t>/user:<u>"; "" (every record written before scopes) reads as global
+    scope: str = ""
+    agent_id: str = ""  # the agent that wrote it through a request ("" for a policy's)
 
 
 class MemoryForgotten(_Event, frozen=True, kw_only=True, tag="memory.forgotten.v1"):
+    """A memory record was removed."""
+
     key: str
     reason: str = ""
+    scope: str = ""  # the scope of the record forgotten ("": global)
 
 
 class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
@@ -465,6 +564,7 @@ class MemoryRead(_Event, frozen=True, kw_only=True, tag="memory.read.v1"):
     attempt: int = 0
     mode: str = "search"  # "get" | "list" | "search" (long-term) | "output" (task memory)
     duration_s: float = 0.0
+    scopes: list[str] = []  # the scopes the read looked in, most specific first
 
 
 class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
@@ -488,6 +588,10 @@ class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
 
 
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
+    """An agent called a tool, with arguments, result or error and duration; ``replayed_from`` names
+    the call a retry was answered from.
+    """
+
     task_id: str
     agent_id: str
     tool: str
@@ -587,6 +691,8 @@ class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unkn
 
 
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
+    """An agent asked for something outside its card and was refused."""
+
     task_id: str
     agent_id: str
     action: str
@@ -614,6 +720,8 @@ class ReplyRefused(_Event, frozen=True, kw_only=True, tag="reply.refused.v1"):
 
 
 class ContextTrimmed(_Event, frozen=True, kw_only=True, tag="context.trimmed.v1"):
+    """A task's context was cut to fit, and by which policy."""
+
     task_id: str
     policy: str
     original_bytes: int

@@ -72,7 +72,7 @@ A2A_STATE: dict[TaskState, str] = {
     S.HALTED: "TASK_STATE_FAILED",
 }
 
-# event type -> {from state: to state}; the one table the README prints.
+# event type -> {from state: to state}; the one table docs/reference/states.md prints.
 TRANSITIONS: dict[type, dict[TaskState | None, TaskState]] = {
     TaskCreated: {None: S.PENDING},
     TaskDispatched: {

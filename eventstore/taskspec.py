@@ -6,7 +6,8 @@ receives (``TaskCard``). Their shared fields are declared here, once, and
 each of the three inherits them::
 
     TaskSpec                what the task asks: capability, goal, inputs, ...
-    ├── TaskOptions         how the orchestrator runs it: approval, fan-out, review, retry
+    ├── TaskOptions         how the orchestrator runs it: approval, fan-out, review, retry,
+    │   │                   optional
     │   ├── PlanTask        (bus.orchestrator.plan)  + id, max_attempts (optional)
     │   └── TaskCreated     (eventstore.events)      + root_id, parent_id, max_attempts, ...
     └── TaskCard            (agents.cards)           + task_id, root_id, attempt, ...
@@ -83,6 +84,10 @@ class TaskOptions(TaskSpec, frozen=True, kw_only=True):
     # a retried attempt is answered from the journal of the calls before it (False: every
     # attempt's model and tool calls go out fresh; they are recorded all the same)
     journal: bool = True
+    # the run can do without it: if it ends failed or cancelled (its retries spent), its
+    # dependents run with its output absent, and the run completes "degraded" naming it
+    # (``cardbus.bus.orchestrator.optional``); False: its failure fails the run
+    optional: bool = False
 
 
 def restate(source: msgspec.Struct, as_type: type[S], **changes: Any) -> S:

@@ -174,6 +174,8 @@ def _run_view(events: Sequence[Envelope], calls: dict[str, list[ModelCall | Tool
                 case ev.RunStarted():
                     view.goal, view.forked_from = data.goal, data.forked_from
                     view.rerun_of, view.offline = data.rerun_of, data.offline
+                case ev.RunCompleted() if data.degraded:  # without optional tasks' outputs
+                    view.status = f"completed: degraded (without {', '.join(data.degraded)})"
                 case ev.RunCompleted():
                     view.status = "completed"
                 case ev.RunFailed():

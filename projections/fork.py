@@ -18,7 +18,12 @@ Every other task starts again from ``pending``, and the orchestrator, started
 on the same log, carries the run on with the agents it has now (a task that
 needs a subtask - a review, missing input - creates a new one). Subtasks of
 the old run are not copied. Writing the events and running them is the
-caller's part (``cardbus fork``).
+caller's part (``cardbus fork``, ``bus.orchestrator.forks``).
+
+"Fork from a task" (the console): :func:`point_before` is the fork point just
+before the task's result, so it and what came after run again, and
+:func:`override_task` changes what the forked copy of it asks (its inputs, its
+model) before it runs.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import ValidationError
 
-__all__ = ["ForkPlan", "plan_fork", "fork_task_id"]
+__all__ = ["ForkPlan", "fork_task_id", "override_task", "plan_fork", "point_before"]
 
 
 class ForkPlan(msgspec.Struct, kw_only=True):
@@ -138,3 +143,65 @@ def plan_fork(events: Sequence[Envelope], at: str, new_root_id: str) -> ForkPlan
         rerun=rerun,
         streams=streams,
     )
+
+
+def point_before(events: Sequence[Envelope], task_id: str) -> str:
+    """The fork point "from task ``task_id``": the run's last event before the task's
+    result (``task.completed``), so the task runs again and what it completed before
+    is reused; a task that never completed: the run's last event. An event id."""
+    own = [e for e in events if e.stream == task_id]
+    if not own:
+        raise ValidationError(f"{task_id!r} is not a task of this run")
+    root = own[0].correlation_id
+    done = next((e.position for e in own if isinstance(e.data, ev.TaskCompleted)), None)
+    run = [e for e in events if e.correlation_id == root]
+    before = [e for e in run if done is None or e.position < done]
+    return max(before, key=lambda e: e.position).event_id
+
+
+def override_task(
+    plan: ForkPlan,
+    task_id: str,
+    *,
+    inputs: dict[str, Any] | None = None,
+    model: str | None = None,
+) -> ForkPlan:
+    """``plan`` whose copy of ``task_id`` (a task of the old run, or its plan task id)
+    asks with ``inputs`` in place of its own and ``model`` as its ``constraints.model``.
+
+    ``ValidationError`` when the task is not a plan task of the fork, or its result is
+    reused at this fork point (an override would change nothing: fork earlier).
+    """
+    new = plan.ids.get(task_id)
+    if new is None:  # a plan task id ("write"), as the plan names it
+        named = [
+            plan.ids[old]
+            for old in plan.ids
+            if old.removesuffix("-" + plan.source_root_id[-12:]) == task_id
+        ]
+        new = named[0] if len(named) == 1 else None
+    if new is None:
+        raise ValidationError(
+            f"{task_id!r} is not a plan task of run {plan.source_root_id} (a subtask is made"
+            " again by the orchestrator: override its parent)"
+        )
+    if new in plan.reused:
+        raise ValidationError(
+            f"task {task_id!r} completed before the fork point, so its result is reused:"
+            " fork at an event before its result to run it again"
+        )
+    if inputs is not None and not isinstance(inputs, dict):
+        raise ValidationError("the inputs override must be a JSON object")
+    streams = []
+    for stream, datas in plan.streams:
+        if stream == new:
+            created = datas[0]
+            assert isinstance(created, ev.TaskCreated)
+            changes: dict[str, Any] = {}
+            if inputs is not None:
+                changes["inputs"] = _rename(inputs, plan.ids)
+            if model:
+                changes["constraints"] = {**created.constraints, "model": model}
+            datas = [msgspec.structs.replace(created, **changes), *datas[1:]]
+        streams.append((stream, datas))
+    return msgspec.structs.replace(plan, streams=streams)

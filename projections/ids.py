@@ -14,7 +14,7 @@ order, ``text`` is:
    ids begin with their time (runs started within the same minute share their
    first 8 characters) and end with random ones, as their tasks' ids do.
 
-Nothing matching is ``StreamNotFound``; several matches are ``AmbiguousId``
+Nothing matching is ``IdNotFound`` (a ``StreamNotFound``); several matches are ``AmbiguousId``
 naming them in full. Steps 1 and 2 read one stream each; a prefix costs one
 pass over the log.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
-from cardbus.eventstore.errors import AmbiguousId, StreamNotFound, ValidationError
+from cardbus.eventstore.errors import AmbiguousId, IdNotFound, ValidationError
 from cardbus.eventstore.store import EventStore
 
 __all__ = ["read_run", "resolve_id"]
@@ -85,7 +85,7 @@ async def resolve_id(store: EventStore, text: str) -> str:
         raise AmbiguousId(text, sorted(by_plan))  # a forked run keeps its plan id
     matches = matches or ends
     if not matches:
-        raise StreamNotFound(text)
+        raise IdNotFound(text)
     if len(matches) == 1:
         return next(iter(matches))
     roots = set(matches.values())
@@ -104,5 +104,5 @@ async def read_run(store: EventStore, text: str) -> list[Envelope]:
     root = own[0].correlation_id if own else text
     events = await store.read_correlation(root)
     if not events:
-        raise StreamNotFound(text)
+        raise IdNotFound(text)
     return events

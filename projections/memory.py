@@ -15,6 +15,14 @@ or :meth:`~MemoryFold.search` (the old events stay in the log: the log is
 never edited, and rebuilding from it gives the same model). A later write of
 a forgotten key creates it again.
 
+Scopes (``projections.scope``): each record belongs to one scope, and a key
+names a record *within* its scope, so ``pref/report_format`` of
+``tenant:acme`` and of ``tenant:globex`` are two records. Every read takes
+``scopes``: ``None`` for all of them (the operator's view, ``cardbus memory``),
+or a run's scope chain, most specific first, of which a key present in several
+scopes shows only the first one's (a user's record shadows the tenant's). A
+record without a scope (written before scopes) is ``global``.
+
 Semantic search embeds each record's ``text`` with a pluggable embedder (any
 object with ``embed(texts) -> vectors``, e.g. ``agents.selection.HashingEmbedder``);
 vectors are a cache of the fold, not part of it. The fold itself is pure:
@@ -33,6 +41,7 @@ import msgspec
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.store import EventStore
+from cardbus.projections.scope import GLOBAL
 
 __all__ = [
     "MEMORY_STREAM",
@@ -57,9 +66,11 @@ class MemoryRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     key: str
     value: Any
+    scope: str = GLOBAL
     text: str = ""
     tags: list[str] = []
-    kind: str = "record"  # record | preference | failure
+    kind: str = "record"  # record | preference | failure | result
+    agent_id: str = ""  # the agent that wrote it ("" for a policy or an operator)
     policy: str = ""
     source_task_id: str | None = None
     root_id: str = ""  # correlation id of the write: the run it came from
@@ -81,13 +92,16 @@ class MemoryHit(msgspec.Struct, frozen=True, kw_only=True):
     score: float
 
 
+Scopes = Sequence[str] | None  # None: every scope; else a chain, most specific first
+
+
 class MemoryFold:
-    """Live records by key, folded from ``memory.*`` events in version order."""
+    """Live records by (scope, key), folded from ``memory.*`` events in version order."""
 
     handles = frozenset({ev.MemoryWritten, ev.MemoryForgotten})
 
     def __init__(self) -> None:
-        self.records: dict[str, MemoryRecord] = {}
+        self.records: dict[tuple[str, str], MemoryRecord] = {}
         self.version = 0  # last applied version of the memory stream
         self._vectors: dict[str, list[float]] = {}  # text -> embedding (a cache)
 
@@ -100,12 +114,15 @@ class MemoryFold:
         self.version = env.version
         data = env.data
         if isinstance(data, ev.MemoryWritten):
-            self.records[data.key] = MemoryRecord(
+            scope = data.scope or GLOBAL  # a record from before scopes is everyone's
+            self.records[scope, data.key] = MemoryRecord(
                 key=data.key,
                 value=data.value,
+                scope=scope,
                 text=data.text,
                 tags=list(data.tags),
                 kind=data.kind,
+                agent_id=data.agent_id,
                 policy=data.policy,
                 source_task_id=data.source_task_id,
                 root_id=data.root_id,
@@ -115,7 +132,7 @@ class MemoryFold:
                 recorded_at=env.recorded_at,
             )
         elif isinstance(data, ev.MemoryForgotten):
-            self.records.pop(data.key, None)
+            self.records.pop((data.scope or GLOBAL, data.key), None)
         return True
 
     def apply_all(self, events: Iterable[Envelope]) -> MemoryFold:
@@ -125,30 +142,59 @@ class MemoryFold:
 
     # -- reads ------------------------------------------------------------------
 
-    def get(self, key: str) -> MemoryRecord | None:
-        """Exact look-up by key."""
-        return self.records.get(key)
+    def get(self, key: str, scopes: Scopes = None) -> MemoryRecord | None:
+        """Exact look-up by key: in the first scope of ``scopes`` that has it (None:
+        ``global``'s, else any scope's, the latest written)."""
+        if scopes is None:
+            found = self.records.get((GLOBAL, key))
+            if found is None:
+                mine = [r for (_, k), r in self.records.items() if k == key]
+                found = max(mine, key=lambda r: r.version) if mine else None
+            return found
+        for scope in scopes:
+            found = self.records.get((scope, key))
+            if found is not None:
+                return found
+        return None
+
+    def visible(self, scopes: Scopes = None) -> Iterable[MemoryRecord]:
+        """The records ``scopes`` sees: all (None), or those of the chain, a key present
+        in several of its scopes as the most specific one's."""
+        if scopes is None:
+            yield from self.records.values()
+            return
+        rank = {s: i for i, s in enumerate(scopes)}
+        best: dict[str, MemoryRecord] = {}
+        for r in self.records.values():
+            i = rank.get(r.scope)
+            if i is None:
+                continue
+            other = best.get(r.key)
+            if other is None or i < rank[other.scope]:
+                best[r.key] = r
+        yield from best.values()
 
     def list(
         self,
         *,
+        scopes: Scopes = None,
         tags: Sequence[str] = (),
         kind: str | None = None,
         prefix: str = "",
         where: dict[str, Any] | None = None,
         limit: int | None = None,
     ) -> builtins.list[MemoryRecord]:
-        """Records with every tag in ``tags``, of ``kind``, whose key starts with
-        ``prefix`` and whose dict value has ``where``'s fields equal; oldest first."""
+        """Records of ``scopes`` with every tag in ``tags``, of ``kind``, whose key starts
+        with ``prefix`` and whose dict value has ``where``'s fields equal; oldest first."""
         out = [
             r
-            for r in self.records.values()
+            for r in self.visible(scopes)
             if (kind is None or r.kind == kind)
             and r.key.startswith(prefix)
             and all(t in r.tags for t in tags)
             and all(r.field(k) == v for k, v in (where or {}).items())
         ]
-        out.sort(key=lambda r: (r.version, r.key))
+        out.sort(key=lambda r: (r.version, r.key, r.scope))
         return out if limit is None else out[: max(0, limit)]
 
     def search(
@@ -157,13 +203,14 @@ class MemoryFold:
         embedder: TextEmbedder,
         *,
         k: int = 5,
+        scopes: Scopes = None,
         tags: Sequence[str] = (),
         kind: str | None = None,
         min_score: float = 0.0,
     ) -> builtins.list[MemoryHit]:
-        """The ``k`` records whose text is closest to ``text`` (cosine above
+        """The ``k`` records of ``scopes`` whose text is closest to ``text`` (cosine above
         ``min_score``), best first; ties by key."""
-        candidates = [r for r in self.list(tags=tags, kind=kind) if r.text or r.key]
+        candidates = [r for r in self.list(scopes=scopes, tags=tags, kind=kind) if r.text or r.key]
         if not candidates or k <= 0:
             return []
         texts = [r.text or r.key for r in candidates]
@@ -179,7 +226,7 @@ class MemoryFold:
             score = _cosine(query, self._vectors[t])
             if score > min_score:  # nothing in common (0 or below) is no hit
                 hits.append(MemoryHit(record=r, score=round(score, 6)))
-        hits.sort(key=lambda h: (-h.score, h.record.key))
+        hits.sort(key=lambda h: (-h.score, h.record.key, h.record.scope))
         return hits[:k]
 
     def failures(

@@ -273,6 +273,13 @@ def _detail(data: Any) -> str | None:
             d = f"result {data.status}, {u.input_tokens}+{u.output_tokens} tokens"
             d += f", ran {data.duration_s * 1000:.0f}ms" if data.duration_s else ""
             return d + (f", {_who(data)}" if _who(data) else "")
+        case ev.TaskCompleted() if data.reused is not None:
+            r = data.reused
+            origin = f"task {r.source_task_id}" if r.source_task_id else "memory"
+            return (
+                f"reused from long-term memory ({r.scope}, {r.key}): {origin} of run"
+                f" {r.source_root_id or '?'} by {r.agent_id or '?'}, {r.age_s:.0f}s old"
+            )
         case ev.TaskCompleted() if data.reused_from:
             return f"reused from {data.reused_from}"
         case ev.TaskCompleted() if not data.quality_met:
@@ -310,6 +317,9 @@ def _detail(data: Any) -> str | None:
             )
         case ev.RunStarted():
             d = f"goal: {data.goal}"
+            if data.user or data.tenant:
+                who = "/".join(x for x in (data.tenant, data.user) if x)
+                d += f" (for {who})"
             if data.planning is not None:
                 d += " (to plan)"
             return d + (f" (forked from {data.forked_from})" if data.forked_from else "")
@@ -320,6 +330,8 @@ def _detail(data: Any) -> str | None:
             return d + (f", {len(data.superseded)} superseded" if data.superseded else "")
         case ev.RunFailed() if data.detail:
             return data.detail
+        case ev.RunCompleted() if data.degraded:
+            return data.detail or None
     return None
 
 
@@ -348,6 +360,8 @@ def _reason(data: Any) -> str | None:
         return f"refused (round {data.round}): " + "; ".join(data.errors)
     if isinstance(data, ev.RunFailed) and data.detail:
         return f"{data.reason}: {data.detail}"
+    if isinstance(data, ev.RunCompleted) and data.degraded:  # without optional tasks' outputs
+        return f"degraded: without {', '.join(data.degraded)}"
     return event_reason(data)
 
 

@@ -58,6 +58,9 @@ details pre { margin: 4px 0; white-space: pre-wrap; overflow-wrap: anywhere; max
               overflow: auto; background: #f7f8fa; padding: 4px 6px; border-radius: 4px; }
 .legend { margin: 4px 0; } .legend b { margin-right: 8px; color: var(--muted); }
 .legend i.queued { position: static; }
+.callmark { position: absolute; top: 22px; width: 6px; height: 6px; margin-left: -3px;
+            border-radius: 50%; border: 1px solid #fff; }
+.call_live { background: #2e7d32; } .call_replayed { background: #c99a00; }
 """
 
 #: every attempt outcome (Gantt bars) and task status, each with its own colour
@@ -110,6 +113,8 @@ _GANTT_SELECTORS = (
     ".status",
     ".queued",
     ".mono",
+    ".callmark",
+    ".call_",
 )
 
 
@@ -132,8 +137,10 @@ def gantt_css(scope: str) -> str:
 
 def legends() -> str:
     """The legends of the Gantt: attempt outcomes (and queued), task statuses."""
-    return _legend("attempts", ("queued", *OUTCOMES), "legend-outcomes") + _legend(
-        "task status", STATUSES, "legend-statuses"
+    return (
+        _legend("attempts", ("queued", *OUTCOMES), "legend-outcomes")
+        + _legend("task status", STATUSES, "legend-statuses")
+        + _legend("model and tool calls", ("call_live", "call_replayed"), "legend-calls")
     )
 
 
@@ -241,6 +248,20 @@ function cardbusGantt(T, gantt, opts) {
           " tokens" : "") + (s.model ? ", " + s.model : "") +
         (s.reason ? " \u2014 " + s.reason : "");
       track.appendChild(e);
+      // a dot per model or tool call of the attempt, at its start: live, or replayed
+      // from the journal (answered from the log, nothing paid for, no effect repeated)
+      (s.calls || []).forEach((c) => {
+        if (c.kind !== "model" && c.kind !== "tool") return;
+        const how = c.replayed_from ? "replayed" : "live";
+        const m = $("div", "callmark call_" + how);
+        m.style.left = pct(c.start);
+        m.dataset.kind = c.kind;
+        m.dataset.replayed = c.replayed_from ? "yes" : "no";
+        m.title = (c.kind === "model" ? "model " + (c.response_model || c.model)
+          : "tool " + c.tool) + " (call #" + c.seq + ", attempt " + s.attempt + "): " +
+          (c.replayed_from ? "replayed from " + c.replayed_from : "live");
+        track.appendChild(m);
+      });
     });
     (n.steps || []).forEach((s) => {
       const m = $("div", "marker");

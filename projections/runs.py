@@ -6,6 +6,10 @@ and reason; ``plan.submitted`` the plan id (it may come first); each task event
 of the run (its ``correlation_id``) counts tasks created, completed and failed
 or halted, the tokens of its results, and which tasks wait for approval now.
 
+A run that completed without some optional tasks' outputs (``run.completed``
+with ``degraded``) is ``completed`` with the reason ``degraded``, and
+``degraded`` lists those tasks (plan task ids); ``[]`` for every other run.
+
 Stored ``status`` is ``running``, ``completed``, ``failed`` or ``halted``;
 :meth:`Runs.list` reports a running run with a task waiting for approval as
 ``awaiting_approval``. The fold is pure: a running run has no ``ended_at``, and
@@ -53,6 +57,7 @@ RUNS = TableSpec(
         ("output_tokens", "INTEGER"),
         ("waiting", "JSON"),  # ids of the tasks waiting for approval now
         ("forked_from", "TEXT"),
+        ("degraded", "JSON"),  # a degraded completion: the optional tasks it did without
         ("last_position", "INTEGER"),
     ),
     key=("root_id",),
@@ -92,6 +97,7 @@ def _new_row(root_id: str, env: Envelope) -> Row:
         "output_tokens": 0,
         "waiting": [],
         "forked_from": None,
+        "degraded": [],
         "last_position": env.position,
     }
 
@@ -115,6 +121,9 @@ def _fold(row: Row, env: Envelope) -> None:
         row["status"] = _ENDS[t]
         row["ended_at"] = env.recorded_at
         row["reason"] = getattr(data, "reason", None)
+        if t is ev.RunCompleted and data.degraded:
+            row["reason"] = "degraded"
+            row["degraded"] = list(data.degraded)
     elif t is ev.ApprovalRequested and env.stream not in row["waiting"]:
         row["waiting"] = [*row["waiting"], env.stream]
     if t is ev.TaskCompleted:
@@ -131,7 +140,7 @@ class Runs(Projection):
     """``proj_runs``: status, goal, plan id, times, task counts and tokens of every run."""
 
     name = "runs"
-    version = 1
+    version = 2  # 2: the degraded column
     tables = (RUNS,)
     handles = frozenset({*ev.TASK_EVENT_TYPES, ev.RunStarted, *_ENDS, ev.PlanSubmitted})
 
@@ -257,8 +266,11 @@ class Runs(Projection):
 
 
 def _decode(row: Row) -> Row:
-    if isinstance(row.get("waiting"), str):
-        row["waiting"] = msgspec.json.decode(row["waiting"])
+    for col in ("waiting", "degraded"):
+        if isinstance(row.get(col), str):
+            row[col] = msgspec.json.decode(row[col])
+    if row.get("degraded", ()) is None:
+        row["degraded"] = []
     return row
 
 

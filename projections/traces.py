@@ -475,6 +475,8 @@ class _Builder:
                         span.link_traceparent = env.traceparent if env else None
                 case ev.RunCompleted():
                     status, span.end = "completed", step.time
+                    if data.degraded:  # done without these optional tasks' outputs
+                        span.attributes["cardbus.run.degraded"] = list(data.degraded)
                 case ev.RunFailed():
                     status, span.end = "failed", step.time
                     span.error, span.status_message = data.reason, step.reason or data.reason

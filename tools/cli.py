@@ -2,8 +2,10 @@
 
 Each command lives in a small sibling module (``tools/cmd_*.py``) that
 registers itself on ``cli`` with ``@cli.command()``; this module only builds
-the group. Commands are thin: the logic they call is in the library. Any
-``CardbusError`` becomes one clear line on stderr and exit code 1.
+the group. Commands are thin: the logic they call is in the library. What a
+command raises is said here, once (``tools/errors.py``): any ``CardbusError``
+or missing extra is one line on stderr and exit code 1, a timeout exit code
+124; see ``cardbus.tools.errors`` for every exit code.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ import importlib
 from typing import Any
 
 import click
-
-from cardbus.eventstore.errors import CardbusError
 
 __all__ = ["cli", "main"]
 
@@ -60,10 +60,15 @@ class _Group(click.Group):
         return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
+        from cardbus.tools.errors import one_line
+
         try:
             return super().invoke(ctx)
-        except CardbusError as e:
-            raise click.ClickException(str(e)) from e
+        except Exception as e:
+            said = one_line(e)
+            if said is None:
+                raise
+            raise said from e
 
 
 @click.group(cls=_Group)

@@ -58,9 +58,12 @@ def agents(db: StoreRef, as_json: bool, overlap: float) -> None:
             await store.close()
 
     rows = run(go())
+    said: set[frozenset[str]] = set()  # a pair overlaps both ways: said once
     for r in rows:
-        if r.overlaps:
-            log.warning("agent %s overlaps %s", r.agent_id, ", ".join(r.overlaps))
+        fresh = [o for o in r.overlaps if frozenset((r.agent_id, _name(o))) not in said]
+        said.update(frozenset((r.agent_id, _name(o))) for o in fresh)
+        if fresh:
+            log.warning("agent %s overlaps %s", r.agent_id, ", ".join(fresh))
     if as_json:
         echo_json(rows)
         return
@@ -81,3 +84,8 @@ def agents(db: StoreRef, as_json: bool, overlap: float) -> None:
             "[red]" + ", ".join(r.overlaps) + "[/]" if r.overlaps else "",
         )
     print_rich(table)
+
+
+def _name(overlap: str) -> str:
+    """The agent id of an ``AgentRow.overlaps`` entry (``"<agent> (85%)"``)."""
+    return overlap.rsplit(" (", 1)[0]

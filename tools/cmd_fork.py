@@ -12,15 +12,15 @@ import asyncio
 from typing import Any
 
 import click
-import msgspec
 
-from cardbus.eventstore import NewEvent, new_id
+from cardbus.bus.orchestrator.forks import on_agents, read_fork, write_run
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import ConfigError, StreamNotFound
-from cardbus.projections import resolve_id
-from cardbus.projections.fork import ForkPlan, plan_fork
+from cardbus.eventstore.errors import ConfigError
+from cardbus.projections.fork import ForkPlan
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
+from cardbus.tools.errors import EXIT_FAILED
+from cardbus.tools.outcome import failure_json, run_events, run_line, see_through
 from cardbus.tools.store_option import StoreRef, store_option
 
 
@@ -33,7 +33,12 @@ from cardbus.tools.store_option import StoreRef, store_option
     "--agent", "agent_paths", multiple=True, help="module:Class (default: the plan's agents)."
 )
 @click.option("--no-run", is_flag=True, help="Only write the forked run; do not run it.")
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
+@click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the run; then it is cancelled and the exit code is 124.",
+)
 def fork(
     task_id: str,
     at: str,
@@ -49,45 +54,40 @@ def fork(
     of the plan runs again, by default on the plan's agents (the classes the
     old run named, kept in its run.started), else on --agent. The new run's
     run.started event records forked_from = "<old root>@<event id>".
+
+    Exit code 0 when the new run completed, 1 when it did not (the last line
+    names the task that failed it and why), 124 after --timeout (the run is
+    cancelled, reason client_timed_out in the log).
     """
     from cardbus.bus.runtime.embedded import EmbeddedRuntime, with_planner
 
-    async def go() -> tuple[ForkPlan, Any]:
+    async def go() -> tuple[ForkPlan, Any, list[Any]]:
         store = await open_store(db)
         try:
-            own = await store.read_stream(await resolve_id(store, task_id))
-            root = own[0].correlation_id if own else task_id
-            events = await store.read_correlation(root)
-            if not events:
-                raise StreamNotFound(task_id)
-            plan = plan_fork(events, at, new_id())
+            plan = await read_fork(store, task_id, at)
             paths, agents = _agents(plan, agent_paths)
             if not no_run:
                 agents = with_planner(agents)
-            plan = _named(plan, paths, [a.agent_id for a in agents])
-            for stream, datas in plan.streams:
-                await store.append(
-                    stream,
-                    [
-                        NewEvent(
-                            data=d,
-                            correlation_id=plan.root_id,
-                            causation_id=plan.at_event_id,
-                            actor="fork",
-                        )
-                        for d in datas
-                    ],
-                    0,
-                )
+            plan = on_agents(plan, paths, [a.agent_id for a in agents])
+            await write_run(store, plan.streams, plan.root_id, plan.at_event_id, "fork")
             if no_run:
-                return plan, None
+                return plan, None, []
             async with EmbeddedRuntime(store, agents) as rt:
-                result = await rt.orchestrator.wait(plan.root_id, timeout)
-            return plan, result
+                result = await see_through(
+                    rt.orchestrator.wait(plan.root_id, timeout),
+                    store,
+                    timeout,
+                    "cardbus fork",
+                    root_id=plan.root_id,
+                    orchestrator=rt.orchestrator,
+                    store_flag=db.flag(),
+                )
+            ok = result.status == "completed"
+            return plan, result, [] if ok else await run_events(store, result)
         finally:
             await store.close()
 
-    plan, result = asyncio.run(go())
+    plan, result, events = asyncio.run(go())
     if as_json:
         echo_json(
             {
@@ -98,6 +98,7 @@ def fork(
                 "rerun": plan.rerun,
                 "status": getattr(result, "status", None),
                 "reason": getattr(result, "reason", None),
+                "failure": failure_json(events),
             }
         )
     else:
@@ -106,12 +107,11 @@ def fork(
             f" into run {plan.root_id}: {len(plan.reused)} result(s) reused,"
             f" {len(plan.rerun)} task(s) to run again"
         )
-        if result is not None:
-            line = f"run {plan.root_id}: {result.status} {result.reason}".rstrip()
-            click.echo(line + (f" ({result.detail})" if result.detail else ""))
         click.echo(f"cardbus replay {plan.root_id}{db.flag()}")
+        if result is not None:  # last: what failed it, first
+            click.echo(run_line(result, events))
     if result is not None and result.status != "completed":
-        raise SystemExit(1)  # a failed run (2 is a usage error)
+        raise SystemExit(EXIT_FAILED)  # a failed run (2 is a usage error)
 
 
 def _agents(plan: ForkPlan, given: tuple[str, ...]) -> tuple[list[str], list[Any]]:
@@ -135,13 +135,3 @@ def _agents(plan: ForkPlan, given: tuple[str, ...]) -> tuple[list[str], list[Any
         )
     chosen = [demo[a] for a in named] or list(DEMO_AGENTS)
     return [f"{a.__module__}:{a.__name__}" for a in chosen], chosen
-
-
-def _named(plan: ForkPlan, paths: list[str], agent_ids: list[str]) -> ForkPlan:
-    """``plan`` whose new run names the agents it runs on (selection considers only them)."""
-    root, (started, *rest) = plan.streams[0]
-    assert isinstance(started, ev.RunStarted)
-    started = msgspec.structs.replace(
-        started, agents=sorted(set(agent_ids)), agent_paths=list(paths)
-    )
-    return msgspec.structs.replace(plan, streams=[(root, [started, *rest]), *plan.streams[1:]])

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import msgspec
 
 from cardbus.agents.agent import Agent
 from cardbus.agents.mcp_config import MCPServer, split_plan_servers
@@ -43,12 +44,14 @@ from cardbus.bus.transport.nats import (
     header,
     orchestrator_permissions,
 )
-from cardbus.eventstore import EventStore, SqliteEventStore
+from cardbus.eventstore import EventStore, SqliteEventStore, new_id
 from cardbus.eventstore.nats.connection import ENV_VARS, NatsOptions
 from cardbus.tools.cli import cli
-from cardbus.tools.llm_options import close_llm, llm_options, open_llm
+from cardbus.tools.errors import EXIT_FAILED
+from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
+from cardbus.tools.outcome import run_events, run_line, see_through
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -314,8 +317,10 @@ def orchestrator(
     """Run the orchestrator on NATS; it resumes every open run from the log.
 
     Without --plan it serves until stopped (Ctrl-C / SIGTERM). With --plan it
-    submits that plan, waits for it and exits; a plan whose plan_id is already
-    in the log is resumed, not started again. Several orchestrators may run
+    submits that plan, waits for it and exits (0: it completed; 1: it did not,
+    and the last line names the task that failed it; 124: --timeout passed,
+    and the run is cancelled, reason client_timed_out); a plan whose plan_id
+    is already in the log is resumed, not started again. Several orchestrators may run
     on the same log: optimistic concurrency keeps each task's stream
     consistent; with --partitions they share the work instead of all deciding
     every run.
@@ -325,6 +330,8 @@ def orchestrator(
         split_plan_servers(Path(plan_file).read_bytes()) if plan_file else (b"", [])
     )
     plan = decode_plan(plan_data) if plan_file else None
+    if plan is not None:  # the run is found in the log by its plan id (after a timeout)
+        plan = msgspec.structs.replace(plan, plan_id=plan.plan_id or new_id())
     grants = AgentGrants.load(agents_file) if agents_file else None
     servers = mcp_servers(mcp, mcp_config, plan_servers)
 
@@ -356,9 +363,18 @@ def orchestrator(
                     sys.stdout.flush()
                     await stop.wait()
                     return 0
-                result = await rt.run(plan, timeout, agent_timeout)
-            _print_result(result, as_json)
-            return 0 if result.status == "completed" else 2
+                result = await see_through(
+                    rt.run(plan, timeout, agent_timeout),
+                    rt.store,
+                    timeout,
+                    "cardbus orchestrator --plan",
+                    plan_id=plan.plan_id,
+                    orchestrator=rt.orchestrator,
+                    store_flag=f" --store {db or nats_url}",
+                )
+                events = [] if result.status == "completed" else await run_events(rt.store, result)
+            _print_result(result, as_json, events)
+            return 0 if result.status == "completed" else EXIT_FAILED
         finally:
             if store is not None:
                 await store.close()
@@ -367,20 +383,13 @@ def orchestrator(
     raise SystemExit(run_loop(go()))
 
 
-def _print_result(result: Any, as_json: bool) -> None:
+def _print_result(result: Any, as_json: bool, events: list[Any]) -> None:
+    from cardbus.tools.cmd_demo import result_json
+
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "root_id": result.root_id,
-                    "status": result.status,
-                    "reason": result.reason,
-                    "outputs": result.outputs,
-                }
-            )
-        )
+        click.echo(json.dumps(result_json(result, events)))
     else:
-        click.echo(f"run {result.root_id}: {result.status} {result.reason}".rstrip())
+        click.echo(run_line(result, events))
 
 
 # -- cardbus nats replay / dead ------------------------------------------------------
@@ -513,6 +522,7 @@ def demo_on_nats(
     llm_base_url: str | None = None,
     model: str | None = None,
     mcp_servers: Sequence[MCPServer] = (),
+    timeout: float = 120.0,
 ) -> int:
     """The demo with the orchestrator in this process, on NATS.
 
@@ -525,6 +535,7 @@ def demo_on_nats(
     from cardbus.tools.cmd_demo import report_text, result_json, timeline_text
 
     plan = as_plan(parallel_plan(topic) if parallel else report_plan(topic))
+    plan = msgspec.structs.replace(plan, plan_id=plan.plan_id or new_id())  # found by it
     agents: list[type[Agent]] = [] if external_agents else list(DEMO_AGENTS)
 
     async def go(url: str) -> int:
@@ -551,10 +562,20 @@ def demo_on_nats(
                 mcp_servers=mcp_servers,
             ) as rt,
         ):
-            result = await rt.run(plan, timeout=120)
+            watch_model_calls(rt.orchestrator, llm)
+            result = await see_through(
+                rt.run(plan, timeout=timeout),
+                rt.store,
+                timeout,
+                "cardbus demo --nats",
+                plan_id=plan.plan_id,
+                orchestrator=rt.orchestrator,
+                store_flag=f" --store {url}",
+            )
             elapsed = time.perf_counter() - started
+            events = [] if result.status == "completed" else await run_events(rt.store, result)
             if as_json:
-                click.echo(json.dumps(result_json(result)))
+                click.echo(json.dumps(result_json(result, events)))
                 return 0 if result.status == "completed" else 1
             click.echo(report_text(result.outputs.get("draft")))
             click.echo("")
@@ -563,6 +584,8 @@ def demo_on_nats(
         click.echo("")
         if not start_nats:
             click.echo(f"The log is on NATS. Try: cardbus replay {result.root_id} --store {url}")
+        if result.status != "completed":
+            click.echo(run_line(result, events))
         return 0 if result.status == "completed" else 1
 
     if start_nats:

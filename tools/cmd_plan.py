@@ -11,6 +11,7 @@ import click
 import msgspec
 
 from cardbus.tools.cli import cli
+from cardbus.tools.errors import TimedOut
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm
 
 #: the agents a goal is planned over when no --agent is given
@@ -142,6 +143,8 @@ def describe(plan: Any) -> str:
             line += f"  after {', '.join(t.deps)}"
         if t.review_by:
             line += f"  reviewed by {t.review_by}"
+        if t.optional:  # the run can do without it
+            line += "  (optional)"
         lines.append(line)
         if inputs:
             lines.append(f"  {'':<{width}}    inputs: {inputs}")
@@ -191,7 +194,12 @@ def _short(value: Any) -> str:
     default=None,
     help="Also write the plan file here (for cardbus run PLAN.json).",
 )
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for a plan.")
+@click.option(
+    "--timeout",
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for a plan; then the exit code is 124.",
+)
 @planner_option
 @llm_options
 def plan_cmd(
@@ -215,7 +223,7 @@ def plan_cmd(
     The planner is an agent offering the capability plan among --agent (the
     rule planner when none does); its proposals are checked exactly as a
     plan file would be, on a throw-away log in memory. Exit code 1 when no
-    proposal passed.
+    proposal passed, 124 when --timeout passed first.
     """
     from cardbus.bus.runtime.embedded import plan_goal
     from cardbus.tools.loading import load_agent
@@ -237,6 +245,11 @@ def plan_cmd(
         llm = open_llm(llm_base_url, model)
         try:
             return await plan_goal(spec, agents, llm=llm, timeout=timeout)
+        except TimeoutError:
+            raise TimedOut(
+                f"timed out after {timeout:g} s waiting for a plan for {goal!r}; nothing was"
+                " written (planning runs on a log in memory)"
+            ) from None
         finally:
             await close_llm(llm)
 

@@ -22,16 +22,19 @@ import click
 import msgspec
 
 from cardbus.agents.agent import Agent
-from cardbus.eventstore import NewEvent, new_id
+from cardbus.bus.orchestrator.forks import read_rerun, write_run
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import ValidationError
 from cardbus.projections.diff import RunDiff, diff_runs
 from cardbus.projections.ids import read_run
-from cardbus.projections.rerun import RerunPlan, plan_rerun, recorded_model
+from cardbus.projections.rerun import RerunPlan, recorded_model
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_diff import diff_text
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
+from cardbus.tools.errors import EXIT_FAILED
+from cardbus.tools.llm_options import announce_on_first_call, watch_model_calls
 from cardbus.tools.loading import load_agent
+from cardbus.tools.outcome import run_line, see_through
 from cardbus.tools.store_option import StoreRef, store_option
 
 __all__ = ["rerun_agents"]
@@ -97,7 +100,12 @@ def _failures(events: list[Any]) -> list[dict[str, str]]:
 )
 @store_option
 @json_option
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
+@click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the run; then it is cancelled and the exit code is 124.",
+)
 def rerun(
     root: str,
     offline: bool,
@@ -119,7 +127,9 @@ def rerun(
     those tasks run live, the rest of ROOT's results are reused; then the diff
     against ROOT is printed (cardbus diff).
 
-    Exit code 0 when the new run completed, 1 otherwise.
+    Exit code 0 when the new run completed, 1 otherwise (the last line names
+    the task that failed it first and why), 124 after --timeout (the new run
+    is cancelled, reason client_timed_out in the log).
     """
     if offline == bool(tasks):
         raise click.UsageError("give --offline, or --task ID (one of them)")
@@ -131,7 +141,7 @@ def rerun(
 
     given = [load_agent(p) for p in agent_paths]
 
-    async def go() -> tuple[RerunPlan, Any, list[dict[str, str]], RunDiff | None]:
+    async def go() -> tuple[RerunPlan, Any, list[Any], RunDiff | None]:
         store = await open_store(db)
         llm: Any = None
         try:
@@ -144,39 +154,40 @@ def rerun(
                 )
             agents = rerun_agents(recorded, given)
             ids = [a.agent_id for a in agents]
-            plan = plan_rerun(
-                events, new_id(), tasks=None if offline else tasks, model=model, agents=ids
+            plan, events = await read_rerun(
+                store, root, None if offline else tasks, model=model, agents=ids
             )
             default_model = recorded_model(events)
             if offline:
                 llm = OfflineLLM(default_model)
             else:
                 llm = configured_llm(llm_base_url, default_model or None)
-            click.echo(describe_llm(llm), err=True)
-            source = plan.source_root_id
-            for stream, datas in plan.streams:
-                await store.append(
-                    stream,
-                    [
-                        NewEvent(
-                            data=d, correlation_id=plan.root_id, causation_id=source, actor="rerun"
-                        )
-                        for d in datas
-                    ],
-                    0,
-                )
+            # said once, at the first model call that goes out (none, offline: OfflineLLM
+            # refuses it, and the task fails with replay_diverged)
+            llm = announce_on_first_call(llm, describe_llm(llm))
+            await write_run(store, plan.streams, plan.root_id, plan.source_root_id, "rerun")
             async with EmbeddedRuntime(store, agents, llm=llm, default_planner=False) as rt:
-                result = await rt.orchestrator.wait(plan.root_id, timeout)
+                watch_model_calls(rt.orchestrator, llm)
+                result = await see_through(
+                    rt.orchestrator.wait(plan.root_id, timeout),
+                    store,
+                    timeout,
+                    "cardbus rerun",
+                    root_id=plan.root_id,
+                    orchestrator=rt.orchestrator,
+                    store_flag=db.flag(),
+                )
             new = await store.read_correlation(plan.root_id)
             compared = None if offline else diff_runs(events, new)
-            return plan, result, _failures(new), compared
+            return plan, result, new, compared
         finally:
             await store.close()
             close = getattr(llm, "aclose", None)
             if close is not None:
                 await close()
 
-    plan, result, failures, compared = asyncio.run(go())
+    plan, result, events, compared = asyncio.run(go())
+    failures = _failures(events)
     if as_json:
         echo_json(
             {
@@ -199,10 +210,6 @@ def rerun(
             f"re-ran {plan.source_root_id} as run {plan.root_id} ({how}):"
             f" {len(plan.rerun)} task(s) run again, {len(plan.reused)} result(s) reused"
         )
-        line = f"run {plan.root_id}: {result.status} {result.reason}".rstrip()
-        click.echo(line)
-        if result.detail:
-            click.echo(result.detail)
         for f in failures:
             click.echo(f"task {f['task']} ({f['task_id']}) failed: {f['reason']}")
             click.echo("  " + f["error"].replace("\n", "\n  "))
@@ -210,5 +217,6 @@ def rerun(
             for text in diff_text(compared):
                 click.echo(text)
         click.echo(f"cardbus diff {plan.source_root_id} {plan.root_id}{db.flag()}")
+        click.echo(run_line(result, events))  # last: what failed it, first
     if result.status != "completed":
-        raise SystemExit(1)
+        raise SystemExit(EXIT_FAILED)

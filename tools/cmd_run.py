@@ -9,7 +9,7 @@ import click
 import msgspec
 
 from cardbus.agents.mcp_config import MCPServer, split_plan_servers
-from cardbus.bus.orchestrator.core import answer_approval
+from cardbus.bus.orchestrator.core import RunResult, answer_approval
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run as run_loop
@@ -23,9 +23,12 @@ from cardbus.tools.cmd_plan import (
     planner_option,
     with_planner_path,
 )
-from cardbus.tools.llm_options import close_llm, llm_options, open_llm
+from cardbus.tools.errors import EXIT_FAILED
+from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
+from cardbus.tools.memory_options import memory_options, with_context
+from cardbus.tools.outcome import failure_json, run_events, run_line, see_through
 from cardbus.tools.progress import RunProgress
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
@@ -38,11 +41,17 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 @limit_options
 @store_option
 @click.option("--agent", "agent_paths", multiple=True, help="module:Class, added to the plan's.")
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the run.")
+@click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the run; then it is cancelled and the exit code is 124.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @planner_option
 @llm_options
 @mcp_options
+@memory_options
 def run(
     plan_file: Path | None,
     goal: str | None,
@@ -61,6 +70,10 @@ def run(
     model: str | None = None,
     mcp: tuple[str, ...] = (),
     mcp_config: tuple[str, ...] = (),
+    user: str | None = None,
+    tenant: str | None = None,
+    reuse: bool = False,
+    reuse_max_age: float = 24 * 3600.0,
 ) -> None:
     """Run PLAN_FILE (JSON) with the agents it names, on the log --store (in this process).
 
@@ -74,13 +87,21 @@ def run(
     command for a task that waits for approval), then the result (--json:
     the result alone, with the outputs).
 
+    --user/--tenant name whose long-term memory the run reads and writes
+    (its scope chain); --reuse keeps completed tasks' results and answers
+    identical later tasks from them (task.completed says reused, and from where).
+
     MCP servers (--mcp, --mcp-config, and the plan file's "mcp_servers") are
     started for the run; their tools are NAME__<tool> (the plan's agents must
     allow them, e.g. "NAME__*").
 
     Running a plan with a plan_id that is already in the log resumes that
     run instead of starting another: after a crash, run the same command.
-    Exit code 0 when the run completed, 1 when it failed (or halted).
+
+    The last line names the task that failed the run first and why. Exit
+    code 0 when the run completed, 1 when it failed (or halted), 124 when
+    --timeout passed: the run is then cancelled (reason client_timed_out in
+    the log), since its agents stop with this command.
     """
     if (plan_file is None) == (goal is None):
         raise click.UsageError("give PLAN_FILE or --goal GOAL (one of them)")
@@ -111,18 +132,34 @@ def run(
     servers = mcp_servers(mcp, mcp_config, plan_servers)
     # the run is found in the log by its plan id (a plan without one gets it here)
     plan = msgspec.structs.replace(plan, plan_id=plan.plan_id or new_id())
+    plan, reuse_policy = with_context(plan, user, tenant, reuse, reuse_max_age)
 
     async def go() -> None:
-        llm = open_llm(llm_base_url, model)
         store = await open_store_option(db, create=True)
+        llm = open_llm(llm_base_url, model)
         try:
-            async with EmbeddedRuntime(store, agents, llm=llm, mcp_servers=servers) as rt:
-                if as_json:  # stdout: the result alone
-                    result = await rt.run(plan, timeout)
-                else:
+            async with EmbeddedRuntime(
+                store, agents, llm=llm, mcp_servers=servers, reuse=reuse_policy
+            ) as rt:
+                watch_model_calls(rt.orchestrator, llm)
+
+                async def wait() -> RunResult:
+                    if as_json:  # stdout: the result alone
+                        return await rt.run(plan, timeout)
                     assert plan.plan_id is not None
                     async with RunProgress(store, plan.plan_id, db.flag(), echo=click.echo):
-                        result = await rt.run(plan, timeout)
+                        return await rt.run(plan, timeout)
+
+                result = await see_through(
+                    wait(),
+                    store,
+                    timeout,
+                    "cardbus run",
+                    plan_id=plan.plan_id,
+                    orchestrator=rt.orchestrator,
+                    store_flag=db.flag(),
+                )
+            events = [] if result.status == "completed" else await run_events(store, result)
         finally:
             await store.close()
             await close_llm(llm)
@@ -134,22 +171,23 @@ def run(
                         "status": result.status,
                         "reason": result.reason,
                         "detail": result.detail,
+                        "failure": failure_json(events),
                         "outputs": result.outputs,
                         "quality_met": result.quality_met,
                         "open_issues": msgspec.to_builtins(result.open_issues),
+                        "degraded": result.degraded,
                     }
                 )
             )
         else:
-            line = f"run {result.root_id}: {result.status} {result.reason}".rstrip()
-            click.echo(line + (f" ({result.detail})" if result.detail else ""))
+            click.echo(run_line(result, events))
             if not result.quality_met:  # completed, but a review never passed
                 click.echo("quality not met:")
                 for name, issues in result.open_issues.items():
                     shown = "; ".join(f"[{i.severity}] {i.section}: {i.suggestion}" for i in issues)
                     click.echo(f"  {name}: {shown or 'the review did not pass'}")
         if result.status != "completed":
-            raise SystemExit(1)  # a failed run; 2 is click's usage error
+            raise SystemExit(EXIT_FAILED)  # a failed run; 2 is click's usage error
 
     run_loop(go())
 

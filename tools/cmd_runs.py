@@ -100,6 +100,8 @@ def runs(
         status_text = styled_status(r["status"])
         if r["reason"]:
             status_text += f": {r['reason']}"
+        if r.get("degraded"):  # completed without these optional tasks' outputs
+            status_text += f" ({', '.join(r['degraded'])})"
         table.add_row(
             r["root_id"],
             status_text,

@@ -6,9 +6,13 @@ from typing import Any
 
 import click
 
+from cardbus.bus.listen import listen_socket
+from cardbus.eventstore.errors import MissingExtra
 from cardbus.projections.pricing import PriceTable
 from cardbus.tools.cli import cli
 from cardbus.tools.costs import prices_option
+from cardbus.tools.llm_options import llm_options, open_llm
+from cardbus.tools.loading import load_agent
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
@@ -27,11 +31,36 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
     help="Required on every request (?token=...); needed to bind beyond loopback.",
 )
 @prices_option
-def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable) -> None:
+@click.option(
+    "--agent",
+    "agent_paths",
+    multiple=True,
+    help="module:Class (repeat): agents the console runs, in its own process on the SQLite"
+    " log, so its page can start, fork and re-run runs (as `cardbus run --agent`).",
+)
+@llm_options
+def ui(
+    db: StoreRef,
+    host: str,
+    port: int,
+    token: str | None,
+    prices: PriceTable,
+    agent_paths: tuple[str, ...],
+    llm_base_url: str | None = None,
+    model: str | None = None,
+) -> None:
     """Serve the web console: the runs, each run's timeline and task table updating live,
-    each task's inputs, outputs and reasons, approve/deny buttons, each run's cost in USD
-    (--prices, else genai-prices; "unknown price" where a model has none) and the diff of
-    two runs.
+    each task's inputs, outputs and reasons, approve/deny and cancel buttons, each run's
+    cost in USD (--prices, else genai-prices; "unknown price" where a model has none),
+    the diff of two runs, the HTML replay and trace spans to download.
+
+    With --agent, the console also runs work: it hosts those agents (and the rule
+    planner) on an embedded orchestrator, and its page starts a run from a goal or a
+    plan, forks a run from a task with overrides, and re-runs a failed task. Without
+    --agent those buttons are disabled and say how to enable them. On a NATS log the
+    agents and orchestrators run elsewhere (`cardbus agent serve`, `cardbus orchestrator`):
+    the page's actions write the new runs to the log and the running orchestrators
+    decide them.
 
     Bound to loopback by default. On any other interface it refuses to start
     without --token, and then every request must carry the token.
@@ -42,24 +71,38 @@ def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable
         from cardbus.bus.http_guard import host_names
         from cardbus.tools.ui import create_app, is_loopback
     except ImportError as e:
-        raise click.ClickException(
-            f"the web console needs the 'ui' extra: pip install 'cardbus[ui]' ({e})"
-        ) from e
+        raise MissingExtra("ui", "the web console") from e
     loopback = is_loopback(host)
     if not loopback and not token:
         raise click.UsageError(
             f"--host {host} is not loopback: anyone who can reach it could approve tasks;"
             " give --token (or CARDBUS_UI_TOKEN) to require it on every request"
         )
+    if agent_paths and db.is_nats:
+        raise click.UsageError(
+            "--agent hosts agents on a SQLite log; on NATS run them with `cardbus agent serve`"
+            " and the orchestrator with `cardbus orchestrator`"
+        )
+    agents = [load_agent(p) for p in agent_paths]  # as cardbus run loads them
     # the Host header must name the interface served (DNS rebinding); "*" when all of them
     hosts = host_names(host)
     # opened in uvicorn's loop at start-up; a SQLite file is created if missing
     app = create_app(
-        opener=lambda: open_store_option(db, create=True), token=token, hosts=hosts, prices=prices
+        opener=lambda: open_store_option(db, create=True),
+        token=token,
+        hosts=hosts,
+        prices=prices,
+        agents=agents,
+        llm=lambda: open_llm(llm_base_url, model),
+        submit_to_log=db.is_nats,  # NATS: the running orchestrators decide new runs
     )
+    sock = listen_socket(host, port)  # a port in use: PortInUse, one line, before the banner
+    port = sock.getsockname()[1]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     suffix = f"?token={token}" if token else ""
     click.echo(f"cardbus console on http://{shown}:{port}/{suffix}  (log {db}; Ctrl-C stops)")
+    if agents:
+        click.echo(f"running agents {', '.join(a.agent_id for a in agents)} for its actions")
     config = uvicorn.Config(
         app,
         host=host,
@@ -78,4 +121,4 @@ def ui(db: StoreRef, host: str, port: int, token: str | None, prices: PriceTable
                 stop()
             super().handle_exit(sig, frame)
 
-    Server(config).run()
+    Server(config).run(sockets=[sock])

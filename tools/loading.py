@@ -7,7 +7,7 @@ import os
 import sys
 
 from cardbus.agents.agent import Agent
-from cardbus.eventstore.errors import ValidationError
+from cardbus.eventstore.errors import MissingExtra, ValidationError
 
 __all__ = ["load_agent"]
 
@@ -26,6 +26,8 @@ def load_agent(path: str) -> type[Agent]:
         sys.path.append(os.getcwd())
     try:
         obj = getattr(importlib.import_module(module_name), attr)
+    except MissingExtra:
+        raise  # its own line names the extra to install
     except (ImportError, AttributeError) as e:
         raise ValidationError(f"cannot load agent {path!r}: {e}") from e
     if not (isinstance(obj, type) and issubclass(obj, Agent)):

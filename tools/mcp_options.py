@@ -47,7 +47,7 @@ def mcp_servers(
     mcp: Iterable[str] = (), mcp_config: Iterable[str] = (), more: Iterable[MCPServer] = ()
 ) -> list[MCPServer]:
     """The servers the flags name, then ``more`` (e.g. a plan file's); a name given twice
-    is a ``ConfigError``. Servers without the ``mcp`` extra installed: a usage error."""
+    is a ``ConfigError``; servers without the ``mcp`` extra installed: ``MissingExtra``."""
     from cardbus.agents.mcp_config import load_mcp_config, parse_mcp_flag, unique_servers
 
     servers = [parse_mcp_flag(m) for m in mcp]
@@ -55,5 +55,7 @@ def mcp_servers(
         servers += load_mcp_config(path)
     servers = unique_servers([*servers, *more])
     if servers and importlib.util.find_spec("mcp") is None:
-        raise click.UsageError("MCP servers need the MCP SDK: pip install 'cardbus[mcp]'")
+        from cardbus.eventstore.errors import MissingExtra
+
+        raise MissingExtra("mcp", "MCP servers mounted as tools")
     return servers

@@ -49,6 +49,8 @@ class RunProgress:
     None: a rich Live display when stdout is a terminal, plain lines otherwise.
     Use as ``async with RunProgress(...) as p:`` around the run; leaving waits (up
     to ``drain_s``) until the run's end has been seen, so every line is out.
+    ``changes`` False: off a terminal, only the first line and the lines that ask
+    for an approval.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class RunProgress:
         live: bool | None = None,
         echo: Callable[[str], None] | None = None,
         drain_s: float = 5.0,
+        changes: bool = True,
     ) -> None:
         self.store = store
         self.plan_id = plan_id
@@ -66,6 +69,9 @@ class RunProgress:
         self.live = sys.stdout.isatty() if live is None else live
         self.echo = echo or (lambda line: print(line, flush=True))
         self.drain_s = drain_s
+        # False: without a live display, only the lines that ask something of the user
+        # (a task waiting for approval), not every change (the demo sums the run up after)
+        self.changes = changes
         self.root_id: str | None = None
         self.tasks: dict[str, _Task] = {}
         self.finished = asyncio.Event()
@@ -114,7 +120,8 @@ class RunProgress:
 
     def _found(self, root_id: str) -> None:
         self.root_id = root_id
-        self._say(f"run {root_id}: started (follow it: cardbus replay {root_id}{self.flag})")
+        follow = f" (follow it: cardbus replay {root_id}{self.flag})" if self.changes else ""
+        self._say(f"run {root_id}: started{follow}")
         if self.live:
             from rich.console import Console
             from rich.live import Live
@@ -164,7 +171,8 @@ class RunProgress:
         if task.state is TaskState.AWAITING_APPROVAL:
             line += f"; answer with: {self._approve(task)} (or cardbus deny)"
         if self._display is None:
-            self._say(line)
+            if self.changes or task.state is TaskState.AWAITING_APPROVAL:
+                self._say(line)
         elif task.state is TaskState.AWAITING_APPROVAL:
             self._say(line)  # kept above the live display
         self._show()

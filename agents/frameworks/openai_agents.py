@@ -41,6 +41,8 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
+from cardbus.eventstore.errors import MissingExtra
+
 try:
     import agents as sdk
     from agents import FunctionTool, Handoff, Model, ModelResponse, RunConfig, Runner
@@ -55,10 +57,7 @@ try:
     from pydantic import TypeAdapter
     from pydantic_core import to_jsonable_python
 except ImportError as e:  # pragma: no cover - the extra is in dev
-    raise ImportError(
-        "cardbus.agents.frameworks.openai_agents needs the OpenAI Agents SDK:"
-        " pip install 'cardbus[openai-agents]'"
-    ) from e
+    raise MissingExtra("openai-agents", "OpenAI Agents SDK agents") from e
 
 from cardbus.agents.agent import Agent, TaskContext
 from cardbus.agents.cards import AgentConstraints, TaskCard

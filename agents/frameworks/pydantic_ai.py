@@ -42,6 +42,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from cardbus.eventstore.errors import MissingExtra
+
 try:
     import pydantic_ai
     from pydantic_ai import ModelMessagesTypeAdapter
@@ -60,10 +62,7 @@ try:
     from pydantic_ai.toolsets.abstract import ToolsetTool
     from pydantic_core import to_jsonable_python
 except ImportError as e:  # pragma: no cover - the extra is in dev
-    raise ImportError(
-        "cardbus.agents.frameworks.pydantic_ai needs pydantic-ai:"
-        " pip install 'cardbus[pydantic-ai]'"
-    ) from e
+    raise MissingExtra("pydantic-ai", "pydantic-ai agents") from e
 
 from cardbus.agents.agent import Agent, TaskContext
 from cardbus.agents.cards import AgentConstraints, TaskCard

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from cardbus.eventstore.errors import MissingExtra
+
 try:
     import a2a
     import a2a.server.routes  # noqa: F401
     import starlette  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "cardbus.bus.a2a needs a2a-sdk with its HTTP server: pip install 'cardbus[a2a]'"
-    ) from e
+    raise MissingExtra("a2a", "the A2A gateway and remote A2A agents") from e

@@ -206,6 +206,9 @@ class TaskFold:
                 text = f"{who}: cancelled ({data.reason})"
             case ev.TaskHalted():
                 text = f"{who}: halted ({data.reason})"
+            case ev.RunCompleted() if data.degraded:  # still a completed task (optional)
+                text = f"run completed, degraded: without {', '.join(data.degraded)}"
+                text += f" ({data.detail})" if data.detail else ""
             case ev.RunCompleted():
                 text = "run completed"
             case ev.RunFailed():

@@ -11,6 +11,7 @@ from cardbus.agents.agent import Agent
 from cardbus.agents.mcp_config import MCPServer
 from cardbus.bus.a2a.server import A2AGateway, GoalPlanning, Planner, build_app
 from cardbus.bus.http_guard import DEFAULT_MAX_BODY, host_names, is_loopback
+from cardbus.bus.listen import listen_socket
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import EventStore
 from cardbus.eventstore.errors import ConfigError
@@ -50,38 +51,44 @@ async def serve(
     ``planner`` replaces that. ``tokens``: one of them on every request but
     the card's (required beyond loopback: ``ConfigError``); ``public_url``:
     the URL the card advertises (and a name the ``Host`` header may carry);
-    ``max_body``: the largest request body taken, in bytes. ``mcp_servers`` are
+    ``max_body``: the largest request body taken, in bytes; a ``port`` in use is
+    ``PortInUse``, raised before anything starts. ``mcp_servers`` are
     mounted as tools for the runtime's life.
     """
     import uvicorn
 
     check_exposure(host, tokens)
+    # bound before the runtime starts: a port in use is PortInUse (one line), not uvicorn's
+    # exit; with port 0, the port bound is the one the card advertises
+    sock = listen_socket(host, port)
+    port = sock.getsockname()[1]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = public_url or f"http://{shown}:{port}/"
-    async with EmbeddedRuntime(store, agents, mcp_servers=mcp_servers) as rt:
-        names = {*served, *(a.agent_id for a in agents)}
-        gateway = A2AGateway(
-            store,
-            rt.orchestrator,
-            rt.bus,
-            planner=planner if planner is not None else GoalPlanning(),
-            served=sorted(names),
-        )
-        await gateway.start()
-        app = build_app(
-            gateway, url, tokens=tokens, hosts=host_names(host, public_url), max_body=max_body
-        )
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.02)
-        if server.started and on_ready is not None:
-            on_ready(url)
-        try:
-            await task
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    with sock:  # closed however serving ends (uvicorn closes it too when it ran)
+        async with EmbeddedRuntime(store, agents, mcp_servers=mcp_servers) as rt:
+            names = {*served, *(a.agent_id for a in agents)}
+            gateway = A2AGateway(
+                store,
+                rt.orchestrator,
+                rt.bus,
+                planner=planner if planner is not None else GoalPlanning(),
+                served=sorted(names),
+            )
+            await gateway.start()
+            app = build_app(
+                gateway, url, tokens=tokens, hosts=host_names(host, public_url), max_body=max_body
+            )
+            config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+            server = uvicorn.Server(config)
+            task = asyncio.create_task(server.serve(sockets=[sock]))
+            while not server.started and not task.done():
+                await asyncio.sleep(0.02)
+            if server.started and on_ready is not None:
+                on_ready(url)
+            try:
+                await task
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task

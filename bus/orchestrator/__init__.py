@@ -4,7 +4,8 @@
 step from state to events; ``runstate`` folds the log into that state;
 ``plan`` checks plans; ``selection`` ranks agents; ``context`` fits a card to
 an agent's input budget; ``access`` checks agents' requests; ``memory`` keeps
-long-term memory; ``policy`` holds the tunables and ``retry`` the retry
+long-term memory; ``optional`` decides how a run goes on without an optional
+task's output; ``policy`` holds the tunables and ``retry`` the retry
 policy; ``checks`` checks every setting where it is made.
 """
 

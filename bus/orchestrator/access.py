@@ -10,13 +10,14 @@ orchestrator. For each one it
    itself; ``tool`` only a tool on the agent's allow-list as registered in the
    log (``AgentConstraints.tools``, not what the request claims), whose entries
    are names or globs (:func:`tool_allowed`: ``"time__*"`` names every tool of
-   the MCP server ``time``); memory reads
-   are allowed unless the policy turns them off;
+   the MCP server ``time``); long-term memory requests reach only the scopes
+   of the task's run (user, tenant, global) that the policy's ``memory_read``
+   / ``memory_write`` grant the agent (``memory_access``);
 2. on a refusal records ``access.refused`` and answers ``access_denied``
    (the agent gets ``AccessDenied``);
 3. otherwise does the work - reads the dependency's output, calls the tool
    through the ``ToolRegistry`` (time-out, size limit, schemas), reads
-   long-term memory - and records what happened: ``memory.read`` (mode
+   or writes long-term memory - and records what happened: ``memory.read`` (mode
    ``output`` for task memory, ``get``/``list``/``search`` for long-term
    memory) or, for a tool, ``tool.requested`` *before* the call (the log
    knows of a side effect before it can happen) and ``tool.called`` after it
@@ -50,10 +51,18 @@ from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.checks import allowed_values, check_choice, check_number
 from cardbus.bus.orchestrator.journal import BadJournalRequest, Journal, inline_size
 from cardbus.bus.orchestrator.memory import LongTermMemory
+from cardbus.bus.orchestrator.memory_access import (
+    RESERVED_KINDS,
+    MemoryGrant,
+    MemoryScopes,
+    memory_scopes,
+    parse_grants,
+)
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import TaskState
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import ConfigError
+from cardbus.eventstore.errors import CardbusError, ConfigError
+from cardbus.projections.scope import check_key
 
 if TYPE_CHECKING:
     from cardbus.eventstore.store import EventStore
@@ -97,6 +106,11 @@ class AccessPolicy:
     redact: Callable[[str, Any], Any] | None = None
     #: answer a retried attempt's calls from the journal (``bus.orchestrator.journal``)
     replay: bool = True
+    #: who may read / write which levels of their run's memory scopes: grants "<who>" or
+    #: "<who>@<level>", who an agent id glob or "capability:<glob>", level user, tenant
+    #: or global (``bus.orchestrator.memory_access``); by default all read, none write
+    memory_read: tuple[str, ...] = ("*",)
+    memory_write: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         me = "AccessPolicy"
@@ -111,6 +125,26 @@ class AccessPolicy:
         if not isinstance(self.memory_reads, bool):
             raise ConfigError(f"{me}.memory_reads must be True or False; got {self.memory_reads!r}")
         check_number(me, "max_memory_results", self.max_memory_results, at_least=1, integer=True)
+        object.__setattr__(self, "_read", parse_grants(me, "memory_read", self.memory_read))
+        object.__setattr__(self, "_write", parse_grants(me, "memory_write", self.memory_write))
+        object.__setattr__(self, "memory_read", tuple(self.memory_read))
+        object.__setattr__(self, "memory_write", tuple(self.memory_write))
+
+    def memory_scopes(self, state: RunState, req: AgentRequest) -> MemoryScopes:
+        """Where a memory request of a task in ``state`` may look or write, or why not."""
+        task = state.tasks.get(req.task_id)
+        run = state.runs.get(task.created.root_id) if task is not None else None
+        read: tuple[MemoryGrant, ...] = getattr(self, "_read", ())
+        write: tuple[MemoryGrant, ...] = getattr(self, "_write", ())
+        return memory_scopes(
+            run.started if run is not None else None,
+            req.agent_id,
+            task.created.capability if task is not None else "",
+            req.kind,
+            req.args.get("scope"),
+            read,
+            write,
+        )
 
 
 def digest(value: Any) -> str:
@@ -154,9 +188,12 @@ def access_problem(
             card = state.agents.get(req.agent_id)
             if card is None or not tool_allowed(req.target, card.constraints.tools):
                 return "tool_not_allowed"
-        case "memory.get" | "memory.list" | "memory.search":
-            if not policy.memory_reads:
+        case "memory.get" | "memory.list" | "memory.search" | "memory.put":
+            if not policy.memory_reads and req.kind != "memory.put":
                 return "memory_not_allowed"
+            if req.kind == "memory.put" and str(req.args.get("kind") or "") in RESERVED_KINDS:
+                return "memory_kind_reserved"
+            return policy.memory_scopes(state, req).problem
         case "model.request" | "model.answer" | "tool.begin" | "tool.end":
             pass  # its own model call or tool: recorded (the journal), never refused
         case _:
@@ -270,13 +307,16 @@ class RequestBroker:
             )
         a = req.args
         limit = self.policy.max_memory_results
+        scopes = list(self.policy.memory_scopes(self.state, req).scopes)  # checked: allowed
         try:
             tags = [str(t) for t in a.get("tags") or []]
             kind = a.get("kind")
             if kind is not None and not isinstance(kind, str):
                 raise TypeError("kind must be a string")
+            if req.kind == "memory.put":
+                return await self._put(req, start, scopes[0], tags, kind or "record")
             if req.kind == "memory.get":
-                record = await self.memory.get(req.target)
+                record = await self.memory.get(check_key(req.target), scopes)
                 result: Any = None if record is None else _record_view(record)
                 mode, query, keys = "get", req.target, [] if record is None else [record.key]
             elif req.kind == "memory.list":
@@ -285,7 +325,12 @@ class RequestBroker:
                     raise TypeError("where must be an object")
                 n = min(int(a.get("limit") or limit), limit)
                 records = await self.memory.list(
-                    tags=tags, kind=kind, prefix=str(a.get("prefix") or ""), where=where, limit=n
+                    scopes=scopes,
+                    tags=tags,
+                    kind=kind,
+                    prefix=str(a.get("prefix") or ""),
+                    where=where,
+                    limit=n,
                 )
                 result = [_record_view(r) for r in records]
                 mode, keys = "list", [r.key for r in records]
@@ -298,18 +343,53 @@ class RequestBroker:
                 if not isinstance(text, str):
                     raise TypeError("text must be a string")
                 k = min(int(a.get("k") or 5), limit)
-                hits = await self.memory.search(text, k=k, tags=tags, kind=kind)
+                hits = await self.memory.search(text, k=k, scopes=scopes, tags=tags, kind=kind)
                 result = [{"record": _record_view(h.record), "score": h.score} for h in hits]
                 mode, query, keys = "search", text, [h.record.key for h in hits]
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, CardbusError) as e:
             raise _BadRequest(f"{req.kind}: {e}") from e
-        await self._record(req, [self._read(req, start, mode, query, keys)])
+        await self._record(req, [self._read(req, start, mode, query, keys, scopes)])
         return self._answer(req, start, result=result)
+
+    async def _put(
+        self, req: AgentRequest, start: float, scope: str, tags: list[str], kind: str
+    ) -> AgentResponse:
+        """An agent's write, to its run's scope (or the broader level it named, if granted):
+        the ``memory.written`` names the agent, the task and the run."""
+        assert self.memory is not None
+        task = self.state.tasks[req.task_id]
+        text = req.args.get("text") or ""
+        if not isinstance(text, str):
+            raise _BadRequest("memory.put: text must be a string")
+        try:
+            env = await self.memory.remember(
+                check_key(req.target),
+                req.args.get("value"),
+                text=text,
+                tags=tags,
+                kind=kind,
+                policy="agent",
+                root_id=task.created.root_id,
+                actor=req.agent_id,
+                scope=scope,
+                agent_id=req.agent_id,
+            )
+        except CardbusError as e:  # a bad key, a value over the log's size limit
+            raise _BadRequest(f"memory.put: {e}") from e
+        return self._answer(
+            req, start, result={"key": req.target, "scope": scope, "event_id": env.event_id}
+        )
 
     # -- helpers -------------------------------------------------------------------
 
     def _read(
-        self, req: AgentRequest, start: float, mode: str, query: str, keys: list[str]
+        self,
+        req: AgentRequest,
+        start: float,
+        mode: str,
+        query: str,
+        keys: list[str],
+        scopes: list[str] | None = None,
     ) -> ev.MemoryRead:
         return ev.MemoryRead(
             task_id=req.task_id,
@@ -319,6 +399,7 @@ class RequestBroker:
             attempt=req.attempt,
             mode=mode,
             duration_s=round(time.monotonic() - start, 6),
+            scopes=list(scopes or []),
         )
 
     async def _record(self, req: AgentRequest, events: list[ev.Event]) -> None:
@@ -355,5 +436,6 @@ def _record_view(record: Any) -> dict[str, Any]:
         "text": record.text,
         "tags": list(record.tags),
         "kind": record.kind,
+        "scope": record.scope,
         "recorded_at": record.recorded_at,
     }

@@ -5,8 +5,9 @@ each live task of the run gets a ``task.cancelled`` event (appended with its
 stream's expected version; a race with the orchestrator's own append is
 retried on the new version). The orchestrator follows the log, so it stops
 dispatching those tasks, ignores late results for them, and ends the run
-(``run.failed`` with ``tasks_not_completed``: the run did not complete). A
-run that is already finished is left alone.
+(``run.failed`` with ``tasks_not_completed``: the run did not complete, even
+if only optional tasks were left: each cancel says ``whole_run``). A run that
+is already finished is left alone.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ async def cancel_run(
             task = state.tasks.get(task_id)
             if task is None or task.terminal:
                 break
-            data = ev.TaskCancelled(reason=reason)
+            # whole_run: an optional task cancelled so is no absence to complete without
+            data = ev.TaskCancelled(reason=reason, whole_run=True)
             event = NewEvent(data=data, correlation_id=root_id, actor=by)
             try:
                 await store.append(task_id, [event], state.versions.get(task_id, 0))

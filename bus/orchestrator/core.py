@@ -46,16 +46,16 @@ from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
     Plan,
     as_plan,
-    task_created,
     validate_goal_plan,
     validate_plan,
 )
-from cardbus.bus.orchestrator.planning import planning_spec
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.resend import untaken_cards
+from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.settle import settle_after
+from cardbus.bus.orchestrator.submission import run_creation
 from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -73,7 +73,6 @@ from cardbus.eventstore.errors import (
     BusError,
     CardbusError,
     DecodeError,
-    InvalidPlan,
     PlanConflict,
     PrerequisiteNotStored,
     StoreUnavailable,
@@ -81,6 +80,7 @@ from cardbus.eventstore.errors import (
     ValidationError,
 )
 from cardbus.projections.agents import capability_overlaps
+from cardbus.projections.memory import MEMORY_STREAM
 from cardbus.projections.pricing import PriceTable
 
 __all__ = ["Orchestrator", "RunResult", "answer_approval"]
@@ -115,11 +115,13 @@ class RunResult:
     root_id: str
     status: str  # completed | failed | halted
     outputs: dict[str, Any]
-    reason: str = ""
+    reason: str = ""  # "degraded" for a completion without some optional tasks' outputs
     detail: str = ""  # e.g. the errors of a plan refused for good (reason plan_invalid)
     # False if a reviewed task completed with its review not passed (max_review_rounds spent)
     quality_met: bool = True
     open_issues: dict[str, list[ev.ReviewIssue]] = field(default_factory=dict)  # by plan task id
+    # completed degraded: the optional plan tasks that did not complete (``optional``)
+    degraded: list[str] = field(default_factory=list)
 
 
 class Orchestrator:
@@ -141,6 +143,7 @@ class Orchestrator:
         owns: Callable[[str], bool] | None = None,
         prices: PriceTable | None = None,
         local_runs: bool = True,
+        reuse: ReusePolicy | None = None,
     ) -> None:
         """``snapshot``: the file a start reads the state from and a stop (and every
         ``Policy.snapshot_every`` events) writes it to (see ``snapshot``); ``"auto"``:
@@ -172,6 +175,8 @@ class Orchestrator:
         # (the runtime's; default ``owns``), folded or still being caught up (``owns`` is
         # false meanwhile): its run is decided here once it is
         self.places: Callable[[str], bool] | None = owns
+        # stored results pending tasks may be answered from (a fold of the memory stream)
+        self.results = ResultIndex(reuse) if reuse is not None and reuse.reuse else None
         # what the log is read through for the start and the follower: the store, or (a
         # partitioned member, ``bus.runtime.members``) only the partitions it holds; then
         # ``elsewhere`` answers ``wait`` for the runs it does not fold
@@ -283,6 +288,8 @@ class Orchestrator:
             if len(page) < 5000:
                 break
         self._followed = self.state.position
+        if self.results is not None:  # the memory stream whole: a snapshot skips it
+            await self.results.build(self.store)
         for card in agents:  # before the open runs are looked at
             await self.register(card)
         for root in self.state.open:  # runs resumed from the log rejoin their traces
@@ -392,8 +399,15 @@ class Orchestrator:
             return
         self._lost_attempts = self._lost_attempts | mine
         self._queue.put_nowait(_Changed(frozenset(self._root_of(t) for t, _ in mine)))
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and any(self._in_flight(*key) for key in mine):
+        # Until the loss is recorded (or the loop or the log is gone), with no time limit:
+        # another process on the same log waits on these attempts, and an attempt left
+        # in flight there waits out the queue limit (an hour by default). A fixed limit
+        # here expired on a busy machine and wedged the other process's run.
+        while (
+            any(self._in_flight(*key) for key in mine)
+            and self.store_failure is None
+            and not all(t.done() for t in self._loops)
+        ):
             await asyncio.sleep(0.01)
 
     def _in_flight(self, task_id: str, attempt: int) -> bool:
@@ -497,12 +511,15 @@ class Orchestrator:
         plan: Plan | Mapping[str, Any],
         agents: Iterable[str] = (),
         agent_paths: Iterable[str] = (),
+        actor: str | None = None,
     ) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
         ``agents``: the run's agents (ids); selection considers only them (none: all).
         ``agent_paths``: their classes ("module:Class", default ``plan.agents``), kept in
-        ``run.started`` for ``cardbus fork`` and ``cardbus rerun``.
+        ``run.started`` for ``cardbus fork`` and ``cardbus rerun``. ``actor``: who asked
+        for the run (an operator of the console), the actor of its creation events
+        (``plan.submitted``, ``run.started``, ``task.created``); default the policy's.
 
         The same plan id runs once.
         """
@@ -521,29 +538,10 @@ class Orchestrator:
         fresh = root_id is None
         root_id = root_id or self._new_root()
         self.tracing.start_run(root_id, plan_id, plan.goal)
-        ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
-        started = ev.RunStarted(
-            goal=plan.goal,
-            plan_id=plan_id,
-            task_ids=list(ids.values()),
-            budget_tokens=plan.budget_tokens,
-            budget_usd=plan.budget_usd,
-            budgets=dict(plan.budgets),
-            on_budget=plan.on_budget,
-            session=plan.session,
-            planning=planning_spec(plan, self.policy) if goal_only else None,
-            agents=sorted(set(agents)),
-            agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
+        # bus.orchestrator.submission: refused before anything is written, not half-way
+        creates = run_creation(
+            plan, plan_id, root_id, self.policy, agents, agent_paths, self._event_limit
         )
-        created = {ids[t.id]: task_created(t, root_id, ids, self.policy.retry) for t in plan.tasks}
-        # refuse what the log would refuse before writing anything, not half-way
-        limit = self._event_limit
-        named = [(f"task {t.id!r}", created[ids[t.id]]) for t in plan.tasks]
-        for what, data in [("the run", started), *named]:
-            size = len(msgspec.json.encode(data))
-            if size > limit:
-                raise InvalidPlan(f"{what} is {size} bytes, over the event size limit ({limit})")
-        creates: list[tuple[str, ev.Event]] = [(root_id, started), *created.items()]
         if fresh:
             claim = (
                 f"plan-{plan_id}",
@@ -553,7 +551,7 @@ class Orchestrator:
                 creates.insert(0, claim)
             else:
                 try:
-                    await self._append(claim[0], [claim[1]], 0, root_id)
+                    await self._append(claim[0], [claim[1]], 0, root_id, actor)
                 except ConcurrencyError:
                     for env in await self.store.read_stream(claim[0]):
                         self.state.apply(env)
@@ -561,7 +559,7 @@ class Orchestrator:
                     return self.state.plans[plan_id]
         # PlanSubmitted claims the id; a submitter that died after it is completed by
         # the next submit of the same plan id (each append below is create-only)
-        await self._create(creates, root_id, first_step=fresh and plan.plan_id is None)
+        await self._create(creates, root_id, fresh and plan.plan_id is None, actor)
         self._queue.put_nowait(_Changed(frozenset([root_id])))
         return root_id
 
@@ -586,7 +584,11 @@ class Orchestrator:
             raise PlanConflict(plan_id, root_id)
 
     async def _create(
-        self, creates: list[tuple[str, ev.Event]], root_id: str, first_step: bool = False
+        self,
+        creates: list[tuple[str, ev.Event]],
+        root_id: str,
+        first_step: bool = False,
+        actor: str | None = None,
     ) -> None:
         """Create streams (one commit on SQLite); one created earlier is read instead.
 
@@ -597,16 +599,25 @@ class Orchestrator:
         folded and its cards are sent.
         """
         first = self._first_step(creates, root_id) if first_step else None
-        write = asyncio.ensure_future(self._write_creation(creates, root_id, first))
+        write = asyncio.ensure_future(self._write_creation(creates, root_id, first, actor))
         write.add_done_callback(lambda f: f.cancelled() or f.exception())  # the caller's to see
         await asyncio.shield(write)
 
     async def _write_creation(
-        self, creates: list[tuple[str, ev.Event]], root_id: str, first: Decisions | None
+        self,
+        creates: list[tuple[str, ev.Event]],
+        root_id: str,
+        first: Decisions | None,
+        actor: str | None = None,
     ) -> None:
         extra = first.events if first is not None else {}
-        appends = [
-            Append(s, self._new_events([data, *extra.get(s, ())], root_id), 0)
+        appends = [  # the creation is the submitter's (actor), the first dispatches ours
+            Append(
+                s,
+                self._new_events([data], root_id, actor)
+                + self._new_events(extra.get(s, ()), root_id),
+                0,
+            )
             for s, data in creates
         ]
         error: Exception | None = None
@@ -674,6 +685,7 @@ class Orchestrator:
             lost_attempts=self._lost_attempts,
             dispatching=not self._stopping,
             budgets=self.budgets,
+            results=self.results,
         )
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
@@ -1170,16 +1182,24 @@ class Orchestrator:
                 rec.done.set_result([stored[i] for i in places if i < len(stored)])
 
     async def _append(
-        self, stream: str, data: Iterable[ev.Event], expected: int, root: str
+        self,
+        stream: str,
+        data: Iterable[ev.Event],
+        expected: int,
+        root: str,
+        actor: str | None = None,
     ) -> list[Envelope]:
-        stored = await self.store.append(stream, self._new_events(data, root), expected)
+        stored = await self.store.append(stream, self._new_events(data, root, actor), expected)
         for env in stored:
             self._apply(env)
         return stored
 
-    def _new_events(self, data: Iterable[ev.Event], root: str) -> list[NewEvent]:
+    def _new_events(
+        self, data: Iterable[ev.Event], root: str, actor: str | None = None
+    ) -> list[NewEvent]:
+        """``data`` as events of run ``root``, by ``actor`` (default: the policy's)."""
         tp = self.tracing.traceparent(root)
-        actor = self.policy.actor
+        actor = actor or self.policy.actor
         return [NewEvent(data=x, correlation_id=root, actor=actor, traceparent=tp) for x in data]
 
     async def _append_folded(self, root: str, data: list[ev.Event]) -> None:
@@ -1222,6 +1242,8 @@ class Orchestrator:
             self.leases.unconfirm(env.data.agent_id, env.data.lease_s, time.time())
         elif isinstance(env.data, ev.AgentDeregistered):
             self.leases.forget(env.data.agent_id)
+        if self.results is not None and env.stream == MEMORY_STREAM:
+            self.results.apply(env)
         self._since_snapshot += 1
         self._unfolded.discard(env.position)
         self._maybe_snapshot()
@@ -1343,14 +1365,16 @@ def _result_of(state: RunState, root_id: str) -> RunResult | None:
         for name, tid in run.names.items()
         if tid in state.tasks and not state.tasks[tid].quality_met
     }
+    degraded = list(data.degraded) if isinstance(data, ev.RunCompleted) else []
     return RunResult(
         root_id,
         run.finished,
         outputs,
-        getattr(data, "reason", ""),
+        "degraded" if degraded else getattr(data, "reason", ""),
         getattr(data, "detail", ""),
         quality_met=not unmet,
         open_issues=unmet,
+        degraded=degraded,
     )
 
 

@@ -19,7 +19,7 @@ import msgspec
 from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import dep_path_problem, schema_errors
-from cardbus.bus.orchestrator import planning
+from cardbus.bus.orchestrator import optional, planning
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
 from cardbus.bus.orchestrator.context import fit_card
 from cardbus.bus.orchestrator.deadlines import check_deadline
@@ -27,6 +27,7 @@ from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.retry import RetryPolicy
+from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.bus.orchestrator.selection import hard_filter, rank
 from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TaskState
@@ -96,12 +97,15 @@ class Decider:
         lost_attempts: frozenset[tuple[str, int]] = frozenset(),
         dispatching: bool = True,
         budgets: Budgets | None = None,
+        results: ResultIndex | None = None,
     ) -> None:
-        """``leases``: which agents are live (None: every registered agent);
+        """``results``: stored results a pending task may be answered from (``reuse``);
+        ``leases``: which agents are live (None: every registered agent);
         ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now);
         ``dispatching``: False for an orchestrator stopping (its agents go with it);
         ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced)."""
         self.budgets = budgets
+        self.results = results
         self.leases = leases
         self.lost_attempts = lost_attempts
         self.dispatching = dispatching
@@ -482,6 +486,8 @@ class Decider:
                 if task.created.requires_approval and not task.approved:
                     self.d.add(task.task_id, ev.ApprovalRequested(reason="requires_approval"))
                     return
+                if self.results is not None and task.attempt == 0 and self._reused(run, task):
+                    return
                 self._dispatch(run, task)
             case S.NEEDS_REVISION:
                 self._dispatch(run, task)
@@ -582,12 +588,19 @@ class Decider:
         ]
 
     def _awaited(self, run: RunView, capability: str) -> bool:
-        """An unconfirmed agent (in the log, not yet renewed) that could do it: wait for it."""
+        """An unconfirmed agent (in the log, not yet renewed) that could do it: wait for it.
+
+        So is one whose lease or grace has run out but whose ``agent.deregistered`` is
+        not written yet (the loop's next sweep writes it): failing the task first would
+        tell, in the log, of a task that found no agent while a capable one was still
+        registered (seen on a busy machine, where a grace ran out before a decision)."""
         if self.leases is None:
             return False
+        leases, now = self.leases, self.now
         named = set(run.started.agents)
         return any(
-            self.leases.waiting(a.agent_id, self.now) and a.capability(capability) is not None
+            (leases.waiting(a.agent_id, now) or leases.lapsed([a.agent_id], now))
+            and a.capability(capability) is not None
             for a in self.state.agents.values()
             if not named or a.agent_id in named
         )
@@ -596,10 +609,11 @@ class Decider:
         return [self.state.tasks[d] for d in task.created.deps if d in self.state.tasks]
 
     def _deps_done(self, task: TaskView) -> bool:
+        """Every dependency completed, or (an optional one) ended with its output absent."""
         deps = self._deps(task)
         done = self.d.completed
         return len(deps) == len(task.created.deps) and all(
-            d.state is S.COMPLETED or d.task_id in done for d in deps
+            d.state is S.COMPLETED or d.task_id in done or optional.is_absent(d) for d in deps
         )
 
     def _follow_completed(self, stream: str, on: list[str]) -> None:
@@ -610,15 +624,17 @@ class Decider:
 
     def _blocking_dep(self, task: TaskView) -> str | None:
         for d in self._deps(task):
-            if d.terminal and d.state is not S.COMPLETED:
+            if optional.blocks(d):  # an optional one that ended leaves its output absent
                 return d.task_id
         return None
 
     def card_for(self, task: TaskView, attempt: int) -> TaskCard:
         """Exactly what the agent sees: its inputs, with only its declared deps resolved."""
         done = self.d.completed
-        outputs = {d.task_id: done.get(d.task_id, d.output) for d in self._deps(task)}
-        inputs = resolve_inputs(task.created.inputs, outputs, {})
+        deps = self._deps(task)
+        outputs = {d.task_id: done.get(d.task_id, d.output) for d in deps}
+        absent = optional.absent_deps(deps)
+        inputs = resolve_inputs(task.created.inputs, outputs, {}, frozenset(absent))
         return restate(
             task.created,
             TaskCard,
@@ -630,7 +646,20 @@ class Decider:
             review=list(task.review),
             previous_output=task.previous_output if task.review else None,
             supplement=task.supplement,
+            absent=absent,
         )
+
+    def _reused(self, run: RunView, task: TaskView) -> bool:
+        """Answered from a result kept in long-term memory (``reuse``): no dispatch."""
+        assert self.results is not None
+        inputs = self.card_for(task, 1).inputs
+        done = self.results.answer(run.started, task.created, task.task_id, inputs, self.now)
+        if done is None:
+            return False
+        self.d.add(task.task_id, done)
+        if run.started.budget_tokens is None:  # dependents may go on in this step
+            self.d.completed[task.task_id] = done.output
+        return True
 
     def _dispatch(self, run: RunView, task: TaskView) -> None:
         if not self.dispatching:
@@ -663,7 +692,8 @@ class Decider:
         if not candidates:
             if self._awaited(run, c.capability):
                 return  # an agent from the log may renew its lease: the task waits for it
-            self._fail(task, "no_capable_agent", self._why_no_agent(task, card, run))
+            why = self._why_no_agent(task, card, run)
+            self._fail(task, *optional.no_agent_failure(card.absent, self.state.tasks, why))
             return
         h = loop_hash(
             c.capability, [card.inputs, card.supplement, msgspec.to_builtins(card.review)]
@@ -719,6 +749,7 @@ class Decider:
                     loop_hash=h if i == 0 else "",
                     inputs=inline,
                     inputs_bytes=len(sent),
+                    absent=list(card.absent),
                 ),
             )
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))
@@ -812,17 +843,15 @@ class Decider:
         if run.planning_open():
             return  # planning: the rounds decide (self._plan)
         plan_tasks = {name: self.state.tasks[tid] for name, tid in run.names.items()}
-        failed = sorted(
-            t.task_id
-            for t in plan_tasks.values()
-            if t.state is not S.COMPLETED and t.task_id not in done
-        )
+        # optional plan tasks that ended without completing do not fail the run (optional)
+        failing, degraded = optional.outcome(plan_tasks, done)
         spec = run.started.planning
-        if failed and spec is not None and planning.replans_used(run) < spec.replan_on_failure:
+        if failing and spec is not None and planning.replans_used(run) < spec.replan_on_failure:
             self._planning_round(run, errors=[], previous=self._accepted_proposal(run))
             return
         self._follow_completed(run.root_id, run.tasks)
-        if failed:
+        if failing:
+            failed = optional.not_completed(plan_tasks, done)  # the absent ones too
             self.d.add(
                 run.root_id,
                 ev.RunFailed(
@@ -832,8 +861,7 @@ class Decider:
                 ),
             )
         else:
-            outputs = {name: done.get(t.task_id, t.output) for name, t in plan_tasks.items()}
-            completed = ev.RunCompleted(outputs=outputs)
+            completed = optional.completion(plan_tasks, done, degraded)
             size = len(msgspec.json.encode(completed))
             if size > self.event_limit:  # it could never be stored: fail, never retry
                 self.d.add(

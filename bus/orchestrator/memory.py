@@ -9,7 +9,10 @@ Three layers of memory, three owners:
   outputs of its declared dependencies (in its card, or on request through
   ``ctx.read_output``); the orchestrator refuses anything else.
 * **long-term memory** outlives runs. It is the stream ``memory`` of the log
-  (see ``projections.memory``), written here and nowhere else.
+  (see ``projections.memory``), written here and nowhere else. Each record
+  belongs to a scope (``projections.scope``): ``global``, a tenant's, a
+  user's; a run reads its scope chain (user, tenant, global) and writes to its
+  own scope, the one its ``run.started`` names (``user``, ``tenant``).
 
 What gets written is decided by a :class:`MemoryPolicy`, never by an agent:
 the default :class:`ReusablePolicy` writes, **when a run completes**, the
@@ -17,7 +20,11 @@ entries of its session's ``preferences`` (``{"report_format": "markdown"}``
 becomes the record ``pref/<user>/report_format``); and, since selection
 learns from them, the reason of every failed attempt and failed task
 (``failure/<task>/<attempt>``, kind ``failure``). Nothing of a failed run
-is stored as reusable.
+is stored as reusable. Every record a policy writes for a run goes to the
+run's scope (unless the policy names one), so one tenant's preferences,
+failure reasons (they quote the goal) and results are never another's. A
+:class:`~cardbus.bus.orchestrator.reuse.ReusePolicy` given to the keeper also
+keeps completed tasks' results for reuse (``bus.orchestrator.reuse``).
 
 :class:`MemoryKeeper` applies the policy to the log: ``settle(root_id)`` after
 a run, ``follow()`` to keep up continuously. It is idempotent: each memory
@@ -36,7 +43,7 @@ import logging
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -44,14 +51,19 @@ from cardbus.agents.embedding import Embedder, HashingEmbedder
 from cardbus.bus.orchestrator.checks import check_text
 from cardbus.eventstore import ConcurrencyError, Envelope, EventStore, IdempotencyError, NewEvent
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import ConfigError
+from cardbus.eventstore.errors import ConfigError, InvalidScope
 from cardbus.projections.memory import (
     MEMORY_STREAM,
     MemoryFold,
     MemoryHit,
     MemoryRecord,
+    Scopes,
     build_memory,
 )
+from cardbus.projections.scope import GLOBAL, check_key, normalize_scope, scope_of
+
+if TYPE_CHECKING:
+    from cardbus.bus.orchestrator.reuse import ReusePolicy
 
 __all__ = [
     "MEMORY_STREAM",
@@ -60,6 +72,7 @@ __all__ = [
     "MemoryPolicy",
     "ReusablePolicy",
     "derived_id",
+    "run_scope",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,6 +87,16 @@ def derived_id(seed: str, at: float) -> str:
     )
     x = f"{value:032x}"
     return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+def run_scope(started: ev.RunStarted | None) -> str:
+    """The scope a run writes to: its user's, else its tenant's, else ``global``."""
+    if started is None:
+        return GLOBAL
+    try:
+        return scope_of(started.user, started.tenant)
+    except InvalidScope:  # a context in the log no cardbus of ours wrote: not anyone's
+        return GLOBAL
 
 
 class MemoryPolicy(Protocol):
@@ -191,12 +214,15 @@ class LongTermMemory:
             await build_memory(self.store, self.fold)
         return self.fold
 
-    async def get(self, key: str) -> MemoryRecord | None:
-        return (await self.refresh()).get(key)
+    async def get(self, key: str, scopes: Scopes = None) -> MemoryRecord | None:
+        """The record ``key`` of the first of ``scopes`` that has it (None: ``global``'s,
+        else the latest of any scope)."""
+        return (await self.refresh()).get(key, scopes)
 
     async def list(
         self,
         *,
+        scopes: Scopes = None,
         tags: Sequence[str] = (),
         kind: str | None = None,
         prefix: str = "",
@@ -204,19 +230,24 @@ class LongTermMemory:
         limit: int | None = None,
     ) -> builtins.list[MemoryRecord]:
         fold = await self.refresh()
-        return fold.list(tags=tags, kind=kind, prefix=prefix, where=where, limit=limit)
+        return fold.list(
+            scopes=scopes, tags=tags, kind=kind, prefix=prefix, where=where, limit=limit
+        )
 
     async def search(
         self,
         text: str,
         *,
         k: int = 5,
+        scopes: Scopes = None,
         tags: Sequence[str] = (),
         kind: str | None = None,
         min_score: float = 0.0,
     ) -> builtins.list[MemoryHit]:
         fold = await self.refresh()
-        return fold.search(text, self.embedder, k=k, tags=tags, kind=kind, min_score=min_score)
+        return fold.search(
+            text, self.embedder, k=k, scopes=scopes, tags=tags, kind=kind, min_score=min_score
+        )
 
     async def remember(
         self,
@@ -229,27 +260,44 @@ class LongTermMemory:
         policy: str = "explicit",
         root_id: str = "",
         actor: str | None = None,
+        scope: str = GLOBAL,
+        agent_id: str = "",
     ) -> Envelope:
-        """Write one record (an explicit write, e.g. by an operator)."""
+        """Write one record (an explicit write, e.g. by an operator) to ``scope``.
+
+        A malformed key or scope is an ``InvalidScope``, before anything is written."""
         data = ev.MemoryWritten(
-            key=key,
+            key=check_key(key),
             value=value,
             text=text,
             tags=list(tags),
             kind=kind,
             policy=policy,
             root_id=root_id,
+            scope=normalize_scope(scope),
+            agent_id=agent_id,
         )
         (env,) = await self.append(
             [NewEvent(data=data, correlation_id=MEMORY_STREAM, actor=actor or self.actor)]
         )
         return env
 
-    async def forget(self, key: str, reason: str = "", actor: str | None = None) -> bool:
-        """Forget ``key`` (a ``memory.forgotten`` event); False if there is no such record."""
-        if await self.get(key) is None:
+    async def forget(
+        self, key: str, reason: str = "", actor: str | None = None, scope: str | None = None
+    ) -> bool:
+        """Forget ``key`` of ``scope`` (a ``memory.forgotten`` event); False if there is no
+        such record. ``scope`` None: the one scope that holds the key (``InvalidScope``
+        naming them if several do)."""
+        fold = await self.refresh()
+        if scope is None:
+            held = sorted(s for s, k in fold.records if k == key)
+            if len(held) > 1:
+                raise InvalidScope(f"memory key {key!r} is in several scopes: {held}; name one")
+            scope = held[0] if held else GLOBAL
+        scope = normalize_scope(scope)
+        if fold.get(key, [scope]) is None:
             return False
-        data = ev.MemoryForgotten(key=key, reason=reason)
+        data = ev.MemoryForgotten(key=key, reason=reason, scope=scope)
         await self.append([NewEvent(data=data, correlation_id=MEMORY_STREAM, actor=actor or "cli")])
         return True
 
@@ -285,6 +333,9 @@ class _TaskFacts:
     created: ev.TaskCreated
     agent_id: str = ""
     attempt: int = 0
+    digest: str = ""  # inputs digest of the latest dispatch
+    keepable: bool = True  # False once its inputs were trimmed or it needed more input
+    completed: ev.TaskCompleted | None = None
 
 
 # the event types MemoryKeeper.decide folds or acts on (the cases of its match)
@@ -298,6 +349,9 @@ _DECIDED = frozenset(
         ev.RunHalted,
         ev.TaskRetryScheduled,
         ev.TaskFailed,
+        ev.TaskCompleted,
+        ev.TaskNeedsInput,
+        ev.ContextTrimmed,
     }
 )
 
@@ -310,9 +364,12 @@ class MemoryKeeper:
         store: EventStore,
         policy: MemoryPolicy | None = None,
         memory: LongTermMemory | None = None,
+        results: ReusePolicy | None = None,
     ) -> None:
+        """``results``: which completed tasks' results to keep for reuse (None: none)."""
         self.store = store
         self.policy: MemoryPolicy = policy or ReusablePolicy()
+        self.results = results
         self.memory = memory or LongTermMemory(store)
         self.position = 0
         # what the policy needs of runs not finished yet (dropped when they finish)
@@ -328,6 +385,7 @@ class MemoryKeeper:
         if type(data) not in _DECIDED:  # most events: nothing to fold or decide
             return []
         pending: list[ev.MemoryWritten] = []
+        scope = run_scope(self._runs.get(env.correlation_id))  # before a finish forgets it
         match data:
             case ev.RunStarted():
                 self._runs[env.stream] = data
@@ -338,10 +396,20 @@ class MemoryKeeper:
                 facts = self._tasks.get(env.stream)
                 if facts is not None:
                     facts.agent_id, facts.attempt = data.agent_id, data.attempt
+                    facts.digest = data.inputs_digest
+            case ev.ContextTrimmed() | ev.TaskNeedsInput():
+                facts = self._tasks.get(env.stream)
+                if facts is not None:  # its output answers other inputs than its card's
+                    facts.keepable = False
+            case ev.TaskCompleted():
+                facts = self._tasks.get(env.stream)
+                if facts is not None:
+                    facts.completed = data
             case ev.RunCompleted():
                 started = self._runs.get(env.stream)
                 if started is not None:
                     pending = self.policy.on_run_completed(env.stream, started, data.outputs)
+                    pending += self._results(env.stream)
                 self._forget_run(env.stream)
             case ev.RunFailed() | ev.RunHalted():
                 self._forget_run(env.stream)
@@ -358,6 +426,7 @@ class MemoryKeeper:
                 pass
         if not pending:
             return []
+        pending = [p if p.scope else msgspec.structs.replace(p, scope=scope) for p in pending]
         return [
             NewEvent(
                 data=m,
@@ -368,6 +437,26 @@ class MemoryKeeper:
             )
             for m in (msgspec.structs.replace(p, root_id=env.correlation_id) for p in pending)
         ]
+
+    def _results(self, root_id: str) -> list[ev.MemoryWritten]:
+        """The results of a completed run's tasks the ``results`` policy keeps."""
+        if self.results is None or not self.results.keep:
+            return []
+        out = []
+        for stream in self._tasks_of.get(root_id, []):
+            facts = self._tasks[stream]
+            if facts.completed is None or not facts.keepable:
+                continue
+            kept = self.results.kept(
+                facts.created.capability,
+                facts.digest,
+                facts.completed,
+                stream,
+                facts.created.goal,
+            )
+            if kept is not None:
+                out.append(kept)
+        return out
 
     @property
     def tracking(self) -> int:

@@ -26,9 +26,10 @@ from cardbus.agents.schema import schema_errors
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.batch import MAX_DEPTH, MAX_ID_CHARS, nesting_problem
-from cardbus.eventstore.errors import ConfigError, InvalidPlan
+from cardbus.eventstore.errors import ConfigError, InvalidPlan, InvalidScope
 from cardbus.eventstore.events import BudgetLimit, PlanningLimits, TaskCreated
 from cardbus.eventstore.taskspec import RetryOverride, TaskOptions, restate
+from cardbus.projections.scope import check_id
 
 __all__ = [
     "Plan",
@@ -39,6 +40,7 @@ __all__ = [
     "goal_limits",
     "rename_refs",
     "resolve_inputs",
+    "run_context",
     "PlanningLimits",
     "task_created",
     "task_retry",
@@ -93,6 +95,29 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     max_plan_rounds: int | None = None  # proposals in all (a refused one is re-proposed)
     replan_on_failure: int | None = None  # re-plannings after a task fails for good
     session_fields: list[str] = []
+    # --- whose long-term memory the run reads and writes (``projections.scope``): the
+    # run's user and tenant; None: the session's "user" / "tenant" field, if any
+    user: str | None = None
+    tenant: str | None = None
+
+
+def run_context(plan: Plan) -> tuple[str, str]:
+    """``(user, tenant)`` of a run of ``plan``: its own fields, else its session's
+    ``user`` / ``tenant`` ("" for none); ``InvalidPlan`` if one is not a valid id."""
+    out = []
+    for name in ("user", "tenant"):
+        value = getattr(plan, name)
+        where = f"plan.{name}"
+        if value is None:
+            value, where = plan.session.get(name), f"plan.session[{name!r}]"
+        if value is None or value == "":
+            out.append("")
+            continue
+        try:
+            out.append(check_id(name, value))
+        except InvalidScope as e:
+            raise InvalidPlan(f"{where}: {e}") from e
+    return out[0], out[1]
 
 
 def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
@@ -151,8 +176,23 @@ def rename_refs(value: Any, ids: Mapping[str, str]) -> Any:
     return value
 
 
-def resolve_inputs(value: Any, outputs: dict[str, Any], rename: dict[str, str]) -> Any:
-    """Replace placeholders with dependency outputs; ``rename`` maps plan ids to task ids."""
+def resolve_inputs(
+    value: Any,
+    outputs: dict[str, Any],
+    rename: dict[str, str],
+    absent: frozenset[str] | set[str] = frozenset(),
+) -> Any:
+    """Replace placeholders with dependency outputs; ``rename`` maps plan ids to task ids.
+
+    ``absent``: task ids whose output is absent (optional tasks that ended without
+    completing). A placeholder naming one is left out: as a value of a mapping its key
+    is omitted, as an item of a list the item is dropped (the others keep their order),
+    and a placeholder that is the whole value resolves to None. A path that leads
+    nowhere in an output that *is* there still resolves to None, as before.
+    """
+    if absent:
+        out = _resolve_with_absent(value, outputs, rename, absent)
+        return None if out is _ABSENT else out
     if isinstance(value, dict):
         if "$dep" in value:
             out = outputs.get(rename.get(str(value["$dep"]), str(value["$dep"])))
@@ -170,6 +210,27 @@ def resolve_inputs(value: Any, outputs: dict[str, Any], rename: dict[str, str]) 
         }
     if isinstance(value, list):
         return [resolve_inputs(v, outputs, rename) if isinstance(v, _NESTS) else v for v in value]
+    return value
+
+
+_ABSENT: Any = object()  # what a placeholder of an absent output resolves to: left out
+
+
+def _resolve_with_absent(
+    value: Any, outputs: dict[str, Any], rename: dict[str, str], absent: frozenset[str] | set[str]
+) -> Any:
+    """``resolve_inputs`` with absent outputs: ``_ABSENT`` for a placeholder naming one,
+    and mappings and lists without the values that came out ``_ABSENT``."""
+    if isinstance(value, dict):
+        if "$dep" in value:
+            if rename.get(str(value["$dep"]), str(value["$dep"])) in absent:
+                return _ABSENT
+            return resolve_inputs(value, outputs, rename)
+        kept = {k: _resolve_with_absent(v, outputs, rename, absent) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not _ABSENT}
+    if isinstance(value, list):
+        items = (_resolve_with_absent(v, outputs, rename, absent) for v in value)
+        return [v for v in items if v is not _ABSENT]
     return value
 
 
@@ -200,6 +261,8 @@ def validate_plan(
                 f"task {t.id!r}: max_attempts, fanout and timeout_s must be positive"
                 f" (and timeout_s finite): got {t.max_attempts}, {t.fanout}, {t.timeout_s}"
             )
+        if not isinstance(t.optional, bool):  # a plan built in Python is not type-checked
+            raise InvalidPlan(f"task {t.id!r}: optional must be true or false, got {t.optional!r}")
         task_retry(t, retry or RetryPolicy())
         _check_conflict_options(t)
     earlier: set[str] = set()

@@ -57,6 +57,9 @@ class TaskView:
     output: Any = None
     reason: str = ""
     error: str = ""  # what the failure says beyond its reason (task.failed's error)
+    # who cancelled it, when that stops its dependents too (``optional``): "run" for the
+    # whole run's cancel, the dependency's task id for a cascade; "" otherwise
+    cancel_cause: str = ""
     review_round: int = 0
     review: list[ev.ReviewIssue] = field(default_factory=list)
     under_review: str | None = None  # reviewer task id while a review runs
@@ -541,6 +544,14 @@ def _approval_granted(
     task.approved = True
 
 
+def _denied(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.ApprovalDenied
+) -> None:
+    # cancelled by a person: why, for a run's detail (a failed run's, a degraded one's)
+    task.reason = "approval_denied"
+    task.error = f"by {data.by}" + (f": {data.note}" if data.note else "")
+
+
 def _completed(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskCompleted
 ) -> None:
@@ -561,6 +572,8 @@ def _ended(
     task.settled |= {task.attempt}
     task.reason = data.reason
     task.error = data.error if isinstance(data, ev.TaskFailed) else ""
+    if isinstance(data, ev.TaskCancelled):
+        task.cancel_cause = "run" if data.whole_run else data.cause_task_id or ""
 
 
 _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, Any], None]] = {
@@ -576,6 +589,7 @@ _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, 
     ev.RevisionRequested: _revision_requested,
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalGranted: _approval_granted,
+    ev.ApprovalDenied: _denied,
     ev.TaskCompleted: _completed,
     ev.TaskFailed: _ended,
     ev.TaskCancelled: _ended,

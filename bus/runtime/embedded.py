@@ -38,6 +38,7 @@ from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper, Memory
 from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.orchestrator.planning import proposal_plan
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.reuse import ReusePolicy
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
@@ -62,6 +63,8 @@ class EmbeddedRuntime:
     ``default_planner`` adds a ``RulePlanner`` when no agent offers ``plan``;
     ``mcp_servers`` are started with the runtime and their tools mounted in ``tools``
     as ``<server>__<tool>`` (``cardbus.agents.mcp``, the ``mcp`` extra), and stopped with it.
+    ``reuse``: completed tasks' results kept in long-term memory and (``reuse=True``)
+    answering identical later tasks (``bus.orchestrator.reuse``); None: neither.
     """
 
     def __init__(
@@ -76,11 +79,12 @@ class EmbeddedRuntime:
         access: AccessPolicy | None = None,
         default_planner: bool = True,
         mcp_servers: Sequence[MCPServer] = (),
+        reuse: ReusePolicy | None = None,
     ) -> None:
         self.store = store
         self.bus = InProcessBus()
         self.memory = LongTermMemory(store)
-        self.keeper = MemoryKeeper(store, memory_policy, self.memory)
+        self.keeper = MemoryKeeper(store, memory_policy, self.memory, results=reuse)
         self._docs: tempfile.TemporaryDirectory[str] | None = None
         if tools is None:
             if docs is None:
@@ -100,6 +104,7 @@ class EmbeddedRuntime:
             memory=self.memory,
             access=access,
             attempts_survive_restart=False,
+            reuse=reuse,
         )
         agents = with_planner(agents) if default_planner else list(agents)
         self.workers = [AgentWorker(self.bus, a, llm, tools=tools) for a in agents]
@@ -138,21 +143,33 @@ class EmbeddedRuntime:
         if self._docs is not None:
             self._docs.cleanup()
 
-    async def run(self, plan: PlanLike, timeout: float | None = 60) -> RunResult:
-        """Run ``plan`` (a Plan, a mapping or JSON text of the plan format, or a goal alone
-        to plan); then apply the memory policy to it. Only inside ``async with``."""
+    async def submit(self, plan: PlanLike, actor: str | None = None) -> str:
+        """Start a run of ``plan`` (any form :meth:`run` takes) on this runtime's agents; its
+        root id. ``actor``: who asked (the actor of the run's creation events). Only
+        inside ``async with``; the memory policy is applied by :meth:`settle`."""
         require_started(self, self._state)  # NotStarted outside `async with`
         # the run's agents are this runtime's: none registered by an earlier process is chosen
         agents = [w.agent.agent_id for w in self.workers]
-        result = await self.orchestrator.run(plan_of(plan), timeout, agents, self.agent_paths())
+        return await self.orchestrator.submit(plan_of(plan), agents, self.agent_paths(), actor)
+
+    async def run(self, plan: PlanLike, timeout: float | None = 60) -> RunResult:
+        """Run ``plan`` (a Plan, a mapping or JSON text of the plan format, or a goal alone
+        to plan); then apply the memory policy to it. Only inside ``async with``."""
+        result = await self.orchestrator.wait(await self.submit(plan), timeout)
+        await self.settle(result.root_id)
+        return result
+
+    async def settle(self, root_id: str) -> None:
+        """Apply the memory policy to the finished run ``root_id`` (:meth:`run` does it)."""
         try:
-            await self.keeper.settle(result.root_id)
+            await self.keeper.settle(root_id)
+            if self.orchestrator.results is not None:  # the next run may reuse them at once
+                await self.orchestrator.results.build(self.store)
         except CardbusError as e:
             # bookkeeping after the end: the run's result stands. The records' ids derive
             # from the events that call for them, so ``MemoryKeeper.catch_up`` (or the
             # next settle of this run) writes exactly them later.
-            log.warning("memory records of run %s not written: %s", result.root_id, e)
-        return result
+            log.warning("memory records of run %s not written: %s", root_id, e)
 
     def agent_paths(self) -> list[str]:
         """Its agents' classes as "module:Class" (those importable by that name)."""

@@ -39,11 +39,13 @@ from cardbus.agents.cards import AgentCard
 from cardbus.agents.llm import LLM
 from cardbus.agents.mcp_config import MCPServer
 from cardbus.agents.tools import ToolRegistry
+from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
 from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_held_replies
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
+from cardbus.bus.orchestrator.reuse import ReusePolicy
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.members import MemberLog
@@ -99,8 +101,12 @@ class NatsRuntime:
         member: str | None = None,
         local_runs: bool = True,
         mcp_servers: Sequence[MCPServer] = (),
+        access: AccessPolicy | None = None,
+        reuse: ReusePolicy | None = None,
     ) -> None:
         """``tools``: the registry agents' tool requests are served from (none: refused).
+        ``access``: what agents' requests may do, long-term memory scopes included
+        (``AccessPolicy``); ``reuse``: results kept and reused (``bus.orchestrator.reuse``).
         ``mcp_servers``: started with the runtime, their tools mounted in ``tools`` (a new
         registry if none) as ``<server>__<tool>`` (``cardbus.agents.mcp``), stopped with it.
 
@@ -126,6 +132,8 @@ class NatsRuntime:
         ``own_connection=False`` keeps it on the bus's (followed through a consumer).
         """
         self.options = options
+        self.access = access
+        self.reuse = reuse
         self.tools = tools if tools is not None or not mcp_servers else ToolRegistry()
         self.mcp_servers = list(mcp_servers)
         self._mcp: Any = None  # the MCPToolset while running
@@ -190,7 +198,7 @@ class NatsRuntime:
                 self._mcp = await start_mcp(self.mcp_servers, self.tools)
             # Agents' requests (read_output, long-term memory) are served here too.
             self.memory = LongTermMemory(self.store)
-            self.keeper = MemoryKeeper(self.store, None, self.memory)
+            self.keeper = MemoryKeeper(self.store, None, self.memory, results=self.reuse)
             count, lease_s, _ = self._partition_args
             if count is not None:
                 if isinstance(self.store, NatsEventStore):  # fold only what it holds
@@ -217,10 +225,12 @@ class NatsRuntime:
                 self.policy,
                 tools=self.tools,
                 memory=self.memory,
+                access=self.access,
                 serve_requests=True,
                 agents=self.grants,
                 owns=self._owns() if self.partitions is not None else None,
                 local_runs=self.local_runs,
+                reuse=self.reuse,
             )
             if self.partitions is not None:  # a new run goes in a partition leased here,
                 # even one still being caught up (right after a takeover or a rebalance:
@@ -360,6 +370,8 @@ class NatsRuntime:
         root = await self.submit(plan, agent_timeout)
         result = await self.orchestrator.wait(root, timeout)
         await self.keeper.settle(result.root_id)  # what long-term memory keeps of the run
+        if self.orchestrator.results is not None:  # kept results: reusable by the next run
+            await self.orchestrator.results.build(self.store)
         return result
 
 

@@ -228,6 +228,9 @@ class AgentWorker:
                     attempt=card.attempt,
                     agent_id=self.agent.agent_id,
                     status="failed",
+                    # the orchestrator's reason for a deadline: on a busy machine this can
+                    # arrive before its own time-out, and the log should say the same
+                    reason="timeout",
                     error=f"TimeoutError: still running {limit:g}s after it started; cancelled",
                     duration_s=limit,
                 )

@@ -6,6 +6,8 @@ A page asks for a generated section with a marker on a line of its own::
     <!-- generated: events -->       the event catalogue, from EVENT_TYPES
     <!-- generated: transitions -->  the task-state table, from eventstore.states
     <!-- generated: a2a-states -->   each task state's A2A TaskState
+    <!-- generated: speed-table -->  the figures of the last `make bench`, from the committed
+                                     docs/explanation/speed-figures.json (no bench runs here)
 
 so none of them can drift from the code. The state tables reuse the renderers
 that pin the README's copies (``tests/eventstore/test_states.py``). An unknown
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import re
 from pathlib import Path
 from types import ModuleType
@@ -137,16 +140,6 @@ def _own_doc(cls: type) -> str:
     return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split()) if doc else ""
 
 
-def _readme_meanings() -> dict[str, str]:
-    """The README catalogue's one-line meanings (``<!-- catalogue:begin/end -->``), by tag:
-    the meaning of an event class without a docstring of its own."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    m = re.search(r"<!-- catalogue:begin -->\n(.*?)\n<!-- catalogue:end -->", text, re.S)
-    if not m:
-        return {}
-    return dict(re.findall(r"^\| `([a-z_.0-9]+)` \| (.*) \|$", m.group(1), re.M))
-
-
 def render_events() -> str:
     """Every event type: its tag, its class, what it means and its fields."""
     from cardbus.eventstore.events import EVENT_TYPES, TASK_EVENT_TYPES, tag_of
@@ -156,11 +149,10 @@ def render_events() -> str:
         "|---|---|---|---|",
     ]
     sections: list[str] = []
-    meanings = _readme_meanings()
     for cls in EVENT_TYPES:
         tag = tag_of(cls)
         path = f"{cls.__module__}.{cls.__qualname__}"
-        doc = _own_doc(cls) or meanings.get(tag, "")
+        doc = _own_doc(cls)  # every event class has one (tests/eventstore/test_states.py)
         stream = "task" if cls in TASK_EVENT_TYPES else "run, agent or other"
         anchor = tag.replace(".", "-").replace("_", "-")
         lines.append(
@@ -190,6 +182,23 @@ def _default(field: msgspec.inspect.Field) -> str:
     return _cell(repr(field.default))
 
 
+# -- the speed table ---------------------------------------------------------------------
+
+SPEED_FIGURES = ROOT / "docs" / "explanation" / "speed-figures.json"
+
+
+def render_speed_table(path: Path = SPEED_FIGURES) -> str:
+    """The table ``make bench`` saved (``bench/summary.py --write``), with its machine and date:
+    read from the committed file, so building the docs never runs a benchmark."""
+    spec = importlib.util.spec_from_file_location(
+        "_cardbus_bench_summary", ROOT / "bench" / "summary.py"
+    )
+    assert spec and spec.loader
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    return str(summary.render(json.loads(path.read_text(encoding="utf-8"))))
+
+
 # -- the hook --------------------------------------------------------------------------
 
 RENDERERS: dict[str, Any] = {
@@ -197,6 +206,7 @@ RENDERERS: dict[str, Any] = {
     "events": render_events,
     "transitions": lambda: _states_renderers().render_transition_table() + "\n",
     "a2a-states": lambda: _states_renderers().render_a2a_table() + "\n",
+    "speed-table": render_speed_table,
 }
 
 

@@ -1,4 +1,4 @@
-"""The README's LLM agent example runs as written (on the mock model)."""
+"""The LLM tutorial's agent (docs/tutorials/llm-agents.md) runs as written (on the mock model)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from typing import Any
 
 from cardbus.agents import MockLLM, TaskCard
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "llm-agents.md"
 
 
 def example() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    blocks = re.findall(r"```python[^\n]*\n(.*?)```", PAGE.read_text(), re.S)
     return next(b for b in blocks if "(LLMAgent):" in b)
 
 
-async def test_the_readme_llm_agent_runs() -> None:
+async def test_the_tutorial_llm_agent_runs() -> None:
     code = example()
     assert len(code.strip().splitlines()) <= 25  # "LLMAgent in about twenty lines"
     namespace: dict[str, Any] = {"__name__": "readme_llm_agent"}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, str(PAGE), "exec"), namespace)
     agent = namespace["Briefer"]
     card = agent.card()
     assert card.constraints.limits["model"] == ["gpt-4o-mini", "gpt-4o"]

@@ -270,4 +270,5 @@ def test_importing_without_the_extra_names_it() -> None:
         env={**os.environ},
     )
     assert proc.returncode != 0
-    assert "ImportError" in proc.stderr and "pip install 'cardbus[mcp]'" in proc.stderr
+    # MissingExtra: a CardbusError that is also an ImportError, naming the extra
+    assert "MissingExtra" in proc.stderr and "pip install 'cardbus[mcp]'" in proc.stderr

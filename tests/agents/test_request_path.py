@@ -43,6 +43,7 @@ def test_request_and_response_round_trip() -> None:
         "memory.get",
         "memory.list",
         "memory.search",
+        "memory.put",
         "model.request",
         "model.answer",
         "tool.begin",

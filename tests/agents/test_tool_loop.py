@@ -394,11 +394,12 @@ async def test_tool_calls_of_an_embedded_run_are_in_the_log() -> None:
     assert [(e.target, e.reason) for e in refused] == [("broken", "tool_not_allowed")]
 
 
-async def test_the_readme_tool_agent_runs() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    code = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "tools = [" in b)
-    namespace: dict[str, Any] = {"__name__": "readme_tool_agent"}
-    exec(compile(code, "README.md", "exec"), namespace)
+async def test_the_tutorial_tool_agent_runs() -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "llm-agents.md"
+    blocks = re.findall(r"```python[^\n]*\n(.*?)```", page.read_text(), re.S)
+    code = next(b for b in blocks if "tools = [" in b)
+    namespace: dict[str, Any] = {"__name__": "tutorial_tool_agent"}
+    exec(compile(code, str(page), "exec"), namespace)
     agent, glossary = namespace["Explainer"], namespace["GLOSSARY"]
     assert agent.card().constraints.tools == ["glossary"]
     assert (agent.max_turns, agent.max_tool_calls) == (6, 8)

@@ -101,8 +101,12 @@ def test_cardbus_demo_twice_remembers_the_format(tmp_path: Path) -> None:
     assert first.exit_code == 0, first.output
     second = runner.invoke(cli, ["demo", "--db", db])
     assert second.exit_code == 0, second.output
-    assert "tool.called" in second.output and "memory.read" in second.output
     assert "- ocean tides" in second.output  # the markdown bullets of the preferred format
+    # the second run's timeline (the demo sums it up; replay draws every event)
+    root = second.stdout.splitlines()[0].split()[1].rstrip(":")
+    timeline = runner.invoke(cli, ["replay", root, "--db", db])
+    assert timeline.exit_code == 0, timeline.output
+    assert "tool.called" in timeline.output and "memory.read" in timeline.output
     out = runner.invoke(cli, ["memory", "list", "--db", db, "--kind", "preference"])
     assert "pref/demo/report_format" in out.output and "markdown" in out.output
 

@@ -302,13 +302,13 @@ def test_on_the_demo_database(tmp_path: Path) -> None:
     db = str(tmp_path / "demo.db")
     r = invoke("demo", "--db", db)
     assert r.exit_code == 0, r.output
-    # the demo's own output: the report (revised: it has a conclusion) and its timeline
+    # the demo's own output: the report (revised: it has a conclusion) and the run summed up
     for needle in (
         "# Report: ocean tides",
         "## Conclusion",
-        "Timeline of run",
-        "needs_input",
-        "revision_requested",
+        "The run, read back from the log",
+        "needs input",
+        "revised after review",
         "review2",
     ):
         assert needle in r.stdout, needle

@@ -138,6 +138,17 @@ def test_html_lists_the_calls_with_expandable_prompts_and_answers(
         ("model", "2", "no"),
     ]
     assert "attempt #1 \u2014 asker (retry)" in dom and "attempt #2 \u2014 asker (completed)" in dom
+    # the Gantt marks each call on its attempt's bar: the same calls, live or replayed
+    marks = re.findall(r'<div class="callmark call_(\w+)"[^>]*data-kind="(\w+)"', dom)
+    assert marks == [
+        ("live", "model"),
+        ("live", "model"),
+        ("replayed", "model"),
+        ("replayed", "model"),
+        ("live", "tool"),
+        ("live", "model"),
+    ]
+    assert "legend-calls" in dom
     # prompt and answer: one line in the summary, whole in the folded <pre>
     assert '<summary>one: tides</summary><pre class="mono">{\n  "op": "chat"' in dom
     assert "<summary>answer one</summary>" in dom

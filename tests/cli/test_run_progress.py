@@ -1,20 +1,21 @@
 """``cardbus run`` and ``cardbus demo`` talk while they work (tools/progress.py).
 
-Without a terminal (CliRunner) they print plain lines: the root id first, one
+Without a terminal (CliRunner) ``run`` prints plain lines: the root id first, one
 line per task state change, the approve command for a task that waits for
-approval, the result last; ``--json`` prints the result alone.
+approval, the result last; ``--json`` prints the result alone. ``demo`` prints the
+root id, then sums the run up on one screen.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from cardbus.bus.orchestrator.core import answer_approval
@@ -97,20 +98,33 @@ def test_run_json_prints_the_result_alone(tmp_path: Path) -> None:
     assert "cardbus approve" not in result.stdout
 
 
-def test_demo_prints_the_root_id_first_and_one_line_per_state_change(tmp_path: Path) -> None:
-    db = tmp_path / "demo.db"
-    result = CliRunner().invoke(cli, ["demo", "--store", str(db)])
+def test_demo_prints_the_root_id_first_then_sums_the_run_up_on_one_screen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo fits a screen: about 40 lines of at most 100 columns (the default store,
+    as ``make demo`` runs it), no line per state change off a terminal (it sums the run
+    up from the log after), and it ends with where to go next."""
+    monkeypatch.chdir(tmp_path)  # the default store, ./cardbus.db, in a folder of its own
+    for name in ("CARDBUS_STORE", "CARDBUS_DB", "OPENAI_BASE_URL", "CARDBUS_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(cli, ["demo"])
     assert result.exit_code == 0, result.output
-    lines = [line for line in result.stdout.splitlines() if not line.startswith("LLM:")]
-    assert lines[0].startswith("run ") and lines[0].split()[2] == "started"
-    root_id = lines[0].split()[1].rstrip(":")
-    progress = [line for line in lines if line.startswith("  [")]
-    assert any("research-" in line and line.endswith("completed") for line in progress)
-    done, total = progress[-1].split("]")[0].strip(" [").split("/")
-    assert done == total  # the last change completes the last task
-    # one line per change: no two identical lines in a row
-    assert all(a != b for a, b in itertools.pairwise(progress))
-    assert f"Timeline of run {root_id}" in result.stdout
+    lines = result.output.splitlines()  # stdout and stderr (the LLM line), as a screen
+    assert len(lines) <= 40, len(lines)
+    too_wide = [line for line in lines if len(line) > 100]
+    assert not too_wide, too_wide
+    out = result.stdout.splitlines()
+    assert out[0].startswith("run ") and out[0].split()[2] == "started"
+    root_id = out[0].split()[1].rstrip(":")
+    assert out[1].startswith(f"run {root_id}: completed in ")
+    assert not [line for line in out if line.startswith("  [")]  # no per-change lines
+    story = out[out.index(next(x for x in out if x.startswith("The run, read back"))) :]
+    assert any("research-" in x and "researcher" in x and "1 tool call" in x for x in story)
+    assert any("needs input: figures about ocean tides" in x for x in story)
+    assert any("revised after review (round 1)" in x for x in story)
+    assert out[-4] == "Where next:"
+    assert out[-3].split()[:3] == ["cardbus", "replay", root_id]
+    assert out[-2].split()[:2] == ["cardbus", "ui"] and "first-agent.md" in out[-1]
 
     as_json = CliRunner().invoke(cli, ["demo", "--store", str(tmp_path / "j.db"), "--json"])
     assert as_json.exit_code == 0, as_json.output

@@ -67,7 +67,11 @@ def _free_port() -> int:
 
 class Server:
     def __init__(
-        self, db: Path, env: dict[str, str] | None = None, token: str | None = None
+        self,
+        db: Path,
+        env: dict[str, str] | None = None,
+        token: str | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
@@ -82,6 +86,7 @@ class Server:
                 "--port",
                 str(self.port),
                 *(["--token", token] if token else []),
+                *args,
             ],
             env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE,

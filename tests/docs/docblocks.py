@@ -241,7 +241,22 @@ def inside(workdir: Path) -> Iterator[None]:
     ``workdir`` are forgotten."""
     old_cwd = os.getcwd()
     old_path = list(sys.path)
+    # the suite's own helper modules (tests/cli/memory_agents.py, ...) are not in a
+    # reader's interpreter: set aside while the page runs, so a page's file of the
+    # same name is imported, not the suite's module cached under that name
+    suite = str(REPO / "tests") + os.sep
+    hidden = {
+        n: m
+        for n, m in sys.modules.items()
+        if "." not in n and (getattr(m, "__file__", None) or "").startswith(suite)
+    }
+    for name in hidden:
+        del sys.modules[name]
     before = set(sys.modules)
+    # a reader's interpreter has the repository's root at most at the end (the editable
+    # install's path entry): first, its folders would shadow installed packages of the
+    # same names (openai-agents' `agents`), as pytest's own entry for the root does here
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO] + [str(REPO)]
     try:
         yield
     finally:
@@ -251,6 +266,7 @@ def inside(workdir: Path) -> Iterator[None]:
             file = getattr(sys.modules[name], "__file__", None) or ""
             if file.startswith(str(workdir)):
                 del sys.modules[name]
+        sys.modules.update(hidden)
 
 
 def _enter(cwd: Path) -> None:

@@ -654,8 +654,9 @@ authorization {
 
 @pytest.mark.parametrize("direct_get", [True, False], ids=["documented", "without-direct-get"])
 async def test_the_documented_permissions_are_enough(tmp_path: Path, direct_get: bool) -> None:
-    """The subjects the README lists (Running on NATS, permissions) cover everything the store does;
-    without ``$JS.API.DIRECT.GET`` (the permissions of older versions) reads use consumers."""
+    """The subjects the docs list (docs/reference/nats.md, permissions) cover everything the
+    store does; without ``$JS.API.DIRECT.GET`` (the permissions of older versions) reads use
+    consumers."""
     config = STORE_PERMISSIONS
     if not direct_get:
         config = config.replace('"$JS.API.DIRECT.GET.CARDBUS_EVENTS",', "")

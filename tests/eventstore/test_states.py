@@ -323,28 +323,43 @@ def _between(text: str, name: str) -> str:
     return m.group(1).strip()
 
 
-def test_readme_state_table_matches_transitions() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert _between(text, "transitions") == render_transition_table(), (
-        "README state table is out of date: run .venv/bin/python tests/test_states.py"
-    )
+def test_state_table_is_generated_into_the_states_page() -> None:
+    """The state table lives in the docs (reference/states.md), generated at build time by
+    ``render_transition_table`` (docs/_hooks/reference.py): a row for every event type."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "reference" / "states.md"
+    assert "\n<!-- generated: transitions -->\n" in page.read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `([a-z_.0-9]+)` \|", render_transition_table(), re.M)
+    assert sorted(listed) == sorted({tag_of(t) for t in TRANSITIONS} | {tag_of(ev.ApprovalGranted)})
 
 
-def test_readme_a2a_table_matches() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert _between(text, "a2a") == render_a2a_table()
+STATES_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "states.md"
 
 
-def test_readme_catalogue_lists_every_event_tag() -> None:
-    block = _between(README.read_text(encoding="utf-8"), "catalogue")
-    listed = re.findall(r"^\| `([a-z_.0-9]+)` \|", block, re.M)
-    assert sorted(listed) == sorted(tag_of(t) for t in EVENT_TYPES)
+def test_a2a_table_is_generated_into_the_states_page() -> None:
+    """The A2A mapping lives in the docs (reference/states.md), generated at build time by
+    ``render_a2a_table`` (docs/_hooks/reference.py): one row per state, its A2A name."""
+    assert "\n<!-- generated: a2a-states -->\n" in STATES_PAGE.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\w+) \| (yes|) \| `(\w+)` \|$", render_a2a_table(), re.M)
+    assert [r[0] for r in rows] == [s.value for s in TaskState]
+    for name, terminal, a2a in rows:
+        assert a2a == A2A_STATE[TaskState(name)] and a2a in A2A_STATES
+        assert (terminal == "yes") == (TaskState(name) in TERMINAL)
+
+
+def test_every_event_type_says_what_it_means() -> None:
+    """The event catalogue (docs/reference/events.md) is generated from each event class's own
+    docstring: every class has one, and its first paragraph is a sentence."""
+    undocumented = [
+        t.__name__ for t in EVENT_TYPES if not (t.__dict__.get("__doc__") or "").strip()
+    ]
+    assert undocumented == []
+    for t in EVENT_TYPES:
+        first = t.__dict__["__doc__"].strip().split("\n\n")[0]
+        assert first[0].isupper() and first.rstrip().endswith("."), (tag_of(t), first)
 
 
 if __name__ == "__main__":
     print("<!-- transitions:begin -->")
     print(render_transition_table())
     print("<!-- transitions:end -->\n")
-    print("<!-- a2a:begin -->")
     print(render_a2a_table())
-    print("<!-- a2a:end -->")

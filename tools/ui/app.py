@@ -6,8 +6,12 @@ date on each request), a run's timeline is :func:`projections.replay`, a
 task's steps are its stream (with its model and tool calls folded by
 :func:`projections.journal_calls`), and approve/deny is
 :func:`bus.orchestrator.core.answer_approval`, the function behind ``cardbus
-approve``. ``/api/events`` streams the store's :meth:`subscribe` as
-server-sent events: the page refetches what changed.
+approve``; start a run, fork from a task and re-run a task are
+:mod:`cardbus.tools.ui.actions` (on agents the console hosts, or on NATS by
+writing the new run to the log), each a ``POST`` like the others, each
+event's actor the operator the page names. ``/api/events`` streams the
+store's :meth:`subscribe` as server-sent events: the page refetches what
+changed.
 
 Access (:class:`cardbus.bus.http_guard.HttpGuard`, the A2A gateway's lock too):
 the server refuses requests whose ``Host`` is not one it was bound to (DNS
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -27,6 +32,7 @@ from typing import Any
 
 import msgspec
 
+from cardbus.agents.agent import Agent
 from cardbus.bus.http_guard import LOOPBACK_NAMES, HttpGuard, is_loopback
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import answer_approval
@@ -34,6 +40,8 @@ from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
     CardbusError,
+    DecodeError,
+    MissingExtra,
     StreamNotFound,
     ValidationError,
 )
@@ -55,6 +63,7 @@ from cardbus.projections.pricing import Money, PriceTable
 from cardbus.projections.replay_html import render_html
 from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
+from cardbus.tools.ui.actions import Actions, HostedAgents, LogActions, NoAgents, NoAgentsHere
 from cardbus.tools.ui.page import PAGE
 
 try:
@@ -64,12 +73,11 @@ try:
     from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 except ImportError as e:  # pragma: no cover - depends on the extra
-    raise ImportError(
-        "the web console needs starlette and uvicorn: pip install 'cardbus[ui]'"
-    ) from e
+    raise MissingExtra("ui", "the web console") from e
 
 __all__ = ["create_app", "is_loopback"]
 
+log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 HEARTBEAT_S = 15.0
 TASK_PAGE = 50  # tasks per page of a run's view
@@ -98,16 +106,21 @@ def _error(e: Exception) -> Response:
     status = 409  # a state the request does not fit (a task not awaiting approval)
     if isinstance(e, StreamNotFound):
         status = 404
-    elif isinstance(e, ValidationError | ValueError):  # ConfigError is a ValueError
+    elif isinstance(e, ValidationError | DecodeError | ValueError):  # ConfigError: ValueError
         status = 400
+    elif isinstance(e, NoAgentsHere):
+        status = 409  # the console runs no agents: the reason says how to give it some
     return JSONResponse({"error": str(e), "type": type(e).__name__}, status_code=status)
 
 
 class Console:
     """The state behind the app: one store, one in-memory read model of runs and tasks."""
 
-    def __init__(self, store: EventStore, prices: PriceTable | None = None) -> None:
+    def __init__(
+        self, store: EventStore, prices: PriceTable | None = None, actions: Actions | None = None
+    ) -> None:
         self.store = store
+        self.actions = actions or NoAgents()  # start, fork, re-run (tools.ui.actions)
         self.prices = prices if prices is not None else PriceTable()
         self.runner = ProjectionRunner.open(store, ":memory:", [Runs(), TaskTable(), Spend()])
         self._lock = asyncio.Lock()
@@ -405,6 +418,9 @@ def create_app(
     hosts: list[str] | None = None,
     heartbeat_s: float | None = None,
     prices: PriceTable | None = None,
+    agents: Sequence[type[Agent]] = (),
+    llm: Callable[[], Any] | None = None,
+    submit_to_log: bool = False,
 ) -> Starlette:
     """The console over the SQLite log ``db``, a log ``opener`` opens at start-up, or ``store``.
 
@@ -413,8 +429,15 @@ def create_app(
     events stream's quiet interval before a heartbeat comment (default 15 s, or
     ``CARDBUS_UI_HEARTBEAT_S``). ``prices``: the price table costs are shown with
     (default: genai-prices' bundled data alone; a model without a price is shown as
-    "unknown price", never as $0).
+    "unknown price", never as $0). ``agents``: the classes the console hosts an
+    embedded runtime with, to start, fork and re-run runs (``tools.ui.actions``; none:
+    those actions are refused, saying how to enable them); ``llm``: makes, at start-up
+    in the server's loop, the LLM they get (default: the environment's, else the mock).
+    ``submit_to_log`` (a NATS log, whose orchestrators and agents run elsewhere): those
+    actions write the new runs to the log, for the running orchestrators to decide.
     """
+    if agents and submit_to_log:
+        raise ValidationError("give agents to host, or submit_to_log, not both")
     if heartbeat_s is None:
         heartbeat_s = float(os.environ.get("CARDBUS_UI_HEARTBEAT_S") or HEARTBEAT_S)
     if not heartbeat_s > 0:
@@ -435,14 +458,34 @@ def create_app(
             opened = await opener()  # cardbus ui --store: SQLite or NATS
         else:
             opened = await SqliteEventStore.open(db or "")
-        state["console"] = Console(opened, prices)
+        model = llm() if agents and llm is not None else None
+        actions: Actions = (
+            HostedAgents(opened, agents, model)
+            if agents
+            else LogActions(opened)
+            if submit_to_log
+            else NoAgents()
+        )
+        try:
+            await actions.__aenter__()
+        except BaseException:
+            if own:
+                await opened.close()
+            raise
+        state["console"] = Console(opened, prices, actions)
         app.state.stop_streams = state["console"].stopping.set
         try:
             yield
         finally:
-            state["console"].runner.close()
-            if own:
-                await opened.close()
+            try:
+                await actions.__aexit__(None, None, None)
+            finally:
+                state["console"].runner.close()
+                close = getattr(model, "aclose", None)
+                if close is not None:
+                    await close()
+                if own:
+                    await opened.close()
 
     async def page(request: Request) -> Response:
         return HTMLResponse(PAGE, headers={"Cache-Control": "no-store"})
@@ -512,6 +555,33 @@ def create_app(
             return _error(e)
         return _json(done)
 
+    async def about(request: Request) -> Response:
+        """What the page needs to know of the console: whether its actions can run."""
+        return _json({"actions": await console().actions.describe()})
+
+    async def act(
+        work: Callable[[Actions, str, dict[str, Any]], Awaitable[Any]], request: Request
+    ) -> Response:
+        """A run-making action (start, fork, re-run): the operator ``by`` and the body to
+        it; a refusal is a 4xx with the reason, an unexpected error a 500 with its type
+        (logged), never a traceback on the page."""
+        body = await _body(request)
+        if body is None:
+            return JSONResponse({"error": "the body is not JSON"}, status_code=400)
+        by = str(body.get("by") or "ui").strip()[:200] or "ui"
+        try:
+            return _json(await work(console().actions, by, body))
+        except (CardbusError, ValueError) as e:
+            return _error(e)
+        except Exception as e:
+            log.exception("console action %s failed", request.url.path)
+            return JSONResponse(
+                {"error": f"{type(e).__name__}: {e}", "type": type(e).__name__}, status_code=500
+            )
+
+    async def start(request: Request) -> Response:
+        return await act(lambda a, by, body: a.start(body, by), request)
+
     async def task(request: Request) -> Response:
         try:
             return _json(await console().task(request.path_params["id"]))
@@ -523,6 +593,11 @@ def create_app(
         if body is None:
             return JSONResponse({"error": "the body is not JSON"}, status_code=400)
         action = request.path_params["action"]
+        task_id = request.path_params["id"]
+        if action == "fork":
+            return await act(lambda a, by, body: a.fork(task_id, body, by), request)
+        if action == "rerun":
+            return await act(lambda a, by, body: a.rerun(task_id, body, by), request)
         if action not in ("approve", "deny"):
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
         granted = action == "approve"
@@ -552,7 +627,9 @@ def create_app(
 
     routes = [
         Route("/", page),
+        Route("/api/console", about),
         Route("/api/runs", runs),
+        Route("/api/runs", start, methods=["POST"]),
         Route("/api/runs/{id:path}/replay.html", replay_page),
         Route("/api/runs/{id:path}/traces.json", traces),
         Route("/api/runs/{id:path}/{action:str}", run_action, methods=["POST"]),

@@ -13,7 +13,13 @@ opened; ``#/task/ID`` a task's steps, its inputs as planned beside the inputs
 its agent received, and its model calls (prompt and answer expandable), tool
 calls and unknown effects by attempt, each marked live or replayed;
 ``#/diff/A/B`` two runs compared (``cardbus diff``): the first divergence and
-each task side by side. Costs are in USD ("unknown price" for a model the
+each task side by side. The run-making actions (``tools.ui.actions``) have
+forms of their own outside the view, drawn when the route changes and kept
+across the live view's re-renders: "Start a run" (a goal, a pasted plan or a
+plan file) above the runs, "Re-run this task" and "Fork the run from this task"
+(fork point, model, inputs to override) on a task's page; disabled, with the
+line saying how to enable them, when ``/api/console`` says the console runs no
+agents. Costs are in USD ("unknown price" for a model the
 price table has none for, "at least" a sum with such a part). Running
 and waiting durations tick every second. Elements carry ``data-*`` attributes
 (status, ids) for tests and scripts.
@@ -77,6 +83,10 @@ _CSS = """
   #graph rect { stroke: #1d2330; stroke-opacity: .2; }
   .cb-gantt { --line: #e3e7ec; --muted: #66707c; background: #fff; font-size: 13px; }
   .cb-gantt #gantt { max-width: 100%; overflow-x: auto; }
+  .ops { background: #fff; border: 1px solid #e3e6eb; padding: 6px 10px; margin: 6px 0; }
+  .ops form { margin: 4px 0; } .ops label { margin-right: 8px; }
+  .ops textarea { font: 12px ui-monospace, monospace; width: 100%; max-width: 60em; }
+  #ops-result[data-outcome="error"] { color: #c62828; }
 """
 
 PAGE = (
@@ -98,6 +108,7 @@ PAGE = (
 </header>
 <main>
 <div id="error"></div>
+<div id="ops"></div>
 <div id="view"></div>
 </main>
 <script>
@@ -137,6 +148,8 @@ function fmtDur(s) {
   if (s < 7200) return (s / 60).toFixed(1) + " min";
   return (s / 3600).toFixed(1) + " h";
 }
+// a degraded completion names the optional tasks it did without
+const degraded = (r) => (r.degraded && r.degraded.length ? esc(` (without ${r.degraded.join(", ")})`) : "");
 const status = (s) => `<span class="st s-${esc(s)}">${esc(s || "?")}</span>`;
 const json = (v) => `<pre>${esc(JSON.stringify(v, null, 2))}</pre>`;
 // a cost from the API ({usd, complete, text}): "unknown price" and "at least" as the CLI says
@@ -194,6 +207,91 @@ document.addEventListener("toggle", (e) => {  // a task's events, fetched when f
   }).catch(showError);
 }, true);
 
+// -- run-making actions: start a run (goal or plan), fork from a task, re-run a task ------
+// Their forms live outside #view, drawn when the route (or the task's status) changes and
+// kept across the live view's re-renders, so what the operator types is never wiped.
+let consoleInfo = {enabled: false, how: "", agents: []};
+let opsKey = null;
+const dis = () => consoleInfo.enabled ? "" : "disabled";
+const howLine = () => consoleInfo.enabled ? "" : `<p class="muted" id="ops-how">${esc(consoleInfo.how)}</p>`;
+const FINISHED_BAD = ["failed", "halted", "cancelled"];
+function startPanel() {
+  return `<details class="ops" id="start-run" open data-enabled="${consoleInfo.enabled ? "yes" : "no"}"><summary>Start a run</summary>${howLine()}
+    <form id="start-goal" class="filters"><input name="goal" id="goal" size="60" placeholder="a goal, e.g. a short report on ocean tides" ${dis()}>
+      <button type="submit" id="start-goal-button" ${dis()}>Start from goal</button></form>
+    <form id="start-plan"><textarea id="plan-text" name="plan" rows="5" placeholder='or a plan (JSON): {"goal": "...", "tasks": [...]}' ${dis()}></textarea><br>
+      <label>or a plan file <input type="file" id="plan-file" accept=".json,application/json" ${dis()}></label>
+      <button type="submit" id="start-plan-button" ${dis()}>Start plan</button></form>
+    <p id="ops-result" class="muted"></p></details>`;
+}
+function taskPanel(k) {
+  const rerun = FINISHED_BAD.includes(k.status) ? `<details open id="rerun-panel"><summary>Re-run this task</summary>
+    <form id="rerun" data-task="${esc(k.task_id)}"><span class="muted">a new run: this task and what depends on it run again, the other results are reused</span><br>
+      <label>model <input name="model" id="rerun-model" placeholder="(as recorded)" ${dis()}></label>
+      <button type="submit" id="rerun-button" ${dis()}>Re-run</button></form></details>` : "";
+  return `<div class="ops" id="task-ops" data-enabled="${consoleInfo.enabled ? "yes" : "no"}">${howLine()}${rerun}
+    <details id="fork-panel"><summary>Fork the run from this task</summary>
+    <form id="fork" data-task="${esc(k.task_id)}"><span class="muted">a new run: what completed before the fork point is reused, this task and the rest run again</span><br>
+      <label>fork point <input name="at" id="fork-at" size="40" placeholder="before this task's result, or an event id / position" ${dis()}></label>
+      <label>model <input name="model" id="fork-model" placeholder="(unchanged)" ${dis()}></label><br>
+      <label>inputs (edit to override)<br><textarea name="inputs" id="fork-inputs" rows="5" data-original="${esc(JSON.stringify(k.input))}" ${dis()}>${esc(JSON.stringify(k.input, null, 2))}</textarea></label><br>
+      <button type="submit" id="fork-button" ${dis()}>Fork</button></form></details>
+    <p id="ops-result" class="muted"></p></div>`;
+}
+function renderOps(r, d) {
+  const key = r.view === "runs" ? "runs" : r.view === "task" ? `task:${d.task.task_id}:${FINISHED_BAD.includes(d.task.status)}` : r.view;
+  if (key === opsKey) return;
+  opsKey = key;
+  document.getElementById("ops").innerHTML = r.view === "runs" ? startPanel() : r.view === "task" ? taskPanel(d.task) : "";
+}
+function opsOutcome(text, ok) {
+  const p = document.getElementById("ops-result");
+  if (p) { p.textContent = text; p.dataset.outcome = ok ? "ok" : "error"; }
+}
+function opsDone(what) {
+  return (out) => {
+    actionResult[out.root_id] = what(out);
+    opsOutcome(actionResult[out.root_id], true);
+    location.hash = `/run/${encodeURIComponent(out.root_id)}`;
+  };
+}
+function opsFailed(button) {
+  return (e) => { if (button) button.disabled = false; opsOutcome(String(e.message || e), false); };
+}
+document.addEventListener("submit", (e) => {
+  const f = e.target;
+  if (!(f instanceof HTMLFormElement) || !["start-goal", "start-plan", "fork", "rerun"].includes(f.id)) return;
+  e.preventDefault();
+  const button = f.querySelector("button[type=submit]");
+  if (button) button.disabled = true;
+  opsOutcome("…", true);
+  const by = operator();
+  if (f.id === "start-goal" || f.id === "start-plan") {
+    const body = f.id === "start-goal" ? {goal: document.getElementById("goal").value, by} : {plan: document.getElementById("plan-text").value, by};
+    postJSON("/api/runs", body).then(opsDone((o) => `run ${o.root_id} started by ${o.by}`)).catch(opsFailed(button));
+    return;
+  }
+  const task = f.dataset.task;
+  if (f.id === "rerun") {
+    postJSON(`/api/tasks/${encodeURIComponent(task)}/rerun`, {model: document.getElementById("rerun-model").value, by})
+      .then(opsDone((o) => `re-run of ${o.rerun_of} by ${o.by}: ${o.rerun.length} task(s) run again, ${o.reused.length} reused`)).catch(opsFailed(button));
+    return;
+  }
+  const body = {at: document.getElementById("fork-at").value, model: document.getElementById("fork-model").value, by};
+  const area = document.getElementById("fork-inputs");
+  let inputs;
+  try { inputs = JSON.parse(area.value); } catch (err) { opsFailed(button)(new Error("the inputs are not JSON: " + err.message)); return; }
+  if (JSON.stringify(inputs) !== area.dataset.original) body.inputs = inputs;  // overridden
+  postJSON(`/api/tasks/${encodeURIComponent(task)}/fork`, body)
+    .then(opsDone((o) => `forked ${o.forked_from} by ${o.by}: ${o.rerun.length} task(s) run again, ${o.reused.length} reused`)).catch(opsFailed(button));
+});
+document.addEventListener("change", (e) => {  // a plan file: read into the plan's text box
+  const t = e.target;
+  if (!(t instanceof HTMLInputElement) || t.id !== "plan-file" || !t.files || !t.files.length) return;
+  t.files[0].text().then((text) => { document.getElementById("plan-text").value = text; t.dataset.loaded = t.files[0].name; })
+    .catch((err) => opsOutcome("cannot read the file: " + err, false));
+});
+
 // -- the route: #/?filters, #/run/ID?show=&offset=, #/task/ID --------------------------
 function route() {
   const [path, query] = location.hash.replace(/^#/, "").split("?");
@@ -223,7 +321,7 @@ function pager(total, offset, limit) {
 const RUNS_PAGE = 50;
 function runsView(data, p) {
   const rows = data.runs.map((r) => `<tr data-root="${esc(r.root_id)}" data-status="${esc(r.status)}">
-    <td>${idLink("run", r.root_id)}</td><td>${status(r.status)}${r.reason ? ` <span class="reason">${esc(r.reason)}</span>` : ""}</td>
+    <td>${idLink("run", r.root_id)}</td><td>${status(r.status)}${r.reason ? ` <span class="reason">${esc(r.reason)}${degraded(r)}</span>` : ""}</td>
     <td>${esc(r.goal)}</td><td class="id">${esc(r.plan_id)}</td><td class="nowrap">${fmtTime(r.started_at)}</td>
     <td class="nowrap">${r.ended_at === null ? since(r.started_at) : fmtDur(r.duration_s)}</td>
     <td data-tasks>${r.tasks_done}/${r.tasks_total}${r.tasks_failed ? ` (${r.tasks_failed} failed)` : ""}</td>
@@ -317,7 +415,8 @@ function tasksTable(data) {
       <td>${status(k.status)}</td><td>${k.attempts}</td>
       <td class="nowrap">${live ? since(k.updated_at, RUNNING.includes(k.status) ? "running" : "waiting") : ""}</td>
       <td class="reason">${esc(reason)}</td>
-      <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id) : ""}</td>
+      <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id)
+        : FINISHED_BAD.includes(k.status) ? `<a class="rerun-link" href="#/task/${encodeURIComponent(k.task_id)}" title="re-run it or fork from it, on its page">re-run…</a>` : ""}</td>
       <td><details data-events="${esc(k.task_id)}"><summary>events</summary><div>loading…</div></details></td></tr>`;
   }).join("");
 }
@@ -330,7 +429,7 @@ function runView(data) {
   const open = r.status === "running" || r.status === "awaiting_approval";
   const end = r.ended_at || now();
   return `<h2>Run <span class="id">${esc(data.root_id)}</span></h2>
-    <p id="run-status" data-status="${esc(r.status)}">${status(r.status)} ${r.reason ? `<span class="reason">${esc(r.reason)}</span>` : ""}
+    <p id="run-status" data-status="${esc(r.status)}">${status(r.status)} ${r.reason ? `<span class="reason">${esc(r.reason)}${degraded(r)}</span>` : ""}
     · ${esc(r.goal)} · plan <span class="id">${esc(r.plan_id)}</span> · started ${fmtTime(r.started_at)}
     · ${open ? since(r.started_at) : fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${((r.input_tokens || 0) + (r.output_tokens || 0)).toLocaleString()} tokens</p>
     <p id="run-cost">cost ${cost(data.cost)} <span class="muted">(USD; prices: ${esc(data.prices)})</span>
@@ -503,6 +602,7 @@ async function refresh() {
     const focus = document.activeElement && document.activeElement.matches("input") ? [document.activeElement.dataset.note || document.activeElement.id, document.activeElement.value] : null;
     const notes = Object.fromEntries([...document.querySelectorAll("input[data-note]")].map((i) => [i.dataset.note, i.value]));
     document.getElementById("view").innerHTML = html;
+    renderOps(r, d);
     if (r.view === "run") drawGantt(d);
     for (const [id, v] of Object.entries(notes)) { const i = document.querySelector(`input[data-note="${CSS.escape(id)}"]`); if (i) i.value = v; }
     if (focus) { const i = document.querySelector(`input[data-note="${CSS.escape(focus[0] || "")}"]`) || document.getElementById(focus[0] || ""); if (i) { i.value = focus[1]; i.focus(); } }
@@ -535,7 +635,8 @@ const op = document.getElementById("operator");
 op.value = localStorage.getItem("cardbus-operator") || "ui";
 op.addEventListener("change", () => localStorage.setItem("cardbus-operator", op.value));
 window.addEventListener("hashchange", refresh);
-refresh();
+// what the console can do (its actions need agents), then the first view
+getJSON("/api/console").then((d) => { consoleInfo = d.actions; }).catch(showError).finally(refresh);
 """
     + """</script>
 </body>

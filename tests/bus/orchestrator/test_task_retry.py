@@ -149,12 +149,15 @@ def test_a_logged_retry_no_submit_would_write_fails_the_task_with_a_reason() -> 
     assert "RetryPolicy.jitter" in failed[0].error
 
 
-def test_the_readme_retry_example_is_a_valid_plan_task() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    (snippet,) = [b for b in re.findall(r"```json\n(.*?)```", readme, re.S) if '"retry"' in b]
-    t = msgspec.json.decode(snippet.encode(), type=PlanTask)
+def test_the_retries_how_to_example_is_a_valid_plan_task() -> None:
+    page = Path(__file__).resolve().parents[3] / "docs" / "how-to" / "retries.md"
+    blocks = re.findall(r"```json[^\n]*\n(.*?)```", page.read_text(), re.S)
+    (snippet,) = [b for b in blocks if '"retry"' in b]
+    plan = msgspec.json.decode(snippet.encode())
+    (task,) = [t for t in plan["tasks"] if "retry" in t]
+    t = msgspec.json.decode(msgspec.json.encode(task), type=PlanTask)
     assert task_retry(t, RetryPolicy()) == RetryPolicy(
         max_attempts=5,
-        initial_interval_s=1.0,
+        initial_interval_s=0.1,
         non_retryable_reasons=frozenset({"output_schema_mismatch"}),
     )

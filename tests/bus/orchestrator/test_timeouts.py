@@ -71,7 +71,17 @@ async def test_every_attempt_hanging_fails_with_timeout(make_runtime, store):
     assert r.status == "failed"
     log = await run_log(store, r.root_id)
     t = tid(r.root_id, "t")
-    assert [x.attempt for x in log.of(ev.TaskTimedOut, t)] == [1, 2]
+    # each attempt timed out: by the orchestrator's deadline, or (on a busy machine, its
+    # timer late) by the worker's backstop, which cancels the handler and says "timeout"
+    by_orchestrator = {x.attempt for x in log.of(ev.TaskTimedOut, t)}
+    by_worker = {
+        x.attempt
+        for x in log.of(ev.TaskResultSubmitted, t)
+        if x.status == "failed" and (x.error or "").startswith("TimeoutError: still running")
+    } - by_orchestrator
+    assert sorted(by_orchestrator | by_worker) == [1, 2], log.summary()
+    retried = [x.reason for x in log.of(ev.TaskRetryScheduled, t)]
+    assert len(retried) == 1 and retried[0].startswith("timeout"), retried
     failed = log.first(ev.TaskFailed, t).data
     assert failed.reason == "timeout" and failed.attempts == 2
 

@@ -43,6 +43,31 @@ def cardbus(*args: str | Path) -> subprocess.Popen[str]:
     )
 
 
+async def _story(db: Path) -> list[str]:
+    """The log as one line per event (stream, type, attempt, agent, reason): what a
+    failure message needs to tell which process left which attempt where."""
+    store = await SqliteEventStore.open(db)
+    try:
+        envs = await store.read_all(0, 1_000_000)
+    finally:
+        await store.close()
+    return [
+        " ".join(
+            str(x)
+            for x in (
+                e.position,
+                e.stream[-12:],
+                type(e.data).__name__,
+                getattr(e.data, "attempt", ""),
+                getattr(e.data, "agent_id", ""),
+                getattr(e.data, "reason", ""),
+                getattr(e.data, "orchestrator_id", ""),
+            )
+        )
+        for e in envs
+    ]
+
+
 @pytest.mark.parametrize("round_", range(3))
 async def test_two_cardbus_runs_on_one_file_both_complete_without_duplicates(
     tmp_path: Path, round_: int
@@ -54,7 +79,7 @@ async def test_two_cardbus_runs_on_one_file_both_complete_without_duplicates(
     ]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, (out, err[-2000:])
+        assert p.returncode == 0, (out, err[-2000:], await _story(db))
         assert json.loads(out.splitlines()[-1])["status"] == "completed"
         assert "Traceback" not in err and "locked" not in err, err[-2000:]
     verify = subprocess.run(
