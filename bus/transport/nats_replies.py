@@ -113,6 +113,8 @@ class ReplyAcks:
         self.bus = bus
         self.durable = info.name
         self.settles = settles
+        if settles:  # a member's share of the replies spread over its partitions' consumers:
+            self.interval = 0.1  # each ack covers more (2 members: 2.3 acks a run at 20 ms)
         self.mine = 0  # (taken mode) replies taken since the last ack
         self.latest: Msg | None = None  # the reply taken with the highest stream sequence
         self.latest_seq = 0
