@@ -314,6 +314,10 @@ def report(f: Figures, peer: Figures | None, json_path: str | None) -> None:
         if f.inflight == 1000:
             marks.append(f"added p50 <= 2 ms: {_verdict(f.added_p50_ms <= 2)}")
             marks.append(f"throughput >= 90%: {_verdict(share >= 0.9)}")
+            # issue 24's: CPU per step and share of ideal at 1,000 in flight
+            marks.append(f"CPU <= 0.5 ms/step: {_verdict(f.cpu_per_step_ms <= 0.5)}")
+            marks.append(f"throughput >= 50%: {_verdict(share >= 0.5)}")
+            marks.append(f"load {os.getloadavg()[0]:.1f}")
         if f.rss_per_waiting_kib is not None and f.inflight >= 100:
             marks.append(f"RSS <= 20 KiB: {_verdict(f.rss_per_waiting_kib <= 20)}")
         if marks:
@@ -378,6 +382,8 @@ def report(f: Figures, peer: Figures | None, json_path: str | None) -> None:
         f"CPU per step, {name}",
         f.cpu_per_step_ms,
         "ms",
+        target="<= 0.5 ms" if is_target else "",
+        met=(f.cpu_per_step_ms <= 0.5) if is_target else None,
         **ratio(f.cpu_per_step_ms, peer and peer.cpu_per_step_ms, False),
     )
     if f.rss_per_waiting_kib is not None:

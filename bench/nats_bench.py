@@ -320,7 +320,8 @@ def report(r: dict[str, float], args: argparse.Namespace, reps: int) -> None:
         f"  cardbus: {r['runs/s']:8.1f} runs/s  = {r['events/s']:8.0f} events/s in the log"
         f"  |  raw nats-py JetStream publish_async of the same {int(r['events'])} events"
         f" ({int(r['size'])} B each): {r['raw/s']:8.0f} events/s"
-        f"  |  cardbus / raw: {r['share'] * 100:.0f}%  (target >= {TARGET:.0%})"
+        f"  |  cardbus / raw: {r['share'] * 100:.0f}%  (target >= {TARGET:.0%}:"
+        f" {'met' if r['share'] >= TARGET else 'MISSED'}; load {os.getloadavg()[0]:.1f})"
     )
     print(
         f"  latency of one run, one at a time: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms"

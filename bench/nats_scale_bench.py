@@ -54,6 +54,7 @@ from agent_latency_bench import (  # the same workload, in processes
     plan_for,
 )
 from nats_bench import MonitoredServer, monitor_counts
+from subject_tap import TAP_NAME, SubjectTap
 from summary import record
 
 from cardbus.bus.runtime.loop import run
@@ -89,13 +90,20 @@ async def _go_line() -> dict[str, Any]:
     return data
 
 
-async def agents_role(url: str, inflight: int) -> None:
+async def agents_role(url: str, inflight: int, started_after_s: float | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     ready = asyncio.Event()
     serving = asyncio.create_task(
-        serve_agents(NatsOptions(url=url), AGENTS, stop, concurrency=inflight, ready=ready)
+        serve_agents(
+            NatsOptions(url=url),
+            AGENTS,
+            stop,
+            concurrency=inflight,
+            ready=ready,
+            **({} if started_after_s is None else {"started_after_s": started_after_s}),
+        )
     )
     await ready.wait()
     _say(ready=True)
@@ -208,16 +216,23 @@ class _Child:
                 self.proc.wait()
 
 
-def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One measurement on a fresh nats-server: runs/s, wall p50, CPU % per process."""
+def measure(
+    orchestrators: int, agents: int, args: argparse.Namespace, by_subject: bool = False
+) -> dict[str, Any]:
+    """One measurement on a fresh nats-server: runs/s, wall p50, CPU % per process;
+    ``by_subject``: the server's messages counted by subject family too (a tap on ``>``,
+    which costs the server a delivery per message: its CPU and runs/s are not comparable)."""
     tmp = tempfile.TemporaryDirectory(prefix="cardbus-scale-")
     server = MonitoredServer(tmp.name).start()
     children: list[_Child] = []
+    tap = SubjectTap(server.url).start() if by_subject else None
     try:
         base = ["--url", server.url, "--inflight", str(args.inflight)]
         # each agent process pulls for its share of the cards in flight (a pull loop per
         # card at once: more would only poll)
         share = ["--url", server.url, "--inflight", str(-(-args.inflight // agents))]
+        if args.started_after_s is not None:
+            share += ["--started-after-s", str(args.started_after_s)]
         agent_procs = [_Child(["--role", "agents", *share], f"agents-{j}") for j in range(agents)]
         children += agent_procs
         for c in agent_procs:
@@ -246,11 +261,17 @@ def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[s
         time.sleep(max(0.0, warm_end - time.time()))
         before = {n: _cpu_s(p) for n, p in pids.items()}
         msgs_before = monitor_counts(server.monitor)
+        if tap is not None:
+            tap.counting = True
         time.sleep(max(0.0, end - time.time()))
         cpu = {n: (_cpu_s(p) - before[n]) / args.seconds * 100 for n, p in pids.items()}
         msgs_after = monitor_counts(server.monitor)
+        if tap is not None:
+            tap.counting = False
         done = [c.line(timeout=60 + args.seconds) for c in orch_procs]
     finally:
+        if tap is not None:
+            tap.stop()
         for c in children:
             c.stop()
         server.stop()
@@ -265,7 +286,10 @@ def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[s
     }
     logged = max(d.get("logged", 0) for d in done) or 1
     msgs = sum(msgs_after[k] - msgs_before[k] for k in ("in_msgs", "out_msgs"))
+    msgs -= msgs_after.get(f"{TAP_NAME} out", 0.0) - msgs_before.get(f"{TAP_NAME} out", 0.0)
+    runs = runs_s * args.seconds
     return {
+        "by_subject": {k: v / runs for k, v in tap.counts.items()} if tap and runs else {},
         "runs_s": runs_s,
         # each member's folded events in the window, as a share of the events logged in it
         "fold_share": [d.get("folded", 0) / logged for d in done],
@@ -275,6 +299,34 @@ def measure(orchestrators: int, agents: int, args: argparse.Namespace) -> dict[s
         "cpu": cpu,
         "per_run": per_run,
     }
+
+
+MSGS_TARGET = 25.0  # server messages per 3-step run (issue 24)
+
+
+def _by_subject(o: int, a: int, args: argparse.Namespace) -> None:
+    """One more measurement, with the tap: where the messages per run come from."""
+    got = measure(o, a, args, by_subject=True)
+    fams = got["by_subject"]
+    total = got["msgs_per_run"]
+    met = total <= MSGS_TARGET
+    print(
+        f"server messages per run by subject family, {o} orchestrator(s), {a} agent"
+        f" process(es), load {os.getloadavg()[0]:.1f}: {total:.1f} in+out per run"
+        f" (target <= {MSGS_TARGET:g}: {'met' if met else 'MISSED'}); published per run:"
+    )
+    for name, n in sorted(fams.items(), key=lambda kv: -kv[1]):
+        if n >= 0.05:
+            print(f"    {n:6.2f}  {name}")
+    record(
+        args.json,
+        BENCH,
+        f"server messages per 3-step run (in+out), {o} orchestrator(s), {a} agent process(es)",
+        round(total, 1),
+        "msgs",
+        target=f"<= {MSGS_TARGET:g}",
+        met=met,
+    )
 
 
 def _cpu_text(cpu: dict[str, float]) -> str:
@@ -328,13 +380,26 @@ def main() -> None:
         help="how each orchestrator's store follows the log (NatsEventStore follow=;"
         " default: NatsRuntime's choice)",
     )
+    ap.add_argument(
+        "--no-by-subject",
+        action="store_true",
+        help="skip the extra measurement per orchestrator count that counts the server's"
+        " messages by subject family",
+    )
+    ap.add_argument(
+        "--started-after-s",
+        type=float,
+        default=None,
+        help="the agents' Started threshold (default: serve_agents', NATS_STARTED_AFTER_S;"
+        " 0.01: a Started for every card, as before it)",
+    )
     ap.add_argument("--role", choices=("agents", "orchestrator"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--of", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role == "agents":
-        run(agents_role(args.url, args.inflight))
+        run(agents_role(args.url, args.inflight, args.started_after_s))
         return
     if args.role == "orchestrator":
         run(orchestrator_role(args.url, args.index, args.of, args.inflight, args.follow))
@@ -402,6 +467,9 @@ def main() -> None:
                 round(medians[(o, a)], 1),
                 "runs/s",
             )
+    if not args.no_by_subject:
+        for o in orchestrators:
+            _by_subject(o, agent_counts[0], args)
     print(f"log anomalies folded by the orchestrators, every measurement: {anomalies}")
     record(
         args.json,

@@ -54,6 +54,7 @@ from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
 from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.orchestrator.settle import settle_after
 from cardbus.bus.orchestrator.submission import run_creation
 from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
@@ -170,6 +171,10 @@ class Orchestrator:
         budgets and the cost recorded with each answer (``bus.orchestrator.budget``)."""
         self.owns = owns
         self.local_runs = local_runs
+        # where ``local_runs`` draws a new root: a partition whose lease this member holds
+        # (the runtime's; default ``owns``), folded or still being caught up (``owns`` is
+        # false meanwhile): its run is decided here once it is
+        self.places: Callable[[str], bool] | None = owns
         # stored results pending tasks may be answered from (a fold of the memory stream)
         self.results = ResultIndex(reuse) if reuse is not None and reuse.reuse else None
         # what the log is read through for the start and the follower: the store, or (a
@@ -564,9 +569,9 @@ class Orchestrator:
         here, so the run's creation goes with its first dispatches and its ``wait`` is
         answered here, not through another member. Runs go where they are submitted."""
         root_id = new_id()
-        if self.owns is not None and self.local_runs:
+        if self.places is not None and self.local_runs:
             for _ in range(_PLACE_TRIES):
-                if self.owns(root_id):
+                if self.places(root_id):
                     break
                 root_id = new_id()
         return root_id
@@ -866,6 +871,7 @@ class Orchestrator:
             return  # the log cannot be written: deciding again would only fail again
         decider = self._decider(time.time())
         dirty: set[str] = set()  # roots something happened to; a tick looks at every run
+        handled: list[object] = []  # replies decided on here: settled once committed
         # The log's events first: every decision of this step is then made on the
         # versions the step ends with, which its appends expect (another
         # orchestrator's events must not slip in between a decision and its append).
@@ -920,6 +926,7 @@ class Orchestrator:
                 # no advance for it (but for a completion, below): the reply's events
                 # change the state only once appended, and their commit marks the run
                 decider.on_reply(item)  # type: ignore[arg-type]
+                handled.append(item)
         # a completion decided just now lets its run go on in this same step
         dirty.update(self._root_of(t) for t in decider.d.completed)
         # runs that moved up from the queue (one ended, or a partition came)
@@ -946,6 +953,7 @@ class Orchestrator:
             commit = asyncio.create_task(self._commit(d))
             self._commits.add(commit)
             commit.add_done_callback(self._commits.discard)
+        settle_after(self.bus, handled, d.deferred, commit if d else None)
 
     async def _commit(self, d: Decisions) -> None:
         """Append every stream's new events, then send the logged cards.

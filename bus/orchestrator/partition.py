@@ -10,7 +10,12 @@ key succeeded holds it, and renews it every third of ``lease_s``. The bucket's T
 ``lease_s``: the key of a process that died (or stopped renewing) expires on the server,
 and a live process creates it on its next round, then wakes those runs (``on_acquired``):
 it has folded their events all along, so it goes on from the log as a restart does.
-Every member sees every reply; one for a run another member decides is held for a while
+A run's replies reach the member holding its partition: its cards name the partition, the
+agents answer on it, and each partition's replies wait in a consumer of their own,
+read by whoever holds the partition and acked once settled (``bus.transport.
+nats_replies``), so a member that dies before recording a result leaves it to the next
+owner. A reply of an agent that names no partition (an earlier version) reaches every
+member; one for a run another member decides is held for a while
 (``Orchestrator.foreign_replies``) and, if that member dies before recording it, offered
 by the next owner (``sort_held_replies``), so the attempt is not timed out and redone.
 
@@ -225,8 +230,14 @@ class Partitions:
         raise ConfigError(f"the bucket {self.bucket!r} could not be opened")
 
     async def _renew(self) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            # every third of the lease from when the last round began, not after it ended:
+            # a round slowed by load (a dozen KV requests) no longer pushes the next one
+            # late, towards the lease's end
+            await asyncio.sleep(max(0.0, began + self.lease_s / 3 - loop.time()))
+            began = loop.time()
             try:
                 await self.round()
             except asyncio.CancelledError:

@@ -58,7 +58,20 @@ from cardbus.eventstore.errors import BusError, CardbusError, ConfigError
 from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.connection import NatsOptions
 
-__all__ = ["LocalNatsServer", "NatsRuntime", "agent_inbox_prefix", "serve_agents"]
+__all__ = [
+    "NATS_STARTED_AFTER_S",
+    "LocalNatsServer",
+    "NatsRuntime",
+    "agent_inbox_prefix",
+    "serve_agents",
+]
+
+#: Agents served on NATS (``serve_agents``, ``cardbus agent serve``) say ``Started`` only
+#: for a card still running after this long: a ``Started`` costs five server messages (its
+#: publish, its ack, its delivery, the ``task.started`` event's publish and ack), and a
+#: faster answer implies the start (the result says who ran it, and how long it took).
+#: The worker's default (0.01 s) stays for agents in the orchestrator's own process.
+NATS_STARTED_AFTER_S = 1.0
 
 
 def agent_inbox_prefix(agents: Iterable[type[Agent]]) -> str:
@@ -146,11 +159,14 @@ class NatsRuntime:
         self._state = "new"  # running inside `async with`, then stopped
 
     def _partitioned(self, member: str | None) -> None:
-        """Settings of a process that shares the runs: its own reply consumer (every
-        orchestrator must see every reply, its runs' among them) and its own actor name
-        on the events it decides."""
+        """Settings of a process that shares the runs: the replies of the partitions it
+        holds (``reply_partitions``: each card names its run's partition, its replies come
+        back on it, read by the partition's holder), its own reply consumer (announcements,
+        and replies of agents that do not name a partition) and its own actor name on the
+        events it decides."""
         count, lease_s, _ = self._partition_args
         self.member = check_settings(count or 0, lease_s, member)
+        self.bus_options = {"reply_partitions": count, **self.bus_options}
         if self.bus_options.get("reply_durable", ORCHESTRATOR_DURABLE) == ORCHESTRATOR_DURABLE:
             self.bus_options = {
                 **self.bus_options,
@@ -200,8 +216,9 @@ class NatsRuntime:
                     member=self.member,
                     replicas=self.bus.replicas,
                     on_acquired=self._acquired,
-                    on_change=self.member_log.hold if self.member_log is not None else None,
+                    on_change=self._holding,
                 )
+                await self.bus.prepare_replies()  # before any card names a partition
             self.orchestrator = Orchestrator(
                 self.store,
                 self.bus,
@@ -215,6 +232,10 @@ class NatsRuntime:
                 local_runs=self.local_runs,
                 reuse=self.reuse,
             )
+            if self.partitions is not None:  # a new run goes in a partition leased here,
+                # even one still being caught up (right after a takeover or a rebalance:
+                # ``owns`` waits for its fold, a placement by it fell anywhere)
+                self.orchestrator.places = self.partitions.owns
             if self.member_log is not None:
                 self.orchestrator.log = self.orchestrator.elsewhere = self.member_log
                 o = self.orchestrator
@@ -250,17 +271,31 @@ class NatsRuntime:
         # decided here once its lease is held and its events folded
         return lambda root: partitions.owns(root) and member_log.folds(root)
 
+    def _holding(self, held: frozenset[int]) -> None:
+        """The partitions held after a lease round: their events followed and folded, their
+        replies read; a reply held here unsettled for two leases (its run another's, or
+        misaddressed) is let go, so its partition's acks go on."""
+        if self.member_log is not None:
+            self.member_log.hold(held)
+        self.bus.hold_replies(held)
+        o, partitions = getattr(self, "orchestrator", None), self.partitions
+        if o is not None and partitions is not None and o.foreign_replies:
+            since = time.monotonic() - 2 * partitions.lease_s
+            self.bus.settle(r for at, r in o.foreign_replies if at < since)
+
     def _acquired(self) -> None:
         """Partitions just taken (from a member that died or stopped): their runs are looked
-        at, and the replies this process held for them that nobody recorded are offered."""
+        at, and the replies this process held for them that nobody recorded are offered
+        (the others, recorded already or too old, are settled)."""
         o, partitions = self.orchestrator, self.partitions
         assert partitions is not None  # called by them
         since = time.monotonic() - 4 * partitions.lease_s
-        keep, offer = sort_held_replies(
-            o.foreign_replies, o.state.tasks, o.owns or partitions.owns, since
-        )
+        held = list(o.foreign_replies)
+        keep, offer = sort_held_replies(held, o.state.tasks, o.owns or partitions.owns, since)
         o.foreign_replies.clear()
         o.foreign_replies.extend(keep)
+        going = {id(r) for _, r in keep} | {id(r) for r in offer}
+        self.bus.settle(r for _, r in held if id(r) not in going)  # type: ignore[misc]
         o.wake(offer, resend=True)
 
     async def __aexit__(self, *exc: object) -> None:
@@ -350,10 +385,13 @@ async def serve_agents(
     llm: LLM | None = None,
     bus_options: dict[str, Any] | None = None,
     ready: asyncio.Event | None = None,
+    started_after_s: float = NATS_STARTED_AFTER_S,
 ) -> None:
     """Serve ``agents`` as ``replicas`` replicas, each on its own connection, until ``stop``.
 
     ``concurrency``: cards at once per replica (None: each agent's ``max_concurrency``).
+    ``started_after_s``: a card still running after this long is reported ``Started``
+    (a quicker one is answered with its result alone: ``NATS_STARTED_AFTER_S``).
     """
     if not agents:
         raise BusError("no agent to serve")
@@ -366,7 +404,7 @@ async def serve_agents(
             bus = await NatsBus.connect(options, name=f"{name}-{r}", **(bus_options or {}))
             buses.append(bus)
             for a in agents:
-                worker = AgentWorker(bus, a, llm, concurrency)
+                worker = AgentWorker(bus, a, llm, concurrency, started_after_s=started_after_s)
                 await worker.start()
                 workers.append(worker)
         if ready is not None:

@@ -38,7 +38,7 @@ and pass ``cardbus.testing.BusContract`` (``tests/contract/bus.py``). The contra
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from cardbus.agents.cards import Reply, TaskCard
@@ -89,6 +89,11 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     def replies(self) -> AsyncIterator[Reply]:
         """Every reply, in arrival order, at least once."""
+
+    def settle(self, replies: Iterable[Reply]) -> None:  # noqa: B027 (optional, no-op here)
+        """Orchestrator side: done with ``replies`` (what they decided is recorded, or there
+        was nothing to record). A transport that acks a reply only then (a partitioned
+        NATS member's) gives an unsettled one to whoever reads its partition next."""
 
     async def request(self, request: AgentRequest, timeout: float = 30.0) -> AgentResponse:
         """Agent side: ask the orchestrator and wait for its answer (optional)."""

@@ -36,12 +36,16 @@ Subjects and streams
   again; a reply seen twice is harmless (it is recorded once, or as
   ``task.result_ignored``). The consumer acks with ``AckAll``: one ack at
   most every 20 ms for the last reply taken covers every one before it
-  (``_ReplyAcks``: replies are taken in delivery order; what a stopped
+  (``ReplyAcks``: replies are taken in delivery order; what a stopped
   predecessor left unacked is waited for first); a consumer created by an
   earlier version, with explicit acks, is acked reply by reply. A new consumer starts with
   the replies the stream still holds (not yet acked by every consumer); one
   with another name than the default is deleted by the server an hour after
   its last pull.
+* ``cardbus.reply.<agent>.<task>.<partition>`` -- the replies of a card whose run's
+  partition its header ``Cardbus-Partition`` named (sent by a partitioned member,
+  ``reply_partitions``): read only by the member holding that partition, from the
+  partition's own consumer, and acked once settled (``bus.transport.nats_replies``).
 * ``cardbus.dead.<kind>`` -- dead letters, in the stream ``CARDBUS_DEAD``
   (limits retention, 7 days): every malformed, oversized or undeliverable
   message is republished there with headers ``Cardbus-Reason`` and
@@ -94,6 +98,7 @@ records a failure event instead of waiting for a timeout.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import functools
@@ -101,7 +106,7 @@ import hashlib
 import inspect
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -125,6 +130,16 @@ from cardbus.agents.cards import (
     encode,
 )
 from cardbus.bus.transport.interface import Bus, CardHandler, Refusal, RequestHandler
+from cardbus.bus.transport.nats_replies import (
+    ANNOUNCE_PREFIX,
+    ORCHESTRATOR_DURABLE,
+    PARTITION_HEADER,
+    REPLY_PREFIX,
+    REPLY_STREAM,
+    PartitionReplies,
+    ReplyAcks,
+    left_after,
+)
 from cardbus.eventstore.errors import BusError, ConfigError, DecodeError, PayloadTooLarge
 from cardbus.eventstore.nats import decode_token, encode_token
 from cardbus.eventstore.nats.connection import (
@@ -134,6 +149,7 @@ from cardbus.eventstore.nats.connection import (
     retry_transient,
     translated,
 )
+from cardbus.eventstore.nats.subjects import partition_of
 from cardbus.eventstore.nats.wire import RequestMux, decode_ack
 
 __all__ = [
@@ -145,6 +161,7 @@ __all__ = [
     "NatsBus",
     "NatsOptions",
     "ORCHESTRATOR_DURABLE",
+    "PARTITION_HEADER",
     "REPLY_PREFIX",
     "REPLY_STREAM",
     "REQUEST_PREFIX",
@@ -161,17 +178,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 INBOX_STREAM = "CARDBUS_INBOX"
-REPLY_STREAM = "CARDBUS_REPLIES"
 DEAD_STREAM = "CARDBUS_DEAD"
 INBOX_PREFIX = "cardbus.agent"
-REPLY_PREFIX = "cardbus.reply"
-ANNOUNCE_PREFIX = "cardbus.announce"
 DEAD_PREFIX = "cardbus.dead"
 REQUEST_PREFIX = "cardbus.req"
 REQUEST_QUEUE = "cardbus-orchestrators"
 ERROR_HEADER = "Cardbus-Error"
 MAX_DELIVERIES_ADVISORY = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{INBOX_STREAM}.*"
-ORCHESTRATOR_DURABLE = "cardbus-orchestrator"
 TRACE_HEADER = "traceparent"
 REASON_HEADER = "Cardbus-Reason"
 SUBJECT_HEADER = "Cardbus-Subject"
@@ -210,11 +223,13 @@ def consumer_name(agent_id: str) -> str:
     return f"agent-{encode_token(agent_id)}"
 
 
-def reply_subject(message: Reply) -> str:
-    """``cardbus.announce.<agent>``, or ``cardbus.reply.<agent>.<task>``: the sender first."""
+def reply_subject(message: Reply, partition: str | None = None) -> str:
+    """``cardbus.announce.<agent>``, or ``cardbus.reply.<agent>.<task>``: the sender first;
+    ``.<partition>`` after it when the card said its run's partition (``PARTITION_HEADER``)."""
     if isinstance(message, Announce):
         return f"{ANNOUNCE_PREFIX}.{encode_token(message.card.agent_id)}"
-    return f"{REPLY_PREFIX}.{encode_token(message.agent_id)}.{encode_token(message.task_id)}"
+    subject = f"{REPLY_PREFIX}.{encode_token(message.agent_id)}.{encode_token(message.task_id)}"
+    return f"{subject}.{partition}" if partition else subject
 
 
 def _kind(message: Reply) -> str:
@@ -240,7 +255,9 @@ def sender_problem(subject: str, message: Reply) -> Refusal | None:
         sender = decode_token(tokens[2])
         if kind != "announce":
             reason = f"a {kind} reply on the announcement subject"
-    elif subject.startswith(REPLY_PREFIX + ".") and len(tokens) == 4:
+    elif subject.startswith(REPLY_PREFIX + ".") and (
+        len(tokens) == 4 or (len(tokens) == 5 and tokens[4].isdigit())
+    ):
         sender = decode_token(tokens[2])
         if kind == "announce":
             reason = "an announcement on a reply subject"
@@ -356,6 +373,7 @@ class NatsBus(Bus):
         reply_ack_wait: float = 30.0,
         reply_durable: str = ORCHESTRATOR_DURABLE,
         delete_reply_consumer: bool = False,
+        reply_partitions: int | None = None,
     ) -> None:
         if max_deliver < 2:
             raise ConfigError(f"max_deliver must be at least 2: {max_deliver}")
@@ -375,7 +393,18 @@ class NatsBus(Bus):
         #: so the stream does not keep replies for it
         self.delete_reply_consumer = delete_reply_consumer and reply_durable != ORCHESTRATOR_DURABLE
         self._reading_replies = False
-        self._reply_acks: _ReplyAcks | None = None
+        self._reply_acks: ReplyAcks | None = None
+        #: a partitioned member (``reply_partitions``: the log's partition count): its cards
+        #: name their run's partition, and it reads the replies of the partitions it holds
+        #: (``hold_replies``; ``bus.transport.nats_replies``)
+        self.reply_partitions = reply_partitions
+        self._partition_replies = (
+            PartitionReplies(self, reply_partitions) if reply_partitions else None
+        )
+        # (agent side) the partition each card running here named: its replies carry it
+        self._card_partition: collections.OrderedDict[tuple[str, int], str] = (
+            collections.OrderedDict()
+        )
         self._js: JetStreamContext = nc.jetstream(timeout=request_timeout)
         self._mux = RequestMux(nc, request_timeout)  # publishes to the streams, their acks
         self._owns = owns_connection
@@ -601,7 +630,7 @@ class NatsBus(Bus):
                 continue
             pause = 0.05
             pending = max(0, pending - 1)
-            waiting = _left(msg.reply or "") > 0
+            waiting = left_after(msg.reply or "") > 0
             if slots.idle:
                 self._spawn(self._run_slot(slots, msg, slots.idle.pop()), "card")
             else:
@@ -641,6 +670,12 @@ class NatsBus(Bus):
         delivered = _delivered(msg)
         if delivered != card.delivery:  # who ran it: the worker reports the delivery count
             card = msgspec.structs.replace(card, delivery=delivered)
+        partition = header(msg, PARTITION_HEADER)
+        if partition is not None and partition.isdigit() and len(partition) <= 4:
+            remembered = self._card_partition
+            remembered[(card.task_id, card.attempt)] = partition
+            if len(remembered) > 65_536:  # (long finished ones)
+                remembered.popitem(last=False)
         beat = asyncio.ensure_future(self._keep_alive(msg))
         token = _trace.set(card.traceparent)
         try:
@@ -680,6 +715,8 @@ class NatsBus(Bus):
         headers = {MSG_ID_HEADER: _msg_id(data)}
         if card.traceparent:
             headers[TRACE_HEADER] = card.traceparent
+        if self.reply_partitions:  # the replies go to the run's partition (its owner)
+            headers[PARTITION_HEADER] = str(partition_of(card.root_id, self.reply_partitions))
         await self._publish(inbox_subject(agent_id), data, headers, INBOX_STREAM)
 
     async def send_raw(self, agent_id: str, data: bytes) -> None:
@@ -709,7 +746,10 @@ class NatsBus(Bus):
         trace = _trace.get()
         if trace:
             headers[TRACE_HEADER] = trace
-        await self._publish(reply_subject(message), data, headers, REPLY_STREAM)
+        partition = None
+        if not isinstance(message, Announce):
+            partition = self._card_partition.get((message.task_id, message.attempt))
+        await self._publish(reply_subject(message, partition), data, headers, REPLY_STREAM)
 
     async def reply_raw(self, data: bytes, subject: str = f"{REPLY_PREFIX}.raw") -> None:
         """Publish raw bytes as a reply (for tests of malformed messages)."""
@@ -761,7 +801,7 @@ class NatsBus(Bus):
             # a new consumer starts with every reply the stream still holds, i.e. those
             # some other consumer has not acked yet (announcements included)
             deliver_policy=js_api.DeliverPolicy.ALL,
-            # one ack for every reply taken so far (see _ReplyAcks); a consumer made by an
+            # one ack for every reply taken so far (see ReplyAcks); a consumer made by an
             # earlier version (explicit acks) keeps one ack a reply
             ack_policy=js_api.AckPolicy.ALL,
             ack_wait=self.reply_ack_wait,
@@ -784,33 +824,18 @@ class NatsBus(Bus):
         )
         self._reading_replies = True
         await self._watch_max_deliveries()
-        acks = _ReplyAcks(self, info) if info.config.ack_policy == js_api.AckPolicy.ALL else None
+        acks = ReplyAcks(self, info) if info.config.ack_policy == js_api.AckPolicy.ALL else None
         self._reply_acks = acks
         try:
+            if self._partition_replies is not None:
+                async for reply in self._partition_replies.replies(acks):
+                    yield reply
+                return
             async for msg in self._pull(REPLY_STREAM, self.reply_durable, self.reply_batch):
-                problem = ""
-                refusal = None
-                if len(msg.data) > self.max_message_bytes:
-                    problem = f"reply too large: {len(msg.data)} bytes"
-                else:
-                    try:
-                        reply = decode_reply(msg.data)
-                    except DecodeError as e:
-                        problem = str(e)
-                    else:
-                        refusal = sender_problem(msg.subject, reply)
-                        if refusal is not None:
-                            problem = f"{refusal.kind} refused: {refusal.reason}"
-                if problem:
-                    if acks is None:
-                        await self._reject(msg, problem)
-                    else:  # dead-lettered, and acked with the replies around it
-                        await self._bad(msg.subject, msg.data, problem)
-                        acks.taken(msg)
-                    if refusal is not None:
-                        await self._refused(refusal)
+                checked = await self._checked_reply(msg, acks)
+                if checked is None:
                     continue
-                yield reply
+                yield checked
                 # taken by the orchestrator: do not redeliver
                 if acks is None:
                     with contextlib.suppress(*TRANSPORT_ERRORS):
@@ -820,6 +845,49 @@ class NatsBus(Bus):
         finally:
             if acks is not None:
                 acks.flush()
+
+    async def _checked_reply(self, msg: Msg, acks: ReplyAcks | None) -> Reply | None:
+        """The reply ``msg`` carries; None for a bad or refused one (dead-lettered, reported
+        and acked: terminated, or taken with the replies around it)."""
+        problem = ""
+        refusal = None
+        reply: Reply | None = None
+        if len(msg.data) > self.max_message_bytes:
+            problem = f"reply too large: {len(msg.data)} bytes"
+        else:
+            try:
+                reply = decode_reply(msg.data)
+            except DecodeError as e:
+                problem = str(e)
+            else:
+                refusal = sender_problem(msg.subject, reply)
+                if refusal is not None:
+                    problem = f"{refusal.kind} refused: {refusal.reason}"
+        if not problem:
+            return reply
+        if acks is None:
+            await self._reject(msg, problem)
+        else:  # dead-lettered, and acked with the replies around it
+            await self._bad(msg.subject, msg.data, problem)
+            acks.taken(msg)
+        if refusal is not None:
+            await self._refused(refusal)
+        return None
+
+    async def prepare_replies(self) -> None:
+        """(A partitioned member) Make every partition's reply consumer before any card is
+        sent, so no reply finds no consumer (``nats_replies.PartitionReplies.prepare``)."""
+        if self._partition_replies is not None:
+            await self._partition_replies.prepare()
+
+    def hold_replies(self, partitions: Iterable[int]) -> None:
+        """(A partitioned member) Read the replies of ``partitions`` from now on."""
+        if self._partition_replies is not None:
+            self._partition_replies.hold(partitions)
+
+    def settle(self, replies: Iterable[Reply]) -> None:
+        if self._partition_replies is not None:
+            self._partition_replies.settle(replies)
 
     async def _watch_max_deliveries(self) -> None:
         """Cards no replica acked within ``max_deliver`` deliveries (replicas that crash or
@@ -1065,6 +1133,8 @@ class NatsBus(Bus):
         if self._reply_acks is not None:  # the replies taken are acked before we go
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._reply_acks.drain(), 2.0)
+        if self._partition_replies is not None:  # settled ones acked, the rest handed back
+            await self._partition_replies.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -1098,100 +1168,6 @@ class _Slots:
         self.idle.append(handler)
         self.total += 1
         self.freed(None)
-
-
-class _ReplyAcks:
-    """Acks of a reply consumer with ``AckAll``: one ack, at most every ``interval`` seconds,
-    for the reply taken with the highest stream sequence, acknowledging every reply
-    before it with it.
-
-    Safe because the replies are taken in the order they are delivered, and JetStream
-    delivers a consumer's new messages in stream order (a redelivery only after
-    ``ack_wait``): every message before one taken was delivered before it, so was
-    taken before it. Except what a predecessor
-    (an orchestrator of the same consumer name that stopped) had delivered and not
-    acked: found at bind (the consumer's ack floor below what it delivered), nothing is
-    acked until each of those has been redelivered and taken (or, should one never come
-    back, for two ``ack_wait``).
-    """
-
-    interval = 0.02
-
-    def __init__(self, bus: NatsBus, info: js_api.ConsumerInfo) -> None:
-        self.bus = bus
-        self.latest: Msg | None = None  # the reply taken with the highest stream sequence
-        self.latest_seq = 0
-        self.unsent = ""  # the ack subject of the last reply taken, not sent yet
-        self.timer: asyncio.TimerHandle | None = None
-        loop = asyncio.get_running_loop()
-        self.loop = loop
-        delivered = int(getattr(info.delivered, "stream_seq", 0) or 0)
-        floor = int(getattr(info.ack_floor, "stream_seq", 0) or 0)
-        outstanding = int(info.num_ack_pending or 0)
-        # (hold) the predecessor's unacked deliveries: stream sequences up to `delivered`
-        self.hold_upto = delivered if outstanding and delivered > floor else 0
-        self.hold_left = outstanding
-        self.hold_seen: set[int] = set()
-        self.hold_until = loop.time() + 2 * bus.reply_ack_wait + 5
-
-    def taken(self, msg: Msg) -> None:
-        seq = _stream_seq(msg.reply)
-        if seq >= self.latest_seq:  # (a redelivery of an older one: the newer ack covers it)
-            self.latest, self.latest_seq = msg, seq
-        if self.hold_upto:
-            if 0 < seq <= self.hold_upto and seq not in self.hold_seen:
-                self.hold_seen.add(seq)
-                self.hold_left -= 1
-            if self.hold_left > 0 and self.loop.time() < self.hold_until:
-                return  # some of the predecessor's are still to come: ack none yet
-            self.hold_upto = 0
-            self.hold_seen = set()
-        if self.timer is None:
-            self.timer = self.loop.call_later(self.interval, self.flush)
-
-    def flush(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.hold_upto:
-            return
-        msg, self.latest = self.latest, None
-        if msg is None or not msg.reply:
-            return
-        self.unsent = msg.reply
-        self.bus._spawn(self._send(), "reply-ack")
-
-    async def _send(self) -> None:
-        subject, self.unsent = self.unsent, ""
-        if subject and not self.bus.nc.is_closed:
-            with contextlib.suppress(*TRANSPORT_ERRORS):
-                await self.bus.nc.publish(subject, b"+ACK")
-
-    async def drain(self) -> None:
-        """Ack what was taken now (the bus is closing)."""
-        self.flush()
-        await self._send()
-
-
-def _ack_field(reply: str, v1: int) -> int:
-    """A number of a JetStream ack subject (what ``msg.metadata`` parses, without the rest):
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``
-    (``v1``: its token index), or with ``<domain>.<account hash>`` after ``ACK`` and a
-    token at the end; 0 if it is not one."""
-    tokens = reply.split(".")
-    try:
-        return int(tokens[v1] if len(tokens) == 9 else tokens[v1 + 2])
-    except (IndexError, ValueError):
-        return 0
-
-
-def _stream_seq(reply: str) -> int:
-    return _ack_field(reply, 5)
-
-
-def _left(reply: str) -> int:
-    """How many messages the consumer still had for others after this one."""
-    return _ack_field(reply, 8)
 
 
 def _delivered(msg: Msg) -> int:

@@ -156,7 +156,8 @@ async def test_an_agents_handlers_share_one_pull_loop_that_never_asks_for_too_ma
 
 
 def test_the_stream_sequence_of_an_ack_subject() -> None:
-    from cardbus.bus.transport.nats import _left, _stream_seq
+    from cardbus.bus.transport.nats_replies import left_after as _left
+    from cardbus.bus.transport.nats_replies import stream_seq as _stream_seq
 
     assert _stream_seq("$JS.ACK.CARDBUS_REPLIES.o1.1.42.7.1700000000000000000.0") == 42
     assert _stream_seq("$JS.ACK.hub.ACCHASH.CARDBUS_REPLIES.o1.2.43.8.1700000000.3.tok") == 43
