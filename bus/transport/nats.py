@@ -979,6 +979,13 @@ class NatsBus(Bus):
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            # delivered to this pull and never handed on: back to the consumer now, not
+            # after its ack wait (status messages have no ack subject)
+            while not queue.empty():
+                left = queue.get_nowait()
+                if left.reply and left.reply.startswith("$JS.ACK."):
+                    with contextlib.suppress(Exception):
+                        await left.nak()
 
     # -- agent -> orchestrator requests (core request/reply, not persisted) ----------
 
