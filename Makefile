@@ -44,14 +44,21 @@ typecheck-tree:
 	@ln -sfn ../../__init__.py .typecheck/cardbus/__init__.py
 	@for p in $(PACKAGES); do ln -sfn ../../$$p .typecheck/cardbus/$$p; done
 	@ln -sfn ../../tests/contract .typecheck/cardbus/testing
+	@# the docs hooks, the docs tests and each example, linked in as folders of their own:
+	@# given as ../<path>, mypy crawled up from them past the repository's root (it has an
+	@# __init__.py) into the clone's parent folder, and read any stray .py file there
+	@ln -sfn ../docs/_hooks .typecheck/_docs_hooks
+	@ln -sfn ../tests/docs .typecheck/_tests_docs
+	@mkdir -p .typecheck/_examples
+	@for d in examples/*/; do n=$$(basename $$d); ln -sfn ../../examples/$$n .typecheck/_examples/$$n; done
 
 check: $(STAMP) typecheck-tree
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml
-	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml ../docs/_hooks ../tests/docs
-	@for d in examples/*/; do \
-		(cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml --no-error-summary ../$$d) || exit 1; \
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml _docs_hooks _tests_docs
+	@for d in .typecheck/_examples/*; do \
+		(cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml --no-error-summary _examples/$$(basename $$d)) || exit 1; \
 	done
 
 # tests/docs/ builds the site with --strict too, and runs every block of docs/ and examples/
