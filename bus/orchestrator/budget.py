@@ -98,6 +98,21 @@ def scopes_of(task: TaskView, agent_id: str) -> list[str]:
     ]
 
 
+def _capped(
+    run: RunView, task: TaskView, agent_id: str
+) -> Iterator[tuple[Ledger, str, ev.BudgetLimit]]:
+    """The run's ledger with each scope of this task on this agent that has a cap (none
+    when the run has no budget, or the task is exempt)."""
+    ledger = run.budget
+    if ledger is None or task.task_id in ledger.exempt:
+        return
+    limits = limits_of(run.started)
+    for scope in scopes_of(task, agent_id):
+        cap = limits.get(scope)
+        if cap is not None:
+            yield ledger, scope, cap
+
+
 def call_key(task_id: str, execution: str, seq: int) -> str:
     return f"{task_id}|{execution}|{seq}"
 
@@ -285,14 +300,7 @@ class Budgets:
         model: str,
     ) -> Refusal | None:
         """The budget a call of ``tokens`` / ``usd`` would cross, or None."""
-        ledger = run.budget
-        if ledger is None or task.task_id in ledger.exempt:
-            return None
-        limits = limits_of(run.started)
-        for scope in scopes_of(task, agent_id):
-            cap = limits.get(scope)
-            if cap is None:
-                continue
+        for ledger, scope, cap in _capped(run, task, agent_id):
             spent_t, spent_u = self.spent(ledger, scope)
             held_t, held_u = self.held(ledger, run.root_id, scope)
             base = Refusal(scope, spent_t + held_t, spent_u + held_u, tokens, usd, cap, "")
@@ -332,14 +340,7 @@ class Budgets:
 
     def at_cap(self, run: RunView, task: TaskView, agent_id: str) -> Refusal | None:
         """A scope of this dispatch that has already spent its cap, or None."""
-        ledger = run.budget
-        if ledger is None or task.task_id in ledger.exempt:
-            return None
-        limits = limits_of(run.started)
-        for scope in scopes_of(task, agent_id):
-            cap = limits.get(scope)
-            if cap is None:
-                continue
+        for ledger, scope, cap in _capped(run, task, agent_id):
             spent_t, spent_u = self.spent(ledger, scope)
             base = Refusal(scope, spent_t, spent_u, 0, 0.0, cap, "")
             if cap.tokens is not None and spent_t >= cap.tokens:
