@@ -117,12 +117,14 @@ async def test_nats_server_stopped_and_restarted_mid_run(
                 roots.append(await rt.submit(plan, agent_timeout=20))
 
             def b_running() -> bool:
+                # dispatched or running: a NATS worker says Started only for a card still
+                # running after 1 s (NATS_STARTED_AFTER_S), and the slow task takes 1 s
                 return any(
-                    t.state.value == "running" and t.task_id.startswith("b-")
+                    t.state.value in ("dispatched", "running") and t.task_id.startswith("b-")
                     for t in rt.orchestrator.state.tasks.values()
                 )
 
-            await until(b_running, what="a slow task to run")
+            await until(b_running, what="a slow task to be sent or run")
             nats_server.stop()
             nats_server.start()
             results = [await rt.orchestrator.wait(r, timeout=40) for r in roots]
