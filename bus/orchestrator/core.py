@@ -770,7 +770,10 @@ class Orchestrator:
     async def _follow_log(self) -> None:
         versions = self.state.versions
         busy = self._busy
-        async for env in self.log.subscribe(self.state.position + 1):
+        # From where the start's fold ended, not from ``state.position``: the start's own
+        # appends (orchestrator.started, run.resumed) moved that past whatever another
+        # writer appended meanwhile, which was then never folded (an approval lost for good)
+        async for env in self.log.subscribe(self._followed + 1):
             if not isinstance(env, Envelope):  # a change of what is followed: see ``log``
                 self._queue.put_nowait(env)
                 continue

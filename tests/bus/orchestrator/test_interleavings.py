@@ -1,0 +1,275 @@
+"""Every event is folded exactly once whatever other writers do and whenever (invariant 10).
+
+A run waits for a person (a task under approval, and in one scenario a task of a process that
+died in flight); its orchestrator process is gone. A new orchestrator starts on the same
+SQLite file and resumes it, while another process (a second connection to the file) answers
+the approval, denies it, cancels the run or writes an event of its own, injected at every
+await point of the start-up, the resume, the follower and the decisions that follow
+(``tests/interleave.py``). The run cannot end without that write, so every trial must end as
+it ends when the write comes first; every event of the log must be folded once, and no
+attempt dispatched twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from interleave import (
+    BUS_METHODS,
+    STORE_METHODS,
+    FoldLedger,
+    Points,
+    Trial,
+    check_dispatched_once,
+    check_folded_once,
+    explore,
+    instrument,
+    report,
+)
+from orchkit import FAST, make_agent, plan, task, tid, wait_for
+
+from cardbus.bus import InProcessBus, Orchestrator, answer_approval
+from cardbus.bus.orchestrator.cancel import cancel_run
+from cardbus.bus.runtime.worker import AgentWorker
+from cardbus.eventstore import NewEvent, SqliteEventStore
+from cardbus.eventstore import events as ev
+
+SLOW = make_agent("slow", "slow")
+ECHO = make_agent("echo")
+_n = itertools.count()
+
+# the foreign writes: (name, write(foreign store, root, gate))
+Write = Callable[[SqliteEventStore, str, str], Awaitable[object]]
+
+
+async def _approve(store: SqliteEventStore, root: str, gate: str) -> object:
+    return await answer_approval(store, gate, True, by="alice")
+
+
+async def _deny(store: SqliteEventStore, root: str, gate: str) -> object:
+    return await answer_approval(store, gate, False, by="alice")
+
+
+async def _cancel(store: SqliteEventStore, root: str, gate: str) -> object:
+    return await cancel_run(store, root, by="bob")
+
+
+async def _another_member_then_approve(store: SqliteEventStore, root: str, gate: str) -> object:
+    """Another orchestrator's start (its own stream), then the approval."""
+    other = ev.OrchestratorStarted(orchestrator_id="other", resumed=[], host="h", pid=1)
+    await store.append("orchestrator-other", [NewEvent(data=other, correlation_id="x")], 0)
+    return await answer_approval(store, gate, True, by="alice")
+
+
+WRITES: dict[str, Write] = {
+    "approve": _approve,
+    "deny": _deny,
+    "cancel": _cancel,
+    "member+approve": _another_member_then_approve,
+}
+
+
+async def _waiting_run(folder: Path, in_flight: bool, snapshot: bool) -> tuple[Path, str, str]:
+    """A log whose run waits for approval of ``gate`` (and, ``in_flight``, has a task of
+    the dead process in flight); its process died (no give-back, and a final snapshot only
+    with ``snapshot``)."""
+    folder.mkdir()
+    db = folder / "cardbus.db"
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    orch = Orchestrator(store, bus, FAST, snapshot=db.with_suffix(".db.snap") if snapshot else None)
+    orch.attempts_survive_restart = False
+    hold = asyncio.Event()
+
+    async def slow(task_card, inputs, ctx):  # type: ignore[no-untyped-def]
+        await hold.wait()
+
+    slow_agent = make_agent("slow", "slow", slow)
+    workers = [AgentWorker(bus, a) for a in (ECHO, slow_agent)]
+    await orch.start([w.agent.card() for w in workers])
+    for w in workers:
+        await w.start()
+    tasks = [task("gate", requires_approval=True), task("after", deps=["gate"])]
+    if in_flight:
+        tasks.append(task("slow", "slow", timeout_s=30.0))
+    root = await orch.submit(plan(*tasks))
+    gate = tid(root, "gate")
+    await wait_for(store, lambda e: isinstance(e.data, ev.ApprovalRequested))
+    if in_flight:
+        await wait_for(store, lambda e: isinstance(e.data, ev.TaskStarted))
+    await orch.stop(give_back=False)  # as a process that dies
+    await bus.close()
+    hold.set()
+    await store.close()
+    return db, root, gate
+
+
+def _copy(db: Path, to: Path) -> Path:
+    to.mkdir()
+    for f in db.parent.iterdir():
+        shutil.copy(f, to / f.name)
+    return to / db.name
+
+
+async def _resume(points: Points, db: Path, root: str, gate: str, write: Write) -> Trial:
+    """One trial: a new orchestrator resumes the run on a copy of ``db``; ``write`` comes
+    from another connection at the point ``points`` says."""
+    db = _copy(db, db.parent.parent / f"trial-{next(_n)}")
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    instrument(store, points, STORE_METHODS)
+    instrument(bus, points, BUS_METHODS)
+    points.inject = lambda: write(foreign, root, gate)
+    orch = Orchestrator(store, bus, FAST, snapshot=db.with_suffix(".db.snap"))
+    orch.attempts_survive_restart = False  # the embedded runtime's: agents die with it
+    ledger = FoldLedger()
+    ledger.watch(orch.state)
+    workers = [AgentWorker(bus, a) for a in (ECHO, SLOW)]
+    problems: list[str] = []
+    try:
+        await points.before_start()
+        await orch.start([w.agent.card() for w in workers])
+        for w in workers:
+            await w.start()
+        await points.when_idle()
+        try:
+            result = await orch.wait(root, 5)
+            end: tuple[str, ...] = (result.status, result.reason)
+        except TimeoutError:
+            end = ("still waiting",)
+        # everything in the log folded: the follower caught up with the last write (checked
+        # before stop, whose final snapshot folds what the follower missed)
+        await orch.caught_up(10)
+        log = await foreign.read_all(0, 100_000)
+        problems += check_folded_once(ledger, log, orch.snapshot_position)
+        problems += check_dispatched_once(log)
+    finally:
+        points.active = False
+        await orch.stop()
+        await bus.close()
+        await foreign.close()
+        await store.close()
+    return Trial(end, points, problems)
+
+
+@pytest.mark.parametrize(
+    ("write", "in_flight", "snapshot"),
+    [
+        ("approve", False, False),
+        ("deny", False, False),
+        ("cancel", False, False),
+        ("approve", True, False),
+        ("cancel", True, True),
+        ("member+approve", False, True),
+    ],
+)
+async def test_a_write_at_any_await_point_of_a_resume_is_folded_once(
+    tmp_path: Path, write: str, in_flight: bool, snapshot: bool
+) -> None:
+    db, root, gate = await _waiting_run(tmp_path / "template", in_flight, snapshot)
+
+    async def scenario(points: Points) -> Trial:
+        return await _resume(points, db, root, gate, WRITES[write])
+
+    reference, trials = await explore(scenario, seed=len(write))
+    problems, injected, reached = report(reference, trials)
+    print(f"{len(trials)} trials, written at {len(injected)} call sites: {sorted(injected)}")
+    assert not problems, "\n".join(problems)
+    assert reference.end[0] in ("completed", "failed", "cancelled"), reference.end
+    # the write landed at every call site a trial reached, the start-up window among them
+    assert reached <= injected | {"?>subscribe.next"}, sorted(reached - injected)
+    assert any(name.startswith("_started/") for name in injected), sorted(injected)
+    assert len(trials) >= 10
+
+
+async def _follow(points: Points, folder: Path, write: Write) -> Trial:
+    """One trial of the follow path: an orchestrator is running a three-task run while
+    another process answers (or cancels) a second run that waits for approval."""
+    folder = folder / f"trial-{next(_n)}"
+    folder.mkdir()
+    db = folder / "cardbus.db"
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    instrument(store, points, STORE_METHODS)
+    instrument(bus, points, BUS_METHODS)
+    points.active = False  # until the waiting run is set up
+    orch = Orchestrator(store, bus, FAST, snapshot=None)
+    ledger = FoldLedger()
+    ledger.watch(orch.state)
+    workers = [AgentWorker(bus, ECHO)]
+    problems: list[str] = []
+    try:
+        await orch.start([w.agent.card() for w in workers])
+        for w in workers:
+            await w.start()
+        waiting = await orch.submit(plan(task("gate", requires_approval=True)))
+        gate = tid(waiting, "gate")
+        await wait_for(foreign, lambda e: isinstance(e.data, ev.ApprovalRequested))
+        points.inject = lambda: write(foreign, waiting, gate)
+        points.active = True
+        await points.before_start()
+        chain = await orch.submit(
+            plan(task("a"), task("b", deps=["a"]), task("c", deps=["b"]), goal="chain")
+        )
+        await points.when_idle()
+        ends: list[str] = []
+        for root in (chain, waiting):
+            try:
+                ends.append((await orch.wait(root, 5)).status)
+            except TimeoutError:
+                ends.append("still waiting")
+        await orch.caught_up(10)
+        log = await foreign.read_all(0, 100_000)
+        problems += check_folded_once(ledger, log)
+        problems += check_dispatched_once(log)
+    finally:
+        points.active = False
+        await orch.stop()
+        await bus.close()
+        await foreign.close()
+        await store.close()
+    return Trial(tuple(ends), points, problems)
+
+
+@pytest.mark.parametrize("write", ["approve", "cancel", "member+approve"])
+async def test_a_write_at_any_await_point_while_following_is_folded_once(
+    tmp_path: Path, write: str
+) -> None:
+    async def scenario(points: Points) -> Trial:
+        return await _follow(points, tmp_path, WRITES[write])
+
+    reference, trials = await explore(scenario, seed=7)
+    problems, injected, reached = report(reference, trials)
+    print(f"{len(trials)} trials, written at {len(injected)} call sites: {sorted(injected)}")
+    assert not problems, "\n".join(problems)
+    assert reference.end[0] == "completed", reference.end
+    assert reached <= injected, sorted(reached - injected)
+    # the run's own decisions and the follower were written at, not only the submission
+    assert any(n.startswith("_commit/") for n in injected), sorted(injected)
+    assert any("subscribe" in n for n in injected), sorted(injected)
+
+
+@pytest.mark.parametrize("write", ["approve", "cancel"])
+async def test_the_start_up_window_race_ends_right_in_100_of_100_tries(
+    tmp_path: Path, write: str
+) -> None:
+    """The issue's race: the write lands between the start's fold and its first append
+    (``orchestrator.started``); 100 schedules (seeds) of it."""
+    db, root, gate = await _waiting_run(tmp_path / "template", False, False)
+    reference = await _resume(Points(0), db, root, gate, WRITES[write])
+    ends = []
+    for seed in range(100):
+        points = Points(-1, seed=seed, inject_name="_started/_append>append")
+        trial = await _resume(points, db, root, gate, WRITES[write])
+        assert trial.points.injected_at == "_started/_append>append"
+        assert not trial.problems, trial.problems
+        ends.append(trial.end[0])
+    assert reference.end[0] == ("completed" if write == "approve" else reference.end[0])
+    assert ends == [reference.end[0]] * 100, ends
