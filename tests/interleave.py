@@ -239,23 +239,30 @@ class Trial:
 Scenario = Callable[[Points], Awaitable[Trial]]
 
 
-async def explore(scenario: Scenario, seed: int = 0) -> tuple[Trial, list[Trial]]:
+async def explore(
+    scenario: Scenario, seed: int = 0, by_site_only: bool = False
+) -> tuple[Trial, list[Trial]]:
     """The reference (the write made before the orchestrator starts), then the write made
     once the orchestrator waits for it (which counts the points a trial reaches), then one
     trial per point of that count with the write injected there. The scenario sets
     ``points.inject`` (its foreign write, through its own connection to the log) and calls
     ``before_start`` and ``when_idle``. Each trial's problems include an end other than
-    the reference's and a write that failed."""
+    the reference's and a write that failed. ``by_site_only``: no trial per point, one per
+    call site (at its first occurrence), where a trial is dear (a real server)."""
     reference = await scenario(Points(0, seed=seed))
     idle = await scenario(Points(None, seed=seed))
     trials = [idle]
-    for k in range(1, idle.points.count + 1):
+    for k in range(1, 0 if by_site_only else idle.points.count + 1):
         trials.append(await scenario(Points(k, seed=seed * 1000 + k)))
     # a call site some schedule reached before its write but none wrote at (the followers'
     # polls come when the clock says): a trial that writes at its first occurrence
     _, injected, reached = report(reference, trials)
     for name in sorted(reached - injected):
         trials.append(await scenario(Points(-1, seed=seed, inject_name=name)))
+    if by_site_only:  # a site first reached in one of those trials (another schedule)
+        _, injected, reached = report(reference, trials)
+        for name in sorted(reached - injected):
+            trials.append(await scenario(Points(-1, seed=seed + 1, inject_name=name)))
     for t in [reference, *trials]:
         if t.points.inject_error is not None:
             t.problems.append(f"the foreign write failed: {t.points.inject_error!r}")
