@@ -11,6 +11,7 @@ occurrence). Each trial starts from an empty server (its streams and buckets del
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
@@ -40,8 +41,10 @@ from cardbus.bus.runtime.members import MemberLog
 from cardbus.bus.runtime.nats import NatsRuntime
 from cardbus.eventstore import EventStore
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import StoreUnavailable
 from cardbus.eventstore.nats import NatsEventStore
-from cardbus.eventstore.nats.connection import NatsOptions
+from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, NatsOptions
+from cardbus.eventstore.nats.follow import EphemeralConsumer
 
 
 class Text(msgspec.Struct, frozen=True):
@@ -198,3 +201,107 @@ async def test_a_write_at_any_await_point_on_nats_is_folded_once(
     assert reference.end[0] in ("completed", "failed", "cancelled"), reference.end
     assert reached <= injected, sorted(reached - injected)
     assert any(n.startswith("_started/") for n in injected), sorted(injected)
+
+
+async def _patient(write: Write) -> Write:
+    """``write`` as a person retries it while the server is away (``cardbus approve``
+    says the log is unavailable, and is run again)."""
+
+    async def again(store: EventStore, root: str, gate: str) -> object:
+        for _ in range(200):
+            try:
+                return await write(store, root, gate)
+            except (StoreUnavailable, *TRANSPORT_ERRORS):
+                await asyncio.sleep(0.05)
+        return await write(store, root, gate)
+
+    return again
+
+
+async def _reconnect_trial(points: Points, server: NatsServer, write: Write) -> Trial:
+    """The follow path across a reconnection: the server restarts while the run waits;
+    the write comes at any point of the orchestrator's reconnection and re-reading."""
+    url = server.url
+    await _empty(url)
+    foreign = await NatsEventStore.connect(url)
+    runtime = _runtime(url, None)
+    ledger = FoldLedger()
+    problems: list[str] = []
+    points.active = False
+    with _watching_orchestrators(ledger, points):
+        await runtime.__aenter__()
+    # the follower's reader: its consumer made again and its pulls after the reconnection
+    follower = contextlib.ExitStack()
+    follower.enter_context(_class_points(EphemeralConsumer, points, ("open", "_next_request")))
+    instrument(runtime.store, points, ("_read", "_read_direct"))
+    try:
+        gated = PlanTask(id="gate", capability="echo", inputs={"text": "x"}, requires_approval=True)
+        root = await runtime.submit(Plan(tasks=[gated], goal="wait for a person"))
+        gate = f"gate-{root[-12:]}"
+
+        async def asked() -> bool:
+            events = await foreign.read_stream(gate)
+            return any(isinstance(e.data, ev.ApprovalRequested) for e in events)
+
+        await until(asked, what="approval requested")
+        points.inject = lambda: write(foreign, root, gate)
+        points.active = True
+        await points.before_start()
+        await asyncio.to_thread(server.restart)
+        # idle only once the follower had time to look again after the reconnection (it
+        # reads what it missed within its heartbeat, 1 s): that read is a point to write at
+        await points.when_idle(quiet_s=2.5 * runtime.store.heartbeat)
+        try:
+            result = await runtime.orchestrator.wait(root, 20)
+            end: tuple[str, ...] = (result.status, result.reason)
+        except TimeoutError:
+            end = ("still waiting",)
+        await runtime.orchestrator.caught_up(10)
+        log = await foreign.read_all(0, 100_000)
+        problems += check_folded_once(ledger, log)
+        problems += check_dispatched_once(log)
+    finally:
+        points.active = False
+        follower.close()
+        with contextlib.suppress(Exception):
+            await runtime.__aexit__(None, None, None)
+        await foreign.close()
+    return Trial(end, points, problems)
+
+
+@contextlib.contextmanager
+def _class_points(cls: type, points: Points, methods: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """Every instance's ``methods`` of ``cls`` are await points while this is open."""
+    originals = {m: cls.__dict__[m] for m in methods}
+    for name, fn in originals.items():
+
+        def wrap(fn=fn, name=name):  # type: ignore[no-untyped-def]
+            async def at_point(self, *args, **kw):  # type: ignore[no-untyped-def]
+                await points.point(name)
+                return await fn(self, *args, **kw)
+
+            return at_point
+
+        setattr(cls, name, wrap())
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(cls, name, fn)
+
+
+@pytest.mark.parametrize("write", ["approve", "cancel"])
+async def test_a_write_at_any_await_point_of_a_reconnection_is_folded_once(
+    nats_server: NatsServer, write: str
+) -> None:
+    patient = await _patient(WRITES[write])
+
+    async def scenario(points: Points) -> Trial:
+        return await _reconnect_trial(points, nats_server, patient)
+
+    reference, trials = await explore(scenario, seed=5, by_site_only=True)
+    problems, injected, reached = report(reference, trials)
+    print(f"{len(trials)} trials, written at {len(injected)} call sites: {sorted(injected)}")
+    assert not problems, "\n".join(problems)
+    assert reference.end[0] in ("completed", "failed", "cancelled"), reference.end
+    assert reached <= injected, sorted(reached - injected)
