@@ -32,6 +32,7 @@ awaits the other writers land, and every such place is tried.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import random
@@ -110,10 +111,14 @@ class Points:
         if self.inject_at == 0:
             await self._inject("before start")
 
-    async def when_idle(self, quiet_s: float = 0.05) -> None:
-        """Inject once no point was reached for ``quiet_s``, unless it was injected already:
-        a trial with nothing to inject at (``inject_at`` None) or whose schedule reached fewer
-        points than ``inject_at`` gets its write once the orchestrator waits for it."""
+    async def when_idle(self, quiet_s: float = 0.05, not_before_s: float = 0.0) -> None:
+        """Inject once no point was reached for ``quiet_s`` (and ``not_before_s`` has
+        passed), unless it was injected already: a trial with nothing to inject at
+        (``inject_at`` None) or whose schedule reached fewer points than ``inject_at`` gets
+        its write once the orchestrator waits for it."""
+        if not_before_s:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.injected.wait(), not_before_s)
         while not self.injected.is_set():
             count = self.count
             await asyncio.sleep(quiet_s)

@@ -250,7 +250,7 @@ async def _reconnect_trial(points: Points, server: NatsServer, write: Write) -> 
         await asyncio.to_thread(server.restart)
         # idle only once the follower had time to look again after the reconnection (it
         # reads what it missed within its heartbeat, 1 s): that read is a point to write at
-        await points.when_idle(quiet_s=2.5 * runtime.store.heartbeat)
+        await points.when_idle(quiet_s=0.2, not_before_s=2.5 * runtime.store.heartbeat)
         try:
             result = await runtime.orchestrator.wait(root, 20)
             end: tuple[str, ...] = (result.status, result.reason)
