@@ -128,6 +128,9 @@ class ForeignAgent:
         return result | {"status": "completed", "output": {"text": text.upper()}}
 
     async def run(self, stop: asyncio.Event) -> None:
+        async def on_error(e: Exception) -> None:  # e.g. the server refusing a publish
+            print(f"nats error: {e}", flush=True)
+
         nc = await nats.connect(
             self.url,
             user=self.user,
@@ -135,9 +138,11 @@ class ForeignAgent:
             inbox_prefix=f"_INBOX.{self.t}",  # the only replies its user may subscribe to
             name=f"foreign-{self.agent_id}",
             max_reconnect_attempts=-1,
+            error_cb=on_error,
         )
         js = nc.jetstream()
         # the orchestrator creates the streams: wait for them
+        print(f"connected to {self.url}; waiting for the cardbus streams", flush=True)
         while not stop.is_set():
             try:
                 await js.stream_info(INBOX_STREAM)

@@ -1,0 +1,262 @@
+"""An agent that imports nothing from cardbus (``examples/foreign_agent/agent.py``: raw
+nats-py, written against the published wire format) on a real nats-server: it passes
+every clause of ``cardbus agent check``, serves a plan's task run by ``cardbus
+orchestrator`` (replayed and verified after), and when it misbehaves (answers in another
+agent's name, publishes outside its permissions, speaks another wire version) it is
+refused and the log says so."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from natsprocs import FAST_BUS
+from natsserver import NatsServer
+
+from cardbus.agents.cards import AgentCard, Announce, CapabilitySpec
+from cardbus.bus.conformance import CLAUSES
+from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.runtime.nats import NatsRuntime
+from cardbus.bus.transport.nats import INBOX_STREAM, consumer_name
+from cardbus.eventstore import Envelope
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import ValidationError
+from cardbus.eventstore.nats.connection import NatsOptions
+from cardbus.tools.cmd_nats import authorization_config
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = REPO / "examples" / "foreign_agent" / "agent.py"
+
+
+class Foreign:
+    """The foreign agent as a subprocess, its output in a file."""
+
+    def __init__(self, tmp: Path, url: str, *args: str, name: str = "foreign") -> None:
+        self.log = tmp / f"{name}.log"
+        self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop
+        self.proc = subprocess.Popen(
+            [sys.executable, str(AGENT), "--nats", url, *args],
+            cwd=tmp,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited ({self.proc.returncode}):\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} after {timeout}s:\n{self.output()}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+
+def cardbus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cardbus.tools", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_the_agent_imports_nothing_from_cardbus() -> None:
+    source = AGENT.read_text()
+    assert not re.search(r"^\s*(from|import)\s+cardbus", source, re.M)
+    assert re.search(r"^import nats$", source, re.M)
+
+
+def test_the_raw_nats_agent_passes_the_kit_and_serves_a_plan(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    url = nats_server.url
+    agent = Foreign(tmp_path, url, "--agent", "upper", "--lease", "1.5")
+    try:
+        agent.wait_for("connected")  # it waits for the streams: the kit makes them
+        check = cardbus("agent", "check", "--nats", url, "--agent", "upper", cwd=tmp_path)
+        assert check.returncode == 0, check.stdout + check.stderr
+        lines = re.findall(r"^  (PASS|FAIL|NOT EXERCISED) +(\S+)", check.stdout, re.M)
+        outcomes = {clause: outcome for outcome, clause in lines}
+        assert sorted(outcomes) == sorted(CLAUSES), check.stdout
+        # it makes no model call: the journal's clause is the only one not exercised
+        assert {c for c, o in outcomes.items() if o != "PASS"} == {"journal"}, check.stdout
+        assert outcomes["journal"] == "NOT EXERCISED"
+
+        plan = {
+            "goal": "shout",
+            "tasks": [{"id": "up", "capability": "text.upper", "inputs": {"text": "hi there"}}],
+        }
+        (tmp_path / "plan.json").write_text(json.dumps(plan))
+        run = cardbus(
+            "orchestrator", "--nats", url, "--plan", "plan.json", "--json", "--timeout", "60",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        assert result["status"] == "completed"
+        assert result["outputs"]["up"] == {"text": "HI THERE"}
+        replay = cardbus("replay", result["root_id"], "--store", url, cwd=tmp_path)
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        assert re.search(r"result_submitted +#1 upper +result completed", replay.stdout), (
+            replay.stdout
+        )
+        assert "text.upper up-" in replay.stdout and "completed  agent upper" in replay.stdout
+        verify = cardbus("verify", "--store", url, cwd=tmp_path)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+    finally:
+        agent.stop()
+
+
+def test_the_kit_fails_an_agent_that_answers_in_another_name(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    url = nats_server.url
+    agent = Foreign(tmp_path, url, "--agent", "upper", "--answer-as", "someone")
+    try:
+        agent.wait_for("connected")
+        check = cardbus(
+            "agent", "check", "--nats", url, "--agent", "upper", "--timeout", "3", cwd=tmp_path
+        )
+        assert check.returncode == 1, check.stdout + check.stderr
+        assert re.search(r"^  FAIL +take", check.stdout, re.M), check.stdout
+        assert "in the name of 'someone'" in check.stdout
+        assert check.stdout.strip().endswith("clause(s)")
+    finally:
+        agent.stop()
+
+
+def _refusals(envs: list[Envelope]) -> list[ev.ReplyRefused]:
+    return [e.data for e in envs if isinstance(e.data, ev.ReplyRefused)]
+
+
+async def test_another_identity_or_subject_is_refused_and_recorded(tmp_path: Path) -> None:
+    """With the documented per-agent permissions: a result naming another agent, on its own
+    subject, is refused and recorded as ``reply.refused``; a result on another agent's
+    subject never leaves the server (a permissions violation) and records nothing."""
+    config = authorization_config(["upper", "other"], "pw")
+    with NatsServer(tmp_path / "nats", extra_config=config) as server:
+        url = server.url
+        orch = NatsOptions(url=url, user="orchestrator", password="pw")
+        as_upper = ("--agent", "upper", "--user", "agent-upper", "--password", "pw")
+        async with NatsRuntime(orch, bus_options=FAST_BUS) as rt:
+            seen: asyncio.Queue[Envelope] = asyncio.Queue()
+            rt.orchestrator.observers.append(seen.put_nowait)
+            plan = Plan(
+                goal="forge",
+                tasks=[PlanTask(id="t", capability="text.upper", inputs={"text": "x"})],
+            )
+
+            async def refused() -> ev.ReplyRefused:
+                while True:
+                    env = await seen.get()
+                    if isinstance(env.data, ev.ReplyRefused):
+                        return env.data
+
+            # 1. a result in another agent's name, on its own subject
+            agent = Foreign(tmp_path, url, *as_upper, "--answer-as", "other", name="forger")
+            try:
+                await rt.wait_for_capabilities(["text.upper"], 20)
+                root = await rt.submit(plan)
+                refusal = await asyncio.wait_for(refused(), 30)
+            finally:
+                agent.stop()
+            assert (refusal.kind, refusal.sender, refusal.claimed_agent_id) == (
+                "result",
+                "upper",
+                "other",
+            )
+            assert refusal.reason == "sent by 'upper' in the name of 'other'"
+            events = await rt.store.read_correlation(root)
+            assert not any(isinstance(e.data, ev.TaskCompleted) for e in events)
+
+            # 2. a result on another agent's subject: the server refuses the publish
+            agent = Foreign(tmp_path, url, *as_upper, "--reply-as", "other", name="outside")
+            try:
+                agent.wait_for("serving")
+                other = await rt.submit(msgspec.structs.replace(plan, goal="outside"))
+                agent.wait_for("cannot answer", 30)  # its answer never left
+            finally:
+                agent.stop()
+            said = agent.output().lower()
+            assert 'permissions violation for publish to "cardbus.reply.other.' in said, said
+            assert "cardbus.reply.other." in server.log_tail(200)  # the server's record
+            for run in (root, other):
+                events = await rt.store.read_correlation(run)
+                assert not any(isinstance(e.data, ev.TaskCompleted) for e in events)
+            assert _refusals(await rt.store.read_correlation(other)) == []
+
+
+async def test_an_unknown_wire_version_is_refused_once_and_sent_no_card(
+    tmp_path: Path, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = nats_server.url
+    async with NatsRuntime(NatsOptions(url=url), bus_options=FAST_BUS) as rt:
+        announcements: list[bytes] = []
+
+        async def heard(msg: Any) -> None:
+            announcements.append(msg.data)
+
+        await rt.bus.nc.subscribe("cardbus.announce.upper", cb=heard)
+        agent = Foreign(tmp_path, url, "--agent", "upper", "--wire-version", "2", "--lease", "0.9")
+        try:
+            agent.wait_for("serving")
+            # its announcement and two renewals after it are on the wire
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while len(announcements) < 3 and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(announcements) >= 3
+            assert all(json.loads(a)["wire_version"] == 2 for a in announcements)
+            # an announcement after them: once it is registered, the orchestrator has read
+            # every one before it (replies are taken in the order of the stream)
+            marker = AgentCard(
+                agent_id="marker", name="m", capabilities=[CapabilitySpec(name="mark")]
+            )
+            await rt.bus.reply(Announce(card=marker, lease_s=0))
+            await rt.wait_for_capabilities(["mark"], 20)
+            # a plan for what it offers: no agent registered offers it, nothing is sent
+            plan = Plan(goal="x", tasks=[PlanTask(id="t", capability="text.upper")])
+            with pytest.raises(ValidationError, match=r"text\.upper"):
+                await rt.orchestrator.submit(plan)
+        finally:
+            agent.stop()
+        lines = [
+            r.getMessage() for r in caplog.records if "announcement of upper" in r.getMessage()
+        ]
+        assert lines == [
+            "announcement of upper: not granted: wire version 2 (this orchestrator speaks 1)"
+        ]
+        refusals = _refusals(await rt.store.read_stream("agent-upper"))
+        assert [(r.kind, r.claimed_agent_id, r.reason) for r in refusals] == [
+            ("announce", "upper", "not granted: wire version 2 (this orchestrator speaks 1)")
+        ]
+        assert "upper" not in rt.orchestrator.state.agents
+        info = await rt.bus._js.consumer_info(INBOX_STREAM, consumer_name("upper"))
+        assert info.delivered.stream_seq == 0 and info.num_pending == 0  # no card, ever
