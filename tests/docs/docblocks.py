@@ -20,7 +20,7 @@ The rules (docs/how-to/write-docs.md says the same to the pages' writers):
   against the repository: it must resolve (the fresh-clone run is timed by hand,
   not in the suite). A ``cd`` carries over to the next blocks, but may not leave
   the working directory.
-* ``json`` without a title must parse; ``text`` and ``toml``/``yaml``/``ini`` are
+* ``json`` without a title must parse; ``text``, ``toml``/``yaml``/``ini`` and ``js`` are
   shown, not run.
 * A block that needs a real external endpoint (a hosted model, a remote A2A
   agent) is skipped only with an explicit marker on the line before its fence::
@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON = {"python", "py"}
 SHELL = {"sh", "bash", "shell"}
 CONSOLE = {"console"}
-SHOWN = {"text", "toml", "yaml", "ini", "json"}
+SHOWN = {"text", "toml", "yaml", "ini", "json", "javascript", "js"}
 KNOWN = PYTHON | SHELL | CONSOLE | SHOWN
 SKIP = re.compile(r"^<!-- docs-test: skip: (.+?) -->$")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from agentprocs import REPO, AgentProcess, cardbus, clauses
 from natsprocs import FAST_BUS
 from natsserver import NatsServer
 
@@ -34,57 +31,12 @@ from cardbus.eventstore.errors import ValidationError
 from cardbus.eventstore.nats.connection import NatsOptions
 from cardbus.tools.cmd_nats import authorization_config
 
-REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "examples" / "foreign_agent" / "agent.py"
 
 
-class Foreign:
-    """The foreign agent as a subprocess, its output in a file."""
-
-    def __init__(self, tmp: Path, url: str, *args: str, name: str = "foreign") -> None:
-        self.log = tmp / f"{name}.log"
-        self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop
-        self.proc = subprocess.Popen(
-            [sys.executable, str(AGENT), "--nats", url, *args],
-            cwd=tmp,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, text: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"agent exited ({self.proc.returncode}):\n{self.output()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {text!r} after {timeout}s:\n{self.output()}")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._out.close()
-
-
-def cardbus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cardbus.tools", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        stdin=subprocess.DEVNULL,
-    )
+def foreign_agent(tmp: Path, url: str, *args: str, name: str = "foreign") -> AgentProcess:
+    """The foreign agent, as a subprocess."""
+    return AgentProcess([sys.executable, str(AGENT), "--nats", url, *args], tmp, name)
 
 
 def test_the_agent_imports_nothing_from_cardbus() -> None:
@@ -97,13 +49,12 @@ def test_the_raw_nats_agent_passes_the_kit_and_serves_a_plan(
     tmp_path: Path, nats_server: NatsServer
 ) -> None:
     url = nats_server.url
-    agent = Foreign(tmp_path, url, "--agent", "upper", "--lease", "1.5")
+    agent = foreign_agent(tmp_path, url, "--agent", "upper", "--lease", "1.5")
     try:
         agent.wait_for("connected")  # it waits for the streams: the kit makes them
         check = cardbus("agent", "check", "--nats", url, "--agent", "upper", cwd=tmp_path)
         assert check.returncode == 0, check.stdout + check.stderr
-        lines = re.findall(r"^  (PASS|FAIL|NOT EXERCISED) +(\S+)", check.stdout, re.M)
-        outcomes = {clause: outcome for outcome, clause in lines}
+        outcomes = clauses(check.stdout)
         assert sorted(outcomes) == sorted(CLAUSES), check.stdout
         # it makes no model call: the journal's clause is the only one not exercised
         assert {c for c, o in outcomes.items() if o != "PASS"} == {"journal"}, check.stdout
@@ -138,7 +89,7 @@ def test_the_kit_fails_an_agent_that_answers_in_another_name(
     tmp_path: Path, nats_server: NatsServer
 ) -> None:
     url = nats_server.url
-    agent = Foreign(tmp_path, url, "--agent", "upper", "--answer-as", "someone")
+    agent = foreign_agent(tmp_path, url, "--agent", "upper", "--answer-as", "someone")
     try:
         agent.wait_for("connected")
         check = cardbus(
@@ -180,7 +131,7 @@ async def test_another_identity_or_subject_is_refused_and_recorded(tmp_path: Pat
                         return env.data
 
             # 1. a result in another agent's name, on its own subject
-            agent = Foreign(tmp_path, url, *as_upper, "--answer-as", "other", name="forger")
+            agent = foreign_agent(tmp_path, url, *as_upper, "--answer-as", "other", name="forger")
             try:
                 await rt.wait_for_capabilities(["text.upper"], 20)
                 root = await rt.submit(plan)
@@ -197,7 +148,7 @@ async def test_another_identity_or_subject_is_refused_and_recorded(tmp_path: Pat
             assert not any(isinstance(e.data, ev.TaskCompleted) for e in events)
 
             # 2. a result on another agent's subject: the server refuses the publish
-            agent = Foreign(tmp_path, url, *as_upper, "--reply-as", "other", name="outside")
+            agent = foreign_agent(tmp_path, url, *as_upper, "--reply-as", "other", name="outside")
             try:
                 agent.wait_for("serving")
                 other = await rt.submit(msgspec.structs.replace(plan, goal="outside"))
@@ -224,7 +175,9 @@ async def test_an_unknown_wire_version_is_refused_once_and_sent_no_card(
             announcements.append(msg.data)
 
         await rt.bus.nc.subscribe("cardbus.announce.upper", cb=heard)
-        agent = Foreign(tmp_path, url, "--agent", "upper", "--wire-version", "2", "--lease", "0.9")
+        agent = foreign_agent(
+            tmp_path, url, "--agent", "upper", "--wire-version", "2", "--lease", "0.9"
+        )
         try:
             agent.wait_for("serving")
             # its announcement and two renewals after it are on the wire
