@@ -15,6 +15,11 @@ in another language would use its own NATS client. Everything it does is in
   its lease; on stop it announces ``online: false``.
 
 Capability ``text.upper``: ``{"text": str}`` -> ``{"text": the same, upper case}``.
+With ``--llm URL`` (an OpenAI-compatible endpoint) also ``text.ask``: ``{"question":
+str}`` -> ``{"answer": str}``, one model call journaled as the wire says: a
+``model.request`` on ``cardbus.req.<agent>`` before it (the answer may be a recorded one
+to reuse: then no call is made), a ``model.answer`` after it, and the answer used only
+once that is answered (durable in the log).
 
 Run it: ``python agent.py --nats nats://127.0.0.1:4222 --agent upper``. The flags
 ``--wire-version``, ``--answer-as`` and ``--reply-as`` make it misbehave, for the tests
@@ -32,6 +37,8 @@ import os
 import signal
 import socket
 import sys
+import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -67,6 +74,22 @@ def token(value: str) -> str:
     return "".join(out)
 
 
+ASK = {
+    "name": "text.ask",
+    "description": "a question answered by a model",
+    "input_schema": {
+        "type": "object",
+        "properties": {"question": {"type": "string"}},
+        "required": ["question"],
+    },
+    "output_schema": {"type": "object", "properties": {"answer": {"type": "string"}}},
+}
+
+
+class RequestRefused(Exception):
+    """The orchestrator answered a request ``ok: false``."""
+
+
 class ForeignAgent:
     def __init__(self, args: argparse.Namespace) -> None:
         self.agent_id: str = args.agent
@@ -83,6 +106,9 @@ class ForeignAgent:
         self.renewal = 0
         self.answers: dict[tuple[str, int], dict[str, Any]] = {}
         self.t = token(self.agent_id)
+        self.llm: str | None = args.llm
+        self.model: str = args.model
+        self.nc: Any = None
 
     def announcement(self, online: bool = True) -> bytes:
         self.renewal += 1
@@ -91,7 +117,7 @@ class ForeignAgent:
             "name": "Upper (raw nats-py)",
             "description": "a foreign agent: no cardbus inside",
             "version": "1.0.0",
-            "capabilities": CAPABILITIES,
+            "capabilities": CAPABILITIES + ([ASK] if self.llm else []),
             "provider": "examples/foreign_agent",
         }
         message = {
@@ -105,7 +131,7 @@ class ForeignAgent:
         }
         return json.dumps(message).encode()
 
-    def answer(self, card: dict[str, Any]) -> dict[str, Any]:
+    async def answer(self, card: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = {
             "type": "result_card",
             "task_id": card["task_id"],
@@ -115,6 +141,24 @@ class ForeignAgent:
             "host": self.host,
             "pid": self.pid,
         }
+        if card.get("capability") == "text.ask" and self.llm:
+            question = (card.get("inputs") or {}).get("question")
+            if not isinstance(question, str):
+                return result | {"status": "rejected", "reason": "input_schema_mismatch"}
+            try:
+                said = await self.ask_model(card, question)
+            except Exception as e:  # the model or the journal failed: a failed result
+                return result | {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+            usage = {
+                "input_tokens": said.get("input_tokens", 0),
+                "output_tokens": said.get("output_tokens", 0),
+                "model": said.get("model", ""),
+            }
+            return result | {
+                "status": "completed",
+                "output": {"answer": said["text"]},
+                "usage": usage,
+            }
         if card.get("capability") != "text.upper":
             detail = f"{self.agent_id} does not offer {card.get('capability')!r}"
             return result | {"status": "rejected", "reason": "out_of_capability", "notes": detail}
@@ -126,6 +170,87 @@ class ForeignAgent:
                 "notes": "inputs.text must be a string",
             }
         return result | {"status": "completed", "output": {"text": text.upper()}}
+
+    async def request(
+        self,
+        card: dict[str, Any],
+        kind: str,
+        target: str,
+        args: dict[str, Any],
+        *,
+        execution: str,
+        seq: int,
+    ) -> Any:
+        """One ``agent_request`` on ``cardbus.req.<agent>``; its result (``ok: false``:
+        ``RequestRefused``)."""
+        message = {
+            "type": "agent_request",
+            "request_id": uuid.uuid4().hex,
+            "task_id": card["task_id"],
+            "root_id": card.get("root_id", ""),
+            "attempt": card.get("attempt", 1),
+            "agent_id": self.agent_id,
+            "kind": kind,
+            "target": target,
+            "args": args,
+            "traceparent": card.get("traceparent"),
+            "execution": execution,
+            "seq": seq,
+        }
+        msg = await self.nc.request(
+            f"cardbus.req.{self.t}", json.dumps(message).encode(), timeout=10
+        )
+        failure = (msg.headers or {}).get("Cardbus-Error")
+        if failure:
+            raise RequestRefused(f"{kind}: the orchestrator failed: {failure}")
+        answer = json.loads(msg.data)
+        if not answer.get("ok"):
+            raise RequestRefused(f"{kind}: {answer.get('error_type')}: {answer.get('error')}")
+        return answer.get("result")
+
+    async def ask_model(self, card: dict[str, Any], question: str) -> dict[str, Any]:
+        """One model call, journaled: the recorded answer when the orchestrator has one for
+        this place, else a live call whose answer is recorded before it is used."""
+        execution, seq = uuid.uuid4().hex, 0  # a new execution at every delivery
+        request = {"model": self.model, "messages": [{"role": "user", "content": question}]}
+        digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+        args = {"request": request, "digest": digest, "replay": True}
+        asked = await self.request(
+            card, "model.request", self.model, args, execution=execution, seq=seq
+        )
+        if isinstance(asked, dict) and isinstance(asked.get("replay"), dict):
+            return dict(asked["replay"])  # asked before, at this place: no call
+        call = asked.get("call", "") if isinstance(asked, dict) else ""
+        start = time.monotonic()
+        try:
+            said = await asyncio.to_thread(self.chat, request)
+        except Exception as e:
+            failed = {"call": call, "error": f"{type(e).__name__}: {e}", "error_type": "llm_error"}
+            await self.request(
+                card, "model.answer", self.model, failed, execution=execution, seq=seq
+            )
+            raise
+        answered = {"call": call, "answer": said, "latency_s": round(time.monotonic() - start, 6)}
+        await self.request(card, "model.answer", self.model, answered, execution=execution, seq=seq)
+        return said
+
+    def chat(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAI-compatible call; the answer as the journal records it."""
+        assert self.llm is not None
+        http = urllib.request.Request(
+            self.llm.rstrip("/") + "/chat/completions",
+            data=json.dumps(request).encode(),
+            headers={"Content-Type": "application/json", "Authorization": "Bearer none"},
+        )
+        with urllib.request.urlopen(http, timeout=30) as response:
+            body = json.loads(response.read())
+        usage = body.get("usage") or {}
+        return {
+            "text": body["choices"][0]["message"].get("content") or "",
+            "model": body.get("model", self.model),
+            "input_tokens": usage.get("prompt_tokens", 0),
+            "output_tokens": usage.get("completion_tokens", 0),
+        }
 
     async def run(self, stop: asyncio.Event) -> None:
         async def on_error(e: Exception) -> None:  # e.g. the server refusing a publish
@@ -140,6 +265,7 @@ class ForeignAgent:
             max_reconnect_attempts=-1,
             error_cb=on_error,
         )
+        self.nc = nc
         js = nc.jetstream()
         # the orchestrator creates the streams: wait for them
         print(f"connected to {self.url}; waiting for the cardbus streams", flush=True)
@@ -203,7 +329,7 @@ class ForeignAgent:
             return
         answer = self.answers.get(key)
         if answer is None:  # a redelivery of a card answered before gets the same answer
-            answer = self.answers[key] = self.answer(card)
+            answer = self.answers[key] = await self.answer(card)
         answer = answer | {"delivery": msg.metadata.num_delivered}
         subject = f"cardbus.reply.{token(self.reply_as)}.{token(key[0])}"
         partition = (msg.headers or {}).get("Cardbus-Partition")
@@ -227,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--user", default=None)
     parser.add_argument("--password", default=None)
     parser.add_argument("--lease", type=float, default=3.0, help="lease seconds (renewed / 3)")
+    parser.add_argument("--llm", default=None, help="an OpenAI-compatible URL: text.ask too")
+    parser.add_argument("--model", default="stub-model")
     parser.add_argument("--wire-version", type=int, default=WIRE_VERSION)
     parser.add_argument("--answer-as", default=None, help="(misbehave) results name this agent")
     parser.add_argument("--reply-as", default=None, help="(misbehave) reply on its subjects")

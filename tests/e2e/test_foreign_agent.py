@@ -213,3 +213,52 @@ async def test_an_unknown_wire_version_is_refused_once_and_sent_no_card(
         assert "upper" not in rt.orchestrator.state.agents
         info = await rt.bus._js.consumer_info(INBOX_STREAM, consumer_name("upper"))
         assert info.delivered.stream_seq == 0 and info.num_pending == 0  # no card, ever
+
+
+def test_its_model_calls_are_journaled_like_a_python_agents(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    """With a model (the loopback OpenAI stub), the foreign agent journals its call with
+    ``model.request`` / ``model.answer``: the kit's journal clause passes, and a plan's run
+    has the call in its log (``model.requested``, ``model.answered`` with the stub's usage)."""
+    from tests.agents.openai_stub import OpenAIStub
+
+    url = nats_server.url
+    with OpenAIStub() as stub:
+        stub.script("forty-two", "forty-two")
+        agent = foreign_agent(tmp_path, url, "--agent", "asker", "--llm", stub.url)
+        try:
+            agent.wait_for("connected")
+            check = cardbus(
+                "agent", "check", "--nats", url, "--agent", "asker", "--capability", "text.ask",
+                "--inputs", '{"question": "the answer?"}', cwd=tmp_path,
+            )  # fmt: skip
+            assert check.returncode == 0, check.stdout + check.stderr + agent.output()
+            assert clauses(check.stdout) == dict.fromkeys(CLAUSES, "PASS"), check.stdout
+            assert "1 model call(s) journaled" in check.stdout
+            assert len(stub.requests) == 1  # the redelivered card was not asked again
+
+            plan = {
+                "goal": "ask",
+                "tasks": [{"id": "q", "capability": "text.ask", "inputs": {"question": "why?"}}],
+            }
+            (tmp_path / "plan.json").write_text(json.dumps(plan))
+            run = cardbus(
+                "orchestrator", "--nats", url, "--plan", "plan.json", "--json", cwd=tmp_path
+            )
+        finally:
+            agent.stop()
+    assert run.returncode == 0, run.stdout + run.stderr + agent.output()
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["outputs"]["q"] == {"answer": "forty-two"}
+
+    async def calls() -> list[Any]:
+        async with NatsRuntime(NatsOptions(url=url), bus_options=FAST_BUS) as rt:
+            events = await rt.store.read_correlation(result["root_id"])
+        return [e.data for e in events if isinstance(e.data, ev.ModelRequested | ev.ModelAnswered)]
+
+    journaled = asyncio.run(calls())
+    assert [type(c).__name__ for c in journaled] == ["ModelRequested", "ModelAnswered"]
+    answered = journaled[1]
+    assert (answered.agent_id, answered.input_tokens, answered.output_tokens) == ("asker", 11, 7)
+    assert answered.answer is not None and answered.answer["text"] == "forty-two"
