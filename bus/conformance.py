@@ -15,6 +15,8 @@ and judges what the agent sends against the published wire format (``cardbus.bus
                 a reason
 ``redelivery``  the same card again (same task id and attempt, delivery 2) is answered
                 with the same result, not a different one
+``partition``   a card whose header ``Cardbus-Partition`` names a partition is answered
+                on ``cardbus.reply.<agent>.<task>.<partition>``
 ``identity``    everything it sent named itself, on its own subjects, and matched its schema
 ``journal``     each model call it made was journaled: a ``model.request`` before it and a
                 ``model.answer`` after, with valid arguments ("not exercised" when it made
@@ -33,6 +35,7 @@ orchestrator that starts later: it records them as replies to tasks it does not 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -43,17 +46,20 @@ import jsonschema
 import msgspec
 from nats.aio.msg import Msg
 
-from cardbus.agents.cards import WIRE_VERSION, Announce, ResultCard, Started, TaskCard
+from cardbus.agents.cards import WIRE_VERSION, Announce, ResultCard, Started, TaskCard, encode
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.bus.transport.interface import Refusal
 from cardbus.bus.transport.nats import (
     ANNOUNCE_PREFIX,
     INBOX_STREAM,
+    MSG_ID_HEADER,
+    PARTITION_HEADER,
     REPLY_PREFIX,
     REQUEST_PREFIX,
     NatsBus,
     NatsOptions,
     consumer_name,
+    inbox_subject,
     sender_problem,
 )
 from cardbus.bus.wire import schema
@@ -70,9 +76,12 @@ CLAUSES = (
     "ack",
     "reject",
     "redelivery",
+    "partition",
     "identity",
     "journal",
 )
+#: the partition the ``partition`` clause's card names (any digits would do)
+PARTITION = "7"
 #: a capability no agent offers: the card the agent must reject
 UNKNOWN_CAPABILITY = "cardbus.conformance.no-such-capability"
 _JOURNAL_KINDS = {"model.request", "model.answer", "tool.begin", "tool.end"}
@@ -250,16 +259,31 @@ class _Kit:
                 return reply
         return None
 
-    async def answer(self, card: TaskCard) -> tuple[ResultCard | None, int]:
-        """Send ``card``; its result (None: none in time), and where to look for the next."""
+    def subject_of(self, result: ResultCard) -> str:
+        return next(seen.subject for seen, r in self.listen.replies if r is result)
+
+    async def answer(
+        self, card: TaskCard, partition: str | None = None
+    ) -> tuple[ResultCard | None, int]:
+        """Send ``card`` (with a ``Cardbus-Partition`` header, when given); its result
+        (None: none in time), and where to look for the next."""
         mark = len(self.listen.replies)
-        await self.bus.send_task(self.agent_id, card)
+        if partition is None:
+            await self.bus.send_task(self.agent_id, card)
+        else:  # as a partitioned orchestrator member sends it
+            data = encode(card)
+            headers = {
+                MSG_ID_HEADER: hashlib.blake2b(data, digest_size=16).hexdigest(),
+                PARTITION_HEADER: partition,
+            }
+            js = self.bus.nc.jetstream()
+            await js.publish(inbox_subject(self.agent_id), data, headers=headers)
         result = await self.listen.until(lambda: self.result_of(card, mark), self.timeout)
         return result, len(self.listen.replies)
 
     async def inbox_settled(self) -> str:
         """ "" once the agent's inbox consumer has nothing delivered and unacked nor waiting."""
-        js = self.bus._js
+        js = self.bus.nc.jetstream()
         durable = consumer_name(self.agent_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(self.timeout, 10.0)
@@ -367,6 +391,18 @@ async def check_agent(
                 add(Clause("redelivery", "fail", got))
             else:
                 add(Clause("redelivery", "pass", "the same answer"))
+
+        if result is None:
+            add(Clause("partition", "not exercised", "no card answered"))
+        else:
+            placed = kit.card("partition", cap_name, inputs)
+            answered, _ = await kit.answer(placed, partition=PARTITION)
+            if answered is None:
+                add(Clause("partition", "fail", "no answer to a card naming its partition"))
+            elif not (on := kit.subject_of(answered)).endswith(f".{PARTITION}"):
+                add(Clause("partition", "fail", f"answered on {on}, not .{PARTITION}"))
+            else:
+                add(Clause("partition", "pass", f"answered on .<task>.{PARTITION}"))
 
         add(await renewal)
         add(_journal_clause(listen.requests))

@@ -225,7 +225,7 @@ def test_its_model_calls_are_journaled_like_a_python_agents(
 
     url = nats_server.url
     with OpenAIStub() as stub:
-        stub.script("forty-two", "forty-two")
+        stub.script("forty-two", "forty-two", "forty-two")
         agent = foreign_agent(tmp_path, url, "--agent", "asker", "--llm", stub.url)
         try:
             agent.wait_for("connected")
@@ -235,8 +235,10 @@ def test_its_model_calls_are_journaled_like_a_python_agents(
             )  # fmt: skip
             assert check.returncode == 0, check.stdout + check.stderr + agent.output()
             assert clauses(check.stdout) == dict.fromkeys(CLAUSES, "PASS"), check.stdout
-            assert "1 model call(s) journaled" in check.stdout
-            assert len(stub.requests) == 1  # the redelivered card was not asked again
+            assert "2 model call(s) journaled" in check.stdout
+            # one call for each card it took (the take and the partition clauses'), none
+            # for the redelivered card
+            assert len(stub.requests) == 2
 
             plan = {
                 "goal": "ask",
