@@ -85,22 +85,35 @@ def test_the_raw_nats_agent_passes_the_kit_and_serves_a_plan(
         agent.stop()
 
 
-def test_the_kit_fails_an_agent_that_answers_in_another_name(
-    tmp_path: Path, nats_server: NatsServer
+@pytest.mark.parametrize(
+    ("misbehaviour", "failed", "said"),
+    [
+        (("--answer-as", "someone"), {"take", "reject", "identity"}, "in the name of 'someone'"),
+        (("--wire-version", "2"), {"announce"}, "wire version 2, not 1"),
+    ],
+    ids=["another-name", "another-wire-version"],
+)
+def test_the_kit_fails_an_agent_that_breaks_the_contract(
+    tmp_path: Path,
+    nats_server: NatsServer,
+    misbehaviour: tuple[str, str],
+    failed: set[str],
+    said: str,
 ) -> None:
     url = nats_server.url
-    agent = foreign_agent(tmp_path, url, "--agent", "upper", "--answer-as", "someone")
+    agent = foreign_agent(tmp_path, url, "--agent", "upper", *misbehaviour)
     try:
         agent.wait_for("connected")
         check = cardbus(
             "agent", "check", "--nats", url, "--agent", "upper", "--timeout", "3", cwd=tmp_path
         )
-        assert check.returncode == 1, check.stdout + check.stderr
-        assert re.search(r"^  FAIL +take", check.stdout, re.M), check.stdout
-        assert "in the name of 'someone'" in check.stdout
-        assert check.stdout.strip().endswith("clause(s)")
     finally:
         agent.stop()
+    assert check.returncode == 1, check.stdout + check.stderr
+    outcomes = clauses(check.stdout)
+    assert {c for c, o in outcomes.items() if o == "FAIL"} == failed, check.stdout
+    assert said in check.stdout
+    assert check.stdout.strip().endswith(f"FAILED: {len(failed)} clause(s)")
 
 
 def _refusals(envs: list[Envelope]) -> list[ev.ReplyRefused]:
