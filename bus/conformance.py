@@ -302,8 +302,48 @@ class _Kit:
         return last
 
 
-def _same_answer(a: ResultCard, b: ResultCard) -> bool:
-    return (a.status, a.output, a.reason, a.attempt) == (b.status, b.output, b.reason, b.attempt)
+def _announce_clause(ann: Announce) -> Clause:
+    if ann.wire_version != WIRE_VERSION:
+        return Clause("announce", "fail", f"wire version {ann.wire_version}, not {WIRE_VERSION}")
+    if not ann.online or not ann.card.capabilities:
+        return Clause("announce", "fail", "announced offline, or with no capability")
+    caps = ", ".join(c.name for c in ann.card.capabilities)
+    return Clause("announce", "pass", f"wire v{ann.wire_version}, capabilities: {caps}")
+
+
+def _take_clause(
+    take: TaskCard, result: ResultCard | None, agent_id: str, timeout: float
+) -> Clause:
+    if result is None:
+        return Clause("take", "fail", f"no result for {take.task_id} in {timeout:g}s")
+    if (result.attempt, result.agent_id) != (take.attempt, agent_id):
+        return Clause("take", "fail", f"result for attempt {result.attempt} by {result.agent_id}")
+    if result.status != "completed":
+        why = result.reason or result.error or ""
+        return Clause("take", "fail", f"{take.capability}: {result.status} {why}".rstrip())
+    return Clause("take", "pass", f"{take.capability}: completed")
+
+
+def _reject_clause(rejected: ResultCard | None) -> Clause:
+    if rejected is None:
+        return Clause("reject", "fail", f"no answer to a card for {UNKNOWN_CAPABILITY!r}")
+    if rejected.status != "rejected" or not rejected.reason:
+        return Clause("reject", "fail", f"answered {rejected.status}, reason {rejected.reason!r}")
+    return Clause("reject", "pass", f"rejected: {rejected.reason}")
+
+
+def _redelivery_clause(first: ResultCard, again: ResultCard | None) -> Clause:
+    if again is None:
+        return Clause("redelivery", "fail", "no answer to the redelivered card")
+    same = (first.status, first.output, first.reason, first.attempt) == (
+        again.status,
+        again.output,
+        again.reason,
+        again.attempt,
+    )
+    if not same:
+        return Clause("redelivery", "fail", f"another answer: {again.status} {again.output!r}")
+    return Clause("redelivery", "pass", "the same answer")
 
 
 async def check_agent(
@@ -337,15 +377,11 @@ async def check_agent(
         first = await listen.until(lambda: listen.announcements, timeout)
         if not first:
             add(Clause("announce", "fail", f"no announcement on cardbus.announce.{t}"))
+            for name in CLAUSES[1:]:  # nothing to send cards to
+                add(Clause(name, "not exercised", "the agent never announced itself"))
             return report
         seen, ann = first[0]
-        if ann.wire_version != WIRE_VERSION:
-            add(Clause("announce", "fail", f"wire version {ann.wire_version}, not {WIRE_VERSION}"))
-        elif not ann.online or not ann.card.capabilities:
-            add(Clause("announce", "fail", "announced offline, or with no capability"))
-        else:
-            caps = ", ".join(c.name for c in ann.card.capabilities)
-            add(Clause("announce", "pass", f"wire v{ann.wire_version}, capabilities: {caps}"))
+        add(_announce_clause(ann))
 
         renewal = asyncio.ensure_future(_liveness(listen, seen, ann, timeout))
         first_cap = ann.card.capabilities[0].name if ann.card.capabilities else ""
@@ -356,15 +392,7 @@ async def check_agent(
 
         take = kit.card("take", cap_name, inputs)
         result, _ = await kit.answer(take)
-        if result is None:
-            add(Clause("take", "fail", f"no result for {take.task_id} in {timeout:g}s"))
-        elif (result.attempt, result.agent_id) != (take.attempt, agent_id):
-            add(Clause("take", "fail", f"result for attempt {result.attempt} by {result.agent_id}"))
-        elif result.status != "completed":
-            why = result.reason or result.error or ""
-            add(Clause("take", "fail", f"{cap_name}: {result.status} {why}".rstrip()))
-        else:
-            add(Clause("take", "pass", f"{cap_name}: completed"))
+        add(_take_clause(take, result, agent_id, timeout))
         if result is not None:
             unsettled = await kit.inbox_settled()
             add(Clause("ack", "fail", unsettled) if unsettled else Clause("ack", "pass", "acked"))
@@ -373,24 +401,13 @@ async def check_agent(
 
         refuse = kit.card("reject", UNKNOWN_CAPABILITY, {})
         rejected, _ = await kit.answer(refuse)
-        if rejected is None:
-            add(Clause("reject", "fail", f"no answer to a card for {UNKNOWN_CAPABILITY!r}"))
-        elif rejected.status != "rejected" or not rejected.reason:
-            add(Clause("reject", "fail", f"answered {rejected.status}, reason {rejected.reason!r}"))
-        else:
-            add(Clause("reject", "pass", f"rejected: {rejected.reason}"))
+        add(_reject_clause(rejected))
 
         if result is None:
             add(Clause("redelivery", "not exercised", "no first answer to compare with"))
         else:
             again, _ = await kit.answer(msgspec.structs.replace(take, delivery=2))
-            if again is None:
-                add(Clause("redelivery", "fail", "no answer to the redelivered card"))
-            elif not _same_answer(result, again):
-                got = f"another answer: {again.status} {again.output!r}"
-                add(Clause("redelivery", "fail", got))
-            else:
-                add(Clause("redelivery", "pass", "the same answer"))
+            add(_redelivery_clause(result, again))
 
         if result is None:
             add(Clause("partition", "not exercised", "no card answered"))

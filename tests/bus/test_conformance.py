@@ -1,4 +1,5 @@
-"""The conformance kit's judgements that need no server (``cardbus.bus.conformance``)."""
+"""The conformance kit's judgements (``cardbus.bus.conformance``), and what it says when
+there is no agent to check."""
 
 from __future__ import annotations
 
@@ -50,3 +51,16 @@ def test_a_report_fails_when_one_clause_failed() -> None:
     report.clauses[0] = Clause("announce", "fail", "none")
     assert not report.passed and report.lines()[-1] == "FAILED: 1 clause(s)"
     assert "  FAIL           announce" in report.lines()[1]
+
+
+async def test_no_agent_on_the_server_fails_the_announce_clause_and_exercises_nothing(
+    nats_url: str,
+) -> None:
+    from cardbus.bus.conformance import check_agent
+
+    report = await check_agent(nats_url, "nobody-here", timeout=0.5)
+    assert not report.passed
+    assert [(c.name, c.outcome) for c in report.clauses] == [("announce", "fail")] + [
+        (name, "not exercised") for name in CLAUSES[1:]
+    ]
+    assert report.clauses[0].detail == "no announcement on cardbus.announce.nobody-here"
