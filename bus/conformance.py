@@ -104,6 +104,16 @@ class CheckReport:
         """No clause failed (a clause not exercised is no failure)."""
         return all(c.outcome != "fail" for c in self.clauses)
 
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "agent_id": self.agent_id,
+            "wire_version": WIRE_VERSION,
+            "passed": self.passed,
+            "clauses": [
+                {"name": c.name, "outcome": c.outcome, "detail": c.detail} for c in self.clauses
+            ],
+        }
+
     def lines(self) -> list[str]:
         width = max(len(n) for n in CLAUSES)
         out = [f"conformance of agent {self.agent_id!r} (wire version {WIRE_VERSION})"]

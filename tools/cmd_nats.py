@@ -245,12 +245,14 @@ def agent_serve(
     help="That card's inputs as JSON (default: from the capability's input schema).",
 )
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for each answer.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def agent_check(
     nats_url: str,
     agent_id: str,
     capability: str | None,
     inputs_json: str | None,
     timeout: float,
+    as_json: bool,
     **kw: Any,
 ) -> None:
     """Check a running agent, in any language, against the wire contract.
@@ -269,8 +271,11 @@ def agent_check(
     report = run_loop(
         check_agent(options, agent_id, capability=capability, inputs=inputs, timeout=timeout)
     )
-    for line in report.lines():
-        click.echo(line)
+    if as_json:
+        click.echo(json.dumps(report.as_json()))
+    else:
+        for line in report.lines():
+            click.echo(line)
     if not report.passed:
         sys.exit(EXIT_FAILED)
 

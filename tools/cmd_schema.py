@@ -26,16 +26,20 @@ __all__: list[str] = []
     type=click.Path(file_okay=False),
     help="Write every schema (and contract.json) into this directory.",
 )
-def schema_command(name: str | None, out_dir: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="The list (or the files written) as JSON.")
+def schema_command(name: str | None, out_dir: str | None, as_json: bool) -> None:
     """The wire format's JSON Schemas (NAME: one of them, or 'contract')."""
     if out_dir is not None:
-        for path in write_schemas(out_dir):
-            click.echo(str(path))
+        paths = [str(p) for p in write_schemas(out_dir)]
+        click.echo(json.dumps(paths) if as_json else "\n".join(paths))
         return
-    if name is None:
+    if name is None and as_json:
+        names = [*SCHEMA_NAMES, "contract"]
+        click.echo(json.dumps({"wire_version": WIRE_VERSION, "schemas": names}))
+    elif name is None:
         click.echo(f"cardbus wire version {WIRE_VERSION}; schemas:")
         for known in (*SCHEMA_NAMES, "contract"):
             click.echo(f"  {known}")
-        return
-    doc = contract() if name == "contract" else schema(name)
-    click.echo(json.dumps(doc, indent=2))
+    else:  # (a schema is JSON already)
+        doc = contract() if name == "contract" else schema(name)
+        click.echo(json.dumps(doc, indent=2))

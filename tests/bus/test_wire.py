@@ -178,5 +178,7 @@ def test_cardbus_schema_prints_and_writes_them(tmp_path: Any) -> None:
     assert files == sorted([f"{n}.schema.json" for n in wire.SCHEMA_NAMES] + ["contract.json"])
     on_disk = json.loads((tmp_path / "s" / "announce.schema.json").read_text())
     assert on_disk == wire.schema("announce")
+    as_json = json.loads(runner.invoke(cli, ["schema", "--json"]).output)
+    assert as_json == {"wire_version": 1, "schemas": [*wire.SCHEMA_NAMES, "contract"]}
     wrong = runner.invoke(cli, ["schema", "nope"])
     assert wrong.exit_code == 1 and "no wire schema 'nope'" in wrong.output
