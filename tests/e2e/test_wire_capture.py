@@ -83,6 +83,8 @@ async def test_every_message_of_a_demo_run_matches_its_schema(
     # the whole run went by: cards, both replies, announcements, requests and their answers,
     # the journal's model calls among them
     assert seen["task_card"] >= 5 and seen["result_card"] >= 5, seen
-    assert seen["announce"] >= 5 and seen["started"] >= 1 and seen["agent_request"] >= 2, seen
+    # (a Started goes out only for a handler slower than started_after_s: validated when it
+    # comes, not counted on; tests/bus/test_wire.py validates one the code encodes)
+    assert seen["announce"] >= 5 and seen["agent_request"] >= 2, seen
     assert seen["model.request"] >= 1 and seen["model.answer"] >= 1, seen
     assert len(responses) == seen["agent_request"], (len(responses), seen)
