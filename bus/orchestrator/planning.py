@@ -349,13 +349,17 @@ def taken_from_goal(output: Any, goal: str, session: Mapping[str, Any]) -> dict[
     words = goal.lower()
     out: dict[str, list[str]] = {}
     for t in tasks:
-        inputs = t.get("inputs") if isinstance(t, Mapping) else None
-        if not isinstance(t.get("id") if isinstance(t, Mapping) else None, str):
+        if not isinstance(t, Mapping) or not isinstance(t.get("id"), str):
             continue
+        inputs = t.get("inputs")
         if not isinstance(inputs, Mapping):
             continue
         declared = said.get(t["id"])
-        names = [n for n in (declared if isinstance(declared, list) else []) if n in inputs]
+        names = [
+            n
+            for n in (declared if isinstance(declared, list) else [])
+            if isinstance(n, str) and n in inputs  # a planner's say, of its own inputs only
+        ]
         for name, value in inputs.items():
             if name not in names and _in_goal(value, words, given):
                 names.append(name)

@@ -524,3 +524,29 @@ async def test_the_goals_words_where_free_text_is_not_taken_are_refused(
     assert given.status == "completed", given
     log = await run_log(store, given.root_id)
     assert log.first(ev.PlanProposed).data.from_goal == {}
+
+
+@pytest.mark.parametrize(
+    "said",
+    [{"a": [["text"], {"x": 1}, 3, "nope"]}, {"a": "text"}, ["a"], {"zz": ["text"]}, None],
+)
+async def test_what_a_planner_says_it_took_from_the_goal_is_kept_only_where_true(
+    make_runtime, store, said: Any
+) -> None:
+    """A planner's ``from_goal`` naming no input of its own task is dropped, never a crash."""
+    SCRIPT.append({"goal": "g", "tasks": [echo_task("a", "hello")], "from_goal": said})
+    rt = await make_runtime(AGENTS)
+    r = await rt.run(Plan(goal="say hi", tasks=[]))
+    assert r.status == "completed", r
+    log = await run_log(store, r.root_id)
+    assert log.first(ev.PlanProposed).data.from_goal == {}
+
+
+async def test_what_a_planner_says_it_took_from_the_goal_is_recorded(make_runtime, store) -> None:
+    """A paraphrase is not found word for word: the planner's own say is recorded."""
+    SCRIPT.append({"goal": "g", "tasks": [echo_task("a", "hi")], "from_goal": {"a": ["text"]}})
+    rt = await make_runtime(AGENTS)
+    r = await rt.run(Plan(goal="say hello", tasks=[]))
+    assert r.status == "completed", r
+    log = await run_log(store, r.root_id)
+    assert log.first(ev.PlanProposed).data.from_goal == {"a": ["text"]}
