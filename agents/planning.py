@@ -14,7 +14,8 @@ Schema is :func:`plan_json_schema`.
 
 * :class:`RulePlanner` needs no model and is deterministic: it chains
   capabilities by their schemas toward the capability (or output type) wanted,
-  or the one whose description best matches the goal.
+  or the one whose description best matches the goal, and plans each further
+  step the goal names; what it cannot tell it asks for, never guesses.
 * :class:`LLMPlanner` is an :class:`~cardbus.agents.llm_agent.LLMAgent` asked
   for the plan schema as structured output; :func:`check_plan` sends a
   proposal that cannot run back to the model before it leaves the agent.
@@ -784,12 +785,20 @@ class RulePlanner(Agent):
     an output field of that name and type of a task already planned; a
     capability that outputs such a field (or one named like the input with a
     single output field of its type), planned first, the one adding the
-    fewest tasks; for a string, the goal's subject (``topic``, ``subject``,
-    ``query``: "a short report on tides" -> "tides") or the goal's text.
+    fewest tasks; for a string that takes free text (:func:`takes_free_text`),
+    the goal's subject (``topic``, ``subject``, ``query``: "a short report on
+    tides" -> "tides") or the goal's text, named in the proposal's ``from_goal``.
     Optional inputs are filled only from the session and planned outputs. A
     capability that takes the final output as ``draft`` and answers a review
     (``passed``, ``issues``) becomes its ``review_by``. On a re-proposal,
-    capabilities the errors name are left out. No chain: ``Reject("cannot_plan")``.
+    capabilities the errors name are left out.
+
+    It never guesses silently: one task read whole by two inputs of a capability
+    (``current`` and ``previous`` from one query) is refused, naming them and the
+    scoped ``--input current.FIELD=...`` that plans the query once for each; a
+    field given per task is never copied from one of them into a third; every
+    step the goal names (:func:`named_steps`) is planned after the chain, or
+    named in the refusal. No plan: ``Reject("cannot_plan")``.
     """
 
     agent_id = "rule-planner"
@@ -827,7 +836,10 @@ class LLMPlanner(LLMAgent):
         " previous plan was refused for them: fix every one. Put the session's fields in"
         " inputs only where an input asks for them. Mark a task optional only when the goal"
         " can be met without its output (a best-effort extra): if it fails, the tasks after"
-        " it run without the fields they read from it."
+        " it run without the fields they read from it. Fill an input with the goal's own"
+        " words only if it takes free text (a topic, a text, a question...), and name each"
+        " such input in from_goal ({TASK_ID: [INPUT, ...]}); a value only the user can give"
+        " (a region, a date) that the session lacks is not yours to guess."
     )
 
     def check(self, output: Any, inputs: Any, task: TaskCard) -> list[str]:
