@@ -678,10 +678,11 @@ def rule_plan(request: PlanRequest) -> PlanProposal:
         raise Reject(
             "cannot_plan", "no chain of capabilities reaches " + "; ".join(problems) + unplanned
         )
+    reviewer = chain.reviewer_for(target)
     dropped = []
     for words, step in steps:  # the steps the goal names beyond the chain: each planned too
-        if any(t.capability == step for t in chain.tasks.values()):
-            continue
+        if step == reviewer or any(t.capability == step for t in chain.tasks.values()):
+            continue  # planned already (a review is the final task's ``review_by``)
         trial = chain.copy()
         try:
             trial.build(step, goal=words)
@@ -695,7 +696,6 @@ def rule_plan(request: PlanRequest) -> PlanProposal:
     if dropped:
         raise Reject("cannot_plan", "; ".join(dropped))
     tasks = list(chain.tasks.values())
-    reviewer = chain.reviewer_for(target)
     if reviewer is not None:
         at = next(i for i, t in enumerate(tasks) if t.id == final)
         tasks[at] = msgspec.structs.replace(tasks[at], review_by=reviewer)
