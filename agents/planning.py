@@ -670,7 +670,7 @@ def rule_plan(request: PlanRequest) -> PlanProposal:
         chain = trial
         break
     else:
-        unplanned = _steps_left(steps, {})
+        unplanned = _steps_left(steps)
         if ambiguous:
             raise Reject("cannot_plan", ambiguous + unplanned)
         if missing:
@@ -711,7 +711,7 @@ def rule_plan(request: PlanRequest) -> PlanProposal:
 
 
 #: what separates the steps of a goal: "query ..., do ... and generate ..."
-_STEP_BREAK = re.compile(r"[,;]|\b(?:and then|then|and|before|after)\b", re.I)
+_STEP_BREAK = re.compile(r"[,;]|\b(?:and then|then|and)\b", re.I)
 #: a part of the goal names a capability when its description matches this well, and
 #: clearly better than any other's (the hashing embedder: "generate a report" scores
 #: 0.62 against "generate a report of ...", a bare noun phrase under 0.25)
@@ -745,9 +745,9 @@ def named_steps(goal: str, chain: _Chain) -> list[tuple[str, str]]:
     return steps
 
 
-def _steps_left(steps: list[tuple[str, str]], planned: dict[str, Any]) -> str:
-    """The goal's steps no plan has, named for a refusal ("" for none)."""
-    left = [f"{words!r} ({cap!r})" for words, cap in steps if cap not in planned]
+def _steps_left(steps: list[tuple[str, str]]) -> str:
+    """The goal's steps, named in a refusal: none is planned ("" for none named)."""
+    left = [f"{words!r} ({cap!r})" for words, cap in steps]
     return f"; so the goal's steps {', '.join(left)} are not planned" if left else ""
 
 

@@ -65,11 +65,11 @@ __all__ = [
     "check_proposal",
     "created_tasks",
     "judge_proposal",
-    "taken_from_goal",
     "planner_task_id",
     "planning_inputs",
     "planning_spec",
     "proposal_plan",
+    "taken_from_goal",
 ]
 
 PLAN_ROLE = "plan"  # TaskCreated.role of a planning task
