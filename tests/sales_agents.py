@@ -1,7 +1,9 @@
 """Agents over sales figures, as a user writes them: inputs ``region`` and ``period``.
 
 Used by the planning tests (the rule planner never fills ``region`` or
-``period`` with the goal's words) and the retry tests (``FlakySales`` always
+``period`` with the goal's words; ``YOY_AGENTS``: a year-over-year analysis whose
+``current`` and ``previous`` inputs are one query's output type, so the query is
+needed twice, and a report of it) and the retry tests (``FlakySales`` always
 fails, ``SteadySales`` offers the same capability and succeeds).
 """
 
