@@ -479,6 +479,9 @@ class PlanProposed(_Event, frozen=True, kw_only=True, tag="plan.proposed.v1"):
     planner_task_id: str
     agent_id: str = ""
     proposal: Any = None  # the planner's output, as it came (the plan format, or not)
+    # the inputs whose values were taken from the goal's own words, not given by anyone:
+    # plan task id -> input names (what the planner said so, and what the orchestrator found)
+    from_goal: dict[str, list[str]] = {}
 
 
 class PlanRefused(_Event, frozen=True, kw_only=True, tag="plan.refused.v1"):

@@ -58,6 +58,7 @@ __all__ = [
     "one_line",
     "prompt_excerpt",
     "replay",
+    "worded_inputs",
 ]
 
 _STATE = {s.value: s for s in TaskState}
@@ -210,6 +211,8 @@ class PlanRound(msgspec.Struct, kw_only=True):
     planner_task_id: str
     agent_id: str = ""
     tasks: list[str] = []  # the proposed tasks, "id (capability)"
+    # the inputs whose values are the goal's own words: plan task id -> input names
+    from_goal: dict[str, list[str]] = {}
     outcome: str = "proposed"  # "refused" | "accepted" (or "proposed" while undecided)
     errors: list[str] = []
     time: float = 0.0
@@ -324,7 +327,8 @@ def _detail(data: Any) -> str | None:
                 d += " (to plan)"
             return d + (f" (forked from {data.forked_from})" if data.forked_from else "")
         case ev.PlanProposed():
-            return f"round {data.round} by {data.agent_id or '?'}: {_proposed(data.proposal)}"
+            d = f"round {data.round} by {data.agent_id or '?'}: {_proposed(data.proposal)}"
+            return d + worded_inputs(data.from_goal)
         case ev.PlanAccepted():
             d = f"round {data.round}: {len(data.task_ids)} tasks created"
             return d + (f", {len(data.superseded)} superseded" if data.superseded else "")
@@ -341,6 +345,13 @@ def _who(data: Any) -> str:
         return "" if data.delivery <= 1 else f"delivery {data.delivery}"
     d = f"by {data.replica_id}"
     return d + (f" (delivery {data.delivery})" if data.delivery > 1 else "")
+
+
+def worded_inputs(from_goal: dict[str, list[str]]) -> str:
+    """The inputs a proposal took from the goal's words, as a step says them ("" for none):
+    "; taken from the goal: translate.text"."""
+    names = [f"{task}.{name}" for task, inputs in from_goal.items() for name in inputs]
+    return f"; taken from the goal: {', '.join(names)}" if names else ""
 
 
 def _proposed(proposal: Any) -> str:
@@ -839,6 +850,7 @@ def _rounds(root_events: Sequence[Envelope]) -> list[PlanRound]:
                     f"{t.get('id')} ({t.get('capability')})" if isinstance(t, dict) else "?"
                     for t in (tasks if isinstance(tasks, list) else [])
                 ],
+                from_goal={k: list(v) for k, v in data.from_goal.items()},
                 time=env.recorded_at,
             )
         elif isinstance(data, ev.PlanRefused) and data.round in rounds:

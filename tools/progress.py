@@ -27,6 +27,7 @@ from cardbus.eventstore import Envelope, EventStore, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import IllegalTransition
 from cardbus.eventstore.states import TERMINAL, transition
+from cardbus.projections.replay import worded_inputs
 
 __all__ = ["RunProgress"]
 
@@ -136,6 +137,9 @@ class RunProgress:
         if isinstance(data, _FINISHED):
             self.finished.set()
             return
+        if isinstance(data, ev.PlanProposed) and data.from_goal and self.changes and not quiet:
+            # a value nobody gave is never passed off as one: the planner took the goal's words
+            self._say(f"  plan round {data.round}{worded_inputs(data.from_goal)}")
         if type(data) not in _TASK_TYPES:
             return
         task = self.tasks.get(env.stream)

@@ -929,16 +929,16 @@ class Decider:
             (a for a, r in planner.results.items() if r.output == output),
             next(iter(planner.dispatched_to), ""),
         )
-        size = len(msgspec.json.encode(output))
-        if size > self.event_limit:
-            proposed = ev.PlanProposed(round=round, planner_task_id=planner.task_id, agent_id=agent)
-            plan = None
-            errors = [f"the proposal is {size} bytes, over the limit ({self.event_limit})"]
-        else:
-            proposed = ev.PlanProposed(
-                round=round, planner_task_id=planner.task_id, agent_id=agent, proposal=output
-            )
-            plan, errors = planning.check_proposal(output, run, self.state, self.policy)
+        proposed, plan, errors = planning.judge_proposal(
+            output,
+            run,
+            self.state,
+            self.policy,
+            round=round,
+            planner_task_id=planner.task_id,
+            agent_id=agent,
+            event_limit=self.event_limit,
+        )
         if plan is None:
             events: list[ev.Event] = [proposed, ev.PlanRefused(round=round, errors=errors)]
             used = round - planning.episode_start(run, round) + 1

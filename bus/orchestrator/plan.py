@@ -95,6 +95,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     max_plan_rounds: int | None = None  # proposals in all (a refused one is re-proposed)
     replan_on_failure: int | None = None  # re-plannings after a task fails for good
     session_fields: list[str] = []
+    # the inputs of its tasks whose values a planner took from the goal's own words (task
+    # id -> input names): said so, never passed off as given (``cardbus plan`` marks them)
+    from_goal: dict[str, list[str]] = {}
     # --- whose long-term memory the run reads and writes (``projections.scope``): the
     # run's user and tenant; None: the session's "user" / "tenant" field, if any
     user: str | None = None

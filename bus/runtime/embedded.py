@@ -264,7 +264,7 @@ async def plan_goal(
     if run.accepted:
         proposed = run.proposals[run.accepted[-1].round]
         tasks = proposal_plan(proposed.proposal, plan.goal).tasks
-        checked = msgspec.structs.replace(plan, tasks=tasks)
+        checked = msgspec.structs.replace(plan, tasks=tasks, from_goal=proposed.from_goal)
         return PlannedGoal(checked, timeline.planning, "accepted", events=count, duration_s=elapsed)
     finish = run.finish_event
     return PlannedGoal(
