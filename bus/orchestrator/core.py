@@ -41,6 +41,7 @@ from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
+from cardbus.bus.orchestrator.hostloss import HOST_LOST
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
@@ -151,8 +152,8 @@ class Orchestrator:
 
         ``lease_s``: the lease of an agent found in the log on start that gave none (it
         is selected again once it renews: ``liveness``). ``attempts_survive_restart=False``
-        (the embedded runtime, whose agents die with the process): the attempts in flight
-        in the log on start time out at once (reason ``agent_lost``) and are retried.
+        (embedded: agents die with the process): attempts in flight on start or stop are
+        host losses, retried at once without spending an attempt (``hostloss``).
 
         ``agents``: the operator's grants (``AgentGrants``, or the cards themselves):
         which agents may register through their announcements, with at most what
@@ -192,7 +193,7 @@ class Orchestrator:
         self.leases = Leases(lease_s)
         self.attempts_survive_restart = attempts_survive_restart
         self.orchestrator_id = new_id()
-        self._lost_attempts: frozenset[tuple[str, int]] = frozenset()
+        self._lost_attempts: dict[tuple[str, int], str] = {}  # -> why: ``hostloss``
         self._announce_refused: dict[str, str] = {}  # agent -> the refusal recorded last
         self.snapshot_path = (
             _snapshot.snapshot_path_for(store)
@@ -324,7 +325,7 @@ class Orchestrator:
                         task.attempt not in task.settled
                     ):
                         lost.append((task_id, task.attempt))
-        self._lost_attempts = frozenset(lost)
+        self._lost_attempts = dict.fromkeys(lost, HOST_LOST)
         untaken = (
             untaken_cards(self._decider(time.time()), self.owns)
             if self.attempts_survive_restart
@@ -388,16 +389,15 @@ class Orchestrator:
         self.tracing.close()  # runs still open end their spans here (a restart rejoins them)
 
     async def _give_back(self) -> None:
-        """An embedded process stopping: the cards it sent to its own agents die with it.
-        Their attempts are lost now, recorded as such (and retried by whoever carries on:
-        another process on the same log, or this one resumed), not left to wait for the
-        queue limit, since their deadline would count from a start that will not come."""
+        """An embedded process stopping: the cards it sent to its own agents die with it, as
+        host losses recorded now (retried by another process on the same log, or this one
+        resumed), not left to wait for the queue limit: no start will come for them."""
         if self.attempts_survive_restart or not self._loops or self.store_failure:
             return
         mine = {key for key in self._sent if self._in_flight(*key)}
         if not mine:
             return
-        self._lost_attempts = self._lost_attempts | mine
+        self._lost_attempts = self._lost_attempts | dict.fromkeys(mine, HOST_LOST)
         self._queue.put_nowait(_Changed(frozenset(self._root_of(t) for t, _ in mine)))
         # Until the loss is recorded (or the loop or the log is gone), with no time limit:
         # another process on the same log waits on these attempts, and an attempt left
@@ -1026,7 +1026,7 @@ class Orchestrator:
         if len(self._sent) > 4096:
             self._sent = {key for key in self._sent if self._in_flight(*key)}
         if lost:
-            self._lost_attempts = self._lost_attempts | lost
+            self._lost_attempts = self._lost_attempts | dict.fromkeys(lost, "agent_lost")
             self._queue.put_nowait(_TICK)
 
     def _root_of(self, stream: str) -> str:

@@ -94,20 +94,20 @@ class Decider:
         busy: frozenset[str] = frozenset(),
         event_limit: int = DEFAULT_MAX_EVENT_BYTES - 8192,
         leases: Leases | None = None,
-        lost_attempts: frozenset[tuple[str, int]] = frozenset(),
+        lost_attempts: dict[tuple[str, int], str] | None = None,
         dispatching: bool = True,
         budgets: Budgets | None = None,
         results: ResultIndex | None = None,
     ) -> None:
         """``results``: stored results a pending task may be answered from (``reuse``);
         ``leases``: which agents are live (None: every registered agent);
-        ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now);
+        ``lost_attempts``: (task, attempt) whose agent is known gone -> why (``hostloss``);
         ``dispatching``: False for an orchestrator stopping (its agents go with it);
         ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced)."""
         self.budgets = budgets
         self.results = results
         self.leases = leases
-        self.lost_attempts = lost_attempts
+        self.lost_attempts = lost_attempts or {}  # they time out now
         self.dispatching = dispatching
         self.state = state
         self.policy = policy
