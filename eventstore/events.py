@@ -235,7 +235,8 @@ class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_su
 
 
 class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_ignored.v1"):
-    """A result for an attempt already settled (duplicate delivery) or unknown."""
+    """A result for an attempt already settled (a second answer) or unknown; the very
+    reply the log already records, delivered again, writes nothing (``repeats``)."""
 
     attempt: int
     agent_id: str

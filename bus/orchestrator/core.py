@@ -52,6 +52,7 @@ from cardbus.bus.orchestrator.plan import (
 )
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
+from cardbus.bus.orchestrator.repeats import UnknownReplies
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
 from cardbus.bus.orchestrator.runstate import RunState
@@ -228,6 +229,7 @@ class Orchestrator:
         self._held: dict[str, list[Envelope]] = {}
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
+        self.unknown = UnknownReplies(self.caught_up, self._queue.put_nowait, self._bad)
         # spans per run, the tree cardbus export draws (agents by name); no-ops without an SDK
         self.tracing = telemetry.RunTracing(lambda a: getattr(self.state.agents.get(a), "name", a))
         # agent requests (task and long-term memory, tools): checked, recorded, answered;
@@ -364,6 +366,7 @@ class Orchestrator:
         (``give_back=False``: stop as a process that dies would, leaving them)."""
         ran = bool(self._loops)
         self._stopping = True
+        self.unknown.close()
         if give_back:
             await self._give_back()
         if self._commits:  # let decisions already made finish their writes
@@ -938,10 +941,7 @@ class Orchestrator:
                 decider.advance(run)
         d = decider.d
         self._parked.extend(d.deferred)
-        for reply in d.unroutable:
-            self._bad(
-                "cardbus.reply", f"result for unknown task {reply.task_id!r} from {reply.agent_id}"
-            )
+        self.unknown.look_again(d.unroutable)  # bad if still unknown once caught up
         if d:
             # Commits run in the background so the next step can decide on other
             # streams meanwhile (their appends then share a group commit); a stream

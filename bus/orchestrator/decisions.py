@@ -26,6 +26,7 @@ from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.repeats import ignored_result
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
@@ -170,15 +171,9 @@ class Decider:
             or reply.agent_id in task.results
             or task.state not in (S.DISPATCHED, S.RUNNING)
         ):
-            # the current attempt answered again (its agent's result is in): a duplicate; any
-            # other answer (an earlier attempt, or the current one after it timed out, its
-            # retry not dispatched yet; one never dispatched): stale
-            again = reply.attempt == task.attempt and reply.agent_id in task.results
-            reason = "duplicate" if again else "stale_attempt"
-            self.d.add(
-                task.task_id,
-                ev.TaskResultIgnored(attempt=reply.attempt, agent_id=reply.agent_id, reason=reason),
-            )
+            ignored = ignored_result(task, reply)  # None: the recorded reply delivered again
+            if ignored is not None:
+                self.d.add(task.task_id, ignored)
             return
         submitted = ev.TaskResultSubmitted(
             attempt=reply.attempt,

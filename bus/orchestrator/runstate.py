@@ -49,6 +49,9 @@ class TaskView:
     # run are never dispatched, and one shared empty frozenset is no set of its own
     assigned: frozenset[str] = frozenset()  # every agent any attempt was sent to
     results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
+    # every result recorded, as (attempt, agent, replica, delivery): the same reply delivered
+    # again is known as such (``repeats``)
+    answered: frozenset[tuple[int, str, str, int]] = frozenset()
     settled: frozenset[int] = frozenset()  # attempts already decided
     excluded: frozenset[str] = frozenset()  # agents that rejected this task
     # agents an attempt of this task failed on (a reason with a failure weight): within the
@@ -463,6 +466,8 @@ def _result(
     env: Envelope,
     data: ev.TaskResultSubmitted,
 ) -> None:
+    if data.replica_id:
+        task.answered |= {(data.attempt, data.agent_id, data.replica_id, data.delivery)}
     if data.attempt == task.attempt:
         task.results[data.agent_id] = data
         task.started |= {data.agent_id}
