@@ -40,7 +40,8 @@ def agents(db: StoreRef, as_json: bool, overlap: float) -> None:
     success rate, and the agents whose capabilities overlap its own.
 
     The log holds no lease renewals. On NATS the running orchestrators, which hold them,
-    are asked: live means one of them holds a live lease for the agent. Otherwise (a
+    are asked (up to a second for their answers): live means one of them holds a live
+    lease for the agent. Otherwise (a
     SQLite log, an agent no orchestrator has a word on yet, or none running), live means
     registered and seen (registered, started or answered a card) within its lease, and
     an idle agent that keeps renewing shows lapsed.
