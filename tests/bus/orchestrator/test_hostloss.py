@@ -1,7 +1,7 @@
 """Host losses (``bus.orchestrator.hostloss``): an attempt that dies with the embedded
 process is retried without spending the task's attempts, and bounded on its own.
 
-The SIGKILL version runs ``cardbus run`` in processes (tests/e2e/test_host_loss.py);
+The SIGKILL version runs ``cardbus run`` in processes (``tests/e2e/test_host_loss.py``);
 these drive ``EmbeddedRuntime`` in one process: a stop that gives the attempts back,
 and the fold's counts."""
 
