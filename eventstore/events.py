@@ -235,7 +235,8 @@ class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_su
 
 
 class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_ignored.v1"):
-    """A result for an attempt already settled (duplicate delivery) or unknown."""
+    """A result for an attempt already settled (a second answer) or unknown; the very
+    reply the log already records, delivered again, writes nothing (``repeats``)."""
 
     attempt: int
     agent_id: str
@@ -289,15 +290,17 @@ class TaskRetryScheduled(_Event, frozen=True, kw_only=True, tag="task.retry_sche
 
 class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
     """The attempt passed its deadline (``reason`` ``deadline``), or its agent went first
-    (``agent_lost``: lease lapsed, deregistered, or it ran in the previous embedded process).
+    (``agent_lost``: lease lapsed or deregistered; ``host_lost``: it ran in an embedded
+    process that died or stopped, not the agent's fault).
     """
 
     attempt: int
     agent_id: str
     deadline: float
     # "deadline"; "queue_timeout": no agent took the card by the dispatch's deadline;
-    # "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
-    # the previous embedded process), so the attempt was timed out at once
+    # "agent_lost": its agent went (lease lapsed, deregistered, its card unsendable), so
+    # the attempt was timed out at once; "host_lost": it died with the embedded process
+    # that ran it (timed out at once, retried without spending an attempt: ``hostloss``)
     reason: str = "deadline"
 
 

@@ -41,6 +41,7 @@ from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
+from cardbus.bus.orchestrator.hostloss import HOST_LOST
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
@@ -51,6 +52,7 @@ from cardbus.bus.orchestrator.plan import (
 )
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
+from cardbus.bus.orchestrator.repeats import UnknownReplies
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
 from cardbus.bus.orchestrator.runstate import RunState
@@ -151,8 +153,8 @@ class Orchestrator:
 
         ``lease_s``: the lease of an agent found in the log on start that gave none (it
         is selected again once it renews: ``liveness``). ``attempts_survive_restart=False``
-        (the embedded runtime, whose agents die with the process): the attempts in flight
-        in the log on start time out at once (reason ``agent_lost``) and are retried.
+        (embedded: agents die with the process): attempts in flight on start or stop are
+        host losses, retried at once without spending an attempt (``hostloss``).
 
         ``agents``: the operator's grants (``AgentGrants``, or the cards themselves):
         which agents may register through their announcements, with at most what
@@ -192,7 +194,7 @@ class Orchestrator:
         self.leases = Leases(lease_s)
         self.attempts_survive_restart = attempts_survive_restart
         self.orchestrator_id = new_id()
-        self._lost_attempts: frozenset[tuple[str, int]] = frozenset()
+        self._lost_attempts: dict[tuple[str, int], str] = {}  # -> why: ``hostloss``
         self._announce_refused: dict[str, str] = {}  # agent -> the refusal recorded last
         self.snapshot_path = (
             _snapshot.snapshot_path_for(store)
@@ -227,6 +229,7 @@ class Orchestrator:
         self._held: dict[str, list[Envelope]] = {}
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
+        self.unknown = UnknownReplies(self.caught_up, self._queue.put_nowait, self._bad)
         # spans per run, the tree cardbus export draws (agents by name); no-ops without an SDK
         self.tracing = telemetry.RunTracing(lambda a: getattr(self.state.agents.get(a), "name", a))
         # agent requests (task and long-term memory, tools): checked, recorded, answered;
@@ -324,7 +327,7 @@ class Orchestrator:
                         task.attempt not in task.settled
                     ):
                         lost.append((task_id, task.attempt))
-        self._lost_attempts = frozenset(lost)
+        self._lost_attempts = dict.fromkeys(lost, HOST_LOST)
         untaken = (
             untaken_cards(self._decider(time.time()), self.owns)
             if self.attempts_survive_restart
@@ -363,6 +366,7 @@ class Orchestrator:
         (``give_back=False``: stop as a process that dies would, leaving them)."""
         ran = bool(self._loops)
         self._stopping = True
+        self.unknown.close()
         if give_back:
             await self._give_back()
         if self._commits:  # let decisions already made finish their writes
@@ -388,16 +392,15 @@ class Orchestrator:
         self.tracing.close()  # runs still open end their spans here (a restart rejoins them)
 
     async def _give_back(self) -> None:
-        """An embedded process stopping: the cards it sent to its own agents die with it.
-        Their attempts are lost now, recorded as such (and retried by whoever carries on:
-        another process on the same log, or this one resumed), not left to wait for the
-        queue limit, since their deadline would count from a start that will not come."""
+        """An embedded process stopping: the cards it sent to its own agents die with it, as
+        host losses recorded now (retried by another process on the same log, or this one
+        resumed), not left to wait for the queue limit: no start will come for them."""
         if self.attempts_survive_restart or not self._loops or self.store_failure:
             return
         mine = {key for key in self._sent if self._in_flight(*key)}
         if not mine:
             return
-        self._lost_attempts = self._lost_attempts | mine
+        self._lost_attempts = self._lost_attempts | dict.fromkeys(mine, HOST_LOST)
         self._queue.put_nowait(_Changed(frozenset(self._root_of(t) for t, _ in mine)))
         # Until the loss is recorded (or the loop or the log is gone), with no time limit:
         # another process on the same log waits on these attempts, and an attempt left
@@ -941,10 +944,7 @@ class Orchestrator:
                 decider.advance(run)
         d = decider.d
         self._parked.extend(d.deferred)
-        for reply in d.unroutable:
-            self._bad(
-                "cardbus.reply", f"result for unknown task {reply.task_id!r} from {reply.agent_id}"
-            )
+        self.unknown.look_again(d.unroutable)  # bad if still unknown once caught up
         if d:
             # Commits run in the background so the next step can decide on other
             # streams meanwhile (their appends then share a group commit); a stream
@@ -1029,7 +1029,7 @@ class Orchestrator:
         if len(self._sent) > 4096:
             self._sent = {key for key in self._sent if self._in_flight(*key)}
         if lost:
-            self._lost_attempts = self._lost_attempts | lost
+            self._lost_attempts = self._lost_attempts | dict.fromkeys(lost, "agent_lost")
             self._queue.put_nowait(_TICK)
 
     def _root_of(self, stream: str) -> str:

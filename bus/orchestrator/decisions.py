@@ -26,6 +26,7 @@ from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.repeats import ignored_result
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
@@ -94,20 +95,20 @@ class Decider:
         busy: frozenset[str] = frozenset(),
         event_limit: int = DEFAULT_MAX_EVENT_BYTES - 8192,
         leases: Leases | None = None,
-        lost_attempts: frozenset[tuple[str, int]] = frozenset(),
+        lost_attempts: dict[tuple[str, int], str] | None = None,
         dispatching: bool = True,
         budgets: Budgets | None = None,
         results: ResultIndex | None = None,
     ) -> None:
         """``results``: stored results a pending task may be answered from (``reuse``);
         ``leases``: which agents are live (None: every registered agent);
-        ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now);
+        ``lost_attempts``: (task, attempt) whose agent is known gone -> why (``hostloss``);
         ``dispatching``: False for an orchestrator stopping (its agents go with it);
         ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced)."""
         self.budgets = budgets
         self.results = results
         self.leases = leases
-        self.lost_attempts = lost_attempts
+        self.lost_attempts = lost_attempts or {}  # they time out now
         self.dispatching = dispatching
         self.state = state
         self.policy = policy
@@ -170,15 +171,9 @@ class Decider:
             or reply.agent_id in task.results
             or task.state not in (S.DISPATCHED, S.RUNNING)
         ):
-            # the current attempt answered again (its agent's result is in): a duplicate; any
-            # other answer (an earlier attempt, or the current one after it timed out, its
-            # retry not dispatched yet; one never dispatched): stale
-            again = reply.attempt == task.attempt and reply.agent_id in task.results
-            reason = "duplicate" if again else "stale_attempt"
-            self.d.add(
-                task.task_id,
-                ev.TaskResultIgnored(attempt=reply.attempt, agent_id=reply.agent_id, reason=reason),
-            )
+            ignored = ignored_result(task, reply)  # None: the recorded reply delivered again
+            if ignored is not None:
+                self.d.add(task.task_id, ignored)
             return
         submitted = ev.TaskResultSubmitted(
             attempt=reply.attempt,

@@ -46,6 +46,7 @@ from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.reuse import ReusePolicy
+from cardbus.bus.runtime.leases import serve_leases
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.members import MemberLog
@@ -246,6 +247,8 @@ class NatsRuntime:
             if self.partitions is not None:  # a first share before the resume: its runs
                 await self.partitions.start()
             await self.orchestrator.start()
+            # ``cardbus agents`` asks who holds a live lease (renewals are not in the log)
+            await serve_leases(nc, self.orchestrator)
             if self.agents:
                 # the agents get their own connection, as they would in their own process
                 agent_bus = await NatsBus.connect(

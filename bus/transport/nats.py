@@ -33,8 +33,8 @@ Subjects and streams
   makes sure each is recorded once. A reply is acked once the orchestrator
   has taken it from ``replies()`` (put it into its decide loop: the iterator
   was asked for the next one), so an orchestrator killed before that gets it
-  again; a reply seen twice is harmless (it is recorded once, or as
-  ``task.result_ignored``). The consumer acks with ``AckAll``: one ack at
+  again; a reply seen twice is harmless (it is recorded once; the same reply
+  again writes nothing, ``bus.orchestrator.repeats``). The consumer acks with ``AckAll``: one ack at
   most every 20 ms for the last reply taken covers every one before it
   (``ReplyAcks``: replies are taken in delivery order; what a stopped
   predecessor left unacked is waited for first); a consumer created by an

@@ -381,7 +381,7 @@ async def test_restart_after_acceptance_runs_the_accepted_tasks_once(db_path) ->
     store2 = await SqliteEventStore.open(db_path, poll_interval=0.01)
     rt2 = Runtime(store2, AGENTS)
     # the cards rt1 sent died with its in-process bus: its attempts time out at once on
-    # resume (agent_lost), as in EmbeddedRuntime; a deadline counts from an agent's start
+    # resume (host_lost), as in EmbeddedRuntime; a deadline counts from an agent's start
     rt2.orch.attempts_survive_restart = False
     await rt2.start()
     try:

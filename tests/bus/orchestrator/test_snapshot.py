@@ -237,7 +237,7 @@ async def test_restart_mid_run_from_a_snapshot_resumes_it(db_path, crash):
 
     reads = _Reads(store2)
     rt2 = Runtime(store2, _agents(), policy=policy)
-    # Attempt 1 of b died with rt1's agents: it times out at once on resume (agent_lost).
+    # Attempt 1 of b died with rt1's agents: it times out at once on resume (host_lost).
     # Not by its deadline: a 0.3 s deadline passed on resume, but attempt 2 had to answer
     # within 0.3 s too, and under CPU load it did not (attempt 3: [1, 2, 3]).
     rt2.orch.attempts_survive_restart = False
