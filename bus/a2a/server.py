@@ -134,7 +134,7 @@ log = logging.getLogger(__name__)
 _YES = ("yes", "y", "ok", "approve", "approved", "grant", "granted", "accept")
 _NO = ("no", "n", "deny", "denied", "reject", "rejected", "refuse")
 #: the actor of a request no guard named (the handler called without the HTTP door)
-UNNAMED = "a2a:unauthenticated"
+UNNAMED = "unauthenticated"
 
 
 def actor_of(context: ServerCallContext | None) -> str:
