@@ -125,6 +125,8 @@ __all__ = [
     "GoalPlanning",
     "LogTaskStore",
     "Planner",
+    "ShortInternalErrors",
+    "actor_of",
     "build_app",
     "gateway_card",
     "user_agent_card",
