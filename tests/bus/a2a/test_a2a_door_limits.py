@@ -61,14 +61,26 @@ def trickle(port: int) -> tuple[bytes, bool]:
             readable, _, _ = select.select([s], [], [], 0.05)
             if readable:
                 break
-            s.sendall(bytes([byte]))
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:  # the server answered and closed meanwhile: read its answer
+                break
         while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
             chunk = s.recv(65536)
             if not chunk:
                 break
             got += chunk
-        closed = s.recv(1) == b""
+        closed = _closed(s)
     return got, closed
+
+
+def _closed(s: socket.socket) -> bool:
+    """Whether the server closed the connection: an end of stream, or a reset (the server
+    closed it with bytes of the body it never read, as it should: it does not read them)."""
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
 
 
 def post_raw(port: int, body: bytes) -> tuple[int, dict[str, Any]]:
