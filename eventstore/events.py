@@ -335,6 +335,9 @@ class TaskCancelled(_Event, frozen=True, kw_only=True, tag="task.cancelled.v1"):
     reason: str
     cause_task_id: str | None = None
     whole_run: bool = False
+    # what the person who cancelled it said besides the reason (a name they gave): the
+    # envelope's actor is who they authenticated as
+    note: str = ""
 
 
 class TaskHalted(_Event, frozen=True, kw_only=True, tag="task.halted.v1"):
@@ -422,6 +425,9 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # whose long-term memory the run reads and writes (``projections.scope``): "" for none
     user: str = ""
     tenant: str = ""
+    # what the person who started it said (a name they gave, why): words, not evidence;
+    # the envelope's actor is who they authenticated as
+    note: str = ""
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):

@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
+from cardbus.bus.http_guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_TOKEN_NAME, load_tokens
 from cardbus.bus.listen import listen_socket
-from cardbus.eventstore.errors import MissingExtra
+from cardbus.eventstore.errors import ConfigError, MissingExtra
 from cardbus.projections.pricing import PriceTable
 from cardbus.tools.cli import cli
 from cardbus.tools.costs import prices_option
@@ -30,6 +31,30 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
     show_envvar=True,
     help="Required on every request (?token=...); needed to bind beyond loopback.",
 )
+@click.option(
+    "--token-name",
+    default=DEFAULT_TOKEN_NAME,
+    show_default=True,
+    envvar="CARDBUS_UI_TOKEN_NAME",
+    show_envvar=True,
+    help="The name --token's holder is logged as: the actor of every action taken with it.",
+)
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    envvar="CARDBUS_UI_TOKEN_FILE",
+    show_envvar=True,
+    help="Named tokens, one `name token` a line (# comments): each action's actor is the"
+    " name of the token it came with.",
+)
+@click.option(
+    "--request-body-timeout",
+    default=DEFAULT_BODY_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request's body may take to arrive, whole (408 after).",
+)
 @prices_option
 @click.option(
     "--agent",
@@ -44,6 +69,9 @@ def ui(
     host: str,
     port: int,
     token: str | None,
+    token_name: str,
+    token_file: str | None,
+    request_body_timeout: float,
     prices: PriceTable,
     agent_paths: tuple[str, ...],
     llm_base_url: str | None = None,
@@ -63,7 +91,11 @@ def ui(
     decide them.
 
     Bound to loopback by default. On any other interface it refuses to start
-    without --token, and then every request must carry the token.
+    without --token or --token-file, and then every request must carry a token.
+    Each action is logged with the name of the token it came with (--token is
+    named --token-name; a token file names each); on loopback without a token,
+    with local:<user>, the account the console runs as. A name the page gives is
+    kept as a note.
     """
     try:
         import uvicorn
@@ -72,11 +104,16 @@ def ui(
         from cardbus.tools.ui import create_app, is_loopback
     except ImportError as e:
         raise MissingExtra("ui", "the web console") from e
+    try:
+        tokens = load_tokens(token, token_file, token_name)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from e
     loopback = is_loopback(host)
-    if not loopback and not token:
+    if not loopback and not tokens:
         raise click.UsageError(
             f"--host {host} is not loopback: anyone who can reach it could approve tasks;"
-            " give --token (or CARDBUS_UI_TOKEN) to require it on every request"
+            " give --token (or CARDBUS_UI_TOKEN) or --token-file to require one on every"
+            " request"
         )
     if agent_paths and db.is_nats:
         raise click.UsageError(
@@ -89,7 +126,8 @@ def ui(
     # opened in uvicorn's loop at start-up; a SQLite file is created if missing
     app = create_app(
         opener=lambda: open_store_option(db, create=True),
-        token=token,
+        tokens=tokens,
+        body_timeout_s=request_body_timeout,
         hosts=hosts,
         prices=prices,
         agents=agents,

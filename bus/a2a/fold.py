@@ -12,11 +12,13 @@ What comes from where in the log:
 
 * the task id is the run's root id; the context id and the first user
   message are in ``run.started``'s ``session["a2a"]``;
-* an answer to an approval is ``task.approval_granted``/``denied`` with
-  ``by = "a2a:<message id>"`` and the message's text as ``note``; an answer
-  to a question is the result of the question's supplementary task,
-  submitted by the gateway's ``a2a-user`` agent, with ``notes = "a2a:<message
-  id>"``: both read back as the user's messages in the history;
+* an answer to an approval is ``task.approval_granted``/``denied`` by the
+  name the request authenticated as, its ``note`` the message's text and
+  id (:func:`approval_note`; logs before names had ``by = "a2a:<message
+  id>"``); an answer to a question is the result of the question's
+  supplementary task, submitted by the gateway's ``a2a-user`` agent, with
+  ``notes = "a2a:<message id>"`` and who answered (:func:`answer_notes`):
+  both read back as the user's messages in the history;
 * every other step is an agent message ``evt-<event id>`` in the history.
 
 State (A2A v1.0 names): a finished run is COMPLETED, FAILED (failed or
@@ -57,11 +59,51 @@ __all__ = [
     "USER_CAPABILITY",
     "Question",
     "TaskFold",
+    "answer_notes",
+    "approval_note",
     "data_part",
+    "split_answer_notes",
+    "split_approval_note",
 ]
 
 #: the gateway's stand-in for the human at the other end of an A2A task
 USER_AGENT_ID = "a2a-user"
+_MARK = "\n[a2a message "
+
+
+def approval_note(text: str, message_id: str) -> str:
+    """The note of an approval answered over A2A: the message's text, and its id (which
+    the task's history shows it under)."""
+    return f"{text}{_MARK}{message_id}]"
+
+
+_BY = "\n[answered by "
+
+
+def answer_notes(message_id: str, actor: str) -> str:
+    """The notes of a question's answer over A2A: the message's id and who answered."""
+    return f"a2a:{message_id}{_BY}{actor}]"
+
+
+def split_answer_notes(notes: str) -> tuple[str | None, str | None]:
+    """(message id, who answered) of :func:`answer_notes` (who: None in logs before
+    names); (None, None) for other notes."""
+    if not notes.startswith("a2a:"):
+        return None, None
+    head, mark, rest = notes[4:].rpartition(_BY)
+    if mark and rest.endswith("]"):
+        return head, rest[:-1]
+    return notes[4:], None
+
+
+def split_approval_note(note: str) -> tuple[str, str | None]:
+    """(text, message id) of an :func:`approval_note`; (note, None) for another note."""
+    text, mark, rest = note.rpartition(_MARK)
+    if not mark or not rest.endswith("]"):
+        return note, None
+    return text, rest[:-1]
+
+
 #: the capability an agent names in ``NeedsInput(missing, capability=...)`` to ask the user
 USER_CAPABILITY = "user_input"
 CANCEL_REASON = "cancelled_via_a2a"
@@ -175,8 +217,7 @@ class TaskFold:
                 text = f"{who}: {data.agent_id} started (attempt {data.attempt})"
             case ev.TaskResultSubmitted() if data.agent_id == USER_AGENT_ID:
                 role = Role.ROLE_USER
-                if data.notes.startswith("a2a:"):
-                    message_id = data.notes[4:]
+                message_id = split_answer_notes(data.notes)[0] or message_id
                 parts = [data_part(data.output)]
                 text = ""
             case ev.TaskRejected():
@@ -190,8 +231,12 @@ class TaskFold:
             case ev.ApprovalRequested():
                 text = f"{who}: awaits approval ({data.reason})"
             case ev.ApprovalGranted() | ev.ApprovalDenied() if data.by.startswith("a2a:"):
-                role, message_id = Role.ROLE_USER, data.by[4:]
+                role, message_id = Role.ROLE_USER, data.by[4:]  # a log before names
                 text = data.note
+            case ev.ApprovalGranted() | ev.ApprovalDenied() if split_approval_note(data.note)[1]:
+                role = Role.ROLE_USER
+                text, answered = split_approval_note(data.note)
+                message_id = answered or message_id
             case ev.ApprovalGranted():
                 text = f"{who}: approved by {data.by}"
             case ev.ApprovalDenied():

@@ -21,9 +21,16 @@ __all__ = ["cancel_run"]
 
 
 async def cancel_run(
-    store: EventStore, root_id: str, by: str = "api", reason: str = "cancelled_by_user"
+    store: EventStore,
+    root_id: str,
+    by: str = "api",
+    reason: str = "cancelled_by_user",
+    note: str = "",
 ) -> list[str]:
     """Cancel every live task of run ``root_id``; the ids of the tasks cancelled.
+
+    ``by``: the actor of the cancels (who authenticated); ``note``: what they said
+    besides the reason (a name they gave), kept in each ``task.cancelled``.
 
     Raises ``StreamNotFound`` if there is no such run.
     """
@@ -42,7 +49,7 @@ async def cancel_run(
             if task is None or task.terminal:
                 break
             # whole_run: an optional task cancelled so is no absence to complete without
-            data = ev.TaskCancelled(reason=reason, whole_run=True)
+            data = ev.TaskCancelled(reason=reason, whole_run=True, note=note)
             event = NewEvent(data=data, correlation_id=root_id, actor=by)
             try:
                 await store.append(task_id, [event], state.versions.get(task_id, 0))

@@ -102,6 +102,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     # run's user and tenant; None: the session's "user" / "tenant" field, if any
     user: str | None = None
     tenant: str | None = None
+    # words kept with the run (``run.started``'s note: who asked, and why, as they say;
+    # the run's actor is who submitted it); not part of the plan's digest
+    note: str = ""
 
 
 def run_context(plan: Plan) -> tuple[str, str]:

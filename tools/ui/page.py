@@ -104,7 +104,8 @@ PAGE = (
 </head>
 <body data-live="no" data-view="">
 <header><a href="#/">cardbus console</a><span id="live">connecting…</span>
-<label>acting as <input id="operator" value="ui" title="the actor your actions are logged with"></label>
+<span id="you" title="the name your actions are logged with: your token's"></span>
+<label>signed <input id="operator" value="" placeholder="your name (a note)" title="kept as a note on your actions; their actor is your token's name"></label>
 </header>
 <main>
 <div id="error"></div>
@@ -168,7 +169,7 @@ function tick() {
 }
 setInterval(tick, 1000);
 const actionResult = {};  // a run's last action's outcome, kept across re-renders
-const operator = () => (document.getElementById("operator").value || "ui").trim() || "ui";
+const operator = () => (document.getElementById("operator").value || "").trim();
 
 // -- actions: approve / deny with a note, cancel a run -----------------------------------
 function approvalButtons(taskId) {
@@ -632,11 +633,14 @@ function listen(root, position) {
   source.addEventListener("append", schedule);
 }
 const op = document.getElementById("operator");
-op.value = localStorage.getItem("cardbus-operator") || "ui";
+op.value = localStorage.getItem("cardbus-operator") || "";
 op.addEventListener("change", () => localStorage.setItem("cardbus-operator", op.value));
 window.addEventListener("hashchange", refresh);
 // what the console can do (its actions need agents), then the first view
-getJSON("/api/console").then((d) => { consoleInfo = d.actions; }).catch(showError).finally(refresh);
+getJSON("/api/console").then((d) => {
+  consoleInfo = d.actions;
+  document.getElementById("you").textContent = `acting as ${d.you}`;
+}).catch(showError).finally(refresh);
 """
     + """</script>
 </body>
