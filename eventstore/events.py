@@ -640,6 +640,9 @@ class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested.v1"
     # input estimated from the request's size plus its max_tokens (bus.orchestrator.budget)
     reserved_tokens: int = 0
     reserved_usd: float | None = None  # None: no price known for the model
+    # the output bound the call was sent with (the reservation's output part: what the
+    # run's tightest cap leaves, or less); None: the run has no budget, nothing bounds it
+    max_tokens: int | None = None
 
 
 class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
@@ -668,6 +671,9 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     error_type: str | None = None
     replayed_from: str | None = None
     cost_usd: float | None = None  # as the orchestrator priced it (None: unknown or replayed)
+    # ``answer`` is what the access policy's redact hook returned (``answer_digest`` is
+    # over the answer as given): a replay checks the event's hash, not that digest
+    redacted: bool = False
 
 
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):

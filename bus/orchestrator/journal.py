@@ -68,6 +68,7 @@ import msgspec
 
 from cardbus.agents.requests import AgentRequest
 from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.bus.orchestrator.journal_trust import StreamTrust
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import AccessDenied, ValidationError
@@ -123,6 +124,9 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_NULL_DIGEST = _sha(b"null")
+
+
 def call_digest(tool: str, arguments_digest: str) -> str:
     """A tool call's identity in the journal: the tool and its arguments' digest."""
     return _sha(f"{tool}\0{arguments_digest}".encode())
@@ -145,6 +149,11 @@ class _Step:
     key: str = ""  # a tool call's idempotency key
     repeat_ok: bool = False  # an operator approved repeating this unknown effect
     request: Any = None  # what was asked, kept only in an origin's journal (for the diff)
+    # where the answer is recorded, and its digest: checked before it is replayed
+    stream: str = ""
+    position: int = 0
+    content_digest: str = ""  # answer_digest / result_digest
+    redacted: bool = False  # the answer kept is the redact hook's: its digest is not
 
 
 @dataclass(slots=True)
@@ -170,12 +179,15 @@ class _TaskJournal:
         self.asked: list[_Step] = []  # unknown effects waiting for an approval
         self.model_failed: set[int] = set()  # attempts that failed because of the model
         self.seen: set[str] = set()  # event ids folded
+        self.trust = StreamTrust()  # what the log vouched for (checked before a replay)
+        self.failed = False  # a replay found the log tampered with: the task is failed
 
     # -- folding ------------------------------------------------------------------
 
     def fold(self, env: Envelope) -> None:
         if env.version > self.version:
             self.version = env.version
+        self.trust.saw(env)
         if env.event_id in self.seen:
             return
         self.seen.add(env.event_id)
@@ -208,6 +220,8 @@ class _TaskJournal:
                 step.answer = data.answer
                 step.has_answer = data.error is None and data.answer is not None
                 step.error, step.error_type = data.error, data.error_type
+                step.stream, step.position = env.stream, env.position
+                step.content_digest, step.redacted = data.answer_digest, data.redacted
                 self.answered[env.event_id] = step
             case ev.ToolRequested() if data.execution:
                 run = self._execution(data.execution, data.attempt)
@@ -235,11 +249,15 @@ class _TaskJournal:
                     return
                 step.answered_id = env.event_id
                 step.answer = data.result
-                # a result is kept whole when inline ("null" is 4 bytes)
+                # a result is kept whole when inline (a result of None is "null": one not
+                # kept, its digest says so, is not replayed as None)
                 step.has_answer = data.error is None and (
-                    data.result is not None or data.result_bytes <= 4
+                    data.result is not None
+                    or (data.result_bytes <= 4 and data.result_digest in ("", _NULL_DIGEST))
                 )
                 step.error, step.error_type = data.error, data.error_type
+                step.stream, step.position = env.stream, env.position
+                step.content_digest = data.result_digest
                 self.answered[env.event_id] = step
             case ev.ToolEffectUnknown(decision="ask"):
                 step = self.requested.get(data.requested_event_id)
@@ -366,6 +384,7 @@ class Journal:
             source.fold(env)
         journal.answered.update(source.answered)
         journal.origin_steps = source.last_effective()
+        journal.trust.adopt(source.trust)
 
     async def _write(
         self, journal: _TaskJournal | None, task_id: str, events: list[ev.Event]
@@ -390,11 +409,15 @@ class Journal:
         run = journal.executions[req.execution]
         known = run.steps.get(req.seq)
         if known is not None and known.has_answer:  # asked again (a resent request)
+            if untrusted := await self._untrusted(req, journal, known):
+                return untrusted
             return CallOutcome(result={"replay": known.answer, "source": known.answered_id})
         ref = journal.reference(req.execution)
         if (replay is not False or journal.strict) and not run.diverged and req.seq < len(ref):
             step = ref[req.seq]
             if step.kind == "model" and step.digest == digest and step.has_answer:
+                if untrusted := await self._untrusted(req, journal, step):
+                    return untrusted
                 await self._write(
                     journal,
                     req.task_id,
@@ -514,6 +537,7 @@ class Journal:
         else:
             assert isinstance(answer, dict)
             kept, size = self._content("model.answer", answer)
+            redacted = kept is not None and self.policy.redact is not None
             event = ev.ModelAnswered(
                 task_id=req.task_id,
                 agent_id=req.agent_id,
@@ -529,9 +553,32 @@ class Journal:
                 output_tokens=_tokens(answer.get("output_tokens")),
                 latency_s=round(latency, 6),
                 cost_usd=self._cost(answer, req.target),
+                redacted=redacted,
             )
         await self._write(journal, req.task_id, [event])
         return CallOutcome(result={"recorded": True})
+
+    async def _untrusted(
+        self, req: AgentRequest, journal: _TaskJournal, step: _Step
+    ) -> CallOutcome | None:
+        """None when the log vouches for ``step``'s recorded answer (its event's hash and
+        its stream's chain, then its digest: ``journal_trust``); else the task is failed
+        ``journal_tampered`` and the call refused, naming the stream and position."""
+        problem = await journal.trust.check(self.store, step.stream, step.position)
+        problem = problem or _digest_problem(step)
+        if not problem:
+            return None
+        message = (
+            f"journal_tampered: {step.kind} call #{req.seq} of task {req.task_id} would be"
+            f" answered from a record the log cannot vouch for: {problem}"
+        )[:2000]
+        if not journal.failed:  # the first call to find it fails the task; the rest are told
+            journal.failed = True
+            journal.trust.tampered = journal.trust.tampered or problem
+            log.error("%s", message)
+            failed = ev.TaskFailed(reason="journal_tampered", error=message, attempts=req.attempt)
+            await self._write(journal, req.task_id, [failed])
+        return CallOutcome(error=message, error_type="journal_tampered")
 
     def _cost(self, answer: dict[str, Any], asked: str) -> float | None:
         """What an answer cost at the orchestrator's prices (the model that answered, else
@@ -654,6 +701,8 @@ class Journal:
         ):
             return await live(journal, "")
         if step.answered_id and step.has_answer:
+            if untrusted := await self._untrusted(req, journal, step):
+                return untrusted
             replay = _replayed_tool_call(req, step, arg_digest)
             await self._write(journal, req.task_id, [replay])
             return CallOutcome(result=replayed(step.answer))
@@ -696,6 +745,8 @@ class Journal:
             return _diverged(req, journal, ref, "tool", digest, req.args)
         if step.error is None and not step.has_answer:
             return _diverged(req, journal, ref, "tool", digest, req.args)
+        if untrusted := await self._untrusted(req, journal, step):
+            return untrusted
         result = None if step.error is not None else step.answer
         await self._write(journal, req.task_id, [_replayed_tool_call(req, step, arg_digest)])
         if step.error is not None:
@@ -819,6 +870,20 @@ def _diverged(
         diff = []
     message = "\n".join([f"{head}: {why}", *diff])
     return CallOutcome(error=message, error_type="replay_diverged")
+
+
+def _digest_problem(step: _Step) -> str:
+    """What is wrong with a recorded answer's content against its digest ("" nothing; a
+    redacted answer, or one recorded with no digest, has nothing to check against)."""
+    if not step.has_answer or step.redacted or not step.content_digest:
+        return ""
+    if _sha(_json(step.answer)) == step.content_digest:
+        return ""
+    what = "answer" if step.kind == "model" else "result"
+    return (
+        f"stream {step.stream} position {step.position}: the {what} does not match its"
+        " digest (edited)"
+    )
 
 
 def _release(budgets: Budgets, key: str, future: asyncio.Future[Any]) -> None:
