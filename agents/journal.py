@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from cardbus.agents.llm import Completion
+from cardbus.agents.llm import CALL_MAX_TOKENS, Completion
 from cardbus.agents.requests import REQUESTER
 from cardbus.eventstore.errors import LLMError, ReplayDiverged
 from cardbus.eventstore.ids import new_id
@@ -154,6 +154,11 @@ class TaskJournal:
             self.replayed += 1
             return replayed
         call = asked.get("call", "") if isinstance(asked, dict) else ""
+        # the output bound the orchestrator's budget check reserved: the call is sent with it
+        # (``current_max_tokens``), so no cap is crossed by an answer it priced
+        bound = asked.get("max_tokens") if isinstance(asked, dict) else None
+        ok = isinstance(bound, int) and not isinstance(bound, bool) and bound > 0
+        token = CALL_MAX_TOKENS.set(bound if ok else None)
         start = time.monotonic()
         try:
             answer = await live()
@@ -172,6 +177,8 @@ class TaskJournal:
                 execution=self.execution,
             )
             raise
+        finally:
+            CALL_MAX_TOKENS.reset(token)
         await services.request(
             "model.answer",
             model,

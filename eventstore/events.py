@@ -674,6 +674,9 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     # ``answer`` is what the access policy's redact hook returned (``answer_digest`` is
     # over the answer as given): a replay checks the event's hash, not that digest
     redacted: bool = False
+    # output tokens past the ``max_tokens`` the call was sent with (its budget's bound): an
+    # endpoint that ignored it; the tokens are counted all the same (bus.orchestrator.budget)
+    overrun_tokens: int = 0
 
 
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):

@@ -154,6 +154,7 @@ class _Step:
     position: int = 0
     content_digest: str = ""  # answer_digest / result_digest
     redacted: bool = False  # the answer kept is the redact hook's: its digest is not
+    bound: int | None = None  # the max_tokens a live model call was sent with (a budget's)
 
 
 @dataclass(slots=True)
@@ -203,6 +204,7 @@ class _TaskJournal:
                     data.request_digest,
                     requested_id=env.event_id,
                     request=data.request if self.keep_requests else None,
+                    bound=data.max_tokens,
                 )
                 run.diverged = True
             case ev.ModelAnswered(replayed_from=str(source)):
@@ -441,10 +443,10 @@ class Journal:
             return _diverged(req, journal, ref, "model", digest, request)
         kept, size = self._content("model.request", request)
         key = f"{req.task_id}|{req.execution}|{req.seq}"
-        reserved, reserved_usd, refusal, on_budget = (
+        reserved, reserved_usd, refusal, on_budget, bound = (
             self.budgets.check_request(req.task_id, req.agent_id, key, req.target, request, size)
             if self.budgets is not None
-            else (0, None, None, "fail")
+            else (0, None, None, "fail", None)
         )
         if refusal is not None:  # never sent: the refusal is recorded, the agent told why
             from cardbus.bus.orchestrator.budget import refused_event
@@ -494,6 +496,7 @@ class Journal:
                     tools_offered=offered,
                     reserved_tokens=reserved,
                     reserved_usd=None if reserved_usd is None else round(reserved_usd, 10),
+                    max_tokens=bound,
                 )
             ],
         )
@@ -504,7 +507,10 @@ class Journal:
         self._pending[(req.task_id, req.execution, req.seq)] = pending
         if len(self._pending) > 4096:  # answers that never came (their agent died)
             self._pending = {k: f for k, f in self._pending.items() if not f.done()}
-        return CallOutcome(result={"call": ""})
+        # the go-ahead carries the output bound the budget reserved: the call is sent with it
+        return CallOutcome(
+            result={"call": ""} if bound is None else {"call": "", "max_tokens": bound}
+        )
 
     async def model_answer(self, req: AgentRequest) -> CallOutcome:
         a = req.args
@@ -538,6 +544,17 @@ class Journal:
             assert isinstance(answer, dict)
             kept, size = self._content("model.answer", answer)
             redacted = kept is not None and self.policy.redact is not None
+            output = _tokens(answer.get("output_tokens"))
+            # an endpoint that ignored the max_tokens a budget sent: recorded, and counted
+            overrun = max(0, output - step.bound) if step is not None and step.bound else 0
+            if overrun:
+                log.warning(
+                    "task %s: model call #%d answered %d output tokens past its max_tokens %d",
+                    req.task_id,
+                    req.seq,
+                    overrun,
+                    step.bound if step is not None else 0,
+                )
             event = ev.ModelAnswered(
                 task_id=req.task_id,
                 agent_id=req.agent_id,
@@ -550,10 +567,11 @@ class Journal:
                 answer_digest=_sha(_json(answer)),
                 answer_bytes=size,
                 input_tokens=_tokens(answer.get("input_tokens")),
-                output_tokens=_tokens(answer.get("output_tokens")),
+                output_tokens=output,
                 latency_s=round(latency, 6),
                 cost_usd=self._cost(answer, req.target),
                 redacted=redacted,
+                overrun_tokens=overrun,
             )
         await self._write(journal, req.task_id, [event])
         return CallOutcome(result={"recorded": True})
