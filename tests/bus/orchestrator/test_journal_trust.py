@@ -3,8 +3,9 @@ the SQLite file is never replayed; the task fails ``journal_tampered`` naming th
 
 Real parts: an ``EmbeddedRuntime`` on a SQLite file, the OpenAI-compatible stub on
 loopback answering ``OpenAIChatLLM``. The "kill" is the first runtime closed while its
-handler waits before its fourth model call (three answers recorded); the edit is an
-``UPDATE`` of the event's body with ``sqlite3``, as an attacker with the file would.
+handler waits after what is to be edited was recorded (three model answers, or a tool's
+result); the edit is an ``UPDATE`` of the event's body with ``sqlite3``, as an attacker
+with the file would.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import msgspec
 import pytest
 
 from cardbus.agents import Agent, Capability, TaskCard, TaskContext
+from cardbus.agents.cards import AgentConstraints
 from cardbus.agents.llm import OpenAIChatLLM
+from cardbus.agents.tools import Tool, ToolRegistry
 from cardbus.bus.orchestrator import Policy, RetryPolicy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import events as ev
@@ -211,5 +214,78 @@ async def test_an_answer_rehashed_after_its_edit_is_caught_by_its_digest(tmp_pat
     (failed,) = [e.data for e in after if isinstance(e.data, ev.TaskFailed)]
     assert failed.reason == "journal_tampered"
     assert f"position {victim.position}: the answer does not match its digest" in failed.error
+    assert FORGED not in msgspec.json.encode([e.data for e in after]).decode()
+    assert FORGED not in msgspec.json.encode(done).decode()
+
+
+class PayThenAsk(Agent):
+    """A tool call, then a model call about its result (where the first attempt dies)."""
+
+    agent_id = "payer"
+    capabilities: ClassVar = [Capability("pay", Q, A)]
+    constraints = AgentConstraints(tools=["charge"])
+
+    async def handle(self, task: TaskCard, inputs: Q, ctx: TaskContext) -> A:
+        paid = await ctx.tool("charge", amount=5)
+        if HANG.is_set():
+            await asyncio.Event().wait()  # the process "dies" here
+        said = await ctx.llm.chat([{"role": "user", "content": f"paid: {paid}"}])
+        return A(answer=f"{paid}|{said.text}")
+
+
+CHARGES: list[int] = []
+
+
+def _charge(args: dict[str, Any]) -> dict[str, Any]:
+    CHARGES.append(args["amount"])
+    return {"charged": args["amount"], "note": "paid"}
+
+
+async def test_an_edited_tool_result_is_not_replayed(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    CHARGES.clear()
+    tools = ToolRegistry([Tool.define("charge", _charge)])
+    plan = {**PLAN, "plan_id": "journal-trust-tool"}
+    plan["tasks"] = [{"id": "p", "capability": "pay", "inputs": {"q": "bill"}}]
+    with OpenAIStub() as stub:
+        llm = OpenAIChatLLM(stub.url, "stub-model")
+        HANG.set()
+        async with (
+            await SqliteEventStore.open(db, poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [PayThenAsk], _policy(), llm=llm, tools=tools) as rt,
+        ):
+            root = await rt.orchestrator.submit(plan)
+            await _until(store, root, lambda es: any(isinstance(e, ev.ToolCalled) for e in es))
+        HANG.clear()
+        async with await SqliteEventStore.open(db) as store:
+            victim = next(
+                e for e in await store.read_correlation(root) if isinstance(e.data, ev.ToolCalled)
+            )
+            before = await store.last_position()
+        con = sqlite3.connect(db)
+        (body,) = con.execute("SELECT body FROM events WHERE position = ?", (victim.position,))
+        doc = msgspec.json.decode(body[0])
+        doc["data"]["result"]["note"] = FORGED
+        con.execute(
+            "UPDATE events SET body = ? WHERE position = ?",
+            (msgspec.json.encode(doc), victim.position),
+        )
+        con.commit()
+        con.close()
+
+        async with (
+            await SqliteEventStore.open(db, poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [PayThenAsk], _policy(), llm=llm, tools=tools) as rt,
+        ):
+            done = await rt.orchestrator.wait(root, timeout=60)
+            after = [e for e in await store.read_correlation(root) if e.position > before]
+        sent = stub.bodies()
+
+    assert done.status == "failed", done
+    (failed,) = [e.data for e in after if isinstance(e.data, ev.TaskFailed)]
+    assert failed.reason == "journal_tampered"
+    assert f"stream {victim.stream} position {victim.position}" in failed.error
+    assert CHARGES == [5]  # not charged again either: the task failed, nothing went live
+    assert sent == []  # no model call was made with the forged result
     assert FORGED not in msgspec.json.encode([e.data for e in after]).decode()
     assert FORGED not in msgspec.json.encode(done).decode()
