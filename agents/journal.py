@@ -8,10 +8,12 @@ as ``ctx.tool`` does, with two requests per model call:
 
 ``model.request``  the request and its digest, before the call. The
                    orchestrator records ``model.requested`` and answers "go
-                   live", or, when an earlier execution of the task asked
-                   exactly this at this place and nothing before it differed,
-                   answers with the recorded answer (``model.answered`` naming
-                   the one it replays): no call goes out, nothing is spent.
+                   live" (under a budget, with the ``max_tokens`` the call is
+                   sent with: ``llm.current_max_tokens``), or, when an earlier
+                   execution of the task asked exactly this at this place and
+                   nothing before it differed, answers with the recorded
+                   answer (``model.answered`` naming the one it replays): no
+                   call goes out, nothing is spent.
 ``model.answer``   the answer (or the typed error), after a live call. The
                    orchestrator records ``model.answered``; only then does the
                    handler see it (invariant 8: the answer is durable first).

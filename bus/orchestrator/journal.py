@@ -25,6 +25,18 @@ replayed (a timed-out model or a failed tool is asked again). When an attempt
 failed *because of* the model's answer (``MODEL_CAUSED`` reasons), the next
 one asks the model again from that attempt's last model call.
 
+**Verified before trusted.** A recorded answer or result is replayed only if the log
+vouches for it: its event's hash and its stream's chain (the store's own ``verify``) and
+its digest (``journal_trust``). If not, the orchestrator fails the task
+``journal_tampered`` (a ``task.failed`` naming the stream and position) and the call is
+refused (``JournalTampered`` in the agent): nothing of the edited content reaches a
+handler.
+
+**Budgets bound the call.** A live model call of a run with caps is let through with the
+``max_tokens`` its reservation assumed (``Budgets.check_request``): ``model.requested``
+records it, the go-ahead carries it, and the agent's model client sends it. An answer
+past it is recorded as ``overrun_tokens``.
+
 **Unknown effects.** A reference step with ``tool.requested`` and no
 ``tool.called`` (the process died during the call), or with a result the log
 did not keep: a tool declared idempotent (``ToolSpec.idempotent``) is called
