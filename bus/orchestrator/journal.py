@@ -174,6 +174,7 @@ class _Execution:
     attempt: int
     steps: dict[int, _Step] = field(default_factory=dict)
     diverged: bool = False  # it made a live call: its reference no longer applies
+    log_end: int = 0  # the task stream's last position folded when it began (what it trusts)
     reference: list[_Step] | None = None  # None: not worked out yet
 
 
@@ -379,6 +380,7 @@ class Journal:
                 journal.fold(env)
         if execution not in journal.executions:  # a new handler run
             run = journal._execution(execution, attempt)
+            run.log_end = journal.trust.ends.get(task_id, 0)
             if not journal.strict and not self.replay_allowed(task_id):
                 run.reference = []
         return journal
@@ -429,9 +431,10 @@ class Journal:
         ref = journal.reference(req.execution)
         if (replay is not False or journal.strict) and not run.diverged and req.seq < len(ref):
             step = ref[req.seq]
+            # what follows is decided on the record: the log must vouch for it first
+            if untrusted := await self._untrusted(req, journal, step):
+                return untrusted
             if step.kind == "model" and step.digest == digest and step.has_answer:
-                if untrusted := await self._untrusted(req, journal, step):
-                    return untrusted
                 await self._write(
                     journal,
                     req.task_id,
@@ -591,10 +594,18 @@ class Journal:
     async def _untrusted(
         self, req: AgentRequest, journal: _TaskJournal, step: _Step
     ) -> CallOutcome | None:
-        """None when the log vouches for ``step``'s recorded answer (its event's hash and
-        its stream's chain, then its digest: ``journal_trust``); else the task is failed
-        ``journal_tampered`` and the call refused, naming the stream and position."""
-        problem = await journal.trust.check(self.store, step.stream, step.position)
+        """None when the log vouches for what a call is about to be decided on: the task's
+        stream as it was when the execution began (and a re-run's origins), by their
+        events' hashes and chains, then ``step``'s answer by its digest (``journal_trust``);
+        else the task is failed ``journal_tampered`` and the call refused, naming the
+        stream and position."""
+        trust = journal.trust
+        run = journal.executions.get(req.execution)
+        end = max(run.log_end if run else 0, step.position if step.stream == req.task_id else 0)
+        problem = await trust.check(self.store, req.task_id, end)
+        for stream, stream_end in list(trust.ends.items()):  # a re-run's origins
+            if not problem and stream != req.task_id:
+                problem = await trust.check(self.store, stream, stream_end)
         problem = problem or _digest_problem(step)
         if not problem:
             return None
@@ -723,6 +734,8 @@ class Journal:
             digest = call_digest(req.target, arg_digest)
             return await self._tool_strict(req, journal, ref, digest, arg_digest, replayed)
         step = ref[req.seq] if not run.diverged and req.seq < len(ref) else None
+        if step is not None and (untrusted := await self._untrusted(req, journal, step)):
+            return untrusted  # replayed, repeated or asked about: decided on the record
         if (
             step is None
             or step.kind != "tool"
@@ -731,8 +744,6 @@ class Journal:
         ):
             return await live(journal, "")
         if step.answered_id and step.has_answer:
-            if untrusted := await self._untrusted(req, journal, step):
-                return untrusted
             replay = _replayed_tool_call(req, step, arg_digest)
             await self._write(journal, req.task_id, [replay])
             return CallOutcome(result=replayed(step.answer))
@@ -770,13 +781,13 @@ class Journal:
     ) -> CallOutcome:
         """A tool call of a strict re-run: the recorded result (or error), else refused."""
         step = ref[req.seq] if req.seq < len(ref) else None
+        if step is not None and (untrusted := await self._untrusted(req, journal, step)):
+            return untrusted
         answered = step is not None and bool(step.answered_id)
         if step is None or step.kind != "tool" or step.digest != digest or not answered:
             return _diverged(req, journal, ref, "tool", digest, req.args)
         if step.error is None and not step.has_answer:
             return _diverged(req, journal, ref, "tool", digest, req.args)
-        if untrusted := await self._untrusted(req, journal, step):
-            return untrusted
         result = None if step.error is not None else step.answer
         await self._write(journal, req.task_id, [_replayed_tool_call(req, step, arg_digest)])
         if step.error is not None:

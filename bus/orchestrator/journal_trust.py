@@ -2,20 +2,22 @@
 be what was recorded.
 
 A replay hands a handler a recorded model answer or tool result as if the call had just
-been made: an edit of the log would flow into the task's output unseen. So the journal
-(``bus.orchestrator.journal``) replays a recorded answer only when
+been made: an edit of the log would flow into the task's output unseen (and an edit that
+makes a call look failed would have it made again). So before a later execution's call
+is decided on the record (replayed, repeated, asked about) the journal
+(``bus.orchestrator.journal``) checks that
 
-* its event's hash and its stream's chain check: the store's own ``verify(stream)``,
-  the code ``cardbus verify`` runs (``envelope.event_hash`` over the stored bytes, the
-  versions and ``prev_hash`` links, and on SQLite the read columns), once per stream up
-  to the end the journal has folded; an answer recorded past that end checks the stream
-  again;
-* its content matches its digest (``answer_digest``, ``result_digest``: sha256 of the
-  canonical JSON), checked by the journal on each replay (a redacted answer's digest is
-  over the answer as given, so only the hash vouches for it).
+* the task's stream verifies: the store's own ``verify(stream)``, the code ``cardbus
+  verify`` runs (``envelope.event_hash`` over the stored bytes, the versions and
+  ``prev_hash`` links, and on SQLite the read columns), once per stream up to the end
+  the journal had folded when the execution began (a re-run's origin streams too);
+* a recorded answer or result about to be used matches its digest (``answer_digest``,
+  ``result_digest``: sha256 of the canonical JSON), checked by the journal at each use
+  (a redacted answer's digest is over the answer as given: only the hash vouches for it).
 
-Both run only on the replay path: a live call checks nothing, and a stream is read at
-most once per replaying execution (the verified end is cached with the task's journal).
+Neither runs on a first execution's calls (there is no record to trust) and a stream is
+read once per execution that consults one (the verified end is cached with the task's
+journal): a live call of a first attempt checks nothing.
 A failure is ``journal_tampered``: the message names the stream, the position and what
 is wrong, and is kept, so every later call of the task is refused the same way.
 """

@@ -241,7 +241,12 @@ def _charge(args: dict[str, Any]) -> dict[str, Any]:
     return {"charged": args["amount"], "note": "paid"}
 
 
-async def test_an_edited_tool_result_is_not_replayed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("edit", ["result", "error"])
+async def test_an_edited_tool_result_is_not_replayed_nor_its_call_repeated(
+    tmp_path: Path, edit: str
+) -> None:
+    """``result``: the recorded result changed (it would be replayed); ``error``: the call
+    made to look failed (a failed call is asked again: the charge would be repeated)."""
     db = tmp_path / "log.db"
     CHARGES.clear()
     tools = ToolRegistry([Tool.define("charge", _charge)])
@@ -265,7 +270,10 @@ async def test_an_edited_tool_result_is_not_replayed(tmp_path: Path) -> None:
         con = sqlite3.connect(db)
         (body,) = con.execute("SELECT body FROM events WHERE position = ?", (victim.position,))
         doc = msgspec.json.decode(body[0])
-        doc["data"]["result"]["note"] = FORGED
+        if edit == "result":
+            doc["data"]["result"]["note"] = FORGED
+        else:
+            doc["data"].update(error=FORGED, error_type="tool_error", result=None)
         con.execute(
             "UPDATE events SET body = ? WHERE position = ?",
             (msgspec.json.encode(doc), victim.position),
