@@ -610,8 +610,8 @@ class Journal:
         if not problem:
             return None
         message = (
-            f"journal_tampered: {step.kind} call #{req.seq} of task {req.task_id} would be"
-            f" answered from a record the log cannot vouch for: {problem}"
+            f"journal_tampered: call #{req.seq} of task {req.task_id} would be decided on a"
+            f" record the log cannot vouch for: {problem}"
         )[:2000]
         if not journal.failed:  # the first call to find it fails the task; the rest are told
             journal.failed = True
