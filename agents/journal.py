@@ -8,10 +8,12 @@ as ``ctx.tool`` does, with two requests per model call:
 
 ``model.request``  the request and its digest, before the call. The
                    orchestrator records ``model.requested`` and answers "go
-                   live", or, when an earlier execution of the task asked
-                   exactly this at this place and nothing before it differed,
-                   answers with the recorded answer (``model.answered`` naming
-                   the one it replays): no call goes out, nothing is spent.
+                   live" (under a budget, with the ``max_tokens`` the call is
+                   sent with: ``llm.current_max_tokens``), or, when an earlier
+                   execution of the task asked exactly this at this place and
+                   nothing before it differed, answers with the recorded
+                   answer (``model.answered`` naming the one it replays): no
+                   call goes out, nothing is spent.
 ``model.answer``   the answer (or the typed error), after a live call. The
                    orchestrator records ``model.answered``; only then does the
                    handler see it (invariant 8: the answer is durable first).
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from cardbus.agents.llm import Completion
+from cardbus.agents.llm import CALL_MAX_TOKENS, Completion
 from cardbus.agents.requests import REQUESTER
 from cardbus.eventstore.errors import LLMError, ReplayDiverged
 from cardbus.eventstore.ids import new_id
@@ -154,6 +156,11 @@ class TaskJournal:
             self.replayed += 1
             return replayed
         call = asked.get("call", "") if isinstance(asked, dict) else ""
+        # the output bound the orchestrator's budget check reserved: the call is sent with it
+        # (``current_max_tokens``), so no cap is crossed by an answer it priced
+        bound = asked.get("max_tokens") if isinstance(asked, dict) else None
+        ok = isinstance(bound, int) and not isinstance(bound, bool) and bound > 0
+        token = CALL_MAX_TOKENS.set(bound if ok else None)
         start = time.monotonic()
         try:
             answer = await live()
@@ -172,6 +179,8 @@ class TaskJournal:
                 execution=self.execution,
             )
             raise
+        finally:
+            CALL_MAX_TOKENS.reset(token)
         await services.request(
             "model.answer",
             model,

@@ -62,6 +62,7 @@ from cardbus.eventstore.errors import (
     CardbusError,
     DecodeError,
     EffectUnknown,
+    JournalTampered,
     ReplayDiverged,
     ValidationError,
 )
@@ -177,6 +178,8 @@ def error_for(response: AgentResponse) -> CardbusError:
         return EffectUnknown(message)
     if kind == "replay_diverged":
         return ReplayDiverged(message)
+    if kind == "journal_tampered":  # the orchestrator failed the task already
+        return JournalTampered(message)
     if kind == "budget_exceeded":  # a model call refused before it was sent
         return BudgetExceeded(message)
     if kind in TOOL_ERRORS:

@@ -652,6 +652,9 @@ class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested.v1"
     # input estimated from the request's size plus its max_tokens (bus.orchestrator.budget)
     reserved_tokens: int = 0
     reserved_usd: float | None = None  # None: no price known for the model
+    # the output bound the call was sent with (the reservation's output part: what the
+    # run's tightest cap leaves, or less); None: the run has no budget, nothing bounds it
+    max_tokens: int | None = None
 
 
 class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
@@ -680,6 +683,12 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     error_type: str | None = None
     replayed_from: str | None = None
     cost_usd: float | None = None  # as the orchestrator priced it (None: unknown or replayed)
+    # ``answer`` is what the access policy's redact hook returned (``answer_digest`` is
+    # over the answer as given): a replay checks the event's hash, not that digest
+    redacted: bool = False
+    # output tokens past the ``max_tokens`` the call was sent with (its budget's bound): an
+    # endpoint that ignored it; the tokens are counted all the same (bus.orchestrator.budget)
+    overrun_tokens: int = 0
 
 
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):

@@ -25,6 +25,18 @@ replayed (a timed-out model or a failed tool is asked again). When an attempt
 failed *because of* the model's answer (``MODEL_CAUSED`` reasons), the next
 one asks the model again from that attempt's last model call.
 
+**Verified before trusted.** A recorded answer or result is replayed only if the log
+vouches for it: its event's hash and its stream's chain (the store's own ``verify``) and
+its digest (``journal_trust``). If not, the orchestrator fails the task
+``journal_tampered`` (a ``task.failed`` naming the stream and position) and the call is
+refused (``JournalTampered`` in the agent): nothing of the edited content reaches a
+handler.
+
+**Budgets bound the call.** A live model call of a run with caps is let through with the
+``max_tokens`` its reservation assumed (``Budgets.check_request``): ``model.requested``
+records it, the go-ahead carries it, and the agent's model client sends it. An answer
+past it is recorded as ``overrun_tokens``.
+
 **Unknown effects.** A reference step with ``tool.requested`` and no
 ``tool.called`` (the process died during the call), or with a result the log
 did not keep: a tool declared idempotent (``ToolSpec.idempotent``) is called
@@ -68,6 +80,7 @@ import msgspec
 
 from cardbus.agents.requests import AgentRequest
 from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.bus.orchestrator.journal_trust import StreamTrust
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import AccessDenied, ValidationError
@@ -123,6 +136,9 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_NULL_DIGEST = _sha(b"null")
+
+
 def call_digest(tool: str, arguments_digest: str) -> str:
     """A tool call's identity in the journal: the tool and its arguments' digest."""
     return _sha(f"{tool}\0{arguments_digest}".encode())
@@ -145,6 +161,12 @@ class _Step:
     key: str = ""  # a tool call's idempotency key
     repeat_ok: bool = False  # an operator approved repeating this unknown effect
     request: Any = None  # what was asked, kept only in an origin's journal (for the diff)
+    # where the answer is recorded, and its digest: checked before it is replayed
+    stream: str = ""
+    position: int = 0
+    content_digest: str = ""  # answer_digest / result_digest
+    redacted: bool = False  # the answer kept is the redact hook's: its digest is not
+    bound: int | None = None  # the max_tokens a live model call was sent with (a budget's)
 
 
 @dataclass(slots=True)
@@ -152,6 +174,7 @@ class _Execution:
     attempt: int
     steps: dict[int, _Step] = field(default_factory=dict)
     diverged: bool = False  # it made a live call: its reference no longer applies
+    log_end: int = 0  # the task stream's last position folded when it began (what it trusts)
     reference: list[_Step] | None = None  # None: not worked out yet
 
 
@@ -170,12 +193,15 @@ class _TaskJournal:
         self.asked: list[_Step] = []  # unknown effects waiting for an approval
         self.model_failed: set[int] = set()  # attempts that failed because of the model
         self.seen: set[str] = set()  # event ids folded
+        self.trust = StreamTrust()  # what the log vouched for (checked before a replay)
+        self.failed = False  # a replay found the log tampered with: the task is failed
 
     # -- folding ------------------------------------------------------------------
 
     def fold(self, env: Envelope) -> None:
         if env.version > self.version:
             self.version = env.version
+        self.trust.saw(env)
         if env.event_id in self.seen:
             return
         self.seen.add(env.event_id)
@@ -191,6 +217,7 @@ class _TaskJournal:
                     data.request_digest,
                     requested_id=env.event_id,
                     request=data.request if self.keep_requests else None,
+                    bound=data.max_tokens,
                 )
                 run.diverged = True
             case ev.ModelAnswered(replayed_from=str(source)):
@@ -208,6 +235,8 @@ class _TaskJournal:
                 step.answer = data.answer
                 step.has_answer = data.error is None and data.answer is not None
                 step.error, step.error_type = data.error, data.error_type
+                step.stream, step.position = env.stream, env.position
+                step.content_digest, step.redacted = data.answer_digest, data.redacted
                 self.answered[env.event_id] = step
             case ev.ToolRequested() if data.execution:
                 run = self._execution(data.execution, data.attempt)
@@ -235,11 +264,15 @@ class _TaskJournal:
                     return
                 step.answered_id = env.event_id
                 step.answer = data.result
-                # a result is kept whole when inline ("null" is 4 bytes)
+                # a result is kept whole when inline (a result of None is "null": one not
+                # kept, its digest says so, is not replayed as None)
                 step.has_answer = data.error is None and (
-                    data.result is not None or data.result_bytes <= 4
+                    data.result is not None
+                    or (data.result_bytes <= 4 and data.result_digest in ("", _NULL_DIGEST))
                 )
                 step.error, step.error_type = data.error, data.error_type
+                step.stream, step.position = env.stream, env.position
+                step.content_digest = data.result_digest
                 self.answered[env.event_id] = step
             case ev.ToolEffectUnknown(decision="ask"):
                 step = self.requested.get(data.requested_event_id)
@@ -347,6 +380,7 @@ class Journal:
                 journal.fold(env)
         if execution not in journal.executions:  # a new handler run
             run = journal._execution(execution, attempt)
+            run.log_end = journal.trust.ends.get(task_id, 0)
             if not journal.strict and not self.replay_allowed(task_id):
                 run.reference = []
         return journal
@@ -366,6 +400,7 @@ class Journal:
             source.fold(env)
         journal.answered.update(source.answered)
         journal.origin_steps = source.last_effective()
+        journal.trust.adopt(source.trust)
 
     async def _write(
         self, journal: _TaskJournal | None, task_id: str, events: list[ev.Event]
@@ -390,10 +425,15 @@ class Journal:
         run = journal.executions[req.execution]
         known = run.steps.get(req.seq)
         if known is not None and known.has_answer:  # asked again (a resent request)
+            if untrusted := await self._untrusted(req, journal, known):
+                return untrusted
             return CallOutcome(result={"replay": known.answer, "source": known.answered_id})
         ref = journal.reference(req.execution)
         if (replay is not False or journal.strict) and not run.diverged and req.seq < len(ref):
             step = ref[req.seq]
+            # what follows is decided on the record: the log must vouch for it first
+            if untrusted := await self._untrusted(req, journal, step):
+                return untrusted
             if step.kind == "model" and step.digest == digest and step.has_answer:
                 await self._write(
                     journal,
@@ -418,10 +458,10 @@ class Journal:
             return _diverged(req, journal, ref, "model", digest, request)
         kept, size = self._content("model.request", request)
         key = f"{req.task_id}|{req.execution}|{req.seq}"
-        reserved, reserved_usd, refusal, on_budget = (
+        reserved, reserved_usd, refusal, on_budget, bound = (
             self.budgets.check_request(req.task_id, req.agent_id, key, req.target, request, size)
             if self.budgets is not None
-            else (0, None, None, "fail")
+            else (0, None, None, "fail", None)
         )
         if refusal is not None:  # never sent: the refusal is recorded, the agent told why
             from cardbus.bus.orchestrator.budget import refused_event
@@ -471,6 +511,7 @@ class Journal:
                     tools_offered=offered,
                     reserved_tokens=reserved,
                     reserved_usd=None if reserved_usd is None else round(reserved_usd, 10),
+                    max_tokens=bound,
                 )
             ],
         )
@@ -481,7 +522,10 @@ class Journal:
         self._pending[(req.task_id, req.execution, req.seq)] = pending
         if len(self._pending) > 4096:  # answers that never came (their agent died)
             self._pending = {k: f for k, f in self._pending.items() if not f.done()}
-        return CallOutcome(result={"call": ""})
+        # the go-ahead carries the output bound the budget reserved: the call is sent with it
+        return CallOutcome(
+            result={"call": ""} if bound is None else {"call": "", "max_tokens": bound}
+        )
 
     async def model_answer(self, req: AgentRequest) -> CallOutcome:
         a = req.args
@@ -514,6 +558,18 @@ class Journal:
         else:
             assert isinstance(answer, dict)
             kept, size = self._content("model.answer", answer)
+            redacted = kept is not None and self.policy.redact is not None
+            output = _tokens(answer.get("output_tokens"))
+            # an endpoint that ignored the max_tokens a budget sent: recorded, and counted
+            overrun = max(0, output - step.bound) if step is not None and step.bound else 0
+            if overrun:
+                log.warning(
+                    "task %s: model call #%d answered %d output tokens past its max_tokens %d",
+                    req.task_id,
+                    req.seq,
+                    overrun,
+                    step.bound if step is not None else 0,
+                )
             event = ev.ModelAnswered(
                 task_id=req.task_id,
                 agent_id=req.agent_id,
@@ -526,12 +582,44 @@ class Journal:
                 answer_digest=_sha(_json(answer)),
                 answer_bytes=size,
                 input_tokens=_tokens(answer.get("input_tokens")),
-                output_tokens=_tokens(answer.get("output_tokens")),
+                output_tokens=output,
                 latency_s=round(latency, 6),
                 cost_usd=self._cost(answer, req.target),
+                redacted=redacted,
+                overrun_tokens=overrun,
             )
         await self._write(journal, req.task_id, [event])
         return CallOutcome(result={"recorded": True})
+
+    async def _untrusted(
+        self, req: AgentRequest, journal: _TaskJournal, step: _Step
+    ) -> CallOutcome | None:
+        """None when the log vouches for what a call is about to be decided on: the task's
+        stream as it was when the execution began (and a re-run's origins), by their
+        events' hashes and chains, then ``step``'s answer by its digest (``journal_trust``);
+        else the task is failed ``journal_tampered`` and the call refused, naming the
+        stream and position."""
+        trust = journal.trust
+        run = journal.executions.get(req.execution)
+        end = max(run.log_end if run else 0, step.position if step.stream == req.task_id else 0)
+        problem = await trust.check(self.store, req.task_id, end)
+        for stream, stream_end in list(trust.ends.items()):  # a re-run's origins
+            if not problem and stream != req.task_id:
+                problem = await trust.check(self.store, stream, stream_end)
+        problem = problem or _digest_problem(step)
+        if not problem:
+            return None
+        message = (
+            f"journal_tampered: call #{req.seq} of task {req.task_id} would be decided on a"
+            f" record the log cannot vouch for: {problem}"
+        )[:2000]
+        if not journal.failed:  # the first call to find it fails the task; the rest are told
+            journal.failed = True
+            journal.trust.tampered = journal.trust.tampered or problem
+            log.error("%s", message)
+            failed = ev.TaskFailed(reason="journal_tampered", error=message, attempts=req.attempt)
+            await self._write(journal, req.task_id, [failed])
+        return CallOutcome(error=message, error_type="journal_tampered")
 
     def _cost(self, answer: dict[str, Any], asked: str) -> float | None:
         """What an answer cost at the orchestrator's prices (the model that answered, else
@@ -646,6 +734,8 @@ class Journal:
             digest = call_digest(req.target, arg_digest)
             return await self._tool_strict(req, journal, ref, digest, arg_digest, replayed)
         step = ref[req.seq] if not run.diverged and req.seq < len(ref) else None
+        if step is not None and (untrusted := await self._untrusted(req, journal, step)):
+            return untrusted  # replayed, repeated or asked about: decided on the record
         if (
             step is None
             or step.kind != "tool"
@@ -691,6 +781,8 @@ class Journal:
     ) -> CallOutcome:
         """A tool call of a strict re-run: the recorded result (or error), else refused."""
         step = ref[req.seq] if req.seq < len(ref) else None
+        if step is not None and (untrusted := await self._untrusted(req, journal, step)):
+            return untrusted
         answered = step is not None and bool(step.answered_id)
         if step is None or step.kind != "tool" or step.digest != digest or not answered:
             return _diverged(req, journal, ref, "tool", digest, req.args)
@@ -819,6 +911,20 @@ def _diverged(
         diff = []
     message = "\n".join([f"{head}: {why}", *diff])
     return CallOutcome(error=message, error_type="replay_diverged")
+
+
+def _digest_problem(step: _Step) -> str:
+    """What is wrong with a recorded answer's content against its digest ("" nothing; a
+    redacted answer, or one recorded with no digest, has nothing to check against)."""
+    if not step.has_answer or step.redacted or not step.content_digest:
+        return ""
+    if _sha(_json(step.answer)) == step.content_digest:
+        return ""
+    what = "answer" if step.kind == "model" else "result"
+    return (
+        f"stream {step.stream} position {step.position}: the {what} does not match its"
+        " digest (edited)"
+    )
 
 
 def _release(budgets: Budgets, key: str, future: asyncio.Future[Any]) -> None:

@@ -47,6 +47,9 @@ RetryReason = Literal[
     "remote_refused",
     # an offline re-run asked what the recorded run did not (the journal's strict mode)
     "replay_diverged",
+    # a recorded call the log cannot vouch for (bus.orchestrator.journal_trust): the
+    # orchestrator fails the task itself; another attempt would meet the same record
+    "journal_tampered",
     # a model call the orchestrator refused before it was sent: it would cross a budget
     # (never retried: bus.orchestrator.budget)
     "budget_exceeded",
@@ -62,6 +65,7 @@ DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset(
         "remote_refused",
         "replay_diverged",
         "budget_exceeded",
+        "journal_tampered",
     }
 )
 
