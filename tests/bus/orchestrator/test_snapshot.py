@@ -354,6 +354,14 @@ async def test_no_snapshot_covers_an_event_the_state_has_not_folded(db_path):
     orch = Orchestrator(store, InProcessBus(), dataclasses.replace(FAST, snapshot_every=1))
     await orch.start()
     path = Path(f"{db_path}.snap")
+    # the start's own events come back to the follower (it starts where the start's fold
+    # ended), and a snapshot of them alone is fair: taken, then removed, so that the one
+    # this test is about would show
+    for _ in range(500):
+        if orch._followed >= orch.state.position and orch._saving is None:
+            break
+        await asyncio.sleep(0.01)
+    path.unlink(missing_ok=True)
     held: list[object] = []
     real = orch._queue.put_nowait
 
