@@ -29,6 +29,8 @@ every call is answered from the log, and one that reaches it raises
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import itertools
 import time
@@ -217,6 +219,14 @@ class TaskJournal:
         ended: dict[str, Any] = {"arguments": arguments, "key": key}
         try:
             result = await run(key)
+        except asyncio.CancelledError:
+            # the handler was stopped during the call (its task cancelled, its deadline
+            # past): the call is recorded as cut off, its effect perhaps partial
+            ended |= {"error": "cancelled during the call", "error_type": "cancelled"}
+            ended["duration_s"] = round(time.monotonic() - start, 6)
+            with contextlib.suppress(Exception):
+                await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+            raise
         except Exception as e:
             ended |= {"error": f"{type(e).__name__}: {e}", "error_type": "tool_error"}
             ended["duration_s"] = round(time.monotonic() - start, 6)

@@ -239,7 +239,9 @@ class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_igno
 
     attempt: int
     agent_id: str
-    reason: str  # "duplicate" | "stale_attempt"
+    # "duplicate" | "stale_attempt" | "handler_cancelled" (the worker stopped the handler
+    # on the task's cancel or halt: it completed nothing)
+    reason: str
 
 
 class TaskRejected(_Event, frozen=True, kw_only=True, tag="task.rejected.v1"):
@@ -447,12 +449,16 @@ class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
 
 class RunFailed(_Event, frozen=True, kw_only=True, tag="run.failed.v1"):
     """The run failed, naming the failed tasks (or ``plan_invalid``, ``planning_failed`` and
-    why).
+    why). ``cancelled``: it did not complete because it was cancelled (a whole-run
+    ``task.cancelled`` left a task it needed undone): reason ``cancelled``, ``cancelled_by``
+    who cancelled it; its status is ``cancelled``, not ``failed`` (older logs: False).
     """
 
-    reason: str  # tasks_not_completed | plan_invalid | planning_failed
+    reason: str  # tasks_not_completed | plan_invalid | planning_failed | cancelled
     failed_tasks: list[str] = []
     detail: str = ""
+    cancelled: bool = False
+    cancelled_by: str = ""
 
 
 class RunHalted(_Event, frozen=True, kw_only=True, tag="run.halted.v1"):

@@ -21,6 +21,8 @@ from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import dep_path_problem, schema_errors
 from cardbus.bus.orchestrator import optional, planning
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
+from cardbus.bus.orchestrator.cancel import run_not_completed
+from cardbus.bus.orchestrator.cancel_notices import ignored_reason
 from cardbus.bus.orchestrator.context import fit_card
 from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
@@ -174,7 +176,7 @@ class Decider:
             # other answer (an earlier attempt, or the current one after it timed out, its
             # retry not dispatched yet; one never dispatched): stale
             again = reply.attempt == task.attempt and reply.agent_id in task.results
-            reason = "duplicate" if again else "stale_attempt"
+            reason = "duplicate" if again else ignored_reason(reply)
             self.d.add(
                 task.task_id,
                 ev.TaskResultIgnored(attempt=reply.attempt, agent_id=reply.agent_id, reason=reason),
@@ -852,14 +854,8 @@ class Decider:
         self._follow_completed(run.root_id, run.tasks)
         if failing:
             failed = optional.not_completed(plan_tasks, done)  # the absent ones too
-            self.d.add(
-                run.root_id,
-                ev.RunFailed(
-                    reason="tasks_not_completed",
-                    failed_tasks=failed,
-                    detail=_failed_detail(plan_tasks, set(failed)),
-                ),
-            )
+            detail = _failed_detail(plan_tasks, set(failed))  # cancelled: says so (cancel)
+            self.d.add(run.root_id, run_not_completed(plan_tasks, failed, detail))
         else:
             completed = optional.completion(plan_tasks, done, degraded)
             size = len(msgspec.json.encode(completed))

@@ -7,12 +7,21 @@ import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 
 from cardbus.agents import requests as rq
-from cardbus.agents.cards import Reply, TaskCard, decode_reply, decode_task_card, encode
-from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
+from cardbus.agents.cards import (
+    CancelNotice,
+    Reply,
+    TaskCard,
+    decode_cancel_notice,
+    decode_reply,
+    decode_task_card,
+    encode,
+)
+from cardbus.bus.transport.interface import Bus, CancelHandler, CardHandler, RequestHandler
 from cardbus.eventstore.errors import BusError, DecodeError
 
 __all__ = ["InProcessBus"]
@@ -28,6 +37,7 @@ class InProcessBus(Bus):
         self._consumers: list[asyncio.Task[None]] = []
         self._closed = False
         self._request_handler: RequestHandler | None = None
+        self._cancel_watchers: dict[str, list[CancelHandler]] = {}
 
     def _inbox(self, agent_id: str) -> asyncio.Queue[tuple[bytes, int]]:
         # not setdefault(agent_id, asyncio.Queue()): that builds a queue for every card sent
@@ -89,6 +99,19 @@ class InProcessBus(Bus):
             except DecodeError as e:
                 await self._bad("cardbus.reply", data, str(e))
 
+    async def cancel_attempt(self, notice: CancelNotice) -> None:
+        if self._closed:
+            return
+        notice = decode_cancel_notice(encode(notice))  # across the codec, as on the wire
+        for handler in self._cancel_watchers.get(notice.agent_id, ()):
+            try:
+                handler(notice)
+            except Exception:  # one worker's bug must not keep the notice from the others
+                log.exception("cancel notice handler failed for %s", notice.agent_id)
+
+    async def watch_cancels(self, agent_id: str, handler: CancelHandler) -> None:
+        self._cancel_watchers.setdefault(agent_id, []).append(handler)
+
     async def serve_requests(self, handler: RequestHandler) -> None:
         self._request_handler = handler
 
@@ -103,8 +126,13 @@ class InProcessBus(Bus):
         except DecodeError as e:
             await self._bad(subject, b"", str(e))
             raise BusError(f"request cannot be sent: {e}") from e
+        # the orchestrator's side runs on its own, as across the network: a handler
+        # cancelled meanwhile (its task was) does not cut a tool call off before it
+        # is recorded (tool.called), nor does a request that timed out here
+        serving = asyncio.ensure_future(handler(decoded))
+        serving.add_done_callback(_retrieve)
         try:
-            response = await asyncio.wait_for(handler(decoded), timeout)
+            response = await asyncio.wait_for(asyncio.shield(serving), timeout)
         except TimeoutError as e:
             raise BusError(f"no answer to request {request.request_id} in {timeout:g}s") from e
         except asyncio.CancelledError:
@@ -126,9 +154,15 @@ class InProcessBus(Bus):
     async def close(self) -> None:
         self._closed = True
         self._request_handler = None
+        self._cancel_watchers.clear()
         for task in self._consumers:
             task.cancel()
         for task in self._consumers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._consumers.clear()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
