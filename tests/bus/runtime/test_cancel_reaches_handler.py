@@ -129,6 +129,21 @@ async def test_embedded_cancel_stops_the_handler_and_the_run_says_cancelled(
     assert [r["root_id"] for r in json.loads(only)] == [root]
     table = await cardbus("runs", "--store", str(db))
     assert "cancelled: by ops-alice: cancelled_by_user" in " ".join(table.split())
+    # the console's run list says so too
+    shown = await asyncio.to_thread(console_runs, db, "cancelled")
+    assert [(r["root_id"], r["status"]) for r in shown] == [(root, "cancelled")]
+
+
+def console_runs(db: Path, status: str) -> list[dict[str, Any]]:
+    from starlette.testclient import TestClient
+
+    from cardbus.tools.ui import create_app
+
+    with TestClient(create_app(str(db)), base_url="http://127.0.0.1") as c:
+        got = c.get(f"/api/runs?status={status}")
+        assert got.status_code == 200, got.text
+        runs: list[dict[str, Any]] = got.json()["runs"]
+        return runs
 
 
 async def cardbus(*args: str) -> str:
