@@ -159,6 +159,22 @@ class TaskJournal:
         start = time.monotonic()
         try:
             answer = await live()
+        except asyncio.CancelledError:
+            # the handler was stopped during the call: recorded as cut off (no answer used)
+            with contextlib.suppress(Exception):
+                await services.request(
+                    "model.answer",
+                    model,
+                    {
+                        "call": call,
+                        "error": "cancelled during the call",
+                        "error_type": "cancelled",
+                        "latency_s": round(time.monotonic() - start, 6),
+                    },
+                    seq=seq,
+                    execution=self.execution,
+                )
+            raise
         except Exception as e:
             reason = e.error_type if isinstance(e, LLMError) else type(e).__name__
             await services.request(

@@ -203,9 +203,11 @@ def access_problem(
 
 
 def _interrupted(task: TaskView, req: AgentRequest) -> bool:
-    """The end of a tool call (``tool.end``) that the task's cancel or halt interrupted: a
-    record of what happened, kept though the attempt is no longer wanted."""
-    return req.kind == "tool.end" and task.state in (TaskState.CANCELLED, TaskState.HALTED)
+    """The end of a tool or model call (``tool.end``, ``model.answer``) that the task's
+    cancel or halt interrupted: a record of what happened, kept though the attempt is no
+    longer wanted."""
+    stopped = task.state in (TaskState.CANCELLED, TaskState.HALTED)
+    return stopped and req.kind in ("tool.end", "model.answer")
 
 
 class _BadRequest(Exception):

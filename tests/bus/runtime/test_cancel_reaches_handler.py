@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from cardbus.agents import Agent, Capability, TaskCard, TaskContext
 from cardbus.agents.cards import CancelNotice
+from cardbus.agents.llm import Completion
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import Orchestrator
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
@@ -205,3 +206,54 @@ async def test_a_lost_notice_is_made_up_by_the_attempt_live_check(tmp_path: Path
     assert [(n.agent_id, n.by) for n in bus.lost] == [("sleepy", "ops")]
     assert RECORD == ["began", "cancelled"] and worker.stopped == 1
     assert result.status == "cancelled"
+
+
+class SlowModel:
+    """A model that takes 5 s to answer."""
+
+    model = "slow-model"
+
+    async def complete(self, prompt: str, *, system: str = "") -> Completion:
+        await asyncio.sleep(5)
+        RECORD.append("answered")
+        return Completion(text="late", model=self.model)
+
+
+class Asker(Agent):
+    agent_id = "asker"
+    description = "asks a slow model"
+    capabilities = [Capability("ask", N, N, "ask the model")]
+
+    async def handle(self, task: TaskCard, inputs: N, ctx: TaskContext) -> N:
+        RECORD.append("began")
+        try:
+            await ctx.llm.complete("what is n?")
+        except asyncio.CancelledError:
+            RECORD.append("cancelled")
+            CANCELLED[0].set()
+            raise
+        RECORD.append("completed")
+        return N(n=inputs.n)
+
+
+async def test_a_model_call_cut_off_by_a_cancel_is_recorded(tmp_path: Path) -> None:
+    cancelled_seen = fresh()
+    store = await SqliteEventStore.open(tmp_path / "cardbus.db", poll_interval=0.01)
+    try:
+        async with EmbeddedRuntime(store, [Asker], llm=SlowModel()) as rt:
+            plan = Plan(goal="x", tasks=[PlanTask(id="q", capability="ask", inputs={"n": 1})])
+            root = await rt.submit(plan)
+            await until(store, of(ev.ModelRequested))
+            await cancel_run(store, root, by="ops")
+            result = await rt.orchestrator.wait(root, timeout=30)
+            await asyncio.wait_for(cancelled_seen.wait(), 30)
+            await until(store, of(ev.TaskResultIgnored, "handler_cancelled"))
+            # the cut-off call's record is written as the handler unwinds
+            await until(store, lambda e: isinstance(e.data, ev.ModelAnswered))
+        events = await store.read_correlation(root)
+    finally:
+        await store.close()
+    assert RECORD == ["began", "cancelled"] and result.status == "cancelled"
+    (answered,) = [e.data for e in events if isinstance(e.data, ev.ModelAnswered)]
+    assert (answered.error_type, answered.answer) == ("cancelled", None)
+    assert answered.output_tokens == 0
