@@ -373,3 +373,22 @@ def test_an_interrupted_run_is_cancelled_with_the_reason(tmp_path: Path) -> None
     failure = first_failure(events)
     assert failure is not None and failure.ended == "cancelled"
     assert failure.reason == "client_interrupted: cardbus run was interrupted"
+
+
+def test_a_cancelled_run_ends_saying_who_cancelled_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = str(tmp_path / "c.db")
+    monkeypatch.setenv("CARDBUS_TEST_DB", db)
+    tasks = [{"id": "c", "capability": "cancel", "inputs": {"n": 1}, "timeout_s": 30}]
+    r = invoke("run", write_plan(tmp_path, tasks, ["oneline_agents:Canceller"]), "--store", db)
+    assert r.exit_code == 1, r.output  # it did not complete
+    root = r.stdout.splitlines()[0].split()[1].rstrip(":")
+    assert r.stdout.strip().splitlines()[-1] == (
+        f"run {root} cancelled: by ops: cancelled_by_user: wrong"
+    )
+    events = run_events(db, root)
+    (end,) = [e.data for e in events if isinstance(e.data, ev.RunFailed)]
+    assert (end.reason, end.cancelled, end.cancelled_by) == ("cancelled", True, "ops")
+    # no result of the cancelled task counts (its handler is stopped: the runtime's tests)
+    assert not [e for e in events if isinstance(e.data, (ev.TaskCompleted, ev.TaskResultSubmitted))]

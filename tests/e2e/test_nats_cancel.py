@@ -60,6 +60,7 @@ async def test_a_cancel_stops_the_agent_process_handler_and_the_run_says_cancell
         agents.stop()
     (task_id,) = said["cancelled"]
     assert began.name.startswith(f"{task_id}.1.")
+    assert [m.name for m in marks.iterdir()] == [began.name]  # no handler ran it again
     # cancelled, never completed: the handler's record, and the log
     assert sorted(m.name for m in ends.iterdir()) == [f"{task_id}.1.cancelled"]
     mine = [e for e in events if e.stream == task_id]
