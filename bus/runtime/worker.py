@@ -109,6 +109,9 @@ class AgentWorker:
         self.cancel_check_s = float(cancel_check_s)
         self._checking: asyncio.Task[None] | None = None
         self.stopped = 0  # handlers stopped because their task was cancelled or halted
+        # notices for attempts not running here (yet): a card that arrives after its
+        # cancel (redelivered, or still queued) is stopped as it begins
+        self._cancelled: OrderedDict[tuple[str, int], str] = OrderedDict()
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.replica_id = f"{self.host}-{self.pid}-{uuid.uuid4().hex[:6]}"
@@ -153,12 +156,25 @@ class AgentWorker:
 
     def _on_notice(self, notice: CancelNotice) -> None:
         """Cancel the handler of the notice's attempt, if it runs here."""
-        watch = self._watched.get((notice.task_id, notice.attempt))
-        if watch is None or watch.ended or watch.expired or watch.stopped:
-            return  # not here, done, or being cancelled already
-        why = notice.reason or "cancelled"
-        watch.stopped = why + (f" by {notice.by}" if notice.by else "")
+        key = (notice.task_id, notice.attempt)
+        why = (notice.reason or "cancelled") + (f" by {notice.by}" if notice.by else "")
+        watch = self._watched.get(key)
+        if watch is None:  # not running here: remembered, should its card come (later)
+            self._cancelled[key] = why
+            if len(self._cancelled) > 10_000:
+                self._cancelled.popitem(last=False)
+            return
+        if watch.ended or watch.expired or watch.stopped:
+            return  # done, or being cancelled already
+        watch.stopped = why
         watch.task.cancel()
+
+    def _notice(self, card: TaskCard, reason: str, by: str = "") -> CancelNotice:
+        """A cancel notice for ``card``'s attempt, as the worker tells itself."""
+        agent_id = self.agent.agent_id
+        return CancelNotice(
+            task_id=card.task_id, attempt=card.attempt, agent_id=agent_id, reason=reason, by=by
+        )
 
     async def _check_live(self) -> None:
         """Every ``cancel_check_s``: ask whether each handler running that long is still
@@ -183,16 +199,10 @@ class AgentWorker:
                 root_id=card.root_id,
             )
             answer = await self.bus.request(request, timeout=max(1.0, self.cancel_check_s))
-            if isinstance(answer.result, dict) and answer.result.get("live") is False:
-                found = answer.result
+            found = answer.result
+            if isinstance(found, dict) and found.get("live") is False:
                 self._on_notice(
-                    CancelNotice(
-                        task_id=card.task_id,
-                        attempt=card.attempt,
-                        agent_id=self.agent.agent_id,
-                        reason=str(found.get("reason") or ""),
-                        by=str(found.get("by") or ""),
-                    )
+                    self._notice(card, str(found.get("reason") or ""), str(found.get("by") or ""))
                 )
 
         outcomes = await asyncio.gather(*(ask(w) for w in watches), return_exceptions=True)
@@ -290,6 +300,8 @@ class AgentWorker:
             try:
                 self._watch(watch)
                 self._arm(loop, watch.first())
+                if key in self._cancelled:  # its cancel came first: stopped as it begins
+                    self._on_notice(self._notice(card, self._cancelled[key]))
                 answer = await telemetry.invoke_agent(self.agent, card, self.llm)
             except BaseException as e:
                 # past the deadline the sweep cancelled the handler, or its task ended (a

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from click.testing import CliRunner
 
-from cardbus.agents import Agent, Capability, TaskCard, TaskContext
+from cardbus.agents import Agent, Capability, ResultCard, TaskCard, TaskContext
 from cardbus.agents.cards import CancelNotice
 from cardbus.agents.llm import Completion
 from cardbus.bus.orchestrator.cancel import cancel_run
@@ -257,3 +257,30 @@ async def test_a_model_call_cut_off_by_a_cancel_is_recorded(tmp_path: Path) -> N
     (answered,) = [e.data for e in events if isinstance(e.data, ev.ModelAnswered)]
     assert (answered.error_type, answered.answer) == ("cancelled", None)
     assert answered.output_tokens == 0
+
+
+async def test_a_card_that_comes_after_its_cancel_is_stopped_as_it_begins() -> None:
+    """A notice for an attempt not running here is remembered: its card, arriving later
+    (still queued, or redelivered), is answered cancelled and its handler runs no further
+    than its first await."""
+    fresh()
+    bus = InProcessBus()
+    worker = AgentWorker(bus, Sleepy, started_after_s=1.0)
+    try:
+        await worker.start()
+        notice = CancelNotice(task_id="t1", attempt=1, agent_id="sleepy", reason="why", by="ops")
+        await bus.cancel_attempt(notice)
+        await bus.send_task(
+            "sleepy", TaskCard(task_id="t1", root_id="r", capability="sleepy", inputs={"n": 1})
+        )
+        replies = bus.replies()
+        answer = await asyncio.wait_for(anext(replies), 30)  # the announcement
+        while not isinstance(answer, ResultCard):
+            answer = await asyncio.wait_for(anext(replies), 30)
+    finally:
+        await worker.stop()
+        await bus.close()
+    assert (answer.task_id, answer.status, answer.reason) == ("t1", "failed", "cancelled")
+    assert answer.error is not None and "why by ops" in answer.error
+    assert RECORD in ([], ["began", "cancelled"]) and "completed" not in RECORD
+    assert worker.stopped == 1
