@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from cardbus.agents import Agent, Capability, ResultCard, TaskCard, TaskContext
 from cardbus.agents.cards import CancelNotice
 from cardbus.agents.llm import Completion
+from cardbus.bus.a2a.fold import TaskFold
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import Orchestrator
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
@@ -122,6 +123,15 @@ async def test_embedded_cancel_stops_the_handler_and_the_run_says_cancelled(
     assert (called.tool, called.error_type) == ("slow_effect", "cancelled")
     (end,) = [d for d in data if isinstance(d, ev.RunFailed)]
     assert (end.reason, end.cancelled, end.cancelled_by) == ("cancelled", True, "ops-alice")
+    # A2A reads the run as canceled, saying who cancelled it
+    from a2a.types import TaskState as A2AState
+
+    fold = TaskFold(root)
+    for e in events:
+        fold.apply(e)
+    task = fold.task()
+    assert task.status.state == A2AState.TASK_STATE_CANCELED
+    assert task.status.message.parts[0].text == "run cancelled by ops-alice"
 
     runs = await cardbus("runs", "--store", str(db), "--json")
     (row,) = json.loads(runs)
