@@ -235,13 +235,13 @@ class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_su
 
 
 class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_ignored.v1"):
-    """A result for an attempt already settled (duplicate delivery) or unknown."""
+    """A result for an attempt already settled (``duplicate`` delivery) or unknown
+    (``stale_attempt``), or the answer of a handler the worker stopped because its task
+    was cancelled or halted (``handler_cancelled``: it completed nothing)."""
 
     attempt: int
     agent_id: str
-    # "duplicate" | "stale_attempt" | "handler_cancelled" (the worker stopped the handler
-    # on the task's cancel or halt: it completed nothing)
-    reason: str
+    reason: str  # "duplicate" | "stale_attempt" | "handler_cancelled"
 
 
 class TaskRejected(_Event, frozen=True, kw_only=True, tag="task.rejected.v1"):
