@@ -7,7 +7,6 @@ import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import msgspec
 
@@ -38,6 +37,7 @@ class InProcessBus(Bus):
         self._closed = False
         self._request_handler: RequestHandler | None = None
         self._cancel_watchers: dict[str, list[CancelHandler]] = {}
+        self._serving: set[asyncio.Future[rq.AgentResponse]] = set()  # requests answering
 
     def _inbox(self, agent_id: str) -> asyncio.Queue[tuple[bytes, int]]:
         # not setdefault(agent_id, asyncio.Queue()): that builds a queue for every card sent
@@ -130,7 +130,8 @@ class InProcessBus(Bus):
         # cancelled meanwhile (its task was) does not cut a tool call off before it
         # is recorded (tool.called), nor does a request that timed out here
         serving = asyncio.ensure_future(handler(decoded))
-        serving.add_done_callback(_retrieve)
+        self._serving.add(serving)
+        serving.add_done_callback(self._served)
         try:
             response = await asyncio.wait_for(asyncio.shield(serving), timeout)
         except TimeoutError as e:
@@ -144,6 +145,11 @@ class InProcessBus(Bus):
         except DecodeError as e:
             raise BusError(f"bad answer to request {request.request_id}: {e}") from e
 
+    def _served(self, serving: asyncio.Future[rq.AgentResponse]) -> None:
+        self._serving.discard(serving)
+        if not serving.cancelled():
+            serving.exception()  # retrieved: its caller may have gone (cancelled, timed out)
+
     async def _bad(self, subject: str, data: bytes, reason: str) -> None:
         log.warning("bad message on %s: %s", subject, reason)
         if self.on_bad_message is not None:
@@ -155,14 +161,11 @@ class InProcessBus(Bus):
         self._closed = True
         self._request_handler = None
         self._cancel_watchers.clear()
+        for serving in list(self._serving):  # what nobody waits for any more
+            serving.cancel()
         for task in self._consumers:
             task.cancel()
         for task in self._consumers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._consumers.clear()
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
