@@ -31,6 +31,8 @@ every call is answered from the log, and one that reaches it raises
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import itertools
 import time
@@ -164,6 +166,22 @@ class TaskJournal:
         start = time.monotonic()
         try:
             answer = await live()
+        except asyncio.CancelledError:
+            # the handler was stopped during the call: recorded as cut off (no answer used)
+            with contextlib.suppress(Exception):
+                await services.request(
+                    "model.answer",
+                    model,
+                    {
+                        "call": call,
+                        "error": "cancelled during the call",
+                        "error_type": "cancelled",
+                        "latency_s": round(time.monotonic() - start, 6),
+                    },
+                    seq=seq,
+                    execution=self.execution,
+                )
+            raise
         except Exception as e:
             reason = e.error_type if isinstance(e, LLMError) else type(e).__name__
             await services.request(
@@ -226,6 +244,14 @@ class TaskJournal:
         ended: dict[str, Any] = {"arguments": arguments, "key": key}
         try:
             result = await run(key)
+        except asyncio.CancelledError:
+            # the handler was stopped during the call (its task cancelled, its deadline
+            # past): the call is recorded as cut off, its effect perhaps partial
+            ended |= {"error": "cancelled during the call", "error_type": "cancelled"}
+            ended["duration_s"] = round(time.monotonic() - start, 6)
+            with contextlib.suppress(Exception):
+                await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+            raise
         except Exception as e:
             ended |= {"error": f"{type(e).__name__}: {e}", "error_type": "tool_error"}
             ended["duration_s"] = round(time.monotonic() - start, 6)

@@ -34,6 +34,7 @@ kind               target           args
 ``model.answer``   the model        ``call``, ``answer`` or ``error`` and ``error_type``
 ``tool.begin``     the agent's tool ``arguments``, ``idempotent`` (before it runs)
 ``tool.end``       the agent's tool ``arguments``, ``key``, ``result`` or ``error``
+``attempt.live``   -                - (the worker: is its attempt still wanted?)
 =================  ===============  =================================================
 
 ``tool``, ``model.request`` and ``model.answer`` carry the journal's coordinates
@@ -99,6 +100,7 @@ RequestKind = Literal[
     "model.answer",
     "tool.begin",
     "tool.end",
+    "attempt.live",
 ]
 REQUEST_KINDS: tuple[str, ...] = (
     "read_output",
@@ -112,6 +114,7 @@ REQUEST_KINDS: tuple[str, ...] = (
     "model.answer",
     "tool.begin",
     "tool.end",
+    "attempt.live",
 )
 
 

@@ -235,12 +235,14 @@ class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_su
 
 
 class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_ignored.v1"):
-    """A result for an attempt already settled (a second answer) or unknown; the very
-    reply the log already records, delivered again, writes nothing (``repeats``)."""
+    """A result for an attempt already settled (a second answer: ``duplicate``) or unknown
+    (``stale_attempt``), or the answer of a handler the worker stopped because its task
+    was cancelled or halted (``handler_cancelled``: it completed nothing); the very reply
+    the log already records, delivered again, writes nothing (``repeats``)."""
 
     attempt: int
     agent_id: str
-    reason: str  # "duplicate" | "stale_attempt"
+    reason: str  # "duplicate" | "stale_attempt" | "handler_cancelled"
 
 
 class TaskRejected(_Event, frozen=True, kw_only=True, tag="task.rejected.v1"):
@@ -456,12 +458,16 @@ class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
 
 class RunFailed(_Event, frozen=True, kw_only=True, tag="run.failed.v1"):
     """The run failed, naming the failed tasks (or ``plan_invalid``, ``planning_failed`` and
-    why).
+    why). ``cancelled``: it did not complete because it was cancelled (a whole-run
+    ``task.cancelled`` left a task it needed undone): reason ``cancelled``, ``cancelled_by``
+    who cancelled it; its status is ``cancelled``, not ``failed`` (older logs: False).
     """
 
-    reason: str  # tasks_not_completed | plan_invalid | planning_failed
+    reason: str  # tasks_not_completed | plan_invalid | planning_failed | cancelled
     failed_tasks: list[str] = []
     detail: str = ""
+    cancelled: bool = False
+    cancelled_by: str = ""
 
 
 class RunHalted(_Event, frozen=True, kw_only=True, tag="run.halted.v1"):

@@ -178,6 +178,8 @@ def _run_view(events: Sequence[Envelope], calls: dict[str, list[ModelCall | Tool
                     view.status = f"completed: degraded (without {', '.join(data.degraded)})"
                 case ev.RunCompleted():
                     view.status = "completed"
+                case ev.RunFailed() if data.cancelled:  # who cancelled it and why
+                    view.status = f"cancelled: {data.detail or data.reason}"
                 case ev.RunFailed():
                     view.status = f"failed: {data.reason}"
                 case ev.RunHalted():

@@ -256,6 +256,8 @@ class TaskFold:
                 text += f" ({data.detail})" if data.detail else ""
             case ev.RunCompleted():
                 text = "run completed"
+            case ev.RunFailed() if data.cancelled:
+                text = "run cancelled" + (f" by {data.cancelled_by}" if data.cancelled_by else "")
             case ev.RunFailed():
                 text = f"run failed: {data.reason} {', '.join(data.failed_tasks)}".rstrip()
             case ev.RunHalted():
@@ -310,6 +312,8 @@ class TaskFold:
             return TaskState.TASK_STATE_SUBMITTED
         if run.finished == "completed":
             return TaskState.TASK_STATE_COMPLETED
+        if run.finished == "cancelled":  # run.failed with cancelled: whoever cancelled it
+            return TaskState.TASK_STATE_CANCELED
         if run.finished is not None:
             if any(
                 self.state.tasks[t].state is _S.CANCELLED

@@ -23,7 +23,7 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.admission import Admission
 from cardbus.bus.orchestrator.budget import Budgets
+from cardbus.bus.orchestrator.cancel_notices import CancelNotices
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
@@ -55,6 +56,7 @@ from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.repeats import UnknownReplies
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
+from cardbus.bus.orchestrator.run_result import RunResult, result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.settle import settle_after
 from cardbus.bus.orchestrator.submission import run_creation
@@ -110,20 +112,6 @@ class _Record:
     events: list[ev.Event]
     done: asyncio.Future[list[Envelope]]
     tries: int = 0
-
-
-@dataclass(frozen=True)
-class RunResult:
-    root_id: str
-    status: str  # completed | failed | halted
-    outputs: dict[str, Any]
-    reason: str = ""  # "degraded" for a completion without some optional tasks' outputs
-    detail: str = ""  # e.g. the errors of a plan refused for good (reason plan_invalid)
-    # False if a reviewed task completed with its review not passed (max_review_rounds spent)
-    quality_met: bool = True
-    open_issues: dict[str, list[ev.ReviewIssue]] = field(default_factory=dict)  # by plan task id
-    # completed degraded: the optional plan tasks that did not complete (``optional``)
-    degraded: list[str] = field(default_factory=list)
 
 
 class Orchestrator:
@@ -250,8 +238,9 @@ class Orchestrator:
         # another member decides to it: ``bus.runtime.members``)
         self.handle_request: Callable[[AgentRequest], Awaitable[AgentResponse]] = self.broker.handle
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
-        # called with every event newly folded in while running (not the replay on start)
-        self.observers: list[Callable[[Envelope], None]] = []
+        # called with every event newly folded in while running (not the replay on start);
+        # the first stops the handlers of attempts whose task was cancelled or halted
+        self.observers: list[Callable[[Envelope], None]] = [CancelNotices(bus, self.state).observe]
         # the largest event decided (the store's limit, with room for the envelope)
         self._event_limit = int(getattr(store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
         # set when the log has refused writes for Policy.store_grace_s (disk full, read-only,
@@ -1266,7 +1255,7 @@ class Orchestrator:
         return True
 
     def _result(self, root_id: str) -> RunResult | None:
-        return _result_of(self.state, root_id)
+        return result_of(self.state, root_id)
 
     # -- snapshots (see bus.orchestrator.snapshot) ---------------------------
 
@@ -1315,7 +1304,7 @@ class Orchestrator:
         state = RunState()
         for env in await self.store.read_correlation(root_id):
             state.apply(env)
-        return _result_of(state, root_id)
+        return result_of(state, root_id)
 
     def _on_refused(self, refusal: Refusal) -> None:
         """A reply or request the bus refused for its sender: recorded through the decision
@@ -1350,35 +1339,6 @@ class Orchestrator:
 def _log_unrecorded(done: asyncio.Future[list[Envelope]]) -> None:
     if not done.cancelled() and done.exception() is not None:
         log.error("a refusal could not be recorded: %r", done.exception())
-
-
-def _result_of(state: RunState, root_id: str) -> RunResult | None:
-    """A finished run's result (its outputs by plan task id), or None."""
-    run = state.runs.get(root_id)
-    if run is None or run.finished is None:
-        return None
-    data = run.finish_event
-    outputs = (
-        data.outputs
-        if isinstance(data, ev.RunCompleted)
-        else {name: state.tasks[tid].output for name, tid in run.names.items()}
-    )
-    unmet = {  # plan tasks that completed without passing their review, and what is open
-        name: list(state.tasks[tid].open_issues)
-        for name, tid in run.names.items()
-        if tid in state.tasks and not state.tasks[tid].quality_met
-    }
-    degraded = list(data.degraded) if isinstance(data, ev.RunCompleted) else []
-    return RunResult(
-        root_id,
-        run.finished,
-        outputs,
-        "degraded" if degraded else getattr(data, "reason", ""),
-        getattr(data, "detail", ""),
-        quality_met=not unmet,
-        open_issues=unmet,
-        degraded=degraded,
-    )
 
 
 def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import dep_path_problem, schema_errors
 from cardbus.bus.orchestrator import optional, planning
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
+from cardbus.bus.orchestrator.cancel import run_not_completed
 from cardbus.bus.orchestrator.context import fit_card
 from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
@@ -847,14 +848,8 @@ class Decider:
         self._follow_completed(run.root_id, run.tasks)
         if failing:
             failed = optional.not_completed(plan_tasks, done)  # the absent ones too
-            self.d.add(
-                run.root_id,
-                ev.RunFailed(
-                    reason="tasks_not_completed",
-                    failed_tasks=failed,
-                    detail=_failed_detail(plan_tasks, set(failed)),
-                ),
-            )
+            detail = _failed_detail(plan_tasks, set(failed))  # cancelled: says so (cancel)
+            self.d.add(run.root_id, run_not_completed(plan_tasks, failed, detail))
         else:
             completed = optional.completion(plan_tasks, done, degraded)
             size = len(msgspec.json.encode(completed))

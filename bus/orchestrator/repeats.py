@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from cardbus.agents.cards import ResultCard
+from cardbus.bus.orchestrator.cancel_notices import ignored_reason
 from cardbus.bus.orchestrator.runstate import TaskView
 from cardbus.eventstore import events as ev
 
@@ -42,13 +43,14 @@ def same_reply(task: TaskView, reply: ResultCard) -> bool:
 
 def ignored_result(task: TaskView, reply: ResultCard) -> ev.TaskResultIgnored | None:
     """What a result that changes nothing records: ``duplicate`` (the current attempt
-    answered again) or ``stale_attempt`` (any other answer: an earlier attempt, or the
+    answered again), ``handler_cancelled`` (a handler its worker stopped on a cancel) or
+    ``stale_attempt`` (any other answer: an earlier attempt, or the
     current one after it timed out, its retry not dispatched yet; one never dispatched);
     None for a reply the log already records (delivered again: nothing new)."""
     if same_reply(task, reply):
         return None
     again = reply.attempt == task.attempt and reply.agent_id in task.results
-    reason = "duplicate" if again else "stale_attempt"
+    reason = "duplicate" if again else ignored_reason(reply)
     return ev.TaskResultIgnored(attempt=reply.attempt, agent_id=reply.agent_id, reason=reason)
 
 

@@ -65,6 +65,7 @@ class TaskView:
     # who cancelled it, when that stops its dependents too (``optional``): "run" for the
     # whole run's cancel, the dependency's task id for a cascade; "" otherwise
     cancel_cause: str = ""
+    cancelled_by: str = ""  # task.cancelled's actor (who cancelled it)
     review_round: int = 0
     review: list[ev.ReviewIssue] = field(default_factory=list)
     under_review: str | None = None  # reviewer task id while a review runs
@@ -99,7 +100,7 @@ class RunView:
     tokens: int = 0
     loop_counts: Counter[str] = field(default_factory=Counter)  # hash -> distinct tasks
     loop_seen: frozenset[tuple[str, str]] = frozenset()  # replaced on a write (TaskView)
-    finished: str | None = None  # "completed" | "failed" | "halted"
+    finished: str | None = None  # "completed" | "failed" | "halted" | "cancelled"
     finish_event: Any = None
     # a run planned from a goal (started.planning): its planning rounds, from the log
     planners: list[str] = field(default_factory=list)  # planning task ids, by round
@@ -414,7 +415,7 @@ def _finish(data: object) -> str:
         return "completed"
     if isinstance(data, ev.RunHalted):
         return "halted"
-    return "failed"
+    return "cancelled" if getattr(data, "cancelled", False) else "failed"
 
 
 _TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
@@ -584,6 +585,7 @@ def _ended(
     task.error = data.error if isinstance(data, ev.TaskFailed) else ""
     if isinstance(data, ev.TaskCancelled):
         task.cancel_cause = "run" if data.whole_run else data.cause_task_id or ""
+        task.cancelled_by = env.actor or ""
 
 
 _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, Any], None]] = {

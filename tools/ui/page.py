@@ -330,7 +330,7 @@ function runsView(data, p) {
   const opt = (v) => `<option value="${v}" ${p.status === v ? "selected" : ""}>${v || "any status"}</option>`;
   const day = (t) => t ? new Date(Number(t) * 1000).toISOString().slice(0, 10) : "";
   return `<form id="filters" class="filters">
-    <select name="status">${["", "running", "awaiting_approval", "completed", "failed", "halted"].map(opt).join("")}</select>
+    <select name="status">${["", "running", "awaiting_approval", "completed", "failed", "halted", "cancelled"].map(opt).join("")}</select>
     <input name="q" placeholder="goal contains…" value="${esc(p.q)}">
     <input name="plan" placeholder="plan id contains…" value="${esc(p.plan)}">
     <input name="agent" placeholder="agent id" value="${esc(p.agent)}">
