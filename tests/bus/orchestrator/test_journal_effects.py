@@ -27,7 +27,7 @@ import pytest
 from cardbus.agents.llm import OpenAIChatLLM
 from cardbus.agents.llm_agent import LLMAgent
 from cardbus.agents.tools import Tool, ToolRegistry, current_idempotency_key
-from cardbus.bus.orchestrator import Policy, RetryPolicy
+from cardbus.bus.orchestrator import Policy, RetryPolicy, record_effect_done
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.sqlite import SqliteEventStore
@@ -192,3 +192,78 @@ async def test_parallel_calls_keep_their_keys_and_the_approved_one_runs_with_its
     assert len(live) == 1 and replayed and all(e.attempt > live[0].attempt for e in replayed)
     # the model was asked twice in all: the tool-calling turn once, the final answer once
     assert sent == 2
+
+
+class NewBiller(Biller):
+    """The same agent, its instructions changed between the kill and the resume."""
+
+    instructions = "Bill the customer: look them up first, then charge them."
+
+
+def _asking_final(events: list[Any]) -> bool:
+    """Both tools answered, and the final model call (seq 3) has gone out."""
+    asked = any(isinstance(e, ev.ModelRequested) and e.seq == 3 for e in events)
+    return asked and bool(_called(events, "charge")) and bool(_called(events, "lookup"))
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+async def test_after_a_first_difference_a_recorded_call_keeps_its_key(
+    tmp_path: Path, idempotent: bool
+) -> None:
+    """Killed while the model writes its final answer, resumed with changed instructions:
+    the first model call differs, so the run goes live; the model asks for the same two
+    calls, which reuse their recorded keys. The idempotent ones run again with them (the
+    tool deduplicates); a non-idempotent ``charge`` asks, and the operator records it done
+    with the result the log has: it never ran twice, and the model got that result."""
+    effects = Effects()
+    path = tmp_path / "log.db"
+    calls = [CALLS["lookup"], CALLS["charge"]]
+    with OpenAIStub() as stub:
+        # the final answer of the first process never comes: it is killed meanwhile
+        stub.script(Reply(tool_calls=calls), Reply(content=FINAL, delay_s=30))
+        llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0)
+        tools = effects.registry(dying=False, charge_idempotent=idempotent)
+        async with (
+            await SqliteEventStore.open(path, poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [Biller], _policy(), llm=llm, tools=tools) as rt,
+        ):
+            root = await rt.orchestrator.submit(_plan(f"difference-{idempotent}"))
+            await _until(store, root, _asking_final)
+        first = dict(effects.applied)  # tool -> the key it ran with
+        assert len(effects.applied) == 2
+        stub.script(Reply(tool_calls=calls), FINAL)
+        async with (
+            await SqliteEventStore.open(path, poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [NewBiller], _policy(), llm=llm, tools=tools) as rt,
+        ):
+            if not idempotent:
+                events = await _until(store, root, _asked)
+                assert len(effects.keys("charge")) == 1  # asked, not run
+                task_id = _requested(events, "charge")[0].task_id
+                await record_effect_done(store, task_id, by="ops", note="it went through")
+            done = await rt.orchestrator.wait(root, timeout=60)
+            envs = await store.read_correlation(root)
+        bodies = stub.bodies()
+    events = [e.data for e in envs]
+    assert done.status == "completed", done
+    # the resumed run went live from its first model call (the instructions differ)
+    answered = [e for e in events if isinstance(e, ev.ModelAnswered) and e.error is None]
+    assert [e.seq for e in answered if not e.replayed_from].count(0) == 2
+    unknown = [e for e in events if isinstance(e, ev.ToolEffectUnknown)]
+    assert {e.reason for e in unknown} == {"after_difference"}
+    decisions = {e.tool: e.decision for e in unknown}
+    assert decisions == {"lookup": "repeat", "charge": "repeat" if idempotent else "ask"}
+    assert all(e.idempotency_key == first[e.tool] for e in unknown)
+    # nothing ran under a new key: each tool's every application has its first key
+    assert {k for _, k in effects.applied} == {first["lookup"], first["charge"]}
+    assert len(effects.keys("lookup")) == 2
+    assert len(effects.keys("charge")) == (2 if idempotent else 1)
+    if not idempotent:
+        (recorded,) = [e for e in envs if getattr(e.data, "recorded_by", "")]
+        assert recorded.actor == "ops" and recorded.data.recorded_by == "ops"
+        assert recorded.data.result == {"charged": 7}
+        assert recorded.data.idempotency_key == first["charge"]
+        # the model was given the recorded result as the tool's answer
+        last = bodies[-1]["messages"]
+        answers = [json.loads(m["content"]) for m in last if m["role"] == "tool"]
+        assert {"charged": 7} in answers
