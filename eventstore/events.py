@@ -589,7 +589,9 @@ class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
 
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     """An agent called a tool, with arguments, result or error and duration; ``replayed_from`` names
-    the call a retry was answered from.
+    the call a retry was answered from. ``recorded_by`` names the operator who recorded a
+    call whose effect was unknown as done (``cardbus approve TASK --done``): the result is
+    theirs, the tool did not run, and the event's actor is theirs too.
     """
 
     task_id: str

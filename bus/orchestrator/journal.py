@@ -31,8 +31,19 @@ did not keep: a tool declared idempotent (``ToolSpec.idempotent``) is called
 again with the same key (``tool.effect_unknown`` decision ``repeat``); any
 other is not: ``tool.effect_unknown`` decision ``ask``, the agent gets
 ``EffectUnknown``, and the orchestrator asks for an approval naming the call.
-Approved, the next attempt repeats it (with the same key); denied, the task
-is cancelled.
+Approved, the next attempt repeats it (with the same key); recorded as done by
+an operator (``bus.orchestrator.effects``: a ``tool.called`` with
+``recorded_by``), the next attempt replays that result; denied, the task is
+cancelled. Each call keeps its place: an asked call stands in its execution as
+the recorded one, and a call repeated with its recorded key is no difference,
+so the parallel calls of one turn keep their keys and the completed ones replay.
+
+**After a first difference** a call goes live, but one that an earlier
+execution recorded (the same tool and argument digest, matched in order, each
+recorded key once: ``_TaskJournal.recorded_call``) reuses its key, as an unknown
+effect (``tool.effect_unknown`` reason ``after_difference``): repeated if the
+tool is idempotent or an operator approved, else asked. With replay off, calls
+are made fresh.
 
 **Origins: re-running a recorded run** (``cardbus rerun``). A task whose
 ``task.created`` names an ``origin`` (the task of a recorded run it re-runs) has

@@ -26,6 +26,7 @@ from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.sqlite import SqliteEventStore
 from cardbus.tools.cli import cli
+from cardbus.tools.progress import RunProgress
 from tests.agents.openai_stub import OpenAIStub, Reply
 from tests.bus.orchestrator.test_journal_effects import (
     CALLS,
@@ -66,14 +67,21 @@ async def test_an_operator_records_an_unknown_effect_as_done_and_the_run_complet
             await _until(
                 store, root, lambda es: bool(_requested(es, "charge") and _called(es, "lookup"))
             )
+        lines: list[str] = []
         async with (
             await SqliteEventStore.open(path, poll_interval=0.01) as store,
+            RunProgress(store, "effect-done", f" --store {path}", live=False, echo=lines.append),
             EmbeddedRuntime(
                 store, [Biller], _policy(), llm=llm, tools=effects.registry(dying=False)
             ) as rt,
         ):
             events = await _until(store, root, _asked)
             task_id = _requested(events, "charge")[0].task_id
+            # what `cardbus run` prints while it waits names the three answers
+            await _until(store, root, lambda _: any("effect is unknown" in x for x in lines))
+            (asking,) = [x for x in lines if "effect is unknown" in x]
+            assert f"cardbus approve {task_id} --store {path} calls it again" in asking
+            assert "--done --result JSON records it as done, or cardbus deny" in asking
 
             def cardbus(*args: str) -> Result:
                 return _cardbus(path, *args)
