@@ -206,15 +206,18 @@ def _asking_final(events: list[Any]) -> bool:
     return asked and bool(_called(events, "charge")) and bool(_called(events, "lookup"))
 
 
-@pytest.mark.parametrize("idempotent", [True, False])
+@pytest.mark.parametrize(
+    ("idempotent", "answer"), [(True, ""), (False, "done"), (False, "approve")]
+)
 async def test_after_a_first_difference_a_recorded_call_keeps_its_key(
-    tmp_path: Path, idempotent: bool
+    tmp_path: Path, idempotent: bool, answer: str
 ) -> None:
     """Killed while the model writes its final answer, resumed with changed instructions:
     the first model call differs, so the run goes live; the model asks for the same two
     calls, which reuse their recorded keys. The idempotent ones run again with them (the
-    tool deduplicates); a non-idempotent ``charge`` asks, and the operator records it done
-    with the result the log has: it never ran twice, and the model got that result."""
+    tool deduplicates); a non-idempotent ``charge`` asks. The operator records it done
+    with the result the log has (it never ran twice, and the model got that result), or
+    approves it (it runs again with its first key)."""
     effects = Effects()
     path = tmp_path / "log.db"
     calls = [CALLS["lookup"], CALLS["charge"]]
@@ -227,7 +230,7 @@ async def test_after_a_first_difference_a_recorded_call_keeps_its_key(
             await SqliteEventStore.open(path, poll_interval=0.01) as store,
             EmbeddedRuntime(store, [Biller], _policy(), llm=llm, tools=tools) as rt,
         ):
-            root = await rt.orchestrator.submit(_plan(f"difference-{idempotent}"))
+            root = await rt.orchestrator.submit(_plan(f"difference-{answer}"))
             await _until(store, root, _asking_final)
         first = dict(effects.applied)  # tool -> the key it ran with
         assert len(effects.applied) == 2
@@ -240,7 +243,10 @@ async def test_after_a_first_difference_a_recorded_call_keeps_its_key(
                 events = await _until(store, root, _asked)
                 assert len(effects.keys("charge")) == 1  # asked, not run
                 task_id = _requested(events, "charge")[0].task_id
-                await record_effect_done(store, task_id, by="ops", note="it went through")
+                if answer == "done":
+                    await record_effect_done(store, task_id, by="ops", note="it went through")
+                else:
+                    await rt.orchestrator.approve(task_id, by="ops")
             done = await rt.orchestrator.wait(root, timeout=60)
             envs = await store.read_correlation(root)
         bodies = stub.bodies()
@@ -251,14 +257,17 @@ async def test_after_a_first_difference_a_recorded_call_keeps_its_key(
     assert [e.seq for e in answered if not e.replayed_from].count(0) == 2
     unknown = [e for e in events if isinstance(e, ev.ToolEffectUnknown)]
     assert {e.reason for e in unknown} == {"after_difference"}
-    decisions = {e.tool: e.decision for e in unknown}
-    assert decisions == {"lookup": "repeat", "charge": "repeat" if idempotent else "ask"}
+    decisions = {t: [e.decision for e in unknown if e.tool == t] for t in CALLS}
+    assert decisions == {
+        "lookup": ["repeat"],
+        "charge": {"": ["repeat"], "done": ["ask"], "approve": ["ask", "repeat"]}[answer],
+    }
     assert all(e.idempotency_key == first[e.tool] for e in unknown)
     # nothing ran under a new key: each tool's every application has its first key
     assert {k for _, k in effects.applied} == {first["lookup"], first["charge"]}
     assert len(effects.keys("lookup")) == 2
-    assert len(effects.keys("charge")) == (2 if idempotent else 1)
-    if not idempotent:
+    assert len(effects.keys("charge")) == (1 if answer == "done" else 2)
+    if answer == "done":
         (recorded,) = [e for e in envs if getattr(e.data, "recorded_by", "")]
         assert recorded.actor == "ops" and recorded.data.recorded_by == "ops"
         assert recorded.data.result == {"charged": 7}
