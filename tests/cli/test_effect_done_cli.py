@@ -39,6 +39,7 @@ from tests.bus.orchestrator.test_journal_effects import (
     _plan,
     _policy,
     _requested,
+    _settled,
     _until,
 )
 
@@ -75,7 +76,7 @@ async def test_an_operator_records_an_unknown_effect_as_done_and_the_run_complet
                 store, [Biller], _policy(), llm=llm, tools=effects.registry(dying=False)
             ) as rt,
         ):
-            events = await _until(store, root, _asked)
+            events = await _until(store, root, _settled(2))
             task_id = _requested(events, "charge")[0].task_id
             # what `cardbus run` prints while it waits names the three answers
             await _until(store, root, lambda _: any("effect is unknown" in x for x in lines))

@@ -119,6 +119,17 @@ def _asked(events: list[Any]) -> bool:
     return any(isinstance(e, ev.ApprovalRequested) for e in events)
 
 
+def _settled(lookups: int) -> Any:
+    """The task asks about ``charge``, and its attempt's ``lookup`` (sent with it, in the
+    same turn) has its result in the log, ``lookups`` in all: nothing more comes from the
+    asking attempt, so an operator's answer does not race its last writes."""
+
+    def settled(events: list[Any]) -> bool:
+        return _asked(events) and len(_called(events, "lookup")) >= lookups
+
+    return settled
+
+
 def _requested(events: list[Any], tool: str) -> list[Any]:
     return [e for e in events if isinstance(e, ev.ToolRequested) and e.tool == tool]
 
@@ -166,7 +177,7 @@ async def test_parallel_calls_keep_their_keys_and_the_approved_one_runs_with_its
                 store, [Biller], _policy(), llm=llm, tools=effects.registry(dying=False)
             ) as rt,
         ):
-            events = await _until(store, root, _asked)
+            events = await _until(store, root, _settled(1 if cut else 2))
             assert len(effects.keys("charge")) == 1  # not repeated before the operator
             task_id = _requested(events, "charge")[0].task_id
             await rt.orchestrator.approve(task_id, by="operator")
@@ -240,7 +251,7 @@ async def test_after_a_first_difference_a_recorded_call_keeps_its_key(
             EmbeddedRuntime(store, [NewBiller], _policy(), llm=llm, tools=tools) as rt,
         ):
             if not idempotent:
-                events = await _until(store, root, _asked)
+                events = await _until(store, root, _settled(2))
                 assert len(effects.keys("charge")) == 1  # asked, not run
                 task_id = _requested(events, "charge")[0].task_id
                 if answer == "done":
