@@ -29,7 +29,7 @@ from cardbus.bus.orchestrator.journal import _Step, _TaskJournal, inline_size
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import NewEvent, TaskState
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import CardbusError, StreamNotFound
+from cardbus.eventstore.errors import CardbusError, ConcurrencyError, StreamNotFound
 
 __all__ = ["NO_RESULT", "UnknownEffect", "record_effect_done", "unknown_effects"]
 
@@ -37,6 +37,7 @@ __all__ = ["NO_RESULT", "UnknownEffect", "record_effect_done", "unknown_effects"
 NO_RESULT: Any = object()
 
 _encoder = msgspec.json.Encoder(order="sorted")
+_TRIES = 5  # reads of the task's stream before a write that keeps losing races gives up
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,23 @@ async def record_effect_done(
     when ``call`` names none of those waiting (or is needed), and when no result is
     given for a call the log has none for; ``StreamNotFound`` for an unknown task.
     Returns the call recorded.
+
+    The asking attempt's last journal writes (a parallel sibling's result) may land
+    after the task asked: a write that lost the race to one is decided again on the
+    log as it then is (``ConcurrencyError`` only if that keeps happening).
     """
+    for tries in range(1, _TRIES + 1):
+        try:
+            return await _record_done(store, task_id, by, result, call, note)
+        except ConcurrencyError:
+            if tries == _TRIES:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _record_done(
+    store: Any, task_id: str, by: str, result: Any, call: str, note: str
+) -> UnknownEffect:
     envs, root, waiting = await _read(store, task_id)
     step = _pick(task_id, waiting, call)
     if result is NO_RESULT:

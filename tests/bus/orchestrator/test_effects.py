@@ -9,12 +9,14 @@ waits; each record is a ``tool.called`` with ``recorded_by`` and the operator as
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lifecycle_log import Writer
 
 from cardbus.bus.orchestrator import record_effect_done, unknown_effects
 from cardbus.bus.orchestrator.effects import NO_RESULT
+from cardbus.eventstore import NewEvent
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import CardbusError, StreamNotFound
 from cardbus.eventstore.sqlite import SqliteEventStore
@@ -104,3 +106,43 @@ async def test_each_waiting_call_is_named_and_the_task_resumes_when_none_waits(
             await unknown_effects(store, TASK)
         with pytest.raises(StreamNotFound):
             await record_effect_done(store, "no-such-task", by="ops", result={})
+
+
+class _LateSibling:
+    """The real store, with one more writer: just before the first append of the
+    operator's answer, the asking attempt's last journal write lands (a sibling's
+    result), so that answer's expected version is stale."""
+
+    def __init__(self, store: SqliteEventStore) -> None:
+        self.store = store
+        self.appends = 0
+        self.read_stream = store.read_stream
+
+    async def append(self, stream: str, events: list[Any], expected: int) -> Any:
+        self.appends += 1
+        if self.appends == 1:
+            late = ev.ToolCalled(
+                task_id=TASK,
+                agent_id="payer",
+                tool="lookup",
+                result={"found": 1},
+                attempt=2,
+                execution="exec-2",
+                seq=3,
+            )
+            head = len(await self.store.read_stream(stream))
+            await self.store.append(stream, [NewEvent(data=late, correlation_id=ROOT)], head)
+        return await self.store.append(stream, events, expected)
+
+
+async def test_an_answer_that_loses_a_race_to_the_attempts_last_write_is_decided_again(
+    tmp_path: Path,
+) -> None:
+    async with await SqliteEventStore.open(tmp_path / "log.db") as store:
+        charge, _ = await _two_waiting(store)
+        racing = _LateSibling(store)
+        await record_effect_done(racing, TASK, by="ops", result={"charged": 1}, call=charge)
+        tail = (await store.read_stream(TASK))[-2:]
+    assert racing.appends == 2  # the first lost to the late write; read again, then written
+    assert [type(e.data) for e in tail] == [ev.ToolCalled, ev.ToolCalled]
+    assert tail[0].data.tool == "lookup" and tail[1].data.recorded_by == "ops"
