@@ -279,9 +279,10 @@ class _TaskJournal:
                 )
                 step.error, step.error_type = data.error, data.error_type
                 self.answered[env.event_id] = step
-                if any(s is step for s in self.asked):  # an operator recorded it done
-                    self.asked = [s for s in self.asked if s is not step]
-                    step.repeat_ok = False
+                # its effect is known now (the tool's late answer, or an operator's word
+                # that it happened): replayed from here, never asked about or repeated
+                self.asked = [s for s in self.asked if s is not step]
+                step.repeat_ok = False
             case ev.ToolEffectUnknown():
                 step = self.requested.get(data.requested_event_id)
                 if step is None:
