@@ -223,7 +223,9 @@ class TaskJournal:
         (JSON builtins) or error is recorded after. A retry that calls it again with the
         same arguments at the same place gets the recorded result; a call whose effect is
         unknown (the process died during it) runs again only if ``idempotent``, else
-        ``EffectUnknown`` is raised and the task waits for an operator.
+        ``EffectUnknown`` is raised and the task waits for an operator (who may record it
+        as done: the recorded result is then returned). After a first difference, a call
+        an earlier attempt recorded gets that call's key, under the same rule.
         """
         if not self.recording:
             return await run("")

@@ -607,7 +607,9 @@ class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
 
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     """An agent called a tool, with arguments, result or error and duration; ``replayed_from`` names
-    the call a retry was answered from.
+    the call a retry was answered from. ``recorded_by`` names the operator who recorded a
+    call whose effect was unknown as done (``cardbus approve TASK --done``): the result is
+    theirs, the tool did not run, and the event's actor is theirs too.
     """
 
     task_id: str
@@ -630,6 +632,10 @@ class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     #: this is; the tool did not run again
     local: bool = False
     replayed_from: str | None = None
+    #: set when an operator recorded the call as done (its effect unknown after a crash, or
+    #: met again after a first difference): who said so; the tool did not run. The result
+    #: is the operator's (given or confirmed) and later attempts replay it. "": the tool ran
+    recorded_by: str = ""
 
 
 # --- inside an attempt: the journal of model and tool calls --------------------
@@ -703,7 +709,12 @@ class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unkn
 
     ``decision``: ``repeat`` (the tool is idempotent, or an operator approved: called
     again with the same ``idempotency_key``) or ``ask`` (the task stops and waits for
-    an approval naming the call; it is never repeated silently).
+    an operator's word on the call; it is never repeated silently).
+
+    ``reason``: ``no_result`` (the call has no result in the log: the process died
+    during it) or ``after_difference`` (an attempt that went live after a first
+    difference asks for a call an earlier attempt recorded, the same tool with the same
+    arguments: it reuses that call's key).
     """
 
     task_id: str
@@ -715,6 +726,7 @@ class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unkn
     execution: str = ""
     seq: int = 0
     decision: str = "ask"
+    reason: str = "no_result"
 
 
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):

@@ -136,10 +136,12 @@ class ToolCall(msgspec.Struct, kw_only=True, tag="tool", tag_field="kind"):
     result_bytes: int = 0
     requested_event_id: str = ""
     called_event_id: str = ""
+    recorded_by: str = ""  # an operator recorded it as done (its result theirs): who
 
 
 class EffectUnknown(msgspec.Struct, kw_only=True, tag="effect_unknown", tag_field="kind"):
-    """A tool call of an earlier attempt left without a result: repeated or asked about."""
+    """A tool call of an earlier attempt left without a result (``reason`` ``no_result``),
+    or met again after a first difference (``after_difference``): repeated or asked about."""
 
     position: int
     seq: int = 0
@@ -152,6 +154,7 @@ class EffectUnknown(msgspec.Struct, kw_only=True, tag="effect_unknown", tag_fiel
     idempotency_key: str = ""
     requested_event_id: str = ""  # the tool.requested whose effect is unknown
     event_id: str = ""
+    reason: str = "no_result"
 
 
 Call = ModelCall | ToolCall | EffectUnknown
@@ -299,6 +302,8 @@ def _detail(data: Any) -> str | None:
             return f"tool {data.tool} requested" + (f" (call {data.seq})" if data.seq >= 0 else "")
         case ev.ToolCalled() if data.replayed_from:
             return f"tool {data.tool} replayed from {data.replayed_from}"
+        case ev.ToolCalled() if data.recorded_by:  # an operator's word, not the tool's
+            return f"tool {data.tool} recorded as done by {data.recorded_by} (call {data.seq})"
         case ev.ToolCalled():
             return f"tool {data.tool}" + (f" failed: {data.error}" if data.error else "")
         case ev.ModelRequested():
@@ -317,6 +322,7 @@ def _detail(data: Any) -> str | None:
             return (
                 f"tool {data.tool}: effect unknown (call {data.requested_event_id},"
                 f" key {data.idempotency_key}): {data.decision}"
+                + (" (made by an earlier attempt)" if data.reason == "after_difference" else "")
             )
         case ev.RunStarted():
             d = f"goal: {data.goal}"
@@ -568,6 +574,7 @@ class JournalFold:
                 tool.duration_s = data.duration_s
                 tool.idempotency_key = data.idempotency_key or tool.idempotency_key
                 tool.result_bytes = data.result_bytes
+                tool.recorded_by = data.recorded_by
                 if data.replayed_from is not None:
                     tool.status, tool.replayed_from = "replayed", data.replayed_from
                     done = self.by_called.get(data.replayed_from)
@@ -603,6 +610,7 @@ class JournalFold:
                     idempotency_key=data.idempotency_key,
                     requested_event_id=data.requested_event_id,
                     event_id=env.event_id,
+                    reason=data.reason,
                 )
                 self.calls.append(effect)
                 return effect

@@ -43,8 +43,19 @@ did not keep: a tool declared idempotent (``ToolSpec.idempotent``) is called
 again with the same key (``tool.effect_unknown`` decision ``repeat``); any
 other is not: ``tool.effect_unknown`` decision ``ask``, the agent gets
 ``EffectUnknown``, and the orchestrator asks for an approval naming the call.
-Approved, the next attempt repeats it (with the same key); denied, the task
-is cancelled.
+Approved, the next attempt repeats it (with the same key); recorded as done by
+an operator (``bus.orchestrator.effects``: a ``tool.called`` with
+``recorded_by``), the next attempt replays that result; denied, the task is
+cancelled. Each call keeps its place: an asked call stands in its execution as
+the recorded one, and a call repeated with its recorded key is no difference,
+so the parallel calls of one turn keep their keys and the completed ones replay.
+
+**After a first difference** a call goes live, but one that an earlier
+execution recorded (the same tool and argument digest, matched in order, each
+recorded key once: ``_TaskJournal.recorded_call``) reuses its key, as an unknown
+effect (``tool.effect_unknown`` reason ``after_difference``): repeated if the
+tool is idempotent or an operator approved, else asked. With replay off, calls
+are made fresh.
 
 **Origins: re-running a recorded run** (``cardbus rerun``). A task whose
 ``task.created`` names an ``origin`` (the task of a recorded run it re-runs) has
@@ -167,6 +178,11 @@ class _Step:
     content_digest: str = ""  # answer_digest / result_digest
     redacted: bool = False  # the answer kept is the redact hook's: its digest is not
     bound: int | None = None  # the max_tokens a live model call was sent with (a budget's)
+    # a tool call's place and maker (its tool.requested): where an operator's word lands
+    execution: str = ""
+    attempt: int = 0
+    agent: str = ""
+    arguments_digest: str = ""
 
 
 @dataclass(slots=True)
@@ -176,6 +192,21 @@ class _Execution:
     diverged: bool = False  # it made a live call: its reference no longer applies
     log_end: int = 0  # the task stream's last position folded when it began (what it trusts)
     reference: list[_Step] | None = None  # None: not worked out yet
+    claimed: set[str] = field(default_factory=set)  # recorded keys its calls took up
+    first_difference: int | None = None  # the seq of its first live call, if known
+
+    def differs(self, seq: int) -> None:
+        """A call at ``seq`` was made live: the reference no longer applies from there."""
+        self.diverged = True
+        if self.first_difference is None or seq < self.first_difference:
+            self.first_difference = seq
+
+    def aligned(self, seq: int) -> bool:
+        """Whether a call at ``seq`` is still answered from the reference: no difference
+        before it (a parallel sibling's, later in the same turn, does not count)."""
+        return not self.diverged or (
+            self.first_difference is not None and seq < self.first_difference
+        )
 
 
 class _TaskJournal:
@@ -219,7 +250,7 @@ class _TaskJournal:
                     request=data.request if self.keep_requests else None,
                     bound=data.max_tokens,
                 )
-                run.diverged = True
+                run.differs(data.seq)
             case ev.ModelAnswered(replayed_from=str(source)):
                 run = self._execution(data.execution, data.attempt)
                 original = self.answered.get(source)
@@ -230,7 +261,7 @@ class _TaskJournal:
                 step = run.steps.get(data.seq)
                 if step is None:
                     step = run.steps[data.seq] = _Step("model", data.seq, data.request_digest)
-                    run.diverged = True
+                    run.differs(data.seq)
                 step.answered_id = env.event_id
                 step.answer = data.answer
                 step.has_answer = data.error is None and data.answer is not None
@@ -248,9 +279,16 @@ class _TaskJournal:
                     tool=data.tool,
                     key=data.idempotency_key or env.event_id,
                     request=data.arguments if self.keep_requests else None,
+                    execution=data.execution,
+                    attempt=data.attempt,
+                    agent=data.agent_id,
+                    arguments_digest=data.arguments_digest,
                 )
                 run.steps[data.seq] = step
-                run.diverged = True
+                # a call made with a recorded key repeats that call (an unknown effect):
+                # not a difference; a sibling of its turn still replays from the reference
+                if not data.idempotency_key:
+                    run.differs(data.seq)
                 self.requested[env.event_id] = step
             case ev.ToolCalled(replayed_from=str(source)) if data.execution:
                 run = self._execution(data.execution, data.attempt)
@@ -274,9 +312,17 @@ class _TaskJournal:
                 step.stream, step.position = env.stream, env.position
                 step.content_digest = data.result_digest
                 self.answered[env.event_id] = step
-            case ev.ToolEffectUnknown(decision="ask"):
+                # its effect is known now (the tool's late answer, or an operator's word
+                # that it happened): replayed from here, never asked about or repeated
+                self.asked = [s for s in self.asked if s is not step]
+                step.repeat_ok = False
+            case ev.ToolEffectUnknown():
                 step = self.requested.get(data.requested_event_id)
-                if step is not None:
+                if step is None:
+                    return
+                if data.execution:  # its place in this execution is the recorded call's
+                    self._execution(data.execution, data.attempt).steps[data.seq] = step
+                if data.decision == "ask" and not any(s is step for s in self.asked):
                     self.asked.append(step)
             case ev.ApprovalGranted():
                 for step in self.asked:
@@ -330,6 +376,27 @@ class _TaskJournal:
     def last_effective(self) -> list[_Step]:
         """What the task's last execution amounted to (as an origin: nothing trimmed)."""
         return self.effective(list(self.executions)[-1], trim=False) if self.executions else []
+
+    def recorded_call(self, execution: str, agent: str, digest: str) -> _Step | None:
+        """A tool call an earlier execution recorded with call digest ``digest`` (the same
+        tool, the same arguments) that ``execution`` has not met yet, claimed for it: its
+        latest state, by key, in the order first made. Earlier: of an earlier attempt, or
+        of the same attempt and agent (a redelivery); not a fan-out's sibling. A call that
+        failed is not an effect to keep (it is asked again, as on the reference)."""
+        run = self.executions[execution]
+        used = run.claimed | {s.key for s in run.steps.values() if s.kind == "tool"}
+        latest: dict[str, _Step] = {}
+        for step in self.requested.values():
+            if step.execution != execution and (
+                step.attempt < run.attempt or (step.attempt == run.attempt and step.agent == agent)
+            ):
+                latest[step.key] = step
+        for key, step in latest.items():
+            failed = bool(step.answered_id) and step.error is not None
+            if key not in used and step.digest == digest and not failed:
+                run.claimed.add(key)
+                return step
+        return None
 
 
 class Journal:
@@ -733,21 +800,36 @@ class Journal:
         if journal.strict:  # an offline re-run: answered from the origin, or refused
             digest = call_digest(req.target, arg_digest)
             return await self._tool_strict(req, journal, ref, digest, arg_digest, replayed)
-        step = ref[req.seq] if not run.diverged and req.seq < len(ref) else None
+        digest = call_digest(req.target, arg_digest)
+        step = ref[req.seq] if run.aligned(req.seq) and req.seq < len(ref) else None
         if step is not None and (untrusted := await self._untrusted(req, journal, step)):
             return untrusted  # replayed, repeated or asked about: decided on the record
         if (
             step is None
             or step.kind != "tool"
-            or step.digest != call_digest(req.target, arg_digest)
+            or step.digest != digest
             or (step.answered_id and step.error is not None)  # a failed call is asked again
         ):
-            return await live(journal, "")
-        if step.answered_id and step.has_answer:
+            run.differs(req.seq)  # a difference: live from here
+            # after it, a call an earlier execution recorded keeps its key (never repeated
+            # silently); with replay off, every call is made fresh
+            known = (
+                journal.recorded_call(req.execution, req.agent_id, digest)
+                if self.replay_allowed(req.task_id)
+                else None
+            )
+            if known is None:
+                return await live(journal, "")
+            step = known
+            if untrusted := await self._untrusted(req, journal, step):
+                return untrusted  # its key and result are taken from the record: vouched
+        elif step.answered_id and step.has_answer and not step.repeat_ok:
             replay = _replayed_tool_call(req, step, arg_digest)
             await self._write(journal, req.task_id, [replay])
             return CallOutcome(result=replayed(step.answer))
-        # requested and never answered (or its result not kept): its effect is unknown
+        # requested and never answered (or its result not kept): its effect is unknown;
+        # or recorded by an earlier execution and met again after a first difference
+        reason = "after_difference" if step.answered_id and step.has_answer else "no_result"
         decision = "repeat" if idempotent or step.repeat_ok else "ask"
         unknown = ev.ToolEffectUnknown(
             task_id=req.task_id,
@@ -759,14 +841,21 @@ class Journal:
             execution=req.execution,
             seq=req.seq,
             decision=decision,
+            reason=reason,
         )
         await self._write(journal, req.task_id, [unknown])
         if decision == "repeat":
             return await live(journal, step.key)
+        why = (
+            "an earlier attempt made this call (the same arguments) and this one differs before it"
+            if reason == "after_difference"
+            else "the process died during it"
+        )
         message = (
             f"the effect of {req.target} (call {step.requested_id}, key {step.key}) is unknown:"
-            " the process died during it and the tool is not idempotent; approve the task"
-            " to call it again"
+            f" {why} and the tool is not idempotent; approve the task to call it again with"
+            " that key, record it as done with its result (cardbus approve TASK --done"
+            " --result JSON), or deny it"
         )
         return CallOutcome(error=message, error_type="effect_unknown")
 
