@@ -44,6 +44,9 @@ RetryReason = Literal[
     # a model call the orchestrator refused before it was sent: it would cross a budget
     # (never retried: bus.orchestrator.budget)
     "budget_exceeded",
+    # a tool on the agent's allow-list that nothing serves (a deployment's error: a
+    # retry would find it missing again)
+    "tool_not_found",
 ]
 RETRY_REASONS = allowed_values(RetryReason)
 #: failures that another attempt would only repeat (``RetryPolicy.non_retryable_reasons``)
@@ -54,6 +57,7 @@ DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset(
         "remote_refused",
         "replay_diverged",
         "budget_exceeded",
+        "tool_not_found",
     }
 )
 

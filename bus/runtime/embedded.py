@@ -42,6 +42,7 @@ from cardbus.bus.orchestrator.reuse import ReusePolicy
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
+from cardbus.bus.runtime.tools_served import check_served
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
 from cardbus.eventstore import Envelope, EventStore, MemoryEventStore
@@ -63,6 +64,9 @@ class EmbeddedRuntime:
     ``default_planner`` adds a ``RulePlanner`` when no agent offers ``plan``;
     ``mcp_servers`` are started with the runtime and their tools mounted in ``tools``
     as ``<server>__<tool>`` (``cardbus.agents.mcp``, the ``mcp`` extra), and stopped with it.
+    The ``Tool`` s an agent declares are run by its worker; a tool it declares by name or
+    spec that ``tools`` lacks once the MCP servers are mounted refuses the start
+    (``ToolNotServed``: ``bus.runtime.tools_served``).
     ``reuse``: completed tasks' results kept in long-term memory and (``reuse=True``)
     answering identical later tasks (``bus.orchestrator.reuse``); None: neither.
     """
@@ -115,6 +119,8 @@ class EmbeddedRuntime:
         tune_gc()
         self._mcp = await start_mcp(self.mcp_servers, self.tools)
         try:
+            # a tool an agent declares that nobody serves: refused now, not found mid-run
+            check_served([w.agent for w in self.workers], self.tools)
             # its agents are registered before the open runs it finds are resumed
             await self.orchestrator.start(agents=[w.agent.card() for w in self.workers])
             for w in self.workers:

@@ -50,6 +50,7 @@ from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.members import MemberLog
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
+from cardbus.bus.runtime.tools_served import check_served
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, NatsBus
 from cardbus.bus.transport.nats import agent_inbox_prefix as inbox_prefix_of
@@ -196,6 +197,7 @@ class NatsRuntime:
                 self.store = await NatsEventStore.from_connection(nc, **self.store_options)
             if self.tools is not None:
                 self._mcp = await start_mcp(self.mcp_servers, self.tools)
+            check_served(self.agents, self.tools)  # the agents served here, with it
             # Agents' requests (read_output, long-term memory) are served here too.
             self.memory = LongTermMemory(self.store)
             self.keeper = MemoryKeeper(self.store, None, self.memory, results=self.reuse)

@@ -38,6 +38,7 @@ import math
 import os
 import socket
 import time
+import types
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -47,9 +48,10 @@ import msgspec
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
 from cardbus.agents.cards import Announce, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
-from cardbus.agents.requests import REQUESTER, TOOL_SPECS
+from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
+from cardbus.bus.runtime.tools_served import own_tools
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore.errors import BusError, ConfigError
 
@@ -70,11 +72,23 @@ class AgentWorker:
         """``concurrency``: cards at once (None: the agent's ``constraints.max_concurrency``);
         ``lease_s``: the lease announced, renewed every third of it (0: never renewed);
         ``tools``: the registry the agent's tool calls are served from, whose specs of the
-        tools on its allow-list a handler reads as ``ctx.tool_specs``."""
+        tools on its allow-list a handler reads as ``ctx.tool_specs``.
+
+        The ``Tool`` s the agent declares itself (an ``LLMAgent``'s ``tools``) that
+        ``tools`` does not have are run here, by this worker, wherever it runs (journaled:
+        ``bus.runtime.tools_served``); their specs are in ``ctx.tool_specs`` too."""
         self.bus = bus
         self.agent = agent
         self.llm = llm
         self.tools = tools
+        brought = own_tools(agent)
+        self.own_tools = ToolRegistry(
+            t for s in brought.specs() if (t := brought.get(s.name)) and not _has(tools, s.name)
+        )
+        allowed = agent.constraints.tools
+        specs = {n: t.spec for n in allowed if tools is not None and (t := tools.get(n))}
+        self._tool_specs = {**specs, **{s.name: s for s in self.own_tools.specs()}}
+        self._local = self.own_tools if self.own_tools.specs() else None
         if concurrency is None:
             concurrency = agent.constraints.max_concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -186,10 +200,9 @@ class AgentWorker:
         future: asyncio.Future[ResultCard] = loop.create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
-        if self.tools is not None and self.agent.constraints.tools:  # ctx.tool_specs
-            TOOL_SPECS.set(
-                {n: t.spec for n in self.agent.constraints.tools if (t := self.tools.get(n))}
-            )
+        # set for every card: a consumer's task may have run another agent's card before
+        TOOL_SPECS.set(types.MappingProxyType(self._tool_specs))  # ctx.tool_specs
+        LOCAL_TOOLS.set(self._local)  # the agent's own tools, run here (ctx.tool)
         if self._threads is None:
             self._threads = ThreadPoolExecutor(
                 self.concurrency, thread_name_prefix=f"cardbus-{self.agent.agent_id}"
@@ -334,6 +347,10 @@ class _Watch:
 
     def first(self) -> float:
         return self.deadline if self.due is None else min(self.due, self.deadline)
+
+
+def _has(tools: ToolRegistry | None, name: str) -> bool:
+    return tools is not None and name in tools
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

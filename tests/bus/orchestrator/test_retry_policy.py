@@ -40,6 +40,7 @@ def test_the_defaults() -> None:
             "remote_refused",
             "replay_diverged",
             "budget_exceeded",
+            "tool_not_found",
         }
     )
     assert not p.retries(1, "llm_bad_output") and p.retries(1, "llm_timeout")

@@ -1,0 +1,83 @@
+"""Which tools an agent needs, and who serves each: the same wherever the agent runs.
+
+An ``LLMAgent`` declares ``tools``: ``Tool`` objects (a spec and its function),
+``ToolSpec`` s or names. A ``Tool`` brings its function with it, so the worker
+that runs the agent runs it too (:func:`own_tools`; journaled through the
+orchestrator like any tool call: ``tool.requested`` before it runs,
+``tool.called`` after), in ``cardbus run``, ``agent serve``, ``ui --agent``,
+``a2a serve`` alike. A tool declared by spec or name is the runtime's to serve
+(its ``ToolRegistry``: ``doc_search``, MCP servers' ``<server>__<tool>``, tools
+given in Python); a runtime that runs the agent next to its orchestrator
+checks at start that it has each (:func:`check_served`) and refuses to start,
+in one line naming the agent, the tool and how to provide it, rather than let
+a run discover it mid-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from cardbus.agents.agent import Agent
+from cardbus.agents.tools import Tool, ToolRegistry
+from cardbus.bus.orchestrator.access import tool_allowed
+from cardbus.eventstore.errors import ConfigError
+
+__all__ = ["ToolNotServed", "check_served", "declared_tools", "own_tools"]
+
+
+class ToolNotServed(ConfigError):
+    """An agent declares a tool that neither it nor the runtime serves."""
+
+
+def declared_tools(agent: type[Agent]) -> list[Tool | object]:
+    """What ``agent`` declares in ``tools`` (an ``LLMAgent``'s; other agents declare none)."""
+    declared = getattr(agent, "tools", ())
+    return list(declared) if isinstance(declared, (list, tuple)) else []
+
+
+def own_tools(agent: type[Agent]) -> ToolRegistry:
+    """The ``Tool`` s ``agent`` declares that are on its allow-list: the ones its worker
+    runs. Two different tools of one name are a ``ConfigError``."""
+    registry = ToolRegistry()
+    for d in declared_tools(agent):
+        if not isinstance(d, Tool) or not tool_allowed(d.name, agent.constraints.tools):
+            continue
+        have = registry.get(d.name)
+        if have is None:
+            registry.register(d)
+        elif have is not d:
+            raise ConfigError(f"agent {agent.agent_id!r} declares two tools named {d.name!r}")
+    return registry
+
+
+def _name(d: object) -> str:
+    return d if isinstance(d, str) else str(getattr(d, "name", ""))
+
+
+def unserved(agents: Iterable[type[Agent]], registry: ToolRegistry | None) -> list[tuple[str, str]]:
+    """``(agent_id, tool)`` for each tool an agent declares (and may use) that neither it
+    (a ``Tool``) nor ``registry`` serves."""
+    out: list[tuple[str, str]] = []
+    for a in agents:
+        for d in declared_tools(a):
+            name = _name(d)
+            if not name or isinstance(d, Tool) or not tool_allowed(name, a.constraints.tools):
+                continue
+            if registry is None or name not in registry:
+                out.append((a.agent_id, name))
+    return list(dict.fromkeys(out))
+
+
+def check_served(agents: Sequence[type[Agent]], registry: ToolRegistry | None) -> None:
+    """``ToolNotServed`` (one line) for the first tool an agent declares that nobody serves."""
+    missing = unserved(agents, registry)
+    if not missing:
+        return
+    agent_id, tool = missing[0]
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    raise ToolNotServed(
+        f"agent {agent_id!r} declares tool {tool!r}, which nothing serves{more}: declare it"
+        f" in the agent's tools as a Tool (Tool.define), mount the MCP server that has it"
+        f" (--mcp NAME=COMMAND, its tools are NAME__<tool>), or give it in the runtime's"
+        f" ToolRegistry (EmbeddedRuntime(..., tools=...))"
+    )

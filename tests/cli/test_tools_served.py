@@ -1,0 +1,170 @@
+"""An agent's tools are served wherever it runs; a tool nobody serves refuses the run at
+its start; a call to a tool nothing serves fails the attempt.
+
+Each test runs ``cardbus run`` in a subprocess (its working directory holds the agents'
+module and the plan), the LLM agents' model being the loopback OpenAI stub, and reads
+the run's SQLite log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from cardbus.eventstore import Envelope, SqliteEventStore
+from cardbus.eventstore import events as ev
+from tests.agents.openai_stub import OpenAIStub, Reply
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "tutorials" / "llm-agents.md"
+
+
+def tutorial_file(title: str) -> str:
+    """The code block of the llm-agents tutorial titled ``title``, as the reader copies it."""
+    found = re.search(rf'```python title="{re.escape(title)}"\n(.*?)```', PAGE.read_text(), re.S)
+    assert found is not None, f"no {title} block in {PAGE}"
+    return found.group(1)
+
+
+def cardbus_run(
+    folder: Path, plan: dict[str, Any], stub: OpenAIStub
+) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    (folder / "plan.json").write_text(json.dumps(plan))
+    env = {**os.environ, "OPENAI_BASE_URL": stub.url, "CARDBUS_MODEL": "stub-model"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "cardbus.tools", "run", "plan.json", "--store", "log.db"]
+    return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+
+
+def log_of(folder: Path) -> list[Envelope]:
+    async def read() -> list[Envelope]:
+        store = await SqliteEventStore.open(folder / "log.db")
+        try:
+            return await store.read_all(0, 10_000)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_the_tutorials_explainer_calls_its_tool_under_cardbus_run(tmp_path: Path) -> None:
+    (tmp_path / "glossary.py").write_text(tutorial_file("glossary.py"))
+    plan = {
+        "plan_id": "explain-1",
+        "goal": "Explain a term",
+        "agents": ["glossary:Explainer"],
+        "tasks": [{"id": "explain", "capability": "explain", "inputs": {"term": "tide"}}],
+    }
+    with OpenAIStub() as stub:
+        stub.script(
+            Reply(tool_calls=[("glossary", {"term": "tide"})]),
+            Reply(content=json.dumps({"term": "tide", "sentence": "The sea rises and falls."})),
+        )
+        done = cardbus_run(tmp_path, plan, stub)
+        bodies = stub.bodies()
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the model was offered the tool with its schema, and got its result back
+    (offered,) = bodies[0]["tools"]
+    assert offered["function"]["name"] == "glossary"
+    assert offered["function"]["parameters"]["properties"] == {"term": {"type": "string"}}
+    (answer,) = [m for m in bodies[1]["messages"] if m["role"] == "tool"]
+    assert json.loads(answer["content"]) == {"term": "tide", "meaning": "what tide means"}
+    # the log has the call before it ran, and its result
+    events = [e.data for e in log_of(tmp_path)]
+    (requested,) = [e for e in events if isinstance(e, ev.ToolRequested)]
+    (called,) = [e for e in events if isinstance(e, ev.ToolCalled)]
+    assert (requested.tool, requested.arguments) == ("glossary", {"term": "tide"})
+    assert called.error is None
+    assert called.result == {"term": "tide", "meaning": "what tide means"}
+    assert any(isinstance(e, ev.RunCompleted) for e in events)
+
+
+UNSERVED = """
+import msgspec
+from cardbus import LLMAgent
+
+
+class Term(msgspec.Struct):
+    term: str
+
+
+class Lonely(LLMAgent):
+    agent_id = "lonely"
+    description = "Declares a tool that nothing serves."
+    capability = "explain"
+    input_type = Term
+    output_type = Term
+    tools = ["nowhere"]
+"""
+
+
+def test_a_tool_nobody_serves_refuses_the_run_at_its_start(tmp_path: Path) -> None:
+    (tmp_path / "lonely.py").write_text(UNSERVED)
+    plan = {
+        "goal": "Explain a term",
+        "agents": ["lonely:Lonely"],
+        "tasks": [{"id": "explain", "capability": "explain", "inputs": {"term": "tide"}}],
+    }
+    with OpenAIStub() as stub:
+        done = cardbus_run(tmp_path, plan, stub)
+        asked = len(stub.requests)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    # the agent, the tool and how to provide it
+    assert "'lonely'" in lines[0] and "'nowhere'" in lines[0], lines[0]
+    assert "Tool.define" in lines[0] and "--mcp" in lines[0], lines[0]
+    # nothing ran: no run in the log, no model asked
+    assert asked == 0
+    assert not any(isinstance(e.data, ev.RunStarted) for e in log_of(tmp_path))
+
+
+UNKNOWN = """
+import msgspec
+from cardbus import AgentConstraints, LLMAgent
+
+
+class Term(msgspec.Struct):
+    term: str
+
+
+class Guesser(LLMAgent):
+    agent_id = "guesser"
+    description = "May call a tool that nothing serves."
+    capability = "explain"
+    input_type = Term
+    output_type = Term
+    constraints = AgentConstraints(tools=["ghost"])
+"""
+
+
+def test_a_call_to_a_tool_nothing_serves_fails_the_attempt(tmp_path: Path) -> None:
+    (tmp_path / "guesser.py").write_text(UNKNOWN)
+    plan = {
+        "goal": "Explain a term",
+        "agents": ["guesser:Guesser"],
+        "tasks": [{"id": "explain", "capability": "explain", "inputs": {"term": "tide"}}],
+    }
+    with OpenAIStub() as stub:
+        stub.script(
+            Reply(tool_calls=[("ghost", {"term": "tide"})]),
+            Reply(content=json.dumps({"term": "answered anyway"})),
+        )
+        done = cardbus_run(tmp_path, plan, stub)
+        asked = len(stub.requests)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "tool_not_found" in done.stdout, done.stdout
+    # the model was never told: the attempt failed at the call, and was not retried
+    assert asked == 1
+    events = [e.data for e in log_of(tmp_path)]
+    (called,) = [e for e in events if isinstance(e, ev.ToolCalled)]
+    assert (called.tool, called.error_type) == ("ghost", "not_found")
+    (failed,) = [e for e in events if isinstance(e, ev.TaskFailed)]
+    assert failed.reason == "tool_not_found"
+    assert not any(isinstance(e, ev.RunCompleted) for e in events)
