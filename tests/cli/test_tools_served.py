@@ -14,11 +14,16 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from click.testing import CliRunner
+
 from cardbus.eventstore import Envelope, SqliteEventStore
 from cardbus.eventstore import events as ev
+from cardbus.tools.cli import cli
 from tests.agents.openai_stub import OpenAIStub, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,3 +173,90 @@ def test_a_call_to_a_tool_nothing_serves_fails_the_attempt(tmp_path: Path) -> No
     (failed,) = [e for e in events if isinstance(e, ev.TaskFailed)]
     assert failed.reason == "tool_not_found"
     assert not any(isinstance(e, ev.RunCompleted) for e in events)
+
+
+class Proc:
+    """A ``cardbus`` command in its own process, its output in a file."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str], name: str) -> None:
+        self.log = cwd / f"{name}.log"
+        self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cardbus.tools", *args],
+            cwd=cwd,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            assert self.proc.poll() is None, f"exited ({self.proc.returncode}):\n{self.output()}"
+            assert time.monotonic() < deadline, f"no {text!r} after {timeout}s:\n{self.output()}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+
+@pytest.mark.timeout(180)
+def test_agent_serve_runs_the_agents_tool_and_gives_the_model_its_schema(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """On NATS the orchestrator's process has no glossary: the agent's process runs it."""
+    (tmp_path / "glossary.py").write_text(tutorial_file("glossary.py"))
+    plan = {
+        "plan_id": "explain-nats",
+        "goal": "Explain a term",
+        "tasks": [{"id": "explain", "capability": "explain", "inputs": {"term": "tide"}}],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    with OpenAIStub() as stub:
+        stub.script(
+            Reply(tool_calls=[("glossary", {"term": "tide"})]),
+            Reply(content=json.dumps({"term": "tide", "sentence": "The sea rises and falls."})),
+        )
+        env = {**os.environ, "OPENAI_BASE_URL": stub.url, "CARDBUS_MODEL": "stub-model"}
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+        agents = Proc(
+            ["agent", "serve", "glossary:Explainer", "--nats", nats_url], tmp_path, env, "a"
+        )
+        orch: Proc | None = None
+        try:
+            agents.wait_for("serving explainer")
+            args = ["orchestrator", "--nats", nats_url, "--plan", "plan.json", "--json"]
+            orch = Proc([*args, "--timeout", "120"], tmp_path, env, "orchestrator")
+            assert orch.proc.wait(150) == 0, orch.output() + agents.output()
+        finally:
+            if orch is not None:
+                orch.stop()
+            agents.stop()
+        bodies = stub.bodies()
+    assert json.loads(orch.output().strip().splitlines()[-1])["status"] == "completed"
+    (offered,) = bodies[0]["tools"]
+    assert offered["function"]["parameters"]["properties"] == {"term": {"type": "string"}}
+    (answer,) = [m for m in bodies[1]["messages"] if m["role"] == "tool"]
+    assert json.loads(answer["content"]) == {"term": "tide", "meaning": "what tide means"}
+    replay = CliRunner().invoke(cli, ["replay", "explain-nats", "--json", "--store", nats_url])
+    assert replay.exit_code == 0, replay.output
+    (task,) = json.loads(replay.stdout)["tasks"]
+    called = [s["payload"] for s in task["steps"] if s["kind"] == "tool.called"]
+    assert called == [
+        {
+            "arguments": {"term": "tide"},
+            "result": {"term": "tide", "meaning": "what tide means"},
+            "error": None,
+        }
+    ]
