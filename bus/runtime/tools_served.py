@@ -15,14 +15,23 @@ a run discover it mid-way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import types
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from cardbus.agents.agent import Agent
-from cardbus.agents.tools import Tool, ToolRegistry
+from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec
 from cardbus.bus.orchestrator.access import tool_allowed
 from cardbus.eventstore.errors import ConfigError
 
-__all__ = ["ToolNotServed", "check_served", "declared_tools", "own_tools"]
+__all__ = [
+    "ToolNotServed",
+    "WorkerTools",
+    "check_served",
+    "declared_tools",
+    "own_tools",
+    "worker_tools",
+]
 
 
 class ToolNotServed(ConfigError):
@@ -48,6 +57,38 @@ def own_tools(agent: type[Agent]) -> ToolRegistry:
         elif have is not d:
             raise ConfigError(f"agent {agent.agent_id!r} declares two tools named {d.name!r}")
     return registry
+
+
+@dataclass(frozen=True)
+class WorkerTools:
+    """What a worker gives its agent's handler: the tools it runs itself (``here``, None:
+    none; ``LOCAL_TOOLS``) and the specs of every tool on its allow-list it knows
+    (``specs``, by name; ``ctx.tool_specs``)."""
+
+    here: ToolRegistry | None
+    specs: Mapping[str, ToolSpec]
+
+
+def worker_tools(
+    agent: type[Agent], served: ToolRegistry | None, local: ToolRegistry | None = None
+) -> WorkerTools:
+    """The tools of a worker of ``agent``: ``served`` is the registry its orchestrator
+    serves tool calls from (in its process: the specs are known), ``local`` one this
+    worker runs itself (MCP servers mounted in an agent's process). The agent's own
+    ``Tool`` s and ``local`` 's allowed tools that ``served`` lacks run here."""
+    allowed = agent.constraints.tools
+    here = ToolRegistry()
+    for registry in (own_tools(agent), local):
+        for spec in registry.specs() if registry is not None else ():
+            tool = registry.get(spec.name) if registry is not None else None
+            if tool is None or spec.name in here or not tool_allowed(spec.name, allowed):
+                continue
+            if served is None or spec.name not in served:  # the runtime's own wins
+                here.register(tool)
+    specs = {s.name: s for s in (served.specs() if served is not None else ())}
+    specs = {n: s for n, s in specs.items() if tool_allowed(n, allowed)}
+    specs |= {s.name: s for s in here.specs()}
+    return WorkerTools(here if here.specs() else None, types.MappingProxyType(specs))
 
 
 def _name(d: object) -> str:

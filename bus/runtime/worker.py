@@ -38,7 +38,6 @@ import math
 import os
 import socket
 import time
-import types
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +50,7 @@ from cardbus.agents.llm import LLM
 from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
-from cardbus.bus.runtime.tools_served import own_tools
+from cardbus.bus.runtime.tools_served import WorkerTools, worker_tools
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore.errors import BusError, ConfigError
 
@@ -68,6 +67,7 @@ class AgentWorker:
         started_after_s: float = 0.01,
         lease_s: float = 10.0,
         tools: ToolRegistry | None = None,
+        local_tools: ToolRegistry | None = None,
     ) -> None:
         """``concurrency``: cards at once (None: the agent's ``constraints.max_concurrency``);
         ``lease_s``: the lease announced, renewed every third of it (0: never renewed);
@@ -76,19 +76,15 @@ class AgentWorker:
 
         The ``Tool`` s the agent declares itself (an ``LLMAgent``'s ``tools``) that
         ``tools`` does not have are run here, by this worker, wherever it runs (journaled:
-        ``bus.runtime.tools_served``); their specs are in ``ctx.tool_specs`` too."""
+        ``bus.runtime.tools_served``), and so are ``local_tools`` on its allow-list (MCP
+        servers mounted in an agent's own process: ``cardbus agent serve --mcp``); their
+        specs are in ``ctx.tool_specs`` too."""
         self.bus = bus
         self.agent = agent
         self.llm = llm
         self.tools = tools
-        brought = own_tools(agent)
-        self.own_tools = ToolRegistry(
-            t for s in brought.specs() if (t := brought.get(s.name)) and not _has(tools, s.name)
-        )
-        allowed = agent.constraints.tools
-        specs = {n: t.spec for n in allowed if tools is not None and (t := tools.get(n))}
-        self._tool_specs = {**specs, **{s.name: s for s in self.own_tools.specs()}}
-        self._local = self.own_tools if self.own_tools.specs() else None
+        self.local_tools = local_tools
+        self._serving: WorkerTools | None = None  # made at the first card: MCP is mounted
         if concurrency is None:
             concurrency = agent.constraints.max_concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -200,9 +196,12 @@ class AgentWorker:
         future: asyncio.Future[ResultCard] = loop.create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
+        serving = self._serving
+        if serving is None:
+            serving = self._serving = worker_tools(self.agent, self.tools, self.local_tools)
         # set for every card: a consumer's task may have run another agent's card before
-        TOOL_SPECS.set(types.MappingProxyType(self._tool_specs))  # ctx.tool_specs
-        LOCAL_TOOLS.set(self._local)  # the agent's own tools, run here (ctx.tool)
+        TOOL_SPECS.set(serving.specs)  # ctx.tool_specs
+        LOCAL_TOOLS.set(serving.here)  # the tools run here, by this worker (ctx.tool)
         if self._threads is None:
             self._threads = ThreadPoolExecutor(
                 self.concurrency, thread_name_prefix=f"cardbus-{self.agent.agent_id}"
@@ -347,10 +346,6 @@ class _Watch:
 
     def first(self) -> float:
         return self.deadline if self.due is None else min(self.due, self.deadline)
-
-
-def _has(tools: ToolRegistry | None, name: str) -> bool:
-    return tools is not None and name in tools
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

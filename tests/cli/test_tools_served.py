@@ -25,6 +25,7 @@ from cardbus.eventstore import Envelope, SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.tools.cli import cli
 from tests.agents.openai_stub import OpenAIStub, Reply
+from tests.mcpservers import SCRIPT as MCP_SCRIPT
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "tutorials" / "llm-agents.md"
@@ -211,6 +212,36 @@ class Proc:
         self._out.close()
 
 
+def on_nats(
+    folder: Path, nats_url: str, stub: OpenAIStub, agent_args: list[str], plan: dict[str, Any]
+) -> dict[str, Any]:
+    """``cardbus agent serve AGENT_ARGS`` and ``cardbus orchestrator --plan`` (each its own
+    process, the agents' model the stub); the run's result and its one task's timeline."""
+    (folder / "plan.json").write_text(json.dumps(plan))
+    env = {**os.environ, "OPENAI_BASE_URL": stub.url, "CARDBUS_MODEL": "stub-model"}
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(ROOT)])
+    agents = Proc(["agent", "serve", *agent_args, "--nats", nats_url], folder, env, "agents")
+    orch: Proc | None = None
+    try:
+        agents.wait_for("serving ")
+        args = ["orchestrator", "--nats", nats_url, "--plan", "plan.json", "--json"]
+        orch = Proc([*args, "--timeout", "120"], folder, env, "orchestrator")
+        assert orch.proc.wait(150) == 0, orch.output() + agents.output()
+    finally:
+        if orch is not None:
+            orch.stop()
+        agents.stop()
+    result = json.loads(orch.output().strip().splitlines()[-1])
+    replay = CliRunner().invoke(cli, ["replay", result["root_id"], "--json", "--store", nats_url])
+    assert replay.exit_code == 0, replay.output
+    (task,) = json.loads(replay.stdout)["tasks"]
+    return {"result": result, "task": task}
+
+
+def tool_steps(task: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s["payload"] for s in task["steps"] if s["kind"] == "tool.called"]
+
+
 @pytest.mark.timeout(180)
 def test_agent_serve_runs_the_agents_tool_and_gives_the_model_its_schema(
     tmp_path: Path, nats_url: str
@@ -218,45 +249,74 @@ def test_agent_serve_runs_the_agents_tool_and_gives_the_model_its_schema(
     """On NATS the orchestrator's process has no glossary: the agent's process runs it."""
     (tmp_path / "glossary.py").write_text(tutorial_file("glossary.py"))
     plan = {
-        "plan_id": "explain-nats",
         "goal": "Explain a term",
         "tasks": [{"id": "explain", "capability": "explain", "inputs": {"term": "tide"}}],
     }
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
     with OpenAIStub() as stub:
         stub.script(
             Reply(tool_calls=[("glossary", {"term": "tide"})]),
             Reply(content=json.dumps({"term": "tide", "sentence": "The sea rises and falls."})),
         )
-        env = {**os.environ, "OPENAI_BASE_URL": stub.url, "CARDBUS_MODEL": "stub-model"}
-        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-        agents = Proc(
-            ["agent", "serve", "glossary:Explainer", "--nats", nats_url], tmp_path, env, "a"
-        )
-        orch: Proc | None = None
-        try:
-            agents.wait_for("serving explainer")
-            args = ["orchestrator", "--nats", nats_url, "--plan", "plan.json", "--json"]
-            orch = Proc([*args, "--timeout", "120"], tmp_path, env, "orchestrator")
-            assert orch.proc.wait(150) == 0, orch.output() + agents.output()
-        finally:
-            if orch is not None:
-                orch.stop()
-            agents.stop()
+        run = on_nats(tmp_path, nats_url, stub, ["glossary:Explainer"], plan)
         bodies = stub.bodies()
-    assert json.loads(orch.output().strip().splitlines()[-1])["status"] == "completed"
+    assert run["result"]["status"] == "completed"
     (offered,) = bodies[0]["tools"]
     assert offered["function"]["parameters"]["properties"] == {"term": {"type": "string"}}
     (answer,) = [m for m in bodies[1]["messages"] if m["role"] == "tool"]
     assert json.loads(answer["content"]) == {"term": "tide", "meaning": "what tide means"}
-    replay = CliRunner().invoke(cli, ["replay", "explain-nats", "--json", "--store", nats_url])
-    assert replay.exit_code == 0, replay.output
-    (task,) = json.loads(replay.stdout)["tasks"]
-    called = [s["payload"] for s in task["steps"] if s["kind"] == "tool.called"]
-    assert called == [
+    assert tool_steps(run["task"]) == [
         {
             "arguments": {"term": "tide"},
             "result": {"term": "tide", "meaning": "what tide means"},
             "error": None,
         }
     ]
+
+
+ADDER = """
+import msgspec
+from cardbus import LLMAgent
+
+
+class Question(msgspec.Struct):
+    question: str
+
+
+class Total(msgspec.Struct):
+    total: int
+
+
+class Adder(LLMAgent):
+    agent_id = "adder"
+    description = "Adds with an MCP server's tool."
+    capability = "add"
+    input_type = Question
+    output_type = Total
+    tools = ["calc__add"]
+"""
+
+
+@pytest.mark.timeout(180)
+def test_agent_serve_mounts_mcp_servers_for_its_agents(tmp_path: Path, nats_url: str) -> None:
+    """An MCP tool declared by name, its server mounted by `agent serve --mcp`: the agent's
+    process runs it and its model is offered its schema; the orchestrator mounts nothing."""
+    (tmp_path / "adder.py").write_text(ADDER)
+    plan = {
+        "goal": "Add",
+        "tasks": [{"id": "sum", "capability": "add", "inputs": {"question": "2+3?"}}],
+    }
+    with OpenAIStub() as stub:
+        stub.script(
+            Reply(tool_calls=[("calc__add", {"a": 2, "b": 3})]),
+            Reply(content=json.dumps({"total": 5})),
+        )
+        flag = f"calc={sys.executable} {MCP_SCRIPT}"
+        run = on_nats(tmp_path, nats_url, stub, ["adder:Adder", "--mcp", flag], plan)
+        bodies = stub.bodies()
+    assert run["result"]["status"] == "completed", run["result"]
+    (offered,) = bodies[0]["tools"]
+    assert offered["function"]["name"] == "calc__add"
+    assert set(offered["function"]["parameters"]["properties"]) == {"a", "b"}
+    (called,) = tool_steps(run["task"])
+    assert called["arguments"] == {"a": 2, "b": 3} and called["error"] is None
+    assert "5" in json.dumps(called["result"])
