@@ -34,6 +34,7 @@ kind               target           args
 ``model.answer``   the model        ``call``, ``answer`` or ``error`` and ``error_type``
 ``tool.begin``     the agent's tool ``arguments``, ``idempotent`` (before it runs)
 ``tool.end``       the agent's tool ``arguments``, ``key``, ``result`` or ``error``
+``tool.specs``     -                - (the specs of the tools on its allow-list it serves)
 =================  ===============  =================================================
 
 ``tool``, ``model.request`` and ``model.answer`` carry the journal's coordinates
@@ -99,6 +100,7 @@ RequestKind = Literal[
     "model.answer",
     "tool.begin",
     "tool.end",
+    "tool.specs",
 ]
 REQUEST_KINDS: tuple[str, ...] = (
     "read_output",
@@ -112,6 +114,7 @@ REQUEST_KINDS: tuple[str, ...] = (
     "model.answer",
     "tool.begin",
     "tool.end",
+    "tool.specs",
 )
 
 

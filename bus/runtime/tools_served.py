@@ -18,6 +18,9 @@ from __future__ import annotations
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import msgspec
 
 from cardbus.agents.agent import Agent
 from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec
@@ -30,6 +33,8 @@ __all__ = [
     "check_served",
     "declared_tools",
     "own_tools",
+    "specs_wanted",
+    "with_specs",
     "worker_tools",
 ]
 
@@ -89,6 +94,33 @@ def worker_tools(
     specs = {n: s for n, s in specs.items() if tool_allowed(n, allowed)}
     specs |= {s.name: s for s in here.specs()}
     return WorkerTools(here if here.specs() else None, types.MappingProxyType(specs))
+
+
+def specs_wanted(agent: type[Agent], tools: WorkerTools) -> bool:
+    """Whether ``agent`` declares (and may use) a tool by name or spec whose spec the worker
+    does not know: its orchestrator, elsewhere, may (``tool.specs``)."""
+    return any(
+        not isinstance(d, Tool)
+        and (name := _name(d))
+        and name not in tools.specs
+        and tool_allowed(name, agent.constraints.tools)
+        for d in declared_tools(agent)
+    )
+
+
+def with_specs(tools: WorkerTools, specs: Mapping[str, Any]) -> WorkerTools:
+    """``tools`` and the specs an orchestrator answered (``tool.specs``; a malformed one is
+    left out: its tool is then offered without a schema, as before)."""
+    more: dict[str, ToolSpec] = {}
+    for name, raw in specs.items() if isinstance(specs, Mapping) else ():
+        try:
+            spec = msgspec.convert(raw, ToolSpec)
+        except (msgspec.ValidationError, ConfigError):
+            continue
+        if spec.name == name:
+            more[name] = spec
+    merged = {**more, **tools.specs}  # what this process runs wins
+    return WorkerTools(tools.here, types.MappingProxyType(merged))
 
 
 def _name(d: object) -> str:

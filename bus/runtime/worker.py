@@ -47,12 +47,18 @@ import msgspec
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
 from cardbus.agents.cards import Announce, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
-from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS
+from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS, AgentRequest
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
-from cardbus.bus.runtime.tools_served import WorkerTools, worker_tools
+from cardbus.bus.runtime.tools_served import (
+    WorkerTools,
+    specs_wanted,
+    with_specs,
+    worker_tools,
+)
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore.errors import BusError, ConfigError
+from cardbus.eventstore.ids import new_id
 
 __all__ = ["AgentWorker"]
 
@@ -198,7 +204,7 @@ class AgentWorker:
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
         serving = self._serving
         if serving is None:
-            serving = self._serving = worker_tools(self.agent, self.tools, self.local_tools)
+            serving = self._serving = await self._worker_tools(card)
         # set for every card: a consumer's task may have run another agent's card before
         TOOL_SPECS.set(serving.specs)  # ctx.tool_specs
         LOCAL_TOOLS.set(serving.here)  # the tools run here, by this worker (ctx.tool)
@@ -273,6 +279,27 @@ class AgentWorker:
                 future.set_exception(BusError(f"attempt {key} was abandoned before answering"))
                 future.exception()  # retrieved: no "never retrieved" warning if nobody waits
 
+    async def _worker_tools(self, card: TaskCard) -> WorkerTools:
+        """The tools of this worker (at its first card: MCP servers are mounted by then);
+        with its orchestrator elsewhere (NATS), the specs of the tools the agent declares
+        by name are asked of it (``tool.specs``), for the model to be offered them."""
+        serving = worker_tools(self.agent, self.tools, self.local_tools)
+        if self.tools is not None or not specs_wanted(self.agent, serving):
+            return serving
+        ask = AgentRequest(
+            request_id=new_id(),
+            task_id=card.task_id,
+            root_id=card.root_id,
+            attempt=card.attempt,
+            agent_id=self.agent.agent_id,
+            kind="tool.specs",
+        )
+        try:
+            answer = await asyncio.wait_for(self.bus.request(ask), _SPECS_WAIT_S)
+        except Exception:  # no answer (an orchestrator of before): offered without schemas
+            return serving
+        return with_specs(serving, answer.result) if answer.ok else serving
+
     # One timer for the cards running, not two per card: an instant agent answers long
     # before either would fire, and every timer is a heap push and a cancel on the loop.
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
@@ -321,6 +348,9 @@ class AgentWorker:
         if soonest < math.inf:
             self._arm(loop, soonest)
 
+
+#: how long a worker waits for its orchestrator's tool specs (once) before going on without
+_SPECS_WAIT_S = 5.0
 
 #: how early an event loop may run a timer (asyncio: its clock's resolution; uvloop rounds
 #: to milliseconds): the sweep counts a moment that near as come, not one to sleep until

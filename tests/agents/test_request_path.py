@@ -48,6 +48,7 @@ def test_request_and_response_round_trip() -> None:
         "model.answer",
         "tool.begin",
         "tool.end",
+        "tool.specs",
     }
 
 

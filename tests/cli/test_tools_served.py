@@ -213,7 +213,12 @@ class Proc:
 
 
 def on_nats(
-    folder: Path, nats_url: str, stub: OpenAIStub, agent_args: list[str], plan: dict[str, Any]
+    folder: Path,
+    nats_url: str,
+    stub: OpenAIStub,
+    agent_args: list[str],
+    plan: dict[str, Any],
+    orchestrator_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """``cardbus agent serve AGENT_ARGS`` and ``cardbus orchestrator --plan`` (each its own
     process, the agents' model the stub); the run's result and its one task's timeline."""
@@ -225,7 +230,7 @@ def on_nats(
     try:
         agents.wait_for("serving ")
         args = ["orchestrator", "--nats", nats_url, "--plan", "plan.json", "--json"]
-        orch = Proc([*args, "--timeout", "120"], folder, env, "orchestrator")
+        orch = Proc([*args, "--timeout", "120", *orchestrator_args], folder, env, "orchestrator")
         assert orch.proc.wait(150) == 0, orch.output() + agents.output()
     finally:
         if orch is not None:
@@ -320,3 +325,30 @@ def test_agent_serve_mounts_mcp_servers_for_its_agents(tmp_path: Path, nats_url:
     (called,) = tool_steps(run["task"])
     assert called["arguments"] == {"a": 2, "b": 3} and called["error"] is None
     assert "5" in json.dumps(called["result"])
+
+
+@pytest.mark.timeout(180)
+def test_agent_serve_offers_the_model_the_orchestrators_tool_schemas(
+    tmp_path: Path, nats_url: str
+) -> None:
+    """The MCP server mounted by the orchestrator: the agent's process asks it the specs
+    of the tools the agent declares by name, and its model is offered their schemas."""
+    (tmp_path / "adder.py").write_text(ADDER)
+    plan = {
+        "goal": "Add",
+        "tasks": [{"id": "sum", "capability": "add", "inputs": {"question": "2+3?"}}],
+    }
+    with OpenAIStub() as stub:
+        stub.script(
+            Reply(tool_calls=[("calc__add", {"a": 2, "b": 3})]),
+            Reply(content=json.dumps({"total": 5})),
+        )
+        mcp = ("--mcp", f"calc={sys.executable} {MCP_SCRIPT}")
+        run = on_nats(tmp_path, nats_url, stub, ["adder:Adder"], plan, orchestrator_args=mcp)
+        bodies = stub.bodies()
+    assert run["result"]["status"] == "completed", run["result"]
+    (offered,) = bodies[0]["tools"]
+    assert offered["function"]["name"] == "calc__add"
+    assert set(offered["function"]["parameters"]["properties"]) == {"a", "b"}
+    (called,) = tool_steps(run["task"])
+    assert called["arguments"] == {"a": 2, "b": 3} and called["error"] is None
