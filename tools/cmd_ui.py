@@ -93,6 +93,10 @@ def ui(
     servers = mcp_servers(mcp, mcp_config)
     if servers and not agents:
         raise click.UsageError("--mcp mounts tools for the agents of --agent: give some")
+    if agents:  # refused now, in one line, rather than when the server starts them
+        from cardbus.bus.runtime.embedded import EmbeddedRuntime
+
+        EmbeddedRuntime.check_tools(agents, mcp_servers=servers)
     # the Host header must name the interface served (DNS rebinding); "*" when all of them
     hosts = host_names(host)
     # opened in uvicorn's loop at start-up; a SQLite file is created if missing

@@ -54,6 +54,9 @@ __all__ = ["EmbeddedRuntime", "PlannedGoal", "plan_goal", "with_planner"]
 
 log = logging.getLogger(__name__)
 
+#: the tool an embedded runtime serves when given none: local documents
+DEFAULT_TOOL = "doc_search"
+
 
 class EmbeddedRuntime:
     """Store + in-process bus + agent workers + orchestrator, started and stopped together.
@@ -94,7 +97,7 @@ class EmbeddedRuntime:
             if docs is None:
                 self._docs = demo_docs()
                 docs = demo_docs_folder(self._docs)
-            tools = ToolRegistry([doc_search_tool(docs)])
+            tools = ToolRegistry([doc_search_tool(docs, name=DEFAULT_TOOL)])
         self.tools = tools
         self.mcp_servers = list(mcp_servers)
         self._mcp: Any = None  # the MCPToolset while running
@@ -130,6 +133,18 @@ class EmbeddedRuntime:
             raise
         self._state = "running"
         return self
+
+    @staticmethod
+    def check_tools(
+        agents: Sequence[type[Agent]],
+        tools: ToolRegistry | None = None,
+        mcp_servers: Sequence[MCPServer] = (),
+    ) -> None:
+        """``ToolNotServed`` now for a tool ``agents`` declare that a runtime made with these
+        ``tools`` (None: the default, ``doc_search``) could not serve; one of the
+        ``mcp_servers`` ' is checked when they are mounted (at the start)."""
+        served = tools if tools is not None else {DEFAULT_TOOL}
+        check_served(agents, served, mcp_servers)
 
     async def _stop_mcp(self) -> None:
         mcp, self._mcp = self._mcp, None

@@ -16,13 +16,14 @@ a run discover it mid-way.
 from __future__ import annotations
 
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.mcp_config import MCPServer
 from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec
 from cardbus.bus.orchestrator.access import tool_allowed
 from cardbus.eventstore.errors import ConfigError
@@ -127,23 +128,34 @@ def _name(d: object) -> str:
     return d if isinstance(d, str) else str(getattr(d, "name", ""))
 
 
-def unserved(agents: Iterable[type[Agent]], registry: ToolRegistry | None) -> list[tuple[str, str]]:
+def unserved(
+    agents: Iterable[type[Agent]],
+    registry: Container[str] | None,
+    mounting: Iterable[MCPServer] = (),
+) -> list[tuple[str, str]]:
     """``(agent_id, tool)`` for each tool an agent declares (and may use) that neither it
-    (a ``Tool``) nor ``registry`` serves."""
+    (a ``Tool``) nor ``registry`` serves; one named ``<server>__...`` of a server in
+    ``mounting`` (not started yet) counts as served, until the mounted registry says."""
+    prefixes = tuple(f"{s.name}__" for s in mounting)
     out: list[tuple[str, str]] = []
     for a in agents:
         for d in declared_tools(a):
             name = _name(d)
             if not name or isinstance(d, Tool) or not tool_allowed(name, a.constraints.tools):
                 continue
-            if registry is None or name not in registry:
+            if (registry is None or name not in registry) and not name.startswith(prefixes):
                 out.append((a.agent_id, name))
     return list(dict.fromkeys(out))
 
 
-def check_served(agents: Sequence[type[Agent]], registry: ToolRegistry | None) -> None:
-    """``ToolNotServed`` (one line) for the first tool an agent declares that nobody serves."""
-    missing = unserved(agents, registry)
+def check_served(
+    agents: Sequence[type[Agent]],
+    registry: Container[str] | None,
+    mounting: Iterable[MCPServer] = (),
+) -> None:
+    """``ToolNotServed`` (one line) for the first tool an agent declares that nobody serves
+    (``registry``: the names the runtime serves; ``mounting``: as for :func:`unserved`)."""
+    missing = unserved(agents, registry, mounting)
     if not missing:
         return
     agent_id, tool = missing[0]

@@ -131,6 +131,24 @@ def test_a_tool_nobody_serves_refuses_the_run_at_its_start(tmp_path: Path) -> No
     assert not any(isinstance(e.data, ev.RunStarted) for e in log_of(tmp_path))
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["a2a", "serve", "--port", "0"], ["ui", "--port", "0"]],
+    ids=["a2a serve", "ui"],
+)
+def test_a_server_whose_agent_declares_a_tool_nobody_serves_refuses_to_start(
+    tmp_path: Path, command: list[str]
+) -> None:
+    (tmp_path / "lonely.py").write_text(UNSERVED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    cmd = [sys.executable, "-m", "cardbus.tools", *command, "--agent", "lonely:Lonely"]
+    cmd += ["--store", str(tmp_path / "log.db")]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "'lonely'" in line and "'nowhere'" in line and "--mcp" in line, line
+
+
 UNKNOWN = """
 import msgspec
 from cardbus import AgentConstraints, LLMAgent
