@@ -69,7 +69,8 @@ class EmbeddedRuntime:
     as ``<server>__<tool>`` (``cardbus.agents.mcp``, the ``mcp`` extra), and stopped with it.
     The ``Tool`` s an agent declares are run by its worker; a tool it declares by name or
     spec that ``tools`` lacks once the MCP servers are mounted refuses the start
-    (``ToolNotServed``: ``bus.runtime.tools_served``).
+    (``ToolNotServed``: ``bus.runtime.tools_served``), unless ``require_tools=False``
+    (an offline re-run: every call is answered from the log).
     ``reuse``: completed tasks' results kept in long-term memory and (``reuse=True``)
     answering identical later tasks (``bus.orchestrator.reuse``); None: neither.
     """
@@ -87,6 +88,7 @@ class EmbeddedRuntime:
         default_planner: bool = True,
         mcp_servers: Sequence[MCPServer] = (),
         reuse: ReusePolicy | None = None,
+        require_tools: bool = True,
     ) -> None:
         self.store = store
         self.bus = InProcessBus()
@@ -101,6 +103,7 @@ class EmbeddedRuntime:
         self.tools = tools
         self.mcp_servers = list(mcp_servers)
         self._mcp: Any = None  # the MCPToolset while running
+        self.require_tools = require_tools
         # its agents live in this process: the attempts a previous process left in flight
         # died with it, and time out at once on resume
         self.orchestrator = Orchestrator(
@@ -123,7 +126,8 @@ class EmbeddedRuntime:
         self._mcp = await start_mcp(self.mcp_servers, self.tools)
         try:
             # a tool an agent declares that nobody serves: refused now, not found mid-run
-            check_served([w.agent for w in self.workers], self.tools)
+            if self.require_tools:
+                check_served([w.agent for w in self.workers], self.tools)
             # its agents are registered before the open runs it finds are resumed
             await self.orchestrator.start(agents=[w.agent.card() for w in self.workers])
             for w in self.workers:
