@@ -178,6 +178,8 @@ class AgentWorker:
 
     async def _on_card(self, card: TaskCard) -> None:
         key = (card.task_id, card.attempt)
+        if self._serving is None:  # once, at its first card: MCP servers are mounted by then
+            self._serving = await self._worker_tools(card)
         answer = self._answers.get(key)
         if answer is None:
             running = self._running.get(key)
@@ -202,9 +204,7 @@ class AgentWorker:
         future: asyncio.Future[ResultCard] = loop.create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
-        serving = self._serving
-        if serving is None:
-            serving = self._serving = await self._worker_tools(card)
+        serving = self._serving or worker_tools(self.agent, self.tools, self.local_tools)
         # set for every card: a consumer's task may have run another agent's card before
         TOOL_SPECS.set(serving.specs)  # ctx.tool_specs
         LOCAL_TOOLS.set(serving.here)  # the tools run here, by this worker (ctx.tool)
