@@ -11,6 +11,14 @@ given in Python); a runtime that runs the agent next to its orchestrator
 checks at start that it has each (:func:`check_served`) and refuses to start,
 in one line naming the agent, the tool and how to provide it, rather than let
 a run discover it mid-way.
+
+An agent served in a process of its own (``cardbus agent serve``) may also be
+given MCP servers mounted there (:func:`worker_tools`' ``local``: run by its
+worker as its own tools are), and its worker asks the orchestrator once for the
+specs of the tools it declares by name (request ``tool.specs``:
+:func:`specs_wanted`, :func:`with_specs`), so its model is offered their schemas.
+A call to a tool that nothing serves after all fails the attempt
+(``tool_not_found``, ``agents.tool_loop``).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ __all__ = [
     "declared_tools",
     "own_tools",
     "specs_wanted",
+    "unserved",
     "with_specs",
     "worker_tools",
 ]
