@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.llm_agent import LLMAgent
 from cardbus.agents.mcp_config import MCPServer
 from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec
 from cardbus.bus.orchestrator.access import tool_allowed
@@ -55,8 +56,9 @@ class ToolNotServed(ConfigError):
 
 def declared_tools(agent: type[Agent]) -> list[Tool | object]:
     """What ``agent`` declares in ``tools`` (an ``LLMAgent``'s; other agents declare none)."""
-    declared = getattr(agent, "tools", ())
-    return list(declared) if isinstance(declared, (list, tuple)) else []
+    if not issubclass(agent, LLMAgent):  # another class's ``tools`` means what it means there
+        return []
+    return list(agent.tools)
 
 
 def own_tools(agent: type[Agent]) -> ToolRegistry:
