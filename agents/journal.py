@@ -43,7 +43,7 @@ import msgspec
 
 from cardbus.agents.llm import CALL_MAX_TOKENS, Completion
 from cardbus.agents.requests import REQUESTER
-from cardbus.eventstore.errors import LLMError, ReplayDiverged
+from cardbus.eventstore.errors import LLMError, ReplayDiverged, ToolError
 from cardbus.eventstore.ids import new_id
 
 if TYPE_CHECKING:
@@ -255,7 +255,9 @@ class TaskJournal:
                 await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
             raise
         except Exception as e:
-            ended |= {"error": f"{type(e).__name__}: {e}", "error_type": "tool_error"}
+            # a registry's typed error keeps its type (invalid_input, timeout, ...)
+            kind = e.error_type if isinstance(e, ToolError) else "tool_error"
+            ended |= {"error": f"{type(e).__name__}: {e}", "error_type": kind}
             ended["duration_s"] = round(time.monotonic() - start, 6)
             await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
             raise

@@ -35,6 +35,7 @@ kind               target           args
 ``tool.begin``     the agent's tool ``arguments``, ``idempotent`` (before it runs)
 ``tool.end``       the agent's tool ``arguments``, ``key``, ``result`` or ``error``
 ``attempt.live``   -                - (the worker: is its attempt still wanted?)
+``tool.specs``     -                - (the specs of the tools on its allow-list it serves)
 =================  ===============  =================================================
 
 ``tool``, ``model.request`` and ``model.answer`` carry the journal's coordinates
@@ -55,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from cardbus.agents.tools import TOOL_ERRORS, ToolSpec
+from cardbus.agents.tools import TOOL_ERRORS, ToolRegistry, ToolSpec
 from cardbus.eventstore.errors import (
     AccessDenied,
     BudgetExceeded,
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from cardbus.agents.journal import TaskJournal
 
 __all__ = [
+    "LOCAL_TOOLS",
     "REQUESTER",
     "REQUEST_KINDS",
     "TOOL_SPECS",
@@ -101,6 +103,7 @@ RequestKind = Literal[
     "tool.begin",
     "tool.end",
     "attempt.live",
+    "tool.specs",
 ]
 REQUEST_KINDS: tuple[str, ...] = (
     "read_output",
@@ -115,6 +118,7 @@ REQUEST_KINDS: tuple[str, ...] = (
     "tool.begin",
     "tool.end",
     "attempt.live",
+    "tool.specs",
 )
 
 
@@ -204,6 +208,13 @@ REQUESTER: contextvars.ContextVar[Requester | None] = contextvars.ContextVar(
 #: serving it has them (set by ``AgentWorker`` from its ``ToolRegistry``; empty: none known).
 TOOL_SPECS: contextvars.ContextVar[Mapping[str, ToolSpec]] = contextvars.ContextVar(
     "cardbus_tool_specs", default=types.MappingProxyType({})
+)
+
+
+#: The tools the current task's agent brought (its declared ``Tool`` s on its allow-list),
+#: which the worker running it runs itself, journaled (set by ``AgentWorker``; None: none).
+LOCAL_TOOLS: contextvars.ContextVar[ToolRegistry | None] = contextvars.ContextVar(
+    "cardbus_local_tools", default=None
 )
 
 
@@ -360,8 +371,17 @@ class TaskServices:
 
         The call is journaled: a retried attempt that calls the same tool with the same
         arguments at the same place gets the recorded result, and the tool does not run
-        again (``bus.orchestrator.journal``)."""
+        again (``bus.orchestrator.journal``). A tool the agent brought (``LOCAL_TOOLS``)
+        runs here, in the worker, recorded the same way (``ctx.journal.tool_call``)."""
         journal = self.journal
+        local = LOCAL_TOOLS.get()
+        tool = local.get(name) if local is not None else None
+        if local is not None and tool is not None:
+
+            async def run(key: str) -> Any:
+                return (await local.call(name, args, idempotency_key=key)).result
+
+            return await journal.tool_call(name, args, run, idempotent=tool.spec.idempotent)
         return await self.request(
             "tool", name, args, seq=journal.next_seq(), execution=journal.execution
         )

@@ -13,6 +13,7 @@ from cardbus.bus.http_guard import (
 from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.eventstore.errors import ConfigError
 from cardbus.tools.cli import cli
+from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
@@ -83,6 +84,7 @@ def a2a() -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds a request's body may take to arrive, whole (408 after).",
 )
+@llm_options
 @mcp_options
 def serve(
     host: str,
@@ -95,6 +97,8 @@ def serve(
     public_url: str | None,
     max_request_bytes: int,
     request_body_timeout: float,
+    llm_base_url: str | None = None,
+    model: str | None = None,
     mcp: tuple[str, ...] = (),
     mcp_config: tuple[str, ...] = (),
 ) -> None:
@@ -104,6 +108,10 @@ def serve(
     (A2A 1.0 and 0.3, streaming over SSE) at http://HOST:PORT/. Bound to
     loopback by default; on any other interface it refuses to start without
     a token, and then every request but the card's must carry one.
+
+    Its LLM agents ask --llm-base-url (OPENAI_BASE_URL) for --model
+    (CARDBUS_MODEL), as `cardbus run` does; without an endpoint, the
+    deterministic mock. The first model call says which, in one line on stderr.
     """
     from cardbus.bus.a2a.serve import check_exposure
     from cardbus.bus.a2a.serve import serve as run_server
@@ -119,6 +127,7 @@ def serve(
     servers = mcp_servers(mcp, mcp_config)
 
     async def go() -> None:
+        llm = open_llm(llm_base_url, model)
         store = await open_store_option(db, create=True)
         try:
             await run_server(
@@ -132,9 +141,12 @@ def serve(
                 max_body=max_request_bytes,
                 body_timeout_s=request_body_timeout,
                 mcp_servers=servers,
+                llm=llm,
+                on_runtime=lambda rt: watch_model_calls(rt.orchestrator, llm),
                 on_ready=lambda url: click.echo(f"cardbus a2a: serving {url} (log {db})"),
             )
         finally:
             await store.close()
+            await close_llm(llm)
 
     run_loop(go())

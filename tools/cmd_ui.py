@@ -14,6 +14,7 @@ from cardbus.tools.cli import cli
 from cardbus.tools.costs import prices_option
 from cardbus.tools.llm_options import llm_options, open_llm
 from cardbus.tools.loading import load_agent
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 
 
@@ -64,6 +65,7 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
     " log, so its page can start, fork and re-run runs (as `cardbus run --agent`).",
 )
 @llm_options
+@mcp_options
 def ui(
     db: StoreRef,
     host: str,
@@ -76,6 +78,8 @@ def ui(
     agent_paths: tuple[str, ...],
     llm_base_url: str | None = None,
     model: str | None = None,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
 ) -> None:
     """Serve the web console: the runs, each run's timeline and task table updating live,
     each task's inputs, outputs and reasons, approve/deny and cancel buttons, each run's
@@ -85,7 +89,9 @@ def ui(
     With --agent, the console also runs work: it hosts those agents (and the rule
     planner) on an embedded orchestrator, and its page starts a run from a goal or a
     plan, forks a run from a task with overrides, and re-runs a failed task. Without
-    --agent those buttons are disabled and say how to enable them. On a NATS log the
+    --agent those buttons are disabled and say how to enable them. The hosted
+    agents ask the model of --llm-base-url / --model (as `cardbus run`), and
+    --mcp / --mcp-config mount MCP servers as their tools. On a NATS log the
     agents and orchestrators run elsewhere (`cardbus agent serve`, `cardbus orchestrator`):
     the page's actions write the new runs to the log and the running orchestrators
     decide them.
@@ -121,6 +127,13 @@ def ui(
             " and the orchestrator with `cardbus orchestrator`"
         )
     agents = [load_agent(p) for p in agent_paths]  # as cardbus run loads them
+    servers = mcp_servers(mcp, mcp_config)
+    if servers and not agents:
+        raise click.UsageError("--mcp mounts tools for the agents of --agent: give some")
+    if agents:  # refused now, in one line, rather than when the server starts them
+        from cardbus.bus.runtime.embedded import EmbeddedRuntime
+
+        EmbeddedRuntime.check_tools(agents, mcp_servers=servers)
     # the Host header must name the interface served (DNS rebinding); "*" when all of them
     hosts = host_names(host)
     # opened in uvicorn's loop at start-up; a SQLite file is created if missing
@@ -133,6 +146,7 @@ def ui(
         agents=agents,
         llm=lambda: open_llm(llm_base_url, model),
         submit_to_log=db.is_nats,  # NATS: the running orchestrators decide new runs
+        mcp_servers=servers,
     )
     sock = listen_socket(host, port)  # a port in use: PortInUse, one line, before the banner
     port = sock.getsockname()[1]

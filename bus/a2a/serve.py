@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.llm import LLM
 from cardbus.agents.mcp_config import MCPServer
 from cardbus.bus.a2a.server import A2AGateway, GoalPlanning, Planner, build_app
 from cardbus.bus.http_guard import (
@@ -50,6 +51,8 @@ async def serve(
     max_body: int = DEFAULT_MAX_BODY,
     body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
     mcp_servers: Sequence[MCPServer] = (),
+    llm: LLM | None = None,
+    on_runtime: Callable[[EmbeddedRuntime], None] | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers), then stop the runtime.
 
@@ -62,7 +65,8 @@ async def serve(
     the URL the card advertises (and a name the ``Host`` header may carry);
     ``max_body``: the largest request body taken, in bytes; a ``port`` in use is
     ``PortInUse``, raised before anything starts. ``mcp_servers`` are
-    mounted as tools for the runtime's life.
+    mounted as tools for the runtime's life; ``llm`` is the model the agents ask (None:
+    the deterministic mock); ``on_runtime`` is called with the runtime once it has started.
     """
     import uvicorn
 
@@ -74,7 +78,9 @@ async def serve(
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = public_url or f"http://{shown}:{port}/"
     with sock:  # closed however serving ends (uvicorn closes it too when it ran)
-        async with EmbeddedRuntime(store, agents, mcp_servers=mcp_servers) as rt:
+        async with EmbeddedRuntime(store, agents, llm=llm, mcp_servers=mcp_servers) as rt:
+            if on_runtime is not None:
+                on_runtime(rt)
             names = {*served, *(a.agent_id for a in agents)}
             gateway = A2AGateway(
                 store,

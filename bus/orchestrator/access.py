@@ -195,8 +195,8 @@ def access_problem(
             if req.kind == "memory.put" and str(req.args.get("kind") or "") in RESERVED_KINDS:
                 return "memory_kind_reserved"
             return policy.memory_scopes(state, req).problem
-        case "model.request" | "model.answer" | "tool.begin" | "tool.end":
-            pass  # its own model call or tool: recorded (the journal), never refused
+        case "model.request" | "model.answer" | "tool.begin" | "tool.end" | "tool.specs":
+            pass  # its own model call or tool (recorded: the journal), its tools' specs
         case _:
             return "unknown_request"
     return None
@@ -305,9 +305,21 @@ class RequestBroker:
                 outcome = await self.journal.tool_begin(req)
             case "tool.end":
                 outcome = await self.journal.tool_end(req)
+            case "tool.specs":  # what the agent's model is offered: read-only, not recorded
+                return self._answer(req, start, result=self._tool_specs(req.agent_id))
             case _:
                 return await self._memory(req, start)
         return self._answer(req, start, outcome.result, outcome.error, outcome.error_type)
+
+    def _tool_specs(self, agent_id: str) -> dict[str, Any]:
+        """The specs of the registry's tools on ``agent_id``'s allow-list (as registered)."""
+        card = self.state.agents.get(agent_id)
+        allowed = card.constraints.tools if card is not None else []
+        return {
+            s.name: msgspec.to_builtins(s)
+            for s in self.tools.specs()
+            if tool_allowed(s.name, allowed)
+        }
 
     # -- long-term memory --------------------------------------------------------
 

@@ -53,6 +53,9 @@ RetryReason = Literal[
     # a model call the orchestrator refused before it was sent: it would cross a budget
     # (never retried: bus.orchestrator.budget)
     "budget_exceeded",
+    # a tool on the agent's allow-list that nothing serves (a deployment's error: a
+    # retry would find it missing again)
+    "tool_not_found",
 ]
 RETRY_REASONS = allowed_values(RetryReason)
 #: attempts of one task that may die with the runtime's process and be retried anyway
@@ -66,6 +69,7 @@ DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset(
         "replay_diverged",
         "budget_exceeded",
         "journal_tampered",
+        "tool_not_found",
     }
 )
 

@@ -54,10 +54,16 @@ import msgspec
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
 from cardbus.agents.cards import Announce, CancelNotice, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
-from cardbus.agents.requests import REQUESTER, TOOL_SPECS, AgentRequest
+from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS, AgentRequest
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.orchestrator.cancel_notices import CANCELLED_REASON
+from cardbus.bus.runtime.tools_served import (
+    WorkerTools,
+    specs_wanted,
+    with_specs,
+    worker_tools,
+)
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore.errors import BusError, ConfigError
 from cardbus.eventstore.ids import new_id
@@ -76,17 +82,26 @@ class AgentWorker:
         lease_s: float = 10.0,
         tools: ToolRegistry | None = None,
         cancel_check_s: float = 5.0,
+        local_tools: ToolRegistry | None = None,
     ) -> None:
         """``concurrency``: cards at once (None: the agent's ``constraints.max_concurrency``);
         ``lease_s``: the lease announced, renewed every third of it (0: never renewed);
         ``cancel_check_s``: how often a handler running that long asks whether its attempt
         is still wanted (0: never; cancel notices still stop it);
         ``tools``: the registry the agent's tool calls are served from, whose specs of the
-        tools on its allow-list a handler reads as ``ctx.tool_specs``."""
+        tools on its allow-list a handler reads as ``ctx.tool_specs``.
+
+        The ``Tool`` s the agent declares itself (an ``LLMAgent``'s ``tools``) that
+        ``tools`` does not have are run here, by this worker, wherever it runs (journaled:
+        ``bus.runtime.tools_served``), and so are ``local_tools`` on its allow-list (MCP
+        servers mounted in an agent's own process: ``cardbus agent serve --mcp``); their
+        specs are in ``ctx.tool_specs`` too."""
         self.bus = bus
         self.agent = agent
         self.llm = llm
         self.tools = tools
+        self.local_tools = local_tools
+        self._serving: WorkerTools | None = None  # made at the first card: MCP is mounted
         if concurrency is None:
             concurrency = agent.constraints.max_concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -249,6 +264,8 @@ class AgentWorker:
 
     async def _on_card(self, card: TaskCard) -> None:
         key = (card.task_id, card.attempt)
+        if self._serving is None:  # once, at its first card: MCP servers are mounted by then
+            self._serving = await self._worker_tools(card)
         answer = self._answers.get(key)
         if answer is None:
             running = self._running.get(key)
@@ -273,10 +290,10 @@ class AgentWorker:
         future: asyncio.Future[ResultCard] = loop.create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
-        if self.tools is not None and self.agent.constraints.tools:  # ctx.tool_specs
-            TOOL_SPECS.set(
-                {n: t.spec for n in self.agent.constraints.tools if (t := self.tools.get(n))}
-            )
+        serving = self._serving or worker_tools(self.agent, self.tools, self.local_tools)
+        # set for every card: a consumer's task may have run another agent's card before
+        TOOL_SPECS.set(serving.specs)  # ctx.tool_specs
+        LOCAL_TOOLS.set(serving.here)  # the tools run here, by this worker (ctx.tool)
         if self._threads is None:
             self._threads = ThreadPoolExecutor(
                 self.concurrency, thread_name_prefix=f"cardbus-{self.agent.agent_id}"
@@ -369,6 +386,27 @@ class AgentWorker:
             duration_s=round(ran_s, 6),
         )
 
+    async def _worker_tools(self, card: TaskCard) -> WorkerTools:
+        """The tools of this worker (at its first card: MCP servers are mounted by then);
+        with its orchestrator elsewhere (NATS), the specs of the tools the agent declares
+        by name are asked of it (``tool.specs``), for the model to be offered them."""
+        serving = worker_tools(self.agent, self.tools, self.local_tools)
+        if self.tools is not None or not specs_wanted(self.agent, serving):
+            return serving
+        ask = AgentRequest(
+            request_id=new_id(),
+            task_id=card.task_id,
+            root_id=card.root_id,
+            attempt=card.attempt,
+            agent_id=self.agent.agent_id,
+            kind="tool.specs",
+        )
+        try:
+            answer = await asyncio.wait_for(self.bus.request(ask), _SPECS_WAIT_S)
+        except Exception:  # no answer (an orchestrator of before): offered without schemas
+            return serving
+        return with_specs(serving, answer.result) if answer.ok else serving
+
     # One timer for the cards running, not two per card: an instant agent answers long
     # before either would fire, and every timer is a heap push and a cancel on the loop.
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
@@ -417,6 +455,9 @@ class AgentWorker:
         if soonest < math.inf:
             self._arm(loop, soonest)
 
+
+#: how long a worker waits for its orchestrator's tool specs (once) before going on without
+_SPECS_WAIT_S = 5.0
 
 #: how early an event loop may run a timer (asyncio: its clock's resolution; uvloop rounds
 #: to milliseconds): the sweep counts a moment that near as come, not one to sleep until

@@ -49,6 +49,7 @@ def test_request_and_response_round_trip() -> None:
         "tool.begin",
         "tool.end",
         "attempt.live",  # the worker: is its attempt still wanted (cancel_notices)
+        "tool.specs",
     }
 
 

@@ -53,6 +53,19 @@ def test_every_command_has_help_and_json_and_store() -> None:
             assert "CARDBUS_STORE" in r.output, path
 
 
+#: commands that run agents: each takes the same model endpoint and MCP servers
+RUNS_AGENTS = {"run", "demo", "orchestrator", "agent serve", "ui", "a2a serve", "fork"}
+
+
+def test_every_command_that_runs_agents_takes_the_llm_and_mcp_options() -> None:
+    commands = _commands()
+    for path in sorted(RUNS_AGENTS):
+        params = {p.name: p for p in commands[path].params if isinstance(p, click.Option)}
+        assert params["llm_base_url"].envvar == "OPENAI_BASE_URL", path
+        assert params["model"].envvar == "CARDBUS_MODEL", path
+        assert {"mcp", "mcp_config"} <= set(params), path
+
+
 def test_env_variables_are_shown_in_help() -> None:
     for path, cmd in _commands().items():
         for p in cmd.params:

@@ -41,7 +41,7 @@ import msgspec
 
 from cardbus.agents.agent import Agent
 from cardbus.agents.cards import AgentCard
-from cardbus.agents.mcp_config import split_plan_servers
+from cardbus.agents.mcp_config import MCPServer, split_plan_servers
 from cardbus.bus.orchestrator.forks import (
     Streams,
     check_agents,
@@ -253,9 +253,15 @@ class _RunMaker(Actions):
 class HostedAgents(_RunMaker):
     """An embedded runtime in the console's process, on its log, with the given agents."""
 
-    def __init__(self, store: EventStore, agents: Sequence[type[Agent]], llm: Any = None) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        agents: Sequence[type[Agent]],
+        llm: Any = None,
+        mcp_servers: Sequence[MCPServer] = (),
+    ) -> None:
         super().__init__(store)
-        self.runtime = EmbeddedRuntime(store, agents, llm=llm)
+        self.runtime = EmbeddedRuntime(store, agents, llm=llm, mcp_servers=mcp_servers)
         self._settling: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> HostedAgents:

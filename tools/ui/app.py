@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.agent import Agent
+from cardbus.agents.mcp_config import MCPServer
 from cardbus.bus.http_guard import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_TOKEN_NAME,
@@ -457,6 +458,7 @@ def create_app(
     agents: Sequence[type[Agent]] = (),
     llm: Callable[[], Any] | None = None,
     submit_to_log: bool = False,
+    mcp_servers: Sequence[MCPServer] = (),
 ) -> Starlette:
     """The console over the SQLite log ``db``, a log ``opener`` opens at start-up, or ``store``.
 
@@ -473,7 +475,8 @@ def create_app(
     "unknown price", never as $0). ``agents``: the classes the console hosts an
     embedded runtime with, to start, fork and re-run runs (``tools.ui.actions``; none:
     those actions are refused, saying how to enable them); ``llm``: makes, at start-up
-    in the server's loop, the LLM they get (default: the environment's, else the mock).
+    in the server's loop, the LLM they get (default: the environment's, else the mock);
+    ``mcp_servers``: mounted as tools for the hosted agents while the console runs.
     ``submit_to_log`` (a NATS log, whose orchestrators and agents run elsewhere): those
     actions write the new runs to the log, for the running orchestrators to decide.
     """
@@ -501,7 +504,7 @@ def create_app(
             opened = await SqliteEventStore.open(db or "")
         model = llm() if agents and llm is not None else None
         actions: Actions = (
-            HostedAgents(opened, agents, model)
+            HostedAgents(opened, agents, model, mcp_servers)
             if agents
             else LogActions(opened)
             if submit_to_log

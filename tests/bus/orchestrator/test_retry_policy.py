@@ -41,6 +41,7 @@ def test_the_defaults() -> None:
             "replay_diverged",
             "budget_exceeded",
             "journal_tampered",
+            "tool_not_found",
         }
     )
     assert not p.retries(1, "llm_bad_output") and p.retries(1, "llm_timeout")
