@@ -37,6 +37,7 @@ from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.admission import Admission
+from cardbus.bus.orchestrator.approvals import answer_approval
 from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.cancel_notices import CancelNotices
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
@@ -80,7 +81,6 @@ from cardbus.eventstore.errors import (
     PlanConflict,
     PrerequisiteNotStored,
     StoreUnavailable,
-    StreamNotFound,
     ValidationError,
 )
 from cardbus.projections.agents import capability_overlaps
@@ -1353,27 +1353,3 @@ def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:
         kept -= lacking
     first = [s for s in streams if s in kept and not d.after.get(s)]
     return first + [s for s in streams if s in kept and d.after.get(s)]
-
-
-async def answer_approval(
-    store: EventStore, task_id: str, granted: bool, by: str, note: str = ""
-) -> None:
-    """Grant or deny a task waiting for approval (the API behind ``cardbus approve``)."""
-    events = await store.read_stream(task_id)
-    if not events:
-        raise StreamNotFound(task_id)  # not InvalidPlan: no plan is involved
-    state = RunState()
-    for env in events:
-        state.apply(env)
-    task = state.tasks.get(task_id)
-    if task is None or task.state is not TaskState.AWAITING_APPROVAL:
-        current = task.state if task else "unknown"
-        raise CardbusError(f"task {task_id!r} is not awaiting approval (it is {current})")
-    data: ev.Event
-    if granted:
-        resume = "running" if task.has_proposal else "pending"
-        data = ev.ApprovalGranted(by=by, resume=resume, note=note)
-    else:
-        data = ev.ApprovalDenied(by=by, note=note)
-    root = events[0].correlation_id
-    await store.append(task_id, [NewEvent(data=data, correlation_id=root, actor=by)], len(events))
