@@ -201,8 +201,9 @@ class RunService:
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
 
-    async def replay_text(self, task: str, width: int = 160) -> str:
-        """The timeline of a task or a run as ``cardbus replay`` prints it (no colours)."""
+    async def replay_text(self, task: str, width: int = 200) -> str:
+        """The timeline of a task or a run as ``cardbus replay`` prints it off a terminal
+        (no colours, 200 columns)."""
         from rich.console import Console as RichConsole
 
         store = self.c.store
