@@ -111,6 +111,11 @@ async def drive(session: ClientSession) -> dict[str, str]:
     assert ended["status"] == "failed"  # a denied task is cancelled
     assert yes in ended["outputs"]
 
+    again = await call(session, "rerun", task=no)  # the denied task, as a new run
+    assert again["rerun_of"] == gated and again["root_id"] != gated
+    assert (await settled(session, again["root_id"]))["status"] == "awaiting_approval"
+    assert (await call(session, "cancel_run", run=again["root_id"]))["cancelled"]
+
     doomed = (await call(session, "start_run", plan=gated_plan("held")))["root_id"]
     assert (await settled(session, doomed))["status"] == "awaiting_approval"
     assert (await call(session, "cancel_run", run=doomed))["cancelled"]
@@ -121,7 +126,15 @@ async def drive(session: ClientSession) -> dict[str, str]:
 
     bad = await session.call_tool("approve", {"task": "no-such-task"})
     assert bad.is_error
-    return {"demo": demo, "gated": gated, "yes": yes, "no": no, "doomed": doomed, "fork": forked}
+    return {
+        "demo": demo,
+        "gated": gated,
+        "yes": yes,
+        "no": no,
+        "doomed": doomed,
+        "fork": forked,
+        "rerun": again["root_id"],
+    }
 
 
 async def assert_signed(db: Path, ids: dict[str, str], actor: str) -> None:
@@ -143,6 +156,7 @@ async def assert_signed(db: Path, ids: dict[str, str], actor: str) -> None:
         isinstance(e.data, ev.TaskCancelled) and e.correlation_id == ids["doomed"] for e in by
     )
     assert signed(ev.RunStarted, ids["fork"])
+    assert signed(ev.RunStarted, ids["rerun"])
     granted = next(e.data for e in by if isinstance(e.data, ev.ApprovalGranted))
     assert granted.by == actor
 
