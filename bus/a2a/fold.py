@@ -19,7 +19,10 @@ What comes from where in the log:
   supplementary task, submitted by the gateway's ``a2a-user`` agent, with
   ``notes = "a2a:<message id>"`` and who answered (:func:`answer_notes`):
   both read back as the user's messages in the history;
-* every other step is an agent message ``evt-<event id>`` in the history.
+* every other step is an agent message ``evt-<event id>`` in the history;
+* each plan task's result is an artifact with its output as a data part, and,
+  for a run asked for with a text goal, a text part beside it
+  (:func:`result_text`), for a client that reads only text.
 
 State (A2A v1.0 names): a finished run is COMPLETED, FAILED (failed or
 halted) or CANCELED (cancelled through A2A); a run with a task awaiting
@@ -30,6 +33,7 @@ dispatched or running is WORKING; else SUBMITTED.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +66,7 @@ __all__ = [
     "answer_notes",
     "approval_note",
     "data_part",
+    "result_text",
     "split_answer_notes",
     "split_approval_note",
 ]
@@ -124,6 +129,23 @@ def _text(text: str) -> Part:
     return Part(text=text, media_type="text/plain")
 
 
+#: an output's field that is its text, in this order, when it has one
+TEXT_FIELDS = ("text", "answer", "report", "summary", "content", "result", "message")
+
+
+def result_text(output: Any) -> str:
+    """A task's output as the text part of its artifact: a string as it is; an object's
+    text field (:data:`TEXT_FIELDS`) if it has one; else the output as indented JSON."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, dict):
+        for key in TEXT_FIELDS:
+            value = output.get(key)
+            if isinstance(value, str) and value.strip():
+                return value
+    return json.dumps(output, indent=2, ensure_ascii=False, default=str)
+
+
 def _stamp(unix: float) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(_dt.datetime.fromtimestamp(unix, _dt.UTC))
@@ -151,6 +173,9 @@ class TaskFold:
         self.found = False
         self.updated = 0.0
         self._status = TaskState.TASK_STATE_SUBMITTED
+        # the run was asked for in words (a text goal, no data part): its results are
+        # given in words too, beside the data, for a client that reads only text parts
+        self.text_goal = False
 
     # -- folding ------------------------------------------------------------------
 
@@ -172,6 +197,8 @@ class TaskFold:
                     msg = ParseDict(first, Message(), ignore_unknown_fields=True)
                     msg.task_id, msg.context_id = self.root_id, self.context_id
                     self.history.append(msg)
+                    kinds = {p.WhichOneof("content") for p in msg.parts}
+                    self.text_goal = "text" in kinds and "data" not in kinds
         message = self._message(env)
         if message is not None:
             self.history.append(message)
@@ -279,7 +306,10 @@ class TaskFold:
         name = self._names().get(env.stream)
         if name is None:  # a review or supplementary task: not one of the plan's results
             return None
-        return Artifact(artifact_id=name, name=name, parts=[data_part(env.data.output)])
+        parts = [data_part(env.data.output)]
+        if self.text_goal:
+            parts.append(_text(result_text(env.data.output)))
+        return Artifact(artifact_id=name, name=name, parts=parts)
 
     # -- reading ------------------------------------------------------------------
 

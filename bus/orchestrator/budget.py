@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
-from cardbus.projections.pricing import PriceTable, format_usd
+from cardbus.projections.pricing import PriceTable, format_usd, how_to_price
 
 if TYPE_CHECKING:
     from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
@@ -331,7 +331,7 @@ class Budgets:
             if cap.usd is not None:
                 if usd is None:
                     why = f"{scope}: no price known for model {model!r} under a cap of USD"
-                    return _with(base, f"{why} {cap.usd:g}")
+                    return _with(base, f"{why} {cap.usd:g}; {how_to_price(model)}")
                 if spent_u + held_u + usd > cap.usd:
                     why = (
                         f"{scope}: {format_usd(spent_u)} spent and {format_usd(held_u)} held,"
