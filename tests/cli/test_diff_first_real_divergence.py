@@ -65,3 +65,17 @@ def test_two_planned_runs_match_their_planning_tasks_by_place(tmp_path: Path) ->
     assert plan["a"]["task_id"].startswith(roots[0]) and plan["b"]["task_id"].startswith(roots[1])
     assert plan["differs"] == [] and plan["reused_in"] == ""
     assert d["first_divergence"]["task"] != "~plan1"
+
+
+def test_a_rerun_asking_a_model_no_agent_offers_is_refused_before_it_runs(
+    tmp_path: Path,
+) -> None:
+    db = str(tmp_path / "demo.db")
+    demo = _cli("demo", "--db", db, "--json")
+    assert demo.exit_code == 0, demo.output
+    root = json.loads(demo.stdout)["root_id"]
+    r = _cli("rerun", root, "--task", "write", "--model", "gpt-x", "--db", db)
+    assert r.exit_code == 1
+    assert "no agent offering 'write' takes it (model='gpt-x' not in ['mock-1'])" in r.output
+    runs = json.loads(_cli("runs", "--db", db, "--json").stdout)
+    assert [x["root_id"] for x in runs] == [root]  # nothing written: no failed run
