@@ -125,9 +125,20 @@ def parse(text: str, path: Path) -> list[Block]:
     return blocks
 
 
+# ``cmd || echo ...``, ``|| true``, ``|| :``, ``|| test $? ...``, ``|| exit 0``: a failure
+# hidden (a page whose command stopped working would still pass); ``# exit code N`` says it
+HIDDEN_FAILURE = re.compile(r"\|\|\s*(?:echo\b|true\b|:(?:\s|$)|test\s+\$\?|exit\s+0\b)", re.M)
+
+
 def check(blocks: list[Block]) -> None:
-    """Every fence names a known language; every skip needs a real endpoint."""
+    """Every fence names a known language; every skip needs a real endpoint; no command
+    hides a failure."""
     for b in blocks:
+        if b.lang in SHELL | CONSOLE and (hidden := HIDDEN_FAILURE.search(shell_script(b))):
+            raise BlockFailed(
+                f"{b.where}: a command hides a failure ({hidden.group(0)!r}): say the exit"
+                " code it must end with instead ('cmd  # exit code 1')"
+            )
         if b.lang not in KNOWN:
             raise BlockFailed(
                 f"{b.where}: a fence must name one of {sorted(KNOWN)} (got {b.lang!r})"

@@ -126,3 +126,15 @@ def test_a_console_command_continued_on_the_next_line_is_checked_whole(tmp_path:
     page.write_text("```console\n$ bash -c \\\n  'exit 5'  # exit code 4\n```\n", encoding="utf-8")
     with pytest.raises(BlockFailed, match="expected exit code 4, got 5"):
         run_page(page, tmp_path / "work")
+
+
+@pytest.mark.parametrize(
+    "hiding", ["|| echo failed", "|| true", "|| :", "|| test $? -eq 1", "|| exit 0"]
+)
+def test_a_command_that_hides_its_failure_fails_the_page(tmp_path: Path, hiding: str) -> None:
+    page = _page(tmp_path, f"```sh\ncardbus --version {hiding}\n```\n")
+    with pytest.raises(BlockFailed, match="hides a failure"):
+        run_page(page, tmp_path / "work")
+    page.write_text(f"```console\n$ cardbus --version {hiding}\n```\n", encoding="utf-8")
+    with pytest.raises(BlockFailed, match="hides a failure"):
+        run_page(page, tmp_path / "work")
