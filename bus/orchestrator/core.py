@@ -217,7 +217,11 @@ class Orchestrator:
         self._held: dict[str, list[Envelope]] = {}
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
-        self.unknown = UnknownReplies(self.caught_up, self._queue.put_nowait, self._bad)
+        # (caught up with no 2 s cut-off: on a busy machine the fold took longer, and a
+        # reply for a task the other orchestrator had just created was called unknown)
+        self.unknown = UnknownReplies(
+            lambda: self.caught_up(60.0), self._queue.put_nowait, self._bad
+        )
         # spans per run, the tree cardbus export draws (agents by name); no-ops without an SDK
         self.tracing = telemetry.RunTracing(lambda a: getattr(self.state.agents.get(a), "name", a))
         # agent requests (task and long-term memory, tools): checked, recorded, answered;
