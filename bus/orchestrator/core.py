@@ -751,8 +751,16 @@ class Orchestrator:
         reads it (``log``): a partitioned member's ends at its partitions' last event."""
         target = await self.log.last_position()
         deadline = time.monotonic() + timeout
-        while self.state.position < target and time.monotonic() < deadline:
+        while not self._folded_through(target) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)  # the follower folds meanwhile; a rare wait
+
+    def _folded_through(self, target: int) -> bool:
+        """Every event up to ``target`` is folded: the follower has seen it and none it saw
+        waits in the queue or on a busy stream (our own appends come back through the
+        follower too). ``state.position`` alone is not enough: our own append moves it
+        past another writer's event the follower has not reached, or holds
+        (a reply for a task the other orchestrator had just created was called unknown)."""
+        return self._followed >= target and not any(p <= target for p in self._unfolded)
 
     async def record(self, stream: str, events: list[ev.Event]) -> list[Envelope]:
         """Append an agent request's events to ``stream`` through the decision loop (so
