@@ -48,7 +48,13 @@ from cardbus.agents.cards import (
 )
 from cardbus.agents.llm import LLM, MeteredLLM, MockLLM
 from cardbus.agents.requests import TaskServices
-from cardbus.eventstore.errors import EffectUnknown, LLMError, ReplayDiverged
+from cardbus.eventstore.errors import (
+    EffectUnknown,
+    JournalTampered,
+    LLMError,
+    ReplayDiverged,
+    ToolNotFound,
+)
 from cardbus.eventstore.events import Usage
 
 __all__ = ["Agent", "Capability", "NeedsInput", "Reject", "TaskContext"]
@@ -288,6 +294,10 @@ class Agent:
                 extra["reason"] = "tool_effect_unknown"
             elif isinstance(e, ReplayDiverged):  # a strict re-run: never retried
                 extra["reason"] = ReplayDiverged.error_type
+            elif isinstance(e, JournalTampered):  # the task is failed already
+                extra["reason"] = JournalTampered.error_type
+            elif isinstance(e, ToolNotFound):  # nothing serves a tool it may call
+                extra["reason"] = "tool_not_found"
         result = ResultCard(
             **base,
             status=status,

@@ -22,6 +22,7 @@ __all__ = [
     "Announce",
     "Reply",
     "AgentConstraints",
+    "CancelNotice",
     "CapabilitySpec",
     "Review",
     "ResultCard",
@@ -30,6 +31,7 @@ __all__ = [
     "TaskCard",
     "WIRE_VERSION",
     "decode_agent_card",
+    "decode_cancel_notice",
     "decode_reply",
     "decode_result_card",
     "decode_task_card",
@@ -212,7 +214,23 @@ class Announce(_Card, frozen=True, kw_only=True, tag="announce"):
     wire_version: int = WIRE_VERSION
 
 
+class CancelNotice(_Card, frozen=True, kw_only=True, tag="cancel_notice"):
+    """The orchestrator to an agent: stop the handler of ``(task_id, attempt)``.
+
+    Sent when the task ended while the attempt was in flight (``task.cancelled``,
+    ``task.halted``): whatever the handler does next is not wanted. ``by`` is the
+    ended event's actor, ``reason`` its reason. A notice for an attempt the worker
+    is not running is ignored (it may have finished, or run elsewhere)."""
+
+    task_id: str
+    attempt: int
+    agent_id: str
+    reason: str = ""
+    by: str = ""
+
+
 _task_decoder = msgspec.json.Decoder(TaskCard)
+_notice_decoder = msgspec.json.Decoder(CancelNotice)
 _agent_decoder = msgspec.json.Decoder(AgentCard)
 Reply = ResultCard | Started | Announce
 _reply_decoder = msgspec.json.Decoder(Reply)
@@ -241,6 +259,10 @@ def decode_agent_card(data: bytes) -> AgentCard:
 
 def decode_result_card(data: bytes) -> ResultCard:
     return _decode(_result_decoder, data, "result card")
+
+
+def decode_cancel_notice(data: bytes) -> CancelNotice:
+    return _decode(_notice_decoder, data, "cancel notice")
 
 
 def decode_reply(data: bytes) -> Reply:

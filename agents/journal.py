@@ -8,10 +8,12 @@ as ``ctx.tool`` does, with two requests per model call:
 
 ``model.request``  the request and its digest, before the call. The
                    orchestrator records ``model.requested`` and answers "go
-                   live", or, when an earlier execution of the task asked
-                   exactly this at this place and nothing before it differed,
-                   answers with the recorded answer (``model.answered`` naming
-                   the one it replays): no call goes out, nothing is spent.
+                   live" (under a budget, with the ``max_tokens`` the call is
+                   sent with: ``llm.current_max_tokens``), or, when an earlier
+                   execution of the task asked exactly this at this place and
+                   nothing before it differed, answers with the recorded
+                   answer (``model.answered`` naming the one it replays): no
+                   call goes out, nothing is spent.
 ``model.answer``   the answer (or the typed error), after a live call. The
                    orchestrator records ``model.answered``; only then does the
                    handler see it (invariant 8: the answer is durable first).
@@ -29,6 +31,8 @@ every call is answered from the log, and one that reaches it raises
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import itertools
 import time
@@ -37,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from cardbus.agents.llm import Completion
+from cardbus.agents.llm import CALL_MAX_TOKENS, Completion
 from cardbus.agents.requests import REQUESTER
-from cardbus.eventstore.errors import LLMError, ReplayDiverged
+from cardbus.eventstore.errors import LLMError, ReplayDiverged, ToolError
 from cardbus.eventstore.ids import new_id
 
 if TYPE_CHECKING:
@@ -154,9 +158,30 @@ class TaskJournal:
             self.replayed += 1
             return replayed
         call = asked.get("call", "") if isinstance(asked, dict) else ""
+        # the output bound the orchestrator's budget check reserved: the call is sent with it
+        # (``current_max_tokens``), so no cap is crossed by an answer it priced
+        bound = asked.get("max_tokens") if isinstance(asked, dict) else None
+        ok = isinstance(bound, int) and not isinstance(bound, bool) and bound > 0
+        token = CALL_MAX_TOKENS.set(bound if ok else None)
         start = time.monotonic()
         try:
             answer = await live()
+        except asyncio.CancelledError:
+            # the handler was stopped during the call: recorded as cut off (no answer used)
+            with contextlib.suppress(Exception):
+                await services.request(
+                    "model.answer",
+                    model,
+                    {
+                        "call": call,
+                        "error": "cancelled during the call",
+                        "error_type": "cancelled",
+                        "latency_s": round(time.monotonic() - start, 6),
+                    },
+                    seq=seq,
+                    execution=self.execution,
+                )
+            raise
         except Exception as e:
             reason = e.error_type if isinstance(e, LLMError) else type(e).__name__
             await services.request(
@@ -172,6 +197,8 @@ class TaskJournal:
                 execution=self.execution,
             )
             raise
+        finally:
+            CALL_MAX_TOKENS.reset(token)
         await services.request(
             "model.answer",
             model,
@@ -196,7 +223,9 @@ class TaskJournal:
         (JSON builtins) or error is recorded after. A retry that calls it again with the
         same arguments at the same place gets the recorded result; a call whose effect is
         unknown (the process died during it) runs again only if ``idempotent``, else
-        ``EffectUnknown`` is raised and the task waits for an operator.
+        ``EffectUnknown`` is raised and the task waits for an operator (who may record it
+        as done: the recorded result is then returned). After a first difference, a call
+        an earlier attempt recorded gets that call's key, under the same rule.
         """
         if not self.recording:
             return await run("")
@@ -217,8 +246,18 @@ class TaskJournal:
         ended: dict[str, Any] = {"arguments": arguments, "key": key}
         try:
             result = await run(key)
+        except asyncio.CancelledError:
+            # the handler was stopped during the call (its task cancelled, its deadline
+            # past): the call is recorded as cut off, its effect perhaps partial
+            ended |= {"error": "cancelled during the call", "error_type": "cancelled"}
+            ended["duration_s"] = round(time.monotonic() - start, 6)
+            with contextlib.suppress(Exception):
+                await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
+            raise
         except Exception as e:
-            ended |= {"error": f"{type(e).__name__}: {e}", "error_type": "tool_error"}
+            # a registry's typed error keeps its type (invalid_input, timeout, ...)
+            kind = e.error_type if isinstance(e, ToolError) else "tool_error"
+            ended |= {"error": f"{type(e).__name__}: {e}", "error_type": kind}
             ended["duration_s"] = round(time.monotonic() - start, 6)
             await services.request("tool.end", name, ended, seq=seq, execution=self.execution)
             raise

@@ -32,6 +32,7 @@ environment (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``CARDBUS_MODEL``).
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
@@ -70,11 +71,32 @@ __all__ = [
     "assistant_message",
     "chat",
     "configured_llm",
+    "current_max_tokens",
     "describe_llm",
     "schema_instance",
     "tool_message",
     "use_tracer_provider",
 ]
+
+#: The output bound of the model call being made: what the orchestrator's budget check
+#: reserved for its answer and handed back with its go-ahead (``TaskJournal.call`` sets it
+#: around the live call). None: no budget bounds the call.
+CALL_MAX_TOKENS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "cardbus_call_max_tokens", default=None
+)
+
+
+def current_max_tokens(own: int | None = None) -> int | None:
+    """The ``max_tokens`` to send with the model call being made: the budget's bound
+    (``CALL_MAX_TOKENS``) and the caller's ``own``, the smaller; None when neither is set.
+
+    A client that talks to an endpoint itself (a framework's model) sends this, so that a
+    call under a run's budget can never be answered past what the budget reserved for it.
+    """
+    bound = CALL_MAX_TOKENS.get()
+    given = [v for v in (own, bound) if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return min(given) if given else None
+
 
 ENV_BASE_URL = "OPENAI_BASE_URL"
 ENV_API_KEY = "OPENAI_API_KEY"
@@ -402,7 +424,15 @@ class OpenAIChatLLM:
         timeout_s: float = 60.0,
         temperature: float = 0.0,
         max_retries: int = 2,
+        max_tokens: int | None = None,
     ) -> None:
+        """``max_tokens``: the most output tokens any call may be answered with (None: the
+        endpoint's own limit); under a run's budget a call is sent with the smaller of this
+        and what the budget reserved for it (``current_max_tokens``)."""
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise ConfigError(f"max_tokens must be None or >= 1; got {max_tokens!r}")
         try:
             import openai
         except ImportError as e:  # pragma: no cover - depends on the install
@@ -419,6 +449,7 @@ class OpenAIChatLLM:
         self.model = model
         self.temperature = temperature
         self.timeout_s = timeout_s
+        self.max_tokens = max_tokens
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
         messages: list[Message] = []
@@ -446,6 +477,9 @@ class OpenAIChatLLM:
             extra["response_format"] = response_format
         if tools:
             extra["tools"] = [dict(t) for t in tools]
+        bound = current_max_tokens(self.max_tokens)
+        if bound is not None:
+            extra["max_tokens"] = bound
         try:
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=model,
@@ -675,7 +709,15 @@ class MeteredLLM:
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
         request = {"op": "complete", "model": self.model, "prompt": prompt, "system": system}
+        self._bounded(request)
         return await self._call(None, lambda: self.inner.complete(prompt, system=system), request)
+
+    def _bounded(self, request: dict[str, Any]) -> None:
+        """The model's own ``max_tokens`` (``OpenAIChatLLM(max_tokens=...)``), in the request
+        the journal records: the budget check reserves that much output, not its default."""
+        own = getattr(self.inner, "max_tokens", None)
+        if isinstance(own, int) and not isinstance(own, bool) and own > 0:
+            request["max_tokens"] = own
 
     async def chat(
         self,
@@ -694,6 +736,7 @@ class MeteredLLM:
             request["response_format"] = response_format
         if tools:
             request["tools"] = [dict(t) for t in tools]
+        self._bounded(request)
         return await self._call(
             model,
             lambda: chat(

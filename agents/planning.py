@@ -14,7 +14,8 @@ Schema is :func:`plan_json_schema`.
 
 * :class:`RulePlanner` needs no model and is deterministic: it chains
   capabilities by their schemas toward the capability (or output type) wanted,
-  or the one whose description best matches the goal.
+  or the one whose description best matches the goal, and plans each further
+  step the goal names; what it cannot tell it asks for, never guesses.
 * :class:`LLMPlanner` is an :class:`~cardbus.agents.llm_agent.LLMAgent` asked
   for the plan schema as structured output; :func:`check_plan` sends a
   proposal that cannot run back to the model before it leaves the agent.
@@ -48,6 +49,7 @@ __all__ = [
     "RulePlanner",
     "capability_infos",
     "check_plan",
+    "free_text_inputs",
     "plan_json_schema",
     "plan_request",
 ]
@@ -74,10 +76,17 @@ class ProposedTask(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 
 
 class PlanProposal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A plan in the plan format: what a planner proposes and ``cardbus run`` reads."""
+    """A plan in the plan format: what a planner proposes and ``cardbus run`` reads.
+
+    ``from_goal``: the inputs whose values the planner took from the goal's own
+    words (task id -> input names), said so rather than passed off as given; the
+    orchestrator records them (with any it finds itself) in ``plan.proposed`` and
+    refuses one for an input that does not take free text.
+    """
 
     goal: str
     tasks: list[ProposedTask]
+    from_goal: dict[str, list[str]] = {}
 
 
 def plan_json_schema() -> dict[str, Any]:
@@ -287,6 +296,20 @@ def goal_subject(goal: str) -> str:
     return subject.strip().rstrip(".!?;:").strip() or goal.strip()
 
 
+def free_text_inputs(input_schema: dict[str, Any]) -> set[str]:
+    """The inputs of a capability's ``input_schema`` that take free text (the goal's words)."""
+    props, _required, defs = _shape(input_schema)
+    out = set()
+    for field, schema in props.items():
+        body = schema
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if isinstance(ref, str):  # a named type: its own schema (``x-free-text`` beside the ref)
+            body = {**defs.get(ref.rsplit("/", 1)[-1], {}), **schema}
+        if takes_free_text(field, body):
+            out.add(field)
+    return out
+
+
 def takes_free_text(field: str, schema: Any) -> bool:
     """An input the goal's words may fill: a string named like one (``topic``, ``goal``,
     ``text``, ...) or declared so (``"x-free-text": true`` in its schema,
@@ -303,11 +326,23 @@ def takes_free_text(field: str, schema: Any) -> bool:
 
 
 class _Unplannable(Exception):
-    """No chain; ``missing``: the inputs nobody provides (field -> the capability asking)."""
+    """No chain; ``missing``: the inputs nobody provides (field -> the capability asking);
+    ``ambiguous``: one task would feed several inputs of one capability (how to tell them
+    apart, for the refusal)."""
 
-    def __init__(self, message: str, missing: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, missing: dict[str, str] | None = None, ambiguous: str = ""
+    ) -> None:
         super().__init__(message)
         self.missing = dict(missing or {})
+        self.ambiguous = ambiguous
+
+
+class _FromGoal:
+    """A value ``_source`` took from the goal's own words (``build`` records the input)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
 
 
 class _Chain:
@@ -318,6 +353,8 @@ class _Chain:
         self.caps = caps
         self.subject = goal_subject(request.goal)
         self.tasks: dict[str, ProposedTask] = {}  # task id -> task (id = capability, or scoped)
+        self.from_goal: dict[str, list[str]] = {}  # task id -> its inputs taken from the goal
+        self._ambiguity = ""  # the last option that failed for an ambiguity, said so
         self.similarity = dict(
             zip(
                 caps,
@@ -332,6 +369,7 @@ class _Chain:
         other = object.__new__(_Chain)
         other.__dict__.update(self.__dict__)
         other.tasks = dict(self.tasks)
+        other.from_goal = dict(self.from_goal)
         return other
 
     def build(
@@ -354,6 +392,7 @@ class _Chain:
         inputs: dict[str, Any] = {}
         deps: list[str] = []
         missing: dict[str, str] = {}
+        worded: list[str] = []  # the inputs given the goal's words
         for field in [*required, *(p for p in props if p not in required)]:
             try:
                 value = self._source(
@@ -372,12 +411,16 @@ class _Chain:
                 continue
             if value is _NONE:
                 continue
+            if isinstance(value, _FromGoal):
+                worded.append(field)
+                value = value.text
             inputs[field] = value
             for ref in _dep_refs(value):
                 if ref not in deps:
                     deps.append(ref)
         if missing:
             raise _Unplannable(f"{name}: no value for {sorted(missing)}", missing)
+        self._one_value_twice(name, inputs, props, defs)
         text = goal or f"{cap.description or cap.name}: {self.subject}"
         task_id = f"{name}_{scope}" if scope else name
         for planned in self.tasks.values():  # the same capability with the same inputs: reuse
@@ -386,7 +429,43 @@ class _Chain:
         self.tasks[task_id] = ProposedTask(
             id=task_id, capability=name, goal=text, inputs=inputs, deps=deps
         )
+        if worded:
+            self.from_goal[task_id] = worded
         return task_id
+
+    def _one_value_twice(
+        self, name: str, inputs: dict[str, Any], props: dict[str, Any], defs: dict[str, Any]
+    ) -> None:
+        """Refuse one planned output read whole by several inputs of one task.
+
+        ``current`` and ``previous`` both fed by the one ``sales_query`` task is no
+        comparison: the inputs differ only in what the user did not say. The user
+        tells them apart with scoped inputs (``--input current.period=...``), which
+        plan the feeding capability once for each.
+        """
+        readers: dict[str, list[str]] = {}
+        for field, value in inputs.items():
+            if isinstance(value, dict) and "$dep" in value:
+                readers.setdefault(json.dumps(value, sort_keys=True), []).append(field)
+        for key, fields in readers.items():
+            if len(fields) < 2:
+                continue
+            feeder = self.tasks.get(str(json.loads(key)["$dep"]))
+            given = sorted(
+                k for k, v in (feeder.inputs if feeder else {}).items() if not _dep_refs_any(v)
+            )
+            kind = _type_name(props.get(fields[0], {})) or "the same type"
+            named = " and ".join(repr(f) for f in fields)
+            example = given[0] if given else "FIELD"
+            flags = " ".join(f"--input {f}.{example}=..." for f in fields)
+            source = feeder.capability if feeder else "one task"
+            hint = (
+                f"{name!r} takes {named} ({kind}) and one {source!r} task would feed"
+                f" {'both' if len(fields) == 2 else 'all'} the same value: give each its own"
+                f" inputs with {flags}"
+                + (f" (any input of {source!r}: {', '.join(given)})" if given else "")
+            )
+            raise _Unplannable(f"{name}: {named} would read one task", ambiguous=hint)
 
     def _session(self, field: str, schema: Any, defs: dict[str, Any], scope: str) -> Any:
         """The session's value for ``field`` (``<scope>.<field>`` first) if its type fits."""
@@ -425,7 +504,10 @@ class _Chain:
         if given is not _NONE:
             return given
         scoped = self._scoped(field)
-        if not scoped:
+        # a field the user gives per task (``current.period``) is never copied from another
+        # task's output: which one a third task wants, only the user can say
+        per_task = any(k.endswith(f".{field}") for k in self.request.session)
+        if not scoped and not per_task:
             for planned, task in self.tasks.items():  # an output already planned, by field name
                 if self._yields(task.capability, field, wanted):
                     return {"$dep": planned, "path": field}
@@ -443,13 +525,17 @@ class _Chain:
                 fits = self._fitting(other, wanted)
                 if len(fits) == 1:
                     options.append((other, fits[0]))
+        self._ambiguity = ""
         best = self._cheapest(options, stack, field if scoped else "")
         if best is not None:
             return best
         if takes_free_text(field, wanted if isinstance(wanted, dict) else {}):
-            return self.subject if field in _SUBJECT_FIELDS else self.request.goal
+            return _FromGoal(self.subject if field in _SUBJECT_FIELDS else self.request.goal)
+        ambiguity = self._ambiguity
         if self._needs_user(options, stack, field if scoped else ""):
             raise _Unplannable(f"{name}: no value for {field!r}", self._missing)
+        if ambiguity:  # an option fails only because the user has not told two inputs apart
+            raise _Unplannable(f"{name}: {field!r} is ambiguous", ambiguous=ambiguity)
         if not options and _is_scalar(wanted):  # only the user can say: ask for it
             raise _Unplannable(f"{name}: no value for {field!r}", {field: name})
         raise _Unplannable(f"{name}: nothing provides its required input {field!r}")
@@ -478,7 +564,8 @@ class _Chain:
             trial = self.copy()
             try:
                 trial.build(other, stack, scope=scope)
-            except _Unplannable:
+            except _Unplannable as e:
+                self._ambiguity = self._ambiguity or e.ambiguous
                 continue
             scored.append((len(trial.tasks), -self.similarity.get(other, 0.0), other, path))
         if not scored:
@@ -526,6 +613,10 @@ class _Chain:
 _NONE = object()
 
 
+def _dep_refs_any(value: Any) -> bool:
+    return next(iter(_dep_refs(value)), None) is not None
+
+
 def _is_scalar(wanted: Any) -> bool:
     return isinstance(wanted, dict) and wanted.get("type") in (
         "string",
@@ -548,7 +639,11 @@ def _ask_for(missing: dict[str, str]) -> str:
 
 
 def rule_plan(request: PlanRequest) -> PlanProposal:
-    """The rule planner's plan for ``request``; ``Reject`` (``cannot_plan``) when there is none."""
+    """The rule planner's plan for ``request``; ``Reject`` (``cannot_plan``) when there is none.
+
+    Every step the goal names (:func:`named_steps`) is in the plan, or the refusal
+    names it: a plan that quietly drops "generate a report" is never proposed.
+    """
     excluded = set(re.findall(r"capability '([^']+)'", " ".join(request.errors)))
     caps = {
         c.name: c
@@ -558,36 +653,102 @@ def rule_plan(request: PlanRequest) -> PlanProposal:
     if not caps:
         raise Reject("cannot_plan", "no capabilities to plan with")
     chain = _Chain(request, caps)
+    steps = named_steps(request.goal, chain)
     problems = []
     missing: dict[str, str] = {}
+    ambiguous = ""
     for target in _targets(request, chain):  # the best match first; the first that can be planned
         trial = chain.copy()
         try:
-            trial.build(target, goal=request.goal)
+            final = trial.build(target, goal=request.goal)
         except _Unplannable as e:
             problems.append(f"{target!r}: {e}")
             if e.missing and not missing:
                 missing = e.missing
+            ambiguous = ambiguous or e.ambiguous
             continue
         chain = trial
         break
     else:
+        unplanned = _steps_left(steps)
+        if ambiguous:
+            raise Reject("cannot_plan", ambiguous + unplanned)
         if missing:
-            raise Reject("cannot_plan", _ask_for(missing))
-        raise Reject("cannot_plan", "no chain of capabilities reaches " + "; ".join(problems))
-    tasks = list(chain.tasks.values())
+            raise Reject("cannot_plan", _ask_for(missing) + unplanned)
+        raise Reject(
+            "cannot_plan", "no chain of capabilities reaches " + "; ".join(problems) + unplanned
+        )
     reviewer = chain.reviewer_for(target)
+    dropped = []
+    for words, step in steps:  # the steps the goal names beyond the chain: each planned too
+        if step == reviewer or any(t.capability == step for t in chain.tasks.values()):
+            continue  # planned already (a review is the final task's ``review_by``)
+        trial = chain.copy()
+        try:
+            trial.build(step, goal=words)
+        except _Unplannable as e:
+            dropped.append(
+                f"the goal's step {words!r} (capability {step!r}) cannot be planned: "
+                + (e.ambiguous or (_ask_for(e.missing) if e.missing else str(e)))
+            )
+            continue
+        chain = trial
+    if dropped:
+        raise Reject("cannot_plan", "; ".join(dropped))
+    tasks = list(chain.tasks.values())
     if reviewer is not None:
-        tasks[-1] = msgspec.structs.replace(tasks[-1], review_by=reviewer)
+        at = next(i for i, t in enumerate(tasks) if t.id == final)
+        tasks[at] = msgspec.structs.replace(tasks[at], review_by=reviewer)
     limit = request.limits.max_tasks
     if limit is not None and len(tasks) > limit:
         raise Reject("cannot_plan", f"reaching {target!r} takes {len(tasks)} tasks, max {limit}")
-    plan = PlanProposal(goal=request.goal, tasks=tasks)
+    plan = PlanProposal(goal=request.goal, tasks=tasks, from_goal=chain.from_goal)
     if request.previous is not None and plan == request.previous:
         raise Reject(
             "cannot_plan", "the rules give the refused plan again: " + "; ".join(request.errors)
         )
     return plan
+
+
+#: what separates the steps of a goal: "query ..., do ... and generate ..."
+_STEP_BREAK = re.compile(r"[,;]|\b(?:and then|then|and)\b", re.I)
+#: a part of the goal names a capability when its description matches this well, and
+#: clearly better than any other's (the hashing embedder: "generate a report" scores
+#: 0.62 against "generate a report of ...", a bare noun phrase under 0.25)
+STEP_MATCH = 0.35
+STEP_MARGIN = 0.15
+
+
+def named_steps(goal: str, chain: _Chain) -> list[tuple[str, str]]:
+    """The steps the goal names, in its order: (its words, the capability they name).
+
+    The goal is cut at commas, "and", "then"; a part names the capability whose
+    description it matches best, if it matches well (``STEP_MATCH``) and clearly
+    (``STEP_MARGIN`` over the next). A part naming nothing clearly is left to the chain.
+    """
+    allowed = chain._allowed()
+    if len(allowed) < 2:
+        return []
+    parts = [p.strip(" .!?") for p in _STEP_BREAK.split(goal)]
+    parts = [p for p in parts if p]
+    if len(parts) < 2:
+        return []
+    texts = [f"{c}: {chain.caps[c].description}" for c in allowed]
+    steps: list[tuple[str, str]] = []
+    for part in parts:
+        ranked = sorted(
+            zip(DEFAULT_EMBEDDER.similarities(part, texts), allowed, strict=True), reverse=True
+        )
+        (best, cap), (second, _) = ranked[0], ranked[1]
+        if best >= STEP_MATCH and best - second >= STEP_MARGIN and cap not in dict(steps).values():
+            steps.append((part, cap))
+    return steps
+
+
+def _steps_left(steps: list[tuple[str, str]]) -> str:
+    """The goal's steps, named in a refusal: none is planned ("" for none named)."""
+    left = [f"{words!r} ({cap!r})" for words, cap in steps]
+    return f"; so the goal's steps {', '.join(left)} are not planned" if left else ""
 
 
 def _targets(request: PlanRequest, chain: _Chain) -> list[str]:
@@ -624,12 +785,20 @@ class RulePlanner(Agent):
     an output field of that name and type of a task already planned; a
     capability that outputs such a field (or one named like the input with a
     single output field of its type), planned first, the one adding the
-    fewest tasks; for a string, the goal's subject (``topic``, ``subject``,
-    ``query``: "a short report on tides" -> "tides") or the goal's text.
+    fewest tasks; for a string that takes free text (:func:`takes_free_text`),
+    the goal's subject (``topic``, ``subject``, ``query``: "a short report on
+    tides" -> "tides") or the goal's text, named in the proposal's ``from_goal``.
     Optional inputs are filled only from the session and planned outputs. A
     capability that takes the final output as ``draft`` and answers a review
     (``passed``, ``issues``) becomes its ``review_by``. On a re-proposal,
-    capabilities the errors name are left out. No chain: ``Reject("cannot_plan")``.
+    capabilities the errors name are left out.
+
+    It never guesses silently: one task read whole by two inputs of a capability
+    (``current`` and ``previous`` from one query) is refused, naming them and the
+    scoped ``--input current.FIELD=...`` that plans the query once for each; a
+    field given per task is never copied from one of them into a third; every
+    step the goal names (:func:`named_steps`) is planned after the chain, or
+    named in the refusal. No plan: ``Reject("cannot_plan")``.
     """
 
     agent_id = "rule-planner"
@@ -667,7 +836,10 @@ class LLMPlanner(LLMAgent):
         " previous plan was refused for them: fix every one. Put the session's fields in"
         " inputs only where an input asks for them. Mark a task optional only when the goal"
         " can be met without its output (a best-effort extra): if it fails, the tasks after"
-        " it run without the fields they read from it."
+        " it run without the fields they read from it. Fill an input with the goal's own"
+        " words only if it takes free text (a topic, a text, a question...), and name each"
+        " such input in from_goal ({TASK_ID: [INPUT, ...]}); a value only the user can give"
+        " (a region, a date) that the session lacks is not yours to guess."
     )
 
     def check(self, output: Any, inputs: Any, task: TaskCard) -> list[str]:

@@ -34,6 +34,8 @@ kind               target           args
 ``model.answer``   the model        ``call``, ``answer`` or ``error`` and ``error_type``
 ``tool.begin``     the agent's tool ``arguments``, ``idempotent`` (before it runs)
 ``tool.end``       the agent's tool ``arguments``, ``key``, ``result`` or ``error``
+``attempt.live``   -                - (the worker: is its attempt still wanted?)
+``tool.specs``     -                - (the specs of the tools on its allow-list it serves)
 =================  ===============  =================================================
 
 ``tool``, ``model.request`` and ``model.answer`` carry the journal's coordinates
@@ -54,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from cardbus.agents.tools import TOOL_ERRORS, ToolSpec
+from cardbus.agents.tools import TOOL_ERRORS, ToolRegistry, ToolSpec
 from cardbus.eventstore.errors import (
     AccessDenied,
     BudgetExceeded,
@@ -62,6 +64,7 @@ from cardbus.eventstore.errors import (
     CardbusError,
     DecodeError,
     EffectUnknown,
+    JournalTampered,
     ReplayDiverged,
     ValidationError,
 )
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
     from cardbus.agents.journal import TaskJournal
 
 __all__ = [
+    "LOCAL_TOOLS",
     "REQUESTER",
     "REQUEST_KINDS",
     "TOOL_SPECS",
@@ -98,6 +102,8 @@ RequestKind = Literal[
     "model.answer",
     "tool.begin",
     "tool.end",
+    "attempt.live",
+    "tool.specs",
 ]
 REQUEST_KINDS: tuple[str, ...] = (
     "read_output",
@@ -111,6 +117,8 @@ REQUEST_KINDS: tuple[str, ...] = (
     "model.answer",
     "tool.begin",
     "tool.end",
+    "attempt.live",
+    "tool.specs",
 )
 
 
@@ -177,6 +185,8 @@ def error_for(response: AgentResponse) -> CardbusError:
         return EffectUnknown(message)
     if kind == "replay_diverged":
         return ReplayDiverged(message)
+    if kind == "journal_tampered":  # the orchestrator failed the task already
+        return JournalTampered(message)
     if kind == "budget_exceeded":  # a model call refused before it was sent
         return BudgetExceeded(message)
     if kind in TOOL_ERRORS:
@@ -198,6 +208,13 @@ REQUESTER: contextvars.ContextVar[Requester | None] = contextvars.ContextVar(
 #: serving it has them (set by ``AgentWorker`` from its ``ToolRegistry``; empty: none known).
 TOOL_SPECS: contextvars.ContextVar[Mapping[str, ToolSpec]] = contextvars.ContextVar(
     "cardbus_tool_specs", default=types.MappingProxyType({})
+)
+
+
+#: The tools the current task's agent brought (its declared ``Tool`` s on its allow-list),
+#: which the worker running it runs itself, journaled (set by ``AgentWorker``; None: none).
+LOCAL_TOOLS: contextvars.ContextVar[ToolRegistry | None] = contextvars.ContextVar(
+    "cardbus_local_tools", default=None
 )
 
 
@@ -354,8 +371,17 @@ class TaskServices:
 
         The call is journaled: a retried attempt that calls the same tool with the same
         arguments at the same place gets the recorded result, and the tool does not run
-        again (``bus.orchestrator.journal``)."""
+        again (``bus.orchestrator.journal``). A tool the agent brought (``LOCAL_TOOLS``)
+        runs here, in the worker, recorded the same way (``ctx.journal.tool_call``)."""
         journal = self.journal
+        local = LOCAL_TOOLS.get()
+        tool = local.get(name) if local is not None else None
+        if local is not None and tool is not None:
+
+            async def run(key: str) -> Any:
+                return (await local.call(name, args, idempotency_key=key)).result
+
+            return await journal.tool_call(name, args, run, idempotent=tool.spec.idempotent)
         return await self.request(
             "tool", name, args, seq=journal.next_seq(), execution=journal.execution
         )

@@ -9,10 +9,12 @@ orchestrator checks it against the agent's allow-list and records it
 (``tool.requested`` before it runs, ``tool.called`` after). The calls of one
 turn (parallel calls) run concurrently; their results go back in the order
 the model asked for them. A call that fails as a tool call (``ToolError``:
-not found, bad arguments, timeout, too large, the tool raised; or
-``AccessDenied``: not on the allow-list) is answered to the model as the
-tool message's content, an object with ``error_type`` and ``error``, so the
-model can recover; so are arguments that are not a JSON object.
+bad arguments, timeout, too large, the tool raised; or ``AccessDenied``: not
+on the allow-list) is answered to the model as the tool message's content, an
+object with ``error_type`` and ``error``, so the model can recover; so are
+arguments that are not a JSON object. A tool on the allow-list that nothing
+serves (``ToolNotFound``) is not the model's to fix: it fails the attempt
+(``tool_not_found``).
 
 :class:`TaskSpend` keeps one task's conversation within its agent's limits
 and fails it with a typed ``LLMLimitExceeded`` (``llm_max_turns``,
@@ -35,6 +37,7 @@ from cardbus.eventstore.errors import (
     LLMMaxTurns,
     LLMTokenLimit,
     ToolError,
+    ToolNotFound,
 )
 
 if TYPE_CHECKING:
@@ -128,6 +131,8 @@ async def _call(ctx: TaskServices, call: ToolCall) -> str:
         result = await ctx.tool(call.name, **args)
     except AccessDenied as e:
         return _error("access_denied", str(e))
+    except ToolNotFound:  # a deployment's error (nothing serves it), not the model's
+        raise
     except ToolError as e:
         return _error(e.error_type, str(e))
     return json.dumps(result, ensure_ascii=False, default=str)

@@ -5,7 +5,10 @@ a timeout and a maximum result size (:class:`ToolSpec`), and a function.
 Agents never call tools themselves: they ask through ``ctx.tool(name,
 **args)``; the orchestrator checks the agent's allow-list
 (``AgentConstraints.tools``), calls :meth:`ToolRegistry.call` and records
-the call as a ``tool.called`` event. The registry enforces the rest:
+the call as a ``tool.called`` event. A ``Tool`` an ``LLMAgent`` declares
+itself is run by the worker serving the agent, through a registry of its own,
+recorded the same way (``bus.runtime.tools_served``). The registry enforces the
+rest:
 
 * the arguments must fit the input schema (``ToolInputInvalid``);
 * the call must finish within ``timeout_s`` (``ToolTimeout``; an ``async``

@@ -18,6 +18,8 @@ from cardbus.bus.orchestrator import (
     answer_approval,
     as_plan,
     decode_plan,
+    record_effect_done,
+    unknown_effects,
     validate_plan,
 )
 from cardbus.bus.orchestrator.selection import Weights
@@ -39,5 +41,7 @@ __all__ = [
     "answer_approval",
     "as_plan",
     "decode_plan",
+    "record_effect_done",
+    "unknown_effects",
     "validate_plan",
 ]

@@ -14,7 +14,21 @@ could send:
   with ``WWW-Authenticate: Bearer``; ``open_paths`` (a public card) are
   exempt;
 * a body over ``max_body`` bytes: 413, from ``Content-Length`` alone or as
-  soon as the streamed body passes the limit (what was read is dropped).
+  soon as the streamed body passes the limit (what was read is dropped);
+* a body not whole within ``body_timeout_s`` of the request's head (a client
+  trickling a byte at a time holds a connection and a task): 408;
+* a body that is not UTF-8 JSON (400, kind ``parse``) or is nested deeper than
+  ``max_depth`` (400, kind ``too_deep``: Python's parsers, the JSON-RPC
+  dispatcher's and protobuf's, recurse, and a deep body would answer with
+  their own error text). An empty body passes.
+
+Who a request is, is the guard's to say: every request it lets through
+carries an :class:`Identity` in ``scope["user"]`` (the ASGI place starlette's
+``request.user`` and a2a-sdk's call context read): the name of the token it
+carried (tokens are named: :func:`load_tokens` reads ``name token`` lines),
+or, on a door without tokens (loopback only), ``local:<user>``, the account
+the door runs as (anyone who can reach a loopback port is on this machine).
+The actor of a person's action is that name, never one the request claims.
 
 What a refusal says is the door's own (``render``): the console answers
 ``{"error": ...}``, the A2A gateway a JSON-RPC error. :func:`is_loopback`,
@@ -24,11 +38,13 @@ No dependency but the standard library.
 
 from __future__ import annotations
 
+import asyncio
+import getpass
 import hmac
 import ipaddress
 import json
 import os
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +53,20 @@ from urllib.parse import parse_qs, urlsplit
 from cardbus.eventstore.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT_S",
     "DEFAULT_MAX_BODY",
+    "DEFAULT_TOKEN_NAME",
     "LOOPBACK_NAMES",
+    "MAX_JSON_DEPTH",
     "HttpGuard",
+    "Identity",
     "Refusal",
+    "Tokens",
     "host_names",
+    "identity_of",
     "is_loopback",
     "load_tokens",
+    "local_identity",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -56,6 +79,15 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 #: 2 MiB: twice the largest event the log takes (a plan or a message bigger is refused anyway)
 DEFAULT_MAX_BODY = 2 * 1024 * 1024
+#: seconds a request's body may take to arrive, whole
+DEFAULT_BODY_TIMEOUT_S = 10.0
+#: the nesting of a JSON body taken (a plan is about 10 deep; protobuf stops at 100)
+MAX_JSON_DEPTH = 64
+#: the name of a token given without one (``--token``, a one-word line of a token file)
+DEFAULT_TOKEN_NAME = "token"
+#: the tokens a door accepts: token -> the name of who holds it (several tokens may
+#: share a name: a new one let in before the old one goes)
+Tokens = Mapping[str, str]
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 _ANY = ("0.0.0.0", "::", "")
 
@@ -90,24 +122,97 @@ def host_names(bind: str, public_url: str | None = None) -> list[str]:
 
 
 def load_tokens(
-    token: str | None = None, token_file: str | os.PathLike[str] | None = None
-) -> list[str]:
-    """The tokens a door accepts: ``token`` and each line of ``token_file`` (blank lines and
-    ``#`` comments skipped; several lines let a new token in before the old one goes)."""
-    tokens = [token.strip()] if token and token.strip() else []
+    token: str | None = None,
+    token_file: str | os.PathLike[str] | None = None,
+    token_name: str = DEFAULT_TOKEN_NAME,
+) -> dict[str, str]:
+    """The tokens a door accepts, each with the name actions taken with it are signed with.
+
+    ``token`` is named ``token_name``. Each line of ``token_file`` is ``name token``
+    (or a token alone, named ``token_name``: the format before names); blank lines and
+    ``#`` comments are skipped; several lines may give one name (a new token let in
+    before the old one goes). ``ConfigError`` for a file that cannot be read or holds
+    no token, a line of more than two words, a token given two names.
+    """
+    _check_name(token_name, "--token-name")
+    given: list[tuple[str, str]] = []
+    if token and token.strip():
+        given.append((token.strip(), token_name))
     if token_file:
         try:
             text = Path(token_file).read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"cannot read the token file {token_file}: {e.strerror}") from e
-        lines = [line.strip() for line in text.splitlines()]
-        found = [line for line in lines if line and not line.startswith("#")]
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"the token file {token_file} is not UTF-8 text") from e
+        found = 0
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            words = line.split()
+            if len(words) > 2:
+                raise ConfigError(
+                    f"{token_file}:{number}: a line is `name token` (two words), not {len(words)}"
+                )
+            name, value = (token_name, words[0]) if len(words) == 1 else (words[0], words[1])
+            _check_name(name, f"{token_file}:{number}")
+            given.append((value, name))
+            found += 1
         if not found:
             raise ConfigError(f"the token file {token_file} holds no token")
-        tokens += found
-    if any(any(c.isspace() for c in t) for t in tokens):
-        raise ConfigError("a token cannot contain whitespace")
+    tokens: dict[str, str] = {}
+    for value, name in given:
+        if any(c.isspace() for c in value):
+            raise ConfigError("a token cannot contain whitespace")
+        if tokens.get(value, name) != name:
+            raise ConfigError(f"one token is given two names: {tokens[value]!r} and {name!r}")
+        tokens[value] = name
     return tokens
+
+
+def _check_name(name: str, where: str) -> None:
+    if not name or len(name) > 200 or any(c.isspace() or not c.isprintable() for c in name):
+        raise ConfigError(f"{where}: a token's name is one printable word, not {name!r}")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who sent a request, as the guard established it: ``name`` is the actor of what the
+    request does. ``authenticated``: a token proved it (else it is the door's local
+    identity, :func:`local_identity`). Read as starlette's ``BaseUser`` (``request.user``,
+    a2a-sdk's ``context.user.user_name``)."""
+
+    name: str
+    authenticated: bool = True
+
+    @property
+    def is_authenticated(self) -> bool:
+        return self.authenticated
+
+    @property
+    def display_name(self) -> str:
+        return self.name
+
+    @property
+    def identity(self) -> str:
+        return self.name
+
+
+def local_identity() -> Identity:
+    """A door without tokens (loopback only): ``local:<user>``, the account the door runs
+    as. Anyone on this machine can reach it; no name a request gives is taken instead."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError, ImportError):  # no login name (a container's bare uid)
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+    return Identity(f"local:{user}", authenticated=False)
+
+
+def identity_of(scope: Mapping[str, Any]) -> Identity | None:
+    """The :class:`Identity` the guard put in ``scope`` (None: no guard saw the request)."""
+    user = scope.get("user")
+    return user if isinstance(user, Identity) else None
 
 
 @dataclass(frozen=True)
@@ -115,7 +220,7 @@ class Refusal:
     """Why a request was refused: its HTTP status, a short kind and a message."""
 
     status: int
-    kind: str  # host | origin | content_type | token | too_large
+    kind: str  # host | origin | content_type | token | too_large | timeout | parse | too_deep
     message: str
 
 
@@ -132,28 +237,43 @@ def _host_of(value: str) -> str:
 
 
 class HttpGuard:
-    """ASGI middleware: the checks in the module docstring, in that order."""
+    """ASGI middleware: the checks in the module docstring, in that order.
+
+    ``tokens``: token -> name (:data:`Tokens`), or a list of tokens, each named
+    :data:`DEFAULT_TOKEN_NAME`; none: the door is open (loopback) and its requests
+    are ``local`` (:func:`local_identity`). ``body_timeout_s``: the time a body
+    may take to arrive, whole (None: no limit); ``max_depth``: the nesting of a
+    JSON body taken (None: not checked).
+    """
 
     def __init__(
         self,
         app: ASGIApp,
         *,
         hosts: Sequence[str] = LOOPBACK_NAMES,
-        tokens: Sequence[str] = (),
+        tokens: Tokens | Sequence[str] = (),
         token_headers: Sequence[str] = ("x-cardbus-token",),
         token_query: bool = False,
         open_paths: Iterable[str] = (),
         max_body: int | None = DEFAULT_MAX_BODY,
+        body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
+        max_depth: int | None = MAX_JSON_DEPTH,
         render: Callable[[Refusal], bytes] = _plain,
     ) -> None:
+        if body_timeout_s is not None and not body_timeout_s > 0:
+            raise ConfigError(f"the request body timeout must be > 0 s, not {body_timeout_s}")
         self.app = app
         self.any_host = "*" in hosts
         self.hosts = frozenset(h.strip("[]").lower() for h in hosts)
-        self.tokens = [t.encode() for t in tokens]
+        named = tokens if isinstance(tokens, Mapping) else dict.fromkeys(tokens, DEFAULT_TOKEN_NAME)
+        self.tokens = [(t.encode(), Identity(name)) for t, name in named.items()]
+        self.local = local_identity()
         self.token_headers = [h.lower() for h in token_headers]
         self.token_query = token_query
         self.open_paths = frozenset(open_paths)
         self.max_body = max_body
+        self.body_timeout_s = body_timeout_s
+        self.max_depth = max_depth
         self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -167,8 +287,10 @@ class HttpGuard:
         for key, value in scope.get("headers", []):
             headers[key.decode("latin-1").lower()] = value.decode("latin-1")
         refusal = self.check(scope, headers)
-        if refusal is None and self.max_body is not None and scope["method"] not in _SAFE:
+        if refusal is None and scope["method"] not in _SAFE:
             body, refusal = await self._read(receive)
+            if refusal is None:
+                refusal = self._check_json(body)
             if refusal is None:
                 receive = _replay(body, receive)
         if refusal is not None:
@@ -177,7 +299,8 @@ class HttpGuard:
         await self.app(scope, receive, send)
 
     def check(self, scope: Scope, headers: dict[str, str]) -> Refusal | None:
-        """What is wrong with the request's head, if anything (the body is not read)."""
+        """What is wrong with the request's head, if anything (the body is not read).
+        Let through, the request's :class:`Identity` is put in ``scope["user"]``."""
         host = headers.get("host", "")
         if not self.any_host and _host_of(host) not in self.hosts:
             return Refusal(400, "host", f"Host {host!r} is not served here")
@@ -195,13 +318,20 @@ class HttpGuard:
             size = headers.get("content-length", "")
             if self.max_body is not None and size.isdigit() and int(size) > self.max_body:
                 return self._too_large()
-        if self.tokens and scope.get("path", "") not in self.open_paths:
-            given = self._token(scope, headers)
-            ok = False
-            for token in self.tokens:  # every one compared: no early exit to time
-                ok = hmac.compare_digest(given.encode(), token) or ok
-            if not ok:
-                return Refusal(401, "token", "a valid token is required (Authorization: Bearer)")
+        scope.pop("user", None)  # only the guard says who a request is
+        if not self.tokens:
+            scope["user"] = self.local
+            return None
+        if scope.get("path", "") in self.open_paths:
+            return None  # a public page: nobody in particular, and nothing it can do
+        given = self._token(scope, headers).encode()
+        who: Identity | None = None
+        for token, identity in self.tokens:  # every one compared: no early exit to time
+            if hmac.compare_digest(given, token):
+                who = identity
+        if who is None:
+            return Refusal(401, "token", "a valid token is required (Authorization: Bearer)")
+        scope["user"] = who
         return None
 
     def _token(self, scope: Scope, headers: dict[str, str]) -> str:
@@ -220,8 +350,20 @@ class HttpGuard:
         return Refusal(413, "too_large", f"request body over the limit of {self.max_body} bytes")
 
     async def _read(self, receive: Receive) -> tuple[bytes, Refusal | None]:
-        """The body, read up to the limit; a refusal as soon as it passes it."""
-        limit = self.max_body or 0
+        """The body, read up to the limit within the deadline; a refusal as soon as it
+        passes the limit, or when the deadline passes first."""
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                return await self._read_all(receive)
+        except TimeoutError:
+            return b"", Refusal(
+                408,
+                "timeout",
+                f"the request body did not arrive within {self.body_timeout_s:g} s",
+            )
+
+    async def _read_all(self, receive: Receive) -> tuple[bytes, Refusal | None]:
+        limit = self.max_body
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -230,11 +372,30 @@ class HttpGuard:
                 return b"", Refusal(400, "disconnect", "the client went away")
             chunk = message.get("body", b"")
             total += len(chunk)
-            if total > limit:
+            if limit is not None and total > limit:
                 return b"", self._too_large()
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), None
+
+    def _check_json(self, body: bytes) -> Refusal | None:
+        """A parse or depth refusal of the body, in words of our own (never the parser's)."""
+        if self.max_depth is None or not body.strip():
+            return None
+        try:
+            value = json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError:
+            return Refusal(400, "parse", "the body is not UTF-8 text")
+        except RecursionError:
+            return self._too_deep()
+        except ValueError:
+            return Refusal(400, "parse", "the body is not JSON")
+        if _deeper_than(value, self.max_depth):
+            return self._too_deep()
+        return None
+
+    def _too_deep(self) -> Refusal:
+        return Refusal(400, "too_deep", f"the JSON body is nested over {self.max_depth} levels")
 
     async def _refuse(self, send: Send, refusal: Refusal) -> None:
         body = self.render(refusal)
@@ -244,10 +405,28 @@ class HttpGuard:
         ]
         if refusal.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
-        if refusal.status in (400, 413):  # what is left of the body is not read
+        if refusal.status in (400, 408, 413):  # what is left of the body is not read
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests arrays and objects over ``limit`` levels
+    (walked with a list, not recursion: the point is not to recurse on a client's say)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -8,7 +8,6 @@ continues from the stream's last hash.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import msgspec
@@ -19,6 +18,7 @@ from cardbus.eventstore.envelope import (
     Envelope,
     NewEvent,
     decode_body,
+    event_hash,
 )
 from cardbus.eventstore.errors import (
     ConcurrencyError,
@@ -167,7 +167,6 @@ def _check_utf8(name: str, value: str) -> None:
 _data_decoder = msgspec.json.Decoder(Event)
 _encoder = msgspec.json.Encoder()
 _replace = msgspec.structs.replace
-_sha256 = hashlib.sha256
 _DATA_KEY = b',"data":'
 assert len(_DATA_KEY) == 8
 _PREV_HASH_SUFFIX = len(',"prev_hash":"') + 64 + len('"}')
@@ -240,7 +239,7 @@ def seal_batch(
             raise ValidationError(
                 f"event {new.event_id} does not survive encoding (NaN or a non-JSON value?)"
             )
-        digest = _sha256(body).hexdigest()
+        digest = event_hash(body)
         sealed.append((_replace(env, position=position, hash=digest), body))
         prev = digest
         if position:

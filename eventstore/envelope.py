@@ -31,6 +31,7 @@ __all__ = [
     "decode_body",
     "decode_stored",
     "encode_body",
+    "event_hash",
     "seal",
     "verify_chain",
 ]
@@ -89,6 +90,12 @@ _GC_PAUSE_ROWS = 256
 _sha256 = hashlib.sha256
 
 
+def event_hash(body: bytes | bytearray | memoryview) -> str:
+    """An event's hash: sha256 of its stored body. The one place it is computed: sealing
+    an event, ``verify`` and the journal's check before a replay all use it."""
+    return _sha256(body).hexdigest()
+
+
 def seal(
     new: NewEvent, stream: str, version: int, prev_hash: str, position: int = 0
 ) -> tuple[Envelope, bytes]:
@@ -110,7 +117,7 @@ def seal(
         prev_hash=prev_hash,
     )
     body = _encoder.encode(env)
-    return _replace(env, position=position, hash=_sha256(body).hexdigest()), body
+    return _replace(env, position=position, hash=event_hash(body)), body
 
 
 def encode_body(env: Envelope) -> bytes:
@@ -204,7 +211,7 @@ def verify_chain(rows: Iterable[tuple[int, bytes | str, str]], stream: str) -> l
             problems.append(ChainProblem(stream, position, "?", 0, f"undecodable: {e}"))
             continue
         where = (stream, position, env.event_id, env.version)
-        if hashlib.sha256(body).hexdigest() != stored_hash:
+        if event_hash(body) != stored_hash:
             problems.append(ChainProblem(*where, "content does not match its hash (edited)"))
         if env.stream != stream:
             problems.append(ChainProblem(*where, f"belongs to stream {env.stream!r}"))

@@ -32,6 +32,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── AccessDenied              an agent asked for something outside its card
     ├── EffectUnknown             a journaled tool call may have taken effect before a crash
     ├── ReplayDiverged            a strict re-run asked what the recorded run did not ask
+    ├── JournalTampered           a recorded call the log cannot vouch for (hash or digest)
     ├── LLMError                  the model endpoint failed or answered something unusable
     │   ├── LLMRateLimited        429: the endpoint asks to slow down (``retry_after`` seconds)
     │   ├── LLMTimeout            no answer within the client's timeout
@@ -66,6 +67,7 @@ __all__ = [
     "ConfigError",
     "EffectUnknown",
     "ReplayDiverged",
+    "JournalTampered",
     "LLMBadOutput",
     "LLMError",
     "LLMLimitExceeded",
@@ -290,6 +292,18 @@ class ReplayDiverged(CardbusError):
     """
 
     error_type = "replay_diverged"
+
+
+class JournalTampered(CardbusError):
+    """A later attempt reached a recorded model answer or tool result that the log cannot
+    vouch for: its event's hash does not match its content, the task's chain is broken,
+    or the content does not match its digest. Nothing is replayed from it.
+
+    The orchestrator has failed the task already (reason ``journal_tampered``, the error
+    naming the stream and position); like ``ReplayDiverged`` no loop swallows it.
+    """
+
+    error_type = "journal_tampered"
 
 
 class LLMError(CardbusError):

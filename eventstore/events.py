@@ -235,11 +235,14 @@ class TaskResultSubmitted(_Event, frozen=True, kw_only=True, tag="task.result_su
 
 
 class TaskResultIgnored(_Event, frozen=True, kw_only=True, tag="task.result_ignored.v1"):
-    """A result for an attempt already settled (duplicate delivery) or unknown."""
+    """A result for an attempt already settled (a second answer: ``duplicate``) or unknown
+    (``stale_attempt``), or the answer of a handler the worker stopped because its task
+    was cancelled or halted (``handler_cancelled``: it completed nothing); the very reply
+    the log already records, delivered again, writes nothing (``repeats``)."""
 
     attempt: int
     agent_id: str
-    reason: str  # "duplicate" | "stale_attempt"
+    reason: str  # "duplicate" | "stale_attempt" | "handler_cancelled"
 
 
 class TaskRejected(_Event, frozen=True, kw_only=True, tag="task.rejected.v1"):
@@ -289,15 +292,17 @@ class TaskRetryScheduled(_Event, frozen=True, kw_only=True, tag="task.retry_sche
 
 class TaskTimedOut(_Event, frozen=True, kw_only=True, tag="task.timed_out.v1"):
     """The attempt passed its deadline (``reason`` ``deadline``), or its agent went first
-    (``agent_lost``: lease lapsed, deregistered, or it ran in the previous embedded process).
+    (``agent_lost``: lease lapsed or deregistered; ``host_lost``: it ran in an embedded
+    process that died or stopped, not the agent's fault).
     """
 
     attempt: int
     agent_id: str
     deadline: float
     # "deadline"; "queue_timeout": no agent took the card by the dispatch's deadline;
-    # "agent_lost": its agent went (lease lapsed, deregistered, or it ran in
-    # the previous embedded process), so the attempt was timed out at once
+    # "agent_lost": its agent went (lease lapsed, deregistered, its card unsendable), so
+    # the attempt was timed out at once; "host_lost": it died with the embedded process
+    # that ran it (timed out at once, retried without spending an attempt: ``hostloss``)
     reason: str = "deadline"
 
 
@@ -332,6 +337,9 @@ class TaskCancelled(_Event, frozen=True, kw_only=True, tag="task.cancelled.v1"):
     reason: str
     cause_task_id: str | None = None
     whole_run: bool = False
+    # what the person who cancelled it said besides the reason (a name they gave): the
+    # envelope's actor is who they authenticated as
+    note: str = ""
 
 
 class TaskHalted(_Event, frozen=True, kw_only=True, tag="task.halted.v1"):
@@ -419,6 +427,9 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # whose long-term memory the run reads and writes (``projections.scope``): "" for none
     user: str = ""
     tenant: str = ""
+    # what the person who started it said (a name they gave, why): words, not evidence;
+    # the envelope's actor is who they authenticated as
+    note: str = ""
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -447,12 +458,16 @@ class RunCompleted(_Event, frozen=True, kw_only=True, tag="run.completed.v1"):
 
 class RunFailed(_Event, frozen=True, kw_only=True, tag="run.failed.v1"):
     """The run failed, naming the failed tasks (or ``plan_invalid``, ``planning_failed`` and
-    why).
+    why). ``cancelled``: it did not complete because it was cancelled (a whole-run
+    ``task.cancelled`` left a task it needed undone): reason ``cancelled``, ``cancelled_by``
+    who cancelled it; its status is ``cancelled``, not ``failed`` (older logs: False).
     """
 
-    reason: str  # tasks_not_completed | plan_invalid | planning_failed
+    reason: str  # tasks_not_completed | plan_invalid | planning_failed | cancelled
     failed_tasks: list[str] = []
     detail: str = ""
+    cancelled: bool = False
+    cancelled_by: str = ""
 
 
 class RunHalted(_Event, frozen=True, kw_only=True, tag="run.halted.v1"):
@@ -479,6 +494,9 @@ class PlanProposed(_Event, frozen=True, kw_only=True, tag="plan.proposed.v1"):
     planner_task_id: str
     agent_id: str = ""
     proposal: Any = None  # the planner's output, as it came (the plan format, or not)
+    # the inputs whose values were taken from the goal's own words, not given by anyone:
+    # plan task id -> input names (what the planner said so, and what the orchestrator found)
+    from_goal: dict[str, list[str]] = {}
 
 
 class PlanRefused(_Event, frozen=True, kw_only=True, tag="plan.refused.v1"):
@@ -589,7 +607,9 @@ class ToolRequested(_Event, frozen=True, kw_only=True, tag="tool.requested.v1"):
 
 class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     """An agent called a tool, with arguments, result or error and duration; ``replayed_from`` names
-    the call a retry was answered from.
+    the call a retry was answered from. ``recorded_by`` names the operator who recorded a
+    call whose effect was unknown as done (``cardbus approve TASK --done``): the result is
+    theirs, the tool did not run, and the event's actor is theirs too.
     """
 
     task_id: str
@@ -612,6 +632,10 @@ class ToolCalled(_Event, frozen=True, kw_only=True, tag="tool.called.v1"):
     #: this is; the tool did not run again
     local: bool = False
     replayed_from: str | None = None
+    #: set when an operator recorded the call as done (its effect unknown after a crash, or
+    #: met again after a first difference): who said so; the tool did not run. The result
+    #: is the operator's (given or confirmed) and later attempts replay it. "": the tool ran
+    recorded_by: str = ""
 
 
 # --- inside an attempt: the journal of model and tool calls --------------------
@@ -640,6 +664,9 @@ class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested.v1"
     # input estimated from the request's size plus its max_tokens (bus.orchestrator.budget)
     reserved_tokens: int = 0
     reserved_usd: float | None = None  # None: no price known for the model
+    # the output bound the call was sent with (the reservation's output part: what the
+    # run's tightest cap leaves, or less); None: the run has no budget, nothing bounds it
+    max_tokens: int | None = None
 
 
 class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
@@ -668,6 +695,12 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     error_type: str | None = None
     replayed_from: str | None = None
     cost_usd: float | None = None  # as the orchestrator priced it (None: unknown or replayed)
+    # ``answer`` is what the access policy's redact hook returned (``answer_digest`` is
+    # over the answer as given): a replay checks the event's hash, not that digest
+    redacted: bool = False
+    # output tokens past the ``max_tokens`` the call was sent with (its budget's bound): an
+    # endpoint that ignored it; the tokens are counted all the same (bus.orchestrator.budget)
+    overrun_tokens: int = 0
 
 
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):
@@ -676,7 +709,12 @@ class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unkn
 
     ``decision``: ``repeat`` (the tool is idempotent, or an operator approved: called
     again with the same ``idempotency_key``) or ``ask`` (the task stops and waits for
-    an approval naming the call; it is never repeated silently).
+    an operator's word on the call; it is never repeated silently).
+
+    ``reason``: ``no_result`` (the call has no result in the log: the process died
+    during it) or ``after_difference`` (an attempt that went live after a first
+    difference asks for a call an earlier attempt recorded, the same tool with the same
+    arguments: it reuses that call's key).
     """
 
     task_id: str
@@ -688,6 +726,7 @@ class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unkn
     execution: str = ""
     seq: int = 0
     decision: str = "ask"
+    reason: str = "no_result"
 
 
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):

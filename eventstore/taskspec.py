@@ -54,6 +54,7 @@ class RetryOverride(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     maximum_interval_s: float | None = None
     jitter: float | None = None
     non_retryable_reasons: list[str] | None = None
+    max_host_losses: int | None = None
 
 
 class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):

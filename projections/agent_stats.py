@@ -9,6 +9,8 @@ Counting rules (one *attempt* = one dispatch of a task to one agent):
   ``timeouts``), or in ``TaskRetryScheduled`` / ``TaskFailed`` while it was
   still open (a failed result, an output-schema mismatch, ...);
 * rejection - ``TaskRejected`` by the agent: not a run;
+* host loss - ``TaskTimedOut`` with reason ``host_lost`` (the attempt died with
+  the runtime's own process): not the agent's, counted nowhere;
 * ``runs = successes + failures``; ``success_rate = successes / runs``;
 * latency - dispatch to the agent's first ``TaskResultSubmitted`` of that
   attempt (``recorded_at`` difference); p50/p95 by linear interpolation.
@@ -198,6 +200,8 @@ def _fold(model: Model, env: Envelope) -> None:
     elif isinstance(data, ev.TaskRejected):
         _bump(stats, data.agent_id, capability, "rejections")
         open_.pop(data.agent_id, None)
+    elif isinstance(data, ev.TaskTimedOut) and data.reason == "host_lost":
+        open_.pop(data.agent_id, None)  # died with the runtime's process: no outcome of its
     elif isinstance(data, ev.TaskTimedOut):
         if open_.pop(data.agent_id, None) is not None:
             _bump(stats, data.agent_id, capability, "failures", "timeouts")

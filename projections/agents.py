@@ -12,6 +12,12 @@ Lease renewals are never logged, so from the log alone an agent is:
   keeps renewing shows as lapsed here; the orchestrator, which holds the
   renewals, deregisters one whose lease really ran out.
 
+So the log alone cannot tell an idle live agent from a lapsed one. ``leases``
+is the word of the orchestrators that hold the renewals (on NATS, ``cardbus
+agents`` asks the running ones: ``bus.runtime.leases``): agent -> whether one of
+them holds a live lease for it. It decides the status of every registered agent
+it names; the others keep the log's inference.
+
 ``overlaps`` names the other registered agents that offer more than
 ``threshold`` (seed 003: 70%) of this agent's capabilities: candidates for
 merging, or a sign that one replaced another under a new id.
@@ -37,6 +43,8 @@ class AgentRow(msgspec.Struct, kw_only=True):
     name: str = ""
     status: str = "live"  # "live" | "lapsed" | "deregistered"
     reason: str = ""  # the deregistration's reason
+    # who said live or lapsed: "log" (seen within its lease) or "orchestrator" (``leases``)
+    status_from: str = "log"
     capabilities: list[str] = []
     lease_s: float = 0.0
     registered_at: float = 0.0
@@ -71,8 +79,10 @@ def agent_directory(
     now: float,
     default_lease_s: float = 10.0,
     threshold: float = OVERLAP_THRESHOLD,
+    leases: Mapping[str, bool] | None = None,
 ) -> list[AgentRow]:
-    """Every agent of the log, by id (see the module docstring for the status)."""
+    """Every agent of the log, by id (see the module docstring for the status, and for
+    ``leases``: the running orchestrators' word on who is live)."""
     rows: dict[str, AgentRow] = {}
     stats = AgentStatsFold()
     for env in events:
@@ -98,7 +108,10 @@ def agent_directory(
             if seen is not None:
                 seen.last_seen = max(seen.last_seen, env.recorded_at)
     for row in rows.values():
-        if row.status != "deregistered":
+        if row.status != "deregistered" and leases is not None and row.agent_id in leases:
+            row.status = "live" if leases[row.agent_id] else "lapsed"
+            row.status_from = "orchestrator"
+        elif row.status != "deregistered":
             lease = row.lease_s or default_lease_s
             row.status = "live" if row.last_seen + lease > now else "lapsed"
         s = stats.get(row.agent_id)

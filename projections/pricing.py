@@ -20,7 +20,11 @@ model cost, in USD. It looks in, first to last:
    An exact name wins over a glob; of several globs, the first in the file.
    ``input_mtok`` / ``output_mtok`` (genai-prices' names) are read too.
 2. cardbus's own entries: the deterministic mock (``mock*``) is free.
-3. genai-prices (the ``prices`` extra), **its bundled data only**: cardbus
+3. genai-prices (the ``prices`` extra), **its bundled data only**, with its
+   provider matching: a provider-prefixed name as LiteLLM writes it
+   (``openai/gpt-4o-mini``, ``anthropic/claude-3-5-haiku-latest``) is that
+   provider's model, as is a name a provider answers with
+   (``gpt-4o-mini-2024-07-18``). cardbus
    builds its own snapshot from ``genai_prices.data.providers`` and never asks
    ``calc_price`` (which would use a snapshot another library may have fetched
    with ``UpdatePrices``) and never starts an update, so nothing is downloaded,
@@ -28,7 +32,8 @@ model cost, in USD. It looks in, first to last:
 
 A model in none of them has no price: :meth:`PriceTable.cost` answers None,
 shown as "unknown price", never as 0; a sum with an unknown part is shown as
-"at least" its known part (:class:`Money`).
+"at least" its known part (:class:`Money`). :func:`how_to_price` is the one
+line that says how to give such a model a price (an entry of a price file).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ __all__ = [
     "Price",
     "PriceTable",
     "format_usd",
+    "how_to_price",
 ]
 
 #: the environment variable naming the user's price table (JSON or TOML)
@@ -189,6 +195,10 @@ class PriceTable:
     def known(self, model: str) -> bool:
         return self.price(model) is not None
 
+    def unpriced(self, models: Iterable[str]) -> list[str]:
+        """The names among ``models`` with no price, each once, sorted."""
+        return sorted({m for m in models if m and not self.known(m)})
+
     def cost(self, model: str, input_tokens: int, output_tokens: int) -> float | None:
         """USD for one call (or a sum of calls) of ``model``; None when its price is unknown."""
         price = self.price(model)
@@ -207,12 +217,37 @@ class PriceTable:
         return ", ".join(parts) or "no price table"
 
 
-def _genai_price(key: str) -> Price | None:
+def how_to_price(model: str) -> str:
+    """How to give ``model`` a price, in one line: the entry of a price file it needs."""
+    entry = json.dumps({"models": {model: {"input": 0, "output": 0}}})
+    entry = entry.replace('"input": 0', '"input": IN').replace('"output": 0', '"output": OUT')
+    return (
+        f"price it in a price file ({ENV_PRICES}=FILE or --prices FILE): {entry},"
+        " IN and OUT its USD per million input and output tokens"
+    )
+
+
+def _find(key: str) -> Any:
+    """genai-prices' (provider, model) for ``key``; ``LookupError`` when it has none.
+
+    A name as it is (``gpt-4o-mini``, or the dated name a provider answers with),
+    else a ``provider/model`` name as LiteLLM writes it, matched as genai-prices
+    matches a call through LiteLLM: the prefix names the provider, when it knows it.
+    """
     snapshot = _bundled()
     if snapshot is None:
-        return None
+        raise LookupError("genai-prices is not installed")
     try:
-        _, model = snapshot.find_provider_model(key, None, None, None)
+        return snapshot.find_provider_model(key, None, None, None)
+    except LookupError:
+        if "/" not in key:
+            raise
+        return snapshot.find_provider_model(key, None, "litellm", None)
+
+
+def _genai_price(key: str) -> Price | None:
+    try:
+        _, model = _find(key)
         prices = model.get_prices(datetime.now(tz=UTC))
         inp = _base(getattr(prices, "input_mtok", None))
         out = _base(getattr(prices, "output_mtok", None))
@@ -234,18 +269,14 @@ def _base(value: Any) -> float | None:
 
 
 def _genai_cost(key: str, input_tokens: int, output_tokens: int) -> float | None:
-    snapshot = _bundled()
-    if snapshot is None:
-        return None
     try:
         from genai_prices import Usage
 
-        calc = snapshot.calc(
+        provider, model = _find(key)
+        calc = model.calc_price(
             Usage(input_tokens=max(0, input_tokens), output_tokens=max(0, output_tokens)),
-            key,
-            None,
-            None,
-            None,
+            provider,
+            genai_request_timestamp=datetime.now(tz=UTC),
         )
         return float(calc.total_price)
     except Exception:

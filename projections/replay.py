@@ -58,6 +58,7 @@ __all__ = [
     "one_line",
     "prompt_excerpt",
     "replay",
+    "worded_inputs",
 ]
 
 _STATE = {s.value: s for s in TaskState}
@@ -135,10 +136,12 @@ class ToolCall(msgspec.Struct, kw_only=True, tag="tool", tag_field="kind"):
     result_bytes: int = 0
     requested_event_id: str = ""
     called_event_id: str = ""
+    recorded_by: str = ""  # an operator recorded it as done (its result theirs): who
 
 
 class EffectUnknown(msgspec.Struct, kw_only=True, tag="effect_unknown", tag_field="kind"):
-    """A tool call of an earlier attempt left without a result: repeated or asked about."""
+    """A tool call of an earlier attempt left without a result (``reason`` ``no_result``),
+    or met again after a first difference (``after_difference``): repeated or asked about."""
 
     position: int
     seq: int = 0
@@ -151,6 +154,7 @@ class EffectUnknown(msgspec.Struct, kw_only=True, tag="effect_unknown", tag_fiel
     idempotency_key: str = ""
     requested_event_id: str = ""  # the tool.requested whose effect is unknown
     event_id: str = ""
+    reason: str = "no_result"
 
 
 Call = ModelCall | ToolCall | EffectUnknown
@@ -210,6 +214,8 @@ class PlanRound(msgspec.Struct, kw_only=True):
     planner_task_id: str
     agent_id: str = ""
     tasks: list[str] = []  # the proposed tasks, "id (capability)"
+    # the inputs whose values are the goal's own words: plan task id -> input names
+    from_goal: dict[str, list[str]] = {}
     outcome: str = "proposed"  # "refused" | "accepted" (or "proposed" while undecided)
     errors: list[str] = []
     time: float = 0.0
@@ -296,6 +302,8 @@ def _detail(data: Any) -> str | None:
             return f"tool {data.tool} requested" + (f" (call {data.seq})" if data.seq >= 0 else "")
         case ev.ToolCalled() if data.replayed_from:
             return f"tool {data.tool} replayed from {data.replayed_from}"
+        case ev.ToolCalled() if data.recorded_by:  # an operator's word, not the tool's
+            return f"tool {data.tool} recorded as done by {data.recorded_by} (call {data.seq})"
         case ev.ToolCalled():
             return f"tool {data.tool}" + (f" failed: {data.error}" if data.error else "")
         case ev.ModelRequested():
@@ -314,6 +322,7 @@ def _detail(data: Any) -> str | None:
             return (
                 f"tool {data.tool}: effect unknown (call {data.requested_event_id},"
                 f" key {data.idempotency_key}): {data.decision}"
+                + (" (made by an earlier attempt)" if data.reason == "after_difference" else "")
             )
         case ev.RunStarted():
             d = f"goal: {data.goal}"
@@ -324,7 +333,8 @@ def _detail(data: Any) -> str | None:
                 d += " (to plan)"
             return d + (f" (forked from {data.forked_from})" if data.forked_from else "")
         case ev.PlanProposed():
-            return f"round {data.round} by {data.agent_id or '?'}: {_proposed(data.proposal)}"
+            d = f"round {data.round} by {data.agent_id or '?'}: {_proposed(data.proposal)}"
+            return d + worded_inputs(data.from_goal)
         case ev.PlanAccepted():
             d = f"round {data.round}: {len(data.task_ids)} tasks created"
             return d + (f", {len(data.superseded)} superseded" if data.superseded else "")
@@ -341,6 +351,13 @@ def _who(data: Any) -> str:
         return "" if data.delivery <= 1 else f"delivery {data.delivery}"
     d = f"by {data.replica_id}"
     return d + (f" (delivery {data.delivery})" if data.delivery > 1 else "")
+
+
+def worded_inputs(from_goal: dict[str, list[str]]) -> str:
+    """The inputs a proposal took from the goal's words, as a step says them ("" for none):
+    "; taken from the goal: translate.text"."""
+    names = [f"{task}.{name}" for task, inputs in from_goal.items() for name in inputs]
+    return f"; taken from the goal: {', '.join(names)}" if names else ""
 
 
 def _proposed(proposal: Any) -> str:
@@ -557,6 +574,7 @@ class JournalFold:
                 tool.duration_s = data.duration_s
                 tool.idempotency_key = data.idempotency_key or tool.idempotency_key
                 tool.result_bytes = data.result_bytes
+                tool.recorded_by = data.recorded_by
                 if data.replayed_from is not None:
                     tool.status, tool.replayed_from = "replayed", data.replayed_from
                     done = self.by_called.get(data.replayed_from)
@@ -592,6 +610,7 @@ class JournalFold:
                     idempotency_key=data.idempotency_key,
                     requested_event_id=data.requested_event_id,
                     event_id=env.event_id,
+                    reason=data.reason,
                 )
                 self.calls.append(effect)
                 return effect
@@ -839,6 +858,7 @@ def _rounds(root_events: Sequence[Envelope]) -> list[PlanRound]:
                     f"{t.get('id')} ({t.get('capability')})" if isinstance(t, dict) else "?"
                     for t in (tasks if isinstance(tasks, list) else [])
                 ],
+                from_goal={k: list(v) for k, v in data.from_goal.items()},
                 time=env.recorded_at,
             )
         elif isinstance(data, ev.PlanRefused) and data.round in rounds:

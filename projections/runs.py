@@ -10,7 +10,10 @@ A run that completed without some optional tasks' outputs (``run.completed``
 with ``degraded``) is ``completed`` with the reason ``degraded``, and
 ``degraded`` lists those tasks (plan task ids); ``[]`` for every other run.
 
-Stored ``status`` is ``running``, ``completed``, ``failed`` or ``halted``;
+A cancelled run (``run.failed`` with ``cancelled``) is ``cancelled``, its reason who
+cancelled it and why (``by ops: cancelled_by_user: wrong``: the event's detail).
+
+Stored ``status`` is ``running``, ``completed``, ``failed``, ``halted`` or ``cancelled``;
 :meth:`Runs.list` reports a running run with a task waiting for approval as
 ``awaiting_approval``. The fold is pure: a running run has no ``ended_at``, and
 its age is the caller's clock minus ``started_at``.
@@ -37,7 +40,7 @@ from cardbus.projections.model import Model, Row, TableSpec
 
 __all__ = ["RUN_STATUSES", "Runs", "parse_since", "run_duration"]
 
-RUN_STATUSES = ("running", "awaiting_approval", "completed", "failed", "halted")
+RUN_STATUSES = ("running", "awaiting_approval", "completed", "failed", "halted", "cancelled")
 
 RUNS = TableSpec(
     "proj_runs",
@@ -124,6 +127,9 @@ def _fold(row: Row, env: Envelope) -> None:
         if t is ev.RunCompleted and data.degraded:
             row["reason"] = "degraded"
             row["degraded"] = list(data.degraded)
+        elif t is ev.RunFailed and data.cancelled:  # who cancelled it and why
+            row["status"] = "cancelled"
+            row["reason"] = data.detail or data.reason
     elif t is ev.ApprovalRequested and env.stream not in row["waiting"]:
         row["waiting"] = [*row["waiting"], env.stream]
     if t is ev.TaskCompleted:

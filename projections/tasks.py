@@ -71,6 +71,11 @@ def event_reason(data: Any) -> str | None:
             return f"retry as attempt {data.attempt} in {data.delay_s:g}s: {data.reason}"
         case ev.TaskTimedOut() if data.reason == "agent_lost":
             return f"attempt {data.attempt} lost: {data.agent_id} went before it answered"
+        case ev.TaskTimedOut() if data.reason == "host_lost":
+            return (
+                f"attempt {data.attempt} lost with its host: the process running"
+                f" {data.agent_id} ended (not the agent's fault)"
+            )
         case ev.TaskTimedOut():
             return f"attempt {data.attempt} by {data.agent_id} timed out"
         case ev.TaskCompleted() if not data.quality_met:

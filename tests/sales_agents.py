@@ -1,7 +1,9 @@
 """Agents over sales figures, as a user writes them: inputs ``region`` and ``period``.
 
 Used by the planning tests (the rule planner never fills ``region`` or
-``period`` with the goal's words) and the retry tests (``FlakySales`` always
+``period`` with the goal's words; ``YOY_AGENTS``: a year-over-year analysis whose
+``current`` and ``previous`` inputs are one query's output type, so the query is
+needed twice, and a report of it) and the retry tests (``FlakySales`` always
 fails, ``SteadySales`` offers the same capability and succeeds).
 """
 
@@ -101,3 +103,70 @@ class SteadySales(SalesQuery):
 
 SALES_AGENTS = [SalesQuery, SalesReport, CompareSales]
 SALES_PATHS = [f"sales_agents:{a.__name__}" for a in SALES_AGENTS]
+
+
+# -- a year-over-year analysis: one capability (the query) needed twice -------------------
+
+
+class SalesRows(msgspec.Struct, frozen=True):
+    region: str
+    period: str
+    rows: list[float]
+
+
+class YoYIn(msgspec.Struct, frozen=True):
+    current: SalesRows
+    previous: SalesRows
+
+
+class YoY(msgspec.Struct, frozen=True):
+    current_total: float
+    previous_total: float
+    change_pct: float
+
+
+class YoYReportIn(msgspec.Struct, frozen=True):
+    analysis: YoY
+
+
+class SalesRowsQuery(Agent):
+    agent_id = "sales-rows"
+    description = "Queries the sales database, row by row."
+    capabilities = [
+        Capability(
+            "sales_rows", SalesQueryIn, SalesRows, "query the sales rows of a region for a period"
+        )
+    ]
+
+    async def handle(self, task: TaskCard, inputs: SalesQueryIn, ctx: TaskContext) -> SalesRows:
+        total = _total(inputs.region, inputs.period)
+        return SalesRows(inputs.region, inputs.period, [total / 2, total / 2])
+
+
+class YearOverYear(Agent):
+    agent_id = "yoy"
+    description = "Analyses sales year over year."
+    capabilities = [
+        Capability("yoy", YoYIn, YoY, "do a year-over-year analysis of two periods' sales")
+    ]
+
+    async def handle(self, task: TaskCard, inputs: YoYIn, ctx: TaskContext) -> YoY:
+        now, before = sum(inputs.current.rows), sum(inputs.previous.rows)
+        change = round(100 * (now - before) / before, 1) if before else 0.0
+        return YoY(now, before, change)
+
+
+class YoYReport(Agent):
+    agent_id = "yoy-report"
+    description = "Writes reports."
+    capabilities = [
+        Capability("yoy_report", YoYReportIn, Report, "generate a report of an analysis")
+    ]
+
+    async def handle(self, task: TaskCard, inputs: YoYReportIn, ctx: TaskContext) -> Report:
+        a = inputs.analysis
+        return Report(f"{a.current_total:.0f} against {a.previous_total:.0f}: {a.change_pct:+}%")
+
+
+YOY_AGENTS = [SalesRowsQuery, YearOverYear, YoYReport]
+YOY_PATHS = [f"sales_agents:{a.__name__}" for a in YOY_AGENTS]

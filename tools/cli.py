@@ -32,6 +32,7 @@ COMMANDS = {
     "export": "cardbus.tools.cmd_export",
     "fork": "cardbus.tools.cmd_fork",
     "head": "cardbus.tools.cmd_audit",
+    "mcp": "cardbus.tools.cmd_mcp",
     "memory": "cardbus.tools.cmd_memory",
     "nats": "cardbus.tools.cmd_nats",
     "orchestrator": "cardbus.tools.cmd_nats",

@@ -7,6 +7,7 @@ import time
 
 import click
 
+from cardbus.bus.runtime.leases import ask_leases
 from cardbus.eventstore import Envelope
 from cardbus.projections.agents import OVERLAP_THRESHOLD, AgentRow, agent_directory
 from cardbus.tools.cli import cli
@@ -38,8 +39,12 @@ def agents(db: StoreRef, as_json: bool, overlap: float) -> None:
     """Every agent in the log: status (live, lapsed, deregistered), capabilities, last seen,
     success rate, and the agents whose capabilities overlap its own.
 
-    The log holds no lease renewals: live means registered and seen (registered, started
-    or answered a card) within its lease; an idle agent that keeps renewing shows lapsed.
+    The log holds no lease renewals. On NATS the running orchestrators, which hold them,
+    are asked (up to a second for their answers): live means one of them holds a live
+    lease for the agent. Otherwise (a
+    SQLite log, an agent no orchestrator has a word on yet, or none running), live means
+    registered and seen (registered, started or answered a card) within its lease, and
+    an idle agent that keeps renewing shows lapsed.
     """
 
     async def go() -> list[AgentRow]:
@@ -53,7 +58,9 @@ def agents(db: StoreRef, as_json: bool, overlap: float) -> None:
                 if len(page) < 5000:
                     break
                 position = page[-1].position + 1
-            return agent_directory(events, time.time(), threshold=overlap)
+            nc = getattr(store, "nc", None)  # a JetStream log: ask its orchestrators
+            leases = await ask_leases(nc) if nc is not None else None
+            return agent_directory(events, time.time(), threshold=overlap, leases=leases)
         finally:
             await store.close()
 

@@ -23,8 +23,9 @@ def cancel(run_id: str, db: StoreRef, by: str, note: str, as_json: bool) -> None
     """Cancel RUN_ID (a root id, plan id, a task of the run, or a unique prefix).
 
     Each live task of the run gets a ``task.cancelled`` event whose actor is
-    ``--by``; the orchestrator following the log stops them and ends the run.
-    A run already finished is left as it is.
+    ``--by``; the orchestrator following the log stops them, has the agents cancel
+    the handlers still running, and ends the run as ``cancelled``. A run already
+    finished is left as it is.
     """
 
     async def go() -> tuple[str, list[str]]:

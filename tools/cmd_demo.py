@@ -16,7 +16,7 @@ from cardbus.agents.mcp_config import MCPServer
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.eventstore import new_id
-from cardbus.projections.replay import TaskNode, Timeline, replay
+from cardbus.projections.replay import TaskNode, Timeline, replay, worded_inputs
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_plan import planner_option, with_planner_path
 from cardbus.tools.errors import EXIT_FAILED
@@ -63,7 +63,8 @@ def story_lines(timeline: Timeline, width: int = WIDTH) -> list[str]:
     for r in timeline.planning:
         how = f"refused: {'; '.join(r.errors)}" if r.errors else r.outcome
         tasks = " -> ".join(t.split(" (")[0] for t in r.tasks)
-        lines.append(_clip(f"  planned by {r.agent_id}: {tasks} (round {r.round}, {how})", width))
+        said = f"  planned by {r.agent_id}: {tasks} (round {r.round}, {how})"
+        lines.append(_clip(said + worded_inputs(r.from_goal), width))
     rows = [(depth, n) for depth, n in timeline.walk() if n.role != "plan"]
     name_w = max((len(n.task_id) + 2 * depth for depth, n in rows), default=0)
     agent_w = max((len(n.agent_id or "") for _, n in rows), default=0)

@@ -20,6 +20,8 @@ from cardbus.projections.fork import ForkPlan
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
 from cardbus.tools.errors import EXIT_FAILED
+from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.outcome import failure_json, run_events, run_line, see_through
 from cardbus.tools.store_option import StoreRef, store_option
 
@@ -39,6 +41,8 @@ from cardbus.tools.store_option import StoreRef, store_option
     show_default=True,
     help="Seconds to wait for the run; then it is cancelled and the exit code is 124.",
 )
+@llm_options
+@mcp_options
 def fork(
     task_id: str,
     at: str,
@@ -47,19 +51,27 @@ def fork(
     agent_paths: tuple[str, ...],
     no_run: bool,
     timeout: float,
+    llm_base_url: str | None = None,
+    model: str | None = None,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
 ) -> None:
     """Start a new run from the run of TASK_ID (a task or root id) as it was at --at.
 
     Results completed at or before the fork point are reused; every other task
     of the plan runs again, by default on the plan's agents (the classes the
     old run named, kept in its run.started), else on --agent. The new run's
-    run.started event records forked_from = "<old root>@<event id>".
+    run.started event records forked_from = "<old root>@<event id>". Its LLM
+    agents ask the model of --llm-base-url / --model, and --mcp / --mcp-config
+    mount MCP servers as tools, as for `cardbus run`.
 
     Exit code 0 when the new run completed, 1 when it did not (the last line
     names the task that failed it and why), 124 after --timeout (the run is
     cancelled, reason client_timed_out in the log).
     """
     from cardbus.bus.runtime.embedded import EmbeddedRuntime, with_planner
+
+    servers = mcp_servers(mcp, mcp_config)
 
     async def go() -> tuple[ForkPlan, Any, list[Any]]:
         store = await open_store(db)
@@ -69,19 +81,27 @@ def fork(
             if not no_run:
                 agents = with_planner(agents)
             plan = on_agents(plan, paths, [a.agent_id for a in agents])
-            await write_run(store, plan.streams, plan.root_id, plan.at_event_id, "fork")
             if no_run:
+                await write_run(store, plan.streams, plan.root_id, plan.at_event_id, "fork")
                 return plan, None, []
-            async with EmbeddedRuntime(store, agents) as rt:
-                result = await see_through(
-                    rt.orchestrator.wait(plan.root_id, timeout),
-                    store,
-                    timeout,
-                    "cardbus fork",
-                    root_id=plan.root_id,
-                    orchestrator=rt.orchestrator,
-                    store_flag=db.flag(),
-                )
+            llm = open_llm(llm_base_url, model)
+            try:
+                # started before the run is written: one that cannot start (a tool nothing
+                # serves) leaves no run behind; the orchestrator then folds the new run
+                async with EmbeddedRuntime(store, agents, llm=llm, mcp_servers=servers) as rt:
+                    watch_model_calls(rt.orchestrator, llm)
+                    await write_run(store, plan.streams, plan.root_id, plan.at_event_id, "fork")
+                    result = await see_through(
+                        rt.orchestrator.wait(plan.root_id, timeout),
+                        store,
+                        timeout,
+                        "cardbus fork",
+                        root_id=plan.root_id,
+                        orchestrator=rt.orchestrator,
+                        store_flag=db.flag(),
+                    )
+            finally:
+                await close_llm(llm)
             ok = result.status == "completed"
             return plan, result, [] if ok else await run_events(store, result)
         finally:

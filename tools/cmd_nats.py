@@ -179,6 +179,7 @@ def agent() -> None:
 @_max_deliver
 @_stream_replicas
 @llm_options
+@mcp_options
 def agent_serve(
     agent_paths: tuple[str, ...],
     nats_url: str,
@@ -190,9 +191,17 @@ def agent_serve(
     stream_replicas: int,
     llm_base_url: str | None = None,
     model: str | None = None,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
     **kw: Any,
 ) -> None:
     """Serve AGENT_PATHS (module:AgentClass ...) from this process, on NATS.
+
+    The tools the agents declare as Tool objects run in this process, and so do
+    the tools of the MCP servers --mcp / --mcp-config mount here (NAME__<tool>,
+    for the agents whose allow-list has them); their schemas are offered to the
+    models. A tool an agent declares by name alone is the orchestrator's to
+    serve (`cardbus orchestrator --mcp ...`).
 
     Every replica pulls from the agent's shared inbox, so start as many
     processes (or --replicas) as you like: each card goes to one of them, and
@@ -200,6 +209,7 @@ def agent_serve(
     """
     agents = [load_agent(p) for p in agent_paths]
     options = build_options(nats_url, kw, inbox_prefix=inbox_prefix or agent_inbox_prefix(agents))
+    servers = mcp_servers(mcp, mcp_config)
 
     async def go() -> None:
         stop = asyncio.Event()
@@ -216,6 +226,7 @@ def agent_serve(
                 llm=llm,
                 bus_options=_bus_options(ack_wait, max_deliver, stream_replicas),
                 ready=ready,
+                mcp_servers=servers,
             )
         )
         try:

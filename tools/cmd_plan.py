@@ -130,13 +130,19 @@ def limit_options(f: Any) -> Any:
     return f
 
 
-def describe(plan: Any) -> str:
-    """A checked plan as lines: each task, its capability, deps, inputs and reviewer."""
+def describe(plan: Any, from_goal: dict[str, list[str]] | None = None) -> str:
+    """A checked plan as lines: each task, its capability, deps, inputs and reviewer.
+
+    ``from_goal``: the inputs given the goal's own words (task id -> names), each
+    marked "(taken from the goal)" so that it is never read as a value someone gave.
+    """
     lines = []
     width = max(len(t.id) for t in plan.tasks)
+    worded = from_goal or {}
     for t in plan.tasks:
         inputs = ", ".join(
-            f"{k}={_short(v)}" for k, v in sorted(t.inputs.items(), key=lambda kv: kv[0])
+            f"{k}={_short(v)}" + (" (taken from the goal)" if k in worded.get(t.id, []) else "")
+            for k, v in sorted(t.inputs.items(), key=lambda kv: kv[0])
         )
         line = f"  {t.id:<{width}}  {t.capability}"
         if t.deps:
@@ -274,6 +280,6 @@ def plan_cmd(
         f" (by {last.agent_id}, round {last.round} of {len(planned.rounds)};"
         f" {planned.events} events, {planned.duration_s * 1000:.0f} ms)"
     )
-    click.echo(describe(planned.plan))
+    click.echo(describe(planned.plan, planned.plan.from_goal))
     if out is not None:
         click.echo(f"Written to {out}: cardbus run {out}")

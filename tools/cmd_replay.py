@@ -44,6 +44,7 @@ from cardbus.tools.costs import (
     attempt_money,
     call_cost,
     prices_option,
+    say_unpriced,
     task_money,
     timeline_money,
 )
@@ -275,5 +276,14 @@ def show_replay(
         echo_json(body)
     else:
         print_rich(render_tree(timeline, table))
+        say_unpriced(
+            call.response_model or call.model
+            for _, node in timeline.walk()
+            for call in [*node.calls, *(c for a in node.spans for c in a.calls)]
+            if isinstance(call, ModelCall)
+            and call.status != "open"
+            and call.replayed_from is None
+            and call_cost(call, table) is None
+        )
         if html_path is not None:
             click.echo(f"wrote {html_path}")

@@ -22,7 +22,7 @@ import click
 import msgspec
 
 from cardbus.agents.agent import Agent
-from cardbus.bus.orchestrator.forks import read_rerun, write_run
+from cardbus.bus.orchestrator.forks import check_agents, read_rerun, write_run
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import ValidationError
 from cardbus.projections.diff import RunDiff, diff_runs
@@ -34,6 +34,7 @@ from cardbus.tools.cmd_inspect import echo_json, json_option, open_store
 from cardbus.tools.errors import EXIT_FAILED
 from cardbus.tools.llm_options import announce_on_first_call, watch_model_calls
 from cardbus.tools.loading import load_agent
+from cardbus.tools.mcp_options import mcp_options, mcp_servers
 from cardbus.tools.outcome import run_line, see_through
 from cardbus.tools.store_option import StoreRef, store_option
 
@@ -106,6 +107,7 @@ def _failures(events: list[Any]) -> list[dict[str, str]]:
     show_default=True,
     help="Seconds to wait for the run; then it is cancelled and the exit code is 124.",
 )
+@mcp_options
 def rerun(
     root: str,
     offline: bool,
@@ -116,6 +118,8 @@ def rerun(
     db: StoreRef,
     as_json: bool,
     timeout: float,
+    mcp: tuple[str, ...] = (),
+    mcp_config: tuple[str, ...] = (),
 ) -> None:
     """Run the recorded run ROOT again as a new run (its run.started names ROOT in rerun_of).
 
@@ -125,7 +129,9 @@ def rerun(
 
     --task ID (repeat) with --model M (the agent must offer M) or --agent module:Class:
     those tasks run live, the rest of ROOT's results are reused; then the diff
-    against ROOT is printed (cardbus diff).
+    against ROOT is printed (cardbus diff). A task to run that no agent here can
+    take (a model none offers) is refused before anything is written. Their MCP tools: --mcp /
+    --mcp-config, as for `cardbus run`.
 
     Exit code 0 when the new run completed, 1 otherwise (the last line names
     the task that failed it first and why), 124 after --timeout (the new run
@@ -140,6 +146,8 @@ def rerun(
     from cardbus.bus.runtime.embedded import EmbeddedRuntime
 
     given = [load_agent(p) for p in agent_paths]
+    # the live tasks' MCP tools (offline, every call is answered from the log: none needed)
+    servers = [] if offline else mcp_servers(mcp, mcp_config)
 
     async def go() -> tuple[RerunPlan, Any, list[Any], RunDiff | None]:
         store = await open_store(db)
@@ -157,6 +165,9 @@ def rerun(
             plan, events = await read_rerun(
                 store, root, None if offline else tasks, model=model, agents=ids
             )
+            # a task no agent here can take (its capability, or a --model none offers) is
+            # refused before anything is written, not left to fail no_capable_agent
+            check_agents(plan.streams, [a.card() for a in agents])
             default_model = recorded_model(events)
             if offline:
                 llm = OfflineLLM(default_model)
@@ -165,9 +176,18 @@ def rerun(
             # said once, at the first model call that goes out (none, offline: OfflineLLM
             # refuses it, and the task fails with replay_diverged)
             llm = announce_on_first_call(llm, describe_llm(llm))
-            await write_run(store, plan.streams, plan.root_id, plan.source_root_id, "rerun")
-            async with EmbeddedRuntime(store, agents, llm=llm, default_planner=False) as rt:
+            # started before the run is written: one that cannot start (a tool nothing
+            # serves) leaves no run behind; the orchestrator then folds the new run
+            async with EmbeddedRuntime(
+                store,
+                agents,
+                llm=llm,
+                default_planner=False,
+                mcp_servers=servers,
+                require_tools=not offline,
+            ) as rt:
                 watch_model_calls(rt.orchestrator, llm)
+                await write_run(store, plan.streams, plan.root_id, plan.source_root_id, "rerun")
                 result = await see_through(
                     rt.orchestrator.wait(plan.root_id, timeout),
                     store,

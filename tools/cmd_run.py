@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 import msgspec
 
 from cardbus.agents.mcp_config import MCPServer, split_plan_servers
 from cardbus.bus.orchestrator.core import RunResult, answer_approval
+from cardbus.bus.orchestrator.effects import NO_RESULT, UnknownEffect, record_effect_done
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run as run_loop
@@ -221,9 +223,77 @@ _json = click.option("--json", "as_json", is_flag=True, help="Print the answer a
 @_by
 @_note
 @_json
-def approve(task_id: str, db: StoreRef, by: str, note: str, as_json: bool) -> None:
-    """Approve TASK_ID, which is waiting for approval."""
-    _answer(task_id, True, db, by, note, as_json)
+@click.option(
+    "--done",
+    is_flag=True,
+    help="A tool call whose effect is unknown happened: record it as done (with --result)"
+    " instead of calling it again; the run goes on with that result.",
+)
+@click.option(
+    "--result",
+    "result_json",
+    default=None,
+    metavar="JSON",
+    help="With --done: the call's result, as JSON (default: confirm the result the log has).",
+)
+@click.option(
+    "--call",
+    default="",
+    help="With --done: which call (its tool.requested id or key, or a prefix), when several wait.",
+)
+def approve(
+    task_id: str,
+    db: StoreRef,
+    by: str,
+    note: str,
+    as_json: bool,
+    done: bool,
+    result_json: str | None,
+    call: str,
+) -> None:
+    """Approve TASK_ID, which is waiting for approval.
+
+    A task waiting on a tool call whose effect is unknown (tool_effect_unknown) calls it
+    again with its idempotency key; with --done, the call is recorded as done instead,
+    with the result given (--result) or the one the log has, and the run goes on.
+    """
+    if not done:
+        if result_json is not None or call:
+            raise click.UsageError("--result and --call go with --done")
+        _answer(task_id, True, db, by, note, as_json)
+        return
+    result: Any = NO_RESULT
+    if result_json is not None:
+        try:
+            result = json.loads(result_json)
+        except ValueError as e:
+            raise click.BadParameter(f"not JSON: {e}", param_hint="--result") from e
+    _record_done(task_id, db, by, note, as_json, result, call)
+
+
+def _record_done(
+    text: str, db: StoreRef, by: str, note: str, as_json: bool, result: Any, call: str
+) -> None:
+    async def go() -> tuple[str, UnknownEffect]:
+        store = await open_store_option(db)
+        try:
+            task_id = await resolve_id(store, text)  # a full id or a unique prefix
+            effect = await record_effect_done(
+                store, task_id, by=by, result=result, call=call, note=note
+            )
+            return task_id, effect
+        finally:
+            await store.close()
+
+    task_id, effect = run_loop(go())
+    if as_json:
+        out = {"task_id": task_id, "answer": "done", "by": by, "note": note}
+        click.echo(json.dumps(out | {"call": effect.call, "tool": effect.tool, "key": effect.key}))
+    else:
+        click.echo(
+            f"{task_id}: {effect.tool} (call {effect.call}, key {effect.key}) recorded as done"
+            f" by {by}"
+        )
 
 
 @cli.command()

@@ -10,6 +10,7 @@ import click
 from cardbus.eventstore.errors import ConfigError
 from cardbus.projections import RUN_STATUSES, Runs, Spend, parse_since, priced, run_duration
 from cardbus.projections.pricing import Money, PriceTable
+from cardbus.projections.spend import row_cost
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import (
     as_of_option,
@@ -24,7 +25,7 @@ from cardbus.tools.cmd_inspect import (
     run,
     styled_status,
 )
-from cardbus.tools.costs import prices_option
+from cardbus.tools.costs import prices_option, say_unpriced
 from cardbus.tools.store_option import StoreRef, store_option
 
 
@@ -114,6 +115,7 @@ def runs(
             r["cost"]["text"],
         )
     print_rich(table)
+    say_unpriced(r["model"] for r in spent if r["model"] and row_cost(r, prices) is None)
     waiting = [(r["root_id"], t) for r in rows for t in r["waiting"]]
     for _, task in waiting:
         answer = f"cardbus approve {task}{db.flag()} / cardbus deny {task}{db.flag()}"

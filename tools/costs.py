@@ -9,10 +9,17 @@ from typing import Any, TypeVar
 import click
 
 from cardbus.eventstore.errors import ConfigError
-from cardbus.projections.pricing import ENV_PRICES, Money, PriceTable
+from cardbus.projections.pricing import ENV_PRICES, Money, PriceTable, how_to_price
 from cardbus.projections.replay import AttemptSpan, ModelCall, TaskNode, Timeline
 
-__all__ = ["attempt_money", "call_cost", "prices_option", "task_money", "timeline_money"]
+__all__ = [
+    "attempt_money",
+    "call_cost",
+    "prices_option",
+    "say_unpriced",
+    "task_money",
+    "timeline_money",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -91,3 +98,10 @@ def timeline_money(t: Timeline, table: PriceTable) -> Money:
 def money_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """``priced`` rows for ``--json``: ``money`` as ``{"usd", "complete", "text"}``."""
     return [{**r, "money": r["money"].json()} for r in rows]
+
+
+def say_unpriced(models: Iterable[str]) -> None:
+    """After a table that shows "unknown price": one line per model that has none (each
+    name once), saying how to give it one."""
+    for model in sorted(set(models)):
+        click.echo(f"unknown price: no price known for model {model!r}; {how_to_price(model)}")

@@ -1,7 +1,9 @@
 """The last line of a command that ran a run (``run``, ``demo``, ``fork``, ``rerun``,
 ``orchestrator --plan``), and what a command does when it gives up waiting for one.
 
-A run that completed: ``run R: completed``. One whose tasks did not complete:
+A run that completed: ``run R: completed``. One cancelled: ``run R cancelled:
+cancelled by ops; b: cancelled_by_user: wrong`` (who, and each plan task left
+undone). One whose tasks did not complete:
 the task that failed it first and why, before anything generic
 (``projections.outcome``); any other end (planning failed, a loop, a budget):
 the run's own reason and detail::
@@ -11,7 +13,7 @@ the run's own reason and detail::
 A command that started a run and reaches its ``--timeout`` cancels the run
 (:func:`give_up`: each live task gets ``task.cancelled`` with the reason
 ``client_timed_out: ...``; the orchestrator, still in this process, ends the
-run with ``run.failed``), so the log never keeps a run ``running`` that
+run as cancelled), so the log never keeps a run ``running`` that
 nothing works on: the agents and the orchestrator of these commands live in
 the command's process and stop with it. Then one line, exit code 124
 (:class:`~cardbus.tools.errors.TimedOut`). Interrupted (Ctrl-C), it cancels
@@ -71,6 +73,8 @@ def run_line(result: Any, events: list[Any]) -> str:
     if result.status == "completed":
         line = f"{head}: completed {result.reason}".rstrip()
         return line + (f" ({result.detail})" if result.detail else "")
+    if result.status == "cancelled":  # who cancelled it, and what it left undone
+        return f"{head} cancelled: {_error(result.detail) or 'no reason recorded'}"
     # only a run that ended because tasks did not complete is told by its first failed
     # task; any other end (planning found no plan, a loop, a budget) by the run's reason,
     # whose detail says more than its tasks' (a planner's rejection and its hint)

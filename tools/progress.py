@@ -27,6 +27,7 @@ from cardbus.eventstore import Envelope, EventStore, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import IllegalTransition
 from cardbus.eventstore.states import TERMINAL, transition
+from cardbus.projections.replay import worded_inputs
 
 __all__ = ["RunProgress"]
 
@@ -40,6 +41,7 @@ class _Task:
     capability: str
     state: TaskState | None = None
     agent_id: str = ""
+    unknown_effect: bool = False  # it waits on a tool call whose effect is unknown
 
 
 class RunProgress:
@@ -136,6 +138,9 @@ class RunProgress:
         if isinstance(data, _FINISHED):
             self.finished.set()
             return
+        if isinstance(data, ev.PlanProposed) and data.from_goal and self.changes and not quiet:
+            # a value nobody gave is never passed off as one: the planner took the goal's words
+            self._say(f"  plan round {data.round}{worded_inputs(data.from_goal)}")
         if type(data) not in _TASK_TYPES:
             return
         task = self.tasks.get(env.stream)
@@ -149,6 +154,8 @@ class RunProgress:
             return
         if isinstance(data, ev.TaskDispatched):
             task.agent_id = data.agent_id
+        if isinstance(data, ev.ApprovalRequested):
+            task.unknown_effect = data.reason == "tool_effect_unknown"
         if state is task.state:
             return
         task.state = state
@@ -168,7 +175,12 @@ class RunProgress:
         state = task.state.value if task.state else "?"
         where = f" on {task.agent_id}" if task.agent_id and task.state in _ACTIVE else ""
         line = f"  [{self._counts()}] {task.task_id} ({task.capability}) {state}{where}"
-        if task.state is TaskState.AWAITING_APPROVAL:
+        if task.state is TaskState.AWAITING_APPROVAL and task.unknown_effect:
+            line += (
+                f"; a tool call's effect is unknown: {self._approve(task)} calls it again,"
+                " with --done --result JSON records it as done, or cardbus deny"
+            )
+        elif task.state is TaskState.AWAITING_APPROVAL:
             line += f"; answer with: {self._approve(task)} (or cardbus deny)"
         if self._display is None:
             if self.changes or task.state is TaskState.AWAITING_APPROVAL:

@@ -12,12 +12,17 @@ What comes from where in the log:
 
 * the task id is the run's root id; the context id and the first user
   message are in ``run.started``'s ``session["a2a"]``;
-* an answer to an approval is ``task.approval_granted``/``denied`` with
-  ``by = "a2a:<message id>"`` and the message's text as ``note``; an answer
-  to a question is the result of the question's supplementary task,
-  submitted by the gateway's ``a2a-user`` agent, with ``notes = "a2a:<message
-  id>"``: both read back as the user's messages in the history;
-* every other step is an agent message ``evt-<event id>`` in the history.
+* an answer to an approval is ``task.approval_granted``/``denied`` by the
+  name the request authenticated as, its ``note`` the message's text and
+  id (:func:`approval_note`; logs before names had ``by = "a2a:<message
+  id>"``); an answer to a question is the result of the question's
+  supplementary task, submitted by the gateway's ``a2a-user`` agent, with
+  ``notes = "a2a:<message id>"`` and who answered (:func:`answer_notes`):
+  both read back as the user's messages in the history;
+* every other step is an agent message ``evt-<event id>`` in the history;
+* each plan task's result is an artifact with its output as a data part, and,
+  for a run asked for with a text goal, a text part beside it
+  (:func:`result_text`), for a client that reads only text.
 
 State (A2A v1.0 names): a finished run is COMPLETED, FAILED (failed or
 halted) or CANCELED (cancelled through A2A); a run with a task awaiting
@@ -28,6 +33,7 @@ dispatched or running is WORKING; else SUBMITTED.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,11 +63,52 @@ __all__ = [
     "USER_CAPABILITY",
     "Question",
     "TaskFold",
+    "answer_notes",
+    "approval_note",
     "data_part",
+    "result_text",
+    "split_answer_notes",
+    "split_approval_note",
 ]
 
 #: the gateway's stand-in for the human at the other end of an A2A task
 USER_AGENT_ID = "a2a-user"
+_MARK = "\n[a2a message "
+
+
+def approval_note(text: str, message_id: str) -> str:
+    """The note of an approval answered over A2A: the message's text, and its id (which
+    the task's history shows it under)."""
+    return f"{text}{_MARK}{message_id}]"
+
+
+_BY = "\n[answered by "
+
+
+def answer_notes(message_id: str, actor: str) -> str:
+    """The notes of a question's answer over A2A: the message's id and who answered."""
+    return f"a2a:{message_id}{_BY}{actor}]"
+
+
+def split_answer_notes(notes: str) -> tuple[str | None, str | None]:
+    """(message id, who answered) of :func:`answer_notes` (who: None in logs before
+    names); (None, None) for other notes."""
+    if not notes.startswith("a2a:"):
+        return None, None
+    head, mark, rest = notes[4:].rpartition(_BY)
+    if mark and rest.endswith("]"):
+        return head, rest[:-1]
+    return notes[4:], None
+
+
+def split_approval_note(note: str) -> tuple[str, str | None]:
+    """(text, message id) of an :func:`approval_note`; (note, None) for another note."""
+    text, mark, rest = note.rpartition(_MARK)
+    if not mark or not rest.endswith("]"):
+        return note, None
+    return text, rest[:-1]
+
+
 #: the capability an agent names in ``NeedsInput(missing, capability=...)`` to ask the user
 USER_CAPABILITY = "user_input"
 CANCEL_REASON = "cancelled_via_a2a"
@@ -80,6 +127,23 @@ def data_part(value: Any) -> Part:
 
 def _text(text: str) -> Part:
     return Part(text=text, media_type="text/plain")
+
+
+#: an output's field that is its text, in this order, when it has one
+TEXT_FIELDS = ("text", "answer", "report", "summary", "content", "result", "message")
+
+
+def result_text(output: Any) -> str:
+    """A task's output as the text part of its artifact: a string as it is; an object's
+    text field (:data:`TEXT_FIELDS`) if it has one; else the output as indented JSON."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, dict):
+        for key in TEXT_FIELDS:
+            value = output.get(key)
+            if isinstance(value, str) and value.strip():
+                return value
+    return json.dumps(output, indent=2, ensure_ascii=False, default=str)
 
 
 def _stamp(unix: float) -> Timestamp:
@@ -109,6 +173,9 @@ class TaskFold:
         self.found = False
         self.updated = 0.0
         self._status = TaskState.TASK_STATE_SUBMITTED
+        # the run was asked for in words (a text goal, no data part): its results are
+        # given in words too, beside the data, for a client that reads only text parts
+        self.text_goal = False
 
     # -- folding ------------------------------------------------------------------
 
@@ -130,6 +197,8 @@ class TaskFold:
                     msg = ParseDict(first, Message(), ignore_unknown_fields=True)
                     msg.task_id, msg.context_id = self.root_id, self.context_id
                     self.history.append(msg)
+                    kinds = {p.WhichOneof("content") for p in msg.parts}
+                    self.text_goal = "text" in kinds and "data" not in kinds
         message = self._message(env)
         if message is not None:
             self.history.append(message)
@@ -175,8 +244,7 @@ class TaskFold:
                 text = f"{who}: {data.agent_id} started (attempt {data.attempt})"
             case ev.TaskResultSubmitted() if data.agent_id == USER_AGENT_ID:
                 role = Role.ROLE_USER
-                if data.notes.startswith("a2a:"):
-                    message_id = data.notes[4:]
+                message_id = split_answer_notes(data.notes)[0] or message_id
                 parts = [data_part(data.output)]
                 text = ""
             case ev.TaskRejected():
@@ -190,8 +258,12 @@ class TaskFold:
             case ev.ApprovalRequested():
                 text = f"{who}: awaits approval ({data.reason})"
             case ev.ApprovalGranted() | ev.ApprovalDenied() if data.by.startswith("a2a:"):
-                role, message_id = Role.ROLE_USER, data.by[4:]
+                role, message_id = Role.ROLE_USER, data.by[4:]  # a log before names
                 text = data.note
+            case ev.ApprovalGranted() | ev.ApprovalDenied() if split_approval_note(data.note)[1]:
+                role = Role.ROLE_USER
+                text, answered = split_approval_note(data.note)
+                message_id = answered or message_id
             case ev.ApprovalGranted():
                 text = f"{who}: approved by {data.by}"
             case ev.ApprovalDenied():
@@ -211,6 +283,8 @@ class TaskFold:
                 text += f" ({data.detail})" if data.detail else ""
             case ev.RunCompleted():
                 text = "run completed"
+            case ev.RunFailed() if data.cancelled:
+                text = "run cancelled" + (f" by {data.cancelled_by}" if data.cancelled_by else "")
             case ev.RunFailed():
                 text = f"run failed: {data.reason} {', '.join(data.failed_tasks)}".rstrip()
             case ev.RunHalted():
@@ -232,7 +306,10 @@ class TaskFold:
         name = self._names().get(env.stream)
         if name is None:  # a review or supplementary task: not one of the plan's results
             return None
-        return Artifact(artifact_id=name, name=name, parts=[data_part(env.data.output)])
+        parts = [data_part(env.data.output)]
+        if self.text_goal:
+            parts.append(_text(result_text(env.data.output)))
+        return Artifact(artifact_id=name, name=name, parts=parts)
 
     # -- reading ------------------------------------------------------------------
 
@@ -265,6 +342,8 @@ class TaskFold:
             return TaskState.TASK_STATE_SUBMITTED
         if run.finished == "completed":
             return TaskState.TASK_STATE_COMPLETED
+        if run.finished == "cancelled":  # run.failed with cancelled: whoever cancelled it
+            return TaskState.TASK_STATE_CANCELED
         if run.finished is not None:
             if any(
                 self.state.tasks[t].state is _S.CANCELLED

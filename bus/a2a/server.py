@@ -19,6 +19,13 @@ reads every answer back from the log (``TaskFold``):
   or no/deny, through ``answer_approval``) or a question an agent asked with
   ``NeedsInput(missing, capability="user_input")`` (the supplementary task is
   dispatched to the gateway's ``a2a-user`` agent; the message is its result);
+* who does it is who authenticated: the actor of a run started, an approval
+  answered or a run cancelled is the name of the token the request carried
+  (``HttpGuard`` puts an :class:`~cardbus.bus.http_guard.Identity` in the
+  request; a2a-sdk hands it on as ``context.user``), ``local:<user>`` on a
+  loopback gateway without tokens (an answer to a question is a result the
+  orchestrator records: its notes name who answered). The message id is
+  kept in the note;
 * ``CancelTask`` cancels the run (``cancel_run``); ``GetTask``, ``ListTasks``
   and ``SubscribeToTask`` fold the log, so they work after a restart, and a
   subscriber first gets the whole task (history and artifacts: what it
@@ -36,6 +43,7 @@ import hashlib
 import inspect
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
@@ -93,8 +101,17 @@ from cardbus.bus.a2a.fold import (
     USER_CAPABILITY,
     Question,
     TaskFold,
+    answer_notes,
+    approval_note,
 )
-from cardbus.bus.http_guard import DEFAULT_MAX_BODY, LOOPBACK_NAMES, HttpGuard, Refusal
+from cardbus.bus.http_guard import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY,
+    LOOPBACK_NAMES,
+    HttpGuard,
+    Refusal,
+    Tokens,
+)
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import Orchestrator, answer_approval
 from cardbus.bus.orchestrator.plan import Plan, as_plan
@@ -108,6 +125,8 @@ __all__ = [
     "GoalPlanning",
     "LogTaskStore",
     "Planner",
+    "ShortInternalErrors",
+    "actor_of",
     "build_app",
     "gateway_card",
     "user_agent_card",
@@ -116,6 +135,16 @@ __all__ = [
 log = logging.getLogger(__name__)
 _YES = ("yes", "y", "ok", "approve", "approved", "grant", "granted", "accept")
 _NO = ("no", "n", "deny", "denied", "reject", "rejected", "refuse")
+#: the actor of a request no guard named (the handler called without the HTTP door)
+UNNAMED = "unauthenticated"
+
+
+def actor_of(context: ServerCallContext | None) -> str:
+    """Who a request is: the name the door's guard established (a2a-sdk's ``context.user``
+    reads the guard's ``Identity``); :data:`UNNAMED` when no guard saw it."""
+    user = context.user if context is not None else None
+    name = getattr(user, "user_name", "") if user is not None else ""
+    return name or UNNAMED
 
 
 class Planner(Protocol):
@@ -411,9 +440,9 @@ class A2AGateway(RequestHandler):
             )
         return await self.planner.plan(goal, list(self.orchestrator.state.agents.values()))
 
-    async def _start(self, message: Message) -> str:
-        """Submit the run a message asks for; its root id (the run it started before, when
-        the same message id comes again in the same context)."""
+    async def _start(self, message: Message, actor: str) -> str:
+        """Submit the run a message asks for, by ``actor``; its root id (the run it started
+        before, when the same message id comes again in the same context)."""
         plan_id = _plan_id(message)
         known = self.orchestrator.state.plans.get(plan_id)
         if known is not None:
@@ -431,14 +460,15 @@ class A2AGateway(RequestHandler):
         session = {**plan.session, "a2a": {"context_id": context_id, "message": first}}
         plan = msgspec.structs.replace(plan, session=session, plan_id=plan.plan_id or plan_id)
         try:
-            return await self.orchestrator.submit(plan)
+            return await self.orchestrator.submit(plan, actor=actor)
         except PlanConflict as e:
             if e.plan_id == plan_id:  # the same message again, its run started meanwhile
                 return e.root_id
             raise
 
-    async def _answer(self, fold: TaskFold, message: Message) -> Question:
-        """Answer what the task waits for with ``message``; the question answered."""
+    async def _answer(self, fold: TaskFold, message: Message, actor: str) -> Question:
+        """Answer what the task waits for with ``message``, as ``actor``; the question
+        answered."""
         if fold.terminal:
             raise UnsupportedOperationError(
                 message=f"task {fold.root_id} is {TaskState.Name(fold.status_state())}:"
@@ -454,7 +484,6 @@ class A2AGateway(RequestHandler):
         fields = next((d for d in data if isinstance(d, dict)), {})
         wanted = fields.get("task_id")
         q = next((q for q in questions if q.task_id == wanted), questions[0])
-        by = f"a2a:{message.message_id}"
         if q.kind == "approval":
             verdict = fields.get("approve", fields.get("approved"))
             if verdict is None:
@@ -462,7 +491,8 @@ class A2AGateway(RequestHandler):
                 verdict = True if word in _YES else False if word in _NO else None
             if not isinstance(verdict, bool):
                 raise _refuse(f"{q.text}: answer yes/approve or no/deny, or {{'approve': bool}}")
-            await answer_approval(self.store, q.task_id, verdict, by, text or str(fields))
+            note = approval_note(text or str(fields), message.message_id)
+            await answer_approval(self.store, q.task_id, verdict, actor, note)
         else:
             output: Any = fields if fields else {"text": text}
             await self.bus.reply(
@@ -472,7 +502,8 @@ class A2AGateway(RequestHandler):
                     agent_id=USER_AGENT_ID,
                     status="completed",
                     output=output,
-                    notes=by,
+                    # the history shows it under the message's id; who answered
+                    notes=answer_notes(message.message_id, actor),
                 )
             )
         return q
@@ -506,7 +537,7 @@ class A2AGateway(RequestHandler):
             if fold.terminal or waiting_still(fold):
                 return
 
-    async def _stream(self, params: SendMessageRequest) -> AsyncIterator[Any]:
+    async def _stream(self, params: SendMessageRequest, actor: str) -> AsyncIterator[Any]:
         _check_message(params)
         message = params.message
         if message.task_id:
@@ -520,11 +551,11 @@ class A2AGateway(RequestHandler):
             if any(m.message_id == message.message_id for m in fold.history):
                 yield fold.task()  # a resent answer: the task as it is, not a second answer
                 return
-            answered = await self._answer(fold, message)
+            answered = await self._answer(fold, message, actor)
             async for item in self._follow(message.task_id, answered):
                 yield item
             return
-        async for item in self._follow(await self._start(message)):
+        async for item in self._follow(await self._start(message, actor)):
             yield item
 
     # -- the A2A methods ----------------------------------------------------------------
@@ -534,7 +565,7 @@ class A2AGateway(RequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
         last: Task | None = None
-        stream = self._stream(params)
+        stream = self._stream(params, actor_of(context))
         try:
             async with asyncio.timeout(self.wait_timeout_s):
                 async for item in stream:
@@ -547,7 +578,7 @@ class A2AGateway(RequestHandler):
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         if last is None:
-            raise InternalError(message="no task")
+            raise InternalError(message="internal error (no task)")
         if params.configuration.return_immediately:
             return _trim(last, params.configuration)
         got = await self.tasks.get(last.id)
@@ -557,7 +588,7 @@ class A2AGateway(RequestHandler):
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
-        async for item in self._stream(params):
+        async for item in self._stream(params, actor_of(context)):
             yield item
 
     @_a2a_errors
@@ -604,7 +635,7 @@ class A2AGateway(RequestHandler):
             raise TaskNotCancelableError(
                 message=f"task {params.id} is {TaskState.Name(fold.status_state())}"
             )
-        await cancel_run(self.store, params.id, by="a2a", reason=CANCEL_REASON)
+        await cancel_run(self.store, params.id, by=actor_of(context), reason=CANCEL_REASON)
         last: Task | None = None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
@@ -715,13 +746,24 @@ def card_doc(gateway: A2AGateway, url: str, locked: bool = False) -> dict[str, A
     return doc
 
 
+#: JSON-RPC's parse error: the body is not (UTF-8) JSON
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
+#: what an internal error says when its message is not one of ours (Python's own text,
+#: "maximum recursion depth exceeded...", a codec's complaint: the log has the details)
+INTERNAL_MESSAGE = "internal error"
+_OURS = re.compile(r"internal error( \([\w .-]{1,80}\))?")
+
+
 def _jsonrpc_refusal(refusal: Refusal) -> bytes:
+    code = PARSE_ERROR if refusal.kind == "parse" else INVALID_REQUEST
     return json.dumps(
         {
             "jsonrpc": "2.0",
             "id": None,
             "error": {
-                "code": -32600,
+                "code": code,
                 "message": refusal.message,
                 "data": {"refused": refusal.kind},
             },
@@ -729,19 +771,80 @@ def _jsonrpc_refusal(refusal: Refusal) -> bytes:
     ).encode()
 
 
+class ShortInternalErrors:
+    """ASGI layer: a JSON-RPC internal error (-32603) in a JSON answer says
+    :data:`INTERNAL_MESSAGE`, or the gateway's own ``internal error (<type>)``, never the
+    text of the exception a2a-sdk's dispatcher caught (``str(e)`` of whatever broke);
+    that text goes to the log. Other answers (the SSE streams, whose errors are the
+    gateway's translated ones) pass as they are."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start: dict[str, Any] | None = None
+        chunks: list[bytes] = []
+
+        async def filtered(message: Any) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                kind = dict(message.get("headers", [])).get(b"content-type", b"")
+                if kind.startswith(b"application/json"):
+                    start = dict(message)  # held until the body is whole
+                    return
+            elif message["type"] == "http.response.body" and start is not None:
+                chunks.append(message.get("body", b""))
+                if message.get("more_body", False):
+                    return
+                body = _shortened(b"".join(chunks))
+                headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({**start, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, filtered)
+
+
+def _shortened(body: bytes) -> bytes:
+    """``body`` with an internal error's message replaced when it is not ours."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(error, dict) or error.get("code") != INTERNAL_ERROR:
+        return body
+    message = str(error.get("message") or "")
+    if _OURS.fullmatch(message):
+        return body  # ours: "internal error", or with a few words of ours in brackets
+    log.warning("A2A internal error (message replaced): %s", message[:500])
+    doc["error"] = {"code": INTERNAL_ERROR, "message": INTERNAL_MESSAGE}
+    return json.dumps(doc).encode()
+
+
 def build_app(
     gateway: A2AGateway,
     url: str,
     *,
-    tokens: Sequence[str] = (),
+    tokens: Tokens | Sequence[str] = (),
     hosts: Sequence[str] = LOOPBACK_NAMES,
     max_body: int = DEFAULT_MAX_BODY,
+    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
 ) -> Any:
     """The ASGI app: the card at ``/.well-known/agent-card.json`` (v1.0; the v0.3 form for
     a request with ``A2A-Version: 0.3``), JSON-RPC at ``/`` (A2A 1.0, and 0.3), behind
     :class:`~cardbus.bus.http_guard.HttpGuard`: ``hosts`` the ``Host`` may name,
-    ``tokens`` one of which every request but the card's must carry, ``max_body`` bytes
-    at most; a refusal is a JSON-RPC error (code -32600) with the HTTP status."""
+    ``tokens`` (token -> name, or a list named ``token``) one of which every request but
+    the card's must carry, its name the actor of what the request does; ``max_body``
+    bytes at most, whole within ``body_timeout_s`` (408); a refusal is a JSON-RPC error
+    with the HTTP status: -32700 for a body that is not UTF-8 JSON, -32600 for the rest
+    (one nested too deep among them). An internal error answers in words of its own
+    (:class:`ShortInternalErrors`)."""
     from a2a.server.request_handlers.response_helpers import agent_card_to_dict
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -762,11 +865,12 @@ def build_app(
         *create_jsonrpc_routes(gateway, rpc_url="/", enable_v0_3_compat=True),
     ]
     return HttpGuard(
-        Starlette(routes=routes),
+        ShortInternalErrors(Starlette(routes=routes)),
         hosts=hosts,
         tokens=tokens,
         token_headers=[API_KEY_HEADER],
         open_paths=[CARD_PATH],
         max_body=max_body,
+        body_timeout_s=body_timeout_s,
         render=_jsonrpc_refusal,
     )

@@ -6,12 +6,15 @@ step from state to events; ``runstate`` folds the log into that state;
 an agent's input budget; ``access`` checks agents' requests; ``memory`` keeps
 long-term memory; ``optional`` decides how a run goes on without an optional
 task's output; ``policy`` holds the tunables and ``retry`` the retry
-policy; ``checks`` checks every setting where it is made.
+policy; ``checks`` checks every setting where it is made; ``journal`` records and
+replays agents' model and tool calls, and ``effects`` takes an operator's word that a
+tool call whose effect was unknown happened.
 """
 
 from __future__ import annotations
 
 from .core import Orchestrator, RunResult, answer_approval
+from .effects import record_effect_done, unknown_effects
 from .plan import Plan, PlanTask, as_plan, decode_plan, validate_plan
 from .policy import Policy
 from .retry import RetryPolicy
@@ -26,5 +29,7 @@ __all__ = [
     "answer_approval",
     "as_plan",
     "decode_plan",
+    "record_effect_done",
+    "unknown_effects",
     "validate_plan",
 ]

@@ -48,6 +48,7 @@ import msgspec
 
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.agents.tools import ToolRegistry
+from cardbus.bus.orchestrator.cancel_notices import attempt_live
 from cardbus.bus.orchestrator.checks import allowed_values, check_choice, check_number
 from cardbus.bus.orchestrator.journal import BadJournalRequest, Journal, inline_size
 from cardbus.bus.orchestrator.memory import LongTermMemory
@@ -58,7 +59,7 @@ from cardbus.bus.orchestrator.memory_access import (
     memory_scopes,
     parse_grants,
 )
-from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.orchestrator.runstate import RunState, TaskView
 from cardbus.eventstore import TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import CardbusError, ConfigError
@@ -171,7 +172,7 @@ def access_problem(
     if (
         req.agent_id not in task.dispatched_to
         or req.attempt != task.attempt
-        or task.state not in _WORKING
+        or (task.state not in _WORKING and not _interrupted(task, req))
     ):
         return "not_assigned"  # not (or no longer) this agent's task
     match req.kind:
@@ -194,11 +195,19 @@ def access_problem(
             if req.kind == "memory.put" and str(req.args.get("kind") or "") in RESERVED_KINDS:
                 return "memory_kind_reserved"
             return policy.memory_scopes(state, req).problem
-        case "model.request" | "model.answer" | "tool.begin" | "tool.end":
-            pass  # its own model call or tool: recorded (the journal), never refused
+        case "model.request" | "model.answer" | "tool.begin" | "tool.end" | "tool.specs":
+            pass  # its own model call or tool (recorded: the journal), its tools' specs
         case _:
             return "unknown_request"
     return None
+
+
+def _interrupted(task: TaskView, req: AgentRequest) -> bool:
+    """The end of a tool or model call (``tool.end``, ``model.answer``) that the task's
+    cancel or halt interrupted: a record of what happened, kept though the attempt is no
+    longer wanted."""
+    stopped = task.state in (TaskState.CANCELLED, TaskState.HALTED)
+    return stopped and req.kind in ("tool.end", "model.answer")
 
 
 class _BadRequest(Exception):
@@ -259,6 +268,8 @@ class RequestBroker:
             )
 
     async def _handle(self, req: AgentRequest, start: float) -> AgentResponse:
+        if req.kind == "attempt.live":  # read only, nothing recorded (cancel_notices)
+            return self._answer(req, start, result=attempt_live(self.state, req))
         problem = access_problem(self.state, req, self.policy)
         if problem in ("unknown_task", "not_assigned") and self.catch_up is not None:
             await self.catch_up()  # behind the log? (another orchestrator decided it)
@@ -294,9 +305,21 @@ class RequestBroker:
                 outcome = await self.journal.tool_begin(req)
             case "tool.end":
                 outcome = await self.journal.tool_end(req)
+            case "tool.specs":  # what the agent's model is offered: read-only, not recorded
+                return self._answer(req, start, result=self._tool_specs(req.agent_id))
             case _:
                 return await self._memory(req, start)
         return self._answer(req, start, outcome.result, outcome.error, outcome.error_type)
+
+    def _tool_specs(self, agent_id: str) -> dict[str, Any]:
+        """The specs of the registry's tools on ``agent_id``'s allow-list (as registered)."""
+        card = self.state.agents.get(agent_id)
+        allowed = card.constraints.tools if card is not None else []
+        return {
+            s.name: msgspec.to_builtins(s)
+            for s in self.tools.specs()
+            if tool_allowed(s.name, allowed)
+        }
 
     # -- long-term memory --------------------------------------------------------
 

@@ -22,6 +22,16 @@ its capability), the call is not sent: ``budget.refused`` is recorded and the
 agent gets the typed error ``budget_exceeded`` (``BudgetExceeded``). Under a
 money cap, a model with no known price is refused too (nothing bounds it).
 
+**The estimate is a bound.** A call let through is sent with ``max_tokens`` set to
+the output part of its estimate (``model.requested.max_tokens``; the journal hands
+it back with its go-ahead and the model client sends it: ``current_max_tokens``),
+which by the check fits what every cap leaves: an endpoint that honours it cannot
+answer past a cap. A call whose ``max_tokens`` would not fit is refused, not
+shrunk (a truncated answer is paid for and seldom usable). An endpoint that
+ignores ``max_tokens`` is caught after the fact: ``model.answered.overrun_tokens``
+records the output past the bound, the ledger counts what was spent, and the next
+call and dispatch of a scope at its cap are refused.
+
 **Before each dispatch**, :meth:`Budgets.at_cap`: a scope already spent up to its
 cap dispatches nothing more. What follows a refusal is the plan's
 ``on_budget``: ``fail`` (the task fails ``budget_exceeded``, never retried; a run
@@ -38,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
-from cardbus.projections.pricing import PriceTable, format_usd
+from cardbus.projections.pricing import PriceTable, format_usd, how_to_price
 
 if TYPE_CHECKING:
     from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
@@ -229,10 +239,10 @@ class Budgets:
 
     # -- what a call may cost -----------------------------------------------------------
 
-    def estimate(self, model: str, request: dict[str, Any], size: int) -> tuple[int, float | None]:
-        """Tokens and USD (None: no price) a call may spend: the request's size over
-        ``BYTES_PER_TOKEN`` in, its ``max_tokens`` (or the default) out."""
-        out = next(
+    def output_bound(self, request: dict[str, Any]) -> int:
+        """The output tokens a call may be answered with: its ``max_tokens`` (or
+        ``max_completion_tokens``, ``max_output_tokens``), else the default."""
+        return next(
             (
                 v
                 for k in _MAX_KEYS
@@ -240,6 +250,11 @@ class Budgets:
             ),
             self.default_output_tokens,
         )
+
+    def estimate(self, model: str, request: dict[str, Any], size: int) -> tuple[int, float | None]:
+        """Tokens and USD (None: no price) a call may spend: the request's size over
+        ``BYTES_PER_TOKEN`` in, its ``output_bound`` out."""
+        out = self.output_bound(request)
         tokens_in = math.ceil(max(0, size) / BYTES_PER_TOKEN)
         return tokens_in + out, self.prices.cost(model, tokens_in, out)
 
@@ -275,20 +290,23 @@ class Budgets:
         model: str,
         request: dict[str, Any],
         size: int,
-    ) -> tuple[int, float | None, Refusal | None, str]:
+    ) -> tuple[int, float | None, Refusal | None, str, int | None]:
         """A journaled call about to go live: its estimate (tokens, USD; 0 and None for a run
         without budgets), the budget it would cross (or None: it is held now, until
-        ``release(key)``) and the run's ``on_budget``."""
+        ``release(key)``), the run's ``on_budget``, and the ``max_tokens`` it is to be sent
+        with (the output part of the estimate; None: no cap applies to it)."""
         state = self.state
         task = state.tasks.get(task_id) if state is not None else None
         run = state.runs.get(task.created.root_id) if state is not None and task else None
         if run is None or task is None or run.budget is None:
-            return 0, None, None, "fail"  # no budget: nothing to estimate or hold
+            return 0, None, None, "fail", None  # no budget: nothing to estimate or hold
         tokens, usd = self.estimate(model, request, size)
         refusal = self.check_call(run, task, agent_id, tokens, usd, model)
         if refusal is None:
             self.hold(key, run, task, agent_id, tokens, usd)
-        return tokens, usd, refusal, run.started.on_budget
+        capped = any(True for _ in _capped(run, task, agent_id))
+        bound = self.output_bound(request) if capped else None
+        return tokens, usd, refusal, run.started.on_budget, bound
 
     def check_call(
         self,
@@ -313,7 +331,7 @@ class Budgets:
             if cap.usd is not None:
                 if usd is None:
                     why = f"{scope}: no price known for model {model!r} under a cap of USD"
-                    return _with(base, f"{why} {cap.usd:g}")
+                    return _with(base, f"{why} {cap.usd:g}; {how_to_price(model)}")
                 if spent_u + held_u + usd > cap.usd:
                     why = (
                         f"{scope}: {format_usd(spent_u)} spent and {format_usd(held_u)} held,"

@@ -23,7 +23,7 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,13 @@ from cardbus.bus import telemetry
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.admission import Admission
+from cardbus.bus.orchestrator.approvals import answer_approval
 from cardbus.bus.orchestrator.budget import Budgets
+from cardbus.bus.orchestrator.cancel_notices import CancelNotices
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
+from cardbus.bus.orchestrator.hostloss import HOST_LOST
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.plan import (
@@ -51,8 +54,10 @@ from cardbus.bus.orchestrator.plan import (
 )
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
+from cardbus.bus.orchestrator.repeats import UnknownReplies
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
+from cardbus.bus.orchestrator.run_result import RunResult, result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.settle import settle_after
 from cardbus.bus.orchestrator.submission import run_creation
@@ -76,7 +81,6 @@ from cardbus.eventstore.errors import (
     PlanConflict,
     PrerequisiteNotStored,
     StoreUnavailable,
-    StreamNotFound,
     ValidationError,
 )
 from cardbus.projections.agents import capability_overlaps
@@ -110,20 +114,6 @@ class _Record:
     tries: int = 0
 
 
-@dataclass(frozen=True)
-class RunResult:
-    root_id: str
-    status: str  # completed | failed | halted
-    outputs: dict[str, Any]
-    reason: str = ""  # "degraded" for a completion without some optional tasks' outputs
-    detail: str = ""  # e.g. the errors of a plan refused for good (reason plan_invalid)
-    # False if a reviewed task completed with its review not passed (max_review_rounds spent)
-    quality_met: bool = True
-    open_issues: dict[str, list[ev.ReviewIssue]] = field(default_factory=dict)  # by plan task id
-    # completed degraded: the optional plan tasks that did not complete (``optional``)
-    degraded: list[str] = field(default_factory=list)
-
-
 class Orchestrator:
     def __init__(
         self,
@@ -151,8 +141,8 @@ class Orchestrator:
 
         ``lease_s``: the lease of an agent found in the log on start that gave none (it
         is selected again once it renews: ``liveness``). ``attempts_survive_restart=False``
-        (the embedded runtime, whose agents die with the process): the attempts in flight
-        in the log on start time out at once (reason ``agent_lost``) and are retried.
+        (embedded: agents die with the process): attempts in flight on start or stop are
+        host losses, retried at once without spending an attempt (``hostloss``).
 
         ``agents``: the operator's grants (``AgentGrants``, or the cards themselves):
         which agents may register through their announcements, with at most what
@@ -192,7 +182,7 @@ class Orchestrator:
         self.leases = Leases(lease_s)
         self.attempts_survive_restart = attempts_survive_restart
         self.orchestrator_id = new_id()
-        self._lost_attempts: frozenset[tuple[str, int]] = frozenset()
+        self._lost_attempts: dict[tuple[str, int], str] = {}  # -> why: ``hostloss``
         self._announce_refused: dict[str, str] = {}  # agent -> the refusal recorded last
         self.snapshot_path = (
             _snapshot.snapshot_path_for(store)
@@ -227,6 +217,11 @@ class Orchestrator:
         self._held: dict[str, list[Envelope]] = {}
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
+        # (caught up with no 2 s cut-off: on a busy machine the fold took longer, and a
+        # reply for a task the other orchestrator had just created was called unknown)
+        self.unknown = UnknownReplies(
+            lambda: self.caught_up(60.0), self._queue.put_nowait, self._bad
+        )
         # spans per run, the tree cardbus export draws (agents by name); no-ops without an SDK
         self.tracing = telemetry.RunTracing(lambda a: getattr(self.state.agents.get(a), "name", a))
         # agent requests (task and long-term memory, tools): checked, recorded, answered;
@@ -247,8 +242,9 @@ class Orchestrator:
         # another member decides to it: ``bus.runtime.members``)
         self.handle_request: Callable[[AgentRequest], Awaitable[AgentResponse]] = self.broker.handle
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
-        # called with every event newly folded in while running (not the replay on start)
-        self.observers: list[Callable[[Envelope], None]] = []
+        # called with every event newly folded in while running (not the replay on start);
+        # the first stops the handlers of attempts whose task was cancelled or halted
+        self.observers: list[Callable[[Envelope], None]] = [CancelNotices(bus, self.state).observe]
         # the largest event decided (the store's limit, with room for the envelope)
         self._event_limit = int(getattr(store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
         # set when the log has refused writes for Policy.store_grace_s (disk full, read-only,
@@ -324,7 +320,7 @@ class Orchestrator:
                         task.attempt not in task.settled
                     ):
                         lost.append((task_id, task.attempt))
-        self._lost_attempts = frozenset(lost)
+        self._lost_attempts = dict.fromkeys(lost, HOST_LOST)
         untaken = (
             untaken_cards(self._decider(time.time()), self.owns)
             if self.attempts_survive_restart
@@ -363,6 +359,7 @@ class Orchestrator:
         (``give_back=False``: stop as a process that dies would, leaving them)."""
         ran = bool(self._loops)
         self._stopping = True
+        self.unknown.close()
         if give_back:
             await self._give_back()
         if self._commits:  # let decisions already made finish their writes
@@ -388,16 +385,15 @@ class Orchestrator:
         self.tracing.close()  # runs still open end their spans here (a restart rejoins them)
 
     async def _give_back(self) -> None:
-        """An embedded process stopping: the cards it sent to its own agents die with it.
-        Their attempts are lost now, recorded as such (and retried by whoever carries on:
-        another process on the same log, or this one resumed), not left to wait for the
-        queue limit, since their deadline would count from a start that will not come."""
+        """An embedded process stopping: the cards it sent to its own agents die with it, as
+        host losses recorded now (retried by another process on the same log, or this one
+        resumed), not left to wait for the queue limit: no start will come for them."""
         if self.attempts_survive_restart or not self._loops or self.store_failure:
             return
         mine = {key for key in self._sent if self._in_flight(*key)}
         if not mine:
             return
-        self._lost_attempts = self._lost_attempts | mine
+        self._lost_attempts = self._lost_attempts | dict.fromkeys(mine, HOST_LOST)
         self._queue.put_nowait(_Changed(frozenset(self._root_of(t) for t, _ in mine)))
         # Until the loss is recorded (or the loop or the log is gone), with no time limit:
         # another process on the same log waits on these attempts, and an attempt left
@@ -755,8 +751,16 @@ class Orchestrator:
         reads it (``log``): a partitioned member's ends at its partitions' last event."""
         target = await self.log.last_position()
         deadline = time.monotonic() + timeout
-        while self.state.position < target and time.monotonic() < deadline:
+        while not self._folded_through(target) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)  # the follower folds meanwhile; a rare wait
+
+    def _folded_through(self, target: int) -> bool:
+        """Every event up to ``target`` is folded: the follower has seen it and none it saw
+        waits in the queue or on a busy stream (our own appends come back through the
+        follower too). ``state.position`` alone is not enough: our own append moves it
+        past another writer's event the follower has not reached, or holds
+        (a reply for a task the other orchestrator had just created was called unknown)."""
+        return self._followed >= target and not any(p <= target for p in self._unfolded)
 
     async def record(self, stream: str, events: list[ev.Event]) -> list[Envelope]:
         """Append an agent request's events to ``stream`` through the decision loop (so
@@ -941,10 +945,7 @@ class Orchestrator:
                 decider.advance(run)
         d = decider.d
         self._parked.extend(d.deferred)
-        for reply in d.unroutable:
-            self._bad(
-                "cardbus.reply", f"result for unknown task {reply.task_id!r} from {reply.agent_id}"
-            )
+        self.unknown.look_again(d.unroutable)  # bad if still unknown once caught up
         if d:
             # Commits run in the background so the next step can decide on other
             # streams meanwhile (their appends then share a group commit); a stream
@@ -1029,7 +1030,7 @@ class Orchestrator:
         if len(self._sent) > 4096:
             self._sent = {key for key in self._sent if self._in_flight(*key)}
         if lost:
-            self._lost_attempts = self._lost_attempts | lost
+            self._lost_attempts = self._lost_attempts | dict.fromkeys(lost, "agent_lost")
             self._queue.put_nowait(_TICK)
 
     def _root_of(self, stream: str) -> str:
@@ -1266,7 +1267,7 @@ class Orchestrator:
         return True
 
     def _result(self, root_id: str) -> RunResult | None:
-        return _result_of(self.state, root_id)
+        return result_of(self.state, root_id)
 
     # -- snapshots (see bus.orchestrator.snapshot) ---------------------------
 
@@ -1315,7 +1316,7 @@ class Orchestrator:
         state = RunState()
         for env in await self.store.read_correlation(root_id):
             state.apply(env)
-        return _result_of(state, root_id)
+        return result_of(state, root_id)
 
     def _on_refused(self, refusal: Refusal) -> None:
         """A reply or request the bus refused for its sender: recorded through the decision
@@ -1352,35 +1353,6 @@ def _log_unrecorded(done: asyncio.Future[list[Envelope]]) -> None:
         log.error("a refusal could not be recorded: %r", done.exception())
 
 
-def _result_of(state: RunState, root_id: str) -> RunResult | None:
-    """A finished run's result (its outputs by plan task id), or None."""
-    run = state.runs.get(root_id)
-    if run is None or run.finished is None:
-        return None
-    data = run.finish_event
-    outputs = (
-        data.outputs
-        if isinstance(data, ev.RunCompleted)
-        else {name: state.tasks[tid].output for name, tid in run.names.items()}
-    )
-    unmet = {  # plan tasks that completed without passing their review, and what is open
-        name: list(state.tasks[tid].open_issues)
-        for name, tid in run.names.items()
-        if tid in state.tasks and not state.tasks[tid].quality_met
-    }
-    degraded = list(data.degraded) if isinstance(data, ev.RunCompleted) else []
-    return RunResult(
-        root_id,
-        run.finished,
-        outputs,
-        "degraded" if degraded else getattr(data, "reason", ""),
-        getattr(data, "detail", ""),
-        quality_met=not unmet,
-        open_issues=unmet,
-        degraded=degraded,
-    )
-
-
 def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:
     """``streams`` whose prerequisites (``Decisions.after``) are written with them, in an
     order where every prerequisite comes first; the rest are dropped, to be decided again.
@@ -1393,27 +1365,3 @@ def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:
         kept -= lacking
     first = [s for s in streams if s in kept and not d.after.get(s)]
     return first + [s for s in streams if s in kept and d.after.get(s)]
-
-
-async def answer_approval(
-    store: EventStore, task_id: str, granted: bool, by: str, note: str = ""
-) -> None:
-    """Grant or deny a task waiting for approval (the API behind ``cardbus approve``)."""
-    events = await store.read_stream(task_id)
-    if not events:
-        raise StreamNotFound(task_id)  # not InvalidPlan: no plan is involved
-    state = RunState()
-    for env in events:
-        state.apply(env)
-    task = state.tasks.get(task_id)
-    if task is None or task.state is not TaskState.AWAITING_APPROVAL:
-        current = task.state if task else "unknown"
-        raise CardbusError(f"task {task_id!r} is not awaiting approval (it is {current})")
-    data: ev.Event
-    if granted:
-        resume = "running" if task.has_proposal else "pending"
-        data = ev.ApprovalGranted(by=by, resume=resume, note=note)
-    else:
-        data = ev.ApprovalDenied(by=by, note=note)
-    root = events[0].correlation_id
-    await store.append(task_id, [NewEvent(data=data, correlation_id=root, actor=by)], len(events))

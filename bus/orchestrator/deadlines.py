@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cardbus.bus.orchestrator.hostloss import HOST_LOST, lose_to_host
 from cardbus.eventstore import events as ev
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ def check_deadline(decider: Decider, task: TaskView) -> None:
         # its agent is gone (lease lapsed, deregistered, or died with the previous
         # process): no answer will come, so the attempt times out now, not at the deadline
         agent = lost[0]
+        if decider.lost_attempts.get((task.task_id, task.attempt)) == HOST_LOST:
+            lose_to_host(decider, task, agent)  # the process's fault: no attempt spent
+            return
         decider.d.add(
             task.task_id,
             ev.TaskTimedOut(

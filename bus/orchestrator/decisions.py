@@ -21,15 +21,18 @@ from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import dep_path_problem, schema_errors
 from cardbus.bus.orchestrator import optional, planning
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
+from cardbus.bus.orchestrator.cancel import run_not_completed
 from cardbus.bus.orchestrator.context import fit_card
 from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.refusals import rejected_it, worded_refusal
+from cardbus.bus.orchestrator.repeats import ignored_result
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
-from cardbus.bus.orchestrator.selection import hard_filter, rank
+from cardbus.bus.orchestrator.selection import rank
 from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.batch import MAX_TOKENS, nesting_problem
@@ -94,20 +97,20 @@ class Decider:
         busy: frozenset[str] = frozenset(),
         event_limit: int = DEFAULT_MAX_EVENT_BYTES - 8192,
         leases: Leases | None = None,
-        lost_attempts: frozenset[tuple[str, int]] = frozenset(),
+        lost_attempts: dict[tuple[str, int], str] | None = None,
         dispatching: bool = True,
         budgets: Budgets | None = None,
         results: ResultIndex | None = None,
     ) -> None:
         """``results``: stored results a pending task may be answered from (``reuse``);
         ``leases``: which agents are live (None: every registered agent);
-        ``lost_attempts``: (task, attempt) whose agent is known gone (they time out now);
+        ``lost_attempts``: (task, attempt) whose agent is known gone -> why (``hostloss``);
         ``dispatching``: False for an orchestrator stopping (its agents go with it);
         ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced)."""
         self.budgets = budgets
         self.results = results
         self.leases = leases
-        self.lost_attempts = lost_attempts
+        self.lost_attempts = lost_attempts or {}  # they time out now
         self.dispatching = dispatching
         self.state = state
         self.policy = policy
@@ -170,15 +173,9 @@ class Decider:
             or reply.agent_id in task.results
             or task.state not in (S.DISPATCHED, S.RUNNING)
         ):
-            # the current attempt answered again (its agent's result is in): a duplicate; any
-            # other answer (an earlier attempt, or the current one after it timed out, its
-            # retry not dispatched yet; one never dispatched): stale
-            again = reply.attempt == task.attempt and reply.agent_id in task.results
-            reason = "duplicate" if again else "stale_attempt"
-            self.d.add(
-                task.task_id,
-                ev.TaskResultIgnored(attempt=reply.attempt, agent_id=reply.agent_id, reason=reason),
-            )
+            ignored = ignored_result(task, reply)  # None: the recorded reply delivered again
+            if ignored is not None:
+                self.d.add(task.task_id, ignored)
             return
         submitted = ev.TaskResultSubmitted(
             attempt=reply.attempt,
@@ -767,14 +764,12 @@ class Decider:
             elif self.leases is not None and not self.leases.live(agent.agent_id, self.now):
                 why.append(f"{agent.agent_id}: no live lease")
             elif agent.agent_id in task.excluded:
-                why.append(f"{agent.agent_id}: rejected it")
+                why.append(rejected_it(agent.agent_id, task.rejections))
             else:
-                reason = hard_filter(agent, c.capability, card.inputs, c.constraints, c.timeout_s)
-                spec = agent.capability(c.capability)
-                if reason == "input_schema_mismatch" and spec is not None:
-                    # name the fields: "$.region: expected str, got int"
-                    reason += " (" + "; ".join(schema_errors(card.inputs, spec.input_schema)[:3])
-                    reason += ")"
+                # naming the fields ("$.region: expected str, got int") or the constraint
+                reason = worded_refusal(
+                    agent, c.capability, card.inputs, c.constraints, c.timeout_s
+                )
                 why.append(f"{agent.agent_id}: {reason}")
         detail = "; ".join(why) or "no registered agent offers it"
         unresolved = self._unresolved_deps(c.inputs)
@@ -852,14 +847,8 @@ class Decider:
         self._follow_completed(run.root_id, run.tasks)
         if failing:
             failed = optional.not_completed(plan_tasks, done)  # the absent ones too
-            self.d.add(
-                run.root_id,
-                ev.RunFailed(
-                    reason="tasks_not_completed",
-                    failed_tasks=failed,
-                    detail=_failed_detail(plan_tasks, set(failed)),
-                ),
-            )
+            detail = _failed_detail(plan_tasks, set(failed))  # cancelled: says so (cancel)
+            self.d.add(run.root_id, run_not_completed(plan_tasks, failed, detail))
         else:
             completed = optional.completion(plan_tasks, done, degraded)
             size = len(msgspec.json.encode(completed))
@@ -929,16 +918,16 @@ class Decider:
             (a for a, r in planner.results.items() if r.output == output),
             next(iter(planner.dispatched_to), ""),
         )
-        size = len(msgspec.json.encode(output))
-        if size > self.event_limit:
-            proposed = ev.PlanProposed(round=round, planner_task_id=planner.task_id, agent_id=agent)
-            plan = None
-            errors = [f"the proposal is {size} bytes, over the limit ({self.event_limit})"]
-        else:
-            proposed = ev.PlanProposed(
-                round=round, planner_task_id=planner.task_id, agent_id=agent, proposal=output
-            )
-            plan, errors = planning.check_proposal(output, run, self.state, self.policy)
+        proposed, plan, errors = planning.judge_proposal(
+            output,
+            run,
+            self.state,
+            self.policy,
+            round=round,
+            planner_task_id=planner.task_id,
+            agent_id=agent,
+            event_limit=self.event_limit,
+        )
         if plan is None:
             events: list[ev.Event] = [proposed, ev.PlanRefused(round=round, errors=errors)]
             used = round - planning.episode_start(run, round) + 1

@@ -25,14 +25,37 @@ replayed (a timed-out model or a failed tool is asked again). When an attempt
 failed *because of* the model's answer (``MODEL_CAUSED`` reasons), the next
 one asks the model again from that attempt's last model call.
 
+**Verified before trusted.** A recorded answer or result is replayed only if the log
+vouches for it: its event's hash and its stream's chain (the store's own ``verify``) and
+its digest (``journal_trust``). If not, the orchestrator fails the task
+``journal_tampered`` (a ``task.failed`` naming the stream and position) and the call is
+refused (``JournalTampered`` in the agent): nothing of the edited content reaches a
+handler.
+
+**Budgets bound the call.** A live model call of a run with caps is let through with the
+``max_tokens`` its reservation assumed (``Budgets.check_request``): ``model.requested``
+records it, the go-ahead carries it, and the agent's model client sends it. An answer
+past it is recorded as ``overrun_tokens``.
+
 **Unknown effects.** A reference step with ``tool.requested`` and no
 ``tool.called`` (the process died during the call), or with a result the log
 did not keep: a tool declared idempotent (``ToolSpec.idempotent``) is called
 again with the same key (``tool.effect_unknown`` decision ``repeat``); any
 other is not: ``tool.effect_unknown`` decision ``ask``, the agent gets
 ``EffectUnknown``, and the orchestrator asks for an approval naming the call.
-Approved, the next attempt repeats it (with the same key); denied, the task
-is cancelled.
+Approved, the next attempt repeats it (with the same key); recorded as done by
+an operator (``bus.orchestrator.effects``: a ``tool.called`` with
+``recorded_by``), the next attempt replays that result; denied, the task is
+cancelled. Each call keeps its place: an asked call stands in its execution as
+the recorded one, and a call repeated with its recorded key is no difference,
+so the parallel calls of one turn keep their keys and the completed ones replay.
+
+**After a first difference** a call goes live, but one that an earlier
+execution recorded (the same tool and argument digest, matched in order, each
+recorded key once: ``_TaskJournal.recorded_call``) reuses its key, as an unknown
+effect (``tool.effect_unknown`` reason ``after_difference``): repeated if the
+tool is idempotent or an operator approved, else asked. With replay off, calls
+are made fresh.
 
 **Origins: re-running a recorded run** (``cardbus rerun``). A task whose
 ``task.created`` names an ``origin`` (the task of a recorded run it re-runs) has
@@ -68,6 +91,7 @@ import msgspec
 
 from cardbus.agents.requests import AgentRequest
 from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.bus.orchestrator.journal_trust import StreamTrust
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import AccessDenied, ValidationError
@@ -123,6 +147,9 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_NULL_DIGEST = _sha(b"null")
+
+
 def call_digest(tool: str, arguments_digest: str) -> str:
     """A tool call's identity in the journal: the tool and its arguments' digest."""
     return _sha(f"{tool}\0{arguments_digest}".encode())
@@ -145,6 +172,17 @@ class _Step:
     key: str = ""  # a tool call's idempotency key
     repeat_ok: bool = False  # an operator approved repeating this unknown effect
     request: Any = None  # what was asked, kept only in an origin's journal (for the diff)
+    # where the answer is recorded, and its digest: checked before it is replayed
+    stream: str = ""
+    position: int = 0
+    content_digest: str = ""  # answer_digest / result_digest
+    redacted: bool = False  # the answer kept is the redact hook's: its digest is not
+    bound: int | None = None  # the max_tokens a live model call was sent with (a budget's)
+    # a tool call's place and maker (its tool.requested): where an operator's word lands
+    execution: str = ""
+    attempt: int = 0
+    agent: str = ""
+    arguments_digest: str = ""
 
 
 @dataclass(slots=True)
@@ -152,7 +190,23 @@ class _Execution:
     attempt: int
     steps: dict[int, _Step] = field(default_factory=dict)
     diverged: bool = False  # it made a live call: its reference no longer applies
+    log_end: int = 0  # the task stream's last position folded when it began (what it trusts)
     reference: list[_Step] | None = None  # None: not worked out yet
+    claimed: set[str] = field(default_factory=set)  # recorded keys its calls took up
+    first_difference: int | None = None  # the seq of its first live call, if known
+
+    def differs(self, seq: int) -> None:
+        """A call at ``seq`` was made live: the reference no longer applies from there."""
+        self.diverged = True
+        if self.first_difference is None or seq < self.first_difference:
+            self.first_difference = seq
+
+    def aligned(self, seq: int) -> bool:
+        """Whether a call at ``seq`` is still answered from the reference: no difference
+        before it (a parallel sibling's, later in the same turn, does not count)."""
+        return not self.diverged or (
+            self.first_difference is not None and seq < self.first_difference
+        )
 
 
 class _TaskJournal:
@@ -170,12 +224,15 @@ class _TaskJournal:
         self.asked: list[_Step] = []  # unknown effects waiting for an approval
         self.model_failed: set[int] = set()  # attempts that failed because of the model
         self.seen: set[str] = set()  # event ids folded
+        self.trust = StreamTrust()  # what the log vouched for (checked before a replay)
+        self.failed = False  # a replay found the log tampered with: the task is failed
 
     # -- folding ------------------------------------------------------------------
 
     def fold(self, env: Envelope) -> None:
         if env.version > self.version:
             self.version = env.version
+        self.trust.saw(env)
         if env.event_id in self.seen:
             return
         self.seen.add(env.event_id)
@@ -191,8 +248,9 @@ class _TaskJournal:
                     data.request_digest,
                     requested_id=env.event_id,
                     request=data.request if self.keep_requests else None,
+                    bound=data.max_tokens,
                 )
-                run.diverged = True
+                run.differs(data.seq)
             case ev.ModelAnswered(replayed_from=str(source)):
                 run = self._execution(data.execution, data.attempt)
                 original = self.answered.get(source)
@@ -203,11 +261,13 @@ class _TaskJournal:
                 step = run.steps.get(data.seq)
                 if step is None:
                     step = run.steps[data.seq] = _Step("model", data.seq, data.request_digest)
-                    run.diverged = True
+                    run.differs(data.seq)
                 step.answered_id = env.event_id
                 step.answer = data.answer
                 step.has_answer = data.error is None and data.answer is not None
                 step.error, step.error_type = data.error, data.error_type
+                step.stream, step.position = env.stream, env.position
+                step.content_digest, step.redacted = data.answer_digest, data.redacted
                 self.answered[env.event_id] = step
             case ev.ToolRequested() if data.execution:
                 run = self._execution(data.execution, data.attempt)
@@ -219,9 +279,16 @@ class _TaskJournal:
                     tool=data.tool,
                     key=data.idempotency_key or env.event_id,
                     request=data.arguments if self.keep_requests else None,
+                    execution=data.execution,
+                    attempt=data.attempt,
+                    agent=data.agent_id,
+                    arguments_digest=data.arguments_digest,
                 )
                 run.steps[data.seq] = step
-                run.diverged = True
+                # a call made with a recorded key repeats that call (an unknown effect):
+                # not a difference; a sibling of its turn still replays from the reference
+                if not data.idempotency_key:
+                    run.differs(data.seq)
                 self.requested[env.event_id] = step
             case ev.ToolCalled(replayed_from=str(source)) if data.execution:
                 run = self._execution(data.execution, data.attempt)
@@ -235,15 +302,27 @@ class _TaskJournal:
                     return
                 step.answered_id = env.event_id
                 step.answer = data.result
-                # a result is kept whole when inline ("null" is 4 bytes)
+                # a result is kept whole when inline (a result of None is "null": one not
+                # kept, its digest says so, is not replayed as None)
                 step.has_answer = data.error is None and (
-                    data.result is not None or data.result_bytes <= 4
+                    data.result is not None
+                    or (data.result_bytes <= 4 and data.result_digest in ("", _NULL_DIGEST))
                 )
                 step.error, step.error_type = data.error, data.error_type
+                step.stream, step.position = env.stream, env.position
+                step.content_digest = data.result_digest
                 self.answered[env.event_id] = step
-            case ev.ToolEffectUnknown(decision="ask"):
+                # its effect is known now (the tool's late answer, or an operator's word
+                # that it happened): replayed from here, never asked about or repeated
+                self.asked = [s for s in self.asked if s is not step]
+                step.repeat_ok = False
+            case ev.ToolEffectUnknown():
                 step = self.requested.get(data.requested_event_id)
-                if step is not None:
+                if step is None:
+                    return
+                if data.execution:  # its place in this execution is the recorded call's
+                    self._execution(data.execution, data.attempt).steps[data.seq] = step
+                if data.decision == "ask" and not any(s is step for s in self.asked):
                     self.asked.append(step)
             case ev.ApprovalGranted():
                 for step in self.asked:
@@ -298,6 +377,27 @@ class _TaskJournal:
         """What the task's last execution amounted to (as an origin: nothing trimmed)."""
         return self.effective(list(self.executions)[-1], trim=False) if self.executions else []
 
+    def recorded_call(self, execution: str, agent: str, digest: str) -> _Step | None:
+        """A tool call an earlier execution recorded with call digest ``digest`` (the same
+        tool, the same arguments) that ``execution`` has not met yet, claimed for it: its
+        latest state, by key, in the order first made. Earlier: of an earlier attempt, or
+        of the same attempt and agent (a redelivery); not a fan-out's sibling. A call that
+        failed is not an effect to keep (it is asked again, as on the reference)."""
+        run = self.executions[execution]
+        used = run.claimed | {s.key for s in run.steps.values() if s.kind == "tool"}
+        latest: dict[str, _Step] = {}
+        for step in self.requested.values():
+            if step.execution != execution and (
+                step.attempt < run.attempt or (step.attempt == run.attempt and step.agent == agent)
+            ):
+                latest[step.key] = step
+        for key, step in latest.items():
+            failed = bool(step.answered_id) and step.error is not None
+            if key not in used and step.digest == digest and not failed:
+                run.claimed.add(key)
+                return step
+        return None
+
 
 class Journal:
     """Records and replays the model and tool calls of tasks; used by ``RequestBroker``."""
@@ -347,6 +447,7 @@ class Journal:
                 journal.fold(env)
         if execution not in journal.executions:  # a new handler run
             run = journal._execution(execution, attempt)
+            run.log_end = journal.trust.ends.get(task_id, 0)
             if not journal.strict and not self.replay_allowed(task_id):
                 run.reference = []
         return journal
@@ -366,6 +467,7 @@ class Journal:
             source.fold(env)
         journal.answered.update(source.answered)
         journal.origin_steps = source.last_effective()
+        journal.trust.adopt(source.trust)
 
     async def _write(
         self, journal: _TaskJournal | None, task_id: str, events: list[ev.Event]
@@ -390,10 +492,15 @@ class Journal:
         run = journal.executions[req.execution]
         known = run.steps.get(req.seq)
         if known is not None and known.has_answer:  # asked again (a resent request)
+            if untrusted := await self._untrusted(req, journal, known):
+                return untrusted
             return CallOutcome(result={"replay": known.answer, "source": known.answered_id})
         ref = journal.reference(req.execution)
         if (replay is not False or journal.strict) and not run.diverged and req.seq < len(ref):
             step = ref[req.seq]
+            # what follows is decided on the record: the log must vouch for it first
+            if untrusted := await self._untrusted(req, journal, step):
+                return untrusted
             if step.kind == "model" and step.digest == digest and step.has_answer:
                 await self._write(
                     journal,
@@ -418,10 +525,10 @@ class Journal:
             return _diverged(req, journal, ref, "model", digest, request)
         kept, size = self._content("model.request", request)
         key = f"{req.task_id}|{req.execution}|{req.seq}"
-        reserved, reserved_usd, refusal, on_budget = (
+        reserved, reserved_usd, refusal, on_budget, bound = (
             self.budgets.check_request(req.task_id, req.agent_id, key, req.target, request, size)
             if self.budgets is not None
-            else (0, None, None, "fail")
+            else (0, None, None, "fail", None)
         )
         if refusal is not None:  # never sent: the refusal is recorded, the agent told why
             from cardbus.bus.orchestrator.budget import refused_event
@@ -471,6 +578,7 @@ class Journal:
                     tools_offered=offered,
                     reserved_tokens=reserved,
                     reserved_usd=None if reserved_usd is None else round(reserved_usd, 10),
+                    max_tokens=bound,
                 )
             ],
         )
@@ -481,7 +589,10 @@ class Journal:
         self._pending[(req.task_id, req.execution, req.seq)] = pending
         if len(self._pending) > 4096:  # answers that never came (their agent died)
             self._pending = {k: f for k, f in self._pending.items() if not f.done()}
-        return CallOutcome(result={"call": ""})
+        # the go-ahead carries the output bound the budget reserved: the call is sent with it
+        return CallOutcome(
+            result={"call": ""} if bound is None else {"call": "", "max_tokens": bound}
+        )
 
     async def model_answer(self, req: AgentRequest) -> CallOutcome:
         a = req.args
@@ -514,6 +625,18 @@ class Journal:
         else:
             assert isinstance(answer, dict)
             kept, size = self._content("model.answer", answer)
+            redacted = kept is not None and self.policy.redact is not None
+            output = _tokens(answer.get("output_tokens"))
+            # an endpoint that ignored the max_tokens a budget sent: recorded, and counted
+            overrun = max(0, output - step.bound) if step is not None and step.bound else 0
+            if overrun:
+                log.warning(
+                    "task %s: model call #%d answered %d output tokens past its max_tokens %d",
+                    req.task_id,
+                    req.seq,
+                    overrun,
+                    step.bound if step is not None else 0,
+                )
             event = ev.ModelAnswered(
                 task_id=req.task_id,
                 agent_id=req.agent_id,
@@ -526,12 +649,44 @@ class Journal:
                 answer_digest=_sha(_json(answer)),
                 answer_bytes=size,
                 input_tokens=_tokens(answer.get("input_tokens")),
-                output_tokens=_tokens(answer.get("output_tokens")),
+                output_tokens=output,
                 latency_s=round(latency, 6),
                 cost_usd=self._cost(answer, req.target),
+                redacted=redacted,
+                overrun_tokens=overrun,
             )
         await self._write(journal, req.task_id, [event])
         return CallOutcome(result={"recorded": True})
+
+    async def _untrusted(
+        self, req: AgentRequest, journal: _TaskJournal, step: _Step
+    ) -> CallOutcome | None:
+        """None when the log vouches for what a call is about to be decided on: the task's
+        stream as it was when the execution began (and a re-run's origins), by their
+        events' hashes and chains, then ``step``'s answer by its digest (``journal_trust``);
+        else the task is failed ``journal_tampered`` and the call refused, naming the
+        stream and position."""
+        trust = journal.trust
+        run = journal.executions.get(req.execution)
+        end = max(run.log_end if run else 0, step.position if step.stream == req.task_id else 0)
+        problem = await trust.check(self.store, req.task_id, end)
+        for stream, stream_end in list(trust.ends.items()):  # a re-run's origins
+            if not problem and stream != req.task_id:
+                problem = await trust.check(self.store, stream, stream_end)
+        problem = problem or _digest_problem(step)
+        if not problem:
+            return None
+        message = (
+            f"journal_tampered: call #{req.seq} of task {req.task_id} would be decided on a"
+            f" record the log cannot vouch for: {problem}"
+        )[:2000]
+        if not journal.failed:  # the first call to find it fails the task; the rest are told
+            journal.failed = True
+            journal.trust.tampered = journal.trust.tampered or problem
+            log.error("%s", message)
+            failed = ev.TaskFailed(reason="journal_tampered", error=message, attempts=req.attempt)
+            await self._write(journal, req.task_id, [failed])
+        return CallOutcome(error=message, error_type="journal_tampered")
 
     def _cost(self, answer: dict[str, Any], asked: str) -> float | None:
         """What an answer cost at the orchestrator's prices (the model that answered, else
@@ -645,19 +800,36 @@ class Journal:
         if journal.strict:  # an offline re-run: answered from the origin, or refused
             digest = call_digest(req.target, arg_digest)
             return await self._tool_strict(req, journal, ref, digest, arg_digest, replayed)
-        step = ref[req.seq] if not run.diverged and req.seq < len(ref) else None
+        digest = call_digest(req.target, arg_digest)
+        step = ref[req.seq] if run.aligned(req.seq) and req.seq < len(ref) else None
+        if step is not None and (untrusted := await self._untrusted(req, journal, step)):
+            return untrusted  # replayed, repeated or asked about: decided on the record
         if (
             step is None
             or step.kind != "tool"
-            or step.digest != call_digest(req.target, arg_digest)
+            or step.digest != digest
             or (step.answered_id and step.error is not None)  # a failed call is asked again
         ):
-            return await live(journal, "")
-        if step.answered_id and step.has_answer:
+            run.differs(req.seq)  # a difference: live from here
+            # after it, a call an earlier execution recorded keeps its key (never repeated
+            # silently); with replay off, every call is made fresh
+            known = (
+                journal.recorded_call(req.execution, req.agent_id, digest)
+                if self.replay_allowed(req.task_id)
+                else None
+            )
+            if known is None:
+                return await live(journal, "")
+            step = known
+            if untrusted := await self._untrusted(req, journal, step):
+                return untrusted  # its key and result are taken from the record: vouched
+        elif step.answered_id and step.has_answer and not step.repeat_ok:
             replay = _replayed_tool_call(req, step, arg_digest)
             await self._write(journal, req.task_id, [replay])
             return CallOutcome(result=replayed(step.answer))
-        # requested and never answered (or its result not kept): its effect is unknown
+        # requested and never answered (or its result not kept): its effect is unknown;
+        # or recorded by an earlier execution and met again after a first difference
+        reason = "after_difference" if step.answered_id and step.has_answer else "no_result"
         decision = "repeat" if idempotent or step.repeat_ok else "ask"
         unknown = ev.ToolEffectUnknown(
             task_id=req.task_id,
@@ -669,14 +841,21 @@ class Journal:
             execution=req.execution,
             seq=req.seq,
             decision=decision,
+            reason=reason,
         )
         await self._write(journal, req.task_id, [unknown])
         if decision == "repeat":
             return await live(journal, step.key)
+        why = (
+            "an earlier attempt made this call (the same arguments) and this one differs before it"
+            if reason == "after_difference"
+            else "the process died during it"
+        )
         message = (
             f"the effect of {req.target} (call {step.requested_id}, key {step.key}) is unknown:"
-            " the process died during it and the tool is not idempotent; approve the task"
-            " to call it again"
+            f" {why} and the tool is not idempotent; approve the task to call it again with"
+            " that key, record it as done with its result (cardbus approve TASK --done"
+            " --result JSON), or deny it"
         )
         return CallOutcome(error=message, error_type="effect_unknown")
 
@@ -691,6 +870,8 @@ class Journal:
     ) -> CallOutcome:
         """A tool call of a strict re-run: the recorded result (or error), else refused."""
         step = ref[req.seq] if req.seq < len(ref) else None
+        if step is not None and (untrusted := await self._untrusted(req, journal, step)):
+            return untrusted
         answered = step is not None and bool(step.answered_id)
         if step is None or step.kind != "tool" or step.digest != digest or not answered:
             return _diverged(req, journal, ref, "tool", digest, req.args)
@@ -819,6 +1000,20 @@ def _diverged(
         diff = []
     message = "\n".join([f"{head}: {why}", *diff])
     return CallOutcome(error=message, error_type="replay_diverged")
+
+
+def _digest_problem(step: _Step) -> str:
+    """What is wrong with a recorded answer's content against its digest ("" nothing; a
+    redacted answer, or one recorded with no digest, has nothing to check against)."""
+    if not step.has_answer or step.redacted or not step.content_digest:
+        return ""
+    if _sha(_json(step.answer)) == step.content_digest:
+        return ""
+    what = "answer" if step.kind == "model" else "result"
+    return (
+        f"stream {step.stream} position {step.position}: the {what} does not match its"
+        " digest (edited)"
+    )
 
 
 def _release(budgets: Budgets, key: str, future: asyncio.Future[Any]) -> None:

@@ -11,7 +11,8 @@ effect:
    session fields let through, the live agents' capabilities with their
    schemas, the limits and, after a refusal, its errors and the refused
    proposal. It is dispatched like any task (selection, retries, time-outs);
-2. its output is recorded as ``plan.proposed`` and checked by
+2. its output is recorded as ``plan.proposed``, with the inputs whose values
+   were taken from the goal's own words (:func:`taken_from_goal`), and checked by
    :func:`check_proposal` exactly as a hand-written plan (``validate_plan``)
    plus the limits; then ``plan.refused`` with the errors (the next round, or
    past ``max_plan_rounds`` the run fails with ``plan_invalid``) or
@@ -30,13 +31,20 @@ task, reused; the unfinished tasks are superseded.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from cardbus.agents.cards import AgentCard
-from cardbus.agents.planning import PLAN_CAPABILITY, PlanLimits, PlanProposal, plan_request
+from cardbus.agents.planning import (
+    PLAN_CAPABILITY,
+    PlanLimits,
+    PlanProposal,
+    free_text_inputs,
+    plan_request,
+)
 from cardbus.bus.orchestrator.plan import (
     Plan,
     PlanTask,
@@ -56,10 +64,12 @@ __all__ = [
     "PLAN_ROLE",
     "check_proposal",
     "created_tasks",
+    "judge_proposal",
     "planner_task_id",
     "planning_inputs",
     "planning_spec",
     "proposal_plan",
+    "taken_from_goal",
 ]
 
 PLAN_ROLE = "plan"  # TaskCreated.role of a planning task
@@ -285,6 +295,112 @@ def _place(value: Any, done: Mapping[str, str], outputs: dict[str, Any]) -> Any:
     if isinstance(value, list):
         return [_place(v, done, outputs) for v in value]
     return value
+
+
+def judge_proposal(
+    output: Any,
+    run: RunView,
+    state: RunState,
+    policy: Policy,
+    *,
+    round: int,
+    planner_task_id: str,
+    agent_id: str,
+    event_limit: int,
+) -> tuple[ev.PlanProposed, Plan | None, list[str]]:
+    """The ``plan.proposed`` event of a planner's output, and the verdict on it.
+
+    A proposal over ``event_limit`` bytes is recorded without its body and refused.
+    """
+    size = len(msgspec.json.encode(output))
+    if size > event_limit:
+        proposed = ev.PlanProposed(round=round, planner_task_id=planner_task_id, agent_id=agent_id)
+        return proposed, None, [f"the proposal is {size} bytes, over the limit ({event_limit})"]
+    session = run.started.session if isinstance(run.started.session, Mapping) else {}
+    worded = taken_from_goal(output, run.started.goal, session)
+    proposed = ev.PlanProposed(
+        round=round,
+        planner_task_id=planner_task_id,
+        agent_id=agent_id,
+        proposal=output,
+        from_goal=worded,
+    )
+    plan, errors = check_proposal(output, run, state, policy)
+    if plan is not None:
+        errors = _worded_errors(plan, worded, list(state.agents.values()))
+        if errors:
+            plan = None
+    return proposed, plan, errors
+
+
+def taken_from_goal(output: Any, goal: str, session: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The inputs of a proposal whose values are the goal's own words: task id -> inputs.
+
+    What the planner says so (``from_goal``), and every literal text input found
+    word for word in the goal that no session value gave: a planner that copies
+    the goal without saying so is found out all the same.
+    """
+    tasks = output.get("tasks") if isinstance(output, Mapping) else None
+    if not isinstance(tasks, list):
+        return {}
+    said = output.get("from_goal")
+    said = said if isinstance(said, Mapping) else {}
+    given = {v.strip().lower() for v in session.values() if isinstance(v, str)}
+    words = goal.lower()
+    out: dict[str, list[str]] = {}
+    for t in tasks:
+        if not isinstance(t, Mapping) or not isinstance(t.get("id"), str):
+            continue
+        inputs = t.get("inputs")
+        if not isinstance(inputs, Mapping):
+            continue
+        declared = said.get(t["id"])
+        names = [
+            n
+            for n in (declared if isinstance(declared, list) else [])
+            if isinstance(n, str) and n in inputs  # a planner's say, of its own inputs only
+        ]
+        for name, value in inputs.items():
+            if name not in names and _in_goal(value, words, given):
+                names.append(name)
+        if names:
+            out[t["id"]] = [str(n) for n in names]
+    return out
+
+
+def _in_goal(value: Any, goal: str, given: set[str]) -> bool:
+    """A text found in the (lowercased) goal as whole words, and not a session value."""
+    if not isinstance(value, str):
+        return False
+    text = value.strip().lower()
+    if len(text) < 2 or text in given:
+        return False
+    return re.search(rf"(?<!\w){re.escape(text)}(?!\w)", goal) is not None
+
+
+def _worded_errors(
+    plan: Plan, worded: Mapping[str, list[str]], agents: list[AgentCard]
+) -> list[str]:
+    """An input given the goal's words that does not take free text: a guess, refused."""
+    errors = []
+    for t in plan.tasks:
+        names = worded.get(t.id, [])
+        if not names:
+            continue
+        free: set[str] = set()
+        for card in agents:
+            spec = card.capability(t.capability)
+            if spec is not None:
+                free |= free_text_inputs(spec.input_schema)
+        for name in names:
+            if name not in free:
+                errors.append(
+                    f"task {t.id!r}: input {name!r} is given the goal's words"
+                    f" ({_short(t.inputs.get(name))}), but {t.capability!r} does not take free"
+                    f" text there: give it with --input {name}=... (or declare it free text,"
+                    ' "x-free-text": true in its schema)'
+                )
+    return errors[:_MAX_ERRORS]
 
 
 def _limit_errors(plan: Plan, limits: ev.PlanningLimits, agents: list[AgentCard]) -> list[str]:

@@ -18,7 +18,13 @@ from cardbus.bus.orchestrator.checks import allowed_values, check_choices, check
 from cardbus.eventstore.errors import ConfigError
 from cardbus.eventstore.taskspec import DEFAULT_MAX_ATTEMPTS, RetryOverride
 
-__all__ = ["DEFAULT_NON_RETRYABLE", "RETRY_REASONS", "RetryPolicy", "RetryReason"]
+__all__ = [
+    "DEFAULT_MAX_HOST_LOSSES",
+    "DEFAULT_NON_RETRYABLE",
+    "RETRY_REASONS",
+    "RetryPolicy",
+    "RetryReason",
+]
 
 #: why an attempt failed, as ``task.retry_scheduled`` and ``task.failed`` record it
 RetryReason = Literal[
@@ -41,11 +47,19 @@ RetryReason = Literal[
     "remote_refused",
     # an offline re-run asked what the recorded run did not (the journal's strict mode)
     "replay_diverged",
+    # a recorded call the log cannot vouch for (bus.orchestrator.journal_trust): the
+    # orchestrator fails the task itself; another attempt would meet the same record
+    "journal_tampered",
     # a model call the orchestrator refused before it was sent: it would cross a budget
     # (never retried: bus.orchestrator.budget)
     "budget_exceeded",
+    # a tool on the agent's allow-list that nothing serves (a deployment's error: a
+    # retry would find it missing again)
+    "tool_not_found",
 ]
 RETRY_REASONS = allowed_values(RetryReason)
+#: attempts of one task that may die with the runtime's process and be retried anyway
+DEFAULT_MAX_HOST_LOSSES = 5
 #: failures that another attempt would only repeat (``RetryPolicy.non_retryable_reasons``)
 DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset(
     {
@@ -54,6 +68,8 @@ DEFAULT_NON_RETRYABLE: frozenset[RetryReason] = frozenset(
         "remote_refused",
         "replay_diverged",
         "budget_exceeded",
+        "journal_tampered",
+        "tool_not_found",
     }
 )
 
@@ -76,6 +92,11 @@ class RetryPolicy:
             the task at once instead of retrying it; by default
             ``llm_request_refused``, ``llm_bad_output`` and ``remote_refused``
             (``DEFAULT_NON_RETRYABLE``).
+        max_host_losses: how many attempts of one task may die with the runtime's own
+            process (an embedded process killed or stopped mid-attempt: reason
+            ``host_lost``, ``bus.orchestrator.hostloss``) and be retried anyway. Such a
+            retry spends none of ``max_attempts``; one loss more fails the task
+            ``host_lost``, so a run that crashes its host every time still ends.
     """
 
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -84,6 +105,7 @@ class RetryPolicy:
     maximum_interval_s: float = 10.0
     jitter: float = 0.5
     non_retryable_reasons: frozenset[RetryReason] = DEFAULT_NON_RETRYABLE
+    max_host_losses: int = DEFAULT_MAX_HOST_LOSSES
 
     def __post_init__(self) -> None:
         me = "RetryPolicy"
@@ -92,6 +114,7 @@ class RetryPolicy:
         check_number(me, "backoff_coefficient", self.backoff_coefficient, at_least=1)
         check_number(me, "maximum_interval_s", self.maximum_interval_s, at_least=0)
         check_number(me, "jitter", self.jitter, at_least=0)
+        check_number(me, "max_host_losses", self.max_host_losses, at_least=0, integer=True)
         if not math.isfinite(self.maximum_interval_s * (1 + self.jitter)):
             # the longest wait is written into task.retry_scheduled: it must be a number
             raise ConfigError(

@@ -21,6 +21,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard
 from cardbus.bus.orchestrator import budget as _budget
+from cardbus.bus.orchestrator.hostloss import is_host_loss
 from cardbus.bus.orchestrator.selection import AgentStat
 from cardbus.eventstore import Envelope, TaskState, transition
 from cardbus.eventstore import events as ev
@@ -42,11 +43,15 @@ class TaskView:
     state: TaskState | None = None
     attempt: int = 0  # number of the latest dispatched attempt
     failures: int = 0  # attempts that failed, timed out or broke the output schema
+    host_losses: int = 0  # attempts that died with the runtime's process (``hostloss``)
     dispatched_to: dict[str, float] = field(default_factory=dict)  # agent -> deadline (current)
     # Sets as frozensets, replaced (never changed) on a write: most tasks of a waiting
     # run are never dispatched, and one shared empty frozenset is no set of its own
     assigned: frozenset[str] = frozenset()  # every agent any attempt was sent to
     results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
+    # every result recorded, as (attempt, agent, replica, delivery): the same reply delivered
+    # again is known as such (``repeats``)
+    answered: frozenset[tuple[int, str, str, int]] = frozenset()
     settled: frozenset[int] = frozenset()  # attempts already decided
     excluded: frozenset[str] = frozenset()  # agents that rejected this task
     # agents an attempt of this task failed on (a reason with a failure weight): within the
@@ -60,6 +65,7 @@ class TaskView:
     # who cancelled it, when that stops its dependents too (``optional``): "run" for the
     # whole run's cancel, the dependency's task id for a cascade; "" otherwise
     cancel_cause: str = ""
+    cancelled_by: str = ""  # task.cancelled's actor (who cancelled it)
     review_round: int = 0
     review: list[ev.ReviewIssue] = field(default_factory=list)
     under_review: str | None = None  # reviewer task id while a review runs
@@ -94,7 +100,7 @@ class RunView:
     tokens: int = 0
     loop_counts: Counter[str] = field(default_factory=Counter)  # hash -> distinct tasks
     loop_seen: frozenset[tuple[str, str]] = frozenset()  # replaced on a write (TaskView)
-    finished: str | None = None  # "completed" | "failed" | "halted"
+    finished: str | None = None  # "completed" | "failed" | "halted" | "cancelled"
     finish_event: Any = None
     # a run planned from a goal (started.planning): its planning rounds, from the log
     planners: list[str] = field(default_factory=list)  # planning task ids, by round
@@ -409,7 +415,7 @@ def _finish(data: object) -> str:
         return "completed"
     if isinstance(data, ev.RunHalted):
         return "halted"
-    return "failed"
+    return "cancelled" if getattr(data, "cancelled", False) else "failed"
 
 
 _TASK_TYPES = frozenset(ev.TASK_EVENT_TYPES)
@@ -461,6 +467,8 @@ def _result(
     env: Envelope,
     data: ev.TaskResultSubmitted,
 ) -> None:
+    if data.replica_id:
+        task.answered |= {(data.attempt, data.agent_id, data.replica_id, data.delivery)}
     if data.attempt == task.attempt:
         task.results[data.agent_id] = data
         task.started |= {data.agent_id}
@@ -483,7 +491,10 @@ def _retry_scheduled(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskRetryScheduled
 ) -> None:
     task.settled |= {task.attempt}
-    task.failures += 1
+    if is_host_loss(data.reason):  # not the agent's: spends no attempt (``hostloss``)
+        task.host_losses += 1
+    else:
+        task.failures += 1
     task.not_before = data.not_before
     task.reason = data.reason
     if _FAILURE_WEIGHT.get(data.reason.split(":", 1)[0].strip(), 0.0) > 0:
@@ -574,6 +585,7 @@ def _ended(
     task.error = data.error if isinstance(data, ev.TaskFailed) else ""
     if isinstance(data, ev.TaskCancelled):
         task.cancel_cause = "run" if data.whole_run else data.cause_task_id or ""
+        task.cancelled_by = env.actor or ""
 
 
 _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, Any], None]] = {

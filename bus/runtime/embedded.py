@@ -42,6 +42,7 @@ from cardbus.bus.orchestrator.reuse import ReusePolicy
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
+from cardbus.bus.runtime.tools_served import check_served
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
 from cardbus.eventstore import Envelope, EventStore, MemoryEventStore
@@ -53,6 +54,9 @@ __all__ = ["EmbeddedRuntime", "PlannedGoal", "plan_goal", "with_planner"]
 
 log = logging.getLogger(__name__)
 
+#: the tool an embedded runtime serves when given none: local documents
+DEFAULT_TOOL = "doc_search"
+
 
 class EmbeddedRuntime:
     """Store + in-process bus + agent workers + orchestrator, started and stopped together.
@@ -63,6 +67,10 @@ class EmbeddedRuntime:
     ``default_planner`` adds a ``RulePlanner`` when no agent offers ``plan``;
     ``mcp_servers`` are started with the runtime and their tools mounted in ``tools``
     as ``<server>__<tool>`` (``cardbus.agents.mcp``, the ``mcp`` extra), and stopped with it.
+    The ``Tool`` s an agent declares are run by its worker; a tool it declares by name or
+    spec that ``tools`` lacks once the MCP servers are mounted refuses the start
+    (``ToolNotServed``: ``bus.runtime.tools_served``), unless ``require_tools=False``
+    (an offline re-run: every call is answered from the log).
     ``reuse``: completed tasks' results kept in long-term memory and (``reuse=True``)
     answering identical later tasks (``bus.orchestrator.reuse``); None: neither.
     """
@@ -80,6 +88,7 @@ class EmbeddedRuntime:
         default_planner: bool = True,
         mcp_servers: Sequence[MCPServer] = (),
         reuse: ReusePolicy | None = None,
+        require_tools: bool = True,
     ) -> None:
         self.store = store
         self.bus = InProcessBus()
@@ -90,10 +99,11 @@ class EmbeddedRuntime:
             if docs is None:
                 self._docs = demo_docs()
                 docs = demo_docs_folder(self._docs)
-            tools = ToolRegistry([doc_search_tool(docs)])
+            tools = ToolRegistry([doc_search_tool(docs, name=DEFAULT_TOOL)])
         self.tools = tools
         self.mcp_servers = list(mcp_servers)
         self._mcp: Any = None  # the MCPToolset while running
+        self.require_tools = require_tools
         # its agents live in this process: the attempts a previous process left in flight
         # died with it, and time out at once on resume
         self.orchestrator = Orchestrator(
@@ -115,6 +125,9 @@ class EmbeddedRuntime:
         tune_gc()
         self._mcp = await start_mcp(self.mcp_servers, self.tools)
         try:
+            # a tool an agent declares that nobody serves: refused now, not found mid-run
+            if self.require_tools:
+                check_served([w.agent for w in self.workers], self.tools)
             # its agents are registered before the open runs it finds are resumed
             await self.orchestrator.start(agents=[w.agent.card() for w in self.workers])
             for w in self.workers:
@@ -124,6 +137,18 @@ class EmbeddedRuntime:
             raise
         self._state = "running"
         return self
+
+    @staticmethod
+    def check_tools(
+        agents: Sequence[type[Agent]],
+        tools: ToolRegistry | None = None,
+        mcp_servers: Sequence[MCPServer] = (),
+    ) -> None:
+        """``ToolNotServed`` now for a tool ``agents`` declare that a runtime made with these
+        ``tools`` (None: the default, ``doc_search``) could not serve; one of the
+        ``mcp_servers`` ' is checked when they are mounted (at the start)."""
+        served = tools if tools is not None else {DEFAULT_TOOL}
+        check_served(agents, served, mcp_servers)
 
     async def _stop_mcp(self) -> None:
         mcp, self._mcp = self._mcp, None
@@ -264,7 +289,7 @@ async def plan_goal(
     if run.accepted:
         proposed = run.proposals[run.accepted[-1].round]
         tasks = proposal_plan(proposed.proposal, plan.goal).tasks
-        checked = msgspec.structs.replace(plan, tasks=tasks)
+        checked = msgspec.structs.replace(plan, tasks=tasks, from_goal=proposed.from_goal)
         return PlannedGoal(checked, timeline.planning, "accepted", events=count, duration_s=elapsed)
     finish = run.finish_event
     return PlannedGoal(

@@ -43,7 +43,8 @@ from typing import Any
 import nats.errors
 
 from cardbus.agents import requests as rq
-from cardbus.bus.orchestrator.core import Orchestrator, RunResult, _result_of
+from cardbus.bus.orchestrator.core import Orchestrator, RunResult
+from cardbus.bus.orchestrator.run_result import result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
@@ -557,7 +558,7 @@ class MemberLog:
         state = RunState()
         for env in await self.store.read_correlation(root_id):
             state.apply(env)
-        return _result_of(state, root_id)
+        return result_of(state, root_id)
 
     async def _listen(self) -> None:
         """Hear runs finish: a core subscription to the finish events' subjects (others'

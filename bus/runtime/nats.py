@@ -46,10 +46,12 @@ from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.reuse import ReusePolicy
+from cardbus.bus.runtime.leases import serve_leases
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.members import MemberLog
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
+from cardbus.bus.runtime.tools_served import check_served
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, NatsBus
 from cardbus.bus.transport.nats import agent_inbox_prefix as inbox_prefix_of
@@ -196,6 +198,7 @@ class NatsRuntime:
                 self.store = await NatsEventStore.from_connection(nc, **self.store_options)
             if self.tools is not None:
                 self._mcp = await start_mcp(self.mcp_servers, self.tools)
+            check_served(self.agents, self.tools)  # the agents served here, with it
             # Agents' requests (read_output, long-term memory) are served here too.
             self.memory = LongTermMemory(self.store)
             self.keeper = MemoryKeeper(self.store, None, self.memory, results=self.reuse)
@@ -246,6 +249,8 @@ class NatsRuntime:
             if self.partitions is not None:  # a first share before the resume: its runs
                 await self.partitions.start()
             await self.orchestrator.start()
+            # ``cardbus agents`` asks who holds a live lease (renewals are not in the log)
+            await serve_leases(nc, self.orchestrator)
             if self.agents:
                 # the agents get their own connection, as they would in their own process
                 agent_bus = await NatsBus.connect(
@@ -386,12 +391,16 @@ async def serve_agents(
     bus_options: dict[str, Any] | None = None,
     ready: asyncio.Event | None = None,
     started_after_s: float = NATS_STARTED_AFTER_S,
+    mcp_servers: Sequence[MCPServer] = (),
 ) -> None:
     """Serve ``agents`` as ``replicas`` replicas, each on its own connection, until ``stop``.
 
     ``concurrency``: cards at once per replica (None: each agent's ``max_concurrency``).
     ``started_after_s``: a card still running after this long is reported ``Started``
     (a quicker one is answered with its result alone: ``NATS_STARTED_AFTER_S``).
+    The ``Tool`` s an agent declares run in this process; so do the tools of
+    ``mcp_servers`` (``<server>__<tool>``, for the agents whose allow-list has them),
+    started here first and stopped after the agents.
     """
     if not agents:
         raise BusError("no agent to serve")
@@ -399,12 +408,16 @@ async def serve_agents(
     buses: list[NatsBus] = []
     workers: list[AgentWorker] = []
     name = "cardbus-agent-" + "+".join(a.agent_id for a in agents)
+    local = ToolRegistry() if mcp_servers else None
+    toolset = await start_mcp(mcp_servers, local) if local is not None else None
     try:
         for r in range(replicas):
             bus = await NatsBus.connect(options, name=f"{name}-{r}", **(bus_options or {}))
             buses.append(bus)
             for a in agents:
-                worker = AgentWorker(bus, a, llm, concurrency, started_after_s=started_after_s)
+                worker = AgentWorker(
+                    bus, a, llm, concurrency, started_after_s=started_after_s, local_tools=local
+                )
                 await worker.start()
                 workers.append(worker)
         if ready is not None:
@@ -417,6 +430,9 @@ async def serve_agents(
         for b in buses:
             with contextlib.suppress(Exception):
                 await b.close()
+        if toolset is not None:
+            with contextlib.suppress(Exception):
+                await toolset.stop()
 
 
 # -- a local nats-server ------------------------------------------------------------

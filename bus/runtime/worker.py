@@ -11,6 +11,13 @@ a second run. A handler still running well past the card's ``timeout_s`` is
 cancelled and answered with a failed result, so a hung agent frees its
 handler for the next card.
 
+Cancels: a handler whose task was cancelled or halted meanwhile is cancelled
+(``CancelledError`` inside it) and answered with a failed result of reason
+``cancelled`` (recorded as ``task.result_ignored``, ``handler_cancelled``). The
+worker hears it from the orchestrator's cancel notice (``Bus.watch_cancels``), and,
+since a notice may be lost, asks ``attempt.live`` every ``cancel_check_s`` for each
+handler running that long (``bus.orchestrator.cancel_notices``).
+
 Up to ``concurrency`` cards run at once: by default the agent's
 ``constraints.max_concurrency``, as that many handlers of its inbox
 (``bus.consume`` once each). In process each is a consumer of the inbox queue;
@@ -45,13 +52,21 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
-from cardbus.agents.cards import Announce, ResultCard, Started, TaskCard
+from cardbus.agents.cards import Announce, CancelNotice, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
-from cardbus.agents.requests import REQUESTER, TOOL_SPECS
+from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS, AgentRequest
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
+from cardbus.bus.orchestrator.cancel_notices import CANCELLED_REASON
+from cardbus.bus.runtime.tools_served import (
+    WorkerTools,
+    specs_wanted,
+    with_specs,
+    worker_tools,
+)
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore.errors import BusError, ConfigError
+from cardbus.eventstore.ids import new_id
 
 __all__ = ["AgentWorker"]
 
@@ -66,15 +81,27 @@ class AgentWorker:
         started_after_s: float = 0.01,
         lease_s: float = 10.0,
         tools: ToolRegistry | None = None,
+        cancel_check_s: float = 5.0,
+        local_tools: ToolRegistry | None = None,
     ) -> None:
         """``concurrency``: cards at once (None: the agent's ``constraints.max_concurrency``);
         ``lease_s``: the lease announced, renewed every third of it (0: never renewed);
+        ``cancel_check_s``: how often a handler running that long asks whether its attempt
+        is still wanted (0: never; cancel notices still stop it);
         ``tools``: the registry the agent's tool calls are served from, whose specs of the
-        tools on its allow-list a handler reads as ``ctx.tool_specs``."""
+        tools on its allow-list a handler reads as ``ctx.tool_specs``.
+
+        The ``Tool`` s the agent declares itself (an ``LLMAgent``'s ``tools``) that
+        ``tools`` does not have are run here, by this worker, wherever it runs (journaled:
+        ``bus.runtime.tools_served``), and so are ``local_tools`` on its allow-list (MCP
+        servers mounted in an agent's own process: ``cardbus agent serve --mcp``); their
+        specs are in ``ctx.tool_specs`` too."""
         self.bus = bus
         self.agent = agent
         self.llm = llm
         self.tools = tools
+        self.local_tools = local_tools
+        self._serving: WorkerTools | None = None  # made at the first card: MCP is mounted
         if concurrency is None:
             concurrency = agent.constraints.max_concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -90,6 +117,16 @@ class AgentWorker:
         if not lease_s >= 0:
             raise ConfigError(f"{agent.agent_id}: lease_s must be >= 0, got {lease_s!r}")
         self.lease_s = float(lease_s)
+        if not cancel_check_s >= 0:
+            raise ConfigError(
+                f"{agent.agent_id}: cancel_check_s must be >= 0, got {cancel_check_s!r}"
+            )
+        self.cancel_check_s = float(cancel_check_s)
+        self._checking: asyncio.Task[None] | None = None
+        self.stopped = 0  # handlers stopped because their task was cancelled or halted
+        # notices for attempts not running here (yet): a card that arrives after its
+        # cancel (redelivered, or still queued) is stopped as it begins
+        self._cancelled: OrderedDict[tuple[str, int], str] = OrderedDict()
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.replica_id = f"{self.host}-{self.pid}-{uuid.uuid4().hex[:6]}"
@@ -120,11 +157,74 @@ class AgentWorker:
 
     async def start(self) -> None:
         await self.bus.reply(self._announce())
+        # before the first card: a cancel of it must find us listening
+        await self.bus.watch_cancels(self.agent.agent_id, self._on_notice)
         for _ in range(self.concurrency):
             handler = telemetry.traced_handler(self._on_card, self.bus, self.agent.agent_id)
             await self.bus.consume(self.agent.agent_id, handler)
         if self.lease_s > 0:
             self._renewing = asyncio.create_task(self._renew(), name=f"lease-{self.agent.agent_id}")
+        if self.cancel_check_s > 0:
+            self._checking = asyncio.create_task(
+                self._check_live(), name=f"cancels-{self.agent.agent_id}"
+            )
+
+    def _on_notice(self, notice: CancelNotice) -> None:
+        """Cancel the handler of the notice's attempt, if it runs here."""
+        key = (notice.task_id, notice.attempt)
+        why = (notice.reason or "cancelled") + (f" by {notice.by}" if notice.by else "")
+        watch = self._watched.get(key)
+        if watch is None:  # not running here: remembered, should its card come (later)
+            self._cancelled[key] = why
+            if len(self._cancelled) > 10_000:
+                self._cancelled.popitem(last=False)
+            return
+        if watch.ended or watch.expired or watch.stopped:
+            return  # done, or being cancelled already
+        watch.stopped = why
+        watch.task.cancel()
+
+    def _notice(self, card: TaskCard, reason: str, by: str = "") -> CancelNotice:
+        """A cancel notice for ``card``'s attempt, as the worker tells itself."""
+        agent_id = self.agent.agent_id
+        return CancelNotice(
+            task_id=card.task_id, attempt=card.attempt, agent_id=agent_id, reason=reason, by=by
+        )
+
+    async def _check_live(self) -> None:
+        """Every ``cancel_check_s``: ask whether each handler running that long is still
+        wanted, and stop those whose task ended (a cancel notice may have been lost)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.cancel_check_s)
+            since = loop.time() - self.cancel_check_s
+            old = [w for w in self._watched.values() if w.begun <= since and not w.stopped]
+            if old and not await self._ask_live(old):
+                return  # this bus carries no requests: the notices are all there is
+
+    async def _ask_live(self, watches: list[_Watch]) -> bool:
+        async def ask(watch: _Watch) -> None:
+            card = watch.card
+            request = AgentRequest(
+                request_id=new_id(),
+                task_id=card.task_id,
+                attempt=card.attempt,
+                agent_id=self.agent.agent_id,
+                kind="attempt.live",
+                root_id=card.root_id,
+            )
+            answer = await self.bus.request(request, timeout=max(1.0, self.cancel_check_s))
+            found = answer.result
+            if isinstance(found, dict) and found.get("live") is False:
+                self._on_notice(
+                    self._notice(card, str(found.get("reason") or ""), str(found.get("by") or ""))
+                )
+
+        outcomes = await asyncio.gather(*(ask(w) for w in watches), return_exceptions=True)
+        # a bus without the request path says so; any other error: ask again next time
+        return not any(
+            isinstance(o, BusError) and "does not carry agent requests" in str(o) for o in outcomes
+        )
 
     async def _renew(self) -> None:
         """Announce again every third of the lease, until stopped or the bus closes."""
@@ -141,13 +241,15 @@ class AgentWorker:
     async def stop(self, announce: bool = True) -> None:
         """Stop renewing the lease and (``announce``) say the agent is going offline."""
         renewing, self._renewing = self._renewing, None
+        checking, self._checking = self._checking, None
         if self._sweep is not None and not self._watched:  # nothing left to watch
             self._sweep.cancel()
             self._sweep = None
-        if renewing is not None:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await renewing
+        for running in (renewing, checking):
+            if running is not None:
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await running
         if announce:
             with contextlib.suppress(Exception):
                 await self.bus.reply(self._announce(online=False))
@@ -162,6 +264,8 @@ class AgentWorker:
 
     async def _on_card(self, card: TaskCard) -> None:
         key = (card.task_id, card.attempt)
+        if self._serving is None:  # once, at its first card: MCP servers are mounted by then
+            self._serving = await self._worker_tools(card)
         answer = self._answers.get(key)
         if answer is None:
             running = self._running.get(key)
@@ -186,10 +290,10 @@ class AgentWorker:
         future: asyncio.Future[ResultCard] = loop.create_future()
         self._running[key] = future
         REQUESTER.set(self.bus.request)  # ctx.tool / ctx.long_term / ctx.read_output ask through it
-        if self.tools is not None and self.agent.constraints.tools:  # ctx.tool_specs
-            TOOL_SPECS.set(
-                {n: t.spec for n in self.agent.constraints.tools if (t := self.tools.get(n))}
-            )
+        serving = self._serving or worker_tools(self.agent, self.tools, self.local_tools)
+        # set for every card: a consumer's task may have run another agent's card before
+        TOOL_SPECS.set(serving.specs)  # ctx.tool_specs
+        LOCAL_TOOLS.set(serving.here)  # the tools run here, by this worker (ctx.tool)
         if self._threads is None:
             self._threads = ThreadPoolExecutor(
                 self.concurrency, thread_name_prefix=f"cardbus-{self.agent.agent_id}"
@@ -207,35 +311,32 @@ class AgentWorker:
                 await self.bus.reply(self._started(card))
             now = loop.time()
             due = now + self.started_after_s if self.started_after_s > 0 else None
-            watch = _Watch(card, due, now + limit, task)
+            watch = _Watch(card, due, now + limit, task, now)
             # as asyncio.timeout does: a cancel from elsewhere while expiring is not ours
             cancelling = task.cancelling()
             try:
                 self._watch(watch)
                 self._arm(loop, watch.first())
+                if key in self._cancelled:  # its cancel came first: stopped as it begins
+                    self._on_notice(self._notice(card, self._cancelled[key]))
                 answer = await telemetry.invoke_agent(self.agent, card, self.llm)
             except BaseException as e:
-                # past the deadline the sweep cancelled the handler: a failed result, unless
-                # someone else cancelled this task as well (then it ends, as it must)
+                # past the deadline the sweep cancelled the handler, or its task ended (a
+                # cancel notice): a failed result, unless someone else cancelled this task
+                # as well (then it ends, as it must)
                 if not (
-                    watch.expired
+                    (watch.expired or watch.stopped)
                     and task.uncancel() <= cancelling
                     and isinstance(e, asyncio.CancelledError)
                 ):
                     raise
-                answer = ResultCard(
-                    task_id=card.task_id,
-                    attempt=card.attempt,
-                    agent_id=self.agent.agent_id,
-                    status="failed",
-                    # the orchestrator's reason for a deadline: on a busy machine this can
-                    # arrive before its own time-out, and the log should say the same
-                    reason="timeout",
-                    error=f"TimeoutError: still running {limit:g}s after it started; cancelled",
-                    duration_s=limit,
-                )
+                if watch.stopped and not watch.expired:
+                    self.stopped += 1
+                    answer = self._stopped_answer(card, watch, loop.time() - now)
+                else:
+                    answer = self._timeout_answer(card, limit)
             else:
-                if watch.expired:  # the handler swallowed our cancel: take it back
+                if watch.expired or watch.stopped:  # the handler swallowed our cancel
                     task.uncancel()
             finally:
                 self._watched.pop(key, None)
@@ -260,6 +361,51 @@ class AgentWorker:
                 # its consumer.
                 future.set_exception(BusError(f"attempt {key} was abandoned before answering"))
                 future.exception()  # retrieved: no "never retrieved" warning if nobody waits
+
+    def _timeout_answer(self, card: TaskCard, limit: float) -> ResultCard:
+        return ResultCard(
+            task_id=card.task_id,
+            attempt=card.attempt,
+            agent_id=self.agent.agent_id,
+            status="failed",
+            # the orchestrator's reason for a deadline: on a busy machine this can
+            # arrive before its own time-out, and the log should say the same
+            reason="timeout",
+            error=f"TimeoutError: still running {limit:g}s after it started; cancelled",
+            duration_s=limit,
+        )
+
+    def _stopped_answer(self, card: TaskCard, watch: _Watch, ran_s: float) -> ResultCard:
+        return ResultCard(
+            task_id=card.task_id,
+            attempt=card.attempt,
+            agent_id=self.agent.agent_id,
+            status="failed",
+            reason=CANCELLED_REASON,  # recorded as task.result_ignored: handler_cancelled
+            error=f"CancelledError: the handler was stopped, its task ended ({watch.stopped})",
+            duration_s=round(ran_s, 6),
+        )
+
+    async def _worker_tools(self, card: TaskCard) -> WorkerTools:
+        """The tools of this worker (at its first card: MCP servers are mounted by then);
+        with its orchestrator elsewhere (NATS), the specs of the tools the agent declares
+        by name are asked of it (``tool.specs``), for the model to be offered them."""
+        serving = worker_tools(self.agent, self.tools, self.local_tools)
+        if self.tools is not None or not specs_wanted(self.agent, serving):
+            return serving
+        ask = AgentRequest(
+            request_id=new_id(),
+            task_id=card.task_id,
+            root_id=card.root_id,
+            attempt=card.attempt,
+            agent_id=self.agent.agent_id,
+            kind="tool.specs",
+        )
+        try:
+            answer = await asyncio.wait_for(self.bus.request(ask), _SPECS_WAIT_S)
+        except Exception:  # no answer (an orchestrator of before): offered without schemas
+            return serving
+        return with_specs(serving, answer.result) if answer.ok else serving
 
     # One timer for the cards running, not two per card: an instant agent answers long
     # before either would fire, and every timer is a heap push and a cancel on the loop.
@@ -310,6 +456,9 @@ class AgentWorker:
             self._arm(loop, soonest)
 
 
+#: how long a worker waits for its orchestrator's tool specs (once) before going on without
+_SPECS_WAIT_S = 5.0
+
 #: how early an event loop may run a timer (asyncio: its clock's resolution; uvloop rounds
 #: to milliseconds): the sweep counts a moment that near as come, not one to sleep until
 _CLOCK_SLACK = max(time.get_clock_info("monotonic").resolution, 1e-3)
@@ -319,12 +468,29 @@ class _Watch:
     """A card being run: when its Started is due (None: sent, or not to be sent) and when
     its handler is cancelled; the Started replies sent for it."""
 
-    __slots__ = ("card", "deadline", "due", "ended", "expired", "reported", "task")
+    __slots__ = (
+        "begun",
+        "card",
+        "deadline",
+        "due",
+        "ended",
+        "expired",
+        "reported",
+        "stopped",
+        "task",
+    )
 
     def __init__(
-        self, card: TaskCard, due: float | None, deadline: float, task: asyncio.Task[object]
+        self,
+        card: TaskCard,
+        due: float | None,
+        deadline: float,
+        task: asyncio.Task[object],
+        begun: float = 0.0,
     ) -> None:
         self.card = card
+        self.begun = begun  # when its handler began (the loop's clock)
+        self.stopped = ""  # why its handler was cancelled on its task's end (a notice)
         self.due = due
         self.deadline = deadline
         self.task = task

@@ -11,8 +11,16 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from cardbus.agents import requests as rq
-from cardbus.agents.cards import Reply, TaskCard, decode_reply, decode_task_card, encode
-from cardbus.bus.transport.interface import Bus, CardHandler, RequestHandler
+from cardbus.agents.cards import (
+    CancelNotice,
+    Reply,
+    TaskCard,
+    decode_cancel_notice,
+    decode_reply,
+    decode_task_card,
+    encode,
+)
+from cardbus.bus.transport.interface import Bus, CancelHandler, CardHandler, RequestHandler
 from cardbus.eventstore.errors import BusError, DecodeError
 
 __all__ = ["InProcessBus"]
@@ -28,6 +36,8 @@ class InProcessBus(Bus):
         self._consumers: list[asyncio.Task[None]] = []
         self._closed = False
         self._request_handler: RequestHandler | None = None
+        self._cancel_watchers: dict[str, list[CancelHandler]] = {}
+        self._serving: set[asyncio.Future[rq.AgentResponse]] = set()  # requests answering
 
     def _inbox(self, agent_id: str) -> asyncio.Queue[tuple[bytes, int]]:
         # not setdefault(agent_id, asyncio.Queue()): that builds a queue for every card sent
@@ -89,6 +99,19 @@ class InProcessBus(Bus):
             except DecodeError as e:
                 await self._bad("cardbus.reply", data, str(e))
 
+    async def cancel_attempt(self, notice: CancelNotice) -> None:
+        if self._closed:
+            return
+        notice = decode_cancel_notice(encode(notice))  # across the codec, as on the wire
+        for handler in self._cancel_watchers.get(notice.agent_id, ()):
+            try:
+                handler(notice)
+            except Exception:  # one worker's bug must not keep the notice from the others
+                log.exception("cancel notice handler failed for %s", notice.agent_id)
+
+    async def watch_cancels(self, agent_id: str, handler: CancelHandler) -> None:
+        self._cancel_watchers.setdefault(agent_id, []).append(handler)
+
     async def serve_requests(self, handler: RequestHandler) -> None:
         self._request_handler = handler
 
@@ -103,8 +126,14 @@ class InProcessBus(Bus):
         except DecodeError as e:
             await self._bad(subject, b"", str(e))
             raise BusError(f"request cannot be sent: {e}") from e
+        # the orchestrator's side runs on its own, as across the network: a handler
+        # cancelled meanwhile (its task was) does not cut a tool call off before it
+        # is recorded (tool.called), nor does a request that timed out here
+        serving = asyncio.ensure_future(handler(decoded))
+        self._serving.add(serving)
+        serving.add_done_callback(self._served)
         try:
-            response = await asyncio.wait_for(handler(decoded), timeout)
+            response = await asyncio.wait_for(asyncio.shield(serving), timeout)
         except TimeoutError as e:
             raise BusError(f"no answer to request {request.request_id} in {timeout:g}s") from e
         except asyncio.CancelledError:
@@ -116,6 +145,11 @@ class InProcessBus(Bus):
         except DecodeError as e:
             raise BusError(f"bad answer to request {request.request_id}: {e}") from e
 
+    def _served(self, serving: asyncio.Future[rq.AgentResponse]) -> None:
+        self._serving.discard(serving)
+        if not serving.cancelled():
+            serving.exception()  # retrieved: its caller may have gone (cancelled, timed out)
+
     async def _bad(self, subject: str, data: bytes, reason: str) -> None:
         log.warning("bad message on %s: %s", subject, reason)
         if self.on_bad_message is not None:
@@ -126,6 +160,9 @@ class InProcessBus(Bus):
     async def close(self) -> None:
         self._closed = True
         self._request_handler = None
+        self._cancel_watchers.clear()
+        for serving in list(self._serving):  # what nobody waits for any more
+            serving.cancel()
         for task in self._consumers:
             task.cancel()
         for task in self._consumers:

@@ -26,6 +26,14 @@ and pass ``cardbus.testing.BusContract`` (``tests/contract/bus.py``). The contra
   core request/reply on ``cardbus.req.<agent_id>``, served by a queue-group
   subscription on ``cardbus.req.>``; not persisted (a request nobody answers
   times out and the agent sees ``BusError``).
+* Cancel notices (optional; the defaults do nothing): ``cancel_attempt(notice)``
+  tells the agent running ``(task_id, attempt)`` to stop its handler (the task
+  was cancelled or halted meanwhile); ``watch_cancels(agent_id, handler)`` has
+  ``handler`` called with each notice for that agent. A notice is a hint, at
+  most once: a worker also asks the orchestrator now and then whether a long
+  handler's attempt is still live (``attempt.live``), so a lost notice delays the
+  stop, never prevents it. On NATS: core publish on ``cardbus.cancel.<agent_id>``,
+  which only orchestrators may publish and only that agent may subscribe to.
 * Sender identity: a transport that knows who sent a message (NATS: the
   subject, which the server's permissions restrict to the agent's own user)
   refuses a reply or request that names another agent than its sender,
@@ -41,13 +49,22 @@ import abc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from cardbus.agents.cards import Reply, TaskCard
+from cardbus.agents.cards import CancelNotice, Reply, TaskCard
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.eventstore.errors import BusError
 
-__all__ = ["BadMessage", "Bus", "CardHandler", "Refusal", "Refused", "RequestHandler"]
+__all__ = [
+    "BadMessage",
+    "Bus",
+    "CancelHandler",
+    "CardHandler",
+    "Refusal",
+    "Refused",
+    "RequestHandler",
+]
 
 CardHandler = Callable[[TaskCard], Awaitable[None]]
+CancelHandler = Callable[[CancelNotice], None]
 RequestHandler = Callable[[AgentRequest], Awaitable[AgentResponse]]
 BadMessage = Callable[[str, bytes, str], Awaitable[None] | None]  # (subject, data, reason)
 
@@ -102,6 +119,13 @@ class Bus(abc.ABC):
     async def serve_requests(self, handler: RequestHandler) -> None:
         """Orchestrator side: answer every agent request with ``handler`` (optional)."""
         raise BusError(f"{type(self).__name__} does not carry agent requests")
+
+    async def cancel_attempt(self, notice: CancelNotice) -> None:  # noqa: B027 (optional)
+        """Orchestrator side: ask the agent running ``notice``'s attempt to stop it (a hint,
+        at most once; the worker's ``attempt.live`` check is the backstop)."""
+
+    async def watch_cancels(self, agent_id: str, handler: CancelHandler) -> None:  # noqa: B027
+        """Agent side: call ``handler`` with every cancel notice for ``agent_id``."""
 
     @abc.abstractmethod
     async def close(self) -> None:

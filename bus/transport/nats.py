@@ -33,8 +33,8 @@ Subjects and streams
   makes sure each is recorded once. A reply is acked once the orchestrator
   has taken it from ``replies()`` (put it into its decide loop: the iterator
   was asked for the next one), so an orchestrator killed before that gets it
-  again; a reply seen twice is harmless (it is recorded once, or as
-  ``task.result_ignored``). The consumer acks with ``AckAll``: one ack at
+  again; a reply seen twice is harmless (it is recorded once; the same reply
+  again writes nothing, ``bus.orchestrator.repeats``). The consumer acks with ``AckAll``: one ack at
   most every 20 ms for the last reply taken covers every one before it
   (``ReplyAcks``: replies are taken in delivery order; what a stopped
   predecessor left unacked is waited for first); a consumer created by an
@@ -65,6 +65,14 @@ Subjects and streams
   (claimed and actual sender), and never handed to the orchestrator; a refused
   request is answered ``access_denied``. Without per-agent permissions on the
   server the subject proves nothing: any client may publish anywhere.
+
+* ``cardbus.cancel.<agent>`` -- cancel notices (``CancelNotice``): core NATS, not
+  persisted, published by the orchestrator that folds a ``task.cancelled`` or
+  ``task.halted`` of an attempt in flight, heard by every replica of the agent
+  (``watch_cancels``); the one running the attempt cancels its handler. Only
+  orchestrators may publish there, and agent X may subscribe only to its own
+  (:func:`agent_permissions`), so no agent can stop another's work. A notice lost
+  (a replica reconnecting) is made up by the worker's ``attempt.live`` check.
 
 * ``cardbus.req.<agent>`` -- an agent's requests to the orchestrator
   (``Bus.request``): core NATS request/reply, not persisted, served by the
@@ -121,15 +129,23 @@ from nats.js.api import Header, StatusCode
 from cardbus.agents import requests as rq
 from cardbus.agents.cards import (
     Announce,
+    CancelNotice,
     Reply,
     ResultCard,
     Started,
     TaskCard,
+    decode_cancel_notice,
     decode_reply,
     decode_task_card,
     encode,
 )
-from cardbus.bus.transport.interface import Bus, CardHandler, Refusal, RequestHandler
+from cardbus.bus.transport.interface import (
+    Bus,
+    CancelHandler,
+    CardHandler,
+    Refusal,
+    RequestHandler,
+)
 from cardbus.bus.transport.nats_replies import (
     ANNOUNCE_PREFIX,
     ORCHESTRATOR_DURABLE,
@@ -154,6 +170,7 @@ from cardbus.eventstore.nats.wire import RequestMux, decode_ack
 
 __all__ = [
     "ANNOUNCE_PREFIX",
+    "CANCEL_PREFIX",
     "DEAD_PREFIX",
     "DEAD_STREAM",
     "INBOX_PREFIX",
@@ -167,6 +184,7 @@ __all__ = [
     "REQUEST_PREFIX",
     "TRACE_HEADER",
     "agent_permissions",
+    "cancel_subject",
     "consumer_name",
     "header",
     "inbox_subject",
@@ -182,6 +200,7 @@ DEAD_STREAM = "CARDBUS_DEAD"
 INBOX_PREFIX = "cardbus.agent"
 DEAD_PREFIX = "cardbus.dead"
 REQUEST_PREFIX = "cardbus.req"
+CANCEL_PREFIX = "cardbus.cancel"
 REQUEST_QUEUE = "cardbus-orchestrators"
 ERROR_HEADER = "Cardbus-Error"
 MAX_DELIVERIES_ADVISORY = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{INBOX_STREAM}.*"
@@ -216,6 +235,11 @@ T = TypeVar("T")
 
 def inbox_subject(agent_id: str) -> str:
     return f"{INBOX_PREFIX}.{encode_token(agent_id)}"
+
+
+def cancel_subject(agent_id: str) -> str:
+    """Where agent X's replicas hear cancel notices (only orchestrators publish there)."""
+    return f"{CANCEL_PREFIX}.{encode_token(agent_id)}"
 
 
 def consumer_name(agent_id: str) -> str:
@@ -296,7 +320,8 @@ def agent_permissions(agent_id: str) -> dict[str, list[str]]:
     names another agent than its subject), its own announcement and requests,
     and dead letters; and subscribe only to its own reply
     prefix (:func:`agent_inbox_prefix`), so it cannot see another agent's
-    deliveries. It cannot publish events, send cards or touch another inbox.
+    deliveries, and to its own cancel notices (:func:`cancel_subject`). It cannot
+    publish events, send cards or cancel notices, or touch another inbox.
     """
     t = encode_token(agent_id)
     durable = consumer_name(agent_id)
@@ -313,7 +338,7 @@ def agent_permissions(agent_id: str) -> dict[str, list[str]]:
             f"{api}.CONSUMER.MSG.NEXT.{INBOX_STREAM}.{durable}",
             f"$JS.ACK.{INBOX_STREAM}.{durable}.>",
         ],
-        "subscribe": [f"{agent_inbox_prefix(agent_id)}.>"],
+        "subscribe": [f"{agent_inbox_prefix(agent_id)}.>", cancel_subject(agent_id)],
     }
 
 
@@ -335,6 +360,7 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             f"$JS.ACK.{REPLY_STREAM}.>",
             "$KV.cardbus-owners.>",  # run partitions' leases (bus.orchestrator.partition)
             "cardbus.orch.>",  # an agent's request handed to its run's member (runtime.members)
+            f"{CANCEL_PREFIX}.>",  # stop the handler of an attempt whose task ended
         ],
         # and allow_responses (answers to agents' requests), see authorization_config;
         # cardbus.evt.>: the log's store hears other writers' appends (without it, it
@@ -986,6 +1012,37 @@ class NatsBus(Bus):
                 if left.reply and left.reply.startswith("$JS.ACK."):
                     with contextlib.suppress(Exception):
                         await left.nak()
+
+    # -- cancel notices (core NATS, at most once: see the module doc) ---------------
+
+    async def cancel_attempt(self, notice: CancelNotice) -> None:
+        if self._closed:
+            return
+        with translated("cannot send a cancel notice", error=BusError, refused=BusError):
+            await self.nc.publish(cancel_subject(notice.agent_id), encode(notice))
+
+    async def watch_cancels(self, agent_id: str, handler: CancelHandler) -> None:
+        if self._closed:
+            raise BusError("the bus is closed")
+
+        async def on_notice(msg: Msg) -> None:
+            try:
+                notice = decode_cancel_notice(msg.data)
+            except DecodeError as e:
+                await self._bad(msg.subject, msg.data, str(e))
+                return
+            if notice.agent_id != agent_id:  # the subject is the agent's: the body must agree
+                await self._bad(msg.subject, msg.data, f"a notice for {notice.agent_id!r}")
+                return
+            try:
+                handler(notice)
+            except Exception:
+                log.exception("cancel notice handler failed on %s", msg.subject)
+
+        with translated("cannot watch cancel notices", error=BusError, refused=BusError):
+            sub = await self.nc.subscribe(cancel_subject(agent_id), cb=on_notice)
+            await self.nc.flush()  # the server knows of it: notices sent from now on arrive
+        self._subs.append(sub)
 
     # -- agent -> orchestrator requests (core request/reply, not persisted) ----------
 

@@ -13,7 +13,11 @@ would (any schema: a run of LLM agents completes on the stub); ``responder``
 ``Reply(tool_calls=[(name, arguments), ...])`` answers with those function
 calls (several: parallel calls; arguments a dict, or text sent as is), no
 content and ``finish_reason: "tool_calls"``, as a model calling tools does.
-Every request is recorded (path, headers, JSON body).
+Every request is recorded (path, headers, JSON body). A request's ``max_tokens`` (or
+``max_completion_tokens``) is honoured as a real server does: an answer whose usage says
+more completion tokens is cut to that many (its text to that many words, the stub's
+tokens) with ``finish_reason: "length"``; ``ignore_max_tokens`` answers in full anyway,
+as an endpoint that ignores the field would.
 
     with OpenAIStub() as stub:
         stub.script(Reply(status=429, headers={"Retry-After": "1"}), Reply(content='{"a": 1}'))
@@ -41,6 +45,17 @@ def _schema_of(body: Any) -> Any:
     fmt = body.get("response_format") if isinstance(body, dict) else None
     inner = fmt.get("json_schema") if isinstance(fmt, dict) else None
     return inner.get("schema") if isinstance(inner, dict) else None
+
+
+def _max_tokens(body: Any) -> int | None:
+    """The output limit a request asks for (None: none)."""
+    if not isinstance(body, dict):
+        return None
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 @dataclass
@@ -74,6 +89,7 @@ class OpenAIStub:
         self.default = Reply()
         self.refuse_structured = False
         self.honour_schema = False
+        self.ignore_max_tokens = False  # answer past a request's max_tokens (a careless endpoint)
         self.responder: Callable[[Any], Reply | str | None] | None = None
         self.usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
         self._lock = threading.Lock()
@@ -118,13 +134,22 @@ class OpenAIStub:
                 return Reply(content=json.dumps(schema_instance(schema, "stub")))
             return self.default
 
-    def _render(self, reply: Reply) -> bytes:
+    def _render(self, reply: Reply, body: Any = None) -> bytes:
         if reply.body is not None:
             return reply.body
         if reply.status != 200:
             return json.dumps({"error": {"message": f"stub status {reply.status}"}}).encode()
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         finish = "stop"
+        usage = dict(self.usage if reply.usage is None else reply.usage)
+        limit = _max_tokens(body)
+        out = usage.get("completion_tokens", 0)
+        if limit is not None and out > limit and not self.ignore_max_tokens:
+            words = (reply.content or "").split(" ")
+            message["content"] = " ".join(words[:limit])
+            usage["completion_tokens"] = limit
+            usage["total_tokens"] = usage.get("prompt_tokens", 0) + limit
+            finish = "length"
         if reply.tool_calls:
             calls = []
             for name, args in reply.tool_calls:
@@ -147,7 +172,7 @@ class OpenAIStub:
             "created": 1700000000,
             "model": reply.model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": self.usage if reply.usage is None else reply.usage,
+            "usage": usage,
         }
         return json.dumps(doc).encode()
 
@@ -177,7 +202,7 @@ class OpenAIStub:
                 reply = stub._next(body)
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
-                data = stub._render(reply)
+                data = stub._render(reply, body)
                 try:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")

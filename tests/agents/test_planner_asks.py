@@ -22,7 +22,6 @@ from cardbus.agents.cards import TaskCard
 from cardbus.agents.llm import MockLLM
 from cardbus.agents.planning import (
     LLMPlanner,
-    PlanLimits,
     PlanProposal,
     plan_request,
     rule_plan,
@@ -69,8 +68,10 @@ def test_given_inputs_are_planned_and_a_whole_output_feeds_a_named_input() -> No
 
 def test_one_capability_twice_when_the_inputs_differ() -> None:
     session = {"region": "East", "current.period": "2026-10", "previous.period": "2025-10"}
-    proposal = plan(session=session, limits=PlanLimits(final_capability="compare_sales"))
+    asked = "compare the East region's sales with last year"
+    proposal = plan(goal=asked, session=session)
     by_id = {t.id: t for t in proposal.tasks}
+    assert len(by_id) == 3
     assert by_id["sales_query_current"].inputs == {"region": "East", "period": "2026-10"}
     assert by_id["sales_query_previous"].inputs == {"region": "East", "period": "2025-10"}
     compare = by_id["compare_sales"]
@@ -78,12 +79,11 @@ def test_one_capability_twice_when_the_inputs_differ() -> None:
         "current": {"$dep": "sales_query_current"},
         "previous": {"$dep": "sales_query_previous"},
     }
-    # the same inputs twice: one task, read by both inputs
-    same = plan(
-        session={"region": "East", "period": "2026-10"},
-        limits=PlanLimits(final_capability="compare_sales"),
-    )
-    assert [t.capability for t in same.tasks] == ["sales_query", "compare_sales"]
+    # nothing tells the two apart: one task would be read by both inputs, a comparison of
+    # a period with itself; refused, naming the inputs and the flags that tell them apart
+    detail = refusal(goal=asked, session={"region": "East", "period": "2026-10"})
+    assert "'compare_sales' takes 'current' and 'previous' (Sales)" in detail
+    assert "--input current.period=... --input previous.period=..." in detail
 
 
 class Note(msgspec.Struct, frozen=True):

@@ -48,6 +48,8 @@ def test_request_and_response_round_trip() -> None:
         "model.answer",
         "tool.begin",
         "tool.end",
+        "attempt.live",  # the worker: is its attempt still wanted (cancel_notices)
+        "tool.specs",
     }
 
 

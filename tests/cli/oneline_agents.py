@@ -56,3 +56,24 @@ class IncToo(Agent):
 
     async def handle(self, task: Any, inputs: Any, ctx: Any) -> Any:
         return N(inputs.n + 1)
+
+
+class Canceller(Agent):
+    """Cancels its own run (as an operator would, on the log named by $CARDBUS_TEST_DB, as
+    ``ops``), then waits: the cancel stops it."""
+
+    agent_id = "canceller"
+    capabilities = [Capability("cancel", N, N, "cancels its run")]
+
+    async def handle(self, task: Any, inputs: Any, ctx: Any) -> Any:
+        import os
+
+        from cardbus import SqliteEventStore
+        from cardbus.bus.orchestrator.cancel import cancel_run
+
+        store = await SqliteEventStore.open(os.environ["CARDBUS_TEST_DB"])
+        try:
+            await cancel_run(store, task.root_id, by="ops", reason="cancelled_by_user: wrong")
+        finally:
+            await store.close()
+        await asyncio.Event().wait()

@@ -16,7 +16,7 @@ from lifecycle_log import RunIds
 from cardbus.tools.cli import cli
 
 #: commands that print no data of their own (servers, groups, a status line)
-NO_DATA = {"agent serve", "ui", "a2a serve"}
+NO_DATA = {"agent serve", "ui", "a2a serve", "mcp serve"}
 #: commands that read or write no log
 NO_LOG = {
     "nats permissions",
@@ -60,6 +60,19 @@ def test_every_command_has_help_and_json_and_store() -> None:
         if path not in NO_LOG:
             assert {"--store", "--db"} <= flags, f"{path} has no --store"
             assert "CARDBUS_STORE" in r.output, path
+
+
+#: commands that run agents: each takes the same model endpoint and MCP servers
+RUNS_AGENTS = {"run", "demo", "orchestrator", "agent serve", "ui", "a2a serve", "fork"}
+
+
+def test_every_command_that_runs_agents_takes_the_llm_and_mcp_options() -> None:
+    commands = _commands()
+    for path in sorted(RUNS_AGENTS):
+        params = {p.name: p for p in commands[path].params if isinstance(p, click.Option)}
+        assert params["llm_base_url"].envvar == "OPENAI_BASE_URL", path
+        assert params["model"].envvar == "CARDBUS_MODEL", path
+        assert {"mcp", "mcp_config"} <= set(params), path
 
 
 def test_env_variables_are_shown_in_help() -> None:

@@ -124,7 +124,8 @@ def test_a_run_that_found_no_plan_says_the_planners_reason(tmp_path: Path) -> No
 
 
 def _assert_ended_on_timeout(db: str, root: str) -> None:
-    """The run is not left running: it failed, and its tasks say why."""
+    """The run is not left running: it was cancelled (by the command), and its tasks say
+    why."""
     events = run_events(db, root)
     assert any(isinstance(e.data, ev.RunFailed) for e in events), [e.type for e in events]
     cancelled = [e.data for e in events if isinstance(e.data, ev.TaskCancelled)]
@@ -133,7 +134,8 @@ def _assert_ended_on_timeout(db: str, root: str) -> None:
     assert failure is not None and failure.ended == "cancelled"
     assert failure.reason.startswith("client_timed_out: "), failure
     runs = json.loads(invoke("runs", "--store", db, "--json").stdout)
-    assert {x["root_id"]: x["status"] for x in runs}[root] == "failed"
+    row = {x["root_id"]: x for x in runs}[root]
+    assert row["status"] == "cancelled" and "client_timed_out: " in row["reason"], row
 
 
 def test_a_run_past_its_timeout_is_cancelled_and_exits_124(tmp_path: Path) -> None:
@@ -371,3 +373,22 @@ def test_an_interrupted_run_is_cancelled_with_the_reason(tmp_path: Path) -> None
     failure = first_failure(events)
     assert failure is not None and failure.ended == "cancelled"
     assert failure.reason == "client_interrupted: cardbus run was interrupted"
+
+
+def test_a_cancelled_run_ends_saying_who_cancelled_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = str(tmp_path / "c.db")
+    monkeypatch.setenv("CARDBUS_TEST_DB", db)
+    tasks = [{"id": "c", "capability": "cancel", "inputs": {"n": 1}, "timeout_s": 30}]
+    r = invoke("run", write_plan(tmp_path, tasks, ["oneline_agents:Canceller"]), "--store", db)
+    assert r.exit_code == 1, r.output  # it did not complete
+    root = r.stdout.splitlines()[0].split()[1].rstrip(":")
+    assert r.stdout.strip().splitlines()[-1] == (
+        f"run {root} cancelled: by ops: cancelled_by_user: wrong"
+    )
+    events = run_events(db, root)
+    (end,) = [e.data for e in events if isinstance(e.data, ev.RunFailed)]
+    assert (end.reason, end.cancelled, end.cancelled_by) == ("cancelled", True, "ops")
+    # no result of the cancelled task counts (its handler is stopped: the runtime's tests)
+    assert not [e for e in events if isinstance(e.data, (ev.TaskCompleted, ev.TaskResultSubmitted))]

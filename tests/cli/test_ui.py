@@ -27,6 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from cardbus.agents.demo import DEMO_AGENTS, Researcher, report_plan
+from cardbus.bus.http_guard import local_identity
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
@@ -281,7 +282,9 @@ def test_an_approval_click_completes_a_waiting_run(server: Server, page: Any, db
             await store.close()
 
     answers = [d for d in _off_loop(granted) if isinstance(d, ev.ApprovalGranted)]
-    assert [a.by for a in answers] == ["ui"]  # the same event `cardbus approve` appends
+    # the same event `cardbus approve` appends, by who the console knows it is: on loopback
+    # without a token, the account it runs as (a name the page gives is a note)
+    assert [a.by for a in answers] == [local_identity().name]
 
 
 # -- access rules (no browser needed) ---------------------------------------------
@@ -345,16 +348,20 @@ def test_deny_through_the_api_cancels_a_waiting_task(db: Path) -> None:
             time.sleep(0.05)
         runs = c.get("/api/runs", params={"status": "awaiting_approval"}).json()["runs"]
         assert [r["root_id"] for r in runs] == [run.root]
+        # a loopback console without a token: the actor is the account it runs as; the
+        # name the request gives is a note
+        me = local_identity().name
+        assert me.startswith("local:")
         r = c.post(f"/api/tasks/{task_id[:12]}/deny", json={"by": "tester", "note": "no"})
         assert r.status_code == 200, r.text
-        assert r.json() == {"task_id": task_id, "approved": False, "by": "tester"}
+        assert r.json() == {"task_id": task_id, "approved": False, "by": me}
         assert run.join().status != "completed"
         again = c.post(f"/api/tasks/{task_id}/approve", json={})
         assert again.status_code == 409  # no longer awaiting approval
         steps = c.get(f"/api/tasks/{task_id}").json()["steps"]
         denied = [s for s in steps if s["type"] == "task.approval_denied.v1"]
-        assert [(s["data"]["by"], s["data"]["note"], s["reason"]) for s in denied] == [
-            ("tester", "no", "approval denied by tester: no")
+        assert [(s["actor"], s["data"]["by"], s["data"]["note"], s["reason"]) for s in denied] == [
+            (me, me, "no; by tester", f"approval denied by {me}: no; by tester")
         ]
 
 
@@ -365,7 +372,8 @@ def test_actions_are_refused_without_the_token(db: Path) -> None:
 
     run = Background(db, [Researcher], {**APPROVAL_PLAN, "plan_id": "ui-token"})
     assert run.submitted.wait(60) and run.root is not None
-    with TestClient(create_app(str(db), token="s3cret"), base_url="http://127.0.0.1") as c:
+    app = create_app(str(db), token="s3cret", token_name="ops")
+    with TestClient(app, base_url="http://127.0.0.1") as c:
         # no token, a wrong one: refused before anything is written
         assert c.post(f"/api/runs/{run.root}/cancel", json={"by": "x"}).status_code == 401
         wrong = c.post(f"/api/runs/{run.root}/cancel?token=nope", json={})
@@ -373,7 +381,7 @@ def test_actions_are_refused_without_the_token(db: Path) -> None:
         assert c.get(f"/api/runs/{run.root}/replay.html").status_code == 401
         ok = c.post(
             f"/api/runs/{run.root}/cancel",
-            json={"by": "ops", "note": "stop"},
+            json={"by": "alice", "note": "stop"},
             headers={"X-Cardbus-Token": "s3cret"},
         )
         assert ok.status_code == 200, ok.text
@@ -388,6 +396,7 @@ def test_actions_are_refused_without_the_token(db: Path) -> None:
         assert len({s["trace_id"] for s in spans}) == 1  # one run, one trace
         steps = c.get(f"/api/tasks/research-{run.root[-12:]}?token=s3cret").json()["steps"]
         cancelled = [s for s in steps if s["type"] == "task.cancelled.v1"]
-        assert [(s["actor"], s["data"]["reason"]) for s in cancelled] == [
-            ("ops", "cancelled_by_user: stop")
+        # the actor is the token's name, not the name the request gave (kept as a note)
+        assert [(s["actor"], s["data"]["reason"], s["data"]["note"]) for s in cancelled] == [
+            ("ops", "cancelled_by_user: stop", "by alice")
         ]

@@ -80,13 +80,16 @@ def _read(db: Path, fn: Any) -> Any:
 
 
 def _creation_actors(db: Path, root: str) -> dict[str, set[str]]:
-    """Who wrote the run's creation: the actors of its run.started and task.created."""
+    """Who wrote the run's creation: the actors of its run.started and task.created (and,
+    as ``note``, run.started's note)."""
 
     async def fn(store: Any) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
         for e in await store.read_correlation(root):
             if isinstance(e.data, ev.RunStarted | ev.TaskCreated):
                 out.setdefault(type(e.data).__name__, set()).add(e.actor)
+            if isinstance(e.data, ev.RunStarted):
+                out.setdefault("note", set()).add(e.data.note)
         return out
 
     return dict(_read(db, fn))
@@ -132,7 +135,9 @@ def _run_ends(page: Any, status: str) -> None:
 
 @pytest.mark.timeout(300)
 def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Path) -> None:
-    server = Server(db, env=ENV, token=TOKEN, args=tuple(a for p in AGENTS for a in ("--agent", p)))
+    # the token is named ops: every action's actor; the page's "signed" name is a note
+    agents = tuple(a for p in AGENTS for a in ("--agent", p))
+    server = Server(db, env=ENV, token=TOKEN, args=("--token-name", "ops", *agents))
     try:
         server.wait_ready(TOKEN)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -149,7 +154,9 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
         page.locator("#start-goal-button").click()
         goal_root = _new_run(page, "#/")
         _run_ends(page, "completed")
-        assert "started by ops-tester" in page.locator("#action-result").inner_text()
+        # said by the name the token carries, not the one the page gave
+        assert "started by ops" in page.locator("#action-result").inner_text()
+        assert "ops-tester" not in page.locator("#action-result").inner_text()
         assert page.locator("#tasks tbody tr").count() >= 2
 
         # 2. a pasted plan: count to 3, then add up
@@ -187,9 +194,7 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
         page.locator("#rerun-button").click()
         rerun_root = _new_run(page, before)
         _run_ends(page, "completed")
-        assert (
-            f"re-run of {failed_root} by ops-tester" in page.locator("#action-result").inner_text()
-        )
+        assert f"re-run of {failed_root} by ops" in page.locator("#action-result").inner_text()
         home = f"{server.url}?token={TOKEN}"
         _task_page(page, home, f"sum-{rerun_root[-12:]}", "completed")
         assert json.loads(page.locator("#task-output pre").inner_text()) == {"total": 28}
@@ -214,15 +219,16 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
         page.locator("#fork-button").click()
         page.wait_for_selector("#ops-result[data-outcome='error']")
         assert "gpt-9" in page.locator("#ops-result").inner_text()
-        assert _written_by(db, at, "ops-tester") == []
+        assert _written_by(db, at, "ops") == []
         assert page.locator("#fork-button").is_enabled()  # the console is not wedged
 
-        # every new run's creation is the operator's
+        # every new run's creation is by the token's holder (the name the page gave, a note)
         for root in (goal_root, pasted_root, failed_root, rerun_root, fork_root):
             actors = _creation_actors(db, root)
-            assert actors["RunStarted"] == {"ops-tester"}, (root, actors)
+            assert actors["RunStarted"] == {"ops"}, (root, actors)
+            assert actors["note"] == {"by ops-tester"}, (root, actors)
             if root != goal_root:  # a goal's tasks are created by the planning's verdict
-                assert actors["TaskCreated"] == {"ops-tester"}, (root, actors)
+                assert actors["TaskCreated"] == {"ops"}, (root, actors)
 
         # the run page's download links: visible, and each answers with an attachment
         page.goto(f"{server.url}?token={TOKEN}#/run/{fork_root}")
@@ -262,7 +268,7 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
             ["/api/runs", f"/api/tasks/{count7}/rerun", f"/api/tasks/{count7}/fork"],
         )
         assert refused == [401, 401, 401]
-        assert _written_by(db, at, "intruder") == []
+        assert _written_by(db, at, "ops") == []
         assert errors == [], errors
     finally:
         out = server.stop()

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ui_agents import Counter, Summer, count_plan
 
-from cardbus.eventstore import SqliteEventStore
+from cardbus.eventstore import Envelope, SqliteEventStore
 from cardbus.eventstore import events as ev
 
 pytest.importorskip("starlette")
@@ -33,7 +33,8 @@ from starlette.testclient import TestClient
 from cardbus.tools.ui import create_app
 
 TOKEN = "s3cret"
-AUTH = {"X-Cardbus-Token": TOKEN}
+AUTH = {"X-Cardbus-Token": TOKEN}  # the token named "ops"
+BOB = {"Authorization": "Bearer b0b-token"}  # the token named "bob"
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client(db: Path) -> Iterator[TestClient]:
-    app = create_app(str(db), token=TOKEN, agents=[Counter, Summer])
+    app = create_app(str(db), tokens={TOKEN: "ops", "b0b-token": "bob"}, agents=[Counter, Summer])
     with TestClient(app, base_url="http://127.0.0.1") as c:
         yield c
 
@@ -62,11 +63,19 @@ def _written_by(db: Path, after: int, actor: str) -> list[str]:
     """The types of the events after position ``after`` written by ``actor``. (The log
     itself may grow meanwhile: the hosted orchestrator and memory keeper write on their
     own, e.g. a failed run's reason once it has ended.)"""
+    return [e.type for e in _read(db, after) if e.actor == actor]
 
-    async def read() -> list[str]:
+
+def _noted(db: Path, after: int, note: str) -> list[str]:
+    """The types of the events after position ``after`` whose note is ``note``."""
+    return [e.type for e in _read(db, after) if getattr(e.data, "note", None) == note]
+
+
+def _read(db: Path, after: int) -> list[Envelope]:
+    async def read() -> list[Envelope]:
         store = await SqliteEventStore.open(db, create=False)
         try:
-            return [e.type for e in await store.read_all(after + 1, 100_000) if e.actor == actor]
+            return list(await store.read_all(after + 1, 100_000))
         finally:
             await store.close()
 
@@ -112,8 +121,9 @@ def test_actions_refused_without_the_token_append_nothing(client: TestClient, db
         assert form.status_code == 415, name
         other = {**AUTH, "Origin": "http://evil.example"}
         assert c.post(path, json=body, headers=other).status_code == 403, name
-    assert _written_by(db, before, "intruder") == []  # nothing appended
-    # the same actions with the token go through, each by its operator
+    assert _written_by(db, before, "ops") == []  # nothing appended
+    assert _noted(db, before, "by intruder") == []
+    # the same actions with the token go through, each by the token's holder
     ok = c.post(f"/api/tasks/{count}/rerun", json={"model": "careful", "by": "ops"}, headers=AUTH)
     assert ok.status_code == 200, ok.text
     assert ok.json()["rerun_of"] == root and ok.json()["by"] == "ops"
@@ -162,7 +172,8 @@ def test_bad_input_is_a_4xx_with_a_reason_and_appends_nothing(
     assert r.status_code == status, r.text
     assert says in r.json()["error"], r.json()
     assert "Traceback" not in r.text
-    assert _written_by(db, before, "bad-input") == []
+    assert _written_by(db, before, "ops") == []
+    assert _noted(db, before, "by bad-input") == []
     assert c.get("/api/runs", headers=AUTH).status_code == 200  # not wedged
 
 
@@ -181,15 +192,18 @@ def test_a_console_without_agents_refuses_and_says_how(db: Path) -> None:
         assert c.get("/api/runs").json()["position"] == before
 
 
-def test_each_action_is_written_by_its_operator(client: TestClient, db: Path) -> None:
+def test_each_action_is_written_by_its_tokens_holder(client: TestClient, db: Path) -> None:
+    """The actor is the name of the token the request carried; the ``by`` it gives (any
+    name at all) is kept as the run's note."""
     c = client
     r = c.post("/api/runs", json={"plan": count_plan(3), "by": "alice"}, headers=AUTH)
     root = r.json()["root_id"]
+    assert r.json()["by"] == "ops"
     _wait_run(c, root, "completed")
     count = f"count-{root[-12:]}"
-    assert _actors(c, count) == {"alice"}
+    assert _actors(c, count) == {"ops"}
     f = c.post(
-        f"/api/tasks/{count}/fork", json={"inputs": {"n": 4}, "by": "bob"}, headers=AUTH
+        f"/api/tasks/{count}/fork", json={"inputs": {"n": 4}, "by": "alice"}, headers=BOB
     ).json()
     forked = _wait_run(c, f["root_id"], "completed")
     assert f["forked_from"].startswith(root + "@") and f["by"] == "bob"
@@ -198,18 +212,22 @@ def test_each_action_is_written_by_its_operator(client: TestClient, db: Path) ->
     outputs = {t["task_id"]: t["output"] for t in forked["tasks"]}
     assert outputs[new_count] == {"numbers": [1, 2, 3, 4]}  # the override ran
 
-    async def started_by() -> dict[str, str]:
+    async def started_by() -> dict[str, tuple[str, str]]:
         store = await SqliteEventStore.open(db, create=False)
         try:
             out = {}
             for r in (root, f["root_id"]):
                 [e] = [e for e in await store.read_stream(r) if isinstance(e.data, ev.RunStarted)]
-                out[r] = e.actor
+                assert isinstance(e.data, ev.RunStarted)
+                out[r] = (e.actor, e.data.note)
             return out
         finally:
             await store.close()
 
-    assert asyncio.run(started_by()) == {root: "alice", f["root_id"]: "bob"}
+    assert asyncio.run(started_by()) == {
+        root: ("ops", "by alice"),
+        f["root_id"]: ("bob", "by alice"),
+    }
 
 
 def test_the_nats_console_does_not_host_agents() -> None:
@@ -258,6 +276,6 @@ def test_any_plan_body_is_a_run_or_a_4xx_that_appends_nothing(client: TestClient
         else:
             assert r.status_code in (400, 409), r.text
             assert r.json()["error"], r.text
-            assert _written_by(db, before, by) == []
+            assert _noted(db, before, f"by {by}") == []
 
     check()

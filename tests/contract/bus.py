@@ -229,3 +229,19 @@ class BusContract:
         await bus.close()
         with pytest.raises(BusError):
             await bus.request(req)
+
+    async def test_cancel_notices_reach_only_their_agent(self, bus: Bus) -> None:
+        from cardbus.agents.cards import CancelNotice
+
+        heard: dict[str, list[CancelNotice]] = {"a": [], "a2": [], "b": []}
+        await bus.watch_cancels("a", heard["a"].append)
+        await bus.watch_cancels("a", heard["a2"].append)  # another replica of agent a
+        await bus.watch_cancels("b", heard["b"].append)
+        notice = CancelNotice(task_id="t1", attempt=2, agent_id="a", reason="why", by="ops")
+        await bus.cancel_attempt(notice)
+        await until(lambda: len(heard["a"]) == len(heard["a2"]) == 1)
+        await bus.cancel_attempt(msgspec.structs.replace(notice, agent_id="b", task_id="t2"))
+        await until(lambda: len(heard["b"]) == 1)
+        # every replica of a hears its notice, as sent; b only its own
+        assert heard["a"] == heard["a2"] == [notice]
+        assert [n.task_id for n in heard["b"]] == ["t2"]

@@ -92,7 +92,16 @@ class Slow(Agent):
         if marks:
             name = f"{task.task_id}.{task.attempt}.{os.getpid()}"
             open(os.path.join(marks, name), "w").close()
-        await asyncio.sleep(float(os.environ.get("CARDBUS_TEST_SLOW_S", "1.5")))
+        ends = os.environ.get("CARDBUS_TEST_ENDS")  # how each handler run ended
+        end = os.path.join(ends, f"{task.task_id}.{task.attempt}") if ends else ""
+        try:
+            await asyncio.sleep(float(os.environ.get("CARDBUS_TEST_SLOW_S", "1.5")))
+        except asyncio.CancelledError:
+            if end:
+                open(end + ".cancelled", "w").close()
+            raise
+        if end:
+            open(end + ".completed", "w").close()
         return N(n=inputs.n + 10)
 
 

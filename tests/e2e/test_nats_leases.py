@@ -5,9 +5,11 @@ and a stopping worker deregisters its agent (issue 15 item 1)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 
-from natsprocs import FAST_BUS, Quick, read_log
+from natsprocs import FAST_BUS, Quick, read_log, until
 from natsserver import NatsServer
 
 from cardbus.bus.runtime.nats import NatsRuntime
@@ -15,6 +17,7 @@ from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.nats import NatsBus
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.nats.connection import NatsOptions
+from cardbus.projections.agents import agent_directory
 
 
 async def test_renewals_keep_an_agent_live_and_a_stop_deregisters_it(
@@ -55,3 +58,73 @@ async def test_renewals_keep_an_agent_live_and_a_stop_deregisters_it(
     agent = [e.data for e in events if e.stream == "agent-quick"]
     assert [type(x).__name__ for x in agent] == ["AgentRegistered", "AgentDeregistered"]
     assert agent[0].lease_s == 0.6 and agent[1].reason == "stopped"
+
+
+async def _cardbus_agents(url: str) -> dict[str, dict[str, object]]:
+    """``cardbus agents --json`` in a process of its own (this loop keeps answering)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "cardbus.tools", "agents", "--store", url, "--json"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return {row["agent_id"]: row for row in json.loads(out)}
+
+
+async def test_an_idle_live_replica_is_live_in_cardbus_agents(nats_server: NatsServer) -> None:
+    """The log holds no renewals: an agent idle for longer than its lease looks lapsed to
+    the log alone. ``cardbus agents`` asks the orchestrators, which hold the renewals."""
+    url = nats_server.url
+    options = NatsOptions(url=url)
+    async with NatsRuntime(options, bus_options=FAST_BUS) as rt:
+        agent_bus = await NatsBus.connect(options, name="lease-agent", **FAST_BUS)
+        worker = AgentWorker(agent_bus, Quick, lease_s=0.6)
+        try:
+            await worker.start()
+
+            await until(  # idle past its lease: by the log alone, lapsed
+                lambda: _log_status(url, "lapsed"), timeout=30, what="the log to call it lapsed"
+            )
+            assert rt.orchestrator.leases.live("quick", time.time())  # renewed all along
+            row = (await _cardbus_agents(url))["quick"]
+            assert (row["status"], row["status_from"]) == ("live", "orchestrator")
+
+            # the replica dies without a word: its lease runs out, the orchestrator
+            # deregisters it, and cardbus agents says so
+            await worker.stop(announce=False)
+
+            async def deregistered() -> bool:
+                return any(isinstance(e.data, ev.AgentDeregistered) for e in await read_log(url))
+
+            await until(deregistered, timeout=30, what="the lapsed agent deregistered")
+            row = (await _cardbus_agents(url))["quick"]
+            assert (row["status"], row["reason"]) == ("deregistered", "lease_expired")
+        finally:
+            await agent_bus.close()
+
+
+async def test_with_no_orchestrator_running_the_status_is_the_logs(
+    nats_server: NatsServer,
+) -> None:
+    url = nats_server.url
+    options = NatsOptions(url=url)
+    agent_bus = await NatsBus.connect(options, name="lease-agent", **FAST_BUS)
+    try:
+        async with NatsRuntime(options, bus_options=FAST_BUS) as rt:
+            worker = AgentWorker(agent_bus, Quick, lease_s=0.6)
+            await worker.start()
+            await until(lambda: "quick" in rt.orchestrator.state.agents, what="registered")
+        await worker.stop(announce=False)  # no orchestrator, nobody deregisters it
+    finally:
+        await agent_bus.close()
+    await until(lambda: _log_status(url, "lapsed"), timeout=30, what="the log to call it lapsed")
+    row = (await _cardbus_agents(url))["quick"]
+    # nobody holds its lease now: the log's inference
+    assert (row["status"], row["status_from"]) == ("lapsed", "log")
+
+
+async def _log_status(url: str, status: str) -> bool:
+    rows = agent_directory(await read_log(url), time.time())
+    return [(r.agent_id, r.status) for r in rows] == [("quick", status)]

@@ -282,6 +282,9 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
             # (what the killed one took and did not settle comes back after the consumers'
             # ack wait, 30 s: it made them)
             await until(lambda: _replies_left(b), timeout=120, what="every reply acked")
+            # the replies the killed one recorded and did not ack came to b again: not
+            # news, and not "unknown" either
+            assert b.orchestrator.bad_messages == []
     finally:
         killed.kill()
         stop.set()
@@ -300,6 +303,8 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
             assert set(actors[first_b:]) == {"orchestrator-b"}
         else:
             assert set(actors) == {"orchestrator-b"}
+    # no reply recorded by one was written down again as ignored by the other
+    assert not [e.data for e in events if isinstance(e.data, ev.TaskResultIgnored)]
     # a run was taken over mid-way: decided by both
     assert any("orchestrator-k" in decisions(events, r) for r in theirs)
     # and an attempt the killed one dispatched was answered to the survivor, which held

@@ -8,15 +8,21 @@ import asyncio
 from typing import Any
 
 import nats.errors
-from natsprocs import FAST_BUS, N, Quick
+from natsprocs import FAST_BUS, N, Quick, until
 from natsserver import NatsServer
 
 from cardbus.agents import Agent, Capability
-from cardbus.agents.cards import TaskCard
+from cardbus.agents.cards import CancelNotice, TaskCard, encode
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
-from cardbus.bus.transport.nats import INBOX_STREAM, NatsBus, agent_inbox_prefix, consumer_name
+from cardbus.bus.transport.nats import (
+    INBOX_STREAM,
+    NatsBus,
+    agent_inbox_prefix,
+    cancel_subject,
+    consumer_name,
+)
 from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.connection import NatsOptions
 from cardbus.tools.cmd_nats import authorization_config
@@ -97,6 +103,15 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
             async def on_error(e: Exception) -> None:
                 errors.append(str(e))
 
+            # the slow agent hears its own cancel notices (only from an orchestrator)
+            heard: list[bytes] = []
+
+            async def hear(msg: Any) -> None:
+                heard.append(msg.data)
+
+            slow_nc = await as_agent(url, "slow").connect("slow-listener", error_cb=on_error)
+            await slow_nc.subscribe(cancel_subject("slow"), cb=hear)
+            await slow_nc.flush()
             nc = await as_agent(url, "quick").connect("intruder", error_cb=on_error)
             js = nc.jetstream(timeout=1.0)
             try:
@@ -130,13 +145,24 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
                     stolen = await sub.fetch(1, timeout=1.0)
                 except (nats.errors.Error, TimeoutError):
                     pass
+                # forge a cancel of the other agent's work, or listen to its notices
+                forged = CancelNotice(task_id="t2", attempt=1, agent_id="slow", by="quick")
+                await nc.publish(cancel_subject("slow"), encode(forged))
+                await nc.subscribe(cancel_subject("slow"), cb=spy)
+                await nc.subscribe("cardbus.cancel.>", cb=spy)
+                await nc.flush()
                 await rt.bus.send_task(
                     "slow", TaskCard(task_id="t2", root_id="r", capability="slow")
                 )
+                genuine = CancelNotice(task_id="t2", attempt=1, agent_id="slow", by="ops")
+                await rt.bus.cancel_attempt(genuine)
+                await until(lambda: heard, what="the orchestrator's notice")
                 await asyncio.sleep(0.5)
             finally:
                 await nc.close()
+                await slow_nc.close()
             assert stolen == [] and seen == []
+            assert heard == [encode(genuine)]  # the orchestrator's, never the forged one
             text = "\n".join(errors).lower()  # nats-py lower-cases the server's -ERR
             assert 'violation for publish to "cardbus.evt.t.r.task_completed_v1"' in text, text
             assert 'violation for publish to "cardbus.agent.slow"' in text, text
@@ -144,6 +170,9 @@ async def test_roles_are_enough_and_an_agent_is_confined(tmp_path: Any) -> None:
             assert 'violation for subscription to "cardbus.agent.slow"' in text, text
             assert 'violation for subscription to "_inbox.slow.>"' in text, text
             assert 'violation for subscription to "cardbus.agent.>"' in text, text
+            assert 'violation for publish to "cardbus.cancel.slow"' in text, text
+            assert 'violation for subscription to "cardbus.cancel.slow"' in text, text
+            assert 'violation for subscription to "cardbus.cancel.>"' in text, text
             assert 'publish to "$js.api.consumer.msg.next.cardbus_inbox.agent-slow"' in text
 
             # nothing reached the log, and the cards still wait for the slow agent

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cardbus.eventstore.errors import ConfigError
-from cardbus.projections.pricing import ENV_PRICES, Money, PriceTable, format_usd
+from cardbus.projections.pricing import ENV_PRICES, Money, PriceTable, format_usd, how_to_price
 
 
 def test_a_known_model_is_priced_from_genai_prices_bundled_data() -> None:
@@ -22,6 +22,31 @@ def test_a_known_model_is_priced_from_genai_prices_bundled_data() -> None:
     assert cost == pytest.approx(price.input_per_mtok + price.output_per_mtok)
     # a dated name of the same model is the same model
     assert table.cost("gpt-4o-2024-08-06", 1000, 0) == pytest.approx(price.input_per_mtok / 1000)
+
+
+@pytest.mark.parametrize(
+    ("written", "bare"),
+    [
+        ("openai/gpt-4o-mini", "gpt-4o-mini"),
+        ("anthropic/claude-3-5-haiku-latest", "claude-3-5-haiku-latest"),
+        ("OpenAI/GPT-4o-mini", "gpt-4o-mini"),
+    ],
+)
+def test_a_provider_prefixed_name_is_its_providers_model(written: str, bare: str) -> None:
+    table = PriceTable()
+    price, plain = table.price(written), table.price(bare)
+    assert price is not None and plain is not None and price == plain
+    assert table.cost(written, 12_345, 678) == pytest.approx(table.cost(bare, 12_345, 678))
+    # the user's table still wins over the provider's price, by the name as written
+    mine = PriceTable({written: (1.0, 1.0)})
+    assert mine.cost(written, 1_000_000, 0) == pytest.approx(1.0)
+
+
+def test_how_to_price_is_one_line_naming_the_entry() -> None:
+    line = how_to_price("ollama/llama3")
+    assert "\n" not in line
+    assert ENV_PRICES in line and '{"models": {"ollama/llama3": {"input": IN' in line
+    assert PriceTable().price("ollama/llama3") is None
 
 
 def test_the_users_table_wins_and_globs_match(tmp_path: Path) -> None:

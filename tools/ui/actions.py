@@ -16,9 +16,11 @@ Every action is a library call the command line makes too: a run is
 does: ``split_plan_servers``, ``decode_plan``, ``validate_plan``); a fork
 and a re-run are ``bus.orchestrator.forks`` (``cardbus fork``, ``cardbus
 rerun``): the new run's events are written to the log and the orchestrator,
-following the log, runs them. Each writes its events with the
-operator's name as their actor. Bad input is a ``CardbusError`` with the reason
-(the app answers 4xx with it) and nothing is written.
+following the log, runs them. Each writes its events with ``by`` as their
+actor (the app passes who the request authenticated as), and the body's
+``note`` (what the person said, a name they gave) in ``run.started``'s note.
+Bad input is a ``CardbusError`` with the reason (the app answers 4xx with it)
+and nothing is written.
 
 Why a re-run is a new run (``cardbus rerun --task``), not a retry inside the
 failed run: a failed task and its run are finished, and the log keeps them as
@@ -39,8 +41,9 @@ import msgspec
 
 from cardbus.agents.agent import Agent
 from cardbus.agents.cards import AgentCard
-from cardbus.agents.mcp_config import split_plan_servers
+from cardbus.agents.mcp_config import MCPServer, split_plan_servers
 from cardbus.bus.orchestrator.forks import (
+    Streams,
     check_agents,
     on_agents,
     read_fork,
@@ -123,6 +126,29 @@ def _text(body: dict[str, Any], key: str) -> str:
     return value.strip()
 
 
+def _noted(plan: Plan, body: dict[str, Any]) -> Plan:
+    """``plan`` with the body's note (kept in ``run.started``), if it gives one."""
+    note = _text(body, "note")
+    return msgspec.structs.replace(plan, note=note) if note else plan
+
+
+def _noted_streams(streams: Streams, body: dict[str, Any]) -> Streams:
+    """A new run's streams with the body's note in their ``run.started``."""
+    note = _text(body, "note")
+    if not note:
+        return streams
+    return [
+        (
+            stream,
+            [
+                msgspec.structs.replace(d, note=note) if isinstance(d, ev.RunStarted) else d
+                for d in datas
+            ],
+        )
+        for stream, datas in streams
+    ]
+
+
 def plan_from(body: dict[str, Any], agent_paths: Sequence[str]) -> Plan:
     """The plan a start asks for: ``{"goal": text}`` (planned by the run's planner, as
     ``cardbus run --goal``) or ``{"plan": JSON text or object}`` (as ``cardbus run
@@ -185,7 +211,8 @@ class _RunMaker(Actions):
         if named is not None:
             plan = on_agents(plan, *named)
         check_agents(plan.streams, await self.cards())
-        await write_run(self.store, plan.streams, plan.root_id, plan.at_event_id, by)
+        streams = _noted_streams(plan.streams, body)
+        await write_run(self.store, streams, plan.root_id, plan.at_event_id, by)
         self.written(plan.root_id)
         return {
             "root_id": plan.root_id,
@@ -211,7 +238,8 @@ class _RunMaker(Actions):
             agents=None if named is None else named[1],
         )
         check_agents(plan.streams, await self.cards())
-        await write_run(self.store, plan.streams, plan.root_id, plan.source_root_id, by)
+        streams = _noted_streams(plan.streams, body)
+        await write_run(self.store, streams, plan.root_id, plan.source_root_id, by)
         self.written(plan.root_id)
         return {
             "root_id": plan.root_id,
@@ -225,9 +253,15 @@ class _RunMaker(Actions):
 class HostedAgents(_RunMaker):
     """An embedded runtime in the console's process, on its log, with the given agents."""
 
-    def __init__(self, store: EventStore, agents: Sequence[type[Agent]], llm: Any = None) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        agents: Sequence[type[Agent]],
+        llm: Any = None,
+        mcp_servers: Sequence[MCPServer] = (),
+    ) -> None:
         super().__init__(store)
-        self.runtime = EmbeddedRuntime(store, agents, llm=llm)
+        self.runtime = EmbeddedRuntime(store, agents, llm=llm, mcp_servers=mcp_servers)
         self._settling: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> HostedAgents:
@@ -264,7 +298,7 @@ class HostedAgents(_RunMaker):
         task.add_done_callback(self._settling.discard)
 
     async def start(self, body: dict[str, Any], by: str) -> dict[str, Any]:
-        plan = plan_from(body, self.runtime.agent_paths())
+        plan = _noted(plan_from(body, self.runtime.agent_paths()), body)
         # checked against this console's agents (the orchestrator checks against every
         # agent the log knows, some of them gone): refused before anything is written
         cards = await self.cards()
@@ -308,6 +342,6 @@ class LogActions(_RunMaker):
         return list(self._known.values())
 
     async def start(self, body: dict[str, Any], by: str) -> dict[str, Any]:
-        plan = plan_from(body, [])
+        plan = _noted(plan_from(body, []), body)
         root = await submit_to_log(self.store, plan, await self.cards(), by)
         return {"root_id": root, "by": by, "goal": plan.goal}

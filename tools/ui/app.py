@@ -9,15 +9,19 @@ task's steps are its stream (with its model and tool calls folded by
 approve``; start a run, fork from a task and re-run a task are
 :mod:`cardbus.tools.ui.actions` (on agents the console hosts, or on NATS by
 writing the new run to the log), each a ``POST`` like the others, each
-event's actor the operator the page names. ``/api/events`` streams the
+event's actor the identity the request authenticated as (the name of its
+token; ``local:<user>`` on a loopback console without one): a ``by`` the
+request gives is kept as words in the event's note, never as its actor.
+``/api/events`` streams the
 store's :meth:`subscribe` as server-sent events: the page refetches what
 changed.
 
 Access (:class:`cardbus.bus.http_guard.HttpGuard`, the A2A gateway's lock too):
 the server refuses requests whose ``Host`` is not one it was bound to (DNS
-rebinding); with a token every request must carry it (``?token=``,
+rebinding); with tokens every request must carry one (``?token=``,
 ``Authorization: Bearer``, or ``X-Cardbus-Token``); a POST must be JSON from
-the same origin (a cross-site form cannot approve anything).
+the same origin (a cross-site form cannot approve anything), its body whole
+within the body deadline (408) and no deeper than the guard allows.
 """
 
 from __future__ import annotations
@@ -33,7 +37,17 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.agent import Agent
-from cardbus.bus.http_guard import LOOPBACK_NAMES, HttpGuard, is_loopback
+from cardbus.agents.mcp_config import MCPServer
+from cardbus.bus.http_guard import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_TOKEN_NAME,
+    LOOPBACK_NAMES,
+    HttpGuard,
+    Tokens,
+    identity_of,
+    is_loopback,
+    local_identity,
+)
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import answer_approval
 from cardbus.eventstore import SqliteEventStore
@@ -260,10 +274,12 @@ class Console:
         d = diff_runs(await read_run(self.store, a), await read_run(self.store, b))
         return msgspec.to_builtins(d)
 
-    async def cancel(self, text: str, by: str, note: str) -> dict[str, Any]:
+    async def cancel(self, text: str, by: str, note: str, said: str = "") -> dict[str, Any]:
+        """Cancel a run by ``by`` (the request's identity); ``said``: the words of the note
+        the request gave besides the reason (the name it claims)."""
         root = await resolve_id(self.store, text)
         reason = "cancelled_by_user" + (f": {note}" if note else "")
-        cancelled = await cancel_run(self.store, root, by=by, reason=reason)
+        cancelled = await cancel_run(self.store, root, by=by, reason=reason, note=said)
         return {"root_id": root, "cancelled": cancelled, "by": by}
 
     async def traces(self, text: str) -> dict[str, Any]:
@@ -401,12 +417,30 @@ class Console:
 
 
 async def _body(request: Request) -> dict[str, Any] | None:
-    """A POST's JSON object ({} if empty or not an object; None if not JSON)."""
+    """A POST's JSON object ({} if empty or not an object; None if not JSON). (The guard
+    let through only UTF-8 JSON no deeper than it allows.)"""
     try:
         body = msgspec.json.decode(await request.body() or b"{}")
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     return body if isinstance(body, dict) else {}
+
+
+def actor_of(request: Request) -> str:
+    """Who the request is (``HttpGuard``'s identity): the actor of what it does."""
+    who = identity_of(request.scope)
+    return (who or local_identity()).name
+
+
+def said_by(body: dict[str, Any]) -> str:
+    """The name a request gives itself (``by``), as a note: ``"by alice"``; "" for none.
+    Kept as words, never taken as the actor (anyone holding a token could write any)."""
+    claimed = str(body.get("by") or "").strip()[:200]
+    return f"by {claimed}" if claimed else ""
+
+
+def _joined(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
 
 
 def create_app(
@@ -415,24 +449,34 @@ def create_app(
     store: EventStore | None = None,
     opener: Callable[[], Awaitable[EventStore]] | None = None,
     token: str | None = None,
+    token_name: str = DEFAULT_TOKEN_NAME,
+    tokens: Tokens | None = None,
+    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S,
     hosts: list[str] | None = None,
     heartbeat_s: float | None = None,
     prices: PriceTable | None = None,
     agents: Sequence[type[Agent]] = (),
     llm: Callable[[], Any] | None = None,
     submit_to_log: bool = False,
+    mcp_servers: Sequence[MCPServer] = (),
 ) -> Starlette:
     """The console over the SQLite log ``db``, a log ``opener`` opens at start-up, or ``store``.
 
     ``hosts`` are the names the ``Host`` header may carry (default: loopback
-    names); ``token``, if given, is required on every request. ``heartbeat_s``: the
+    names); ``token`` (named ``token_name``) and ``tokens`` (token -> name, as
+    :func:`~cardbus.bus.http_guard.load_tokens` reads a token file): with any, one is
+    required on every request, and the actions a request takes are signed with its
+    token's name (without: ``local:<user>``, the account the console runs as).
+    ``body_timeout_s``: the time a request's body may take to arrive (408 after it).
+    ``heartbeat_s``: the
     events stream's quiet interval before a heartbeat comment (default 15 s, or
     ``CARDBUS_UI_HEARTBEAT_S``). ``prices``: the price table costs are shown with
     (default: genai-prices' bundled data alone; a model without a price is shown as
     "unknown price", never as $0). ``agents``: the classes the console hosts an
     embedded runtime with, to start, fork and re-run runs (``tools.ui.actions``; none:
     those actions are refused, saying how to enable them); ``llm``: makes, at start-up
-    in the server's loop, the LLM they get (default: the environment's, else the mock).
+    in the server's loop, the LLM they get (default: the environment's, else the mock);
+    ``mcp_servers``: mounted as tools for the hosted agents while the console runs.
     ``submit_to_log`` (a NATS log, whose orchestrators and agents run elsewhere): those
     actions write the new runs to the log, for the running orchestrators to decide.
     """
@@ -460,7 +504,7 @@ def create_app(
             opened = await SqliteEventStore.open(db or "")
         model = llm() if agents and llm is not None else None
         actions: Actions = (
-            HostedAgents(opened, agents, model)
+            HostedAgents(opened, agents, model, mcp_servers)
             if agents
             else LogActions(opened)
             if submit_to_log
@@ -546,29 +590,34 @@ def create_app(
             return JSONResponse({"error": "the body is not JSON"}, status_code=400)
         if request.path_params["action"] != "cancel":
             return JSONResponse({"error": "no such action"}, status_code=404)
-        by = str(body.get("by") or "ui")
         try:
             done = await console().cancel(
-                request.path_params["id"], by, str(body.get("note") or "")
+                request.path_params["id"],
+                actor_of(request),
+                str(body.get("note") or ""),
+                said_by(body),
             )
         except CardbusError as e:
             return _error(e)
         return _json(done)
 
     async def about(request: Request) -> Response:
-        """What the page needs to know of the console: whether its actions can run."""
-        return _json({"actions": await console().actions.describe()})
+        """What the page needs to know of the console: whether its actions can run, and
+        whose name they are signed with (the request's identity)."""
+        return _json({"actions": await console().actions.describe(), "you": actor_of(request)})
 
     async def act(
         work: Callable[[Actions, str, dict[str, Any]], Awaitable[Any]], request: Request
     ) -> Response:
-        """A run-making action (start, fork, re-run): the operator ``by`` and the body to
-        it; a refusal is a 4xx with the reason, an unexpected error a 500 with its type
-        (logged), never a traceback on the page."""
+        """A run-making action (start, fork, re-run): the request's identity (the actor)
+        and the body to it (a ``by`` it gives becomes the run's ``note``); a refusal is a
+        4xx with the reason, an unexpected error a 500 with its type (logged), never a
+        traceback on the page."""
         body = await _body(request)
         if body is None:
             return JSONResponse({"error": "the body is not JSON"}, status_code=400)
-        by = str(body.get("by") or "ui").strip()[:200] or "ui"
+        by = actor_of(request)
+        body = {**body, "note": _joined(str(body.get("note") or "").strip(), said_by(body))}
         try:
             return _json(await work(console().actions, by, body))
         except (CardbusError, ValueError) as e:
@@ -601,8 +650,8 @@ def create_app(
         if action not in ("approve", "deny"):
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
         granted = action == "approve"
-        by = str(body.get("by") or "ui")
-        note = str(body.get("note") or "")
+        by = actor_of(request)
+        note = _joined(str(body.get("note") or ""), said_by(body))
         try:
             task_id = await resolve_id(console().store, request.path_params["id"])
             await answer_approval(console().store, task_id, granted, by, note)
@@ -639,11 +688,16 @@ def create_app(
         Route("/api/diff", diff),
         Route("/api/events", events),
     ]
-    # Host allow-list, same-origin JSON posts, the token (bus/http_guard.py)
+    named = dict(tokens or {})
+    if token:
+        named[token] = token_name
+    # Host allow-list, same-origin JSON posts, the tokens, the body's deadline
+    # (bus/http_guard.py); the guard names who each request is
     guard = Middleware(
         HttpGuard,
         hosts=hosts or LOOPBACK_NAMES,
-        tokens=[token] if token else [],
+        tokens=named,
         token_query=True,  # the page's own links carry ?token=
+        body_timeout_s=body_timeout_s,
     )
     return Starlette(routes=routes, middleware=[guard], lifespan=lifespan)

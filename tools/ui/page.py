@@ -104,7 +104,8 @@ PAGE = (
 </head>
 <body data-live="no" data-view="">
 <header><a href="#/">cardbus console</a><span id="live">connecting…</span>
-<label>acting as <input id="operator" value="ui" title="the actor your actions are logged with"></label>
+<span id="you" title="the name your actions are logged with: your token's"></span>
+<label>signed <input id="operator" value="" placeholder="your name (a note)" title="kept as a note on your actions; their actor is your token's name"></label>
 </header>
 <main>
 <div id="error"></div>
@@ -168,7 +169,7 @@ function tick() {
 }
 setInterval(tick, 1000);
 const actionResult = {};  // a run's last action's outcome, kept across re-renders
-const operator = () => (document.getElementById("operator").value || "ui").trim() || "ui";
+const operator = () => (document.getElementById("operator").value || "").trim();
 
 // -- actions: approve / deny with a note, cancel a run -----------------------------------
 function approvalButtons(taskId) {
@@ -329,7 +330,7 @@ function runsView(data, p) {
   const opt = (v) => `<option value="${v}" ${p.status === v ? "selected" : ""}>${v || "any status"}</option>`;
   const day = (t) => t ? new Date(Number(t) * 1000).toISOString().slice(0, 10) : "";
   return `<form id="filters" class="filters">
-    <select name="status">${["", "running", "awaiting_approval", "completed", "failed", "halted"].map(opt).join("")}</select>
+    <select name="status">${["", "running", "awaiting_approval", "completed", "failed", "halted", "cancelled"].map(opt).join("")}</select>
     <input name="q" placeholder="goal contains…" value="${esc(p.q)}">
     <input name="plan" placeholder="plan id contains…" value="${esc(p.plan)}">
     <input name="agent" placeholder="agent id" value="${esc(p.agent)}">
@@ -472,7 +473,7 @@ function diffView(d) {
        <p class="muted">event in A: <span class="id">${esc(f.event_a || "-")}</span> · event in B: <span class="id">${esc(f.event_b || "-")}</span></p>
        ${f.diff && f.diff.length ? `<pre>${esc(f.diff.join("\n"))}</pre>` : ""}</div>`;
   const rows = d.tasks.map((p) => `<tr class="${p.differs.length ? "differs" : "same"}" data-key="${esc(p.key)}"><td class="id">${esc(p.key)}</td>
-    <td class="differs">${p.differs.length ? esc(p.differs.join(", ")) : `<span class="muted">same</span>`}</td><td>${diffTask(p.a)}</td><td>${diffTask(p.b)}</td></tr>`).join("");
+    <td class="differs">${p.differs.length ? esc(p.differs.join(", ")) : `<span class="muted">${p.reused_in ? `reused in ${esc(p.reused_in)}` : "same"}</span>`}</td><td>${diffTask(p.a)}</td><td>${diffTask(p.b)}</td></tr>`).join("");
   return `<h2>Diff of two runs</h2><table id="diff-runs">${runLine("A", d.a)}${runLine("B", d.b)}</table>
     <p class="muted">plan: ${d.a.plan.join(",") === d.b.plan.join(",") ? `${esc(d.a.plan.join(", "))} (the same tasks)` : `A ${esc(d.a.plan.join(", "))} · B ${esc(d.b.plan.join(", "))}`}</p>
     <h2>First divergence</h2>${first}
@@ -632,11 +633,14 @@ function listen(root, position) {
   source.addEventListener("append", schedule);
 }
 const op = document.getElementById("operator");
-op.value = localStorage.getItem("cardbus-operator") || "ui";
+op.value = localStorage.getItem("cardbus-operator") || "";
 op.addEventListener("change", () => localStorage.setItem("cardbus-operator", op.value));
 window.addEventListener("hashchange", refresh);
 // what the console can do (its actions need agents), then the first view
-getJSON("/api/console").then((d) => { consoleInfo = d.actions; }).catch(showError).finally(refresh);
+getJSON("/api/console").then((d) => {
+  consoleInfo = d.actions;
+  document.getElementById("you").textContent = `acting as ${d.you}`;
+}).catch(showError).finally(refresh);
 """
     + """</script>
 </body>

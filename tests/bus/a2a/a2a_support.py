@@ -42,6 +42,7 @@ from google.protobuf.json_format import ParseDict
 
 from cardbus.agents.agent import Agent, Capability, NeedsInput, TaskContext
 from cardbus.agents.cards import TaskCard
+from cardbus.agents.llm_agent import LLMAgent
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -87,6 +88,22 @@ class Asker(Agent):
         if task.supplement is None:
             raise NeedsInput("which colour?", "user_input", {"topic": inputs.topic})
         return Answer(topic=inputs.topic, colour=task.supplement)
+
+
+class Brief(msgspec.Struct):
+    title: str
+    points: list[str]
+
+
+class Briefer(LLMAgent):
+    """An LLM agent: what answers it is the model the server was given."""
+
+    agent_id = "briefer"
+    description = "Writes a brief on a topic."
+    capability = "brief"
+    input_type = AskIn
+    output_type = Brief
+    instructions = "Write a brief of three points."
 
 
 def plan(tasks: list[dict[str, Any]], goal: str = "test", **extra: Any) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from a2a_support import ServeProcess, a2a_client, collect, data_message, plan, t
 from google.protobuf.json_format import MessageToDict
 
 from cardbus.agents.a2a_card import from_a2a
+from cardbus.bus.a2a.fold import result_text
 
 S = TaskState
 AGENTS = ["a2a_support:Slow", "a2a_support:Asker"]
@@ -74,6 +76,8 @@ async def test_send_returns_the_completed_run(server: ServeProcess) -> None:
     task = resp.task
     assert S.Name(task.status.state) == "TASK_STATE_COMPLETED"
     assert MessageToDict(task.artifacts[0].parts[0].data) == {"text": "ABC"}
+    # asked with a data part: answered with the data part alone
+    assert [p.WhichOneof("content") for p in task.artifacts[0].parts] == ["data"]
 
 
 async def test_stream_follows_the_run_to_completion(server: ServeProcess) -> None:
@@ -118,8 +122,21 @@ async def test_a_text_goal_is_planned_and_streams_to_completion(server: ServePro
     assert any("dispatched to slow" in t for t in streamed), streamed
     (artifact,) = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
     assert MessageToDict(artifact.parts[0].data) == {"text": goal.upper()}
+    # asked in words: the result in words too, beside the data, for a text-only client
+    assert [p.WhichOneof("content") for p in artifact.parts] == ["data", "text"]
+    assert artifact.parts[1].text == goal.upper()
+    assert artifact.parts[1].media_type == "text/plain"
+    assert [p.text for a in task.artifacts for p in a.parts if p.text] == [goal.upper()]
     assert S.Name(task.status.state) == "TASK_STATE_COMPLETED"
     assert task.history[0].parts[0].text == goal
+
+
+def test_a_results_text_is_its_text_field_else_its_json() -> None:
+    assert result_text("plain") == "plain"
+    assert result_text({"report": "Tides rise.", "sources": ["a"]}) == "Tides rise."
+    assert result_text({"text": "", "answer": "42"}) == "42"  # an empty field is no text
+    assert json.loads(result_text({"facts": ["a", "b"]})) == {"facts": ["a", "b"]}
+    assert json.loads(result_text([1, 2])) == [1, 2]
 
 
 async def test_an_invalid_plan_is_refused_with_the_reason(server: ServeProcess) -> None:

@@ -8,7 +8,7 @@ import pytest
 from orchkit import CARDS, Runtime, ev, make_agent, plan, run_log, task, tid, wait_for
 
 import cardbus.bus as bus
-from cardbus.eventstore import CardbusError, SqliteEventStore, StreamNotFound
+from cardbus.eventstore import CardbusError, NewEvent, SqliteEventStore, StreamNotFound
 
 
 async def test_approval_survives_a_restart_and_the_run_completes(db_path):
@@ -89,3 +89,39 @@ async def test_a_waiter_that_times_out_is_forgotten(make_runtime, store):
     assert root not in rt.orch._waiters
     await rt.orch.approve(tid(root, "gate"))
     assert (await rt.orch.wait(root, 5)).status == "completed"
+
+
+async def test_an_approval_racing_another_write_to_the_task_is_written(make_runtime, db_path):
+    """The orchestrator writes to the task's stream between the approval's read and its
+    append (an attempt's last record): the approval reads that and is written, not refused
+    with a conflict."""
+    from interleave import Points, instrument
+
+    rt = await make_runtime([make_agent("echo")])
+    root = await rt.orch.submit(plan(task("gate", requires_approval=True)))
+    gate = tid(root, "gate")
+    await wait_for(rt.store, lambda e: isinstance(e.data, ev.ApprovalRequested))
+    other = await SqliteEventStore.open(db_path, poll_interval=0.01)
+    try:
+        raced = ev.TaskResultIgnored(attempt=0, agent_id="late", reason="stale_attempt")
+
+        async def race() -> None:
+            version = await rt.store.stream_version(gate)
+            await rt.store.append(gate, [NewEvent(data=raced, correlation_id=root)], version)
+
+        points = Points(inject_name="answer_approval>append")
+        points.inject = race
+        instrument(other, points, ("append",))
+        await bus.answer_approval(other, gate, True, by="alice")
+        assert points.injected_at == "answer_approval>append"
+        r = await rt.orch.wait(root, 10)
+    finally:
+        await other.close()
+    assert r.status == "completed"
+    log = await run_log(rt.store, root)
+    assert log.tags(gate)[:4] == [
+        "created",
+        "approval_requested",
+        "result_ignored",
+        "approval_granted",
+    ]

@@ -381,7 +381,7 @@ async def test_restart_after_acceptance_runs_the_accepted_tasks_once(db_path) ->
     store2 = await SqliteEventStore.open(db_path, poll_interval=0.01)
     rt2 = Runtime(store2, AGENTS)
     # the cards rt1 sent died with its in-process bus: its attempts time out at once on
-    # resume (agent_lost), as in EmbeddedRuntime; a deadline counts from an agent's start
+    # resume (host_lost), as in EmbeddedRuntime; a deadline counts from an agent's start
     rt2.orch.attempts_survive_restart = False
     await rt2.start()
     try:
@@ -473,3 +473,80 @@ async def test_the_planning_tokens_count_toward_the_budget(make_runtime, store) 
     rt = await make_runtime([CostlyPlanner, make_agent("echo")], policy=FAST)
     r = await rt.run(Plan(goal="g", tasks=[], budget_tokens=100))
     assert (r.status, r.reason) == ("halted", "budget_exceeded")
+
+
+class RegionIn(msgspec.Struct, frozen=True):
+    region: str
+
+
+def region_of(t: TaskCard, i: Any, c: TaskContext) -> TextOut:
+    return TextOut(text=i.region)
+
+
+REGIONAL = [*AGENTS, make_agent("regional", "regional", region_of, input_type=RegionIn)]
+
+
+async def test_the_goals_words_in_an_input_are_recorded_as_such(make_runtime, store) -> None:
+    """A planner that copies the goal into a free-text input without saying so is found
+    out: ``plan.proposed`` names the input, and replay says so."""
+    goal = "echo 'good morning' back"
+    SCRIPT.append({"goal": goal, "tasks": [echo_task("a", "good morning"), echo_task("b")]})
+    rt = await make_runtime(AGENTS)
+    r = await rt.run(Plan(goal=goal, tasks=[], session={"user": "x"}))
+    assert r.status == "completed", r
+    log = await run_log(store, r.root_id)
+    assert log.first(ev.PlanProposed).data.from_goal == {"a": ["text"]}
+    timeline = await replay(store, r.root_id)
+    assert timeline.planning[0].from_goal == {"a": ["text"]}
+    step = next(s for s in timeline.run if s.kind == "plan.proposed")
+    assert step.detail is not None and step.detail.endswith("taken from the goal: a.text")
+
+
+async def test_the_goals_words_where_free_text_is_not_taken_are_refused(
+    make_runtime, store
+) -> None:
+    """``region`` does not take free text: "East" copied from the goal is a guess, refused
+    with the flag that gives it; the same value given in the session is no guess."""
+    goal = "sum up the East region"
+    guess = {"id": "a", "capability": "regional", "inputs": {"region": "East"}}
+    SCRIPT.append({"goal": goal, "tasks": [guess], "from_goal": {}})
+    rt = await make_runtime(REGIONAL)
+    r = await rt.run(Plan(goal=goal, tasks=[], max_plan_rounds=1))
+    assert (r.status, r.reason) == ("failed", "plan_invalid")
+    log = await run_log(store, r.root_id)
+    assert log.first(ev.PlanProposed).data.from_goal == {"a": ["region"]}
+    (error,) = log.first(ev.PlanRefused).data.errors
+    assert error.startswith("task 'a': input 'region' is given the goal's words (\"East\")")
+    assert "--input region=..." in error
+    given = await rt.run(
+        Plan(goal=goal, tasks=[], session={"region": "East"}, session_fields=["region"])
+    )
+    assert given.status == "completed", given
+    log = await run_log(store, given.root_id)
+    assert log.first(ev.PlanProposed).data.from_goal == {}
+
+
+@pytest.mark.parametrize(
+    "said",
+    [{"a": [["text"], {"x": 1}, 3, "nope"]}, {"a": "text"}, ["a"], {"zz": ["text"]}, None],
+)
+async def test_what_a_planner_says_it_took_from_the_goal_is_kept_only_where_true(
+    make_runtime, store, said: Any
+) -> None:
+    """A planner's ``from_goal`` naming no input of its own task is dropped, never a crash."""
+    SCRIPT.append({"goal": "g", "tasks": [echo_task("a", "hello")], "from_goal": said})
+    rt = await make_runtime(AGENTS)
+    r = await rt.run(Plan(goal="say hi", tasks=[]))
+    assert r.status == "completed", r
+    log = await run_log(store, r.root_id)
+    assert log.first(ev.PlanProposed).data.from_goal == {}
+
+
+async def test_what_a_planner_says_it_took_from_the_goal_is_recorded(make_runtime, store) -> None:
+    """A paraphrase is not found word for word: the planner's own say is recorded."""
+    SCRIPT.append({"goal": "g", "tasks": [echo_task("a", "hi")], "from_goal": {"a": ["text"]}})
+    rt = await make_runtime(AGENTS)
+    r = await rt.run(Plan(goal="say hello", tasks=[]))
+    assert r.status == "completed", r
+    log = await run_log(store, r.root_id)
+    assert log.first(ev.PlanProposed).data.from_goal == {"a": ["text"]}

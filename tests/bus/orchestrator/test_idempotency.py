@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 from orchkit import CARDS, Runtime, TextOut, ev, is_, make_agent, plan, run_log, task, tid, wait_for
 
 from cardbus.agents.cards import ResultCard, Started
@@ -93,7 +94,8 @@ async def test_redelivered_card_is_answered_without_running_twice(make_runtime, 
     rt = await make_runtime([make_agent("echo")])
     r = await rt.run(plan(task("t")))
     card = CARDS["echo"][0]
-    await rt.bus.send_task("echo", card)  # at-least-once delivery: the same card again
+    # at-least-once delivery: the same card again (a redelivery counts up its delivery)
+    await rt.bus.send_task("echo", msgspec.structs.replace(card, delivery=card.delivery + 1))
     t = tid(r.root_id, "t")
     for _ in range(100):
         log = await run_log(store, r.root_id)
@@ -119,3 +121,35 @@ async def test_a_submit_interrupted_after_claiming_the_plan_id_is_finished_by_th
     everything = await store.read_all(0, 10_000)
     assert sum(isinstance(e.data, ev.PlanSubmitted) for e in everything) == 1
     assert sum(isinstance(e.data, ev.RunStarted) for e in everything) == 1
+
+
+async def test_the_recorded_reply_delivered_again_writes_nothing(make_runtime, store):
+    """At-least-once delivery (a partition's new holder reads what the last one did not
+    ack; orchestrators without partitions each read every reply): the very reply the log
+    records, delivered again, is no news: no task.result_ignored for it."""
+    rt = await make_runtime([make_agent("echo")])
+    r = await rt.run(plan(task("t", text="once")))
+    t = tid(r.root_id, "t")
+    (recorded,) = (await run_log(store, r.root_id)).of(ev.TaskResultSubmitted, t)
+    assert recorded.replica_id  # the worker says where it ran
+    again = ResultCard(
+        task_id=t,
+        attempt=recorded.attempt,
+        agent_id=recorded.agent_id,
+        status=recorded.status,
+        output=recorded.output,
+        replica_id=recorded.replica_id,
+        delivery=recorded.delivery,
+    )
+    await rt.bus.reply(again)
+    # another answer of the attempt (another replica ran it): news, recorded as a
+    # duplicate; replies are decided in order, so once it is in, the first was decided
+    await rt.bus.reply(msgspec.structs.replace(again, replica_id="another-replica"))
+    for _ in range(500):
+        log = await run_log(store, r.root_id)
+        if log.of(ev.TaskResultIgnored, t):
+            break
+        await asyncio.sleep(0.01)
+    assert [(x.attempt, x.reason) for x in log.of(ev.TaskResultIgnored, t)] == [(1, "duplicate")]
+    assert len(log.of(ev.TaskResultSubmitted, t)) == 1
+    assert rt.orch.bad_messages == []

@@ -221,7 +221,9 @@ async def test_an_embedded_resume_times_the_dead_attempt_out_at_once(db_path: Pa
         assert r.status == "completed" and r.outputs["a"] == {"text": "A"}
         log = await run_log(store, root)
         timed_out = log.of(ev.TaskTimedOut, a)[0]
-        assert (timed_out.attempt, timed_out.reason) == (1, "agent_lost")
+        # it died with the process, not through the agent's fault (``hostloss``)
+        assert (timed_out.attempt, timed_out.reason) == (1, "host_lost")
+        assert log.of(ev.TaskRetryScheduled, a)[0].reason.startswith("host_lost")
         assert [d.attempt for d in log.of(ev.TaskDispatched, a)] == [1, 2]
         assert [c.attempt for c in CARDS["slow"]] == [1, 2]
         starts = [e.data for e in await store.read_all(0, 10_000) if e.type.startswith("orch")]

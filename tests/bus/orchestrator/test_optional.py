@@ -163,10 +163,16 @@ async def test_a_user_cancel_of_the_run_is_no_degraded_completion(make_runtime, 
     assert await cancel_run(store, started.correlation_id, by="test") == [started.stream]
     result = await submitted
     gate.set()
-    assert (result.status, result.degraded) == ("failed", [])
+    # the run did not complete: it was cancelled (its own status), not failed or degraded
+    assert (result.status, result.reason, result.degraded) == ("cancelled", "cancelled", [])
+    assert result.detail == "by test: cancelled_by_user"
     log = await run_log(store, result.root_id)
     assert log.of(ev.TaskCancelled, started.stream)[0].whole_run
-    assert log.of(ev.RunFailed)[0].failed_tasks == [started.stream]
+    (end,) = log.of(ev.RunFailed)
+    assert end.failed_tasks == [started.stream] and (end.cancelled, end.cancelled_by) == (
+        True,
+        "test",
+    )
 
 
 async def test_a_restart_mid_run_ends_the_same_degraded_way(store, db_path):

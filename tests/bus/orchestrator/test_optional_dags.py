@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cardbus import Agent, Capability, EmbeddedRuntime, TaskCard, TaskContext
 from cardbus.bus.orchestrator import Plan, PlanTask, Policy, RetryPolicy
 from cardbus.bus.orchestrator import snapshot as snap
-from cardbus.bus.orchestrator.core import _result_of
+from cardbus.bus.orchestrator.run_result import result_of as _result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import SqliteEventStore
 

@@ -282,6 +282,20 @@ async def test_unknown_tool_on_the_allow_list_is_not_found(world: World) -> None
         await world.ctx().tool("ghost")
 
 
+async def test_tool_specs_are_those_of_the_allow_list_and_nothing_is_recorded(
+    world: World,
+) -> None:
+    world.tools.register(Tool.define("not_for_writer", lambda a: a))
+    before = len(await world.own_events())
+    specs = await world.ctx().request("tool.specs")
+    assert sorted(specs) == ["big", "echo", "fetch", "hang"]
+    assert specs["hang"]["timeout_s"] == 0.05 and specs["echo"]["name"] == "echo"
+    assert len(await world.own_events()) == before  # a read of the registry, not an act
+    # only for the agent whose task it is
+    with pytest.raises(AccessDenied):
+        await world.ctx(agent_id="other").request("tool.specs")
+
+
 async def test_memory_reads_are_recorded(world: World) -> None:
     ctx = world.ctx()
     record = await ctx.long_term.get("pref/ann/report_format")

@@ -40,9 +40,13 @@ def test_the_defaults() -> None:
             "remote_refused",
             "replay_diverged",
             "budget_exceeded",
+            "journal_tampered",
+            "tool_not_found",
         }
     )
     assert not p.retries(1, "llm_bad_output") and p.retries(1, "llm_timeout")
+    # host losses have their own bound (``hostloss``)
+    assert p.max_host_losses == 5
 
 
 @given(
@@ -87,6 +91,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"jitter": "0.5"}, "jitter must be a finite number"),
     ({"maximum_interval_s": 1e308, "jitter": 10.0}, r"maximum_interval_s \* \(1 \+ jitter\)"),
     ({"non_retryable_reasons": "timeout"}, "must be a collection of 'agent_error'"),
+    ({"max_host_losses": -1}, r"RetryPolicy\.max_host_losses must be an integer >= 0; got -1"),
+    ({"max_host_losses": 1.5}, "max_host_losses must be an integer"),
     ({"non_retryable_reasons": ["timout"]}, r"'timout' not allowed; each must be one of"),
 ]
 
@@ -121,6 +127,7 @@ def test_an_override_replaces_only_the_fields_it_gives() -> None:
         initial_interval_s=2.0, jitter=0.0, non_retryable_reasons=frozenset({"timeout"})
     )
     assert base.overridden_by(None, max_attempts=7).max_attempts == 7
+    assert base.overridden_by(RetryOverride(max_host_losses=0)).max_host_losses == 0
 
 
 def test_a_bad_override_is_checked_like_the_policy() -> None:
