@@ -15,6 +15,8 @@ Messages (by schema name):
 ``announce``                the agent online (its ``agent_card``, lease, wire version) or
                             leaving, on ``cardbus.announce.<agent>``
 ``reply``                   any of the three above (what the orchestrator decodes)
+``cancel_notice``           the orchestrator to an agent: stop the handler of an attempt
+                            whose task was cancelled or halted, on ``cardbus.cancel.<agent>``
 ``agent_card``              what an agent can do (inside ``announce``)
 ``agent_request``           an agent's request on ``cardbus.req.<agent>`` (core NATS
                             request/reply), answered by an ``agent_response``
@@ -48,6 +50,7 @@ from cardbus.agents.cards import (
     WIRE_VERSION,
     AgentCard,
     Announce,
+    CancelNotice,
     Reply,
     ResultCard,
     Started,
@@ -123,6 +126,7 @@ _TYPES: dict[str, Any] = {
     "result_card": ResultCard,
     "announce": Announce,
     "reply": Reply,
+    "cancel_notice": CancelNotice,
     "agent_card": AgentCard,
     "agent_request": AgentRequest,
     "agent_response": AgentResponse,
@@ -223,6 +227,14 @@ def contract() -> dict[str, Any]:
                 "schema": "agent_request",
                 "answer_schema": "agent_response",
                 "error_header": n.ERROR_HEADER,
+            },
+            "cancel": {
+                "subject": f"{n.CANCEL_PREFIX}.<agent>",
+                "direction": (
+                    "orchestrator -> agent (core NATS publish, at most once: every replica"
+                    " hears it; ask attempt.live on the request subject to be sure)"
+                ),
+                "schema": "cancel_notice",
             },
             "dead": {
                 "subject": f"{n.DEAD_PREFIX}.<kind>",

@@ -16,6 +16,7 @@ from cardbus.agents.cards import (
     WIRE_VERSION,
     AgentCard,
     Announce,
+    CancelNotice,
     CapabilitySpec,
     ResultCard,
     Started,
@@ -66,6 +67,8 @@ def test_messages_the_code_encodes_are_valid_and_wrong_ones_are_not() -> None:
     valid("reply", encode(result))
     announce = Announce(card=CARD, replica_id="h-1")
     valid("announce", encode(announce))
+    notice = CancelNotice(task_id="t1", attempt=1, agent_id="upper", reason="r", by="ann")
+    valid("cancel_notice", encode(notice))
     assert json.loads(encode(announce))["wire_version"] == WIRE_VERSION
     request = AgentRequest(request_id="q", task_id="t1", attempt=1, agent_id="a", kind="tool")
     valid("agent_request", msgspec.json.encode(request))
@@ -90,6 +93,8 @@ def test_the_contract_is_read_from_the_transport() -> None:
     ]
     assert c["inbox_consumer"]["durable_name"] == "agent-<agent>"
     assert c["subjects"]["reply"]["subject"] == "cardbus.reply.<agent>.<task>"
+    assert c["subjects"]["cancel"]["subject"] == "cardbus.cancel.<agent>"
+    assert c["agent_permissions"]["subscribe"] == ["_INBOX.<agent>.>", "cardbus.cancel.<agent>"]
     assert set(c["headers"]) == {"Nats-Msg-Id", "traceparent", "Cardbus-Partition"}
 
 
