@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,14 @@ def _refusals(envs: list[Envelope]) -> list[ev.ReplyRefused]:
     return [e.data for e in envs if isinstance(e.data, ev.ReplyRefused)]
 
 
+async def _lease_is(rt: NatsRuntime, agent_id: str, *, live: bool) -> None:
+    """Once the orchestrator holds (or no longer holds) a live lease of ``agent_id``."""
+    deadline = time.monotonic() + 30
+    while rt.orchestrator.leases.live(agent_id, time.time()) != live:
+        assert time.monotonic() < deadline, f"{agent_id}'s lease never became live={live}"
+        await asyncio.sleep(0.05)
+
+
 async def test_another_identity_or_subject_is_refused_and_recorded(tmp_path: Path) -> None:
     """With the documented per-agent permissions: a result naming another agent, on its own
     subject, is refused and recorded as ``reply.refused``; a result on another agent's
@@ -160,10 +169,14 @@ async def test_another_identity_or_subject_is_refused_and_recorded(tmp_path: Pat
             events = await rt.store.read_correlation(root)
             assert not any(isinstance(e.data, ev.TaskCompleted) for e in events)
 
-            # 2. a result on another agent's subject: the server refuses the publish
+            # 2. a result on another agent's subject: the server refuses the publish. The
+            # orchestrator has folded the forger's leave, then this one's lease: a plan
+            # submitted in between would fail at once (upper: no live lease)
+            await _lease_is(rt, "upper", live=False)
             agent = foreign_agent(tmp_path, url, *as_upper, "--reply-as", "other", name="outside")
             try:
                 agent.wait_for("serving")
+                await _lease_is(rt, "upper", live=True)
                 other = await rt.submit(msgspec.structs.replace(plan, goal="outside"))
                 agent.wait_for("cannot answer", 30)  # its answer never left
             finally:
