@@ -17,7 +17,13 @@ from natsserver import NatsServer
 
 from cardbus.bus import wire
 
-SUBJECTS = ("cardbus.agent.>", "cardbus.reply.>", "cardbus.announce.>", "cardbus.req.>")
+SUBJECTS = (
+    "cardbus.agent.>",
+    "cardbus.reply.>",
+    "cardbus.announce.>",
+    "cardbus.req.>",
+    "cardbus.cancel.>",  # none in a demo run (nothing is cancelled); validated if one comes
+)
 
 
 async def test_every_message_of_a_demo_run_matches_its_schema(
@@ -25,17 +31,15 @@ async def test_every_message_of_a_demo_run_matches_its_schema(
 ) -> None:
     url = nats_server.url
     captured: list[Msg] = []
-    responses: list[Msg] = []
-    asked: set[str] = set()  # the reply subjects of the agents' requests
+    inboxes: list[Msg] = []  # every reply to a request; the agents' are picked out after
 
     async def on_msg(msg: Msg) -> None:
         captured.append(msg)
-        if msg.subject.startswith("cardbus.req.") and msg.reply:
-            asked.add(msg.reply)
 
     async def on_inbox(msg: Msg) -> None:
-        if msg.subject in asked:
-            responses.append(msg)
+        # (each subscription's callbacks run in a task of their own: an answer may be taken
+        # here before its request is taken by on_msg, so nothing is matched while capturing)
+        inboxes.append(msg)
 
     nc = await nats.connect(url)
     try:
@@ -55,20 +59,28 @@ async def test_every_message_of_a_demo_run_matches_its_schema(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await asyncio.wait_for(demo.communicate(), 240)
+        try:
+            out, _ = await asyncio.wait_for(demo.communicate(), 240)
+        finally:
+            if demo.returncode is None:  # timed out: the test reaps what it started
+                demo.kill()
+                await demo.wait()
         assert demo.returncode == 0, out.decode()
-        await nc.flush()
+        await nc.flush()  # what the server sent before this is in the subscriptions' queues
     finally:
-        await nc.close()
+        await nc.drain()  # and every callback has taken it: nothing captured is dropped
 
     validators = {n: jsonschema.Draft202012Validator(wire.schema(n)) for n in wire.SCHEMA_NAMES}
     seen: collections.Counter[str] = collections.Counter()
     for msg in captured:
         doc = json.loads(msg.data)
         kind = msg.subject.split(".")[1]
-        name = {"agent": "task_card", "announce": "announce", "req": "agent_request"}.get(
-            kind, "reply"
-        )
+        name = {
+            "agent": "task_card",
+            "announce": "announce",
+            "req": "agent_request",
+            "cancel": "cancel_notice",
+        }.get(kind, "reply")
         validators[name].validate(doc)
         seen[doc["type"]] += 1
         if name == "reply":  # and as what it says it is
@@ -78,6 +90,8 @@ async def test_every_message_of_a_demo_run_matches_its_schema(
             args = doc["kind"].replace(".", "_") + "_args"
             if args in validators:
                 validators[args].validate(doc["args"])
+    asked = [m.reply for m in captured if m.subject.startswith("cardbus.req.") and m.reply]
+    responses = [m for m in inboxes if m.subject in set(asked)]
     for msg in responses:
         validators["agent_response"].validate(json.loads(msg.data))
     # the whole run went by: cards, both replies, announcements, requests and their answers,
@@ -87,4 +101,6 @@ async def test_every_message_of_a_demo_run_matches_its_schema(
     # comes, not counted on; tests/bus/test_wire.py validates one the code encodes)
     assert seen["announce"] >= 5 and seen["agent_request"] >= 2, seen
     assert seen["model.request"] >= 1 and seen["model.answer"] >= 1, seen
-    assert len(responses) == seen["agent_request"], (len(responses), seen)
+    # every request asked on a reply subject of its own, and was answered there
+    assert len(set(asked)) == len(asked) == seen["agent_request"], (asked, seen)
+    assert {m.subject for m in responses} == set(asked), (len(responses), seen)
