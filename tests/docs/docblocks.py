@@ -31,6 +31,13 @@ The rules (docs/how-to/write-docs.md says the same to the pages' writers):
       <!-- docs-test: skip: needs a real endpoint (OPENAI_BASE_URL) -->
 
   The reason must say it needs a real endpoint; any other skip fails the page.
+* A page whose commands need a program cardbus does not install (Node.js for the
+  tutorial of an agent in another language) names it in a marker of its own line::
+
+      <!-- docs-test: needs: node npm -->
+
+  Where one is not on ``PATH`` the page's test is skipped, naming it (``pytest -rs``
+  lists it); where they all are, the page runs as any other.
 
 A failing block raises ``BlockFailed`` naming the file, the line of its fence and
 what went wrong.
@@ -44,6 +51,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -58,6 +66,7 @@ CONSOLE = {"console"}
 SHOWN = {"text", "toml", "yaml", "ini", "json", "javascript", "js"}
 KNOWN = PYTHON | SHELL | CONSOLE | SHOWN
 SKIP = re.compile(r"^<!-- docs-test: skip: (.+?) -->$")
+NEEDS = re.compile(r"^<!-- docs-test: needs: ([\w .+-]+?) -->$")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
 TITLE = re.compile(r"""title=["']([^"']+)["']""")
 BLOCK_TIMEOUT_S = 120.0
@@ -163,6 +172,25 @@ def shell_env() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["NO_COLOR"] = "1"
     return env
+
+
+def missing_programs(text: str) -> list[str]:
+    """The programs a page's ``<!-- docs-test: needs: ... -->`` markers name that its
+    commands would not find on ``PATH``."""
+    named: list[str] = []
+    fence: str | None = None  # a marker shown in a block (the how-to's) is no marker
+    for line in text.splitlines():
+        m = FENCE.match(line)
+        if m and fence is None:
+            fence = m.group("fence")
+        elif (
+            fence is not None and line.strip().startswith(fence) and set(line.strip()) == {fence[0]}
+        ):
+            fence = None
+        elif fence is None and (needs := NEEDS.match(line)):
+            named += needs.group(1).split()
+    path = shell_env()["PATH"]
+    return [p for p in named if shutil.which(p, path=path) is None]
 
 
 # ``cmd  # exit code 1``: a command meant to fail, and the code it must fail with

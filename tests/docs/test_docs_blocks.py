@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from docblocks import REPO, BlockFailed, parse, run_page
+from docblocks import REPO, BlockFailed, missing_programs, parse, run_page
 
 DOCS = REPO / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)
@@ -18,6 +18,9 @@ def _id(p: Path) -> str:
 @pytest.mark.timeout(300)  # a page's commands each start a process; the box is shared
 @pytest.mark.parametrize("page", PAGES, ids=_id)
 def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
+    missing = missing_programs(page.read_text(encoding="utf-8"))
+    if missing:  # said, never silent: make test runs pytest -rs
+        pytest.skip(f"{_id(page)} needs {' and '.join(missing)}, not found on PATH")
     run_page(page, tmp_path)
 
 
@@ -138,3 +141,12 @@ def test_a_command_that_hides_its_failure_fails_the_page(tmp_path: Path, hiding:
     page.write_text(f"```console\n$ cardbus --version {hiding}\n```\n", encoding="utf-8")
     with pytest.raises(BlockFailed, match="hides a failure"):
         run_page(page, tmp_path / "work")
+
+
+def test_a_page_needing_a_program_names_the_missing_ones() -> None:
+    page = "# p\n\n<!-- docs-test: needs: bash no-such-program-here -->\n"
+    assert missing_programs(page) == ["no-such-program-here"]
+    assert missing_programs("<!-- docs-test: needs: bash python -->") == []  # the venv's
+    assert missing_programs("no marker") == []
+    shown = "```text\n<!-- docs-test: needs: no-such-program-here -->\n```\n"
+    assert missing_programs(shown) == []  # shown in a block, as the how-to shows it
