@@ -48,7 +48,11 @@ def main() -> None:
             assert result["status"] == "completed", result
         finally:
             agent.terminate()  # it announces it is leaving, and stops
-            agent.wait(timeout=30)
+            try:
+                agent.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # it did not: nothing is left running
+                agent.kill()
+                agent.wait()
         print(cardbus("replay", result["root_id"], "--store", server.url))
         print(cardbus("verify", "--store", server.url))
 
