@@ -22,7 +22,8 @@ The rules (docs/how-to/write-docs.md says the same to the pages' writers):
   works), and ``make TARGET`` (the set-up commands) is checked with ``make -n``
   against the repository: it must resolve (the fresh-clone run is timed by hand,
   not in the suite). A ``cd`` carries over to the next blocks, but may not leave
-  the working directory.
+  the working directory. What the blocks leave running (a server started with
+  ``&``, when a block fails before the page's ``kill``) is killed when the page ends.
 * ``json`` without a title must parse; ``text``, ``toml``/``yaml``/``ini`` and ``js`` are
   shown, not run.
 * A block that needs a real external endpoint (a hosted model, a remote A2A
@@ -52,6 +53,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -231,22 +233,33 @@ def shell_script(block: Block) -> str:
     return "set -euo pipefail\n" + body
 
 
-def run_shell(block: Block, workdir: Path, cwd: Path) -> Path:
-    """Run the block in ``cwd``; returns the directory it ended in."""
+def run_shell(block: Block, workdir: Path, cwd: Path, groups: list[int] | None = None) -> Path:
+    """Run the block in ``cwd``; returns the directory it ended in. The block runs in a
+    process group of its own, with its ``&`` jobs; its id is added to ``groups``, for
+    :func:`kill_groups` once the page is done."""
     where = workdir / ".docblocks-cwd"
     script = f"trap 'pwd > {where}' EXIT\n{shell_script(block)}"
-    try:
-        proc = subprocess.run(
-            ["bash", "-c", script],
-            cwd=cwd,
-            env=shell_env(),
-            capture_output=True,
-            text=True,
-            timeout=BLOCK_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise BlockFailed(f"{block.where}: still running after {e.timeout:.0f} s") from None
+    with subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=shell_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: what it leaves running is found
+    ) as running:
+        if groups is not None:
+            groups.append(running.pid)
+        try:
+            stdout, stderr = running.communicate(timeout=BLOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(running.pid, signal.SIGKILL)  # its bash is alive: the group is its
+            running.communicate()
+            raise BlockFailed(
+                f"{block.where}: still running after {BLOCK_TIMEOUT_S:.0f} s"
+            ) from None
+    proc = subprocess.CompletedProcess(running.args, running.returncode, stdout, stderr)
     if proc.returncode != 0:
         raise BlockFailed(
             f"{block.where}: {block.lang} block exited {proc.returncode}\n"
@@ -257,6 +270,24 @@ def run_shell(block: Block, workdir: Path, cwd: Path) -> Path:
     if not ended.is_relative_to(workdir.resolve()):
         raise BlockFailed(f"{block.where}: the block left the working directory (for {ended})")
     return ended
+
+
+def kill_groups(groups: list[int], workdir: Path) -> None:
+    """Kill what the shell blocks of a page left running (a server or an agent started
+    with ``&``, when a block failed before the page's ``kill``): each process of their
+    process groups working in the page's directory. (A group's id alone may name another
+    group by now: its leader, the block's bash, is gone and ids are reused.)"""
+    proc = Path("/proc")
+    if not groups or not proc.is_dir():
+        return
+    page = workdir.resolve()
+    for stat in proc.glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # after "(command)": state, ppid, process group, ...
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) not in groups:
+                continue
+            if Path(os.readlink(stat.parent / "cwd")).is_relative_to(page):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
 
 
 def run_python(block: Block, namespace: dict[str, Any]) -> None:
@@ -346,7 +377,9 @@ def run_blocks(blocks: list[Block], workdir: Path) -> list[Block]:
     if not venv.exists():
         venv.symlink_to(sys.prefix)  # the clone's .venv
     cwd = workdir
-    with inside(workdir):
+    groups: list[int] = []  # the shell blocks' process groups, each killed at the end
+    with inside(workdir), contextlib.ExitStack() as cleanup:
+        cleanup.callback(kill_groups, groups, workdir)
         for b in blocks:
             if b.skip is not None:
                 continue
@@ -356,7 +389,7 @@ def run_blocks(blocks: list[Block], workdir: Path) -> list[Block]:
             elif b.lang in PYTHON:
                 run_python(b, namespace)
             elif b.lang in SHELL | CONSOLE:
-                cwd = run_shell(b, workdir, cwd)
+                cwd = run_shell(b, workdir, cwd, groups)
             elif b.lang == "json":
                 check_json(b)
             else:

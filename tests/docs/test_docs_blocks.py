@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,30 @@ def test_a_page_needing_a_program_names_the_missing_ones() -> None:
     assert missing_programs("no marker") == []
     shown = "```text\n<!-- docs-test: needs: no-such-program-here -->\n```\n"
     assert missing_programs(shown) == []  # shown in a block, as the how-to shows it
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, killed and not reaped yet, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_what_a_failed_page_left_running_is_killed(tmp_path: Path) -> None:
+    """A server started with ``&`` in one block, then a block that fails before the page's
+    ``kill``: the page's test kills it (it would run on after the suite)."""
+    page = _page(
+        tmp_path,
+        "```sh\nsleep 600 > sleep.log 2>&1 &\necho $! > sleep.pid\n```\n\n"
+        "```sh\ncardbus no-such-command\n```\n",
+    )
+    with pytest.raises(BlockFailed, match="exited 2"):
+        run_page(page, tmp_path / "work")
+    pid = int((tmp_path / "work" / "sleep.pid").read_text())
+    deadline = time.monotonic() + 30
+    while _running(pid):  # SIGKILL is sent; its delivery is the kernel's
+        assert time.monotonic() < deadline, f"sleep {pid} still runs"
+        time.sleep(0.05)
