@@ -15,17 +15,44 @@ called by the ``cardbus`` group before any command, installs an SDK
 * ``OTEL_SDK_DISABLED=true`` turns it all off.
 
 With none of them set nothing is installed, and tracing costs nothing.
-Spans are batched and flushed when the process exits.
+Spans are batched in the background and flushed when the process exits.
+
+An unreachable collector must not hold a command up: unless
+``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` / ``OTEL_EXPORTER_OTLP_TIMEOUT`` says
+otherwise, each export (its retries included) gets :data:`EXPORT_TIMEOUT_S`,
+so the flush at exit costs at most that; a failed export is said once on
+stderr (the exporter's own retry warnings are kept quiet), and later batches
+are dropped at once until :data:`QUIET_AFTER_FAILURE_S` has passed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["configure_tracing"]
+__all__ = [
+    "EXPORT_TIMEOUT_S",
+    "QUIET_AFTER_FAILURE_S",
+    "configure_tracing",
+    "export_timeout",
+    "otlp_span_exporter",
+]
+
+#: seconds an OTLP export may take, retries included, when the env sets no timeout:
+#: the whole cost of an unreachable collector to a command (the flush at exit)
+EXPORT_TIMEOUT_S = 0.4
+#: after a failed export, batches are dropped without trying for this long
+QUIET_AFTER_FAILURE_S = 30.0
+# the loggers of the OTLP exporter's retries ("Transient error ... retrying")
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+)
 
 _MISSING_OTLP = (
     "cardbus: traces not exported: OTLP needs the opentelemetry-exporter-otlp-proto-http "
@@ -83,13 +110,11 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> Any:
                     file=sys.stderr,
                 )
             try:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                    OTLPSpanExporter,
-                )
+                import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
             except ImportError:
                 print(_MISSING_OTLP, file=sys.stderr)
                 continue
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            provider.add_span_processor(BatchSpanProcessor(otlp_span_exporter(env)))
             added += 1
         elif name == "console":
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
@@ -100,3 +125,71 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> Any:
         return None
     trace.set_tracer_provider(provider)
     return provider
+
+
+def otlp_span_exporter(env: Mapping[str, str]) -> Any:
+    """The OTLP/HTTP span exporter the commands use: the env's endpoint and headers, a
+    short deadline (:func:`export_timeout`), its failures said once."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return _SaidOnce(OTLPSpanExporter(timeout=export_timeout(env)))
+
+
+def export_timeout(env: Mapping[str, str]) -> float:
+    """The env's OTLP timeout if it sets one (seconds), else :data:`EXPORT_TIMEOUT_S`."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        value = env.get(name, "").strip()
+        if value:
+            try:
+                return float(value)
+            except ValueError:
+                print(f"cardbus: {name}={value!r} is not a number, ignored", file=sys.stderr)
+    return EXPORT_TIMEOUT_S
+
+
+class _SaidOnce:
+    """A span exporter that says its first failure once and then stays quiet.
+
+    The OTLP exporter logs a warning per retry and an error per failed batch; a
+    command run with the collector down would print them on every exit. This says
+    one line, and drops batches for :data:`QUIET_AFTER_FAILURE_S` after a failure
+    rather than spending the export deadline again on each of them.
+    """
+
+    def __init__(self, inner: Any, clock: Any = time.monotonic) -> None:
+        self._inner = inner
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._said = False
+        self._quiet_until = 0.0
+        for name in _EXPORTER_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    @property
+    def inner(self) -> Any:
+        return self._inner
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if self._clock() < self._quiet_until:
+            return SpanExportResult.FAILURE
+        result = self._inner.export(spans)
+        if result is not SpanExportResult.SUCCESS:
+            with self._lock:
+                self._quiet_until = self._clock() + QUIET_AFTER_FAILURE_S
+                said, self._said = self._said, True
+            if not said:
+                where = getattr(self._inner, "_endpoint", "the collector")
+                print(
+                    f"cardbus: traces not exported to {where} (unreachable or refused); "
+                    f"spans are dropped for {QUIET_AFTER_FAILURE_S:.0f} s",
+                    file=sys.stderr,
+                )
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self._inner.force_flush(timeout_millis))
