@@ -31,8 +31,9 @@ replays (``cardbus.journal.replayed_from``) and carries no usage: nothing was sp
 The prompt and the answer (``gen_ai.input.messages`` / ``gen_ai.output.messages``, a
 tool's ``gen_ai.tool.call.arguments`` / ``.result``) are added only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true`` (and the log kept
-them, see ``AccessPolicy``). The provider (``gen_ai.provider.name``) is not in the
-log; the agent's own model-call span has it.
+them, see ``AccessPolicy``). The provider (``gen_ai.provider.name``) is the one
+``model.requested`` recorded (the client's, see ``OpenAIChatLLM.provider``); a replayed
+call has its source's.
 
 Lifecycle facts become span events: on the attempt span ``task.started``,
 ``task.result_submitted``, ``task.rejected``, ``task.timed_out``,
@@ -365,6 +366,8 @@ def call_attributes(
         attrs["cardbus.journal.replayed_from"] = call.replayed_from
     if isinstance(call, ModelCall):
         attrs["gen_ai.operation.name"] = "chat"
+        if call.provider:  # Required on chat spans (recorded since model.requested had it)
+            attrs["gen_ai.provider.name"] = call.provider
         if call.model:
             attrs["gen_ai.request.model"] = call.model
         if call.response_model:
