@@ -75,7 +75,7 @@ async def test_agent_spans_in_another_process_join_the_orchestrators_trace(
 
     remote = _received(otlp_receiver)
     processes = [s for s in remote if s.name.startswith("process ")]
-    agents = [s for s in remote if s.name.startswith("invoke_agent ")]
+    agents = [s for s in remote if s.name.startswith("handle ")]
     assert len(processes) == len(agents) == len(sends)
     trace_id = workflow.context.trace_id.to_bytes(16, "big")
     assert {s.trace_id for s in remote} == {trace_id}
