@@ -38,6 +38,7 @@ from typing import Any
 __all__ = [
     "EXPORT_TIMEOUT_S",
     "QUIET_AFTER_FAILURE_S",
+    "configure_metrics",
     "configure_tracing",
     "export_timeout",
     "otlp_span_exporter",
@@ -193,3 +194,44 @@ class _SaidOnce:
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return bool(self._inner.force_flush(timeout_millis))
+
+
+def configure_metrics(env: Mapping[str, str] | None = None) -> Any:
+    """Install an SDK meter provider exporting over OTLP/HTTP beside the traces (the GenAI
+    client metrics of ``bus.genai_metrics``) when an OTLP endpoint is set and
+    ``OTEL_METRICS_EXPORTER`` is not ``none``; returns it, or None.
+
+    The same short export deadline as the traces (:func:`export_timeout`); the metrics
+    are collected once more and sent when the process exits.
+    """
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if env.get("OTEL_METRICS_EXPORTER", "otlp").strip().lower() != "otlp":
+        return None
+    if not (
+        env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    ):
+        return None
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    if isinstance(metrics.get_meter_provider(), MeterProvider):  # set once per process
+        return None
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    except ImportError:
+        return None  # said once by configure_tracing (the same extra)
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    for name in ("opentelemetry.exporter.otlp.proto.http.metric_exporter",):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    timeout = export_timeout(env)
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(timeout=timeout), export_timeout_millis=timeout * 1000.0
+    )
+    attrs = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": "cardbus"}
+    provider = MeterProvider(metric_readers=[reader], resource=Resource.create(attrs))
+    metrics.set_meter_provider(provider)
+    return provider
