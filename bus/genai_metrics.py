@@ -1,9 +1,17 @@
-"""GenAI client metrics from the journal: ``gen_ai.client.token.usage`` and
-``gen_ai.client.operation.duration`` (the OpenTelemetry GenAI conventions), one record
-per model call the journal answered live (a replayed call spent nothing and took no time).
+"""GenAI client metrics: ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``
+(the OpenTelemetry GenAI semantic conventions), one record per model call answered live.
 
-Only the OpenTelemetry API is used; without an SDK meter provider the instruments are
-no-ops. ``tools/telemetry_setup.py`` installs one that exports over OTLP beside the traces.
+Attributes, as the conventions require them: ``gen_ai.operation.name`` (``chat``) and
+``gen_ai.provider.name`` (required), ``gen_ai.token.type`` (required on the token usage),
+``gen_ai.request.model`` (conditionally required: when known), ``error.type``
+(conditionally required on the duration of a call that failed), and the recommended
+``gen_ai.response.model``. ``server.address`` is recommended, not required, and the journal
+does not record it: it is left out (and so is ``server.port``, required only beside it).
+
+:class:`cardbus.bus.run_metrics.RunMetrics` calls :func:`record_model_call` for each
+``model.answered`` the orchestrator folds that is not a replay (a call answered from the
+journal spent nothing and took no time). Only the OpenTelemetry API is used: without an SDK
+meter provider nothing is recorded (``bus.meters``).
 """
 
 from __future__ import annotations
@@ -12,56 +20,53 @@ from typing import Any
 
 from opentelemetry import metrics
 
-__all__ = ["record_model_call", "use_meter_provider"]
+from cardbus.bus import meters
 
-_provider: metrics.MeterProvider | None = None
-_instruments: tuple[Any, Any] | None = None
+__all__ = ["DURATION_BUCKETS", "TOKEN_BUCKETS", "record_model_call"]
 
-
-def use_meter_provider(provider: metrics.MeterProvider | None) -> None:
-    """Record into ``provider`` instead of the global one (None: the global again)."""
-    global _provider, _instruments
-    _provider, _instruments = provider, None
+#: the bucket boundaries the conventions advise (gen_ai_metrics in semconv)
+TOKEN_BUCKETS = [4**i for i in range(14)]
+DURATION_BUCKETS = [0.01 * 2**i for i in range(14)]
 
 
-def _made() -> tuple[Any, Any]:
-    global _instruments
-    if _instruments is None:
-        provider = _provider if _provider is not None else metrics.get_meter_provider()
-        meter = provider.get_meter("cardbus")
-        # the conventions' names, units and bucket advice (gen_ai_metrics.py in semconv)
-        tokens = meter.create_histogram(
-            "gen_ai.client.token.usage",
-            unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=[4**i for i in range(14)],
-        )
-        duration = meter.create_histogram(
-            "gen_ai.client.operation.duration",
-            unit="s",
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=[0.01 * 2**i for i in range(14)],
-        )
-        _instruments = (tokens, duration)
-    return _instruments
+def _make(meter: metrics.Meter) -> tuple[Any, Any]:
+    tokens = meter.create_histogram(
+        "gen_ai.client.token.usage",
+        unit="{token}",
+        description="Number of input and output tokens used.",
+        explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+    )
+    duration = meter.create_histogram(
+        "gen_ai.client.operation.duration",
+        unit="s",
+        description="GenAI operation duration.",
+        explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+    )
+    return tokens, duration
 
 
-def record_model_call(call: Any) -> None:
-    """Record one journaled model call (a ``projections.replay.ModelCall`` that ended)."""
-    if call.end is None or call.replayed_from is not None:
-        return
-    tokens, duration = _made()
+def record_model_call(
+    *,
+    provider: str,
+    request_model: str,
+    response_model: str,
+    duration_s: float,
+    input_tokens: int,
+    output_tokens: int,
+    error_type: str | None = None,
+) -> None:
+    """Record one live model call: its duration, and its tokens unless it failed."""
+    tokens, duration = meters.instruments(_make)
     attrs: dict[str, str] = {"gen_ai.operation.name": "chat"}
-    if call.provider:
-        attrs["gen_ai.provider.name"] = call.provider
-    if call.model:
-        attrs["gen_ai.request.model"] = call.model
-    if call.response_model:
-        attrs["gen_ai.response.model"] = call.response_model
-    if call.error is not None:
-        attrs["error.type"] = call.error_type or "error"
-    took = call.latency_s if call.latency_s > 0 else max(0.0, call.end - call.start)
-    duration.record(took, attrs)
-    if call.error is None:
-        tokens.record(call.input_tokens, {**attrs, "gen_ai.token.type": "input"})
-        tokens.record(call.output_tokens, {**attrs, "gen_ai.token.type": "output"})
+    if provider:
+        attrs["gen_ai.provider.name"] = provider
+    if request_model:
+        attrs["gen_ai.request.model"] = request_model
+    if response_model:
+        attrs["gen_ai.response.model"] = response_model
+    if error_type is not None:
+        attrs["error.type"] = error_type or "error"
+    duration.record(max(0.0, duration_s), attrs)
+    if error_type is None:
+        tokens.record(max(0, input_tokens), {**attrs, "gen_ai.token.type": "input"})
+        tokens.record(max(0, output_tokens), {**attrs, "gen_ai.token.type": "output"})

@@ -614,10 +614,6 @@ def _end_task(
 
 
 def _end_call(span: Span, call: Any, task_id: str, t: int) -> None:
-    if isinstance(call, traces.ModelCall):
-        from cardbus.bus.genai_metrics import record_model_call
-
-        record_model_call(call)
     if span.is_recording():
         attrs = traces.call_attributes(call, task_id)
         span.set_attributes(attrs)
