@@ -1,13 +1,22 @@
 """Benchmark: what an unreachable OTLP collector costs a command (issue 33, item 2).
 
-    .venv/bin/python bench/otel_unreachable_bench.py            # 3 runs of each, medians
-    .venv/bin/python bench/otel_unreachable_bench.py --runs 5
+    .venv/bin/python bench/otel_unreachable_bench.py            # 5 rounds
+    .venv/bin/python bench/otel_unreachable_bench.py --rounds 9
 
-Times ``cardbus demo`` (a fresh SQLite file each time) as a subprocess, once with no
-OTEL_* setting and once with OTEL_EXPORTER_OTLP_ENDPOINT at a closed loopback port (a
-port bound and released: nothing listens), and prints both medians and the difference.
-Target: the difference is at most 0.5 s (the exporter's deadline,
-``cardbus.tools.telemetry_setup.EXPORT_TIMEOUT_S``, bounds the flush at exit).
+Times ``cardbus demo`` (a fresh SQLite file each time) as a subprocess in rounds; each
+round runs it three ways, in a rotating order:
+
+* ``none``: no OTEL_* setting (nothing exported, no SDK loaded);
+* ``refused``: OTEL_EXPORTER_OTLP_ENDPOINT at a closed loopback port (a port bound and
+  released: nothing listens, each connection is refused at once);
+* ``silent``: OTEL_EXPORTER_OTLP_ENDPOINT at a loopback listener that accepts connections
+  and never answers (a collector that hangs, or a firewall that drops: the exporter waits
+  for its deadline).
+
+It prints every round's times, the per-round differences against ``none`` (paired: the
+same moment of a shared machine), and their medians. Target: each median difference is at
+most 0.5 s (the exporters' deadline, ``cardbus.tools.telemetry_setup.EXPORT_TIMEOUT_S``,
+bounds the flush at exit once for traces and metrics together).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +39,31 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class _Silent:
+    """A loopback listener that accepts every connection and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = int(self.sock.getsockname()[1])
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)  # kept open, never read nor answered
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
 
 
 def _demo(env: dict[str, str]) -> tuple[float, str]:
@@ -44,24 +79,40 @@ def _demo(env: dict[str, str]) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    silent = _Silent()
     base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    down = dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_closed_port()}")
+    envs = {
+        "none": base,
+        "refused": dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_closed_port()}"),
+        "silent": dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{silent.port}"),
+    }
+    names = list(envs)
     _demo(base)  # warm the file cache: the first run pays for imports from disk
-    without, with_down, said = [], [], ""
-    for _ in range(args.runs):
-        without.append(_demo(base)[0])
-        took, said = _demo(down)
-        with_down.append(took)
-    a, b = statistics.median(without), statistics.median(with_down)
-    print(f"cardbus demo, no collector set:      {a:.2f} s (median of {args.runs})")
-    print(f"cardbus demo, collector unreachable: {b:.2f} s (median of {args.runs})")
-    print(f"difference: {b - a:+.2f} s (target <= 0.50 s)")
-    lines = [line for line in said.splitlines() if "export" in line.lower()]
-    print("stderr lines about the export:", len(lines))
-    for line in lines:
-        print("  ", line)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    said: dict[str, str] = {}
+    print("round   " + "".join(f"{n:>10}" for n in names))
+    for r in range(args.rounds):
+        order = names[r % 3 :] + names[: r % 3]  # each way first in turn
+        for name in order:
+            took, err = _demo(envs[name])
+            times[name].append(took)
+            said[name] = err
+        print(f"{r + 1:5}   " + "".join(f"{times[n][-1]:9.2f}s" for n in names))
+    silent.close()
+    print()
+    for name in names[1:]:
+        diffs = [b - a for a, b in zip(times["none"], times[name], strict=True)]
+        print(
+            f"collector {name:8}: median {statistics.median(times[name]):.2f} s vs"
+            f" {statistics.median(times['none']):.2f} s; paired difference median"
+            f" {statistics.median(diffs):+.2f} s, max {max(diffs):+.2f} s (target <= 0.50 s)"
+        )
+        lines = [line for line in said[name].splitlines() if "export" in line.lower()]
+        print(f"  stderr lines about the export: {len(lines)}")
+        for line in lines:
+            print("    " + line)
 
 
 if __name__ == "__main__":

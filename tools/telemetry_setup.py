@@ -19,10 +19,15 @@ Spans are batched in the background and flushed when the process exits.
 
 An unreachable collector must not hold a command up: unless
 ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` / ``OTEL_EXPORTER_OTLP_TIMEOUT`` says
-otherwise, each export (its retries included) gets :data:`EXPORT_TIMEOUT_S`,
-so the flush at exit costs at most that; a failed export is said once on
-stderr (the exporter's own retry warnings are kept quiet), and later batches
-are dropped at once until :data:`QUIET_AFTER_FAILURE_S` has passed.
+otherwise (or ``..._METRICS_TIMEOUT`` for the metrics), each export (its retries
+included) gets :data:`EXPORT_TIMEOUT_S`;
+the collector is probed in the background as the command starts (an empty
+export); a failed export or probe is said once on stderr (the exporter's own
+retry warnings are kept quiet), and later exports to the same collector,
+traces and metrics alike, are dropped at once until
+:data:`QUIET_AFTER_FAILURE_S` has passed. So a collector that is down costs
+the flush at exit nothing once the probe has failed (a command longer than
+the deadline), and at most one deadline however many signals wait.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 __all__ = [
     "EXPORT_TIMEOUT_S",
@@ -41,6 +47,7 @@ __all__ = [
     "configure_metrics",
     "configure_tracing",
     "export_timeout",
+    "otlp_metric_exporter",
     "otlp_span_exporter",
 ]
 
@@ -53,6 +60,8 @@ QUIET_AFTER_FAILURE_S = 30.0
 _EXPORTER_LOGGERS = (
     "opentelemetry.exporter.otlp.common.http",
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.sdk.metrics._internal.export",  # "Exception while exporting metrics"
 )
 
 _MISSING_OTLP = (
@@ -128,17 +137,19 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> Any:
     return provider
 
 
-def otlp_span_exporter(env: Mapping[str, str]) -> Any:
+def otlp_span_exporter(env: Mapping[str, str], probe: bool = True) -> Any:
     """The OTLP/HTTP span exporter the commands use: the env's endpoint and headers, a
-    short deadline (:func:`export_timeout`), its failures said once."""
+    short deadline (:func:`export_timeout`), its failures said once; ``probe``: the
+    collector is probed at once in the background (see ``_Collector``)."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return _SaidOnce(OTLPSpanExporter(timeout=export_timeout(env)))
+    return _SaidOnce(OTLPSpanExporter(timeout=export_timeout(env)), probe=probe)
 
 
-def export_timeout(env: Mapping[str, str]) -> float:
-    """The env's OTLP timeout if it sets one (seconds), else :data:`EXPORT_TIMEOUT_S`."""
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+def export_timeout(env: Mapping[str, str], signal: str = "TRACES") -> float:
+    """The env's OTLP timeout for ``signal`` (``TRACES`` or ``METRICS``) if it sets one
+    (seconds; the signal's own variable first), else :data:`EXPORT_TIMEOUT_S`."""
+    for name in (f"OTEL_EXPORTER_OTLP_{signal}_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
         value = env.get(name, "").strip()
         if value:
             try:
@@ -148,45 +159,127 @@ def export_timeout(env: Mapping[str, str]) -> float:
     return EXPORT_TIMEOUT_S
 
 
-class _SaidOnce:
-    """A span exporter that says its first failure once and then stays quiet.
+class _Collector:
+    """What the exporters to one collector (scheme, host and port) know of it: whether it
+    failed lately, and whether that was said. Shared by the span and metric exporters.
 
-    The OTLP exporter logs a warning per retry and an error per failed batch; a
-    command run with the collector down would print them on every exit. This says
-    one line, and drops batches for :data:`QUIET_AFTER_FAILURE_S` after a failure
-    rather than spending the export deadline again on each of them.
+    The first exporter made for a collector probes it at once, in the background: an
+    empty export (valid OTLP, nothing recorded), with the exporter's own endpoint,
+    headers, certificates, proxy and deadline. A collector that is down is then known
+    before the command ends, and its flush at exit is not waited for again.
     """
 
-    def __init__(self, inner: Any, clock: Any = time.monotonic) -> None:
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.lock = threading.Lock()
+        self.said = False
+        self.quiet_until = 0.0
+        self.probed: threading.Event | None = None  # set when the probe has answered
+
+    def failed(self, now: float) -> None:
+        with self.lock:
+            self.quiet_until = now + QUIET_AFTER_FAILURE_S
+            said, self.said = self.said, True
+        if not said:
+            print(
+                f"cardbus: telemetry not exported to {self.where} (unreachable or refused);"
+                f" traces and metrics are dropped for {QUIET_AFTER_FAILURE_S:.0f} s",
+                file=sys.stderr,
+            )
+
+    def probe(self, check: Callable[[], bool], clock: Callable[[], float]) -> None:
+        """Run ``check`` (True: the collector took an export) in the background, once."""
+        with self.lock:
+            if self.probed is not None:
+                return
+            done = self.probed = threading.Event()
+
+        def run() -> None:
+            try:
+                if not check():
+                    self.failed(clock())
+            except Exception:  # an exporter's bug: the exports themselves will say
+                pass
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="cardbus-otlp-probe", daemon=True).start()
+
+    def wait_probe(self) -> None:
+        """Until the probe has answered (bounded by the exporter's deadline): an export
+        never runs beside it, and never tries a collector the probe found down."""
+        if self.probed is not None:
+            self.probed.wait()
+
+
+_collectors: dict[str, _Collector] = {}
+_collectors_lock = threading.Lock()
+
+
+def _collector(endpoint: Any) -> _Collector:
+    parts = urlsplit(str(endpoint or ""))
+    where = f"{parts.scheme}://{parts.netloc}" if parts.netloc else "the collector"
+    with _collectors_lock:
+        found = _collectors.get(where)
+        if found is None:
+            found = _collectors[where] = _Collector(where)
+        return found
+
+
+class _Quiet:
+    """Around an OTLP exporter: an export to a collector known down is dropped at once."""
+
+    def __init__(self, inner: Any, clock: Callable[[], float], probe: bool) -> None:
         self._inner = inner
         self._clock = clock
-        self._lock = threading.Lock()
-        self._said = False
-        self._quiet_until = 0.0
+        self._collector = _collector(getattr(inner, "_endpoint", ""))
         for name in _EXPORTER_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
+        if probe:
+            self._collector.probe(self._empty_export, clock)
 
     @property
     def inner(self) -> Any:
         return self._inner
 
+    def _empty_export(self) -> bool:
+        raise NotImplementedError
+
+    def _down(self) -> bool:
+        self._collector.wait_probe()
+        return self._clock() < self._collector.quiet_until
+
+    def _failed(self) -> None:
+        self._collector.failed(self._clock())
+
+
+class _SaidOnce(_Quiet):
+    """A span exporter that says its first failure once and then stays quiet.
+
+    The OTLP exporter logs a warning per retry and an error per failed batch; a
+    command run with the collector down would print them on every exit. This says
+    one line, and drops batches for :data:`QUIET_AFTER_FAILURE_S` after a failure
+    (of the spans, the metrics or the probe) rather than spending the deadline again.
+    """
+
+    def __init__(
+        self, inner: Any, clock: Callable[[], float] = time.monotonic, probe: bool = True
+    ) -> None:
+        super().__init__(inner, clock, probe)
+
+    def _empty_export(self) -> bool:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return self._inner.export([]) is SpanExportResult.SUCCESS
+
     def export(self, spans: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        if self._clock() < self._quiet_until:
+        if self._down():
             return SpanExportResult.FAILURE
         result = self._inner.export(spans)
         if result is not SpanExportResult.SUCCESS:
-            with self._lock:
-                self._quiet_until = self._clock() + QUIET_AFTER_FAILURE_S
-                said, self._said = self._said, True
-            if not said:
-                where = getattr(self._inner, "_endpoint", "the collector")
-                print(
-                    f"cardbus: traces not exported to {where} (unreachable or refused); "
-                    f"spans are dropped for {QUIET_AFTER_FAILURE_S:.0f} s",
-                    file=sys.stderr,
-                )
+            self._failed()
         return result
 
     def shutdown(self) -> None:
@@ -194,6 +287,48 @@ class _SaidOnce:
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return bool(self._inner.force_flush(timeout_millis))
+
+
+def otlp_metric_exporter(
+    env: Mapping[str, str], clock: Callable[[], float] = time.monotonic, probe: bool = True
+) -> Any:
+    """The OTLP/HTTP metric exporter the commands use: as :func:`otlp_span_exporter`, and
+    quiet while the collector is known down (its spans failed, or its metrics)."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+
+    class _QuietMetrics(_Quiet, MetricExporter):
+        def __init__(self, inner: Any) -> None:
+            MetricExporter.__init__(
+                self,
+                preferred_temporality=inner._preferred_temporality,
+                preferred_aggregation=inner._preferred_aggregation,
+            )
+            _Quiet.__init__(self, inner, clock, probe)
+
+        def _empty_export(self) -> bool:
+            empty = MetricsData(resource_metrics=[])
+            return self._inner.export(empty) is MetricExportResult.SUCCESS
+
+        def export(
+            self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any
+        ) -> MetricExportResult:
+            if self._down():
+                return MetricExportResult.FAILURE
+            result: MetricExportResult = self._inner.export(
+                metrics_data, timeout_millis=timeout_millis, **kwargs
+            )
+            if result is not MetricExportResult.SUCCESS:
+                self._failed()
+            return result
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return bool(self._inner.force_flush(timeout_millis))
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    return _QuietMetrics(OTLPMetricExporter(timeout=export_timeout(env, "METRICS")))
 
 
 def configure_metrics(env: Mapping[str, str] | None = None) -> Any:
@@ -219,17 +354,15 @@ def configure_metrics(env: Mapping[str, str] | None = None) -> Any:
     if isinstance(metrics.get_meter_provider(), MeterProvider):  # set once per process
         return None
     try:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        import opentelemetry.exporter.otlp.proto.http.metric_exporter  # noqa: F401
     except ImportError:
         return None  # said once by configure_tracing (the same extra)
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
 
-    for name in ("opentelemetry.exporter.otlp.proto.http.metric_exporter",):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    timeout = export_timeout(env)
+    timeout = export_timeout(env, "METRICS")
     reader = PeriodicExportingMetricReader(
-        OTLPMetricExporter(timeout=timeout), export_timeout_millis=timeout * 1000.0
+        otlp_metric_exporter(env), export_timeout_millis=timeout * 1000.0
     )
     attrs = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": "cardbus"}
     provider = MeterProvider(metric_readers=[reader], resource=Resource.create(attrs))
