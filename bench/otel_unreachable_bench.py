@@ -13,16 +13,20 @@ round runs it three ways, in a rotating order:
   and never answers (a collector that hangs, or a firewall that drops: the exporter waits
   for its deadline).
 
-It prints every round's times, the per-round differences against ``none`` (paired: the
-same moment of a shared machine), and their medians. Target: each median difference is at
-most 0.5 s (the exporters' deadline, ``cardbus.tools.telemetry_setup.EXPORT_TIMEOUT_S``,
-bounds the flush at exit once for traces and metrics together).
+It prints every round's wall times, the per-round differences against ``none`` (paired:
+the same moment of a shared machine), and their medians; and the CPU time (user + system)
+of each way, which a busy machine stretches far less than the wall time: the difference
+in CPU is what loading the SDK costs, the rest of the wall difference is waiting for the
+collector. Target: each median wall difference is at most 0.5 s (the exporters'
+deadline, ``cardbus.tools.telemetry_setup.EXPORT_TIMEOUT_S``, bounds the wait once for
+traces and metrics together, and the background probe usually spends it before exit).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -66,15 +70,23 @@ class _Silent:
             conn.close()
 
 
-def _demo(env: dict[str, str]) -> tuple[float, str]:
+def _cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _demo(env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, stderr) of one ``cardbus demo``."""
     with tempfile.TemporaryDirectory() as d:
         cmd = [str(_CARDBUS), "demo", "--db", str(Path(d) / "demo.db")]
+        cpu = _cpu()
         began = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         took = time.perf_counter() - began
+        cpu = _cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"cardbus demo failed ({done.returncode}):\n{done.stderr}")
-    return took, done.stderr
+    return took, cpu, done.stderr
 
 
 def main() -> None:
@@ -91,15 +103,27 @@ def main() -> None:
     names = list(envs)
     _demo(base)  # warm the file cache: the first run pays for imports from disk
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpus: dict[str, list[float]] = {n: [] for n in names}
     said: dict[str, str] = {}
-    print("round   " + "".join(f"{n:>10}" for n in names))
+    print(
+        "wall    "
+        + "".join(f"{n:>10}" for n in names)
+        + "   cpu "
+        + "".join(f"{n:>10}" for n in names)
+    )
     for r in range(args.rounds):
         order = names[r % 3 :] + names[: r % 3]  # each way first in turn
         for name in order:
-            took, err = _demo(envs[name])
+            took, cpu, err = _demo(envs[name])
             times[name].append(took)
+            cpus[name].append(cpu)
             said[name] = err
-        print(f"{r + 1:5}   " + "".join(f"{times[n][-1]:9.2f}s" for n in names))
+        print(
+            f"{r + 1:5}   "
+            + "".join(f"{times[n][-1]:9.2f}s" for n in names)
+            + "      "
+            + "".join(f"{cpus[n][-1]:9.2f}s" for n in names)
+        )
     silent.close()
     print()
     for name in names[1:]:
@@ -109,6 +133,8 @@ def main() -> None:
             f" {statistics.median(times['none']):.2f} s; paired difference median"
             f" {statistics.median(diffs):+.2f} s, max {max(diffs):+.2f} s (target <= 0.50 s)"
         )
+        cpu_diffs = [b - a for a, b in zip(cpus["none"], cpus[name], strict=True)]
+        print(f"  CPU: paired difference median {statistics.median(cpu_diffs):+.2f} s")
         lines = [line for line in said[name].splitlines() if "export" in line.lower()]
         print(f"  stderr lines about the export: {len(lines)}")
         for line in lines:
