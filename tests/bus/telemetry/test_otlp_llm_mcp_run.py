@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
 from mcpservers import SCRIPT
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -30,6 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.sqlite import SqliteEventStore
+from cardbus.tools.cli import cli
 from tests.agents.openai_stub import OpenAIStub, Reply
 
 TESTS = Path(SCRIPT).parent
@@ -127,6 +129,24 @@ def test_an_llm_and_mcp_run_exports_one_trace_and_the_metrics(
     assert {s.trace_id for _, s in spans} == {ours[0].trace_id}
     roots = [s for _, s in spans if not s.parent_span_id]
     assert [s.name for s in roots] == ["invoke_workflow"]
+    # one invoke_agent per attempt (the worker's own span is "handle <agent>")
+    attempts = [e for e in events if isinstance(e.data, ev.TaskDispatched)]
+    invocations = [s for s in ours if s.name.startswith("invoke_agent ")]
+    assert len(invocations) == len(attempts) == 1
+    assert [s.name for s in ours if s.name.startswith("handle ")] == ["handle adder"]
+
+    # the same run exported again from the log alone: the same trace, the provider again
+    root = next(e.stream for e in events if isinstance(e.data, ev.RunStarted))
+    before = len(otlp_receiver.received.requests_to("/v1/traces"))
+    args = ["export", root, "--root", "--otlp", otlp_receiver.url, "--db", str(db)]
+    exported = CliRunner().invoke(cli, args)
+    assert exported.exit_code == 0, exported.output
+    again = _spans([b for _, _, b in otlp_receiver.received.requests_to("/v1/traces")[before:]])
+    again_chats = [s for _, s in again if s.name.startswith("chat ")]
+    assert {s.span_id for s in again_chats} == {s.span_id for s in chats}
+    for s in again_chats:
+        assert _attrs(s.attributes)["gen_ai.provider.name"] == "127.0.0.1"
+    assert {s.trace_id for _, s in again} == {ours[0].trace_id}
 
     # -- the metrics ----------------------------------------------------------------------
     got = _metrics([b for _, _, b in otlp_receiver.received.requests_to("/v1/metrics")])
