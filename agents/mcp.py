@@ -87,7 +87,7 @@ from cardbus.agents.mcp_config import (
 )
 from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec, current_idempotency_key
 from cardbus.eventstore.errors import ConfigError, ToolFailed, ToolTimeout
-from cardbus.projections.traces import span_id_for
+from cardbus.eventstore.trace_ids import span_id_for
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",

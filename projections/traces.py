@@ -66,7 +66,6 @@ last week is sent with last week's times.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -77,6 +76,7 @@ import msgspec
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.batch import tokens_in_range
 from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.trace_ids import span_id_for, trace_id_for
 from cardbus.projections.replay import (
     AttemptSpan,
     Call,
@@ -163,20 +163,6 @@ class SpanRecord(msgspec.Struct, kw_only=True):
     status_message: str = ""
     opening_event_id: str = ""
     link_traceparent: str | None = None  # the live trace this run was recorded under, if any
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode("utf-8")).digest()
-
-
-def trace_id_for(root_id: str) -> int:
-    """The trace id of a run: the first 16 bytes of ``sha256(root_id)`` (never 0)."""
-    return int.from_bytes(_digest(root_id)[:16], "big") or 1
-
-
-def span_id_for(event_id: str) -> int:
-    """The span id of the span opened by an event: the first 8 bytes of its sha256 (never 0)."""
-    return int.from_bytes(_digest(event_id)[:8], "big") or 1
 
 
 def workflow_span_id(root_id: str) -> int:
