@@ -180,7 +180,9 @@ class _Collector:
         with self.lock:
             self.quiet_until = now + QUIET_AFTER_FAILURE_S
             said, self.said = self.said, True
-        if not said:
+        # (not while the interpreter exits: a daemon probe that prints then can wedge
+        # the flush of stderr; a command that ends before its probe has lost nothing)
+        if not said and not sys.is_finalizing():
             print(
                 f"cardbus: telemetry not exported to {self.where} (unreachable or refused);"
                 f" traces and metrics are dropped for {QUIET_AFTER_FAILURE_S:.0f} s",
