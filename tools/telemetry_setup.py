@@ -143,7 +143,8 @@ def otlp_span_exporter(env: Mapping[str, str], probe: bool = True) -> Any:
     collector is probed at once in the background (see ``_Collector``)."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return _SaidOnce(OTLPSpanExporter(timeout=export_timeout(env)), probe=probe)
+    timeout = export_timeout(env)
+    return _SaidOnce(OTLPSpanExporter(timeout=timeout), probe=probe, deadline=timeout)
 
 
 def export_timeout(env: Mapping[str, str], signal: str = "TRACES") -> float:
@@ -175,6 +176,7 @@ class _Collector:
         self.said = False
         self.quiet_until = 0.0
         self.probed: threading.Event | None = None  # set when the probe has answered
+        self.probe_until = 0.0  # monotonic time after which an unanswered probe failed
 
     def failed(self, now: float) -> None:
         with self.lock:
@@ -189,12 +191,14 @@ class _Collector:
                 file=sys.stderr,
             )
 
-    def probe(self, check: Callable[[], bool], clock: Callable[[], float]) -> None:
-        """Run ``check`` (True: the collector took an export) in the background, once."""
+    def probe(self, check: Callable[[], bool], clock: Callable[[], float], deadline: float) -> None:
+        """Run ``check`` (True: the collector took an export) in the background, once;
+        ``deadline``: the export's, which bounds how long an export waits for it."""
         with self.lock:
             if self.probed is not None:
                 return
             done = self.probed = threading.Event()
+            self.probe_until = time.monotonic() + 2 * deadline
 
         def run() -> None:
             try:
@@ -207,11 +211,15 @@ class _Collector:
 
         threading.Thread(target=run, name="cardbus-otlp-probe", daemon=True).start()
 
-    def wait_probe(self) -> None:
-        """Until the probe has answered (bounded by the exporter's deadline): an export
-        never runs beside it, and never tries a collector the probe found down."""
-        if self.probed is not None:
-            self.probed.wait()
+    def wait_probe(self, clock: Callable[[], float]) -> None:
+        """Until the probe has answered: an export never runs beside it, and never tries a
+        collector the probe found down. A probe still unanswered at twice the deadline
+        (a name lookup that hangs: the exporter's deadline does not bound it) counts as
+        a failure."""
+        if self.probed is None or self.probed.is_set():
+            return
+        if not self.probed.wait(max(0.0, self.probe_until - time.monotonic())):
+            self.failed(clock())
 
 
 _collectors: dict[str, _Collector] = {}
@@ -231,14 +239,16 @@ def _collector(endpoint: Any) -> _Collector:
 class _Quiet:
     """Around an OTLP exporter: an export to a collector known down is dropped at once."""
 
-    def __init__(self, inner: Any, clock: Callable[[], float], probe: bool) -> None:
+    def __init__(
+        self, inner: Any, clock: Callable[[], float], probe: bool, deadline: float
+    ) -> None:
         self._inner = inner
         self._clock = clock
         self._collector = _collector(getattr(inner, "_endpoint", ""))
         for name in _EXPORTER_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
         if probe:
-            self._collector.probe(self._empty_export, clock)
+            self._collector.probe(self._empty_export, clock, deadline)
 
     @property
     def inner(self) -> Any:
@@ -248,7 +258,7 @@ class _Quiet:
         raise NotImplementedError
 
     def _down(self) -> bool:
-        self._collector.wait_probe()
+        self._collector.wait_probe(self._clock)
         return self._clock() < self._collector.quiet_until
 
     def _failed(self) -> None:
@@ -265,9 +275,13 @@ class _SaidOnce(_Quiet):
     """
 
     def __init__(
-        self, inner: Any, clock: Callable[[], float] = time.monotonic, probe: bool = True
+        self,
+        inner: Any,
+        clock: Callable[[], float] = time.monotonic,
+        probe: bool = True,
+        deadline: float = EXPORT_TIMEOUT_S,
     ) -> None:
-        super().__init__(inner, clock, probe)
+        super().__init__(inner, clock, probe, deadline)
 
     def _empty_export(self) -> bool:
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -306,7 +320,7 @@ def otlp_metric_exporter(
                 preferred_temporality=inner._preferred_temporality,
                 preferred_aggregation=inner._preferred_aggregation,
             )
-            _Quiet.__init__(self, inner, clock, probe)
+            _Quiet.__init__(self, inner, clock, probe, timeout)
 
         def _empty_export(self) -> bool:
             empty = MetricsData(resource_metrics=[])
@@ -330,7 +344,8 @@ def otlp_metric_exporter(
         def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
             self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
-    return _QuietMetrics(OTLPMetricExporter(timeout=export_timeout(env, "METRICS")))
+    timeout = export_timeout(env, "METRICS")
+    return _QuietMetrics(OTLPMetricExporter(timeout=timeout))
 
 
 def configure_metrics(env: Mapping[str, str] | None = None) -> Any:

@@ -10,6 +10,7 @@ bench/otel_unreachable_bench.py).
 from __future__ import annotations
 
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from cardbus.tools.telemetry_setup import (
     EXPORT_TIMEOUT_S,
     QUIET_AFTER_FAILURE_S,
+    _SaidOnce,
     export_timeout,
     otlp_metric_exporter,
     otlp_span_exporter,
@@ -133,3 +135,38 @@ def test_a_reachable_collector_gets_the_spans(
     assert len(spans) == 3
     assert "cardbus:" not in capsys.readouterr().err
     exporter.shutdown()
+
+
+class _Hanging:
+    """An exporter whose probe never answers, as one stuck in a name lookup (which the
+    SDK's deadline does not bound); every later export is counted."""
+
+    _endpoint = "http://collector.example:4318/v1/traces"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.batches: list[Any] = []
+
+    def export(self, spans: Any) -> Any:
+        if not spans:  # the probe
+            self.release.wait(60)
+            return SpanExportResult.FAILURE
+        self.batches.append(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def test_a_probe_that_never_answers_counts_as_down_after_twice_the_deadline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    inner = _Hanging()
+    exporter = _SaidOnce(inner, deadline=0.05)  # waited for at most 0.1 s
+    try:
+        assert exporter.export(_spans(1)) is SpanExportResult.FAILURE
+        assert inner.batches == []  # not tried: the collector did not answer the probe
+        err = capsys.readouterr().err
+        assert err.count("cardbus: telemetry not exported to http://collector.example:4318") == 1
+    finally:
+        exporter.shutdown()
