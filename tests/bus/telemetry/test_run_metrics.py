@@ -167,3 +167,40 @@ def test_runs_another_orchestrator_owns_are_not_counted(reader: InMemoryMetricRe
     metrics.observe(env("theirs", ev.RunFailed(reason="tasks_not_completed")))
     _, points = _points(reader)["cardbus.runs.finished"]
     assert [(a["cardbus.run.status"], p.value) for a, p in points] == [("completed", 1)]
+
+
+def test_a_failed_call_has_a_duration_with_its_error_type_and_no_tokens(
+    reader: InMemoryMetricReader,
+) -> None:
+    """The conventions: ``error.type`` is required on the duration of a call that failed;
+    a failed call reports no token usage. A replayed call records nothing at all."""
+    metrics = RunMetrics()
+
+    def env(data: Any, t: float) -> Any:
+        fields = {"data": data, "stream": "t1", "correlation_id": "r1", "recorded_at": t}
+        return type("E", (), fields)()
+
+    asked = {"task_id": "t1", "agent_id": "a", "execution": "x", "model": "m-1"}
+    metrics.observe(env(ev.ModelRequested(**asked, seq=0, provider="openai"), 10.0))
+    failed = ev.ModelAnswered(
+        task_id="t1", agent_id="a", execution="x", seq=0, model="m-1",
+        error="rate limited", error_type="RateLimited",
+    )  # fmt: skip
+    metrics.observe(env(failed, 10.5))
+    replayed = ev.ModelAnswered(
+        task_id="t1", agent_id="a", execution="x", seq=1, model="m-1",
+        replayed_from="e-0", latency_s=3.0,
+    )  # fmt: skip
+    metrics.observe(env(ev.ModelRequested(**asked, seq=1, provider="openai"), 11.0))
+    metrics.observe(env(replayed, 11.0))
+    got = _points(reader)
+    assert "gen_ai.client.token.usage" not in got
+    [(attrs, point)] = got["gen_ai.client.operation.duration"][1]
+    assert attrs == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "m-1",
+        "gen_ai.response.model": "m-1",
+        "error.type": "RateLimited",
+    }
+    assert point.count == 1 and abs(point.sum - 0.5) < 1e-9  # no latency: request to answer
