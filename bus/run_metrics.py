@@ -5,16 +5,16 @@ folded while the orchestrator runs (never the replay of the log at start-up), an
 events of the runs this orchestrator owns (its partitions), so a run's events are counted
 once across the processes that share a log. Instruments, on the meter ``cardbus``:
 
-=============================== ========= ========== =========================================
-name                            kind      unit       one record per
-=============================== ========= ========== =========================================
-``cardbus.runs.finished``       counter   ``{run}``  run that ended, by ``cardbus.run.status``
-``cardbus.run.duration``        histogram ``s``      run that ended (from its ``run.started``)
-``cardbus.tasks.finished``      counter   ``{task}`` task that ended, by ``cardbus.task.status``
-``cardbus.task.queue_wait``     histogram ``s``      attempt answered: dispatch to handler start
-``cardbus.task.retries``        counter   ``{retry}`` retry scheduled, by ``cardbus.retry.reason``
-``cardbus.model.cost``          counter   ``{USD}``  live model call with a price
-=============================== ========= ========== =========================================
+=============================== ========= =========== ========================================
+name                            kind      unit        one record per
+=============================== ========= =========== ========================================
+``cardbus.runs.finished``       counter   ``{run}``   run that ended, by ``cardbus.run.status``
+``cardbus.run.duration``        histogram ``s``       run that ended (from its ``run.started``)
+``cardbus.tasks.finished``      counter   ``{task}``  task that ended, by ``cardbus.task.status``
+``cardbus.task.queue_wait``     histogram ``s``       attempt answered: dispatch to its start
+``cardbus.task.retries``        counter   ``{retry}`` retry scheduled, by its reason
+``cardbus.model.cost``          counter   ``{USD}``   live model call with a price
+=============================== ========= =========== ========================================
 
 plus ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``
 (:mod:`cardbus.bus.genai_metrics`) per live model call. A replayed call (answered from the
