@@ -81,6 +81,7 @@ def test_the_demo_exports_its_metrics_beside_its_traces(otlp_receiver: Any, tmp_
     global providers are set once per process), the mock's calls recorded and sent."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_receiver.url
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "30"  # what is sent, not the deadline: a busy machine
     cardbus = Path(sys.executable).with_name("cardbus")
     done = subprocess.run(
         [str(cardbus), "demo", "--db", str(tmp_path / "demo.db")],

@@ -163,6 +163,9 @@ def test_cardbus_demo_sends_one_trace_per_run_to_the_env_endpoint(
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "CARDBUS_DB"}
     env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.url, "OTEL_SERVICE_NAME": "demo-test"}
+    # a busy machine may answer slower than the commands' short default deadline: this
+    # test is about what is sent (the deadline has tests of its own)
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "30"
     db = tmp_path / "demo.db"
     out = subprocess.run(
         [sys.executable, "-m", "cardbus.tools", "demo", "--db", str(db)],

@@ -91,6 +91,9 @@ def test_an_llm_and_mcp_run_exports_one_trace_and_the_metrics(
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=otlp_receiver.url,
+        # what is sent, not the short default deadline (test_collector_unreachable.py): on a
+        # busy machine the receiver may answer after it
+        OTEL_EXPORTER_OTLP_TIMEOUT="30",
         PYTHONPATH=str(TESTS),  # mcpservers:Adder, as a user's own module
         CARDBUS_PRICES=str(tmp_path / "prices.json"),
     )
