@@ -119,7 +119,10 @@ class TaskJournal:
         return (self.services.requester or REQUESTER.get()) is not None
 
     async def model_call(
-        self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
+        self,
+        request: dict[str, Any],
+        live: Callable[[], Awaitable[Completion]],
+        provider: str = "",
     ) -> Completion:
         """Answer ``request`` from the journal, or make it ``live`` and record the answer."""
         if not self.recording:
@@ -128,10 +131,13 @@ class TaskJournal:
         async def asked() -> dict[str, Any]:
             return msgspec.to_builtins(await live())
 
-        return msgspec.convert(await self.call(request, asked), Completion)
+        return msgspec.convert(await self.call(request, asked, provider), Completion)
 
     async def call(
-        self, request: dict[str, Any], live: Callable[[], Awaitable[dict[str, Any]]]
+        self,
+        request: dict[str, Any],
+        live: Callable[[], Awaitable[dict[str, Any]]],
+        provider: str = "",
     ) -> dict[str, Any]:
         """The journal's one model-call step, for any client (a framework's model too).
 
@@ -149,7 +155,13 @@ class TaskJournal:
         asked = await services.request(
             "model.request",
             model,
-            {"request": request, "digest": request_digest(request), "replay": self.replay},
+            # the provider rides beside the request, not in it: the digest is the ask's alone
+            {
+                "request": request,
+                "digest": request_digest(request),
+                "replay": self.replay,
+                "provider": provider,
+            },
             seq=seq,
             execution=self.execution,
         )

@@ -667,6 +667,9 @@ class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested.v1"
     # the output bound the call was sent with (the reservation's output part: what the
     # run's tightest cap leaves, or less); None: the run has no budget, nothing bounds it
     max_tokens: int | None = None
+    # ``gen_ai.provider.name`` of the client that makes the call (``openai``, a local
+    # endpoint's host, ``cardbus.mock``); "" when the client did not say (older events)
+    provider: str = ""
 
 
 class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):

@@ -93,6 +93,7 @@ class ModelCall(msgspec.Struct, kw_only=True, tag="model", tag_field="kind"):
     attempt: int = 0
     agent_id: str = ""
     model: str = ""  # the model asked for
+    provider: str = ""  # gen_ai.provider.name of the client that asked ("" if not recorded)
     response_model: str = ""  # the model that answered
     start: float
     end: float | None = None  # None: no answer recorded (the process died during the call)
@@ -486,6 +487,7 @@ class JournalFold:
                     attempt=data.attempt,
                     agent_id=data.agent_id,
                     model=data.model,
+                    provider=data.provider,
                     start=t,
                     prompt=data.request,
                     request_digest=data.request_digest,
@@ -523,6 +525,7 @@ class JournalFold:
                     source = self.by_answer.get(data.replayed_from)
                     if source is not None:
                         call.model = source.model or call.model
+                        call.provider = source.provider or call.provider
                         call.prompt, call.answer = source.prompt, source.answer
                         call.request_bytes = source.request_bytes
                         call.tools_offered = list(source.tools_offered)

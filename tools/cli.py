@@ -77,9 +77,10 @@ class _Group(click.Group):
 @click.version_option(package_name="cardbus")
 def cli() -> None:
     """cardbus: an event-sourced message bus for multi-agent work."""
-    from cardbus.tools.telemetry_setup import configure_tracing
+    from cardbus.tools.telemetry_setup import configure_metrics, configure_tracing
 
     configure_tracing()  # an OpenTelemetry SDK, only if OTEL_* env vars ask for one
+    configure_metrics()
 
 
 def main() -> None:

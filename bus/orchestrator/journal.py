@@ -579,6 +579,7 @@ class Journal:
                     reserved_tokens=reserved,
                     reserved_usd=None if reserved_usd is None else round(reserved_usd, 10),
                     max_tokens=bound,
+                    provider=str(req.args.get("provider") or ""),
                 )
             ],
         )
