@@ -39,6 +39,7 @@ from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.orchestrator.planning import proposal_plan
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.reuse import ReusePolicy
+from cardbus.bus.orchestrator.scheduler import Scheduler
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
@@ -119,6 +120,9 @@ class EmbeddedRuntime:
         agents = with_planner(agents) if default_planner else list(agents)
         self.workers = [AgentWorker(self.bus, a, llm, tools=tools) for a in agents]
         self.orchestrator.observers.append(self.keeper.observe)  # settle then needs no read
+        # fires the log's schedules, once across every process on the log (its tick,
+        # grace and clock may be set before the start)
+        self.scheduler = Scheduler(store, self.submit, self.orchestrator.orchestrator_id)
         self._state = "new"  # running inside `async with`, then stopped
 
     async def __aenter__(self) -> EmbeddedRuntime:
@@ -132,6 +136,8 @@ class EmbeddedRuntime:
             await self.orchestrator.start(agents=[w.agent.card() for w in self.workers])
             for w in self.workers:
                 await w.start()
+            self._state = "running"  # its firings submit through self.submit
+            await self.scheduler.start()
         except BaseException:
             await self._stop_mcp()
             raise
@@ -157,6 +163,7 @@ class EmbeddedRuntime:
 
     async def __aexit__(self, *exc: object) -> None:
         self._state = "stopped"
+        await self.scheduler.stop()
         # Its agents stop renewing, but are not deregistered: another process on the same
         # log may run agents of the same ids (its runs name their own agents, and a later
         # start finds these unconfirmed until they renew).

@@ -46,6 +46,7 @@ from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.reuse import ReusePolicy
+from cardbus.bus.orchestrator.scheduler import Scheduler
 from cardbus.bus.runtime.leases import serve_leases
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
@@ -158,6 +159,10 @@ class NatsRuntime:
         self.orchestrator: Orchestrator
         self._agent_buses: list[NatsBus] = []
         self._workers: list[AgentWorker] = []
+        # the schedules' loop while running; its options (``Scheduler``'s grace, tick,
+        # clock) may be set before the start
+        self.scheduler: Scheduler | None = None
+        self.scheduler_options: dict[str, Any] = {}
         self._state = "new"  # running inside `async with`, then stopped
 
     def _partitioned(self, member: str | None) -> None:
@@ -251,6 +256,14 @@ class NatsRuntime:
             await self.orchestrator.start()
             # ``cardbus agents`` asks who holds a live lease (renewals are not in the log)
             await serve_leases(nc, self.orchestrator)
+            # fires the log's schedules: every member runs one, each due time fires once
+            self.scheduler = Scheduler(
+                self.store,
+                self.orchestrator.submit,
+                getattr(self, "member", None) or self.orchestrator.orchestrator_id,
+                **self.scheduler_options,
+            )
+            await self.scheduler.start()
             if self.agents:
                 # the agents get their own connection, as they would in their own process
                 agent_bus = await NatsBus.connect(
@@ -308,6 +321,9 @@ class NatsRuntime:
         await self._close()
 
     async def _close(self) -> None:
+        scheduler, self.scheduler = self.scheduler, None
+        if scheduler is not None:  # no firing after the orchestrator stops
+            await scheduler.stop()
         for w in self._workers:  # renewals stop; the orchestrator stops with them
             with contextlib.suppress(Exception):
                 await w.stop(announce=False)

@@ -1,0 +1,276 @@
+"""Schedules at work: the operations that write a schedule's life to the log, and the
+``Scheduler`` loop every orchestrator process runs (the embedded runtime, each NATS member).
+
+The loop is thin: it follows the log for ``schedule.*`` events, folds each live schedule's
+stream, asks ``schedules.next_step`` what is due now, and writes that step with the
+stream's expected version. A ``ConcurrencyError`` means another member wrote first: the
+loop reads the stream again and goes on from what it says, so each due time fires once
+across members and restarts. The member whose firing was written submits its run (plan
+id ``<schedule>@<due>``: the same plan id runs once); a firing whose run no member
+submitted (its writer died in between, or a manual trigger from the command line) is
+submitted by any member that finds it so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from cardbus.bus.orchestrator.plan import Plan
+from cardbus.bus.orchestrator.schedules import (
+    ScheduleState,
+    check_spec,
+    fold,
+    next_step,
+    stream_of,
+)
+from cardbus.eventstore import ConcurrencyError, EventStore, NewEvent, new_id
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import CardbusError, InvalidSchedule, StreamNotFound
+
+__all__ = [
+    "Scheduler",
+    "create_schedule",
+    "delete_schedule",
+    "list_schedules",
+    "pause_schedule",
+    "read_schedule",
+    "resume_schedule",
+    "trigger_schedule",
+]
+
+log = logging.getLogger(__name__)
+
+Submit = Callable[[Plan], Awaitable[str]]
+_ENDED = ("run.completed.v1", "run.failed.v1", "run.halted.v1")
+
+
+async def create_schedule(
+    store: EventStore,
+    plan: Plan | dict[str, Any],
+    *,
+    cron: str = "",
+    interval_seconds: float = 0.0,
+    start: float | None = None,
+    timezone: str = "UTC",
+    overlap: str = "skip",
+    catchup: str = "one",
+    catchup_window_seconds: float = 3600.0,
+    jitter_seconds: float = 0.0,
+    schedule_id: str | None = None,
+    actor: str = "",
+) -> str:
+    """Write a new schedule of ``plan`` (a Plan or its JSON form; a goal alone is planned
+    at each firing); its id. ``InvalidSchedule`` before anything is written when it could
+    not run (see ``schedules.check_spec``)."""
+    body = msgspec.to_builtins(plan) if isinstance(plan, Plan) else dict(plan)
+    try:
+        msgspec.convert(body, Plan)
+    except msgspec.ValidationError as e:
+        raise InvalidSchedule(f"the schedule's plan: {e}") from e
+    sid = schedule_id or new_id()
+    spec = ev.ScheduleCreated(
+        schedule_id=sid,
+        plan=body,
+        cron=cron,
+        interval_seconds=interval_seconds,
+        start=time.time() if start is None else start,
+        timezone=timezone,
+        overlap=overlap,
+        catchup=catchup,
+        catchup_window_seconds=catchup_window_seconds,
+        jitter_seconds=jitter_seconds,
+    )
+    check_spec(spec)
+    try:
+        await _write(store, sid, spec, 0, actor)
+    except ConcurrencyError as e:
+        raise InvalidSchedule(f"schedule {sid!r} exists already") from e
+    return sid
+
+
+async def read_schedule(store: EventStore, schedule_id: str) -> ScheduleState:
+    """The schedule's state from the log; ``StreamNotFound`` if there is none."""
+    state = fold(await store.read_stream(stream_of(schedule_id)))
+    if state is None:
+        raise StreamNotFound(f"no schedule {schedule_id!r}")
+    return state
+
+
+async def list_schedules(store: EventStore, deleted: bool = False) -> list[ScheduleState]:
+    """Every schedule in the log (the deleted ones too with ``deleted``), oldest first."""
+    ids: list[str] = []
+    position = 0
+    while batch := await store.read_all(position + 1, 5000):
+        ids += [e.data.schedule_id for e in batch if isinstance(e.data, ev.ScheduleCreated)]
+        position = batch[-1].position
+    states = [await read_schedule(store, i) for i in dict.fromkeys(ids)]
+    return [s for s in states if deleted or not s.deleted]
+
+
+async def pause_schedule(
+    store: EventStore, schedule_id: str, reason: str = "", actor: str = ""
+) -> None:
+    """The schedule fires no more until resumed."""
+    await _change(store, schedule_id, ev.SchedulePaused(reason=reason), actor)
+
+
+async def resume_schedule(store: EventStore, schedule_id: str, actor: str = "") -> None:
+    """The schedule fires again (what was due while paused is not caught up)."""
+    await _change(store, schedule_id, ev.ScheduleResumed(), actor)
+
+
+async def delete_schedule(store: EventStore, schedule_id: str, actor: str = "") -> None:
+    """The schedule never fires again (its events stay in the log)."""
+    await _change(store, schedule_id, ev.ScheduleDeleted(), actor)
+
+
+async def trigger_schedule(store: EventStore, schedule_id: str, actor: str = "") -> str:
+    """Fire the schedule now, by hand (its due times are untouched); the plan id of the
+    run, which a running orchestrator starts."""
+    now = time.time()
+    fired = ev.ScheduleFired(
+        due=now, plan_id=f"{schedule_id}@manual-{new_id()}", manual=True, member=actor
+    )
+    await _change(store, schedule_id, fired, actor)
+    return fired.plan_id
+
+
+async def _change(store: EventStore, schedule_id: str, data: ev.Event, actor: str) -> None:
+    attempt = 0
+    while True:  # a firing written meanwhile: read again, then write after it
+        state = await read_schedule(store, schedule_id)
+        if state.deleted:
+            raise InvalidSchedule(f"schedule {schedule_id!r} is deleted")
+        try:
+            await _write(store, schedule_id, data, state.version, actor)
+            return
+        except ConcurrencyError:
+            attempt += 1
+            if attempt == 5:  # a schedule firing faster than it can be changed
+                raise
+
+
+async def _write(
+    store: EventStore, schedule_id: str, data: ev.Event, version: int, actor: str
+) -> None:
+    new = NewEvent(data=data, correlation_id=stream_of(schedule_id), actor=actor)
+    await store.append(stream_of(schedule_id), [new], version)
+
+
+class Scheduler:
+    """The loop of one orchestrator process: fires what is due, once across members.
+
+    ``submit`` starts a firing's run (the runtime's own submit); ``member``: who fires
+    (the actor of its events); ``grace``: how late a due time may fire and still be on
+    time (later: a missed one, under the catch-up policy); ``tick``: the longest sleep
+    between two looks; ``clock``: epoch seconds (a test passes its own).
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        submit: Submit,
+        member: str,
+        grace: float = 10.0,
+        tick: float = 0.25,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store, self.submit, self.member = store, submit, member
+        self.grace, self.tick, self.clock = grace, tick, clock
+        self.states: dict[str, ScheduleState] = {}
+        self._position = 0  # how far the log was read for schedule events
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"scheduler-{self.member}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except CardbusError as e:  # the log unreachable for a moment: look again
+                log.warning("scheduler %s: %s", self.member, e)
+            await asyncio.sleep(self.tick)
+
+    async def run_once(self) -> None:
+        """One look: new schedule events read, every live schedule's due steps written."""
+        while batch := await self.store.read_all(self._position + 1, 1000):
+            for env in batch:
+                if isinstance(env.data, ev.ScheduleCreated):
+                    self.states.setdefault(env.data.schedule_id, await self._read(env.stream))
+            self._position = batch[-1].position
+        for sid in list(self.states):
+            await self._advance(sid)
+
+    async def _read(self, stream: str) -> ScheduleState:
+        state = fold(await self.store.read_stream(stream))
+        assert state is not None  # read because its schedule.created was seen
+        return state
+
+    async def _advance(self, sid: str) -> None:
+        state = self.states[sid] = await self._read(stream_of(sid))
+        if state.deleted:
+            del self.states[sid]
+            return
+        await self._submit_unstarted(state)
+        for _ in range(100):  # each step re-folds; a long downtime skips in batches
+            running = await self._running(state)
+            step = next_step(state, self.clock(), running, self.grace)
+            if step is None:
+                return
+            if isinstance(step, ev.ScheduleFired):
+                step = msgspec.structs.replace(step, member=self.member)
+            try:
+                await _write(self.store, sid, step, state.version, self.member)
+            except ConcurrencyError:  # another member wrote first: go on from what it wrote
+                state = self.states[sid] = await self._read(stream_of(sid))
+                continue
+            state = self.states[sid] = await self._read(stream_of(sid))
+            if isinstance(step, ev.ScheduleFired):
+                await self._start_run(state, step)
+
+    async def _running(self, state: ScheduleState) -> bool:
+        """The run of the last firing has not ended (or is not started yet)."""
+        if not state.last_plan_id or state.spec.overlap == "allow_all":
+            return False
+        claim = await self.store.read_stream(f"plan-{state.last_plan_id}")
+        if not claim or not isinstance(claim[0].data, ev.PlanSubmitted):
+            return True  # fired, its run about to start
+        root = claim[0].data.root_id
+        stream = await self.store.read_stream(root, max(1, await self.store.stream_version(root)))
+        return not (stream and stream[-1].type in _ENDED)
+
+    async def _submit_unstarted(self, state: ScheduleState) -> None:
+        """Firings whose run nobody started: another member's after ``grace`` (it died
+        between the two), a manual trigger's at once."""
+        now = self.clock()
+        for fired in state.firings[-3:]:
+            if fired.member == self.member and not fired.manual:
+                continue
+            if not fired.manual and now - fired.due < self.grace:
+                continue
+            if not await self.store.read_stream(f"plan-{fired.plan_id}"):
+                await self._start_run(state, fired)
+
+    async def _start_run(self, state: ScheduleState, fired: ev.ScheduleFired) -> None:
+        plan = msgspec.convert(
+            {**state.spec.plan, "plan_id": fired.plan_id, "schedule": state.schedule_id}, Plan
+        )
+        try:
+            await self.submit(plan)
+        except CardbusError as e:  # another member started it meanwhile, or it is refused
+            log.warning("schedule %s: run %s not started: %s", state.schedule_id, fired.plan_id, e)
