@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,7 +14,7 @@ import msgspec
 
 from cardbus.bus.orchestrator import scheduler as ops
 from cardbus.bus.orchestrator.plan import decode_plan
-from cardbus.bus.orchestrator.schedules import CATCHUP, OVERLAP, ScheduleState
+from cardbus.bus.orchestrator.schedules import CATCHUP, OVERLAP
 from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.eventstore import EventStore
 from cardbus.eventstore.errors import InvalidSchedule
@@ -124,28 +123,6 @@ def create(
         click.echo(sid)
 
 
-def schedule_json(s: ScheduleState) -> dict[str, Any]:
-    """What ``cardbus schedule list --json`` and the console show of a schedule."""
-    spec = s.spec
-    last = s.firings[-1] if s.firings else None
-    return {
-        "schedule_id": s.schedule_id,
-        "goal": spec.plan.get("goal", ""),
-        "when": spec.cron or f"every {spec.interval_seconds:g}s",
-        "timezone": spec.timezone,
-        "overlap": spec.overlap,
-        "catchup": spec.catchup,
-        "state": "deleted" if s.deleted else "paused" if s.paused else "active",
-        "firings": len(s.firings),
-        "last_plan_id": last.plan_id if last else "",
-        "last_fired": _iso(last.due) if last else "",
-    }
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
-
-
 @schedule_group.command("list")
 @click.option("--all", "everything", is_flag=True, help="The deleted ones too.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON list.")
@@ -153,7 +130,7 @@ def _iso(t: float) -> str:
 def list_(everything: bool, as_json: bool, db: StoreRef) -> None:
     """The schedules in the log, oldest first."""
     rows = [
-        schedule_json(s)
+        ops.schedule_summary(s)
         for s in _with_store(db, lambda store: ops.list_schedules(store, deleted=everything))
     ]
     if as_json:

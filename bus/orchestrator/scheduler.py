@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -42,6 +43,7 @@ __all__ = [
     "pause_schedule",
     "read_schedule",
     "resume_schedule",
+    "schedule_summary",
     "trigger_schedule",
 ]
 
@@ -140,6 +142,28 @@ async def trigger_schedule(store: EventStore, schedule_id: str, actor: str = "")
     )
     await _change(store, schedule_id, fired, actor)
     return fired.plan_id
+
+
+def schedule_summary(s: ScheduleState) -> dict[str, Any]:
+    """What ``cardbus schedule list --json`` and the console show of a schedule."""
+    spec = s.spec
+    last = s.firings[-1] if s.firings else None
+    return {
+        "schedule_id": s.schedule_id,
+        "goal": spec.plan.get("goal", ""),
+        "when": spec.cron or f"every {spec.interval_seconds:g}s",
+        "timezone": spec.timezone,
+        "overlap": spec.overlap,
+        "catchup": spec.catchup,
+        "state": "deleted" if s.deleted else "paused" if s.paused else "active",
+        "firings": len(s.firings),
+        "last_plan_id": last.plan_id if last else "",
+        "last_fired": _iso(last.due) if last else "",
+    }
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 async def _change(store: EventStore, schedule_id: str, data: ev.Event, actor: str) -> None:
