@@ -211,6 +211,7 @@ class Scheduler:
         self.states: dict[str, ScheduleState] = {}
         self._position = 0  # how far the log was read for schedule events
         self._task: asyncio.Task[None] | None = None
+        self._tried: set[str] = set()  # the plan ids this process submitted (or tried to)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"scheduler-{self.member}")
@@ -273,7 +274,10 @@ class Scheduler:
             return False
         claim = await self.store.read_stream(f"plan-{state.last_plan_id}")
         if not claim or not isinstance(claim[0].data, ev.PlanSubmitted):
-            return True  # fired, its run about to start
+            # fired, its run about to start; after the grace, a run that never started
+            # (its plan refused: no agent for it now) holds up no later firing
+            last = state.firings[-1] if state.firings else None
+            return last is not None and self.clock() - last.due < 2 * self.grace
         root = claim[0].data.root_id
         stream = await self.store.read_stream(root, max(1, await self.store.stream_version(root)))
         return not (stream and stream[-1].type in _ENDED)
@@ -287,6 +291,8 @@ class Scheduler:
                 continue
             if not fired.manual and now - fired.due < self.grace:
                 continue
+            if fired.plan_id in self._tried:  # refused once here: not again every tick
+                continue
             if not await self.store.read_stream(f"plan-{fired.plan_id}"):
                 await self._start_run(state, fired)
 
@@ -294,6 +300,7 @@ class Scheduler:
         plan = msgspec.convert(
             {**state.spec.plan, "plan_id": fired.plan_id, "schedule": state.schedule_id}, Plan
         )
+        self._tried.add(fired.plan_id)
         try:
             await self.submit(plan)
         except CardbusError as e:  # another member started it meanwhile, or it is refused

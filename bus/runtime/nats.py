@@ -106,6 +106,7 @@ class NatsRuntime:
         mcp_servers: Sequence[MCPServer] = (),
         access: AccessPolicy | None = None,
         reuse: ReusePolicy | None = None,
+        scheduler_options: dict[str, Any] | None = None,
     ) -> None:
         """``tools``: the registry agents' tool requests are served from (none: refused).
         ``access``: what agents' requests may do, long-term memory scopes included
@@ -129,6 +130,8 @@ class NatsRuntime:
         submitted here goes in a partition this process holds (``Orchestrator``), so it
         is decided here with no other member in between; the runs spread over the
         members as the submits do. False: a run goes where its root id falls.
+
+        ``scheduler_options`` go to the schedules' loop (``Scheduler``: ``grace``, ``tick``).
 
         ``store_options`` go to ``NatsEventStore.from_connection``: the bus's connection
         echoes, so the store opens its own (``<name>-log``, ``no_echo``);
@@ -159,10 +162,9 @@ class NatsRuntime:
         self.orchestrator: Orchestrator
         self._agent_buses: list[NatsBus] = []
         self._workers: list[AgentWorker] = []
-        # the schedules' loop while running; its options (``Scheduler``'s grace, tick,
-        # clock) may be set before the start
+        # the schedules' loop while running
         self.scheduler: Scheduler | None = None
-        self.scheduler_options: dict[str, Any] = {}
+        self.scheduler_options: dict[str, Any] = dict(scheduler_options or {})
         self._state = "new"  # running inside `async with`, then stopped
 
     def _partitioned(self, member: str | None) -> None:

@@ -300,3 +300,23 @@ def test_jitter_delays_a_firing_by_the_same_amount_everywhere() -> None:
     assert all(0 <= v < 5 for v in values) and len(set(values)) > 40
     assert values == [jitter_of("s", T0 + k, 5.0) for k in range(50)]
     assert jitter_of("s", T0, 0) == 0
+
+
+async def test_a_firing_whose_run_is_refused_holds_up_no_later_one() -> None:
+    store, clock = MemoryEventStore(), Clock()
+    sid = await create_schedule(store, PLAN, interval_seconds=2, start=T0 + 2, overlap="skip")
+    tries: list[str] = []
+
+    async def refused(plan: Plan) -> str:
+        tries.append(str(plan.plan_id))
+        raise InvalidSchedule("no agent offers the plan's capability")
+
+    s = Scheduler(store, refused, "a", grace=1.5, clock=clock)
+    for t in (2, 3, 4, 5, 6):
+        clock.now = T0 + t
+        await s.run_once()
+    events = await events_of(store, sid)
+    # T0+4 comes while the run of T0+2 may still be starting: skipped; by T0+6 it never did
+    assert [f.due for f in fired(events)] == [T0 + 2, T0 + 6]
+    assert [x.due for x in skipped(events)] == [T0 + 4]
+    assert tries == [plan_id_of(sid, T0 + 2), plan_id_of(sid, T0 + 6)]  # each tried once

@@ -33,10 +33,11 @@ PLAN = {"goal": "echo", "tasks": [{"id": "e", "capability": "echo", "inputs": {"
 
 
 def member(name: str, nats_url: str) -> NatsRuntime:
-    rt = NatsRuntime(NatsOptions(url=nats_url), [Echo], name=f"sched-{name}")
     # on a busy machine a member may look late: a late due time still fires (catch-up all)
-    rt.scheduler_options = {"tick": 0.1, "grace": 3.0}
-    return rt
+    options = {"tick": 0.1, "grace": 3.0}
+    return NatsRuntime(
+        NatsOptions(url=nats_url), [Echo], name=f"sched-{name}", scheduler_options=options
+    )
 
 
 async def firings(rt: NatsRuntime, sid: str, at_least: int) -> list[ev.ScheduleFired]:
