@@ -858,7 +858,8 @@ class ScheduleFired(_Event, frozen=True, kw_only=True, tag="schedule.fired.v1"):
 
 class ScheduleSkipped(_Event, frozen=True, kw_only=True, tag="schedule.skipped.v1"):
     """The due time ``due`` does not fire, and why (``overlap``: the run of ``plan_id`` was
-    still running; ``missed``: downtime beyond the catch-up policy or window)."""
+    still running; ``missed``: downtime beyond the catch-up policy or window; ``refused``:
+    it fired, and its run ``plan_id`` was refused, ``detail`` saying why)."""
 
     due: float
     reason: str

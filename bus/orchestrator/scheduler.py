@@ -33,7 +33,12 @@ from cardbus.bus.orchestrator.schedules import (
 )
 from cardbus.eventstore import ConcurrencyError, EventStore, NewEvent, new_id
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import CardbusError, InvalidSchedule, StreamNotFound
+from cardbus.eventstore.errors import (
+    CardbusError,
+    InvalidSchedule,
+    StreamNotFound,
+    ValidationError,
+)
 
 __all__ = [
     "Scheduler",
@@ -272,6 +277,8 @@ class Scheduler:
         """The run of the last firing has not ended (or is not started yet)."""
         if not state.last_plan_id or state.spec.overlap == "allow_all":
             return False
+        if state.last_plan_id in state.refused:  # its run never started
+            return False
         claim = await self.store.read_stream(f"plan-{state.last_plan_id}")
         if not claim or not isinstance(claim[0].data, ev.PlanSubmitted):
             # fired, its run about to start; after the grace, a run that never started
@@ -296,6 +303,22 @@ class Scheduler:
             if not await self.store.read_stream(f"plan-{fired.plan_id}"):
                 await self._start_run(state, fired)
 
+    async def _refused(self, sid: str, fired: ev.ScheduleFired, why: str) -> None:
+        """``schedule.skipped`` (reason ``refused``) for a firing whose run was refused,
+        once: a member that finds it written already writes nothing."""
+        refused = ev.ScheduleSkipped(
+            due=fired.due, reason="refused", detail=why[:2000], plan_id=fired.plan_id
+        )
+        for _ in range(3):
+            state = await self._read(stream_of(sid))
+            if fired.plan_id in state.refused:
+                return
+            try:
+                await _write(self.store, sid, refused, state.version, self.member)
+                return
+            except ConcurrencyError:
+                continue
+
     async def _start_run(self, state: ScheduleState, fired: ev.ScheduleFired) -> None:
         plan = msgspec.convert(
             {**state.spec.plan, "plan_id": fired.plan_id, "schedule": state.schedule_id}, Plan
@@ -303,5 +326,8 @@ class Scheduler:
         self._tried.add(fired.plan_id)
         try:
             await self.submit(plan)
+        except ValidationError as e:  # the plan refused (no agent for it now): said in the log
+            log.warning("schedule %s: run %s refused: %s", state.schedule_id, fired.plan_id, e)
+            await self._refused(state.schedule_id, fired, str(e))
         except CardbusError as e:  # another member started it meanwhile, or it is refused
             log.warning("schedule %s: run %s not started: %s", state.schedule_id, fired.plan_id, e)

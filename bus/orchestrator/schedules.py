@@ -119,6 +119,7 @@ class ScheduleState:
     buffered: float | None = None  # a due time waiting for the running run to end
     last_plan_id: str = ""  # the run of the last firing (what an overlap waits for)
     firings: list[ev.ScheduleFired] = field(default_factory=list)
+    refused: set[str] = field(default_factory=set)  # plan ids of firings whose run was refused
 
 
 def fold(events: Sequence[Envelope]) -> ScheduleState | None:
@@ -149,8 +150,10 @@ def fold(events: Sequence[Envelope]) -> ScheduleState | None:
                     state.handled = max(state.handled, due)
                     if state.buffered == due:
                         state.buffered = None
-            case ev.ScheduleSkipped(due=due):
+            case ev.ScheduleSkipped(due=due, reason=reason, plan_id=plan_id):
                 state.handled = max(state.handled, due)
+                if reason == "refused":
+                    state.refused.add(plan_id)
             case ev.ScheduleBuffered(due=due):
                 state.buffered, state.handled = due, max(state.handled, due)
         state.version = env.version

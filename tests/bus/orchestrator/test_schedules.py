@@ -23,7 +23,7 @@ from cardbus.bus.orchestrator.scheduler import (
     trigger_schedule,
 )
 from cardbus.bus.orchestrator.schedules import next_step, plan_id_of, stream_of
-from cardbus.eventstore import InvalidSchedule, NewEvent
+from cardbus.eventstore import InvalidPlan, InvalidSchedule, NewEvent, StoreUnavailable
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.memory import MemoryEventStore
 
@@ -178,7 +178,7 @@ async def test_a_member_that_dies_after_firing_leaves_the_run_to_another() -> No
     sid = await create_schedule(store, PLAN, interval_seconds=2, start=T0 + 2)
 
     async def dies(plan: Plan) -> str:
-        raise InvalidSchedule("the process died before it submitted")  # its run not started
+        raise StoreUnavailable("the process died before it submitted")  # its run not started
 
     a = Scheduler(store, dies, "a", grace=1.0, clock=clock)
     b = Scheduler(store, runs.submit, "b", grace=1.0, clock=clock)
@@ -309,14 +309,19 @@ async def test_a_firing_whose_run_is_refused_holds_up_no_later_one() -> None:
 
     async def refused(plan: Plan) -> str:
         tries.append(str(plan.plan_id))
-        raise InvalidSchedule("no agent offers the plan's capability")
+        raise InvalidPlan("no agent offers the plan's capability")
 
-    s = Scheduler(store, refused, "a", grace=1.5, clock=clock)
+    s = Scheduler(store, refused, "a", grace=1.0, clock=clock)
     for t in (2, 3, 4, 5, 6):
         clock.now = T0 + t
         await s.run_once()
     events = await events_of(store, sid)
-    # T0+4 comes while the run of T0+2 may still be starting: skipped; by T0+6 it never did
-    assert [f.due for f in fired(events)] == [T0 + 2, T0 + 6]
-    assert [x.due for x in skipped(events)] == [T0 + 4]
-    assert tries == [plan_id_of(sid, T0 + 2), plan_id_of(sid, T0 + 6)]  # each tried once
+    # each refusal is in the log, and the next due time fires: nothing is left running
+    assert [f.due for f in fired(events)] == [T0 + 2, T0 + 4, T0 + 6]
+    assert [(x.due, x.reason) for x in skipped(events)] == [
+        (T0 + 2, "refused"),
+        (T0 + 4, "refused"),
+        (T0 + 6, "refused"),
+    ]
+    assert "no agent offers" in skipped(events)[0].detail
+    assert tries == [plan_id_of(sid, T0 + t) for t in (2, 4, 6)]  # each tried once
