@@ -1,9 +1,14 @@
 """Schedules at work: the operations that write a schedule's life to the log, and the
 ``Scheduler`` loop every orchestrator process runs (the embedded runtime, each NATS member).
 
-The loop is thin: it follows the log for ``schedule.*`` events, folds each live schedule's
-stream, asks ``schedules.next_step`` what is due now, and writes that step with the
-stream's expected version. A ``ConcurrencyError`` means another member wrote first: the
+The loop is thin: it folds each live schedule's stream, asks ``schedules.next_step`` what
+is due now, and writes that step with the stream's expected version. Between two looks it
+sleeps: until the next due time (``schedules.next_due_at``), or until the orchestrator
+folds a ``schedule.*`` event (``Scheduler.observe``: a new schedule, a pause, a manual
+trigger, another member's firing) or the end of a run a buffered firing waits for. An
+idle runtime's scheduler makes no call at all but one look every ``sweep``.
+
+A ``ConcurrencyError`` means another member wrote first: the
 loop reads the stream again and goes on from what it says, so each due time fires once
 across members and restarts. The member whose firing was written submits its run (plan
 id ``<schedule>@<due>``: the same plan id runs once); a firing whose run no member
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -28,10 +34,11 @@ from cardbus.bus.orchestrator.schedules import (
     ScheduleState,
     check_spec,
     fold,
+    next_due_at,
     next_step,
     stream_of,
 )
-from cardbus.eventstore import ConcurrencyError, EventStore, NewEvent, new_id
+from cardbus.eventstore import ConcurrencyError, Envelope, EventStore, NewEvent, new_id
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
     CardbusError,
@@ -56,6 +63,16 @@ log = logging.getLogger(__name__)
 
 Submit = Callable[[Plan], Awaitable[str]]
 _ENDED = ("run.completed.v1", "run.failed.v1", "run.halted.v1")
+_RUN_ENDS = (ev.RunCompleted, ev.RunFailed, ev.RunHalted)
+_SCHEDULE_EVENTS = (
+    ev.ScheduleCreated,
+    ev.SchedulePaused,
+    ev.ScheduleResumed,
+    ev.ScheduleDeleted,
+    ev.ScheduleFired,
+    ev.ScheduleSkipped,
+    ev.ScheduleBuffered,
+)
 
 
 async def create_schedule(
@@ -196,10 +213,20 @@ async def _write(
 class Scheduler:
     """The loop of one orchestrator process: fires what is due, once across members.
 
+    It sleeps until the next due time of the schedules it knows, or until the log says
+    something it must look at: ``observe`` is given every event the process folds (the
+    runtime adds it to the orchestrator's observers), and wakes it for a ``schedule.*``
+    event (created, paused, triggered, another member's firing) and for the end of a run
+    a buffered firing waits for. Idle, it costs nothing but a look every ``sweep``.
+
     ``submit`` starts a firing's run (the runtime's own submit); ``member``: who fires
     (the actor of its events); ``grace``: how late a due time may fire and still be on
-    time (later: a missed one, under the catch-up policy); ``tick``: the longest sleep
-    between two looks; ``clock``: epoch seconds (a test passes its own).
+    time (later: a missed one, under the catch-up policy); ``tick``: how often a
+    buffered firing looks whether the run it waits for has ended, when that end may not
+    be observed (a partitioned member does not fold every run); ``sweep``: the longest
+    sleep; each one ends with a look at every schedule, and, where ``observe`` is not
+    given the whole log (``follows_log`` False), a read of the log's new events;
+    ``clock``: epoch seconds (a test passes its own).
     """
 
     def __init__(
@@ -209,41 +236,98 @@ class Scheduler:
         member: str,
         grace: float = 10.0,
         tick: float = 0.25,
+        sweep: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store, self.submit, self.member = store, submit, member
-        self.grace, self.tick, self.clock = grace, tick, clock
+        self.grace, self.tick, self.sweep, self.clock = grace, tick, sweep, clock
+        # True when ``observe`` is given every event of the log (the orchestrator follows
+        # all of it); then the loop never reads the log after its first look
+        self.follows_log = False
         self.states: dict[str, ScheduleState] = {}
         self._position = 0  # how far the log was read for schedule events
+        self._read_once = False  # the log was read to its end once
         self._task: asyncio.Task[None] | None = None
         self._tried: set[str] = set()  # the plan ids this process submitted (or tried to)
+        self._started: set[str] = set()  # plan ids whose run was found started
+        self._due: dict[str, float] = {}  # schedule -> when it next needs a look
+        self._touched: set[str] = set()  # schedules whose stream changed since the look
+        self._watch: dict[str, str] = {}  # the root of a run a buffered firing waits for
+        self._wake = asyncio.Event()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"scheduler-{self.member}")
 
     async def stop(self) -> None:
+        """Stop the loop and wait for it (an outer cancel still goes through)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            log.error("scheduler %s ended: %r", self.member, task.exception())
+
+    def observe(self, env: Envelope) -> None:
+        """An event the process folded: a look at its schedule soon, if it says something
+        new (this loop's own writes come back here too, and change nothing)."""
+        data = env.data
+        if isinstance(data, _SCHEDULE_EVENTS):
+            sid = env.stream.removeprefix("schedule-")
+            known = self.states.get(sid)
+            if known is not None and env.version <= known.version:
+                return
+            self._touched.add(sid)
+            self._wake.set()
+        elif isinstance(data, _RUN_ENDS) and env.stream in self._watch:
+            self._touched.add(self._watch.pop(env.stream))
+            self._wake.set()
 
     async def _loop(self) -> None:
+        swept = -math.inf  # (monotonic) the latest look at everything
         while True:
             try:
-                await self.run_once()
+                if time.monotonic() - swept >= self.sweep:
+                    swept = time.monotonic()
+                    if self.follows_log and self._read_once:
+                        await self._look(set(self.states) | self._take_touched())
+                    else:
+                        await self.run_once()
+                else:
+                    now = self.clock()
+                    due = {sid for sid, at in self._due.items() if at <= now}
+                    await self._look(due | self._take_touched())
             except CardbusError as e:  # the log unreachable for a moment: look again
                 log.warning("scheduler %s: %s", self.member, e)
-            await asyncio.sleep(self.tick)
+                swept = -math.inf
+                await asyncio.sleep(min(self.sweep, 1.0))
+                continue
+            delay = min(self._due.values(), default=math.inf) - self.clock()
+            delay = max(0.0, min(delay, self.sweep - (time.monotonic() - swept)))
+            if not self._wake.is_set():
+                # 1 ms more: the loop's timers may end a little early (then nothing is due)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay + 0.001)
+
+    def _take_touched(self) -> set[str]:
+        self._wake.clear()
+        touched, self._touched = self._touched, set()
+        return touched
 
     async def run_once(self) -> None:
-        """One look: new schedule events read, every live schedule's due steps written."""
+        """One look at everything: new schedule events read from the log, every live
+        schedule's due steps written. (The loop starts with it and sweeps with it; a
+        test drives it with its own clock.)"""
         while batch := await self.store.read_all(self._position + 1, 1000):
             for env in batch:
                 if isinstance(env.data, ev.ScheduleCreated):
                     self.states.setdefault(env.data.schedule_id, await self._read(env.stream))
             self._position = batch[-1].position
-        for sid in list(self.states):
+        self._read_once = True
+        await self._look(set(self.states) | self._take_touched())
+
+    async def _look(self, sids: set[str]) -> None:
+        for sid in sids:
             await self._advance(sid)
 
     async def _read(self, stream: str) -> ScheduleState:
@@ -252,16 +336,19 @@ class Scheduler:
         return state
 
     async def _advance(self, sid: str) -> None:
-        state = self.states[sid] = await self._read(stream_of(sid))
-        if state.deleted:
-            del self.states[sid]
+        folded = fold(await self.store.read_stream(stream_of(sid)))
+        if folded is None or folded.deleted:  # gone, or an event of no schedule
+            self.states.pop(sid, None)
+            self._due.pop(sid, None)
             return
+        state = self.states[sid] = folded
         await self._submit_unstarted(state)
+        running, wrote = False, False
         for _ in range(100):  # each step re-folds; a long downtime skips in batches
             running = await self._running(state)
             step = next_step(state, self.clock(), running, self.grace)
             if step is None:
-                return
+                break
             if isinstance(step, ev.ScheduleFired):
                 step = msgspec.structs.replace(step, member=self.member)
             try:
@@ -269,9 +356,38 @@ class Scheduler:
             except ConcurrencyError:  # another member wrote first: go on from what it wrote
                 state = self.states[sid] = await self._read(stream_of(sid))
                 continue
+            wrote = True
             state = self.states[sid] = await self._read(stream_of(sid))
             if isinstance(step, ev.ScheduleFired):
                 await self._start_run(state, step)
+        at = self._next_look(state, running)
+        if at <= self.clock() and not wrote:  # due, yet nothing to write: never a busy loop
+            at = self.clock() + self.tick
+        self._due[sid] = at
+
+    def _next_look(self, state: ScheduleState, running: bool) -> float:
+        """When the schedule needs a look again: its next due time, the grace's end of
+        another member's firing whose run may not start, or (a buffered firing behind a
+        running run) a ``tick`` from now."""
+        try:
+            at = next_due_at(state)
+        except InvalidSchedule as e:  # a cron that matches no time: nothing is ever due
+            log.warning("schedule %s: %s", state.schedule_id, e)
+            at = None
+        times = [math.inf if at is None else at]
+        if state.buffered is not None and not (state.deleted or state.paused):
+            times.append(self.clock() + self.tick if running else self.clock())
+        for fired in state.firings[-3:]:
+            if self._may_submit(fired):
+                times.append(fired.due + self.grace if not fired.manual else self.clock())
+        return min(times)
+
+    def _may_submit(self, fired: ev.ScheduleFired) -> bool:
+        """A firing whose run this member may have to start (another member's, or a
+        manual one) and has not found started nor tried."""
+        if fired.member == self.member and not fired.manual:
+            return False
+        return fired.plan_id not in self._tried and fired.plan_id not in self._started
 
     async def _running(self, state: ScheduleState) -> bool:
         """The run of the last firing has not ended (or is not started yet)."""
@@ -287,20 +403,26 @@ class Scheduler:
             return last is not None and self.clock() - last.due < 2 * self.grace
         root = claim[0].data.root_id
         stream = await self.store.read_stream(root, max(1, await self.store.stream_version(root)))
-        return not (stream and stream[-1].type in _ENDED)
+        running = not (stream and stream[-1].type in _ENDED)
+        if running:  # its end (folded here) wakes the loop: a buffered firing may go
+            self._watch[root] = state.schedule_id
+        else:
+            self._watch.pop(root, None)
+        return running
 
     async def _submit_unstarted(self, state: ScheduleState) -> None:
         """Firings whose run nobody started: another member's after ``grace`` (it died
         between the two), a manual trigger's at once."""
         now = self.clock()
         for fired in state.firings[-3:]:
-            if fired.member == self.member and not fired.manual:
+            # not one this member tried (refused once here: not again at each look)
+            if not self._may_submit(fired):
                 continue
             if not fired.manual and now - fired.due < self.grace:
                 continue
-            if fired.plan_id in self._tried:  # refused once here: not again every tick
-                continue
-            if not await self.store.read_stream(f"plan-{fired.plan_id}"):
+            if await self.store.read_stream(f"plan-{fired.plan_id}"):
+                self._started.add(fired.plan_id)  # not read again at each look
+            else:
                 await self._start_run(state, fired)
 
     async def _refused(self, sid: str, fired: ev.ScheduleFired, why: str) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "due_times",
     "fold",
     "jitter_of",
+    "next_due_at",
     "next_step",
     "plan_id_of",
     "stream_of",
@@ -106,6 +107,16 @@ def due_times(spec: ev.ScheduleCreated, after: float, until: float) -> list[floa
     return out
 
 
+def first_due_after(spec: ev.ScheduleCreated, after: float) -> float:
+    """The first due time strictly after ``after``."""
+    if spec.interval_seconds > 0:
+        k = max(0, int((after - spec.start) // spec.interval_seconds))
+        while (t := spec.start + k * spec.interval_seconds) <= after:
+            k += 1
+        return t
+    return parse_cron(spec.cron).next_after(after, zone(spec.timezone))
+
+
 @dataclass
 class ScheduleState:
     """What the stream of one schedule says (``fold``)."""
@@ -158,6 +169,17 @@ def fold(events: Sequence[Envelope]) -> ScheduleState | None:
                 state.buffered, state.handled = due, max(state.handled, due)
         state.version = env.version
     return state
+
+
+def next_due_at(state: ScheduleState) -> float | None:
+    """The first moment ``next_step`` may have a step to write (None: never, until the
+    stream changes): the first due time not handled yet, with its jitter. A loop sleeps
+    until then. A firing ``buffered`` behind a running run is due when that run ends,
+    which no time says: the loop looks at it on the run's end."""
+    if state.deleted or state.paused:
+        return None
+    due = first_due_after(state.spec, state.handled)
+    return due + jitter_of(state.schedule_id, due, state.spec.jitter_seconds)
 
 
 def next_step(

@@ -131,7 +131,8 @@ class NatsRuntime:
         is decided here with no other member in between; the runs spread over the
         members as the submits do. False: a run goes where its root id falls.
 
-        ``scheduler_options`` go to the schedules' loop (``Scheduler``: ``grace``, ``tick``).
+        ``scheduler_options`` go to the schedules' loop (``Scheduler``: ``grace``, ``tick``,
+        ``sweep``).
 
         ``store_options`` go to ``NatsEventStore.from_connection``: the bus's connection
         echoes, so the store opens its own (``<name>-log``, ``no_echo``);
@@ -265,6 +266,10 @@ class NatsRuntime:
                 getattr(self, "member", None) or self.orchestrator.orchestrator_id,
                 **self.scheduler_options,
             )
+            # woken by the schedules' events the orchestrator folds; a partitioned member
+            # folds only its partitions, and reads the log for the others' every sweep
+            self.scheduler.follows_log = self.member_log is None
+            self.orchestrator.observers.append(self.scheduler.observe)
             await self.scheduler.start()
             if self.agents:
                 # the agents get their own connection, as they would in their own process

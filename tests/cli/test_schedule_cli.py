@@ -9,6 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from cardbus.bus.orchestrator.scheduler import create_schedule, trigger_schedule
 from cardbus.bus.orchestrator.schedules import stream_of
 from cardbus.eventstore.sqlite import SqliteEventStore
 from cardbus.tools.cli import cli
@@ -73,3 +74,46 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     assert r.invoke(cli, ["schedule", "list", "--json", "--db", str(db)]).output.strip() == "[]"
     out = r.invoke(cli, ["schedule", "pause", "nosuch", "--db", str(db)])
     assert out.exit_code == 1 and "no schedule 'nosuch'" in out.output
+
+
+def test_a_command_that_runs_one_plan_fires_no_schedule(tmp_path: Path) -> None:
+    """``cardbus run`` runs its plan and exits: a schedule due meanwhile is left to the
+    processes that stay (an orchestrator, the console with agents), not fired here for a
+    run nobody would stay to run."""
+    db = tmp_path / "log.db"
+    r = CliRunner()
+    # fired by hand: any scheduler that looks starts its run at once
+
+    async def create() -> str:
+        store = await SqliteEventStore.open(db)
+        try:
+            sid = await create_schedule(store, {"goal": "research tides"}, cron="0 3 * * *")
+            return await trigger_schedule(store, sid, actor="ops")
+        finally:
+            await store.close()
+
+    plan_id = asyncio.run(create())
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "goal": "research tides",
+                "agents": ["cardbus.agents.demo:Researcher"],
+                "tasks": [{"id": "r", "capability": "research", "inputs": {"topic": "tides"}}],
+            }
+        )
+    )
+    out = r.invoke(cli, ["run", str(plan), "--db", str(db), "--json"])
+    assert out.exit_code == 0, out.output
+    assert not stream_exists(db, f"plan-{plan_id}")  # its run was not started here
+
+
+def stream_exists(db: Path, stream: str) -> bool:
+    async def go() -> bool:
+        store = await SqliteEventStore.open(db)
+        try:
+            return bool(await store.read_stream(stream))
+        finally:
+            await store.close()
+
+    return asyncio.run(go())

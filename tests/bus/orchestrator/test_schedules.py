@@ -4,6 +4,7 @@ ones follow the catch-up policy, an overlap follows its policy, with the reason 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -325,3 +326,69 @@ async def test_a_firing_whose_run_is_refused_holds_up_no_later_one() -> None:
     ]
     assert "no agent offers" in skipped(events)[0].detail
     assert tries == [plan_id_of(sid, T0 + t) for t in (2, 4, 6)]  # each tried once
+
+
+# -- the loop at rest: it sleeps until a due time or a schedule's event -----------------
+
+
+class Counted:
+    """A store counting the scheduler's calls to it (its reads and appends)."""
+
+    def __init__(self, store: MemoryEventStore) -> None:
+        self.store, self.calls = store, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+async def until(condition: Any, timeout: float = 30.0) -> None:
+    """Wait for ``condition()`` (a condition on state, not a sleep to hope by)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not condition():
+        assert loop.time() < end, "timed out waiting"
+        await asyncio.sleep(0.01)
+
+
+async def test_an_idle_scheduler_sleeps_until_a_due_time_or_an_event() -> None:
+    store = MemoryEventStore()
+    runs = Runs(store)
+    counted = Counted(store)
+    s = Scheduler(counted, runs.submit, "a", sweep=3600)  # type: ignore[arg-type]
+    s.follows_log = True  # what it is told of comes through observe, as in a runtime
+    await s.start()
+    try:
+        await until(lambda: s._read_once)
+        await asyncio.sleep(0.3)  # no schedule: it looks at nothing
+        at_rest = counted.calls
+        later = await create_schedule(store, PLAN, interval_seconds=3600, start=time.time() + 900)
+        for env in await store.read_stream(stream_of(later)):
+            s.observe(env)  # the orchestrator passes it every event it folds
+        await until(lambda: later in s._due)
+        looked = counted.calls
+        assert looked > at_rest  # the new schedule was looked at once
+        await asyncio.sleep(0.3)  # its due time is 15 minutes away: no look meanwhile
+        assert counted.calls == looked
+        # a due time a moment away fires with no event: the loop woke for it
+        soon = await create_schedule(
+            store, PLAN, interval_seconds=3600, start=time.time() + 0.3, catchup="all"
+        )
+        for env in await store.read_stream(stream_of(soon)):
+            s.observe(env)
+        await until(lambda: len(runs.started) == 1)
+        assert [f.plan_id for f in fired(await events_of(store, soon))] == runs.started
+        # a manual trigger (another process's write) wakes it at once: its run starts
+        plan_id = await trigger_schedule(store, later, actor="ops")
+        for env in (await store.read_stream(stream_of(later)))[-1:]:
+            s.observe(env)
+        await until(lambda: plan_id in runs.started)
+    finally:
+        await s.stop()
+    assert s._task is None
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("scheduler-")]

@@ -1,7 +1,7 @@
 """A schedule on two NATS members (issue 32 item 3; real nats-server): every due time
 fires once across the members, also after the member that fired last stops (the other
 goes on; checked from the log's firing events). The 60 s version, with a kill -9 of a
-`cardbus orchestrator` process, is ``bench/schedules.py``."""
+`cardbus orchestrator` process, is ``bench/schedules_bench.py``."""
 
 from __future__ import annotations
 

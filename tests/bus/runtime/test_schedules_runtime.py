@@ -87,5 +87,7 @@ async def test_skip_overlap_on_the_embedded_runtime(tmp_path: Path) -> None:
 
             events = await until(store, stream_of(sid), fired_again)
             assert sum(isinstance(e, ev.ScheduleFired) for e in events) >= 2
+        # the scheduler stops with its runtime: no loop left behind
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("scheduler-")]
     finally:
         await store.close()
