@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from cardbus.bus.orchestrator.scheduler import create_schedule
@@ -64,8 +66,12 @@ class Slow(Agent):
 """
 
 
+STARTED: list[Proc] = []  # every process started: each is stopped at the end, whatever fails
+
+
 class Proc:
     def __init__(self, args: list[str], cwd: Path, name: str) -> None:
+        STARTED.append(self)
         self.log = open(cwd / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop
         env = {**os.environ, "PYTHONPATH": str(cwd), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
@@ -92,6 +98,35 @@ class Proc:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+async def until(condition: Callable[[], Awaitable[bool]], seconds: float, what: str) -> None:
+    """Wait for ``condition`` (a look at the log); ``TimeoutError`` naming ``what``."""
+    deadline = time.monotonic() + seconds
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {seconds:g} s")
+        await asyncio.sleep(0.2)
+
+
+async def runs_ended(store: NatsEventStore, fired: list[ev.ScheduleFired]) -> dict[str, int]:
+    """How the runs of ``fired`` ended: {last event type: count}, and how many plans
+    were submitted more than once (``double``) or never (``not started``)."""
+    out: dict[str, int] = {}
+    for f in fired:
+        claims = [
+            e for e in await store.read_stream(f"plan-{f.plan_id}")
+            if isinstance(e.data, ev.PlanSubmitted)
+        ]  # fmt: skip
+        if len(claims) != 1:
+            key = "not started" if not claims else "double"
+        else:
+            assert isinstance(claims[0].data, ev.PlanSubmitted)
+            root = claims[0].data.root_id
+            last = await store.read_stream(root, max(1, await store.stream_version(root)))
+            key = last[-1].type if last else "no run"
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def orchestrator(url: str, cwd: Path, name: str) -> Proc:
@@ -139,6 +174,14 @@ async def once_per_due(store: NatsEventStore, url: str, cwd: Path, a: argparse.N
             await asyncio.sleep(5)
             procs[procs.index(victim)] = orchestrator(url, cwd, "o-restarted")
     fired = await fired_of(store, sid)
+
+    async def all_ended() -> bool:  # the last firing's run may still be running
+        ends = await runs_ended(store, fired)
+        return set(ends) <= {"run.completed.v1", "double"}
+
+    with contextlib.suppress(TimeoutError):
+        await until(all_ended, 30, "every firing's run completed")
+    ends = await runs_ended(store, fired)
     for p in procs:
         p.stop()
     dues = [f.due for f in fired]
@@ -146,10 +189,12 @@ async def once_per_due(store: NatsEventStore, url: str, cwd: Path, a: argparse.N
     doubles = len(dues) - len(set(dues))
     misses = [k for k in range(int(steps[-1]) + 1) if k not in steps] if steps else []
     members = len({f.member for f in fired})
+    completed = ends.get("run.completed.v1", 0)
     ok = killed and not doubles and not misses and len(dues) >= a.seconds / a.every - 3
+    ok = ok and completed == len(dues)
     print(
         f"once per due time: {len(dues)} firings over {a.seconds:g} s by {members} members,"
-        f" {doubles} double, {len(misses)} missed: {verdict(ok)}"
+        f" {doubles} double, {len(misses)} missed; their runs: {ends}: {verdict(ok)}"
     )
     return ok
 
@@ -161,21 +206,28 @@ async def downtime(store: NatsEventStore, url: str, cwd: Path, a: argparse.Names
     sid = await create_schedule(
         store, plan, interval_seconds=a.every, overlap="allow_all", catchup="one"
     )
-    while len(await fired_of(store, sid)) < 2:
-        await asyncio.sleep(0.2)
+
+    async def fired_twice() -> bool:
+        return len(await fired_of(store, sid)) >= 2
+
+    await until(fired_twice, 30 + 4 * a.every, "two firings")
     for p in procs:
         p.kill9()
     down_at = time.time()
     await asyncio.sleep(a.downtime)
     back = orchestrator(url, cwd, "d-back")
     up_at = time.time()
-    while not [f for f in await fired_of(store, sid) if f.due > up_at + a.every]:
-        await asyncio.sleep(0.2)
+
+    async def fires_again() -> bool:
+        return any(f.due > up_at + a.every for f in await fired_of(store, sid))
+
+    await until(fires_again, 30 + 4 * a.every, "a firing after the restart")
     back.stop()
     events = await schedule_events(store, sid)
     late = [e for e in events if isinstance(e, ev.ScheduleFired) and e.late]
     missed = [e for e in events if isinstance(e, ev.ScheduleSkipped) and e.reason == "missed"]
-    ok = len(late) == 1 and late[0].due > down_at and bool(missed)
+    dues = [e.due for e in events if isinstance(e, ev.ScheduleFired)]
+    ok = len(late) == 1 and late[0].due > down_at and bool(missed) and len(dues) == len(set(dues))
     print(
         f"downtime {a.downtime:g} s, catch-up one: {len(late)} missed firing run,"
         f" skipped: {[m.detail for m in missed]}: {verdict(ok)}"
@@ -211,21 +263,24 @@ async def main(a: argparse.Namespace) -> int:
         (cwd / "bench_agents.py").write_text(AGENTS)
         (cwd / "js").mkdir()
         server = LocalNatsServer(str(cwd / "js")).start()
-        agents = Proc(
-            ["agent", "serve", "bench_agents:Echo", "bench_agents:Slow", "--nats", server.url],
-            cwd,
-            "agents",
-        )
-        store = await NatsEventStore.connect(server.url)
         try:
-            results = [
-                await once_per_due(store, server.url, cwd, a),
-                await downtime(store, server.url, cwd, a),
-                await overlap_skip(store, server.url, cwd, a),
-            ]
+            Proc(
+                ["agent", "serve", "bench_agents:Echo", "bench_agents:Slow", "--nats", server.url],
+                cwd,
+                "agents",
+            )
+            store = await NatsEventStore.connect(server.url)
+            try:
+                results = [
+                    await once_per_due(store, server.url, cwd, a),
+                    await downtime(store, server.url, cwd, a),
+                    await overlap_skip(store, server.url, cwd, a),
+                ]
+            finally:
+                await store.close()
         finally:
-            await store.close()
-            agents.stop()
+            for proc in STARTED:  # the agents, and any orchestrator a failed check left
+                proc.stop()
             server.stop()
     return 0 if all(results) else 1
 
