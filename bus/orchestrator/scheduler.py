@@ -297,8 +297,11 @@ class Scheduler:
                     now = self.clock()
                     due = {sid for sid, at in self._due.items() if at <= now}
                     await self._look(due | self._take_touched())
-            except CardbusError as e:  # the log unreachable for a moment: look again
-                log.warning("scheduler %s: %s", self.member, e)
+            except Exception as e:  # the log unreachable for a moment (or a bug): look again
+                if isinstance(e, CardbusError):
+                    log.warning("scheduler %s: %s", self.member, e)
+                else:  # not to end the loop: this process would fire nothing any more
+                    log.exception("scheduler %s failed a look", self.member)
                 swept = -math.inf
                 await asyncio.sleep(min(self.sweep, 1.0))
                 continue
