@@ -25,6 +25,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── ValidationError           a card, plan or agent output breaks its schema
     │   ├── InvalidPlan           a plan refused before anything runs
     │   │   └── PlanConflict      a plan id reused with a different plan body
+    │   ├── InvalidSchedule       a schedule refused (cron, interval, time zone, policy)
     │   ├── InvalidScope          a memory scope or key that is not well formed
     │   └── AmbiguousId           an id prefix that matches more than one task or run
     ├── BusError                  the bus could not deliver or receive
@@ -96,6 +97,7 @@ __all__ = [
     "IdempotencyError",
     "IllegalTransition",
     "InvalidPlan",
+    "InvalidSchedule",
     "InvalidScope",
     "PayloadTooLarge",
     "PlanConflict",
@@ -215,6 +217,11 @@ class ValidationError(CardbusError):
 
 class InvalidPlan(ValidationError):
     """A plan refused before anything runs; the message names the problem."""
+
+
+class InvalidSchedule(ValidationError):
+    """A schedule refused before it is written (its cron expression, interval, time zone or
+    a policy); the message names the problem."""
 
 
 class PlanConflict(InvalidPlan):

@@ -79,6 +79,7 @@ from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.actions import Actions, HostedAgents, LogActions, NoAgents, NoAgentsHere
 from cardbus.tools.ui.page import PAGE
+from cardbus.tools.ui.schedules import schedule_routes
 
 try:
     from starlette.applications import Starlette
@@ -687,6 +688,8 @@ def create_app(
         Route("/api/tasks/{id:path}", task),
         Route("/api/diff", diff),
         Route("/api/events", events),
+        # tools.ui.schedules: create, list, pause, resume, trigger, delete
+        *schedule_routes(lambda: console().store, actor_of, _json, _error, _body),
     ]
     named = dict(tokens or {})
     if token:

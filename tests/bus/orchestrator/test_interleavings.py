@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 from interleave import (
     BUS_METHODS,
@@ -36,8 +38,10 @@ from orchkit import FAST, make_agent, plan, task, tid, wait_for
 
 from cardbus.bus import InProcessBus, Orchestrator, answer_approval
 from cardbus.bus.orchestrator.cancel import cancel_run
+from cardbus.bus.orchestrator.scheduler import Scheduler, create_schedule
+from cardbus.bus.orchestrator.schedules import fold, plan_id_of, stream_of
 from cardbus.bus.runtime.worker import AgentWorker
-from cardbus.eventstore import NewEvent, SqliteEventStore
+from cardbus.eventstore import ConcurrencyError, NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
 
 SLOW = make_agent("slow", "slow")
@@ -278,3 +282,103 @@ async def test_the_start_up_window_race_ends_right_in_100_of_100_tries(
         ends.append(trial.end[0])
     assert reference.end[0] == ("completed" if write == "approve" else reference.end[0])
     assert ends == [reference.end[0]] * 100, ends
+
+
+# -- a schedule's firing written by another member ----------------------------------------
+
+
+async def _another_member_fires(store: SqliteEventStore, sid: str, due: float) -> object:
+    """Another member's scheduler: it folds the schedule's stream and, finding ``due``
+    not handled, writes its firing with the version it folded; a ``ConcurrencyError``
+    (ours was written meanwhile) sends it back to the fold, which finds it handled."""
+    while True:
+        state = fold(await store.read_stream(stream_of(sid)))
+        assert state is not None
+        if state.handled >= due:
+            return None
+        fired = ev.ScheduleFired(due=due, plan_id=plan_id_of(sid, due), member="other")
+        new = NewEvent(data=fired, correlation_id=stream_of(sid))
+        try:
+            return await store.append(stream_of(sid), [new], state.version)
+        except ConcurrencyError:
+            continue
+
+
+async def _schedule_trial(points: Points, folder: Path) -> Trial:
+    """One trial: an orchestrator starts and follows the log while its scheduler finds a
+    due time, and another member writes the firing of that due time at one await point."""
+    folder = folder / f"trial-{next(_n)}"
+    folder.mkdir()
+    db = folder / "cardbus.db"
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    instrument(store, points, STORE_METHODS)
+    instrument(bus, points, BUS_METHODS)
+    points.active = False  # until the schedule is written
+    orch = Orchestrator(store, bus, FAST, snapshot=None)
+    ledger = FoldLedger()
+    ledger.watch(orch.state)
+    workers = [AgentWorker(bus, ECHO)]
+    due = time.time() + 10_000  # the first due time; the scheduler's clock is just past it
+    scheduler = Scheduler(store, orch.submit, "local", grace=0.5, clock=lambda: due + 1)
+    problems: list[str] = []
+    try:
+        body = msgspec.to_builtins(plan(task("a"), goal="scheduled"))
+        sid = await create_schedule(
+            foreign, body, interval_seconds=3600, start=due, overlap="allow_all", catchup="all"
+        )
+        written = asyncio.Event()  # the write done (the harness marks only its start)
+
+        async def write() -> object:
+            try:
+                return await _another_member_fires(foreign, sid, due)
+            finally:
+                written.set()
+
+        points.inject = write
+        points.active = True
+        await points.before_start()
+        await orch.start([w.agent.card() for w in workers])
+        for w in workers:
+            await w.start()
+        await scheduler.run_once()  # fires the due time, or finds it fired
+        await scheduler.run_once()  # starts the other member's firing's run
+        await points.when_idle()
+        await written.wait()
+        await scheduler.run_once()  # a firing the other wrote late: its run starts now
+        claim = await wait_for(foreign, lambda e: isinstance(e.data, ev.PlanSubmitted))
+        assert isinstance(claim.data, ev.PlanSubmitted)
+        end = (await orch.wait(claim.data.root_id, 5)).status
+        await orch.caught_up(10)
+        log = await foreign.read_all(0, 100_000)
+        problems += check_folded_once(ledger, log)
+        problems += check_dispatched_once(log)
+        fired = [e for e in log if isinstance(e.data, ev.ScheduleFired)]
+        runs = [e for e in log if isinstance(e.data, ev.RunStarted) and e.data.schedule == sid]
+        if len(fired) != 1 or len(runs) != 1:
+            problems.append(f"{len(fired)} firings and {len(runs)} runs of one due time")
+    finally:
+        points.active = False
+        await orch.stop()
+        await bus.close()
+        await foreign.close()
+        await store.close()
+    return Trial((end, len(fired), len(runs)), points, problems)
+
+
+async def test_a_schedule_firing_by_another_member_at_any_await_point_fires_once(
+    tmp_path: Path,
+) -> None:
+    async def scenario(points: Points) -> Trial:
+        return await _schedule_trial(points, tmp_path)
+
+    reference, trials = await explore(scenario, seed=11)
+    problems, injected, reached = report(reference, trials)
+    print(f"{len(trials)} trials, written at {len(injected)} call sites: {sorted(injected)}")
+    assert not problems, "\n".join(problems)
+    assert reference.end == ("completed", 1, 1), reference.end
+    assert not reached - injected - TIMED, sorted(reached - injected)
+    # written during the orchestrator's start, and in the scheduler's own look
+    assert any(n.startswith("_started/") for n in injected), sorted(injected)
+    assert any(n.startswith("_advance/") for n in injected), sorted(injected)
