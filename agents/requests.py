@@ -66,6 +66,7 @@ from cardbus.eventstore.errors import (
     EffectUnknown,
     JournalTampered,
     ReplayDiverged,
+    ToolUnderReview,
     ValidationError,
 )
 from cardbus.eventstore.ids import new_id
@@ -183,6 +184,8 @@ def error_for(response: AgentResponse) -> CardbusError:
         return AccessDenied(message)
     if kind == "effect_unknown":
         return EffectUnknown(message)
+    if kind == "tool_review":
+        return ToolUnderReview(message)
     if kind == "replay_diverged":
         return ReplayDiverged(message)
     if kind == "journal_tampered":  # the orchestrator failed the task already

@@ -92,6 +92,7 @@ import msgspec
 from cardbus.agents.requests import AgentRequest
 from cardbus.agents.tools import ToolError, ToolRegistry
 from cardbus.bus.orchestrator.journal_trust import StreamTrust
+from cardbus.bus.orchestrator.reviews import Review, fold_review
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import AccessDenied, ValidationError
@@ -222,6 +223,7 @@ class _TaskJournal:
         self.answered: dict[str, _Step] = {}  # answer event id -> the (original) step
         self.requested: dict[str, _Step] = {}  # tool.requested event id -> step
         self.asked: list[_Step] = []  # unknown effects waiting for an approval
+        self.reviews: dict[str, Review] = {}  # proposed tool calls held for a person's word
         self.model_failed: set[int] = set()  # attempts that failed because of the model
         self.seen: set[str] = set()  # event ids folded
         self.trust = StreamTrust()  # what the log vouched for (checked before a replay)
@@ -237,6 +239,7 @@ class _TaskJournal:
             return
         self.seen.add(env.event_id)
         data = env.data
+        fold_review(self.reviews, env.data)
         match data:
             case ev.TaskCreated():
                 self.origin, self.strict = data.origin, data.replay_strict
@@ -336,6 +339,15 @@ class _TaskJournal:
                     self.model_failed.add(data.attempts)
             case _:
                 pass
+
+    def proposing_text(self, execution: str, seq: int) -> str:
+        """The model's words in the answer that proposed the tool call at ``seq``."""
+        run = self.executions.get(execution)
+        steps = sorted(run.steps.items()) if run else []
+        model = [st for n, st in steps if n < seq and st.kind == "model" and st.has_answer]
+        answer = model[-1].answer if model else None
+        text = answer.get("text") if isinstance(answer, dict) else None
+        return text if isinstance(text, str) else ""
 
     def _execution(self, execution: str, attempt: int) -> _Execution:
         run = self.executions.get(execution)
@@ -720,9 +732,38 @@ class Journal:
     # -- tool calls ---------------------------------------------------------------------
 
     async def tool(self, req: AgentRequest) -> CallOutcome:
-        """A registry tool call: answered from the journal, or made live and recorded."""
-        arg_digest = _sha(_json(req.args))
+        """A registry tool call: answered from the journal, or made live and recorded; a
+        call its tool's review policy holds waits for a person's word first (``reviews``)."""
         tool = self.tools.get(req.target)
+        if tool is not None and req.execution and req.seq >= 0 and _held(tool, req.args):
+            journal = await self._journal(req.task_id, req.execution, req.attempt)
+            call = call_digest(req.target, _sha(_json(req.args)))
+            review = journal.reviews.get(call)
+            if review is None or not review.decision:
+                if review is None:  # asked once; a later attempt meets the same question
+                    asked = ev.ToolReviewRequested(
+                        task_id=req.task_id,
+                        agent_id=req.agent_id,
+                        tool=req.target,
+                        call=call,
+                        arguments=req.args,
+                        schema=tool.spec.input_schema,
+                        text=journal.proposing_text(req.execution, req.seq),
+                        attempt=req.attempt,
+                        execution=req.execution,
+                        seq=req.seq,
+                    )
+                    await self._write(journal, req.task_id, [asked])
+                message = (
+                    f"{req.target} (call {call[:12]}) waits for a person's review: cardbus"
+                    f" review {req.task_id} approve | edit --args JSON | refuse --reason TEXT"
+                )
+                return CallOutcome(error=message, error_type="tool_review")
+            if review.decision == "refuse":  # the model's to act on, as a tool's answer
+                why = f"a person ({review.by}) refused this call: {review.reason}"
+                return CallOutcome(error=why, error_type="tool_error")
+            req = msgspec.structs.replace(req, args=review.runs_with)
+        arg_digest = _sha(_json(req.args))
 
         async def live(journal: _TaskJournal | None, key: str) -> CallOutcome:
             return await self._tool_live(req, journal, arg_digest, key)
@@ -962,6 +1003,16 @@ class Journal:
         if error is not None:
             return CallOutcome(error=error, error_type=error_type)
         return CallOutcome(result=result)
+
+
+def _held(tool: Any, arguments: dict[str, Any]) -> bool:
+    """Whether ``tool``'s review policy holds a call with ``arguments`` for a person; a
+    policy that raises holds it (a person decides rather than nobody)."""
+    try:
+        return bool(tool.needs_review(arguments))
+    except Exception:  # the policy's bug: the call waits for a person, it does not run
+        log.warning("the review policy of %s raised; the call is held", tool.name, exc_info=True)
+        return True
 
 
 def _diverged(
