@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import math
 import os
 import time
@@ -82,6 +83,7 @@ __all__ = [
     "ToolSpec",
     "ToolTimeout",
     "current_idempotency_key",
+    "held_for_review",
     "doc_search_tool",
     "http_fetch_tool",
 ]
@@ -132,9 +134,21 @@ ToolFn = Callable[[Any], Awaitable[Any] | Any]
 #: (``never``), or those whose arguments the function says yes to (an amount over a limit)
 ReviewPolicy = Literal["always", "never"] | Callable[[dict[str, Any]], bool]
 
+log = logging.getLogger(__name__)
+
 _IDEMPOTENCY_KEY: contextvars.ContextVar[str] = contextvars.ContextVar(
     "cardbus_tool_idempotency_key", default=""
 )
+
+
+def held_for_review(tool: Tool, arguments: dict[str, Any]) -> bool:
+    """Whether ``tool``'s review policy holds a call with ``arguments`` for a person; a
+    policy that raises holds it (a person decides, rather than nobody)."""
+    try:
+        return tool.needs_review(arguments)
+    except Exception:  # the policy's bug: the call waits for a person, it does not run
+        log.warning("the review policy of %s raised; the call is held", tool.name, exc_info=True)
+        return True
 
 
 def current_idempotency_key() -> str:

@@ -90,7 +90,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cardbus.agents.requests import AgentRequest
-from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.agents.tools import ToolError, ToolRegistry, held_for_review
 from cardbus.bus.orchestrator.journal_trust import StreamTrust
 from cardbus.bus.orchestrator.reviews import Review, fold_review
 from cardbus.eventstore import events as ev
@@ -735,34 +735,11 @@ class Journal:
         """A registry tool call: answered from the journal, or made live and recorded; a
         call its tool's review policy holds waits for a person's word first (``reviews``)."""
         tool = self.tools.get(req.target)
-        if tool is not None and req.execution and req.seq >= 0 and _held(tool, req.args):
-            journal = await self._journal(req.task_id, req.execution, req.attempt)
-            call = call_digest(req.target, _sha(_json(req.args)))
-            review = journal.reviews.get(call)
-            if review is None or not review.decision:
-                if review is None:  # asked once; a later attempt meets the same question
-                    asked = ev.ToolReviewRequested(
-                        task_id=req.task_id,
-                        agent_id=req.agent_id,
-                        tool=req.target,
-                        call=call,
-                        arguments=req.args,
-                        schema=tool.spec.input_schema,
-                        text=journal.proposing_text(req.execution, req.seq),
-                        attempt=req.attempt,
-                        execution=req.execution,
-                        seq=req.seq,
-                    )
-                    await self._write(journal, req.task_id, [asked])
-                message = (
-                    f"{req.target} (call {call[:12]}) waits for a person's review: cardbus"
-                    f" review {req.task_id} approve | edit --args JSON | refuse --reason TEXT"
-                )
-                return CallOutcome(error=message, error_type="tool_review")
-            if review.decision == "refuse":  # the model's to act on, as a tool's answer
-                why = f"a person ({review.by}) refused this call: {review.reason}"
-                return CallOutcome(error=why, error_type="tool_error")
-            req = msgspec.structs.replace(req, args=review.runs_with)
+        if tool is not None and held_for_review(tool, req.args):
+            args, held = await self._reviewed(req, req.args, tool.spec.input_schema)
+            if held is not None:
+                return held
+            req = msgspec.structs.replace(req, args=args)
         arg_digest = _sha(_json(req.args))
 
         async def live(journal: _TaskJournal | None, key: str) -> CallOutcome:
@@ -771,6 +748,42 @@ class Journal:
         idempotent = tool is not None and tool.spec.idempotent
         return await self._tool_step(req, req.args, idempotent, live, lambda r: r)
 
+    async def _reviewed(
+        self, req: AgentRequest, args: dict[str, Any], schema: dict[str, Any]
+    ) -> tuple[dict[str, Any], CallOutcome | None]:
+        """A call held for review: the arguments it runs with (a person's edit, or those
+        proposed), or the outcome that answers it instead (it waits; it was refused)."""
+        if not req.execution or req.seq < 0:  # not journaled (an old agent): nothing to hold
+            return args, None
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        call = call_digest(req.target, _sha(_json(args)))
+        review = journal.reviews.get(call)
+        if review is None or not review.decision:
+            if review is None:  # asked once; a later attempt meets the same question
+                asked = ev.ToolReviewRequested(
+                    task_id=req.task_id,
+                    agent_id=req.agent_id,
+                    tool=req.target,
+                    call=call,
+                    arguments=args,
+                    schema=schema,
+                    text=journal.proposing_text(req.execution, req.seq),
+                    attempt=req.attempt,
+                    execution=req.execution,
+                    seq=req.seq,
+                )
+                await self._write(journal, req.task_id, [asked])
+            message = (
+                f"{req.target} (call {call[:12]}) waits for a person's review: cardbus"
+                f" review {req.task_id} approve | edit --args JSON | refuse --reason TEXT"
+            )
+            return args, CallOutcome(error=message, error_type="tool_review")
+        if review.decision == "refuse":  # the model's to act on, as a tool's answer
+            why = f"a person ({review.by}) refused this call: {review.reason}"
+            return args, CallOutcome(error=why, error_type="tool_error")
+        edited = review.runs_with
+        return (edited if isinstance(edited, dict) else args), None
+
     async def tool_begin(self, req: AgentRequest) -> CallOutcome:
         """A tool the agent runs itself (``ctx.journal.tool_call``), before it runs: the
         recorded result (``{"replay": result}``), or ``{"key": key}`` once its
@@ -778,15 +791,26 @@ class Journal:
         args = req.args.get("arguments")
         if not isinstance(args, dict) or req.seq < 0 or not req.execution:
             raise BadJournalRequest("tool.begin needs arguments (an object), seq and execution")
+        proposed = args
+        if req.args.get("review") is True:  # the worker's tool's policy holds the call
+            schema = req.args.get("schema")
+            args, held = await self._reviewed(req, args, schema if isinstance(schema, dict) else {})
+            if held is not None:
+                return held
         arg_digest = _sha(_json(args))
+        edited = {"arguments": args} if args is not proposed else {}
 
         async def begin(journal: _TaskJournal | None, key: str) -> CallOutcome:
             requested = self._requested(req, args, arg_digest, key, local=True)
             ids = await self._write(journal, req.task_id, [requested])
-            return CallOutcome(result={"key": key or (ids[0] if ids else req.request_id)})
+            key = key or (ids[0] if ids else req.request_id)
+            return CallOutcome(result={"key": key, **edited})
+
+        def replayed(result: Any) -> Any:
+            return {"replay": result}
 
         idempotent = req.args.get("idempotent") is True
-        return await self._tool_step(req, args, idempotent, begin, lambda r: {"replay": r})
+        return await self._tool_step(req, args, idempotent, begin, replayed)
 
     async def tool_end(self, req: AgentRequest) -> CallOutcome:
         """A tool the agent ran itself, after: its result or error, recorded."""
@@ -1003,16 +1027,6 @@ class Journal:
         if error is not None:
             return CallOutcome(error=error, error_type=error_type)
         return CallOutcome(result=result)
-
-
-def _held(tool: Any, arguments: dict[str, Any]) -> bool:
-    """Whether ``tool``'s review policy holds a call with ``arguments`` for a person; a
-    policy that raises holds it (a person decides rather than nobody)."""
-    try:
-        return bool(tool.needs_review(arguments))
-    except Exception:  # the policy's bug: the call waits for a person, it does not run
-        log.warning("the review policy of %s raised; the call is held", tool.name, exc_info=True)
-        return True
 
 
 def _diverged(

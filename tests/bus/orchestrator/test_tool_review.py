@@ -55,13 +55,32 @@ class Payer(LLMAgent):
     tools = ["transfer"]
 
 
-def _registry(ran: list[float]) -> ToolRegistry:
-    def transfer(t: Transfer) -> dict[str, Any]:
-        ran.append(t.amount)
-        return {"sent": t.amount}
+RAN: list[float] = []  # the amounts the transfer tool ran with
 
-    review = lambda args: float(args.get("amount", 0)) > 500  # noqa: E731
-    return ToolRegistry([Tool.define("transfer", transfer, input_type=Transfer, review=review)])
+
+def _transfer(t: Transfer) -> dict[str, Any]:
+    RAN.append(t.amount)
+    return {"sent": t.amount}
+
+
+def _over_500(args: dict[str, Any]) -> bool:
+    return float(args.get("amount", 0)) > 500
+
+
+TRANSFER = Tool.define("transfer", _transfer, input_type=Transfer, review=_over_500)
+
+
+class OwnPayer(Payer):
+    """The same agent bringing its tool: its worker runs it (``tool.begin``/``tool.end``)."""
+
+    agent_id = "own-payer"
+    tools = [TRANSFER]
+
+
+def _served(where: str) -> tuple[type[LLMAgent], ToolRegistry | None]:
+    if where == "agent":
+        return OwnPayer, None
+    return Payer, ToolRegistry([TRANSFER])
 
 
 PLAN = {
@@ -86,11 +105,14 @@ def _asked(events: list[Any]) -> bool:
     return any(isinstance(e, ev.ApprovalRequested) and e.reason == "tool_review" for e in events)
 
 
+@pytest.mark.parametrize("where", ["registry", "agent"])
 @pytest.mark.parametrize("decision", ["edit", "refuse"])
 async def test_a_reviewed_call_pauses_survives_a_restart_and_runs_as_the_person_said(
-    tmp_path: Path, decision: str
+    tmp_path: Path, decision: str, where: str
 ) -> None:
-    ran: list[float] = []
+    RAN.clear()
+    ran = RAN
+    agent, tools = _served(where)
     path = tmp_path / "log.db"
     with OpenAIStub() as stub:
         stub.script(
@@ -100,7 +122,7 @@ async def test_a_reviewed_call_pauses_survives_a_restart_and_runs_as_the_person_
         llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0)
         async with (
             await SqliteEventStore.open(path, poll_interval=0.01) as store,
-            EmbeddedRuntime(store, [Payer], Policy(), llm=llm, tools=_registry(ran)) as rt,
+            EmbeddedRuntime(store, [agent], Policy(), llm=llm, tools=tools) as rt,
         ):
             root = await rt.orchestrator.submit(PLAN)
             events = await _until(store, root, _asked)
@@ -112,7 +134,7 @@ async def test_a_reviewed_call_pauses_survives_a_restart_and_runs_as_the_person_
         task_id = asked[0].task_id
         async with (
             await SqliteEventStore.open(path, poll_interval=0.01) as store,
-            EmbeddedRuntime(store, [Payer], Policy(), llm=llm, tools=_registry(ran)) as rt,
+            EmbeddedRuntime(store, [agent], Policy(), llm=llm, tools=tools) as rt,
         ):
             with pytest.raises(ReviewRefused, match="amount"):
                 await answer_review(store, task_id, "edit", by="ada", arguments={"amount": "lots"})
@@ -133,6 +155,8 @@ async def test_a_reviewed_call_pauses_survives_a_restart_and_runs_as_the_person_
         assert ran == [450]  # once, with the edited amount
         assert answered[0].arguments == {"amount": 450}
         assert json.loads(last["content"]) == {"sent": 450}
+        requested = [e for e in events if isinstance(e, ev.ToolRequested)]
+        assert [(r.arguments, r.local) for r in requested] == [({"amount": 450}, where == "agent")]
     else:
         assert ran == []
         assert "over the limit" in last["content"] and "ada" in last["content"]
