@@ -156,6 +156,20 @@ def call_digest(tool: str, arguments_digest: str) -> str:
     return _sha(f"{tool}\0{arguments_digest}".encode())
 
 
+def _held_step(data: ev.ToolReviewRequested, event_id: str) -> _Step:
+    return _Step(
+        "tool",
+        data.seq,
+        data.call,
+        requested_id=event_id,
+        tool=data.tool,
+        execution=data.execution,
+        attempt=data.attempt,
+        agent=data.agent_id,
+        held=True,
+    )
+
+
 @dataclass(slots=True)
 class _Step:
     """One recorded call of an execution (resolved: a replayed step is its source)."""
@@ -184,6 +198,9 @@ class _Step:
     attempt: int = 0
     agent: str = ""
     arguments_digest: str = ""
+    # a proposed call held for a person's review (``reviews``): its place in the turn,
+    # nothing ran; ``requested_id`` is its tool.review_requested (the key it runs with)
+    held: bool = False
 
 
 @dataclass(slots=True)
@@ -241,6 +258,11 @@ class _TaskJournal:
         data = env.data
         fold_review(self.reviews, env.data)
         match data:
+            case ev.ToolReviewRequested() if data.execution:
+                # the held call keeps its place: a later attempt meets it there, answered,
+                # and its siblings of the same turn still replay from the record
+                run = self._execution(data.execution, data.attempt)
+                run.steps.setdefault(data.seq, _held_step(data, env.event_id))
             case ev.TaskCreated():
                 self.origin, self.strict = data.origin, data.replay_strict
             case ev.ModelRequested():
@@ -735,7 +757,9 @@ class Journal:
         """A registry tool call: answered from the journal, or made live and recorded; a
         call its tool's review policy holds waits for a person's word first (``reviews``)."""
         tool = self.tools.get(req.target)
+        reviewed = ""  # the call digest of the proposal a person answered
         if tool is not None and held_for_review(tool, req.args):
+            reviewed = call_digest(req.target, _sha(_json(req.args)))
             args, held = await self._reviewed(req, req.args, tool.spec.input_schema)
             if held is not None:
                 return held
@@ -746,7 +770,7 @@ class Journal:
             return await self._tool_live(req, journal, arg_digest, key)
 
         idempotent = tool is not None and tool.spec.idempotent
-        return await self._tool_step(req, req.args, idempotent, live, lambda r: r)
+        return await self._tool_step(req, req.args, idempotent, live, lambda r: r, reviewed)
 
     async def _reviewed(
         self, req: AgentRequest, args: dict[str, Any], schema: dict[str, Any]
@@ -779,6 +803,18 @@ class Journal:
             )
             return args, CallOutcome(error=message, error_type="tool_review")
         if review.decision == "refuse":  # the model's to act on, as a tool's answer
+            held_at = next(
+                (
+                    st
+                    for r in journal.executions.values()
+                    for st in r.steps.values()
+                    if st.held and st.digest == call
+                ),
+                None,
+            )
+            if held_at is not None:  # its place in this execution too (nothing ran)
+                run = journal.executions[req.execution]
+                run.steps.setdefault(req.seq, held_at)
             why = f"a person ({review.by}) refused this call: {review.reason}"
             return args, CallOutcome(error=why, error_type="tool_error")
         edited = review.runs_with
@@ -792,7 +828,9 @@ class Journal:
         if not isinstance(args, dict) or req.seq < 0 or not req.execution:
             raise BadJournalRequest("tool.begin needs arguments (an object), seq and execution")
         proposed = args
+        reviewed = ""
         if req.args.get("review") is True:  # the worker's tool's policy holds the call
+            reviewed = call_digest(req.target, _sha(_json(args)))
             schema = req.args.get("schema")
             args, held = await self._reviewed(req, args, schema if isinstance(schema, dict) else {})
             if held is not None:
@@ -810,7 +848,7 @@ class Journal:
             return {"replay": result}
 
         idempotent = req.args.get("idempotent") is True
-        return await self._tool_step(req, args, idempotent, begin, replayed)
+        return await self._tool_step(req, args, idempotent, begin, replayed, reviewed)
 
     async def tool_end(self, req: AgentRequest) -> CallOutcome:
         """A tool the agent ran itself, after: its result or error, recorded."""
@@ -853,9 +891,12 @@ class Journal:
         idempotent: bool,
         live: Callable[[_TaskJournal | None, str], Awaitable[CallOutcome]],
         replayed: Callable[[Any], Any],
+        reviewed: str = "",
     ) -> CallOutcome:
         """A tool call at its place in the journal: replayed, made live (``live(journal,
-        key)``, key "" for a new call), or, its effect unknown, repeated or refused."""
+        key)``, key "" for a new call), or, its effect unknown, repeated or refused.
+        ``reviewed``: the call digest of the proposal a person approved (the arguments
+        may be their edit)."""
         arg_digest = _sha(_json(args))
         if not req.execution or req.seq < 0:  # not journaled (an old agent): made live
             return await live(None, "")
@@ -867,6 +908,10 @@ class Journal:
             return await self._tool_strict(req, journal, ref, digest, arg_digest, replayed)
         digest = call_digest(req.target, arg_digest)
         step = ref[req.seq] if run.aligned(req.seq) and req.seq < len(ref) else None
+        if reviewed and step is not None and step.held and step.digest == reviewed:
+            # the held call met at its place, approved: made now, keyed by its review (not
+            # a difference: nothing ran there, and its siblings of the turn still replay)
+            return await live(journal, step.requested_id)
         if step is not None and (untrusted := await self._untrusted(req, journal, step)):
             return untrusted  # replayed, repeated or asked about: decided on the record
         if (
