@@ -21,8 +21,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from cardbus.eventstore import events as ev
 from tests.agents.openai_stub import OpenAIStub, Reply
@@ -90,16 +93,34 @@ def _env(stub: OpenAIStub, folder: Path) -> dict[str, str]:
     return env
 
 
+STARTED: list[subprocess.Popen[str]] = []  # reaped by ``reaped`` whatever the test does
+
+
 def _run(folder: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "cardbus.tools", "run", "plan.json", "--store", "log.db"]
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [*cmd, "--timeout", "120"],
         cwd=folder,
         env=env,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def reaped() -> Iterator[None]:
+    """Every ``cardbus run`` a test started is killed and waited for when the test ends
+    (a failed assertion included): none is left holding a pipe after the suite."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
 
 
 def _until_held(folder: Path, proc: subprocess.Popen[str]) -> ev.ToolReviewRequested:

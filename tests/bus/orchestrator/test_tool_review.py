@@ -228,10 +228,12 @@ async def test_the_held_calls_of_one_turn_wait_together(
 # -- on NATS: the pause is in the log, a new member resumes it -----------------------------
 
 
+@pytest.mark.parametrize("where", ["registry", "agent"])
 async def test_a_reviewed_call_pauses_on_nats_and_a_new_member_runs_it_edited(
-    nats_url: str,
+    nats_url: str, where: str
 ) -> None:
     RAN.clear()
+    agent, tools = _served(where)
     with OpenAIStub() as stub:
         stub.script(
             Reply(content="Paying 900 now.", tool_calls=[("transfer", {"amount": 900})]),
@@ -240,9 +242,7 @@ async def test_a_reviewed_call_pauses_on_nats_and_a_new_member_runs_it_edited(
         llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0)
 
         def member() -> NatsRuntime:
-            return NatsRuntime(
-                NatsOptions(url=nats_url), [Payer], llm=llm, tools=ToolRegistry([TRANSFER])
-            )
+            return NatsRuntime(NatsOptions(url=nats_url), [agent], llm=llm, tools=tools)
 
         async with member() as rt:
             root = await rt.orchestrator.submit({**PLAN, "plan_id": "pay-on-nats"})
