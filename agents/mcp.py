@@ -317,7 +317,8 @@ class MCPToolset:
                     annotations and (annotations.idempotent_hint or annotations.read_only_hint)
                 ),
             )
-            self.registry.register(Tool(spec, self._caller(server.name, name, t.name)))
+            caller = self._caller(server.name, name, t.name)
+            self.registry.register(Tool(spec, caller, review=server.review_of(t.name)))
             self._mounted[name] = server.name
 
     def _caller(self, server: str, name: str, tool: str) -> Any:

@@ -32,6 +32,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
     ├── AccessDenied              an agent asked for something outside its card
     ├── EffectUnknown             a journaled tool call may have taken effect before a crash
+    │   └── ToolUnderReview       a proposed tool call waits for a person's review
     ├── ReplayDiverged            a strict re-run asked what the recorded run did not ask
     ├── JournalTampered           a recorded call the log cannot vouch for (hash or digest)
     ├── LLMError                  the model endpoint failed or answered something unusable
@@ -67,6 +68,7 @@ __all__ = [
     "BudgetExceeded",
     "ConfigError",
     "EffectUnknown",
+    "ToolUnderReview",
     "ReplayDiverged",
     "JournalTampered",
     "LLMBadOutput",
@@ -287,6 +289,17 @@ class EffectUnknown(CardbusError):
     """
 
     error_type = "effect_unknown"
+
+
+class ToolUnderReview(EffectUnknown):
+    """A tool call the model proposed waits for a person's review (the tool's review
+    policy): it did not run. Like ``EffectUnknown`` no tool-calling loop swallows it: the
+    attempt ends (reason ``tool_review``) and the task waits in ``awaiting_approval``;
+    the next attempt, after the person's word, runs it, runs it edited, or answers the
+    model with the refusal.
+    """
+
+    error_type = "tool_review"
 
 
 class ReplayDiverged(CardbusError):

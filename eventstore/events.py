@@ -92,6 +92,8 @@ __all__ = [
     "TaskTimedOut",
     "ToolCalled",
     "ToolEffectUnknown",
+    "ToolReviewAnswered",
+    "ToolReviewRequested",
     "ToolRequested",
     "Usage",
     "tag_of",
@@ -741,6 +743,47 @@ class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unkn
     reason: str = "no_result"
 
 
+class ToolReviewRequested(_Event, frozen=True, kw_only=True, tag="tool.review_requested.v1"):
+    """A tool call the model proposed waits for a person's word before it runs: the
+    tool's review policy (``Tool.review``) asked for it. Written before any effect; the
+    attempt ends (reason ``tool_review``) and the task waits in ``awaiting_approval``.
+
+    ``call`` names the review (this event's own id is not known before it is written:
+    the digest of the tool and the proposed arguments); ``arguments`` as the model
+    proposed them; ``schema`` the tool's input schema (an edit is checked against it);
+    ``text`` the model's words in the turn that proposed the call.
+    """
+
+    task_id: str
+    agent_id: str
+    tool: str
+    call: str
+    arguments: Any = None
+    schema: dict[str, Any] = {}
+    text: str = ""
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+
+
+class ToolReviewAnswered(_Event, frozen=True, kw_only=True, tag="tool.review_answered.v1"):
+    """A person's word on a tool call under review (``call``: its review's ``call``).
+
+    ``decision``: ``approve`` (runs as proposed), ``edit`` (runs with ``arguments``,
+    checked against the tool's schema) or ``refuse`` (does not run; the model gets
+    ``reason`` as the tool's answer). ``by`` is the person (the authenticated actor).
+    """
+
+    task_id: str
+    tool: str
+    call: str
+    decision: str
+    by: str
+    proposed: Any = None
+    arguments: Any = None
+    reason: str = ""
+
+
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
     """An agent asked for something outside its card and was refused."""
 
@@ -929,6 +972,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     SchedulePaused,
     ScheduleResumed,
     ScheduleSkipped,
+    ToolReviewRequested,
+    ToolReviewAnswered,
 )
 
 TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
@@ -986,6 +1031,8 @@ Event = (
     | SchedulePaused
     | ScheduleResumed
     | ScheduleSkipped
+    | ToolReviewRequested
+    | ToolReviewAnswered
 )
 
 

@@ -28,6 +28,7 @@ its decision). A call answered from the journal names the event it replays
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -258,6 +259,11 @@ def _kind(tag: str) -> str:
     return name if head == "task" else f"{head}.{name}"
 
 
+def _args(arguments: Any) -> str:
+    """A tool call's arguments on one line (proposed and edited, side by side)."""
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=True, default=str)
+
+
 def _detail(data: Any) -> str | None:
     match data:
         case ev.TaskCreated():
@@ -325,6 +331,17 @@ def _detail(data: Any) -> str | None:
                 f" key {data.idempotency_key}): {data.decision}"
                 + (" (made by an earlier attempt)" if data.reason == "after_difference" else "")
             )
+        case ev.ToolReviewRequested():
+            said = f"; the model said: {data.text}" if data.text else ""
+            return f"tool {data.tool} held for review: proposed {_args(data.arguments)}{said}"
+        case ev.ToolReviewAnswered() if data.decision == "edit":
+            return (
+                f"tool {data.tool} review: edit by {data.by}: proposed {_args(data.proposed)},"
+                f" approved {_args(data.arguments)}"
+            )
+        case ev.ToolReviewAnswered():
+            why = f": {data.reason}" if data.reason else ""
+            return f"tool {data.tool} review: {data.decision} by {data.by}{why}"
         case ev.RunStarted():
             d = f"goal: {data.goal}"
             if data.user or data.tenant:

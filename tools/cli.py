@@ -40,6 +40,7 @@ COMMANDS = {
     "rebuild": "cardbus.tools.cmd_inspect",
     "replay": "cardbus.tools.cmd_replay",
     "rerun": "cardbus.tools.cmd_rerun",
+    "review": "cardbus.tools.cmd_review",
     "run": "cardbus.tools.cmd_run",
     "runs": "cardbus.tools.cmd_runs",
     "schedule": "cardbus.tools.cmd_schedule",

@@ -34,10 +34,13 @@ from interleave import (
     instrument,
     report,
 )
-from orchkit import FAST, make_agent, plan, task, tid, wait_for
+from orchkit import FAST, TextOut, make_agent, plan, task, tid, wait_for
 
+from cardbus.agents.cards import AgentConstraints
+from cardbus.agents.tools import Tool, ToolRegistry
 from cardbus.bus import InProcessBus, Orchestrator, answer_approval
 from cardbus.bus.orchestrator.cancel import cancel_run
+from cardbus.bus.orchestrator.reviews import answer_review
 from cardbus.bus.orchestrator.scheduler import Scheduler, create_schedule
 from cardbus.bus.orchestrator.schedules import fold, plan_id_of, stream_of
 from cardbus.bus.runtime.worker import AgentWorker
@@ -382,3 +385,101 @@ async def test_a_schedule_firing_by_another_member_at_any_await_point_fires_once
     # written during the orchestrator's start, and in the scheduler's own look
     assert any(n.startswith("_started/") for n in injected), sorted(injected)
     assert any(n.startswith("_advance/") for n in injected), sorted(injected)
+
+
+# -- a tool call held for review, answered by another process ---------------------------
+
+PAID: list[float] = []  # the amounts the reviewed tool ran with, in this trial
+
+
+async def _pay(task_card, inputs, ctx):  # type: ignore[no-untyped-def]
+    await ctx.tool("transfer", amount=900)
+    return TextOut(text="paid")
+
+
+PAYER = make_agent("payer", "pay", _pay, constraints=AgentConstraints(tools=["transfer"]))
+
+
+def _transfer_tools() -> ToolRegistry:
+    def transfer(args: dict[str, object]) -> dict[str, object]:
+        PAID.append(float(args["amount"]))  # type: ignore[arg-type]
+        return {"sent": args["amount"]}
+
+    return ToolRegistry([Tool.define("transfer", transfer, review="always")])
+
+
+async def _held_run(folder: Path) -> tuple[Path, str, str]:
+    """A log whose run waits for a person's review of a transfer; its process died."""
+    folder.mkdir()
+    db = folder / "cardbus.db"
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    orch = Orchestrator(store, bus, FAST, tools=_transfer_tools())
+    orch.attempts_survive_restart = False
+    worker = AgentWorker(bus, PAYER)
+    await orch.start([worker.agent.card()])
+    await worker.start()
+    root = await orch.submit(plan(task("pay", "pay")))
+    await wait_for(store, lambda e: isinstance(e.data, ev.ApprovalRequested))
+    await orch.stop(give_back=False)  # as a process that dies
+    await bus.close()
+    await store.close()
+    return db, root, tid(root, "pay")
+
+
+async def _resume_held(points: Points, db: Path, root: str, pay: str) -> Trial:
+    """A new orchestrator resumes the held run on a copy of ``db``; a person's approval
+    of the transfer comes from another connection at the point ``points`` says."""
+    db = _copy(db, db.parent.parent / f"trial-{next(_n)}")
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    instrument(store, points, STORE_METHODS)
+    instrument(bus, points, BUS_METHODS)
+    points.inject = lambda: answer_review(foreign, pay, "approve", by="alice")
+    PAID.clear()
+    orch = Orchestrator(store, bus, FAST, tools=_transfer_tools())
+    orch.attempts_survive_restart = False
+    ledger = FoldLedger()
+    ledger.watch(orch.state)
+    worker = AgentWorker(bus, PAYER)
+    problems: list[str] = []
+    try:
+        await points.before_start()
+        await orch.start([worker.agent.card()])
+        await worker.start()
+        await points.when_idle()
+        try:
+            result = await orch.wait(root, 5)
+            end: tuple[str, ...] = (result.status, result.reason)
+        except TimeoutError:
+            end = ("still waiting",)
+        await orch.caught_up(10)
+        log = await foreign.read_all(0, 100_000)
+        problems += check_folded_once(ledger, log, orch.snapshot_position)
+        problems += check_dispatched_once(log)
+        if end[0] == "completed" and PAID != [900.0]:  # the tool runs once, approved
+            problems.append(f"the reviewed tool ran with {PAID}, not once with 900")
+    finally:
+        points.active = False
+        await orch.stop()
+        await bus.close()
+        await foreign.close()
+        await store.close()
+    return Trial(end, points, problems)
+
+
+async def test_a_review_answered_at_any_await_point_of_a_resume_runs_the_tool_once(
+    tmp_path: Path,
+) -> None:
+    db, root, pay = await _held_run(tmp_path / "template")
+
+    async def scenario(points: Points) -> Trial:
+        return await _resume_held(points, db, root, pay)
+
+    reference, trials = await explore(scenario, seed=7)
+    problems, injected, reached = report(reference, trials)
+    assert not problems, "\n".join(problems)
+    assert reference.end[0] == "completed", reference.end
+    assert not reached - injected - TIMED, sorted(reached - injected)
+    assert len(trials) >= 10
