@@ -204,3 +204,38 @@ async def test_a_retry_does_not_send_the_completed_model_calls_again(tmp_path: P
         e for e in events if isinstance(e, ev.TaskResultSubmitted) and e.agent_id == "explainer"
     ]
     assert (failed.usage.input_tokens, done.usage.input_tokens) == (22, 11)
+
+
+def test_chat_completions_is_picked_for_any_endpoint_but_openais() -> None:
+    from cardbus.agents.frameworks.openai_agents import chat_completions_only
+
+    assert chat_completions_only("http://127.0.0.1:8000/v1")
+    assert chat_completions_only("http://localhost:4000")
+    assert not chat_completions_only("https://api.openai.com/v1")
+    assert not chat_completions_only(None) and not chat_completions_only("")
+
+
+async def test_a_model_named_by_string_asks_a_local_server_through_chat_completions(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The SDK's default (the Responses API, /v1/responses) is not what local servers
+    serve: with OPENAI_BASE_URL naming one, the agent's model name goes to
+    /v1/chat/completions."""
+    with OpenAIStub() as stub:
+        monkeypatch.setenv("OPENAI_BASE_URL", stub.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        stub.script('{"term": "tide", "sentence": "The sea rises."}')
+        inner = SDKAgent(
+            name="explainer",
+            instructions="Explain the term.",
+            output_type=Explanation,
+            model="stub-model",
+        )
+        Explainer = openai_agents_agent(inner, capability="explain", input_type=TermArgs)
+        result, _events = await _run(tmp_path, [Topics, Explainer], _plan("oa-chat"))
+        paths = [r["path"] for r in stub.requests]
+        bodies = stub.bodies()
+    assert result.status == "completed", result
+    assert result.outputs["explain"] == {"term": "tide", "sentence": "The sea rises."}
+    assert [p.rsplit("/v1", 1)[-1] for p in paths] == ["/chat/completions"]
+    assert bodies[0]["model"] == "stub-model"
