@@ -126,18 +126,26 @@ def watch_model_calls(orchestrator: Any, llm: object) -> None:
 
     An ``LLMAgent`` on the mock answers through a mock of its own making (its
     ``mock_answer``), which never calls ``llm``: the log tells that a model was asked.
+    Only then: an endpoint's calls say it themselves, and a framework agent's model
+    calls (pydantic-ai, the OpenAI Agents SDK; journaled with ``"framework"`` in their
+    request) go to the framework's own model, not to ``llm``.
     """
+    from cardbus.agents.llm import MockLLM
     from cardbus.eventstore import events as ev
 
     say = _notices.get(id(llm))
-    if say is None:
+    if say is None or not isinstance(llm, MockLLM):
         return
 
     def observe(env: Any) -> None:
-        if isinstance(env.data, ev.ModelRequested):
+        if isinstance(env.data, ev.ModelRequested) and not _framework_call(env.data.request):
             say()
 
     orchestrator.observers.append(observe)
+
+
+def _framework_call(request: object) -> bool:
+    return isinstance(request, dict) and "framework" in request
 
 
 # id(llm) -> its notice; an LLM lives as long as the command that opened it

@@ -239,3 +239,39 @@ async def test_a_model_named_by_string_asks_a_local_server_through_chat_completi
     assert result.outputs["explain"] == {"term": "tide", "sentence": "The sea rises."}
     assert [p.rsplit("/v1", 1)[-1] for p in paths] == ["/chat/completions"]
     assert bodies[0]["model"] == "stub-model"
+
+
+StubExplainer = openai_agents_agent(
+    SDKAgent(
+        name="explainer", instructions="Explain.", output_type=Explanation, model="stub-model"
+    ),
+    capability="explain",
+    input_type=TermArgs,
+)
+
+
+def test_cardbus_run_with_the_sdks_endpoint_in_the_environment_needs_no_cardbus_model(
+    tmp_path: Path,
+) -> None:
+    """The framework tutorial's command against a local server: OPENAI_BASE_URL names it
+    for the SDK, no cardbus LLM agent runs, so no CARDBUS_MODEL is asked for, and no line
+    says a cardbus model answered (the SDK's own model did)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cardbus.tools.cli import cli
+
+    plan = {**_plan("oa-cli"), "agents": [f"{__name__}:Topics", f"{__name__}:StubExplainer"]}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    with OpenAIStub() as stub:
+        stub.script('{"term": "tide", "sentence": "The sea rises."}')
+        env = {"OPENAI_BASE_URL": stub.url, "OPENAI_API_KEY": "k", "CARDBUS_MODEL": None}
+        args = ["run", str(path), "--db", str(tmp_path / "d.db"), "--json"]
+        result = CliRunner(env=env).invoke(cli, args)
+        paths = [r["path"].rsplit("/v1", 1)[-1] for r in stub.requests]
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["outputs"]["explain"]["sentence"] == "The sea rises."
+    assert paths == ["/chat/completions"]
+    assert "LLM:" not in result.stderr, result.stderr
