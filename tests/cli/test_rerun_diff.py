@@ -161,7 +161,7 @@ def test_the_replay_of_an_offline_rerun_shows_the_recorded_prompts_and_answers(
     assert 'doc_search({"query":"tides"})' in text
     # the console's task page, from the same log
     page = asyncio.run(_console_task(db, f"research-{second['root_id'][-12:]}"))
-    assert [c.status for c in page] == ["replayed", "replayed"]  # the researcher's two calls
+    assert [c.status for c in page] == ["replayed"] * 3  # the researcher's model, tool, model
     assert page[0].prompt == original[0]["prompt"] and page[0].answer == original[0]["answer"]
     assert page[1].result == original[1]["result"]
 
