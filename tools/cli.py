@@ -42,6 +42,7 @@ COMMANDS = {
     "rerun": "cardbus.tools.cmd_rerun",
     "run": "cardbus.tools.cmd_run",
     "runs": "cardbus.tools.cmd_runs",
+    "schema": "cardbus.tools.cmd_schema",
     "stats": "cardbus.tools.cmd_inspect",
     "tail": "cardbus.tools.cmd_inspect",
     "tasks": "cardbus.tools.cmd_inspect",

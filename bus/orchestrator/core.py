@@ -481,11 +481,11 @@ class Orchestrator:
         if self.state.open:
             self._queue.put_nowait(_TICK)  # its attempts in flight are lost
 
-    async def announced(self, card: AgentCard, lease_s: float = 0.0, replica_id: str = "") -> None:
-        """An agent's announcement: registered as far as the grants allow, the rest refused
-        (``reply.refused`` on ``agent-<id>``). The transport has made sure it comes from
-        the agent it names."""
-        admission = self.grants.admit(card, self.state.agents.get(card.agent_id))
+    async def announced(self, announce: Announce) -> None:
+        """An announcement: registered as far as the grants (and its wire version) allow, the
+        rest refused (``reply.refused`` on ``agent-<id>``); its sender checked by the bus."""
+        card, known = announce.card, self.state.agents.get(announce.card.agent_id)
+        admission = self.grants.admit(card, known, announce.wire_version)
         stream = f"agent-{card.agent_id}"
         reason = "not granted: " + "; ".join(admission.refused)
         # a lease renewal repeats the announcement every lease/3: its refusal is logged once
@@ -500,7 +500,7 @@ class Orchestrator:
             log.warning("announcement of %s: %s", card.agent_id, refused.reason)
             await self._append_at_current_version(stream, [refused], correlation_id=stream)
         if admission.card is not None:
-            await self.register(admission.card, lease_s, replica_id)
+            await self.register(admission.card, announce.lease_s, announce.replica_id)
 
     async def submit(
         self,
@@ -917,7 +917,7 @@ class Orchestrator:
                     await self.deregister(item.card.agent_id, "stopped")
             elif isinstance(item, Announce):
                 try:
-                    await self.announced(item.card, item.lease_s, item.replica_id)
+                    await self.announced(item)
                 except CardbusError as e:  # a bad announcement: dead-lettered, the step goes on
                     self._bad(f"cardbus.announce.{str(item.card.agent_id)[:64]}", str(e)[:500])
             elif isinstance(item, _Record):

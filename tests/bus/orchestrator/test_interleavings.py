@@ -145,9 +145,11 @@ async def _resume(points: Points, db: Path, root: str, gate: str, write: Write) 
         except TimeoutError:
             end = ("still waiting",)
         # everything in the log folded: the follower caught up with the last write (checked
-        # before stop, whose final snapshot folds what the follower missed)
-        await orch.caught_up(10)
+        # before stop, whose final snapshot folds what the follower missed). The log is read
+        # first: caught_up folds through the log as it is when asked, and a late answer
+        # (the slow task's, after the run ended) may be appended after that
         log = await foreign.read_all(0, 100_000)
+        await orch.caught_up(10)
         problems += check_folded_once(ledger, log, orch.snapshot_position)
         problems += check_dispatched_once(log)
     finally:
@@ -227,8 +229,8 @@ async def _follow(points: Points, folder: Path, write: Write) -> Trial:
                 ends.append((await orch.wait(root, 5)).status)
             except TimeoutError:
                 ends.append("still waiting")
+        log = await foreign.read_all(0, 100_000)  # first: as above
         await orch.caught_up(10)
-        log = await foreign.read_all(0, 100_000)
         problems += check_folded_once(ledger, log)
         problems += check_dispatched_once(log)
     finally:
