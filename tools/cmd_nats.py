@@ -344,6 +344,13 @@ def agent_check(
     help="This orchestrator's name among the --partitions ones (default: new each start);"
     " it names its reply consumer unless --consumer does.",
 )
+@click.option(
+    "--schedule-grace",
+    default=10.0,
+    show_default=True,
+    help="Seconds a schedule's due time may be late and still fire on time; later, it is"
+    " a missed one and follows the schedule's catch-up policy.",
+)
 @_ack_wait
 @_max_deliver
 @_stream_replicas
@@ -362,6 +369,7 @@ def orchestrator(
     partitions: int | None,
     partition_lease: float,
     member: str | None,
+    schedule_grace: float,
     ack_wait: float,
     max_deliver: int,
     stream_replicas: int,
@@ -411,6 +419,7 @@ def orchestrator(
                 partitions=partitions,
                 partition_lease_s=partition_lease,
                 member=member,
+                scheduler_options={"grace": schedule_grace},
             ) as rt:
                 if plan is None:
                     stop = asyncio.Event()

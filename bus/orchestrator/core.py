@@ -61,6 +61,7 @@ from cardbus.bus.orchestrator.run_result import RunResult, result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.settle import settle_after
 from cardbus.bus.orchestrator.submission import run_creation
+from cardbus.bus.run_metrics import RunMetrics
 from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -244,7 +245,11 @@ class Orchestrator:
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start);
         # the first stops the handlers of attempts whose task was cancelled or halted
-        self.observers: list[Callable[[Envelope], None]] = [CancelNotices(bus, self.state).observe]
+        # (and the metrics of the runs this one owns: no-ops without an SDK meter provider)
+        self.observers: list[Callable[[Envelope], None]] = [
+            CancelNotices(bus, self.state).observe,
+            RunMetrics(owns, self.state).observe,
+        ]
         # the largest event decided (the store's limit, with room for the envelope)
         self._event_limit = int(getattr(store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
         # set when the log has refused writes for Policy.store_grace_s (disk full, read-only,
