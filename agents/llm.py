@@ -479,6 +479,8 @@ class OpenAIChatLLM:
         import openai
 
         model = model or self.model
+        if not model:  # an endpoint configured without a default (model_required=False)
+            raise ConfigError(_no_model_message(self.base_url))
         extra: dict[str, Any] = {}
         if response_format is not None:
             extra["response_format"] = response_format
@@ -617,6 +619,7 @@ def configured_llm(
     timeout_s: float = 60.0,
     max_retries: int = 2,
     env: Mapping[str, str] | None = None,
+    model_required: bool = True,
 ) -> LLM:
     """The endpoint the flags or the environment name, else the mock.
 
@@ -625,27 +628,35 @@ def configured_llm(
     only by a base URL (a key alone never sends anything anywhere); it needs a
     model (``ConfigError`` otherwise). Without one the answer is ``MockLLM``
     (named ``model`` when one is given).
+
+    ``model_required=False``: an endpoint without a model is no error yet, only a
+    call that names none is (``ConfigError`` then). For a command whose agents may
+    never ask this endpoint: ``OPENAI_BASE_URL`` is also read by other SDKs (the
+    OpenAI Agents SDK), and an agent may name its own model.
     """
     env = os.environ if env is None else env
     base_url = base_url or env.get(ENV_BASE_URL) or None
     model = model or env.get(ENV_MODEL) or None
     if not base_url:
         return MockLLM(model=model) if model else MockLLM()
-    if not model:
-        raise ConfigError(
-            f"an LLM endpoint ({base_url}) needs a model: set {ENV_MODEL} or pass --model"
-        )
+    if not model and model_required:
+        raise ConfigError(_no_model_message(base_url))
     key = api_key if api_key is not None else env.get(ENV_API_KEY)
     return OpenAIChatLLM(
-        base_url, model, api_key=key or "", timeout_s=timeout_s, max_retries=max_retries
+        base_url, model or "", api_key=key or "", timeout_s=timeout_s, max_retries=max_retries
     )
+
+
+def _no_model_message(base_url: str) -> str:
+    """What an endpoint asked without a model says: where a model is named."""
+    return f"an LLM endpoint ({base_url}) needs a model: set {ENV_MODEL} or pass --model"
 
 
 def describe_llm(llm: LLM) -> str:
     """One line saying which model answers: the endpoint, or the mock and why."""
     if isinstance(llm, OpenAIChatLLM):
         host = urlsplit(llm.base_url).netloc or llm.base_url
-        return f"LLM: {llm.model} at {llm.base_url} ({host})"
+        return f"LLM: {llm.model or '(no model named)'} at {llm.base_url} ({host})"
     if isinstance(llm, MockLLM):
         return (
             # one line of at most 100 columns (the demo's screen); --help names the flags

@@ -900,7 +900,13 @@ async def replay(store: EventStore, id: str, as_of: AsOf | None = None) -> Timel
         if as_of is not None and (own or events):
             raise StreamNotFound(f"{id} (as of {as_of.describe()})")
         raise StreamNotFound(id)
-    return build_timeline(events, id, root_id, as_of.describe() if as_of else None)
+    timeline = build_timeline(events, id, root_id, as_of.describe() if as_of else None)
+    # a re-run's replayed calls: their prompts and answers are in the recorded run's
+    # streams (imported here: replay_origin builds on this module's fold)
+    from cardbus.projections.replay_origin import fill_timeline_replays
+
+    await fill_timeline_replays(store, timeline.tasks, events)
+    return timeline
 
 
 def to_json(timeline: Timeline) -> bytes:

@@ -138,7 +138,7 @@ def run(
 
     async def go() -> None:
         store = await open_store_option(db, create=True)
-        llm = open_llm(llm_base_url, model)
+        llm = open_llm(llm_base_url, model, agents)
         try:
             async with EmbeddedRuntime(
                 store,

@@ -76,6 +76,7 @@ from cardbus.projections import (
 from cardbus.projections.diff import diff_runs
 from cardbus.projections.pricing import Money, PriceTable
 from cardbus.projections.replay_html import render_html
+from cardbus.projections.replay_origin import fill_replayed, origin_of, origin_sources
 from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.actions import Actions, HostedAgents, LogActions, NoAgents, NoAgentsHere
@@ -352,6 +353,9 @@ class Console:
             )
         # what its attempts asked models and tools (the journal), replays resolved
         calls = journal_calls(stream)
+        origin = origin_of(stream)  # a re-run's task: its replays are the recorded run's calls
+        if origin is not None:
+            fill_replayed(calls, await origin_sources(self.store, origin))
         for r in received:
             r["trimmed"] = r["attempt"] in trimmed
         run = Runs().get(runner.conn, row["root_id"]) if row["root_id"] else None
