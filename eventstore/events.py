@@ -430,6 +430,13 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # what the person who started it said (a name they gave, why): words, not evidence;
     # the envelope's actor is who they authenticated as
     note: str = ""
+    # a child run's lineage (``bus.orchestrator.children``): the parent run's root, the
+    # parent task and attempt that started it, and what happens to it when the parent
+    # ends ("terminate" | "request_cancel" | "abandon"); None: a run of its own
+    parent_root: str | None = None
+    parent_task: str | None = None
+    parent_attempt: int | None = None
+    parent_close: str = "terminate"
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):

@@ -23,6 +23,7 @@ import msgspec
 from cardbus.agents.cards import AgentCard, CapabilitySpec
 from cardbus.agents.planning import PLAN_CAPABILITY
 from cardbus.agents.schema import schema_errors
+from cardbus.bus.orchestrator.children import ChildSpec, check_child
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.batch import MAX_DEPTH, MAX_ID_CHARS, nesting_problem
@@ -59,6 +60,7 @@ class PlanTask(TaskOptions, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     id: str
     max_attempts: int | None = None
+    child: ChildSpec | None = None  # run a sub-plan or sub-goal as a child run (.children)
 
     def retry_override(self) -> RetryOverride | None:
         """``retry`` with the short form ``max_attempts`` folded in."""
@@ -271,6 +273,11 @@ def validate_plan(
             raise InvalidPlan(f"task {t.id!r}: optional must be true or false, got {t.optional!r}")
         task_retry(t, retry or RetryPolicy())
         _check_conflict_options(t)
+        if t.child is not None:
+            check_child(t.id, t.child)
+            # the spec is sound, but no orchestrator runs it yet: refused, not accepted
+            # and left to fail at dispatch (bus.orchestrator.children)
+            raise InvalidPlan(f"task {t.id!r}: child runs are not run by this orchestrator yet")
     earlier: set[str] = set()
     in_order = True  # each task's deps are tasks before it: that order has no cycle
     for t in plan.tasks:

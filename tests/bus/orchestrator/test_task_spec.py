@@ -20,6 +20,7 @@ def test_the_three_inherit_the_spec_instead_of_declaring_it() -> None:
     assert set(PlanTask.__struct_fields__) - set(TaskOptions.__struct_fields__) == {
         "id",
         "max_attempts",
+        "child",  # a child run's spec (bus.orchestrator.children): a plan's, not the log's
     }
 
 

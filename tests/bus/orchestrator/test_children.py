@@ -1,0 +1,77 @@
+"""Child runs: a plan task's child spec is checked with the plan (a clear ``InvalidPlan``),
+and a child's lineage rides on its ``run.started`` through a real SQLite log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lifecycle_log import Writer
+
+from cardbus.bus.orchestrator.children import ChildSpec, check_child, lineage_of
+from cardbus.bus.orchestrator.plan import as_plan, validate_plan
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import InvalidPlan
+from cardbus.eventstore.sqlite import SqliteEventStore
+
+SUB_PLAN: dict[str, Any] = {
+    "goal": "research the market",
+    "tasks": [{"id": "search", "capability": "search"}],
+}
+
+
+def _plan(child: dict[str, Any]) -> dict[str, Any]:
+    return {"goal": "lead", "tasks": [{"id": "dept", "capability": "research", "child": child}]}
+
+
+@pytest.mark.parametrize(
+    ("child", "words"),
+    [
+        ({}, "exactly one of 'plan' or 'goal' (got neither)"),
+        ({"goal": "g", "plan": SUB_PLAN}, "exactly one of 'plan' or 'goal' (got both)"),
+        ({"goal": "g", "parent_close": "linger"}, "parent_close must be one of"),
+        ({"goal": "  "}, "child goal is empty"),
+        (
+            {"plan": {"goal": "x", "tasks": [{"id": "a", "capability": "c", "deps": ["zz"]}]}},
+            "child plan: task 'a' depends on unknown task 'zz'",
+        ),
+    ],
+)
+def test_a_bad_child_spec_is_refused_naming_the_task(child: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidPlan) as caught:
+        validate_plan(as_plan(_plan(child)))
+    assert "task 'dept'" in str(caught.value) and words in str(caught.value)
+
+
+def test_a_misspelt_child_field_is_refused() -> None:
+    with pytest.raises(InvalidPlan, match="parent_clos"):
+        as_plan(_plan({"goal": "g", "parent_clos": "abandon"}))
+
+
+def test_a_sound_child_is_refused_until_an_orchestrator_runs_it() -> None:
+    for child in ({"goal": "find three sources"}, {"plan": SUB_PLAN, "parent_close": "abandon"}):
+        check_child("dept", as_plan(_plan(child)).tasks[0].child or ChildSpec())
+        with pytest.raises(InvalidPlan, match="not run by this orchestrator yet"):
+            validate_plan(as_plan(_plan(child)))
+
+
+async def test_lineage_rides_on_the_childs_run_started(tmp_path: Path) -> None:
+    spec = ChildSpec(goal="find three sources", parent_close="request_cancel")
+    async with await SqliteEventStore.open(tmp_path / "log.db") as store:
+        w = Writer(store, "child-root")
+        await w.emit(
+            "child-root",
+            ev.RunStarted(goal="g", plan_id="p", **lineage_of("parent-root", "dept", 2, spec)),
+        )
+        await Writer(store, "plain-root").emit("plain-root", ev.RunStarted(goal="g", plan_id="q"))
+        child = (await store.read_stream("child-root"))[0].data
+        plain = (await store.read_stream("plain-root"))[0].data
+    assert isinstance(child, ev.RunStarted) and isinstance(plain, ev.RunStarted)
+    assert (child.parent_root, child.parent_task, child.parent_attempt, child.parent_close) == (
+        "parent-root",
+        "dept",
+        2,
+        "request_cancel",
+    )
+    assert (plain.parent_root, plain.parent_task, plain.parent_attempt) == (None, None, None)
