@@ -331,6 +331,11 @@ def _detail(data: Any) -> str | None:
                 d += f" (for {who})"
             if data.planning is not None:
                 d += " (to plan)"
+            if data.parent_root is not None:  # a child run: whose task started it
+                d += (
+                    f" (child of {data.parent_root}, task {data.parent_task}"
+                    f" attempt {data.parent_attempt}; on parent close: {data.parent_close})"
+                )
             return d + (f" (forked from {data.forked_from})" if data.forked_from else "")
         case ev.PlanProposed():
             d = f"round {data.round} by {data.agent_id or '?'}: {_proposed(data.proposal)}"

@@ -14,6 +14,7 @@ from cardbus.bus.orchestrator.plan import as_plan, validate_plan
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import InvalidPlan
 from cardbus.eventstore.sqlite import SqliteEventStore
+from cardbus.projections.replay import replay
 
 SUB_PLAN: dict[str, Any] = {
     "goal": "research the market",
@@ -75,3 +76,17 @@ async def test_lineage_rides_on_the_childs_run_started(tmp_path: Path) -> None:
         "request_cancel",
     )
     assert (plain.parent_root, plain.parent_task, plain.parent_attempt) == (None, None, None)
+
+
+async def test_replay_of_a_child_names_the_parent_task_that_started_it(tmp_path: Path) -> None:
+    spec = ChildSpec(goal="find three sources", parent_close="abandon")
+    async with await SqliteEventStore.open(tmp_path / "log.db") as store:
+        await Writer(store, "child-root").emit(
+            "child-root",
+            ev.RunStarted(goal="g", plan_id="p", **lineage_of("parent-root", "dept", 1, spec)),
+        )
+        timeline = await replay(store, "child-root")
+    details = [s.detail for s in timeline.run if s.type.startswith("run.started")]
+    assert details == [
+        "goal: g (child of parent-root, task dept attempt 1; on parent close: abandon)"
+    ]
