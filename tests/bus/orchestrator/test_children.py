@@ -15,6 +15,7 @@ from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import InvalidPlan
 from cardbus.eventstore.sqlite import SqliteEventStore
 from cardbus.projections.replay import replay
+from cardbus.projections.traces import task_span_id, trace_spans
 
 SUB_PLAN: dict[str, Any] = {
     "goal": "research the market",
@@ -90,3 +91,25 @@ async def test_replay_of_a_child_names_the_parent_task_that_started_it(tmp_path:
     assert details == [
         "goal: g (child of parent-root, task dept attempt 1; on parent close: abandon)"
     ]
+
+
+async def test_the_exported_trace_of_a_parent_and_its_child_is_one_tree(tmp_path: Path) -> None:
+    spec = ChildSpec(goal="find three sources")
+    async with await SqliteEventStore.open(tmp_path / "log.db") as store:
+        parent = Writer(store, "parent-root")
+        await parent.emit("parent-root", ev.RunStarted(goal="lead", plan_id="p"))
+        await parent.emit("dept", ev.TaskCreated(root_id="parent-root", capability="research"))
+        child = Writer(store, "child-root")
+        await child.emit(
+            "child-root",
+            ev.RunStarted(goal="g", plan_id="c", **lineage_of("parent-root", "dept", 1, spec)),
+        )
+        await child.emit("search", ev.TaskCreated(root_id="child-root", capability="search"))
+        spans = trace_spans(await store.read_all())
+    assert len({s.trace_id for s in spans}) == 1  # one trace, the parent's
+    by_id = {s.span_id: s for s in spans}
+    tops = [s for s in spans if s.parent_span_id is None]
+    assert [s.attributes["cardbus.root_id"] for s in tops] == ["parent-root"]
+    child_run = next(s for s in spans if s.attributes.get("cardbus.root_id") == "child-root")
+    assert child_run.parent_span_id == task_span_id("dept")
+    assert all(s.parent_span_id is None or s.parent_span_id in by_id for s in spans)
