@@ -14,6 +14,7 @@ from cardbus.bus.orchestrator.plan import as_plan, validate_plan
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import InvalidPlan
 from cardbus.eventstore.sqlite import SqliteEventStore
+from cardbus.projections import ProjectionRunner, Runs
 from cardbus.projections.replay import replay
 from cardbus.projections.traces import task_span_id, trace_spans
 
@@ -113,3 +114,23 @@ async def test_the_exported_trace_of_a_parent_and_its_child_is_one_tree(tmp_path
     child_run = next(s for s in spans if s.attributes.get("cardbus.root_id") == "child-root")
     assert child_run.parent_span_id == task_span_id("dept")
     assert all(s.parent_span_id is None or s.parent_span_id in by_id for s in spans)
+
+
+async def test_runs_lists_a_child_with_the_run_and_task_that_started_it(tmp_path: Path) -> None:
+    spec = ChildSpec(goal="find three sources")
+    async with await SqliteEventStore.open(tmp_path / "log.db") as store:
+        await Writer(store, "parent-root").emit(
+            "parent-root", ev.RunStarted(goal="lead", plan_id="p")
+        )
+        await Writer(store, "child-root").emit(
+            "child-root",
+            ev.RunStarted(goal="g", plan_id="c", **lineage_of("parent-root", "dept", 1, spec)),
+        )
+        with ProjectionRunner.open(store, str(tmp_path / "proj.db"), [Runs()]) as runner:
+            await runner.catch_up()
+            rows = {r["root_id"]: r for r in Runs().list(runner.conn)}
+    assert (rows["child-root"]["parent_root"], rows["child-root"]["parent_task"]) == (
+        "parent-root",
+        "dept",
+    )
+    assert (rows["parent-root"]["parent_root"], rows["parent-root"]["parent_task"]) == (None, None)
