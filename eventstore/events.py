@@ -40,6 +40,7 @@ __all__ = [
     "ApprovalGranted",
     "ApprovalRequested",
     "Candidate",
+    "ChildRunStarted",
     "ContextTrimmed",
     "Event",
     "InputProvided",
@@ -156,6 +157,9 @@ class TaskCreated(_Event, TaskOptions, frozen=True, kw_only=True, tag="task.crea
     # origin did not make is refused (``replay_diverged``) instead of going live
     origin: str | None = None
     replay_strict: bool = False
+    # a child-run task (``bus.orchestrator.children``): what it runs instead of a dispatch,
+    # the plan's ``child`` as given (``{"plan": {...}} | {"goal": "..."}``, ``parent_close``)
+    child: dict[str, Any] | None = None
 
 
 #: the largest resolved inputs a ``task.dispatched`` keeps inline (bytes of JSON)
@@ -183,6 +187,18 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     # deps whose output is absent: optional tasks that ended without completing; their
     # ``$dep`` placeholders were left out of the inputs sent (``bus.orchestrator.optional``)
     absent: list[str] = []
+
+
+class ChildRunStarted(_Event, frozen=True, kw_only=True, tag="task.child_started.v1"):
+    """An attempt of a child-run task started its child run (``bus.orchestrator.children``):
+    written with the child's ``run.started``, only if that was; the task is running until
+    the child ends. ``deadline``: the attempt's limit (its ``timeout_s`` from now), past
+    which the child is closed by its ``parent_close`` and the attempt times out."""
+
+    attempt: int
+    child_root: str
+    deadline: float = 0.0
+    parent_close: str = "terminate"
 
 
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
@@ -809,6 +825,7 @@ class BudgetRefused(_Event, frozen=True, kw_only=True, tag="budget.refused.v1"):
 EVENT_TYPES: tuple[type[_Event], ...] = (
     TaskCreated,
     TaskDispatched,
+    ChildRunStarted,
     TaskStarted,
     TaskRedelivered,
     TaskResultSubmitted,
@@ -859,6 +876,7 @@ TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
 Event = (
     TaskCreated
     | TaskDispatched
+    | ChildRunStarted
     | TaskStarted
     | TaskRedelivered
     | TaskResultSubmitted

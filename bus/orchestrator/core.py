@@ -40,6 +40,7 @@ from cardbus.bus.orchestrator.admission import Admission
 from cardbus.bus.orchestrator.approvals import answer_approval
 from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.cancel_notices import CancelNotices
+from cardbus.bus.orchestrator.child_runs import related_roots
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
@@ -936,6 +937,7 @@ class Orchestrator:
                 handled.append(item)
         # a completion decided just now lets its run go on in this same step
         dirty.update(self._root_of(t) for t in decider.d.completed)
+        dirty |= related_roots(self.state, dirty)  # a child's parent, a parent's children
         # runs that moved up from the queue (one ended, or a partition came)
         dirty |= self.admission.update(self.state, self.owns, force=_TICK in items)
         for root in dirty:

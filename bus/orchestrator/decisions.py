@@ -19,7 +19,7 @@ import msgspec
 from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import dep_path_problem, schema_errors
-from cardbus.bus.orchestrator import optional, planning
+from cardbus.bus.orchestrator import child_runs, optional, planning
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
 from cardbus.bus.orchestrator.cancel import run_not_completed
 from cardbus.bus.orchestrator.context import fit_card
@@ -448,6 +448,8 @@ class Decider:
     def advance(self, run: RunView) -> None:
         if run.finished is not None:
             return
+        if run.started.parent_root is not None:  # a child run: its parent_close (child_runs)
+            child_runs.close_orphaned(self, run)
         budget = run.started.budget_tokens
         if budget is not None and run.tokens > budget:
             self._halt(run, "budget_exceeded", f"{run.tokens} tokens used of {budget}")
@@ -507,6 +509,8 @@ class Decider:
                     # (validated when it was proposed), to review if the task has one
                     agent = task.proposed_agent or "approval"
                     self._deliver(task, agent, task.proposed_output, 0.0)
+                elif task.child_root:  # a child-run task: its child run works for it
+                    child_runs.follow(self, run, task)
                 elif task.attempt not in task.settled:
                     check_deadline(self, task)
             case _:
@@ -661,6 +665,9 @@ class Decider:
     def _dispatch(self, run: RunView, task: TaskView) -> None:
         if not self.dispatching:
             return  # left pending for whoever carries on
+        if task.created.child is not None:  # no agent: a run of its own (child_runs)
+            child_runs.start(self, run, task)
+            return
         attempt = task.attempt + 1
         card = self.card_for(task, attempt)
         c = task.created
@@ -704,7 +711,7 @@ class Decider:
                 )
                 return
             self._loop_here[(run.root_id, h)] += 1
-        if run.budget is not None and self.budgets is not None:
+        if self.budgets is not None and self.budgets.applies(run):
             # before the dispatch: a scope that has spent its cap dispatches nothing more
             agent = candidates[0].agent_id
             refusal = self.budgets.at_cap(run, task, agent)

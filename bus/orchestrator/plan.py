@@ -252,6 +252,7 @@ def validate_plan(
     """
     if not plan.tasks:
         raise InvalidPlan("plan has no tasks")
+    agents = list(agents) if agents is not None else None  # read by child tasks' checks too
     check_budgets(plan)
     _check_limits(plan)
     seen: set[str] = set()
@@ -273,11 +274,8 @@ def validate_plan(
             raise InvalidPlan(f"task {t.id!r}: optional must be true or false, got {t.optional!r}")
         task_retry(t, retry or RetryPolicy())
         _check_conflict_options(t)
-        if t.child is not None:
-            check_child(t.id, t.child)
-            # the spec is sound, but no orchestrator runs it yet: refused, not accepted
-            # and left to fail at dispatch (bus.orchestrator.children)
-            raise InvalidPlan(f"task {t.id!r}: child runs are not run by this orchestrator yet")
+        if t.child is not None:  # its capability is a label: no agent takes it
+            check_child(t.id, t.child, agents, t.goal)
     earlier: set[str] = set()
     in_order = True  # each task's deps are tasks before it: that order has no cycle
     for t in plan.tasks:
@@ -299,6 +297,8 @@ def validate_plan(
     by_id = {c.agent_id: c for c in cards}
     offers = _Offers(cards)
     for t in plan.tasks:
+        if t.child is not None:  # checked with its sub-plan's agents above
+            continue
         for cap in filter(None, [t.capability, t.review_by]):
             if not offers.of(cap):
                 raise InvalidPlan(f"task {t.id!r}: no registered agent offers capability {cap!r}")
@@ -553,4 +553,5 @@ def task_created(
         # retry settings are logged as given (`retry`, over Policy.retry)
         max_attempts=task_retry(task, retry).max_attempts,
         plan_id=task.id,
+        child=msgspec.to_builtins(task.child) if task.child is not None else None,
     )

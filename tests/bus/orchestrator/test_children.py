@@ -52,11 +52,22 @@ def test_a_misspelt_child_field_is_refused() -> None:
         as_plan(_plan({"goal": "g", "parent_clos": "abandon"}))
 
 
-def test_a_sound_child_is_refused_until_an_orchestrator_runs_it() -> None:
+def test_a_sound_child_is_accepted_with_its_plan() -> None:
     for child in ({"goal": "find three sources"}, {"plan": SUB_PLAN, "parent_close": "abandon"}):
         check_child("dept", as_plan(_plan(child)).tasks[0].child or ChildSpec())
-        with pytest.raises(InvalidPlan, match="not run by this orchestrator yet"):
-            validate_plan(as_plan(_plan(child)))
+        validate_plan(as_plan(_plan(child)))
+
+
+def test_a_child_plan_needs_its_agents_when_the_plan_is_checked_against_them() -> None:
+    from cardbus.agents.cards import AgentCard, CapabilitySpec
+
+    cards = [AgentCard(agent_id="s", name="s", capabilities=[CapabilitySpec(name="search")])]
+    validate_plan(as_plan(_plan({"plan": SUB_PLAN})), cards)  # the label 'research' is none's
+    with pytest.raises(InvalidPlan, match="child plan: task 'x': no registered agent offers"):
+        other = {"goal": "g", "tasks": [{"id": "x", "capability": "translate"}]}
+        validate_plan(as_plan(_plan({"plan": other})), cards)
+    with pytest.raises(InvalidPlan, match="child plan: a plan without tasks needs a planner"):
+        validate_plan(as_plan(_plan({"goal": "find three sources"})), cards)
 
 
 async def test_lineage_rides_on_the_childs_run_started(tmp_path: Path) -> None:

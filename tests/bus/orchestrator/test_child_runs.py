@@ -1,0 +1,241 @@
+"""Child runs, run by the orchestrator (issue 32 item 4): a plan task runs a sub-plan as a
+run of its own on the same log; the parent's cancel and deadline reach the child; the
+child's end settles the parent task.
+
+Real parts: the orchestrator, the in-process bus and agent workers on a SQLite file.
+Nothing waits on a clock but the deadline test, whose deadline is the thing tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+from orchkit import CARDS, Runtime, TextOut, ev, is_, make_agent, run_log, tid, wait_for
+
+from cardbus.bus.orchestrator import Plan, PlanTask
+from cardbus.bus.orchestrator.cancel import cancel_run
+from cardbus.bus.orchestrator.child_runs import child_root_id
+from cardbus.bus.orchestrator.children import ChildSpec
+
+
+def _lead(child: dict[str, Any], **kw: Any) -> Plan:
+    """A lead's plan: ``brief`` (echo), then ``dept`` (a child run reading the brief),
+    then ``report`` (echo of the department's findings)."""
+    return Plan(
+        goal="lead",
+        tasks=[
+            PlanTask(id="brief", capability="echo", inputs={"text": "tides"}),
+            PlanTask(
+                id="dept",
+                capability="department",
+                deps=["brief"],
+                inputs={"topic": {"$dep": "brief", "path": "text"}},
+                child=msgspec.convert(child, ChildSpec),
+                timeout_s=kw.pop("timeout_s", 30.0),
+            ),
+            PlanTask(
+                id="report",
+                capability="echo",
+                deps=["dept"],
+                inputs={"text": {"$dep": "dept", "path": "find.text"}},
+            ),
+        ],
+        **kw,
+    )
+
+
+def _research(capability: str = "echo") -> dict[str, Any]:
+    return {
+        "plan": {
+            "goal": "research",
+            "tasks": [
+                {"id": "find", "capability": capability, "inputs": {"text": {"$parent": "topic"}}}
+            ],
+        }
+    }
+
+
+async def _child_of(store: Any, parent_task: str, attempt: int = 1) -> str:
+    started = await wait_for(store, is_(ev.ChildRunStarted, parent_task))
+    assert started.data.attempt == attempt
+    return str(started.data.child_root)
+
+
+async def test_a_child_run_completes_and_its_outputs_feed_the_parent(make_runtime, store):
+    rt: Runtime = await make_runtime([make_agent("echo", "echo")])
+    result = await rt.run(_lead(_research()))
+    assert result.status == "completed", result.detail
+    root = result.root_id
+    dept = tid(root, "dept")
+    child_root = child_root_id(dept, 1)
+    # the department's output is its child run's outputs, by its plan task ids
+    assert result.outputs["dept"] == {"find": {"text": "tides"}}
+    assert result.outputs["report"] == {"text": "tides"}
+    log = await run_log(store, root)
+    assert log.tags(dept) == ["created", "child_started", "completed"]
+    child = await run_log(store, child_root)
+    (started,) = child.of(ev.RunStarted, child_root)
+    assert (started.parent_root, started.parent_task, started.parent_attempt) == (root, dept, 1)
+    assert child.of(ev.RunCompleted, child_root)[0].outputs == {"find": {"text": "tides"}}
+    # the child's task read the parent task's input through $parent
+    assert [c.inputs for c in CARDS["echo"] if c.task_id == tid(child_root, "find")] == [
+        {"text": "tides"}
+    ]
+    # the parent's child_started was written after (never before) the child's run.started
+    parent_started = log.first(ev.ChildRunStarted, dept)
+    assert child.first(ev.RunStarted, child_root).position < parent_started.position
+
+
+async def test_cancelling_the_parent_cancels_the_child(make_runtime, store):
+    gate = asyncio.Event()
+    running = asyncio.Event()
+
+    async def _waits(card, inputs, ctx):  # type: ignore[no-untyped-def]
+        running.set()
+        await gate.wait()
+        return TextOut(text="late")
+
+    rt: Runtime = await make_runtime(
+        [make_agent("echo", "echo"), make_agent("slow", "slow", _waits)]
+    )
+    root = await rt.orch.submit(_lead(_research("slow")))
+    child_root = await _child_of(store, tid(root, "dept"))
+    await asyncio.wait_for(running.wait(), 10)  # the child's task is in its handler
+    assert await cancel_run(store, root, by="ops", reason="cancelled_by_user") == [
+        tid(root, "dept"),
+        tid(root, "report"),
+    ]
+    parent = await rt.orch.wait(root, timeout=10)
+    child = await rt.orch.wait(child_root, timeout=10)
+    gate.set()
+    assert parent.status == "cancelled"
+    assert child.status == "cancelled", child.detail
+    log = await run_log(store, child_root)
+    (cancel,) = log.of(ev.TaskCancelled, tid(child_root, "find"))
+    assert cancel.reason == "parent_closed" and cancel.whole_run
+    assert f"parent task {tid(root, 'dept')}" in cancel.note and "terminate" in cancel.note
+    # the handler still running was told to stop (a late result is ignored, not recorded)
+    assert not log.of(ev.TaskCompleted)
+
+
+async def test_abandon_leaves_the_child_running_after_the_parent_is_cancelled(make_runtime, store):
+    gate = asyncio.Event()
+
+    async def _waits(card, inputs, ctx):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return TextOut(text="done anyway")
+
+    rt: Runtime = await make_runtime(
+        [make_agent("echo", "echo"), make_agent("slow", "slow", _waits)]
+    )
+    root = await rt.orch.submit(_lead({**_research("slow"), "parent_close": "abandon"}))
+    child_root = await _child_of(store, tid(root, "dept"))
+    await wait_for(store, is_(ev.TaskDispatched, tid(child_root, "find")))
+    await cancel_run(store, root, by="ops")
+    assert (await rt.orch.wait(root, timeout=10)).status == "cancelled"
+    gate.set()
+    child = await rt.orch.wait(child_root, timeout=10)
+    assert child.status == "completed" and child.outputs == {"find": {"text": "done anyway"}}
+
+
+async def test_the_parent_tasks_deadline_closes_the_child_and_the_attempt_is_retried(
+    make_runtime, store
+):
+    gate = asyncio.Event()
+    calls: list[str] = []
+
+    async def _first_hangs(card, inputs, ctx):  # type: ignore[no-untyped-def]
+        calls.append(card.task_id)
+        if len(calls) == 1:
+            await gate.wait()
+        return TextOut(text=f"try {len(calls)}")
+
+    rt: Runtime = await make_runtime(
+        [make_agent("echo", "echo"), make_agent("slow", "slow", _first_hangs)]
+    )
+    result = await rt.run(_lead(_research("slow"), timeout_s=0.5), timeout=20)
+    gate.set()
+    assert result.status == "completed", result.detail
+    dept = tid(result.root_id, "dept")
+    first, second = child_root_id(dept, 1), child_root_id(dept, 2)
+    log = await run_log(store, result.root_id)
+    assert log.tags(dept) == [
+        "created",
+        "child_started",
+        "timed_out",
+        "retry_scheduled",
+        "child_started",
+        "completed",
+    ]
+    assert result.outputs["dept"] == {"find": {"text": "try 2"}}
+    assert (await rt.orch.wait(first, timeout=10)).status == "cancelled"  # closed: terminate
+    assert (await rt.orch.wait(second, timeout=10)).status == "completed"
+
+
+async def test_a_failed_child_fails_the_parent_task_attempt(make_runtime, store):
+    def _fails(card, inputs, ctx):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no sources found")
+
+    rt: Runtime = await make_runtime([make_agent("echo", "echo"), make_agent("bad", "bad", _fails)])
+    lead = _lead(_research("bad"))
+    lead = Plan(
+        goal=lead.goal,
+        tasks=[
+            lead.tasks[0],
+            PlanTask(**{**_fields(lead.tasks[1]), "max_attempts": 1}),
+            lead.tasks[2],
+        ],
+    )
+    result = await rt.run(lead, timeout=20)
+    assert result.status == "failed"
+    dept = tid(result.root_id, "dept")
+    log = await run_log(store, result.root_id)
+    (failed,) = log.of(ev.TaskFailed, dept)
+    assert failed.reason == "child_run_failed"
+    assert child_root_id(dept, 1) in failed.error and "find" in failed.error
+
+
+def _fields(t: PlanTask) -> dict[str, Any]:
+    return {f: getattr(t, f) for f in t.__struct_fields__}
+
+
+@pytest.mark.parametrize("policy", ["terminate", "request_cancel"])
+async def test_request_cancel_lets_the_attempt_in_flight_finish(make_runtime, store, policy):
+    gate = asyncio.Event()
+
+    async def _waits(card, inputs, ctx):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return TextOut(text="finished")
+
+    rt: Runtime = await make_runtime(
+        [make_agent("echo", "echo"), make_agent("slow", "slow", _waits)]
+    )
+    sub = {
+        "plan": {
+            "goal": "research",
+            "tasks": [
+                {"id": "find", "capability": "slow", "inputs": {"text": "x"}},
+                {"id": "after", "capability": "echo", "deps": ["find"], "inputs": {"text": "y"}},
+            ],
+        },
+        "parent_close": policy,
+    }
+    root = await rt.orch.submit(_lead(sub))
+    child_root = await _child_of(store, tid(root, "dept"))
+    await wait_for(store, is_(ev.TaskStarted, tid(child_root, "find")))
+    await cancel_run(store, root, by="ops")
+    after = await wait_for(store, is_(ev.TaskCancelled, tid(child_root, "after")))
+    assert after.data.reason == "parent_closed"
+    gate.set()
+    child = await rt.orch.wait(child_root, timeout=10)
+    assert child.status == "cancelled"
+    log = await run_log(store, child_root)
+    find = tid(child_root, "find")
+    if policy == "terminate":  # cancelled at once; its late result is recorded, ignored
+        assert "cancelled" in log.tags(find) and "completed" not in log.tags(find)
+    else:  # the attempt in flight finished; nothing after it ran
+        assert log.tags(find)[-1] == "completed"
+    assert not log.of(ev.TaskDispatched, tid(child_root, "after"))  # never ran
