@@ -73,6 +73,7 @@ from cardbus.projections import (
     run_duration,
 )
 from cardbus.projections.diff import diff_runs
+from cardbus.projections.lineage import read_tree
 from cardbus.projections.pricing import Money, PriceTable
 from cardbus.projections.replay_html import render_html
 from cardbus.projections.spend import priced
@@ -287,7 +288,7 @@ class Console:
         root = await resolve_id(self.store, text)
         own = await self.store.read_stream(root)
         root = own[0].correlation_id if own else root
-        events = await self.store.read_correlation(root)
+        events = await read_tree(self.store, root)  # with its child runs: one tree
         if not events:
             raise StreamNotFound(root)
         agents = {e.data.agent_id for e in events if isinstance(e.data, ev.TaskDispatched)}

@@ -239,3 +239,93 @@ async def test_request_cancel_lets_the_attempt_in_flight_finish(make_runtime, st
     else:  # the attempt in flight finished; nothing after it ran
         assert log.tags(find)[-1] == "completed"
     assert not log.of(ev.TaskDispatched, tid(child_root, "after"))  # never ran
+
+
+def _run_lead(db: Any) -> str:
+    """A completed lead run with its department's child run, on a SQLite file."""
+    from cardbus.eventstore.sqlite import SqliteEventStore
+
+    async def go() -> str:
+        async with await SqliteEventStore.open(db, poll_interval=0.01) as store:
+            rt = await Runtime(store, [make_agent("echo", "echo")]).start()
+            try:
+                result = await rt.run(_lead(_research()))
+            finally:
+                await rt.stop()
+            assert result.status == "completed", result.detail
+            return result.root_id
+
+    return asyncio.run(go())
+
+
+def test_replay_of_the_parent_shows_the_childs_tasks_beneath_the_task_that_started_it(
+    tmp_path: Any,
+) -> None:
+    from click.testing import CliRunner
+
+    from cardbus.tools.cli import cli
+
+    db = tmp_path / "log.db"
+    root = _run_lead(db)
+    dept = tid(root, "dept")
+    child_root = child_root_id(dept, 1)
+    out = CliRunner().invoke(cli, ["replay", root, "--db", str(db)], terminal_width=400)
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    at = next(i for i, line in enumerate(lines) if f"department {dept}" in line)
+    assert "attempts 1" in lines[at]
+    below = lines[at + 1 : next(i for i, ln in enumerate(lines) if f"report-{root[-12:]}" in ln)]
+    # the child's run events among the task's steps, its task a node beneath the task
+    assert any(f"child run {child_root}" in line for line in below)
+    assert any("run.started" in line and f"child of {root}, task {dept}" in line for line in below)
+    assert any(line.startswith("│   └── echo find-") for line in below)
+
+    async def walk() -> list[tuple[int, str]]:
+        from cardbus.eventstore.sqlite import SqliteEventStore
+        from cardbus.projections.replay import replay
+
+        async with await SqliteEventStore.open(db) as store:
+            return [(d, n.task_id) for d, n in (await replay(store, root)).walk()]
+
+    assert (1, tid(child_root, "find")) in asyncio.run(walk())
+    assert (0, dept) in asyncio.run(walk())
+
+
+def test_the_exported_trace_of_the_parent_is_one_tree_with_the_child_under_its_task(
+    tmp_path: Any,
+) -> None:
+    from cardbus.eventstore.sqlite import SqliteEventStore
+    from cardbus.projections.traces import task_span_id
+    from cardbus.tools.cmd_export import collect_spans
+
+    db = tmp_path / "log.db"
+    root = _run_lead(db)
+    dept = tid(root, "dept")
+    child_root = child_root_id(dept, 1)
+
+    async def spans() -> list[Any]:
+        async with await SqliteEventStore.open(db) as store:
+            return await collect_spans(store, root)  # what `cardbus export <root>` sends
+
+    found = asyncio.run(spans())
+    by_id = {s.span_id: s for s in found}
+    assert len({s.trace_id for s in found}) == 1  # one trace
+    tops = [s for s in found if s.parent_span_id is None]
+    assert len(tops) == 1 and tops[0].attributes["cardbus.root_id"] == root  # one root span
+    assert all(s.parent_span_id is None or s.parent_span_id in by_id for s in found)
+    child_run = next(
+        s
+        for s in found
+        if s.attributes.get("cardbus.root_id") == child_root and s.parent_span_id == task_span_id(dept)
+    )
+    find = next(s for s in found if s.span_id == task_span_id(tid(child_root, "find")))
+
+    def ancestors(span: Any) -> list[int]:
+        out = []
+        while span.parent_span_id is not None:
+            out.append(span.parent_span_id)
+            span = by_id[span.parent_span_id]
+        return out
+
+    # the child's task span descends from the child's run span, under the parent's task
+    assert child_run.span_id in ancestors(find) and task_span_id(dept) in ancestors(find)
