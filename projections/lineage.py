@@ -10,12 +10,13 @@ run below it, in log order; :func:`child_roots` finds the children in a run's ev
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.store import EventStore
 
-__all__ = ["MAX_TREE_RUNS", "child_roots", "read_tree"]
+__all__ = ["MAX_TREE_RUNS", "child_roots", "read_tree", "tree_order"]
 
 #: the most runs one tree is read with (a runaway of children is cut there, not followed)
 MAX_TREE_RUNS = 1000
@@ -45,3 +46,33 @@ async def read_tree(store: EventStore, root_id: str) -> list[Envelope]:
         todo.extend(child_roots(more))
     events.sort(key=lambda e: e.position)
     return events
+
+
+def tree_order(rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """Rows of runs (``proj_runs``: ``root_id``, ``parent_root``) as a tree: each child
+    right after its parent (when its parent is among the rows), with its depth; the
+    rows' own order otherwise."""
+    by_root = {r["root_id"]: r for r in rows}
+    below: dict[str, list[dict[str, Any]]] = {}
+    tops: list[dict[str, Any]] = []
+    for r in rows:
+        parent = r.get("parent_root")
+        if parent is not None and parent in by_root and parent != r["root_id"]:
+            below.setdefault(parent, []).append(r)
+        else:
+            tops.append(r)
+    out: list[tuple[int, dict[str, Any]]] = []
+    seen: set[str] = set()
+
+    def visit(r: dict[str, Any], depth: int) -> None:
+        if r["root_id"] in seen:  # a cycle is bad data: each row once
+            return
+        seen.add(r["root_id"])
+        out.append((depth, r))
+        for c in sorted(below.get(r["root_id"], []), key=lambda c: c.get("started_at") or 0):
+            visit(c, depth + 1)
+
+    for r in tops:
+        visit(r, 0)
+    out.extend((0, r) for r in rows if r["root_id"] not in seen)
+    return out

@@ -109,7 +109,7 @@ def test_the_parents_budget_cap_stops_the_childs_model_calls(
     tmp_path: Path, stub: OpenAIStub
 ) -> None:
     stub.usage = {"prompt_tokens": 20, "completion_tokens": 430, "total_tokens": 450}
-    root, (parent, child), events = asyncio.run(_run(tmp_path / "log.db", _lead(700, 3), stub))
+    _, (parent, child), events = asyncio.run(_run(tmp_path / "log.db", _lead(700, 3), stub))
     assert len(stub.requests) == 1  # the child's other two calls were never sent
     refused = [e.data for e in events if isinstance(e.data, ev.BudgetRefused)]
     assert len(refused) == 2

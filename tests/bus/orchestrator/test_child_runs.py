@@ -316,7 +316,8 @@ def test_the_exported_trace_of_the_parent_is_one_tree_with_the_child_under_its_t
     child_run = next(
         s
         for s in found
-        if s.attributes.get("cardbus.root_id") == child_root and s.parent_span_id == task_span_id(dept)
+        if s.attributes.get("cardbus.root_id") == child_root
+        and s.parent_span_id == task_span_id(dept)
     )
     find = next(s for s in found if s.span_id == task_span_id(tid(child_root, "find")))
 
@@ -329,3 +330,27 @@ def test_the_exported_trace_of_the_parent_is_one_tree_with_the_child_under_its_t
 
     # the child's task span descends from the child's run span, under the parent's task
     assert child_run.span_id in ancestors(find) and task_span_id(dept) in ancestors(find)
+
+
+def test_runs_lists_the_child_beneath_its_parent_with_the_trees_tokens(tmp_path: Any) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from cardbus.tools.cli import cli
+
+    db = tmp_path / "log.db"
+    root = _run_lead(db)
+    child_root = child_root_id(tid(root, "dept"), 1)
+    out = CliRunner().invoke(cli, ["runs", "--db", str(db)], terminal_width=400)
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    parent_at = lines.index(root)  # each run a record: its root, then its fields indented
+    after_parent = [line for line in lines[parent_at + 1 :] if not line.startswith(" ")]
+    assert after_parent[0] == f"└ {child_root}"  # the child right beneath its parent
+    rows = json.loads(
+        CliRunner().invoke(cli, ["runs", "--db", str(db), "--json"], terminal_width=400).output
+    )
+    by_root = {r["root_id"]: r for r in rows}
+    assert by_root[child_root]["parent_root"] == root
+    assert by_root[root]["tree_tokens"] == by_root[root]["tokens"] + by_root[child_root]["tokens"]
