@@ -123,10 +123,10 @@ def runs(
             status_text += f": {r['reason']}"
         if r.get("degraded"):  # completed without these optional tasks' outputs
             status_text += f" ({', '.join(r['degraded'])})"
-        tokens, cost = f"{r['tokens']:,}", r["cost"]["text"]
+        tokens_text, cost_text = f"{r['tokens']:,}", r["cost"]["text"]
         if r["tree_tokens"] != r["tokens"] or r["tree_cost"] != r["cost"]:  # with its children
-            tokens = f"{r['tree_tokens']:,} with child runs ({tokens} own)"
-            cost = f"{r['tree_cost']['text']} with child runs"
+            tokens_text = f"{r['tree_tokens']:,} with child runs ({tokens_text} own)"
+            cost_text = f"{r['tree_cost']['text']} with child runs"
         table.add_row(
             "  " * (depth - 1) + "└ " + r["root_id"] if depth else r["root_id"],
             status_text,
@@ -135,8 +135,8 @@ def runs(
             fmt_time(r["started_at"])[:19],
             fmt_duration(r["duration_s"]) + ("" if r["ended_at"] is not None else " so far"),
             tasks,
-            tokens,
-            cost,
+            tokens_text,
+            cost_text,
         )
     print_rich(table)
     say_unpriced(r["model"] for r in spent if r["model"] and row_cost(r, prices) is None)
