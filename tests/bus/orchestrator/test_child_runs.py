@@ -354,3 +354,35 @@ def test_runs_lists_the_child_beneath_its_parent_with_the_trees_tokens(tmp_path:
     by_root = {r["root_id"]: r for r in rows}
     assert by_root[child_root]["parent_root"] == root
     assert by_root[root]["tree_tokens"] == by_root[root]["tokens"] + by_root[child_root]["tokens"]
+
+
+@pytest.mark.parametrize("how", ["fork", "rerun"])
+async def test_a_fork_or_rerun_of_the_parent_reuses_its_completed_child(make_runtime, store, how):
+    from cardbus.bus.orchestrator.forks import check_agents, write_run
+    from cardbus.eventstore import new_id
+    from cardbus.projections.fork import plan_fork
+    from cardbus.projections.rerun import plan_rerun
+
+    rt: Runtime = await make_runtime([make_agent("echo", "echo")])
+    first = await rt.run(_lead(_research()))
+    assert first.status == "completed", first.detail
+    events = await store.read_correlation(first.root_id)
+    if how == "fork":  # at the run's last event: every completed task is reused
+        made: Any = plan_fork(events, events[-1].event_id, new_id())
+    else:  # offline: every task runs again from the journal, but a completed child's
+        made = plan_rerun(events, new_id())
+    check_agents(made.streams, list(rt.orch.state.agents.values()))
+    await write_run(store, made.streams, made.root_id, events[-1].event_id, "test")
+    again = await rt.orch.wait(made.root_id, timeout=10)
+    assert again.status == "completed", again.detail
+    assert again.outputs["dept"] == first.outputs["dept"]
+    log = await run_log(store, made.root_id)
+    dept = tid(made.root_id, "dept")
+    assert not log.of(ev.ChildRunStarted)  # no new child run: the completed one is reused
+    assert log.of(ev.TaskCompleted, dept)[0].reused_from is not None
+    children = [
+        e
+        for e in await store.read_all()
+        if isinstance(e.data, ev.RunStarted) and e.data.parent_root
+    ]
+    assert len(children) == 1  # the first run's child, alone
