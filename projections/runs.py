@@ -274,6 +274,11 @@ class Runs(Projection):
             args.append(agent)
         return (" WHERE " + " AND ".join(where)) if where else "", args
 
+    def children(self, conn: sqlite3.Connection, root_id: str) -> list[Row]:
+        """The child runs the tasks of run ``root_id`` started, oldest first."""
+        sql = f"SELECT {self._COLUMNS} FROM proj_runs WHERE parent_root = ? ORDER BY started_at"
+        return [_decode(r) for r in self.query(conn, sql, (root_id,))]
+
     def get(self, conn: sqlite3.Connection, root_id: str) -> Row | None:
         sql = f"SELECT {self._COLUMNS} FROM proj_runs WHERE root_id = ?"
         rows = self.query(conn, sql, (root_id,))

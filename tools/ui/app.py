@@ -233,6 +233,8 @@ class Console:
         return {
             "run": row,
             "root_id": root,
+            # the tree: the child runs its tasks started (a child's parent is in ``run``)
+            "children": Runs().children(runner.conn, root),
             **self._costs(runner, root),
             "timeline": timeline,
             "tasks": tasks,
