@@ -274,7 +274,7 @@ class Runs(Projection):
             args.append(agent)
         return (" WHERE " + " AND ".join(where)) if where else "", args
 
-    def children(self, conn: sqlite3.Connection, root_id: str) -> list[Row]:
+    def children(self, conn: sqlite3.Connection, root_id: str) -> builtins.list[Row]:
         """The child runs the tasks of run ``root_id`` started, oldest first."""
         sql = f"SELECT {self._COLUMNS} FROM proj_runs WHERE parent_root = ? ORDER BY started_at"
         return [_decode(r) for r in self.query(conn, sql, (root_id,))]
