@@ -386,3 +386,44 @@ async def test_a_fork_or_rerun_of_the_parent_reuses_its_completed_child(make_run
         if isinstance(e.data, ev.RunStarted) and e.data.parent_root
     ]
     assert len(children) == 1  # the first run's child, alone
+
+
+def test_a_sub_goal_is_planned_by_the_childs_planner(tmp_path: Any) -> None:
+    """A child given a goal alone: its own planning task splits it (the demo's rule
+    planner), and the parent task gets the planned tasks' outputs."""
+    from cardbus.agents.demo import DEMO_AGENTS
+    from cardbus.bus.runtime.embedded import EmbeddedRuntime
+    from cardbus.eventstore.sqlite import SqliteEventStore
+
+    lead = {
+        "goal": "lead",
+        "tasks": [
+            {
+                "id": "dept",
+                "capability": "department",
+                "timeout_s": 60,
+                "inputs": {"audience": "students"},
+                "child": {"goal": "Write a short report on ocean tides"},
+            }
+        ],
+    }
+
+    async def go() -> tuple[Any, Any, Any]:
+        async with (
+            await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+            EmbeddedRuntime(store, DEMO_AGENTS) as rt,
+        ):
+            root = await rt.orchestrator.submit(lead)
+            parent = await rt.orchestrator.wait(root, timeout=60)
+            child_root = child_root_id(f"dept-{root[-12:]}", 1)
+            child = await rt.orchestrator.wait(child_root, timeout=60)
+            return parent, child, await store.read_correlation(child_root)
+
+    parent, child, events = asyncio.run(go())
+    assert child.status == "completed", child.detail
+    assert parent.status == "completed", parent.detail
+    started = next(e.data for e in events if isinstance(e.data, ev.RunStarted))
+    assert started.planning is not None and "ocean tides" in started.goal
+    assert '"audience":"students"' in started.goal  # the parent task's inputs, after the words
+    assert any(isinstance(e.data, ev.PlanAccepted) for e in events)
+    assert parent.outputs["dept"] == child.outputs and child.outputs
