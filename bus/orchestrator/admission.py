@@ -42,7 +42,8 @@ class Admission:
         owned = [r for r in state.open.values() if owns is None or owns(r.root_id)]
         # a child run goes in with its parent, never behind the queue its parent waited
         # in (the parent's task waits for it: queued, both would wait for ever)
-        children = {r.root_id for r in owned if r.started.parent_root is not None}
+        # (a parent in this log: a remote caller's lineage buys no place ahead of the queue)
+        children = {r.root_id for r in owned if r.started.parent_root in state.runs}
         owned = [r for r in owned if r.root_id not in children]
         if self.limit is not None and len(owned) > self.limit:
             owned.sort(key=lambda r: r.position)  # the log's order, whoever folded it first

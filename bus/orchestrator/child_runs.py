@@ -118,6 +118,7 @@ def _creation(
         started.agents,  # the parent's agents: a department works with what the run has
         started.agent_paths,
         d.event_limit,
+        lineage_of(run.root_id, task.task_id, attempt, spec),
     )
     first = creation[0][1]
     assert isinstance(first, ev.RunStarted)
@@ -125,7 +126,6 @@ def _creation(
         first,
         user=first.user or started.user,  # whose memory: the parent's unless it says
         tenant=first.tenant or started.tenant,
-        **lineage_of(run.root_id, task.task_id, attempt, spec),
     )
     return [(child_root, child_started), *creation[1:]]
 

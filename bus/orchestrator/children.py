@@ -35,6 +35,7 @@ __all__ = [
     "check_child",
     "child_plan",
     "lineage_of",
+    "remote_lineage",
     "with_parent_inputs",
 ]
 
@@ -158,4 +159,27 @@ def lineage_of(parent_root: str, task_id: str, attempt: int, spec: ChildSpec) ->
             parent_attempt=attempt,
             parent_close=spec.parent_close,
         )
+    )
+
+
+def remote_lineage(meta: Any) -> dict[str, Any] | None:
+    """The lineage of a run an A2A caller's task starts, from the message's
+    ``metadata.cardbus`` (``task_id``, ``attempt``, ``root_id``: what a cardbus caller's
+    remote agent sends, ``bus.a2a.remote``); None when it names no task. ``InvalidPlan``
+    for one that names a task badly. The parent is in the caller's log, not this one:
+    its cancel reaches this run as an A2A cancel, its budget not at all."""
+    from cardbus.eventstore.batch import MAX_ID_CHARS
+
+    if not isinstance(meta, Mapping) or meta.get("task_id") is None:
+        return None
+    task, root, attempt = meta.get("task_id"), meta.get("root_id"), meta.get("attempt", 1)
+    for name, value in (("task_id", task), ("root_id", root)):
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+            raise InvalidPlan(f"metadata.cardbus.{name} must be 1 to {MAX_ID_CHARS} chars")
+    if isinstance(attempt, float) and attempt.is_integer():
+        attempt = int(attempt)  # JSON numbers come back from protobuf's Struct as floats
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        raise InvalidPlan(f"metadata.cardbus.attempt must be an int >= 1, got {attempt!r}")
+    return msgspec.structs.asdict(
+        Lineage(parent_root=str(root), parent_task=str(task), parent_attempt=attempt)
     )

@@ -509,6 +509,7 @@ class Orchestrator:
         agents: Iterable[str] = (),
         agent_paths: Iterable[str] = (),
         actor: str | None = None,
+        lineage: Mapping[str, Any] | None = None,
     ) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
@@ -517,6 +518,8 @@ class Orchestrator:
         ``run.started`` for ``cardbus fork`` and ``cardbus rerun``. ``actor``: who asked
         for the run (an operator of the console), the actor of its creation events
         (``plan.submitted``, ``run.started``, ``task.created``); default the policy's.
+        ``lineage``: the task of another log whose child this run is (``run.started``'s
+        ``parent_*`` fields: a remote department's run, ``bus.a2a.server``).
 
         The same plan id runs once.
         """
@@ -537,7 +540,7 @@ class Orchestrator:
         self.tracing.start_run(root_id, plan_id, plan.goal)
         # bus.orchestrator.submission: refused before anything is written, not half-way
         creates = run_creation(
-            plan, plan_id, root_id, self.policy, agents, agent_paths, self._event_limit
+            plan, plan_id, root_id, self.policy, agents, agent_paths, self._event_limit, lineage
         )
         if fresh:
             claim = (
