@@ -108,3 +108,28 @@ async def test_cancelling_the_parent_cancels_the_remote_run(
         )
     (ended,) = [e.data for e in remote if isinstance(e.data, ev.RunFailed)]
     assert ended.cancelled, ended
+
+
+async def test_the_two_logs_export_one_trace(server: ServeProcess, tmp_path: Path) -> None:
+    """Each log exported on its own (`cardbus export`): the remote run's spans carry the
+    caller's trace id and its run span sits under the caller's task span, so a tracing
+    backend that gets both shows one tree (ids are derived from the log's ids)."""
+    from cardbus.projections.traces import task_span_id, trace_spans
+
+    Remote = await remote_a2a_agent("a2a+" + server.url)
+    async with (
+        await SqliteEventStore.open(tmp_path / "local.db") as store,
+        EmbeddedRuntime(store, [Remote]) as rt,
+    ):
+        result = await rt.run(_lead(0.0), timeout=60)
+        local = trace_spans(await store.read_all())
+    remote = trace_spans(await _remote_runs(server.db))
+    assert result.status == "completed", result.detail
+    assert len({s.trace_id for s in local + remote}) == 1
+    ids = {s.span_id for s in local}
+    dept = task_span_id(f"dept-{result.root_id[-12:]}")
+    assert dept in ids
+    (run_span,) = [s for s in remote if s.parent_span_id == dept]
+    assert run_span.attributes["cardbus.root_id"] != result.root_id  # the remote run's own
+    remote_ids = {s.span_id for s in remote}
+    assert all(s.parent_span_id in remote_ids | {dept} for s in remote if s is not run_span)

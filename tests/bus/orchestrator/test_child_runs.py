@@ -427,3 +427,46 @@ def test_a_sub_goal_is_planned_by_the_childs_planner(tmp_path: Any) -> None:
     assert '"audience":"students"' in started.goal  # the parent task's inputs, after the words
     assert any(isinstance(e.data, ev.PlanAccepted) for e in events)
     assert parent.outputs["dept"] == child.outputs and child.outputs
+
+
+async def test_a_restart_resumes_the_parent_and_its_child_from_the_snapshot(store, db_path):
+    """The orchestrator stops (its snapshot saved) while the child waits for approval; a
+    new one resumes both from the snapshot and the log: the approval completes the child,
+    then the parent."""
+    from cardbus.bus.orchestrator import answer_approval
+
+    gated = {
+        "plan": {
+            "goal": "research",
+            "tasks": [
+                {
+                    "id": "gate",
+                    "capability": "echo",
+                    "inputs": {"text": "g"},
+                    "requires_approval": True,
+                },
+                {
+                    "id": "find",
+                    "capability": "echo",
+                    "deps": ["gate"],
+                    "inputs": {"text": {"$parent": "topic"}},
+                },
+            ],
+        }
+    }
+    first = await Runtime(store, [make_agent("echo", "echo")]).start()
+    root = await first.orch.submit(_lead(gated))
+    asked = await wait_for(store, is_(ev.ApprovalRequested))
+    await first.stop()
+    assert db_path.with_suffix(".db.snap").exists()
+    second = await Runtime(store, [make_agent("echo", "echo")]).start()
+    try:
+        assert second.orch.snapshot_position > 0  # resumed from the snapshot
+        child_root = child_root_id(tid(root, "dept"), 1)
+        assert second.orch.state.tasks[tid(root, "dept")].child_root == child_root
+        await answer_approval(store, asked.stream, True, by="ops")
+        result = await second.orch.wait(root, timeout=10)
+    finally:
+        await second.stop()
+    assert result.status == "completed", result.detail
+    assert result.outputs["dept"]["find"] == {"text": "tides"}
