@@ -34,7 +34,7 @@ of the child is checked against them (``Budgets``, scopes ``parent:<scope>``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -55,11 +55,28 @@ S = TaskState
 _IN_FLIGHT = (S.DISPATCHED, S.RUNNING)
 
 
-def child_root_id(task_id: str, attempt: int) -> str:
+def child_root_id(
+    task_id: str,
+    attempt: int,
+    parent_root: str = "",
+    place: Callable[[str], int] | None = None,
+) -> str:
     """The root id of the child run of ``task_id``'s ``attempt``: the same whoever decides
-    it, so a decision made again names the child the first one wrote (UUID-shaped)."""
-    h = hashlib.sha256(f"child-run\0{task_id}\0{attempt}".encode()).hexdigest()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+    it, so a decision made again names the child the first one wrote (UUID-shaped).
+
+    ``place`` (members sharing the runs by partitions: a root's partition): the first
+    id drawn whose partition is ``parent_root``'s, so the member that decides the parent
+    decides the child and folds its end (about as many draws as partitions)."""
+    for n in range(_PLACE_TRIES):
+        salt = f"\0{n}" if n else ""
+        h = hashlib.sha256(f"child-run\0{task_id}\0{attempt}{salt}".encode()).hexdigest()
+        root = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+        if place is None or place(root) == place(parent_root):
+            return root
+    raise InvalidPlan(f"no child root id in the partition of {parent_root} ({_PLACE_TRIES} drawn)")
+
+
+_PLACE_TRIES = 1 << 16  # ids drawn for one in the parent's partition (p = 1 / partitions)
 
 
 def spec_of(created: ev.TaskCreated) -> ChildSpec:
@@ -73,8 +90,8 @@ def spec_of(created: ev.TaskCreated) -> ChildSpec:
 def start(d: Decider, run: RunView, task: TaskView) -> None:
     """Instead of a dispatch: the next attempt starts its child run (decided, not written)."""
     attempt = task.attempt + 1
-    child_root = child_root_id(task.task_id, attempt)
     try:
+        child_root = child_root_id(task.task_id, attempt, run.root_id, d.place)
         spec = spec_of(task.created)
         if child_root not in d.state.runs and not d.d.touched(child_root):
             inputs = d.card_for(task, attempt).inputs  # its declared deps' outputs resolved

@@ -166,6 +166,9 @@ class Orchestrator:
         # (the runtime's; default ``owns``), folded or still being caught up (``owns`` is
         # false meanwhile): its run is decided here once it is
         self.places: Callable[[str], bool] | None = owns
+        # a root's partition, when members share the runs by partitions (the runtime's):
+        # a child run's root is drawn in its parent's, decided and folded where it is
+        self.partition_of: Callable[[str], int] | None = None
         # stored results pending tasks may be answered from (a fold of the memory stream)
         self.results = ResultIndex(reuse) if reuse is not None and reuse.reuse else None
         # what the log is read through for the start and the follower: the store, or (a
@@ -686,6 +689,7 @@ class Orchestrator:
             dispatching=not self._stopping,
             budgets=self.budgets,
             results=self.results,
+            place=self.partition_of,
         )
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:

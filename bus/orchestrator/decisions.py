@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,13 +102,16 @@ class Decider:
         dispatching: bool = True,
         budgets: Budgets | None = None,
         results: ResultIndex | None = None,
+        place: Callable[[str], int] | None = None,
     ) -> None:
         """``results``: stored results a pending task may be answered from (``reuse``);
         ``leases``: which agents are live (None: every registered agent);
         ``lost_attempts``: (task, attempt) whose agent is known gone -> why (``hostloss``);
         ``dispatching``: False for an orchestrator stopping (its agents go with it);
-        ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced)."""
+        ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced);
+        ``place``: a root's partition, where members share the runs (``child_runs``)."""
         self.budgets = budgets
+        self.place = place
         self.results = results
         self.leases = leases
         self.lost_attempts = lost_attempts or {}  # they time out now
