@@ -276,6 +276,8 @@ def validate_plan(
         _check_conflict_options(t)
         if t.child is not None:  # its capability is a label: no agent takes it
             check_child(t.id, t.child, agents, t.goal)
+            if t.fanout != 1:
+                raise InvalidPlan(f"task {t.id!r}: a child-run task runs one child: fanout 1")
     earlier: set[str] = set()
     in_order = True  # each task's deps are tasks before it: that order has no cycle
     for t in plan.tasks:

@@ -47,6 +47,13 @@ def test_a_bad_child_spec_is_refused_naming_the_task(child: dict[str, Any], word
     assert "task 'dept'" in str(caught.value) and words in str(caught.value)
 
 
+def test_a_child_run_task_is_not_fanned_out() -> None:
+    plan = _plan({"goal": "g"})
+    plan["tasks"][0]["fanout"] = 2
+    with pytest.raises(InvalidPlan, match="task 'dept': a child-run task runs one child"):
+        validate_plan(as_plan(plan))
+
+
 def test_a_misspelt_child_field_is_refused() -> None:
     with pytest.raises(InvalidPlan, match="parent_clos"):
         as_plan(_plan({"goal": "g", "parent_clos": "abandon"}))
