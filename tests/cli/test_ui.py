@@ -266,6 +266,10 @@ def test_a_run_page_links_its_child_runs_and_a_child_its_parent(
     children = page.locator("#child-runs a")
     assert children.count() == 1 and "completed" in page.locator("#child-runs").inner_text()
     child_root = children.first.inner_text()
+    tree = page.locator("#tree-spend").inner_text()  # the lead's spending with its child's
+    assert "with its child runs:" in tree and "(2 runs)" in tree, tree
+    tokens = int(tree.split("with its child runs:")[1].split("tokens")[0].replace(",", ""))
+    assert tokens > 0  # the researcher's model call, in the child, counted for the lead
     children.first.click()
     page.wait_for_selector(f"#run-parent a[title='{run.root}']")
     assert "started by its task dept-" in page.locator("#run-parent").inner_text()

@@ -233,8 +233,10 @@ class Console:
         return {
             "run": row,
             "root_id": root,
-            # the tree: the child runs its tasks started (a child's parent is in ``run``)
+            # the tree: the child runs its tasks started (a child's parent is in ``run``),
+            # and what the run and every run below it spent
             "children": Runs().children(runner.conn, root),
+            "tree": self._tree_spend(runner, root),
             **self._costs(runner, root),
             "timeline": timeline,
             "tasks": tasks,
@@ -246,6 +248,23 @@ class Console:
             "position": runner.position,
             "now": now,
         }
+
+    def _tree_spend(self, runner: ProjectionRunner, root: str) -> dict[str, Any]:
+        """The tokens and cost of a run with every run below it (child runs, theirs...)."""
+        roots, todo = [root], [root]
+        while todo and len(roots) < 1000:
+            below = [c["root_id"] for c in Runs().children(runner.conn, todo.pop())]
+            roots += [c for c in below if c not in roots]
+            todo += below
+        total = Money()
+        for r in priced(Spend().rows(runner.conn, roots=roots), self.prices, "root_id"):
+            total += r["money"]
+        tokens = sum(
+            (row["input_tokens"] or 0) + (row["output_tokens"] or 0)
+            for row in (Runs().get(runner.conn, r) for r in roots)
+            if row is not None
+        )
+        return {"runs": len(roots), "tokens": tokens, "cost": cost_json(total)}
 
     def _costs(self, runner: ProjectionRunner, root: str) -> dict[str, Any]:
         """A run's cost, and its cost per task and per model (tokens and calls with each)."""
