@@ -61,6 +61,7 @@ from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
 from cardbus.bus.orchestrator.run_result import RunResult, result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.settle import settle_after
+from cardbus.bus.orchestrator.store_trouble import StoreTrouble
 from cardbus.bus.orchestrator.submission import run_creation
 from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
@@ -255,7 +256,7 @@ class Orchestrator:
         # gone): nothing can be decided any more, so every waiter gets this error and no
         # step decides again; a refusal shorter than that (a hiccup) is retried
         self.store_failure: StoreUnavailable | None = None
-        self._store_trouble_since: float | None = None
+        self.store_trouble = StoreTrouble(self.policy.store_grace_s, self._store_failed)
         self._refused_runs: set[str] = set()  # runs failed because the log refused a decision
         self._sent: set[tuple[str, int]] = set()  # attempts sent to this process's agents
         self._stopping = False  # no new dispatch once stopping (its agents go with it)
@@ -1121,36 +1122,17 @@ class Orchestrator:
                 elif isinstance(outcome, PrerequisiteNotStored):
                     log.info("%s not written: the completion it follows was not", stream)
                 elif isinstance(outcome, StoreUnavailable):
-                    self._store_refused(outcome)
+                    self.store_trouble.refused(outcome)
                 else:
                     log.error("append to %s failed: %r", stream, outcome)
                 out.append((stream, outcome))
             else:
-                self._store_trouble_since = None  # the log takes writes again
+                self.store_trouble.worked()
                 for env in outcome:
                     self._apply(env)
                 self._settle_records(stream, d.events[stream], None, outcome)
                 out.append((stream, None))
         return out
-
-    def _store_refused(self, error: StoreUnavailable) -> None:
-        """A write refused by the log: retried (the step is decided again) until the log has
-        refused writes for ``Policy.store_grace_s``; then the orchestrator stops deciding."""
-        now = time.monotonic()
-        if self._store_trouble_since is None:
-            self._store_trouble_since = now
-            log.warning("cannot write to the log, retrying: %s", error)
-            # nothing may try to write again soon (the decision lost was the only one):
-            # look again when the grace is over; a write that worked meanwhile resets it
-            asyncio.get_running_loop().call_later(
-                self.policy.store_grace_s, self._store_grace_over, now, error
-            )
-        elif now - self._store_trouble_since >= self.policy.store_grace_s:
-            self._store_failed(error)
-
-    def _store_grace_over(self, since: float, error: StoreUnavailable) -> None:
-        if self._store_trouble_since == since:  # no write has worked since that refusal
-            self._store_failed(error)
 
     def _store_failed(self, error: StoreUnavailable) -> None:
         """The log refuses writes: say so once, end every wait with the error, decide no more."""

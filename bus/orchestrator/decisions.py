@@ -19,7 +19,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
-from cardbus.agents.schema import dep_path_problem, schema_errors
+from cardbus.agents.schema import schema_errors
 from cardbus.bus.orchestrator import child_runs, optional, planning
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
 from cardbus.bus.orchestrator.cancel import run_not_completed
@@ -28,7 +28,7 @@ from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
-from cardbus.bus.orchestrator.refusals import rejected_it, worded_refusal
+from cardbus.bus.orchestrator.refusals import why_no_agent
 from cardbus.bus.orchestrator.repeats import ignored_result
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.reuse import ResultIndex
@@ -700,7 +700,7 @@ class Decider:
         if not candidates:
             if self._awaited(run, c.capability):
                 return  # an agent from the log may renew its lease: the task waits for it
-            why = self._why_no_agent(task, card, run)
+            why = why_no_agent(self, task, card, run)
             self._fail(task, *optional.no_agent_failure(card.absent, self.state.tasks, why))
             return
         h = loop_hash(
@@ -761,54 +761,6 @@ class Decider:
                 ),
             )
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))
-
-    def _why_no_agent(self, task: TaskView, card: TaskCard, run: RunView | None = None) -> str:
-        """Each agent offering the capability, with why it was left out."""
-        c = task.created
-        why = []
-        named = set(run.started.agents) if run is not None else set()
-        for agent in sorted(self.state.agents.values(), key=lambda a: a.agent_id):
-            if agent.capability(c.capability) is None:
-                continue
-            if named and agent.agent_id not in named:
-                why.append(f"{agent.agent_id}: not one of the run's agents")
-            elif self.leases is not None and not self.leases.live(agent.agent_id, self.now):
-                why.append(f"{agent.agent_id}: no live lease")
-            elif agent.agent_id in task.excluded:
-                why.append(rejected_it(agent.agent_id, task.rejections))
-            else:
-                # naming the fields ("$.region: expected str, got int") or the constraint
-                reason = worded_refusal(
-                    agent, c.capability, card.inputs, c.constraints, c.timeout_s
-                )
-                why.append(f"{agent.agent_id}: {reason}")
-        detail = "; ".join(why) or "no registered agent offers it"
-        unresolved = self._unresolved_deps(c.inputs)
-        if unresolved:  # an input that came out empty because its $dep path leads nowhere
-            detail += "; " + "; ".join(unresolved)
-        return f"no agent left for {c.capability!r} ({detail})"
-
-    def _unresolved_deps(self, value: Any) -> list[str]:
-        """``$dep 'q' has no path 'nosuch.field'`` for each placeholder leading nowhere."""
-        found: list[str] = []
-        stack = [value]
-        while stack:
-            v = stack.pop()
-            if isinstance(v, dict):
-                if "$dep" in v and v.get("path"):
-                    dep = self.state.tasks.get(str(v["$dep"]))
-                    done = self.d.completed  # completions decided in this very step too
-                    if dep is not None and (dep.task_id in done or dep.state is S.COMPLETED):
-                        output = done.get(dep.task_id, dep.output)
-                        name = dep.created.plan_id or dep.task_id
-                        problem = dep_path_problem(name, str(v["path"]), output)
-                        if problem:
-                            found.append(problem)
-                    continue
-                stack.extend(v.values())
-            elif isinstance(v, list):
-                stack.extend(v)
-        return sorted(found)
 
     def _halt(self, run: RunView, reason: str, detail: str) -> None:
         # a completion decided in this step stands; the halt is written after it
