@@ -186,15 +186,19 @@ def close_orphaned(d: Decider, run: RunView) -> None:
     parent = d.state.tasks.get(lineage.parent_task)
     if parent is None:
         return  # not folded here: nothing known of its end
-    if (
-        parent.child_root == run.root_id
-        and not parent.terminal
-        and lineage.parent_attempt not in parent.settled
+    attempt = lineage.parent_attempt or 0
+    if not parent.terminal and (
+        parent.attempt < attempt  # its task.child_started is not folded (or written) yet
+        or (
+            parent.attempt == attempt
+            and parent.child_root == run.root_id
+            and attempt not in parent.settled
+        )
     ):
         return  # still the attempt it works for
     ended = parent.state.value if parent.state else "gone"
-    if parent.child_root != run.root_id or lineage.parent_attempt in parent.settled:
-        ended = f"attempt {lineage.parent_attempt} ended ({ended})"
+    if not parent.terminal:
+        ended = f"attempt {attempt} ended ({ended})"
     note = f"parent task {parent.task_id} {ended}; parent_close {lineage.parent_close}"
     terminate = lineage.parent_close == "terminate"
     for task_id in run.tasks:

@@ -152,3 +152,55 @@ async def test_runs_lists_a_child_with_the_run_and_task_that_started_it(tmp_path
         "dept",
     )
     assert (rows["parent-root"]["parent_root"], rows["parent-root"]["parent_task"]) == (None, None)
+
+
+def _env(position: int, root: str, stream: str, version: int, data: ev.Event) -> Any:
+    from cardbus.eventstore.envelope import Envelope
+
+    return Envelope(
+        position=position,
+        event_id=f"e{position}",
+        stream=stream,
+        version=version,
+        correlation_id=root,
+        recorded_at=float(position),
+        data=data,
+    )
+
+
+def test_a_child_whose_parent_has_not_recorded_it_yet_is_not_closed() -> None:
+    """The child's run.started is stored, its parent task's task.child_started not yet (a
+    crash between two appends on NATS): the child waits for it, it is no orphan; once
+    the parent task ends without it, its parent_close applies."""
+    from cardbus.bus.orchestrator.decisions import Decider
+    from cardbus.bus.orchestrator.policy import Policy
+    from cardbus.bus.orchestrator.runstate import RunState
+
+    spec = ChildSpec(goal="g")
+    state = RunState()
+    for env in [
+        _env(1, "p", "p", 1, ev.RunStarted(goal="lead", plan_id="p", task_ids=["dept"])),
+        _env(2, "p", "dept", 1, ev.TaskCreated(root_id="p", capability="research")),
+        _env(
+            3,
+            "c",
+            "c",
+            1,
+            ev.RunStarted(
+                goal="g", plan_id="c", task_ids=["x"], **lineage_of("p", "dept", 1, spec)
+            ),
+        ),
+        _env(4, "c", "x", 1, ev.TaskCreated(root_id="c", capability="search")),
+    ]:
+        state.apply(env)
+    d = Decider(state, Policy(), now=10.0, dispatching=False)
+    d.advance(state.runs["c"])
+    assert not any(isinstance(e, ev.TaskCancelled) for e in d.d.events.get("x", []))
+    state.apply(
+        _env(5, "p", "dept", 2, ev.TaskCancelled(reason="cancelled_by_user", whole_run=True))
+    )
+    d = Decider(state, Policy(), now=11.0, dispatching=False)
+    d.advance(state.runs["c"])
+    (cancel,) = d.d.events["x"]
+    assert isinstance(cancel, ev.TaskCancelled) and cancel.reason == "parent_closed"
+    assert "parent task dept cancelled; parent_close terminate" == cancel.note
