@@ -203,4 +203,4 @@ def test_a_child_whose_parent_has_not_recorded_it_yet_is_not_closed() -> None:
     d.advance(state.runs["c"])
     (cancel,) = d.d.events["x"]
     assert isinstance(cancel, ev.TaskCancelled) and cancel.reason == "parent_closed"
-    assert "parent task dept cancelled; parent_close terminate" == cancel.note
+    assert cancel.note == "parent task dept cancelled; parent_close terminate"
