@@ -149,10 +149,7 @@ def _creation(
 
 def follow(d: Decider, run: RunView, task: TaskView) -> None:
     """A running child-run task: settled by its child's end, or timed out at its deadline."""
-    child = d.state.runs.get(task.child_root)
-    if child is None:
-        return  # not folded yet: its run.started comes with the task's child_started
-    if child.finished is None:
+    if task.child_end is None:  # still running (or not folded yet)
         if task.child_deadline and d.now >= task.child_deadline:
             d.d.add(
                 task.task_id,
@@ -164,17 +161,17 @@ def follow(d: Decider, run: RunView, task: TaskView) -> None:
                 ),
             )
             d._fail_attempt(
-                task, "timeout", f"child run {child.root_id} did not end by the deadline"
+                task, "timeout", f"child run {task.child_root} did not end by the deadline"
             )
         return
-    finish = child.finish_event
-    detail = f"child run {child.root_id}: {getattr(finish, 'detail', '') or child.finished}"
-    if child.finished == "completed":
-        d._deliver(task, "", dict(getattr(finish, "outputs", {}) or {}), 1.0)
-    elif child.finished == "failed":
+    finished, outputs, said = task.child_end
+    detail = f"child run {task.child_root}: {said or finished}"
+    if finished == "completed":
+        d._deliver(task, "", outputs, 1.0)
+    elif finished == "failed":
         d._fail_attempt(task, "child_run_failed", detail[:2000])
     else:  # cancelled or halted: another attempt would be stopped again
-        d._fail(task, f"child_run_{child.finished}", detail[:2000])
+        d._fail(task, f"child_run_{finished}", detail[:2000])
 
 
 def close_orphaned(d: Decider, run: RunView) -> None:

@@ -89,6 +89,9 @@ class TaskView:
     # (``task.child_started``; ``bus.orchestrator.child_runs``)
     child_root: str = ""
     child_deadline: float = 0.0
+    # how that child ended, once it has: (finished, its outputs, its detail), kept here so
+    # a child retired from memory, or left out of a snapshot, still settles the task
+    child_end: tuple[str, Any, str] | None = None
 
     @property
     def terminal(self) -> bool:
@@ -304,6 +307,7 @@ class RunState:
                 run.finish_event = data
                 self.open.pop(env.stream, None)
                 self.runs_changed += 1
+                self._child_ended(run)
                 self._retire(env.stream)
         elif isinstance(data, ev.MemoryWritten):
             if data.kind == "failure":
@@ -312,6 +316,14 @@ class RunState:
             pair = self._failure_keys.pop(data.key, None)
             if pair is not None and pair in self.failures:
                 self.failures[pair].pop(data.key, None)
+
+    def _child_ended(self, run: RunView) -> None:
+        """A child run ended: its parent task (folded here, started it) keeps how."""
+        parent = self.tasks.get(run.started.parent_task or "")
+        if parent is not None and parent.child_root == run.root_id and run.finished:
+            data = run.finish_event
+            outputs = dict(data.outputs) if isinstance(data, ev.RunCompleted) else {}
+            parent.child_end = (run.finished, outputs, str(getattr(data, "detail", "") or ""))
 
     def _plan_event(
         self, root_id: str, data: ev.PlanProposed | ev.PlanRefused | ev.PlanAccepted
@@ -522,6 +534,10 @@ def _child_started(
     task.started = frozenset()
     task.child_root = data.child_root
     task.child_deadline = data.deadline
+    task.child_end = None
+    child = state.runs.get(data.child_root)
+    if child is not None and child.finished:  # it ended before this was folded (a crash)
+        state._child_ended(child)
     if run is not None and data.child_root not in run.children:
         run.children.append(data.child_root)
     if data.deadline:

@@ -204,3 +204,31 @@ def test_a_child_whose_parent_has_not_recorded_it_yet_is_not_closed() -> None:
     (cancel,) = d.d.events["x"]
     assert isinstance(cancel, ev.TaskCancelled) and cancel.reason == "parent_closed"
     assert cancel.note == "parent task dept cancelled; parent_close terminate"
+
+
+def test_a_child_retired_from_memory_still_settles_its_parent_task() -> None:
+    """A state that keeps no finished run (``retain_finished=0``; or a snapshot, which
+    keeps open runs only): the child is dropped as it ends, and its parent task, which
+    kept how it ended (``TaskView.child_end``), completes with the child's outputs."""
+    from cardbus.bus.orchestrator.decisions import Decider
+    from cardbus.bus.orchestrator.policy import Policy
+    from cardbus.bus.orchestrator.runstate import RunState
+
+    spec = ChildSpec(goal="g")
+    state = RunState(retain_finished=0)
+    lineage = lineage_of("p", "dept", 1, spec)
+    for env in [
+        _env(1, "p", "p", 1, ev.RunStarted(goal="lead", plan_id="p", task_ids=["dept"])),
+        _env(2, "p", "dept", 1, ev.TaskCreated(root_id="p", capability="research")),
+        _env(3, "c", "x", 1, ev.TaskCreated(root_id="c", capability="search")),
+        _env(4, "c", "c", 1, ev.RunStarted(goal="g", plan_id="c", task_ids=["x"], **lineage)),
+        _env(5, "p", "dept", 2, ev.ChildRunStarted(attempt=1, child_root="c", deadline=99.0)),
+        _env(6, "c", "c", 2, ev.RunCompleted(outputs={"x": {"found": 3}})),
+    ]:
+        state.apply(env)
+    assert "c" not in state.runs  # retired as it ended
+    assert state.tasks["dept"].child_end == ("completed", {"x": {"found": 3}}, "")
+    d = Decider(state, Policy(), now=10.0)
+    d.advance(state.runs["p"])
+    (done,) = d.d.events["dept"]
+    assert isinstance(done, ev.TaskCompleted) and done.output == {"x": {"found": 3}}
