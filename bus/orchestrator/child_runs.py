@@ -46,10 +46,18 @@ from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import InvalidPlan
 
 if TYPE_CHECKING:
-    from cardbus.bus.orchestrator.decisions import Decider
+    from cardbus.bus.orchestrator.decisions import Decider, Decisions
     from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 
-__all__ = ["child_root_id", "close_orphaned", "follow", "related_roots", "spec_of", "start"]
+__all__ = [
+    "child_root_id",
+    "close_orphaned",
+    "drop_decided",
+    "follow",
+    "related_roots",
+    "spec_of",
+    "start",
+]
 
 S = TaskState
 _IN_FLIGHT = (S.DISPATCHED, S.RUNNING)
@@ -145,6 +153,20 @@ def _creation(
         tenant=first.tenant or started.tenant,
     )
     return [(child_root, child_started), *creation[1:]]
+
+
+def drop_decided(d: Decisions, parent_root: str) -> None:
+    """The child runs decided in this step for ``parent_root``'s tasks, taken back (the
+    parent halts in the same step: a child created now would only be closed at once)."""
+    roots = {
+        stream
+        for stream, events in d.events.items()
+        if isinstance(events[0], ev.RunStarted) and events[0].parent_root == parent_root
+    }
+    for stream, events in list(d.events.items()):
+        first = events[0]
+        if stream in roots or (isinstance(first, ev.TaskCreated) and first.root_id in roots):
+            del d.events[stream]
 
 
 def follow(d: Decider, run: RunView, task: TaskView) -> None:

@@ -773,6 +773,7 @@ class Decider:
             # it (and lose the TaskHalted to a ConcurrencyError); the condition
             # holds on the next step, so halt then
             return
+        child_runs.drop_decided(self.d, run.root_id)  # a child decided here: never started
         for stream, events in list(self.d.events.items()):
             first = events[0]
             if isinstance(first, ev.TaskCreated) and first.root_id == run.root_id:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from lifecycle_log import Writer
 
@@ -232,3 +233,33 @@ def test_a_child_retired_from_memory_still_settles_its_parent_task() -> None:
     d.advance(state.runs["p"])
     (done,) = d.d.events["dept"]
     assert isinstance(done, ev.TaskCompleted) and done.output == {"x": {"found": 3}}
+
+
+def test_a_parent_halted_in_the_step_that_starts_its_child_starts_none() -> None:
+    """The step decides ``dept``'s child run, then the next task's dispatch halts the run
+    (a loop, here at once: ``loop_threshold`` 0): the child's creation is taken back with
+    the rest, so no orphan is written only to be closed."""
+    from cardbus.agents.cards import AgentCard, CapabilitySpec
+    from cardbus.bus.orchestrator.decisions import Decider
+    from cardbus.bus.orchestrator.policy import Policy
+    from cardbus.bus.orchestrator.runstate import RunState
+
+    card = AgentCard(agent_id="a", name="a", capabilities=[CapabilitySpec(name="search")])
+    child = msgspec.to_builtins(ChildSpec(plan=SUB_PLAN))
+    state = RunState()
+    for env in [
+        _env(
+            1, "a", "agent-a", 1, ev.AgentRegistered(agent_id="a", card=msgspec.to_builtins(card))
+        ),
+        _env(2, "p", "p", 1, ev.RunStarted(goal="lead", plan_id="p", task_ids=["dept", "t"])),
+        _env(3, "p", "dept", 1, ev.TaskCreated(root_id="p", capability="research", child=child)),
+        _env(4, "p", "t", 1, ev.TaskCreated(root_id="p", capability="search", inputs={"q": 1})),
+    ]:
+        state.apply(env)
+    d = Decider(state, Policy(loop_threshold=0), now=10.0)
+    d.advance(state.runs["p"])
+    assert any(isinstance(e, ev.RunHalted) for e in d.d.events["p"])
+    assert not [
+        s for s, es in d.d.events.items() if isinstance(es[0], (ev.RunStarted, ev.TaskCreated))
+    ]
+    assert [type(e) for e in d.d.events["dept"]] == [ev.TaskHalted]
