@@ -107,6 +107,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     # words kept with the run (``run.started``'s note: who asked, and why, as they say;
     # the run's actor is who submitted it); not part of the plan's digest
     note: str = ""
+    schedule: str = ""  # set by a schedule's firing: the schedule id, kept in run.started
 
 
 def run_context(plan: Plan) -> tuple[str, str]:

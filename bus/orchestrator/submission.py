@@ -89,6 +89,7 @@ def run_creation(
         agents=sorted(set(agents)),
         agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
         note=plan.note,
+        schedule=plan.schedule,
         **dict(lineage or {}),
     )
     created = {ids[t.id]: task_created(t, root_id, ids, policy.retry) for t in plan.tasks}
