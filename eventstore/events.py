@@ -41,6 +41,7 @@ __all__ = [
     "ApprovalGranted",
     "ApprovalRequested",
     "Candidate",
+    "ChildRunStarted",
     "ContextTrimmed",
     "Event",
     "InputProvided",
@@ -166,6 +167,9 @@ class TaskCreated(_Event, TaskOptions, frozen=True, kw_only=True, tag="task.crea
     # origin did not make is refused (``replay_diverged``) instead of going live
     origin: str | None = None
     replay_strict: bool = False
+    # a child-run task (``bus.orchestrator.children``): what it runs instead of a dispatch,
+    # the plan's ``child`` as given (``{"plan": {...}} | {"goal": "..."}``, ``parent_close``)
+    child: dict[str, Any] | None = None
 
 
 #: the largest resolved inputs a ``task.dispatched`` keeps inline (bytes of JSON)
@@ -193,6 +197,18 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     # deps whose output is absent: optional tasks that ended without completing; their
     # ``$dep`` placeholders were left out of the inputs sent (``bus.orchestrator.optional``)
     absent: list[str] = []
+
+
+class ChildRunStarted(_Event, frozen=True, kw_only=True, tag="task.child_started.v1"):
+    """An attempt of a child-run task started its child run (``bus.orchestrator.children``):
+    written with the child's ``run.started``, only if that was; the task is running until
+    the child ends. ``deadline``: the attempt's limit (its ``timeout_s`` from now), past
+    which the child is closed by its ``parent_close`` and the attempt times out."""
+
+    attempt: int
+    child_root: str
+    deadline: float = 0.0
+    parent_close: str = "terminate"
 
 
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
@@ -441,6 +457,13 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # the envelope's actor is who they authenticated as
     note: str = ""
     schedule: str = ""  # the schedule whose firing started it ("" for none)
+    # a child run's lineage (``bus.orchestrator.children``): the parent run's root, the
+    # parent task and attempt that started it, and what happens to it when the parent
+    # ends ("terminate" | "request_cancel" | "abandon"); None: a run of its own
+    parent_root: str | None = None
+    parent_task: str | None = None
+    parent_attempt: int | None = None
+    parent_close: str = "terminate"
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -924,6 +947,7 @@ class ScheduleBuffered(_Event, frozen=True, kw_only=True, tag="schedule.buffered
 EVENT_TYPES: tuple[type[_Event], ...] = (
     TaskCreated,
     TaskDispatched,
+    ChildRunStarted,
     TaskStarted,
     TaskRedelivered,
     TaskResultSubmitted,
@@ -983,6 +1007,7 @@ TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
 Event = (
     TaskCreated
     | TaskDispatched
+    | ChildRunStarted
     | TaskStarted
     | TaskRedelivered
     | TaskResultSubmitted

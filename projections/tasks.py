@@ -122,6 +122,11 @@ def _on_attempt(row: Row, data: Any) -> None:
         row["attempts"] = data.attempt
 
 
+def _on_child(row: Row, data: Any) -> None:
+    """A child-run task's attempt: counted as one, no agent (its child run's agents)."""
+    row["attempts"] = max(row["attempts"], data.attempt)
+
+
 def _on_result(row: Row, data: Any) -> None:
     if data.output is not None:
         row["output"] = _json(data.output).decode()
@@ -154,6 +159,7 @@ _UPDATES.update(
     {
         ev.TaskDispatched: _on_attempt,
         ev.TaskStarted: _on_attempt,
+        ev.ChildRunStarted: _on_child,
         ev.TaskResultSubmitted: _on_result,
         ev.TaskCompleted: _on_completed,
         ev.InputProvided: _clear_reason,

@@ -8,6 +8,9 @@ dispatched until a run ahead of them ends and they move up. So admission is deri
 from the log alone (no event of its own): a restart, or another member taking the
 partition over, admits exactly the same runs, in the same order.
 
+A child run (``bus.orchestrator.child_runs``) is not counted and never queued: its
+parent, admitted, waits for it.
+
 Only the decisions wait: replies for a queued run's tasks (there are none: nothing was
 sent) and events others write for it are folded as ever.
 """
@@ -37,10 +40,15 @@ class Admission:
             return set()
         self._seen = state.runs_changed
         owned = [r for r in state.open.values() if owns is None or owns(r.root_id)]
+        # a child run goes in with its parent, never behind the queue its parent waited
+        # in (the parent's task waits for it: queued, both would wait for ever)
+        # (a parent in this log: a remote caller's lineage buys no place ahead of the queue)
+        children = {r.root_id for r in owned if r.started.parent_root in state.runs}
+        owned = [r for r in owned if r.root_id not in children]
         if self.limit is not None and len(owned) > self.limit:
             owned.sort(key=lambda r: r.position)  # the log's order, whoever folded it first
             owned = owned[: self.limit]
-        admitted = {r.root_id for r in owned}
+        admitted = {r.root_id for r in owned} | children
         new = admitted - self.admitted
         self.admitted = admitted
         return new

@@ -42,7 +42,12 @@ from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
-from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_held_replies
+from cardbus.bus.orchestrator.partition import (
+    Partitions,
+    check_settings,
+    partition_of,
+    sort_held_replies,
+)
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.reuse import ReusePolicy
@@ -247,6 +252,8 @@ class NatsRuntime:
                 # even one still being caught up (right after a takeover or a rebalance:
                 # ``owns`` waits for its fold, a placement by it fell anywhere)
                 self.orchestrator.places = self.partitions.owns
+                count = self.partitions.partitions  # a child run goes in its parent's
+                self.orchestrator.partition_of = lambda root: partition_of(root, count)
             if self.member_log is not None:
                 self.orchestrator.log = self.orchestrator.elsewhere = self.member_log
                 o = self.orchestrator
@@ -383,7 +390,8 @@ class NatsRuntime:
         """
         require_started(self, self._state)
         plan = plan_of(plan)
-        needed = {t.capability for t in plan.tasks} | {
+        # a child-run task's capability is a label: its child's tasks need agents, later
+        needed = {t.capability for t in plan.tasks if t.child is None} | {
             t.review_by for t in plan.tasks if t.review_by
         }
         await self.wait_for_capabilities(needed, agent_timeout)

@@ -433,6 +433,9 @@ function runView(data) {
     <p id="run-status" data-status="${esc(r.status)}">${status(r.status)} ${r.reason ? `<span class="reason">${esc(r.reason)}${degraded(r)}</span>` : ""}
     · ${esc(r.goal)} · plan <span class="id">${esc(r.plan_id)}</span> · started ${fmtTime(r.started_at)}
     · ${open ? since(r.started_at) : fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${((r.input_tokens || 0) + (r.output_tokens || 0)).toLocaleString()} tokens</p>
+    ${r.parent_root ? `<p id="run-parent">child run of ${idLink("run", r.parent_root)}, started by its task ${idLink("task", r.parent_task)}</p>` : ""}
+    ${(data.children || []).length ? `<p id="child-runs">child runs: ${data.children.map((k) => `${idLink("run", k.root_id)} ${status(k.status)} <span class="muted">(task ${esc(k.parent_task)})</span>`).join(" · ")}
+      <br><span id="tree-spend">with its child runs: ${data.tree.tokens.toLocaleString()} tokens, cost ${cost(data.tree.cost)} <span class="muted">(${data.tree.runs} runs)</span></span></p>` : ""}
     <p id="run-cost">cost ${cost(data.cost)} <span class="muted">(USD; prices: ${esc(data.prices)})</span>
       ${costTable("cost-by-model", "model", data.cost_by_model)}${costTable("cost-by-task", "task", data.cost_by_task)}</p>
     <form id="compare" class="filters" data-root="${esc(data.root_id)}"><label>compare with <input name="other" placeholder="another run's id"></label> <button type="submit">Diff</button></form>
