@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cardbus.agents.llm import CALL_MAX_TOKENS, Completion
+from cardbus.agents.pacing import CALL_PACING
 from cardbus.agents.requests import REQUESTER
 from cardbus.eventstore.errors import LLMError, ReplayDiverged, ToolError
 from cardbus.eventstore.ids import new_id
@@ -163,6 +164,9 @@ class TaskJournal:
         bound = asked.get("max_tokens") if isinstance(asked, dict) else None
         ok = isinstance(bound, int) and not isinstance(bound, bool) and bound > 0
         token = CALL_MAX_TOKENS.set(bound if ok else None)
+        task = getattr(services, "task", None)
+        # the pacer serves runs round-robin: it knows the call's run by its root id
+        pacing = CALL_PACING.set((str(getattr(task, "root_id", "") or ""), 0))
         start = time.monotonic()
         try:
             answer = await live()
@@ -199,6 +203,7 @@ class TaskJournal:
             raise
         finally:
             CALL_MAX_TOKENS.reset(token)
+            CALL_PACING.reset(pacing)
         await services.request(
             "model.answer",
             model,

@@ -1,0 +1,154 @@
+"""The pacer: token buckets on a fake clock, the order waiters are served in, and the
+limits learned from an endpoint's rate-limit headers (the loopback stub enforcing one)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openai_stub import OpenAIStub
+
+from cardbus.agents.llm import OpenAIChatLLM
+from cardbus.agents.pacing import Limit, Pacer, PaceState, parse_reset
+from cardbus.eventstore.errors import LLMRateLimited
+
+KEY = ("stub", "m", "k")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_reset_durations_as_providers_write_them() -> None:
+    assert parse_reset("1s") == 1.0
+    assert parse_reset("6m0s") == 360.0
+    assert parse_reset("20ms") == pytest.approx(0.02)
+    assert parse_reset("1h2m3.5s") == pytest.approx(3723.5)
+    assert parse_reset("2.5") == 2.5
+    assert parse_reset("soon") is None
+
+
+def test_a_configured_limit_lets_a_burst_go_then_paces() -> None:
+    state = PaceState()
+    state.configure(Limit(requests_per_minute=60), now=0.0)  # a burst of 6, one a second
+    for _ in range(6):
+        assert state.wait_for(1, 0.0) == 0.0
+        state.take(1, 0.0)
+    assert state.wait_for(1, 0.0) == pytest.approx(1.0)
+    assert state.wait_for(1, 1.0) == 0.0
+
+
+def test_tokens_per_minute_pace_a_large_call() -> None:
+    state = PaceState()
+    state.configure(Limit(tokens_per_minute=6000), now=0.0)  # burst 600, 100 a second
+    state.take(600, 0.0)
+    assert state.wait_for(300, 0.0) == pytest.approx(3.0)
+
+
+def test_headers_teach_the_limit_and_what_remains() -> None:
+    state = PaceState()
+    state.learn(
+        {
+            "X-RateLimit-Limit-Requests": "600",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "100ms",
+        },
+        now=0.0,
+    )
+    assert state.requests is not None
+    assert state.requests.rate == pytest.approx(10.0)  # 600 a minute
+    assert state.wait_for(1, 0.0) == pytest.approx(0.1)  # none remains: wait for one
+
+
+def test_a_configured_limit_is_not_overridden_by_headers() -> None:
+    state = PaceState()
+    state.configure(Limit(requests_per_minute=60), now=0.0)
+    state.learn({"x-ratelimit-limit-requests": "6000"}, now=0.0)
+    assert state.requests is not None and state.requests.rate == pytest.approx(1.0)
+
+
+def test_a_429_holds_every_call_and_halves_the_pace() -> None:
+    state = PaceState()
+    state.learn({"x-ratelimit-limit-requests": "600"}, now=0.0)
+    state.rate_limited_answer(2.0, now=0.0)
+    assert state.wait_for(1, 1.0) == pytest.approx(1.0)  # held until 2.0
+    assert state.requests is not None and state.requests.rate == pytest.approx(5.0)
+    state.learn({"x-ratelimit-limit-requests": "600"}, now=2.5)  # past the hold: restored
+    assert state.requests.rate == pytest.approx(10.0)
+
+
+async def _grant_order(pacer: Pacer, asks: list[tuple[str, int]]) -> list[str]:
+    """Hold the one concurrent slot, queue ``asks`` (run, priority), then release one
+    at a time: the runs in the order they were granted."""
+    await pacer.acquire(KEY, run="holder")
+    order: list[str] = []
+
+    async def ask(run: str, priority: int) -> None:
+        await pacer.acquire(KEY, run=run, priority=priority)
+        order.append(run)
+
+    tasks = [asyncio.create_task(ask(r, p)) for r, p in asks]
+    await asyncio.sleep(0)  # every ask is queued
+    for n in range(len(asks)):
+        pacer.release(KEY)
+        while len(order) <= n:
+            await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    return order
+
+
+async def test_higher_priority_first_then_runs_round_robin() -> None:
+    pacer = Pacer(clock=FakeClock())
+    pacer.configure(KEY, Limit(concurrent=1))
+    order = await _grant_order(pacer, [("a", 0), ("a", 0), ("a", 0), ("b", 0), ("urgent", 5)])
+    assert order == ["urgent", "a", "b", "a", "a"]
+
+
+async def test_a_low_priority_waiter_ages_past_a_newer_high_one() -> None:
+    clock = FakeClock()
+    pacer = Pacer(clock=clock, aging_s=1.0)
+    pacer.configure(KEY, Limit(concurrent=1))
+    await pacer.acquire(KEY, run="holder")
+    old = asyncio.create_task(pacer.acquire(KEY, run="old", priority=0))
+    await asyncio.sleep(0)
+    clock.now += 10.0  # waited 10 agings: worth priority 10
+    new = asyncio.create_task(pacer.acquire(KEY, run="new", priority=3))
+    await asyncio.sleep(0)
+    pacer.release(KEY)
+    assert await old == pytest.approx(10.0)  # the seconds it waited
+    assert not new.done()
+    pacer.release(KEY)
+    await new
+
+
+async def test_the_client_learns_the_limit_from_the_stub_and_backs_off_a_429() -> None:
+    pacer = Pacer()
+    with OpenAIStub() as stub:
+        stub.limit_requests = 2
+        stub.limit_window_s = 60.0
+        llm = OpenAIChatLLM(stub.url, "m", max_retries=0, pacer=pacer)
+        try:
+            await llm.complete("one")  # nothing known yet: sent at once
+            await llm.complete("two")  # the second of two the stub allows a minute
+            state = pacer.state(llm.limit_key())
+            assert state.requests is not None
+            assert state.requests.rate == pytest.approx(2 / 60)  # learned from the headers
+            # a second client of the same key shares the pace: no 429, it waits instead
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    OpenAIChatLLM(stub.url, "m", max_retries=0, pacer=pacer).complete("three"),
+                    0.2,
+                )
+            assert stub.rate_limited == 0
+            # a 429 that comes anyway (the pacer was wrong) holds the key for its retry-after
+            state.requests.level = 1.0
+            with pytest.raises(LLMRateLimited):
+                await llm.complete("four")
+            assert stub.rate_limited == 1 and state.rate_limited == 1
+            assert state.hold_until > pacer.clock()
+        finally:
+            await llm.aclose()
