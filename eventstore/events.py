@@ -430,6 +430,8 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # what the person who started it said (a name they gave, why): words, not evidence;
     # the envelope's actor is who they authenticated as
     note: str = ""
+    # admission and the model pacer serve a higher priority first (``Plan.priority``)
+    priority: int = 0
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):

@@ -86,6 +86,7 @@ def run_creation(
         agents=sorted(set(agents)),
         agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
         note=plan.note,
+        priority=plan.priority,
     )
     created = {ids[t.id]: task_created(t, root_id, ids, policy.retry) for t in plan.tasks}
     if limit is not None:  # refuse what the log would refuse before writing anything
