@@ -84,7 +84,7 @@ class Bucket:
         """Seconds until ``amount`` can be taken (0: now)."""
         self.refill(now)
         need = min(amount, self.capacity) - self.level
-        if need <= 0:
+        if need <= 1e-9:  # a rounding error is not a wait
             return 0.0
         return need / self.rate if self.rate > 0 else float("inf")
 
@@ -93,11 +93,12 @@ class Bucket:
         self.level -= min(amount, self.capacity)
 
 
-def _per_minute(limit: float, now: float) -> Bucket:
-    # a burst of a tenth of the minute: a full minute's burst at start would trip a
-    # provider that counts in a sliding window
-    capacity = max(1.0, limit / 10.0)
-    return Bucket(capacity=capacity, rate=limit / 60.0, level=capacity, updated=now)
+def _per_minute(limit: float, now: float, minute_s: float = 60.0) -> Bucket:
+    # a burst of a twentieth of the limit, and a rate such that burst + a minute's refill
+    # is the limit: no sliding window of a minute ever sees more than the provider allows
+    capacity = max(1.0, limit / 20.0)
+    rate = max(limit - capacity, limit / 20.0) / minute_s
+    return Bucket(capacity=capacity, rate=rate, level=capacity, updated=now)
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -138,6 +139,7 @@ class PaceState:
     in_flight: int = 0
     hold_until: float = 0.0  # a 429's retry-after: nothing goes before
     configured: bool = False  # configured limits are not overridden by headers
+    minute_s: float = 60.0  # a provider's minute (a bench scales time down)
     rate_limited: int = 0
 
     def wait_for(self, tokens: float, now: float) -> float:
@@ -161,8 +163,8 @@ class PaceState:
     def configure(self, limit: Limit, now: float) -> None:
         self.configured = True
         rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
-        self.requests = _per_minute(rpm, now) if rpm else None
-        self.tokens = _per_minute(tpm, now) if tpm else None
+        self.requests = _per_minute(rpm, now, self.minute_s) if rpm else None
+        self.tokens = _per_minute(tpm, now, self.minute_s) if tpm else None
         self.concurrent = limit.concurrent
 
     def learn(self, headers: Mapping[str, str], now: float) -> None:
@@ -176,7 +178,7 @@ class PaceState:
             said = limit is not None and limit > 0 and not self.configured
             # a pace a 429 halved is restored once its retry-after has passed
             if said and limit is not None and now >= self.hold_until:
-                fresh = _per_minute(limit, now)
+                fresh = _per_minute(limit, now, self.minute_s)
                 if bucket is not None and bucket.rate == fresh.rate:
                     fresh = bucket
                 elif bucket is not None:
@@ -213,8 +215,16 @@ class _Waiter:
 class Pacer:
     """Model calls wait here for their limit's slot; one per process (``process_pacer``)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, aging_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        aging_s: float = 10.0,
+        minute_s: float = 60.0,
+    ) -> None:
+        """``aging_s``: a waiter gains one priority per ``aging_s`` waited; ``minute_s``:
+        the length of the limits' minute (60; a bench scales it down)."""
         self.clock = clock
+        self.minute_s = minute_s
         self.aging_s = aging_s
         self.states: dict[LimitKey, PaceState] = {}
         self._waiters: dict[LimitKey, list[_Waiter]] = {}
@@ -223,7 +233,7 @@ class Pacer:
         self._seq = itertools.count()
 
     def state(self, key: LimitKey) -> PaceState:
-        return self.states.setdefault(key, PaceState())
+        return self.states.setdefault(key, PaceState(minute_s=self.minute_s))
 
     def configure(self, key: LimitKey, limit: Limit) -> None:
         self.state(key).configure(limit, self.clock())

@@ -75,6 +75,7 @@ class Reply:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 256  # a bench's hundreds of clients connect at once
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that died mid-request (a crash test kills it) is not the stub's error

@@ -34,19 +34,19 @@ def test_reset_durations_as_providers_write_them() -> None:
 
 def test_a_configured_limit_lets_a_burst_go_then_paces() -> None:
     state = PaceState()
-    state.configure(Limit(requests_per_minute=60), now=0.0)  # a burst of 6, one a second
-    for _ in range(6):
+    state.configure(Limit(requests_per_minute=60), now=0.0)  # a burst of 3, then 57 a minute
+    for _ in range(3):
         assert state.wait_for(1, 0.0) == 0.0
         state.take(1, 0.0)
-    assert state.wait_for(1, 0.0) == pytest.approx(1.0)
-    assert state.wait_for(1, 1.0) == 0.0
+    assert state.wait_for(1, 0.0) == pytest.approx(60 / 57)
+    assert state.wait_for(1, 60 / 57) == 0.0
 
 
 def test_tokens_per_minute_pace_a_large_call() -> None:
     state = PaceState()
-    state.configure(Limit(tokens_per_minute=6000), now=0.0)  # burst 600, 100 a second
-    state.take(600, 0.0)
-    assert state.wait_for(300, 0.0) == pytest.approx(3.0)
+    state.configure(Limit(tokens_per_minute=6000), now=0.0)  # burst 300, 95 a second
+    state.take(300, 0.0)
+    assert state.wait_for(190, 0.0) == pytest.approx(2.0)
 
 
 def test_headers_teach_the_limit_and_what_remains() -> None:
@@ -60,15 +60,15 @@ def test_headers_teach_the_limit_and_what_remains() -> None:
         now=0.0,
     )
     assert state.requests is not None
-    assert state.requests.rate == pytest.approx(10.0)  # 600 a minute
-    assert state.wait_for(1, 0.0) == pytest.approx(0.1)  # none remains: wait for one
+    assert state.requests.rate == pytest.approx(9.5)  # 600 a minute, less the burst of 30
+    assert state.wait_for(1, 0.0) == pytest.approx(1 / 9.5)  # none remains: wait for one
 
 
 def test_a_configured_limit_is_not_overridden_by_headers() -> None:
     state = PaceState()
     state.configure(Limit(requests_per_minute=60), now=0.0)
     state.learn({"x-ratelimit-limit-requests": "6000"}, now=0.0)
-    assert state.requests is not None and state.requests.rate == pytest.approx(1.0)
+    assert state.requests is not None and state.requests.rate == pytest.approx(57 / 60)
 
 
 def test_a_429_holds_every_call_and_halves_the_pace() -> None:
@@ -76,9 +76,9 @@ def test_a_429_holds_every_call_and_halves_the_pace() -> None:
     state.learn({"x-ratelimit-limit-requests": "600"}, now=0.0)
     state.rate_limited_answer(2.0, now=0.0)
     assert state.wait_for(1, 1.0) == pytest.approx(1.0)  # held until 2.0
-    assert state.requests is not None and state.requests.rate == pytest.approx(5.0)
+    assert state.requests is not None and state.requests.rate == pytest.approx(9.5 / 2)
     state.learn({"x-ratelimit-limit-requests": "600"}, now=2.5)  # past the hold: restored
-    assert state.requests.rate == pytest.approx(10.0)
+    assert state.requests.rate == pytest.approx(9.5)
 
 
 async def _grant_order(pacer: Pacer, asks: list[tuple[str, int]]) -> list[str]:
@@ -136,7 +136,7 @@ async def test_the_client_learns_the_limit_from_the_stub_and_backs_off_a_429() -
             await llm.complete("two")  # the second of two the stub allows a minute
             state = pacer.state(llm.limit_key())
             assert state.requests is not None
-            assert state.requests.rate == pytest.approx(2 / 60)  # learned from the headers
+            assert state.requests.rate == pytest.approx(1 / 60)  # learned from the headers
             # a second client of the same key shares the pace: no 429, it waits instead
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(
