@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cardbus.agents.llm import CALL_MAX_TOKENS, Completion
-from cardbus.agents.pacing import CALL_PACING
+from cardbus.agents.pacing import CALL_PACING, CALL_QUEUED_S
 from cardbus.agents.requests import REQUESTER
 from cardbus.eventstore.errors import LLMError, ReplayDiverged, ToolError
 from cardbus.eventstore.ids import new_id
@@ -166,6 +166,7 @@ class TaskJournal:
         token = CALL_MAX_TOKENS.set(bound if ok else None)
         task = getattr(services, "task", None)
         # the pacer serves runs round-robin: it knows the call's run by its root id
+        CALL_QUEUED_S.set(0.0)
         pacing = CALL_PACING.set((str(getattr(task, "root_id", "") or ""), 0))
         start = time.monotonic()
         try:
@@ -207,7 +208,13 @@ class TaskJournal:
         await services.request(
             "model.answer",
             model,
-            {"call": call, "answer": answer, "latency_s": round(time.monotonic() - start, 6)},
+            {
+                "call": call,
+                "answer": answer,
+                "latency_s": round(time.monotonic() - start, 6),
+                # waited for the provider's limit (part of latency_s, not of the model's)
+                "queued_s": round(CALL_QUEUED_S.get(), 6),
+            },
             seq=seq,
             execution=self.execution,
         )

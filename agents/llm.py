@@ -43,7 +43,13 @@ from urllib.parse import urlsplit
 import msgspec
 from opentelemetry import trace
 
-from cardbus.agents.pacing import LimitKey, Pacer, current_pacing, process_pacer
+from cardbus.agents.pacing import (
+    CALL_QUEUED_S,
+    LimitKey,
+    Pacer,
+    current_pacing,
+    process_pacer,
+)
 from cardbus.eventstore.errors import (
     ConfigError,
     LLMBadOutput,
@@ -500,6 +506,7 @@ class OpenAIChatLLM:
         self.last_queued_s = await self.pacer.acquire(
             key, _estimate_tokens(sent, bound), **current_pacing()
         )
+        CALL_QUEUED_S.set(self.last_queued_s)
         try:
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=model,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "CALL_PACING",
+    "CALL_QUEUED_S",
     "Bucket",
     "Limit",
     "LimitKey",
@@ -48,6 +49,13 @@ LimitKey = tuple[str, str, str]
 #: around the live call, so the pacer can serve runs round-robin and by priority.
 CALL_PACING: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar(
     "cardbus_call_pacing", default=("", 0)
+)
+
+
+#: seconds the model call just made waited for its limit (``OpenAIChatLLM`` sets it; the
+#: task journal records it on the call's ``model.answered`` as ``queued_s``)
+CALL_QUEUED_S: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "cardbus_call_queued_s", default=0.0
 )
 
 
@@ -276,6 +284,8 @@ class Pacer:
         )
         self._waiters.setdefault(key, []).append(waiter)
         self._pump(key)
+        if waiter.future.done():
+            return 0.0  # a slot was free: no wait at all
         try:
             return await waiter.future
         except asyncio.CancelledError:

@@ -703,6 +703,9 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     # output tokens past the ``max_tokens`` the call was sent with (its budget's bound): an
     # endpoint that ignored it; the tokens are counted all the same (bus.orchestrator.budget)
     overrun_tokens: int = 0
+    # of ``latency_s``, the seconds the call waited for the provider's limit before it was
+    # sent (queued by the pacer, not running: ``cardbus.agents.pacing``)
+    queued_s: float = 0.0
 
 
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):

@@ -81,6 +81,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -654,6 +655,7 @@ class Journal:
                 cost_usd=self._cost(answer, req.target),
                 redacted=redacted,
                 overrun_tokens=overrun,
+                queued_s=_seconds(a.get("queued_s")),
             )
         await self._write(journal, req.task_id, [event])
         return CallOutcome(result={"recorded": True})
@@ -1058,3 +1060,10 @@ def inline_size(value: Any) -> int:
 
 def _tokens(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _seconds(value: Any) -> float:
+    """A non-negative number of seconds from an agent's request (anything else: 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0.0
+    return round(max(0.0, float(value)), 6)

@@ -4,15 +4,26 @@ limits learned from an endpoint's rate-limit headers (the loopback stub enforcin
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import ClassVar
 
+import msgspec
 import pytest
 from openai_stub import OpenAIStub
 
+from cardbus.agents import Agent, Capability, TaskCard, TaskContext
 from cardbus.agents.llm import OpenAIChatLLM
 from cardbus.agents.pacing import Limit, Pacer, PaceState, parse_reset
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import LLMRateLimited
+from cardbus.eventstore.sqlite import SqliteEventStore
 
 KEY = ("stub", "m", "k")
+
+
+class Q(msgspec.Struct):
+    q: str = ""
 
 
 class FakeClock:
@@ -152,3 +163,32 @@ async def test_the_client_learns_the_limit_from_the_stub_and_backs_off_a_429() -
             assert state.hold_until > pacer.clock()
         finally:
             await llm.aclose()
+
+
+class Twice(Agent):
+    agent_id = "twice"
+    capabilities: ClassVar = [Capability("ask", Q, Q)]
+
+    async def handle(self, task: TaskCard, inputs: Q, ctx: TaskContext) -> Q:
+        await ctx.llm.chat([{"role": "user", "content": "one"}])
+        second = await ctx.llm.chat([{"role": "user", "content": "two"}])
+        return Q(q=second.text)
+
+
+async def test_the_wait_for_the_limit_is_on_the_model_call_record(tmp_path: Path) -> None:
+    pacer = Pacer(minute_s=30.0)  # a burst of one call, then one each 1.6 s (idle CPU)
+    with OpenAIStub() as stub:
+        llm = OpenAIChatLLM(stub.url, "m", pacer=pacer)
+        pacer.configure(llm.limit_key(), Limit(requests_per_minute=20))
+        async with (
+            await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [Twice], llm=llm) as rt,
+        ):
+            plan = {"goal": "ask", "tasks": [{"id": "t", "capability": "ask", "inputs": {}}]}
+            result = await rt.run(plan)
+            events = [e.data for e in await store.read_correlation(result.root_id)]
+    assert result.status == "completed", result
+    answered = [e for e in events if isinstance(e, ev.ModelAnswered)]
+    assert [e.seq for e in answered] == [0, 1]
+    assert answered[0].queued_s == 0.0  # the burst's one call went at once
+    assert 0.0 < answered[1].queued_s <= answered[1].latency_s  # queued, within the latency
