@@ -303,6 +303,9 @@ class Pacer:
             waiter = self.choose(key, now)
             if waiter is None:
                 return
+            if waiter.future.done() or waiter.future.get_loop().is_closed():
+                self._waiters[key].remove(waiter)  # cancelled meanwhile, or its loop is gone
+                continue
             wait = state.wait_for(waiter.tokens, now)
             if wait > 0:
                 if wait != float("inf"):
@@ -312,10 +315,7 @@ class Pacer:
             self._waiters[key].remove(waiter)
             served = self._served.setdefault(key, {})
             served[waiter.run] = served.get(waiter.run, 0) + 1
-            if not waiter.future.done():
-                waiter.future.set_result(max(0.0, now - waiter.since))
-            else:  # cancelled meanwhile
-                state.in_flight -= 1
+            waiter.future.set_result(max(0.0, now - waiter.since))
 
     def _wake_in(self, key: LimitKey, delay: float) -> None:
         timer = self._timers.get(key)
