@@ -117,6 +117,9 @@ def _params(card: AgentCard) -> dict[str, Any]:
     blank = [c.name for c in card.capabilities if not c.description]
     if blank:
         params["blank_skill_descriptions"] = blank
+    # always said (an old card said nothing): the id stands in for these skills' tags (A2A
+    # wants tags), and only for them is it dropped again: a real tag equal to the id stays
+    params["untagged_skills"] = [c.name for c in card.capabilities if not c.tags]
     return params
 
 
@@ -322,6 +325,7 @@ def import_a2a(doc: dict[str, Any] | bytes | str) -> ImportedCard:
         params = params or {}
         schemas = params.get("schemas") or {}
         blank = set(params.get("blank_skill_descriptions") or [])
+        untagged = params.get("untagged_skills")
         default_in = _strs(doc.get("defaultInputModes"), "defaultInputModes")
         default_out = _strs(doc.get("defaultOutputModes"), "defaultOutputModes")
         skills = doc.get("skills", [])
@@ -357,8 +361,10 @@ def import_a2a(doc: dict[str, Any] | bytes | str) -> ImportedCard:
                     "output_schema": output_schema,
                 }
             )
-            if ours and caps[-1]["tags"] == [sid]:
-                caps[-1]["tags"] = []  # export stands the id in for an empty tag list
+            # export stands the id in for an empty tag list (a card of before said nothing)
+            stood_in = sid in untagged if isinstance(untagged, list) else True
+            if ours and caps[-1]["tags"] == [sid] and stood_in:
+                caps[-1]["tags"] = []
         interfaces, version = _interfaces(doc)
         provider = doc.get("provider") or {}
         if not isinstance(provider, dict):

@@ -271,9 +271,14 @@ def _make_class(partial: bool) -> Any:
     def required(validator: Any, names: Any, instance: Any, schema: Any) -> Iterator[Any]:
         if not validator.is_type(instance, "object"):
             return
+        properties = schema.get("properties") if isinstance(schema, dict) else None
         for name in names:
             if name not in instance:
-                yield ValidationError("required field missing", path=(name,))
+                wanted = _declared_type(
+                    properties.get(name) if isinstance(properties, dict) else None
+                )
+                said = f" (expected {wanted})" if wanted else ""
+                yield ValidationError(f"required field missing{said}", path=(name,))
 
     def dependent_required(validator: Any, deps: Any, instance: Any, schema: Any) -> Iterator[Any]:
         if not validator.is_type(instance, "object"):
@@ -407,6 +412,23 @@ def _path(parts: Iterable[Any]) -> str:
 
 def _got(value: Any) -> str:
     return _GOT.get(type(value), type(value).__name__)
+
+
+def _declared_type(schema: Any) -> str:
+    """What a property's schema asks for, in the words of ``expected ...`` (``str``,
+    ``str or None``); "" when it names no type (a ``$ref``, a constraint alone)."""
+    if not isinstance(schema, dict):
+        return ""
+    if "type" in schema:
+        return _expected(schema["type"])
+    forms = schema.get("anyOf") or schema.get("oneOf")
+    if (
+        isinstance(forms, list)
+        and forms
+        and all(isinstance(f, dict) and "type" in f for f in forms)
+    ):
+        return " or ".join(_expected(f["type"]) for f in forms)
+    return ""
 
 
 def _expected(kind: Any) -> str:

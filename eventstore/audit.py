@@ -25,10 +25,26 @@ from cardbus.eventstore.envelope import ChainProblem, decode_body, verify_chain
 from cardbus.eventstore.errors import DecodeError
 from cardbus.eventstore.loghead import LOG_GENESIS, LogHead, link
 
-__all__ = ["LOG_STREAM", "StoredRow", "audit", "audit_stream"]
+__all__ = ["LOG_STREAM", "NO_LOG_CHAIN", "LogAudit", "StoredRow", "audit", "audit_stream"]
 
 #: the ``stream`` of a problem that belongs to the log as a whole
 LOG_STREAM = "(log)"
+
+#: what an audit of a log without stored log hashes did not check (``cardbus verify``
+#: says it beside its OK): an older SQLite log, never opened by a writer since
+NO_LOG_CHAIN = (
+    "per-stream chains only: this log has no log chain, as it was written before cardbus kept"
+    " one; events cut out across streams with the positions renumbered are caught only"
+    " against a kept head (--head)"
+)
+
+
+class LogAudit(NamedTuple):
+    """An audit's outcome, with whether a stored log chain was there to check."""
+
+    problems: list[ChainProblem]
+    head: LogHead  # where the log ends (its log hash computed from the rows)
+    log_chain: bool  # False: no stored log hashes (checked: bodies, columns, stream chains)
 
 
 class StoredRow(NamedTuple):

@@ -56,7 +56,7 @@ from typing import Any, cast
 
 import aiosqlite
 
-from cardbus.eventstore.audit import StoredRow, audit, audit_stream
+from cardbus.eventstore.audit import LogAudit, StoredRow, audit, audit_stream
 from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
 from cardbus.eventstore.envelope import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -821,6 +821,14 @@ class SqliteEventStore(EventStore):
         application's database), is ``StoreUnavailable``; the problems and the
         head the log ends at otherwise.
         """
+        found = await asyncio.to_thread(_verify_file, os.fspath(path), head)
+        return found.problems, found.head
+
+    @staticmethod
+    async def audit_file(path: str | os.PathLike[str], head: LogHead | None = None) -> LogAudit:
+        """``verify_file``, saying whether the log keeps a log chain: an older log
+        (written before cardbus kept one, and not opened by a writer since) has
+        only its stream chains checked (``LogAudit.log_chain`` False)."""
         return await asyncio.to_thread(_verify_file, os.fspath(path), head)
 
     async def close(self) -> None:
@@ -836,7 +844,7 @@ class SqliteEventStore(EventStore):
             await self._reader.close()
 
 
-def _verify_file(path: str, head: LogHead | None) -> tuple[list[ChainProblem], LogHead]:
+def _verify_file(path: str, head: LogHead | None) -> LogAudit:
     if not os.path.isfile(path):
         raise StoreUnavailable(f"no event store at {path!r}")
     try:
@@ -856,7 +864,8 @@ def _verify_file(path: str, head: LogHead | None) -> tuple[list[ChainProblem], L
         columns = {r[1] for r in conn.execute("PRAGMA table_info(events)")}
         sql = _AUDIT if "log_hash" in columns else _AUDIT.replace("log_hash", "NULL")
         rows = conn.execute(sql + " ORDER BY position")
-        return audit((StoredRow(*r) for r in rows), head, log_chain="log_hash" in columns)
+        chained = "log_hash" in columns
+        return LogAudit(*audit((StoredRow(*r) for r in rows), head, log_chain=chained), chained)
     except sqlite3.Error as e:
         raise StoreUnavailable(f"cannot read {path!r}: {e}") from e
     finally:

@@ -11,6 +11,12 @@ that is missing from one run, was asked other inputs, made a call whose
 request or answer differs (the first such call, by ``seq``), or ended with
 another output or status; it names both runs' events.
 
+A run's planning task is matched by its place in the run (``~plan1``), not by
+its id (which holds the root's). A fork or re-run does not plan (it takes the
+recorded run's plan) nor run again what a reused result's own subtasks did:
+such a task, only in the recorded run, is *reused* in the copy (``reused_in``),
+not a divergence.
+
 :func:`request_diff` is the short unified diff of two requests (a model
 call's messages, a tool call's arguments) that both this and the journal's
 strict re-run show.
@@ -120,6 +126,8 @@ class TaskView(msgspec.Struct, kw_only=True):
     models: list[str] = []
     calls: list[CallView] = []
     reused_from: str | None = None  # a fork's or re-run's recorded result
+    role: str = ""  # "" for a plan task; plan, review, supplement for the tasks added
+    parent: str = ""  # the key of the task it is a subtask of ("": none)
     created_event_id: str = ""
     end_event_id: str = ""  # its completion or failure
     order: int = 0  # position of its first dispatch (never dispatched: after all)
@@ -141,6 +149,9 @@ class TaskPair(msgspec.Struct, kw_only=True):
     a: TaskView | None
     b: TaskView | None
     differs: list[str] = []  # inputs, agents, models, calls, output, status (none: same)
+    # "A" or "B": the run that is a fork or re-run of the other and did not run this task
+    # because it took the other's result (its plan, or the result of the task's parent)
+    reused_in: str = ""
 
 
 class Divergence(msgspec.Struct, kw_only=True):
@@ -167,6 +178,7 @@ def _run_view(events: Sequence[Envelope], calls: dict[str, list[ModelCall | Tool
     created: dict[str, tuple[Envelope, ev.TaskCreated]] = {}
     keys: dict[str, str] = {}
     roles: dict[tuple[str, str], int] = {}
+    parents: dict[str, str] = {}
     for e in events:
         data = e.data
         if e.stream == root:
@@ -193,6 +205,11 @@ def _run_view(events: Sequence[Envelope], calls: dict[str, list[ModelCall | Tool
                 parent = keys[data.parent_id]
                 n = roles[(parent, data.role)] = roles.get((parent, data.role), 0) + 1
                 keys[e.stream] = f"{parent}/{data.role}#{n}"
+                parents[e.stream] = parent
+            elif data.role and e.stream.startswith(f"{root}~"):
+                # the run's own task (its planning, "<root>~plan1"): named by its place in
+                # the run, as a plan task id never is (a "~" is refused in one)
+                keys[e.stream] = e.stream[len(root) :]
             else:
                 keys[e.stream] = data.plan_id or e.stream
     for stream, (env, data) in created.items():
@@ -202,6 +219,8 @@ def _run_view(events: Sequence[Envelope], calls: dict[str, list[ModelCall | Tool
             task_id=stream,
             capability=data.capability,
             inputs=_renamed(data.inputs, keys),
+            role=data.role,
+            parent=parents.get(stream, ""),
             created_event_id=env.event_id,
             order=1 << 62,
         )
@@ -308,11 +327,39 @@ def diff_runs(events_a: Sequence[Envelope], events_b: Sequence[Envelope]) -> Run
     for key in keys:
         ta, tb = a.tasks.get(key), b.tasks.get(key)
         pair = TaskPair(key=key, a=ta, b=tb)
-        found = _compare(pair)
+        pair.reused_in = _reused_in(a, b, key)
+        found = None if pair.reused_in else _compare(pair)
         pairs.append(pair)
         if first is None and found is not None:
             first = found
     return RunDiff(a=a, b=b, tasks=pairs, first_divergence=first)
+
+
+def _reused_in(a: RunView, b: RunView, key: str) -> str:
+    """ "A" or "B" when that run did not run ``key`` because it took the other run's result:
+    it is a fork or re-run of the other with the same plan, and ``key`` is the other's
+    planning (the copy's plan is that plan) or a subtask of a task whose result the copy
+    reused (its parent's output already holds what the subtask did). "": it did not."""
+    for copy, source, name in ((b, a, "B"), (a, b, "A")):
+        task = source.tasks.get(key)
+        if task is None or key in copy.tasks or source.root_id not in _sources(copy):
+            continue
+        if copy.plan != source.plan:
+            return ""
+        if task.role and not task.parent:  # the run's own task: its planning
+            return name
+        parent = task.parent
+        while parent:
+            mine = copy.tasks.get(parent)
+            if mine is not None and mine.reused_from is not None:
+                return name
+            parent = source.tasks[parent].parent if parent in source.tasks else ""
+    return ""
+
+
+def _sources(run: RunView) -> set[str]:
+    """The root the run was forked or re-run from (``forked_from`` is ``root@event``)."""
+    return {r.split("@", 1)[0] for r in (run.rerun_of, run.forked_from) if r}
 
 
 def _compare(pair: TaskPair) -> Divergence | None:

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from cardbus.eventstore import EventStore, SqliteEventStore
+from cardbus.eventstore.audit import NO_LOG_CHAIN
 from cardbus.eventstore.envelope import ChainProblem
 from cardbus.eventstore.errors import ConfigError, StreamNotFound
 from cardbus.eventstore.loghead import LogHead, decode_head, encode_head, sign, signature_ok
@@ -105,15 +106,16 @@ def verify(
     kept = decode_head(Path(head_file).read_bytes()) if head_file else None
     key = _key(key_file)
     signature = _signature(kept, head_file, key)
+    log_chain: bool | None = None  # not a question for one task's streams
     if task_id is None:
-        problems, end = run(_audit(db, kept))
+        problems, end, log_chain = run(_audit(db, kept))
         scope, streams, count = "the whole log", None, end.position
     else:
         if kept is not None:
             raise click.UsageError("--head checks the whole log: leave out TASK_ID")
         streams, problems, count = run(_verify_task(db, task_id))
         scope = f"{len(streams)} stream(s) of {task_id}"
-    _report(problems, scope, task_id, streams, count, kept, as_json, signature)
+    _report(problems, scope, task_id, streams, count, kept, as_json, signature, log_chain)
 
 
 def _signature(kept: LogHead | None, head_file: str | None, key: bytes | None) -> str:
@@ -142,12 +144,19 @@ def _signature(kept: LogHead | None, head_file: str | None, key: bytes | None) -
     return "checked"
 
 
-async def _audit(db: StoreRef, kept: LogHead | None) -> tuple[list[ChainProblem], LogHead]:
-    if db.path is not None:
-        return await SqliteEventStore.verify_file(db.path, kept)
+async def _audit(
+    db: StoreRef, kept: LogHead | None
+) -> tuple[list[ChainProblem], LogHead, bool | None]:
+    """The problems, where the log ends, and whether it stores a log chain (None: the
+    store never does, it computes the log hash over positions it never reuses, as
+    JetStream's sequences: eventstore.nats.audits)."""
+    if db.path is not None:  # an older SQLite log may keep no log chain: said beside the OK
+        found = await SqliteEventStore.audit_file(db.path, kept)
+        return found.problems, found.head, found.log_chain
     store = await _open(db)
     try:
-        return await store.audit(kept)
+        problems, end = await store.audit(kept)
+        return problems, end, None
     finally:
         await store.close()
 
@@ -182,7 +191,9 @@ def _report(
     kept: LogHead | None,
     as_json: bool,
     signature: str = "",
+    log_chain: bool | None = None,
 ) -> None:
+    note = NO_LOG_CHAIN if log_chain is False else ""
     if as_json:
         echo_json(
             {
@@ -192,6 +203,10 @@ def _report(
                 "events": count,
                 "head": kept,
                 "signature": signature or None,  # "checked" | "unsigned" (with --head)
+                # False: an older SQLite log, its stream chains only; None: one task, or a
+                # store that computes the log hash (NATS)
+                "log_chain": log_chain,
+                "note": note or None,
                 "problems": problems,
             }
         )
@@ -201,6 +216,8 @@ def _report(
             how = "its signature checked" if signature == "checked" else "unsigned, not checked"
             against = f", up to the kept head at position {kept.position}, {how}"
         click.echo(f"OK: hash chains intact in {scope} ({count} events{against})")
+        if note:
+            click.echo(f"  ({note})")
     else:
         for p in problems:
             click.echo(
@@ -208,5 +225,7 @@ def _report(
                 f" (stream {p.stream}, version {p.version}): {p.problem}"
             )
     if problems:
+        if note and not as_json:
+            click.echo(f"({note})")
         click.echo(f"verify failed: {len(problems)} problem(s) in {scope}", err=True)
         sys.exit(1)

@@ -71,6 +71,8 @@ def diff_text(d: RunDiff) -> list[str]:
         lines += [f"  {line}" for line in first.diff]
     for pair in d.tasks:
         same = "same" if not pair.differs else "differs: " + ", ".join(pair.differs)
+        if pair.reused_in:  # a fork or re-run took the other's plan or parent result
+            same = f"not run in {pair.reused_in}, which reused the other run's result"
         lines.append(f"task {pair.key}: {same}")
         lines.append(f"  A  {_task_line(pair.a)}")
         lines.append(f"  B  {_task_line(pair.b)}")

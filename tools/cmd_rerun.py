@@ -22,7 +22,7 @@ import click
 import msgspec
 
 from cardbus.agents.agent import Agent
-from cardbus.bus.orchestrator.forks import read_rerun, write_run
+from cardbus.bus.orchestrator.forks import check_agents, read_rerun, write_run
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import ValidationError
 from cardbus.projections.diff import RunDiff, diff_runs
@@ -129,8 +129,9 @@ def rerun(
 
     --task ID (repeat) with --model M (the agent must offer M) or --agent module:Class:
     those tasks run live, the rest of ROOT's results are reused; then the diff
-    against ROOT is printed (cardbus diff). Their MCP tools: --mcp / --mcp-config,
-    as for `cardbus run`.
+    against ROOT is printed (cardbus diff). A task to run that no agent here can
+    take (a model none offers) is refused before anything is written. Their MCP tools: --mcp /
+    --mcp-config, as for `cardbus run`.
 
     Exit code 0 when the new run completed, 1 otherwise (the last line names
     the task that failed it first and why), 124 after --timeout (the new run
@@ -164,6 +165,9 @@ def rerun(
             plan, events = await read_rerun(
                 store, root, None if offline else tasks, model=model, agents=ids
             )
+            # a task no agent here can take (its capability, or a --model none offers) is
+            # refused before anything is written, not left to fail no_capable_agent
+            check_agents(plan.streams, [a.card() for a in agents])
             default_model = recorded_model(events)
             if offline:
                 llm = OfflineLLM(default_model)

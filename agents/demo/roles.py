@@ -270,6 +270,9 @@ class Writer(LLMAgent):
     input_type = WriteIn
     output_type = Draft
     capabilities = [Capability("write", WriteIn, Draft, "write a report draft", tags=["text"])]
+    # a task (or `cardbus rerun --task write --model mock-1`) may ask for the deterministic
+    # mock by name; without a model asked, the writer runs the endpoint's default
+    models = ["mock-1"]
     instructions = (
         "You write short reports. Follow the outline: one section per heading, in order, each a"
         " short paragraph (format markdown: '- ' bullet points). Use every fact and figure you are"

@@ -217,7 +217,11 @@ class Orchestrator:
         self._held: dict[str, list[Envelope]] = {}
         self._commits: set[asyncio.Task[None]] = set()
         self.bad_messages: list[tuple[str, str]] = []  # the latest 1000: see _bad
-        self.unknown = UnknownReplies(self.caught_up, self._queue.put_nowait, self._bad)
+        # (caught up with no 2 s cut-off: on a busy machine the fold took longer, and a
+        # reply for a task the other orchestrator had just created was called unknown)
+        self.unknown = UnknownReplies(
+            lambda: self.caught_up(60.0), self._queue.put_nowait, self._bad
+        )
         # spans per run, the tree cardbus export draws (agents by name); no-ops without an SDK
         self.tracing = telemetry.RunTracing(lambda a: getattr(self.state.agents.get(a), "name", a))
         # agent requests (task and long-term memory, tools): checked, recorded, answered;
@@ -747,8 +751,16 @@ class Orchestrator:
         reads it (``log``): a partitioned member's ends at its partitions' last event."""
         target = await self.log.last_position()
         deadline = time.monotonic() + timeout
-        while self.state.position < target and time.monotonic() < deadline:
+        while not self._folded_through(target) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)  # the follower folds meanwhile; a rare wait
+
+    def _folded_through(self, target: int) -> bool:
+        """Every event up to ``target`` is folded: the follower has seen it and none it saw
+        waits in the queue or on a busy stream (our own appends come back through the
+        follower too). ``state.position`` alone is not enough: our own append moves it
+        past another writer's event the follower has not reached, or holds
+        (a reply for a task the other orchestrator had just created was called unknown)."""
+        return self._followed >= target and not any(p <= target for p in self._unfolded)
 
     async def record(self, stream: str, events: list[ev.Event]) -> list[Envelope]:
         """Append an agent request's events to ``stream`` through the decision loop (so

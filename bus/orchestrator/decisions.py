@@ -27,11 +27,12 @@ from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
+from cardbus.bus.orchestrator.refusals import rejected_it, worded_refusal
 from cardbus.bus.orchestrator.repeats import ignored_result
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
-from cardbus.bus.orchestrator.selection import hard_filter, rank
+from cardbus.bus.orchestrator.selection import rank
 from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.batch import MAX_TOKENS, nesting_problem
@@ -763,14 +764,12 @@ class Decider:
             elif self.leases is not None and not self.leases.live(agent.agent_id, self.now):
                 why.append(f"{agent.agent_id}: no live lease")
             elif agent.agent_id in task.excluded:
-                why.append(f"{agent.agent_id}: rejected it")
+                why.append(rejected_it(agent.agent_id, task.rejections))
             else:
-                reason = hard_filter(agent, c.capability, card.inputs, c.constraints, c.timeout_s)
-                spec = agent.capability(c.capability)
-                if reason == "input_schema_mismatch" and spec is not None:
-                    # name the fields: "$.region: expected str, got int"
-                    reason += " (" + "; ".join(schema_errors(card.inputs, spec.input_schema)[:3])
-                    reason += ")"
+                # naming the fields ("$.region: expected str, got int") or the constraint
+                reason = worded_refusal(
+                    agent, c.capability, card.inputs, c.constraints, c.timeout_s
+                )
                 why.append(f"{agent.agent_id}: {reason}")
         detail = "; ".join(why) or "no registered agent offers it"
         unresolved = self._unresolved_deps(c.inputs)

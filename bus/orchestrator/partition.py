@@ -161,6 +161,9 @@ class Partitions:
         start = zlib.crc32(member.encode()) % partitions  # members try different ones first
         self._order = [(start + i) % partitions for i in range(partitions)]
         self._loop: asyncio.Task[None] | None = None
+        # the round under way, if one is: a second round at once would update a lease at
+        # the revision the first just replaced, fail, and forget a partition it holds
+        self._under_way: asyncio.Future[None] | None = None
 
     # -- the hook ----------------------------------------------------------------
 
@@ -197,8 +200,7 @@ class Partitions:
             self._loop = None
         if self._kv is None:
             return
-        for p in sorted(self._revision):
-            await self._release(p)
+        await asyncio.gather(*(self._release(p) for p in sorted(self._revision)))
         with contextlib.suppress(*_KV_ERRORS):
             await self._kv.delete(f"member.{self.member}")
 
@@ -248,15 +250,31 @@ class Partitions:
     # -- one round ---------------------------------------------------------------
 
     async def round(self) -> None:
-        """Renew what is held, then release or take partitions towards this member's share."""
+        """Renew what is held, then release or take partitions towards this member's share.
+
+        A call while a round is under way waits for that round instead of racing it (on a
+        loaded machine the renewal loop's rounds run back to back). A round's requests go
+        out together where one does not need another's answer: each one waited for costs
+        the leases that much of their margin."""
+        if self._under_way is not None:
+            await asyncio.shield(self._under_way)  # ended, failed or cancelled: its state
+            return
+        under_way = self._under_way = asyncio.get_running_loop().create_future()
+        try:
+            await self._round()
+        finally:
+            self._under_way = None
+            under_way.set_result(None)
+
+    async def _round(self) -> None:
         kv = self._kv
         if kv is None:
             raise ConfigError("Partitions.round before start")
         me = self.member.encode()
-        await kv.put(f"member.{self.member}", me)
         sent = time.monotonic()
         held = sorted(self._revision)
-        outcomes = await asyncio.gather(
+        announced, *outcomes = await asyncio.gather(
+            kv.put(f"member.{self.member}", me),
             *(kv.update(_key(p), me, last=self._revision[p]) for p in held),
             return_exceptions=True,
         )
@@ -273,11 +291,13 @@ class Partitions:
             elif not isinstance(outcome, _KV_ERRORS):
                 raise outcome
             # a transport error: the lease lapses by itself unless the next round renews it
+        if isinstance(announced, BaseException):  # the renewals above are kept all the same
+            raise announced
         self.members = max(1, await self._live_members(kv))
         share = -(-self.partitions // self.members)
         mine = [p for p in self._order if p in self._revision]
-        for p in mine[share:]:  # over the share (a member joined): the last ones go
-            await self._release(p)
+        # over the share (a member joined): the last ones go
+        await asyncio.gather(*(self._release(p) for p in mine[share:]))
         if len(self._revision) < share:
             acquired |= await self._take(kv, share)
         if self.on_change is not None:
@@ -289,21 +309,32 @@ class Partitions:
         """Create free partitions' keys (absent, expired or deleted) up to ``share``."""
         others = [p for p in self._order if p not in self._revision]
         found = await asyncio.gather(*(kv.get(_key(p)) for p in others), return_exceptions=True)
-        took = False
+        free = []
         for p, entry in zip(others, found, strict=True):
-            if len(self._revision) >= share:
-                break
             if not isinstance(entry, nats.js.errors.NotFoundError):  # held, or not known
                 if isinstance(entry, BaseException) and not isinstance(entry, _KV_ERRORS):
                     raise entry
                 continue
+            free.append(p)
+        took = False
+        while free and len(self._revision) < share:
+            # as many creates at once as the share has room for: never more held than it
+            tried, free = free[: share - len(self._revision)], free[share - len(self._revision) :]
             sent = time.monotonic()
-            try:
-                self._revision[p] = await kv.create(_key(p), self.member.encode())
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue  # another member was quicker
-            self._until[p] = sent + self.lease_s * _MARGIN
-            took = True
+            created = await asyncio.gather(
+                *(kv.create(_key(p), self.member.encode()) for p in tried),
+                return_exceptions=True,
+            )
+            for p, revision in zip(tried, created, strict=True):
+                if isinstance(revision, int):
+                    self._revision[p] = revision
+                    self._until[p] = sent + self.lease_s * _MARGIN
+                    took = True
+                elif not isinstance(
+                    revision, (nats.js.errors.KeyWrongLastSequenceError, *_KV_ERRORS)
+                ):
+                    raise revision
+                # else another member was quicker (or the server away): the next one is tried
         return took
 
     async def _live_members(self, kv: KeyValue) -> int:

@@ -22,7 +22,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard, CapabilitySpec
 from cardbus.agents.planning import PLAN_CAPABILITY
-from cardbus.agents.schema import schema_errors
+from cardbus.bus.orchestrator.refusals import worded_refusal
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.batch import MAX_DEPTH, MAX_ID_CHARS, nesting_problem
@@ -306,19 +306,23 @@ def validate_plan(
             for c, spec in offers.of(t.capability)
         }
         if all(reasons.values()):
-            detail = ", ".join(
-                f"{a}: {_with_fields(r, by_id[a], t)}" for a, r in sorted(reasons.items())
-            )
+            detail = ", ".join(f"{a}: {_worded(by_id[a], t)}" for a in sorted(reasons))
             raise InvalidPlan(f"task {t.id!r}: no agent accepts its inputs ({detail})")
 
 
-def _with_fields(reason: str | None, card: AgentCard, t: PlanTask) -> str | None:
-    """An input_schema_mismatch with the fields that break it: ``$.region: expected str, ...``."""
+def _worded(card: AgentCard, t: PlanTask) -> str | None:
+    """Why ``card``'s agent refuses ``t``, naming the fields (``$.region: expected str,
+    got int``; an absent required input too) or the constraint it does not meet."""
     spec = card.capability(t.capability)
-    if reason != "input_schema_mismatch" or spec is None:
-        return reason
-    errors = schema_errors(t.inputs, spec.input_schema, partial=True)[:3]
-    return f"{reason} ({'; '.join(errors)})" if errors else reason
+    return worded_refusal(
+        card,
+        t.capability,
+        t.inputs,
+        t.constraints,
+        t.timeout_s,
+        partial_inputs=True,
+        absent=_absent_required(spec, t) if spec is not None else (),
+    )
 
 
 _FORBIDDEN = " .*>~\t\n"  # in a task id (the id becomes part of stream names)
@@ -488,14 +492,17 @@ def _missing_inputs(spec: CapabilitySpec, t: PlanTask) -> str | None:
     an absent required field can be refused before anything runs. ``spec``: the
     agent's spec of the task's capability.
     """
+    return "input_schema_mismatch" if _absent_required(spec, t) else None
+
+
+def _absent_required(spec: CapabilitySpec, t: PlanTask) -> list[str]:
+    """The required top-level inputs of ``spec`` that ``t`` does not give."""
     schema: Any = spec.input_schema
     ref = schema.get("$ref")
     if isinstance(ref, str):
         schema = schema.get("$defs", {}).get(ref.rsplit("/", 1)[-1], {})
     required = schema.get("required", []) if isinstance(schema, dict) else []
-    if any(name not in t.inputs for name in required):
-        return "input_schema_mismatch"
-    return None
+    return [name for name in required if name not in t.inputs]
 
 
 def _check_acyclic(plan: Plan) -> None:

@@ -665,7 +665,7 @@ WHERE = msgspec.json.schema(Where)
     [
         ({"region": 5}, "$.region: expected str, got int"),
         ({"region": "eu", "zone": 3}, "$.zone: expected str or None, got int"),
-        ({}, "$.region: required field missing"),
+        ({}, "$.region: required field missing (expected str)"),
         ({"region": "eu", "sites": [{"name": 1}]}, "$.sites[0].name: expected str, got int"),
         ({"region": "eu", "sites": ["x"]}, "$.sites[0]: expected object, got str"),
         ({"region": True}, "$.region: expected str, got bool"),

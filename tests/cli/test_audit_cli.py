@@ -65,3 +65,29 @@ def test_verify_refuses_an_empty_or_foreign_file_without_changing_it(tmp_path: P
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and ("not a cardbus log" in lines[0] or "no event store" in lines[0])
         assert (path.read_bytes() if path.exists() else None) == before
+
+
+def test_a_log_without_a_log_chain_verifies_saying_it_has_none(
+    run_db: tuple[str, RunIds],
+) -> None:
+    db, _ = run_db
+    ok = invoke("verify", "--db", db)
+    assert ok.exit_code == 0 and "per-stream chains only" not in ok.stdout  # it has one
+    assert json.loads(invoke("verify", "--db", db, "--json").stdout)["log_chain"] is True
+    with sqlite3.connect(db) as c:  # as an older cardbus wrote it
+        c.execute("ALTER TABLE events DROP COLUMN log_hash")
+    r = invoke("verify", "--db", db)
+    assert r.exit_code == 0
+    assert r.stdout.startswith("OK: hash chains intact in the whole log")
+    assert "(per-stream chains only: this log has no log chain" in r.stdout
+    out = json.loads(invoke("verify", "--db", db, "--json").stdout)
+    assert out["ok"] is True and out["log_chain"] is False
+    assert out["note"].startswith("per-stream chains only")
+    with sqlite3.connect(db) as c:  # an edit is still caught by the stream chains
+        c.execute("UPDATE events SET body = replace(body, 'v', 'w') WHERE position = 3")
+    bad = invoke("verify", "--db", db)
+    assert bad.exit_code == 1 and "BAD event" in bad.stdout
+    assert "per-stream chains only" in bad.stdout
+    with sqlite3.connect(db) as c:
+        columns = {row[1] for row in c.execute("PRAGMA table_info(events)")}
+    assert "log_hash" not in columns  # verify only reads: it added none

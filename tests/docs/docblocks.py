@@ -12,6 +12,9 @@ The rules (docs/how-to/write-docs.md says the same to the pages' writers):
   Python file is also executed once as a module to check it runs.
 * ``sh``, ``bash``, ``shell``: the block is a bash script (``set -euo pipefail``);
   ``console``: the lines after ``$ `` are the commands and the rest is output.
+  A command that is meant to fail says with which code, in a comment at its end:
+  ``cardbus verify --db bad.db  # exit code 1`` runs the command and fails the page
+  unless it exits with exactly that code (no ``|| echo``/``|| true`` hides a failure).
   They run in the working directory with the venv's ``bin`` first on ``PATH``
   (``cardbus``, ``python``), no ``CARDBUS_STORE`` and no ``OPENAI_*`` variables
   (so the LLM agents get the deterministic mock). The working directory stands
@@ -122,9 +125,20 @@ def parse(text: str, path: Path) -> list[Block]:
     return blocks
 
 
+# ``cmd || echo ...``, ``|| true``, ``|| :``, ``|| test $? ...``, ``|| exit 0``: a failure
+# hidden (a page whose command stopped working would still pass); ``# exit code N`` says it
+HIDDEN_FAILURE = re.compile(r"\|\|\s*(?:echo\b|true\b|:(?:\s|$)|test\s+\$\?|exit\s+0\b)", re.M)
+
+
 def check(blocks: list[Block]) -> None:
-    """Every fence names a known language; every skip needs a real endpoint."""
+    """Every fence names a known language; every skip needs a real endpoint; no command
+    hides a failure."""
     for b in blocks:
+        if b.lang in SHELL | CONSOLE and (hidden := HIDDEN_FAILURE.search(shell_script(b))):
+            raise BlockFailed(
+                f"{b.where}: a command hides a failure ({hidden.group(0)!r}): say the exit"
+                " code it must end with instead ('cmd  # exit code 1')"
+            )
         if b.lang not in KNOWN:
             raise BlockFailed(
                 f"{b.where}: a fence must name one of {sorted(KNOWN)} (got {b.lang!r})"
@@ -151,6 +165,23 @@ def shell_env() -> dict[str, str]:
     return env
 
 
+# ``cmd  # exit code 1``: a command meant to fail, and the code it must fail with
+EXPECTED_EXIT = re.compile(r"^(?P<cmd>.*?)[ \t]+#[ \t]*exit code (?P<code>\d+)\b[^\n]*$", re.S)
+
+
+def expect_exit(command: str) -> str:
+    """``cmd  # exit code N`` as a check that ``cmd`` exits with N; other lines as they are."""
+    m = EXPECTED_EXIT.match(command)
+    if m is None:
+        return command
+    code = int(m.group("code"))
+    return (
+        f"__docs_status=0\n{{ {m.group('cmd').strip()}\n}} || __docs_status=$?\n"
+        f'if [ "$__docs_status" -ne {code} ]; then'
+        f' echo "expected exit code {code}, got $__docs_status" >&2; exit 1; fi'
+    )
+
+
 def shell_script(block: Block) -> str:
     """The bash script a shell or console block runs as."""
     if block.lang in CONSOLE:
@@ -159,11 +190,14 @@ def shell_script(block: Block) -> str:
         for line in block.code.splitlines():
             if line.startswith("$ ") or cont:
                 cmd = line[2:] if line.startswith("$ ") and not cont else line
-                commands.append(cmd)
+                if cont:
+                    commands[-1] += "\n" + cmd
+                else:
+                    commands.append(cmd)
                 cont = cmd.rstrip().endswith("\\")
-        body = "\n".join(commands)
+        body = "\n".join(expect_exit(c) for c in commands)
     else:
-        body = block.code
+        body = "\n".join(expect_exit(line) for line in block.code.splitlines())
     make = re.compile(r"^(\s*)make\s+([\w.-]+)(.*)$", re.M)
     body = make.sub(rf"\1make -n -s -C {REPO} \2 >/dev/null\3", body)
     return "set -euo pipefail\n" + body

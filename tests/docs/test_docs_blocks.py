@@ -101,3 +101,40 @@ def test_top_level_await_and_indented_fences(tmp_path: Path) -> None:
     assert [(b.lang, b.line) for b in blocks] == [("python", 3)]
     assert blocks[0].code.startswith("import asyncio\n")
     run_page(_page(tmp_path, text), tmp_path / "work")
+
+
+@pytest.mark.parametrize("lang", ["console", "sh"])
+def test_a_command_meant_to_fail_must_fail_with_the_code_it_names(
+    tmp_path: Path, lang: str
+) -> None:
+    prompt = "$ " if lang == "console" else ""
+    work = tmp_path / "work"
+    ok = _page(
+        tmp_path, f"```{lang}\n{prompt}bash -c 'exit 3' > out.txt  # exit code 3: why\n```\n"
+    )
+    run_page(ok, work)
+    assert (work / "out.txt").exists()  # the command ran
+    for command, got in (("true", 0), ("bash -c 'exit 2'", 2)):
+        ok.write_text(f"```{lang}\n{prompt}{command}  # exit code 3\n```\n", encoding="utf-8")
+        with pytest.raises(BlockFailed, match=f"expected exit code 3, got {got}"):
+            run_page(ok, work)
+
+
+def test_a_console_command_continued_on_the_next_line_is_checked_whole(tmp_path: Path) -> None:
+    page = _page(tmp_path, "```console\n$ bash -c \\\n  'exit 4'  # exit code 4\nout\n```\n")
+    run_page(page, tmp_path / "work")
+    page.write_text("```console\n$ bash -c \\\n  'exit 5'  # exit code 4\n```\n", encoding="utf-8")
+    with pytest.raises(BlockFailed, match="expected exit code 4, got 5"):
+        run_page(page, tmp_path / "work")
+
+
+@pytest.mark.parametrize(
+    "hiding", ["|| echo failed", "|| true", "|| :", "|| test $? -eq 1", "|| exit 0"]
+)
+def test_a_command_that_hides_its_failure_fails_the_page(tmp_path: Path, hiding: str) -> None:
+    page = _page(tmp_path, f"```sh\ncardbus --version {hiding}\n```\n")
+    with pytest.raises(BlockFailed, match="hides a failure"):
+        run_page(page, tmp_path / "work")
+    page.write_text(f"```console\n$ cardbus --version {hiding}\n```\n", encoding="utf-8")
+    with pytest.raises(BlockFailed, match="hides a failure"):
+        run_page(page, tmp_path / "work")

@@ -473,7 +473,7 @@ function diffView(d) {
        <p class="muted">event in A: <span class="id">${esc(f.event_a || "-")}</span> · event in B: <span class="id">${esc(f.event_b || "-")}</span></p>
        ${f.diff && f.diff.length ? `<pre>${esc(f.diff.join("\n"))}</pre>` : ""}</div>`;
   const rows = d.tasks.map((p) => `<tr class="${p.differs.length ? "differs" : "same"}" data-key="${esc(p.key)}"><td class="id">${esc(p.key)}</td>
-    <td class="differs">${p.differs.length ? esc(p.differs.join(", ")) : `<span class="muted">same</span>`}</td><td>${diffTask(p.a)}</td><td>${diffTask(p.b)}</td></tr>`).join("");
+    <td class="differs">${p.differs.length ? esc(p.differs.join(", ")) : `<span class="muted">${p.reused_in ? `reused in ${esc(p.reused_in)}` : "same"}</span>`}</td><td>${diffTask(p.a)}</td><td>${diffTask(p.b)}</td></tr>`).join("");
   return `<h2>Diff of two runs</h2><table id="diff-runs">${runLine("A", d.a)}${runLine("B", d.b)}</table>
     <p class="muted">plan: ${d.a.plan.join(",") === d.b.plan.join(",") ? `${esc(d.a.plan.join(", "))} (the same tasks)` : `A ${esc(d.a.plan.join(", "))} · B ${esc(d.b.plan.join(", "))}`}</p>
     <h2>First divergence</h2>${first}

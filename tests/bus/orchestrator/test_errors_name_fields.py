@@ -58,3 +58,62 @@ async def test_a_wrong_input_type_in_a_plan_is_refused_naming_the_field(
         await rt.run(plan(task("w", "regions", inputs={"region": 5})), timeout=10)
     events = await store.read_all(0, 1000)
     assert not any(isinstance(e.data, ev.RunStarted) for e in events)  # nothing of the run
+
+
+async def test_a_required_input_left_out_of_a_plan_is_refused_naming_it_and_its_type(
+    make_runtime, store
+) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from cardbus.eventstore.errors import InvalidPlan
+
+    rt = await make_runtime([make_agent("r", "regions", input_type=Region)])
+    with pytest.raises(InvalidPlan) as refused:
+        await rt.run(plan(task("w", "regions", inputs={})), timeout=10)
+    # not a bare "r: input_schema_mismatch": the field, and what it must be
+    assert "r: input_schema_mismatch ($.region: required field missing (expected str))" in str(
+        refused.value
+    )
+    events = await store.read_all(0, 1000)
+    assert not any(isinstance(e.data, ev.RunStarted) for e in events)
+
+
+async def test_a_constraint_no_agent_meets_is_named_with_what_the_agent_offers(
+    make_runtime, store
+) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from cardbus.agents.cards import AgentConstraints
+    from cardbus.eventstore.errors import InvalidPlan
+
+    offers = AgentConstraints(limits={"model": ["small"]})
+    rt = await make_runtime([make_agent("r", "regions", input_type=Region, constraints=offers)])
+    p = plan(task("w", "regions", inputs={"region": "eu"}, constraints={"model": "huge"}))
+    with pytest.raises(
+        InvalidPlan, match=r"r: over_constraint \(model='huge' not in \['small'\]\)"
+    ):
+        await rt.run(p, timeout=10)
+
+
+async def test_an_agents_own_refusal_is_named_in_the_failure_not_just_rejected_it(
+    make_runtime, store
+) -> None:  # type: ignore[no-untyped-def]
+    """An agent whose card declares no input schema (the orchestrator cannot check it)
+    refuses the card itself: the task's failure, and so the run's one line, carries why."""
+    strict = make_agent("strict", "regions", input_type=Region)
+    bare = msgspec.structs.replace(
+        strict.card(),
+        capabilities=[
+            msgspec.structs.replace(c, input_schema={}) for c in strict.card().capabilities
+        ],
+    )
+    strict.card = classmethod(lambda cls: bare)  # type: ignore[method-assign,assignment]
+    rt = await make_runtime([strict])
+    result = await rt.run(plan(task("w", "regions", inputs={"place": "eu"})), timeout=10)
+    assert result.status == "failed"
+    log = await run_log(store, result.root_id)
+    rejected = log.first(ev.TaskRejected, tid(result.root_id, "w")).data
+    assert rejected.reason == "input_schema_mismatch" and "`region`" in rejected.detail
+    failed = log.first(ev.TaskFailed, tid(result.root_id, "w")).data
+    assert f"strict: rejected it: input_schema_mismatch ({rejected.detail})" in failed.error
+    assert "`region`" in result.detail  # what `cardbus run` prints last

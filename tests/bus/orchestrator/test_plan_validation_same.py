@@ -20,7 +20,7 @@ from cardbus.bus.orchestrator.plan import (
     PlanTask,
     _check_acyclic,
     _check_conflict_options,
-    _with_fields,
+    _worded,
     dep_refs,
     rename_refs,
     resolve_inputs,
@@ -83,9 +83,9 @@ def _reference(plan: Plan, agents: list[AgentCard] | None, retry: RetryPolicy) -
             if c.capability(t.capability) is not None
         }
         if all(reasons.values()):
-            detail = ", ".join(
-                f"{a}: {_with_fields(r, by_id[a], t)}" for a, r in sorted(reasons.items())
-            )
+            # the words of each refusal are the shared helper's (issue 30: they name the
+            # absent field and an unmet constraint too); which tasks are refused is the test
+            detail = ", ".join(f"{a}: {_worded(by_id[a], t)}" for a in sorted(reasons))
             raise InvalidPlan(f"task {t.id!r}: no agent accepts its inputs ({detail})")
 
 
