@@ -165,9 +165,13 @@ class TaskJournal:
         ok = isinstance(bound, int) and not isinstance(bound, bool) and bound > 0
         token = CALL_MAX_TOKENS.set(bound if ok else None)
         task = getattr(services, "task", None)
-        # the pacer serves runs round-robin: it knows the call's run by its root id
+        # the pacer serves by priority, then runs round-robin: it knows the call's run by
+        # its root id, and the run's priority from the card
         CALL_QUEUED_S.set(0.0)
-        pacing = CALL_PACING.set((str(getattr(task, "root_id", "") or ""), 0))
+        priority = getattr(task, "priority", 0)
+        pacing = CALL_PACING.set(
+            (str(getattr(task, "root_id", "") or ""), priority if isinstance(priority, int) else 0)
+        )
         start = time.monotonic()
         try:
             answer = await live()

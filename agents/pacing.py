@@ -23,18 +23,28 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import fnmatch
 import itertools
+import json
+import os
 import re
 import time
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cardbus.eventstore.errors import ConfigError
 
 __all__ = [
     "CALL_PACING",
     "CALL_QUEUED_S",
+    "ENV_LIMITS",
     "Bucket",
     "Limit",
     "LimitKey",
+    "LimitTable",
     "PaceState",
     "Pacer",
     "current_pacing",
@@ -57,6 +67,83 @@ CALL_PACING: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar(
 CALL_QUEUED_S: contextvars.ContextVar[float] = contextvars.ContextVar(
     "cardbus_call_queued_s", default=0.0
 )
+
+
+#: the environment variable naming the user's limits file (JSON or TOML)
+ENV_LIMITS = "CARDBUS_LIMITS"
+
+_LIMIT_FIELDS = {"requests_per_minute", "tokens_per_minute", "concurrent", "endpoint"}
+
+
+class LimitTable:
+    """Configured limits: a model name or glob (``fnmatch``, case-insensitive), and
+    optionally the endpoint (``host:port``) it applies to, -> ``Limit``. The first
+    matching entry wins; a key no entry matches is learned from the headers.
+
+    A JSON or TOML file::
+
+        # limits.toml                          // limits.json
+        [models."gpt-4o-mini"]                 {"models": {
+        requests_per_minute = 500                "gpt-4o-mini": {"requests_per_minute": 500,
+        tokens_per_minute = 200000                               "tokens_per_minute": 200000},
+        [models."llama*"]                        "llama*": {"concurrent": 4,
+        concurrent = 4                                      "endpoint": "localhost:8000"}}}
+        endpoint = "localhost:8000"
+    """
+
+    def __init__(
+        self, entries: list[tuple[str, str | None, Limit]] | None = None, source: str = ""
+    ) -> None:
+        self.entries = list(entries or [])
+        self.source = source
+
+    @classmethod
+    def load(cls, path: str | Path) -> LimitTable:
+        """Read a limits file; a ``ConfigError`` names what is wrong in it."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+            data: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (OSError, ValueError) as e:  # TOMLDecodeError and JSONDecodeError are both
+            raise ConfigError(f"limits file {str(path)!r}: {e}") from e
+        models = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(models, dict):
+            raise ConfigError(f"limits file {str(path)!r}: no 'models' table")
+        entries: list[tuple[str, str | None, Limit]] = []
+        for name, entry in models.items():
+            where = f"limits file {str(path)!r}, model {name!r}"
+            if not isinstance(entry, dict) or set(entry) - _LIMIT_FIELDS:
+                raise ConfigError(f"{where}: fields are {sorted(_LIMIT_FIELDS)}")
+            numbers = {k: v for k, v in entry.items() if k != "endpoint"}
+            for k, v in numbers.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                    raise ConfigError(f"{where}: {k} must be a positive number, not {v!r}")
+            endpoint = entry.get("endpoint")
+            if endpoint is not None and not isinstance(endpoint, str):
+                raise ConfigError(f"{where}: endpoint must be a string (host:port)")
+            concurrent = numbers.get("concurrent")
+            limit = Limit(
+                requests_per_minute=numbers.get("requests_per_minute"),
+                tokens_per_minute=numbers.get("tokens_per_minute"),
+                concurrent=int(concurrent) if concurrent is not None else None,
+            )
+            entries.append((str(name), endpoint, limit))
+        return cls(entries, source=str(path))
+
+    @classmethod
+    def from_env(cls) -> LimitTable:
+        """The file ``CARDBUS_LIMITS`` names, else an empty table (everything learned)."""
+        path = os.environ.get(ENV_LIMITS)
+        return cls.load(path) if path else cls()
+
+    def limit_for(self, key: LimitKey) -> Limit | None:
+        endpoint, model, _ = key
+        for pattern, where, limit in self.entries:
+            if where is not None and where.lower() != endpoint.lower():
+                continue
+            if fnmatch.fnmatchcase(model.lower(), pattern.lower()):
+                return limit
+        return None
 
 
 def current_pacing() -> dict[str, str | int]:
@@ -139,7 +226,11 @@ def _number(headers: Mapping[str, str], name: str) -> float | None:
 
 @dataclass
 class PaceState:
-    """The buckets of one limit key, and what a 429 taught."""
+    """The buckets of one limit key, and what a 429 taught.
+
+    The buckets pace ``share`` (this process's part of a cluster's limit: 1.0 alone,
+    set by ``cardbus.bus.runtime.pace_share``) of the limit, times ``slowdown`` (halved
+    by each 429, restored by the next headers once the 429's hold has passed)."""
 
     requests: Bucket | None = None
     tokens: Bucket | None = None
@@ -149,6 +240,10 @@ class PaceState:
     configured: bool = False  # configured limits are not overridden by headers
     minute_s: float = 60.0  # a provider's minute (a bench scales time down)
     rate_limited: int = 0
+    requests_per_minute: float | None = None  # the limit, configured or learned
+    tokens_per_minute: float | None = None
+    share: float = 1.0
+    slowdown: float = 1.0
 
     def wait_for(self, tokens: float, now: float) -> float:
         """Seconds until a call of ``tokens`` may go (inf: wait for a release)."""
@@ -168,32 +263,54 @@ class PaceState:
             self.tokens.take(tokens, now)
         self.in_flight += 1
 
+    def _rebuild(self, now: float) -> None:
+        """Buckets for the limits at ``share * slowdown``, keeping what they hold."""
+        for kind in ("requests", "tokens"):
+            limit = getattr(self, f"{kind}_per_minute")
+            old: Bucket | None = getattr(self, kind)
+            if not limit:
+                setattr(self, kind, None)
+                continue
+            fresh = _per_minute(limit * self.share, now, self.minute_s)
+            fresh.rate *= self.slowdown
+            if old is not None:
+                if (old.capacity, old.rate) == (fresh.capacity, fresh.rate):
+                    continue
+                old.refill(now)
+                fresh.level = min(old.level, fresh.capacity)
+            setattr(self, kind, fresh)
+
     def configure(self, limit: Limit, now: float) -> None:
         self.configured = True
-        rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
-        self.requests = _per_minute(rpm, now, self.minute_s) if rpm else None
-        self.tokens = _per_minute(tpm, now, self.minute_s) if tpm else None
+        self.requests_per_minute = limit.requests_per_minute or None
+        self.tokens_per_minute = limit.tokens_per_minute or None
         self.concurrent = limit.concurrent
+        self._rebuild(now)
+
+    def set_share(self, share: float, now: float) -> None:
+        """Pace ``share`` (0 < share <= 1) of the limit: this process's part of a cluster's."""
+        self.share = min(1.0, max(1e-3, share))
+        self._rebuild(now)
 
     def learn(self, headers: Mapping[str, str], now: float) -> None:
         """Fold an answer's rate-limit headers: the limit sets the pace (unless one is
         configured), and the remaining count caps what the bucket believes it holds."""
         h = {k.lower(): v for k, v in headers.items()}
+        changed = False
+        # a pace a 429 halved is restored once its retry-after has passed
+        if not self.configured and now >= self.hold_until:
+            for kind in ("requests", "tokens"):
+                limit = _number(h, f"x-ratelimit-limit-{kind}")
+                if limit is not None and limit > 0:
+                    changed |= getattr(self, f"{kind}_per_minute") != limit
+                    setattr(self, f"{kind}_per_minute", limit)
+                    changed |= self.slowdown != 1.0
+            if changed:
+                self.slowdown = 1.0
+                self._rebuild(now)
         for kind in ("requests", "tokens"):
-            limit = _number(h, f"x-ratelimit-limit-{kind}")
             remaining = _number(h, f"x-ratelimit-remaining-{kind}")
             bucket = getattr(self, kind)
-            said = limit is not None and limit > 0 and not self.configured
-            # a pace a 429 halved is restored once its retry-after has passed
-            if said and limit is not None and now >= self.hold_until:
-                fresh = _per_minute(limit, now, self.minute_s)
-                if bucket is not None and bucket.rate == fresh.rate:
-                    fresh = bucket
-                elif bucket is not None:
-                    bucket.refill(now)
-                    fresh.level = min(bucket.level, fresh.capacity)
-                bucket = fresh
-                setattr(self, kind, bucket)
             if bucket is not None and remaining is not None:
                 bucket.refill(now)
                 bucket.level = min(bucket.level, remaining)
@@ -202,11 +319,16 @@ class PaceState:
         """A 429 came anyway: hold every call for ``retry_after`` (1 s if unsaid) and
         halve the pace; learning from the next answers' headers restores it."""
         self.rate_limited += 1
-        self.hold_until = max(self.hold_until, now + (retry_after or 1.0))
+        self.hold(now + (retry_after or 1.0), now)
+
+    def hold(self, until: float, now: float) -> None:
+        """Nothing goes before ``until``, and the pace is halved (a 429, here or in
+        another member of the cluster)."""
+        self.hold_until = max(self.hold_until, until)
+        self.slowdown /= 2.0
+        self._rebuild(now)
         for bucket in (self.requests, self.tokens):
             if bucket is not None:
-                bucket.refill(now)
-                bucket.rate /= 2.0
                 bucket.level = min(bucket.level, 0.0)
 
 
@@ -228,10 +350,16 @@ class Pacer:
         clock: Callable[[], float] = time.monotonic,
         aging_s: float = 10.0,
         minute_s: float = 60.0,
+        limits: LimitTable | None = None,
     ) -> None:
         """``aging_s``: a waiter gains one priority per ``aging_s`` waited; ``minute_s``:
-        the length of the limits' minute (60; a bench scales it down)."""
+        the length of the limits' minute (60; a bench scales it down); ``limits``: the
+        configured ones (the rest are learned from the headers)."""
         self.clock = clock
+        self.limits = limits or LimitTable()
+        #: called with (key, retry_after) when a call was answered 429 (a cluster's share
+        #: tells the other members: ``cardbus.bus.runtime.pace_share``)
+        self.on_rate_limited: list[Callable[[LimitKey, float | None], None]] = []
         self.minute_s = minute_s
         self.aging_s = aging_s
         self.states: dict[LimitKey, PaceState] = {}
@@ -241,7 +369,35 @@ class Pacer:
         self._seq = itertools.count()
 
     def state(self, key: LimitKey) -> PaceState:
-        return self.states.setdefault(key, PaceState(minute_s=self.minute_s))
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = PaceState(minute_s=self.minute_s)
+            limit = self.limits.limit_for(key)
+            if limit is not None:
+                state.configure(limit, self.clock())
+        return state
+
+    def use_limits(self, limits: LimitTable) -> None:
+        """Configure from ``limits`` (the keys known now, and those met later)."""
+        self.limits = limits
+        for key, state in self.states.items():
+            limit = limits.limit_for(key)
+            if limit is not None:
+                state.configure(limit, self.clock())
+
+    def demand(self, key: LimitKey) -> int:
+        """Calls of ``key`` waiting or under way here (what a cluster's shares follow)."""
+        return len(self._waiters.get(key, ())) + self.state(key).in_flight
+
+    def set_share(self, key: LimitKey, share: float) -> None:
+        self.state(key).set_share(share, self.clock())
+        self._pump(key)
+
+    def hold(self, key: LimitKey, seconds: float) -> None:
+        """Another member was answered 429: hold for ``seconds`` and halve the pace."""
+        now = self.clock()
+        self.state(key).hold(now + seconds, now)
+        self._pump(key)
 
     def configure(self, key: LimitKey, limit: Limit) -> None:
         self.state(key).configure(limit, self.clock())
@@ -252,6 +408,8 @@ class Pacer:
 
     def rate_limited(self, key: LimitKey, retry_after: float | None) -> None:
         self.state(key).rate_limited_answer(retry_after, self.clock())
+        for listener in self.on_rate_limited:
+            listener(key, retry_after)
         self._pump(key)
 
     def release(self, key: LimitKey) -> None:
@@ -332,5 +490,5 @@ def process_pacer() -> Pacer:
     """The pacer every model call in this process shares."""
     global _process_pacer
     if _process_pacer is None:
-        _process_pacer = Pacer()
+        _process_pacer = Pacer(limits=LimitTable.from_env())
     return _process_pacer
