@@ -37,9 +37,9 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from cardbus.agents.pacing import LimitKey, Pacer
+from cardbus.agents.pacing import LimitKey, Pacer, process_pacer
 
-__all__ = ["LIMITS_BUCKET", "PaceShare", "limit_id"]
+__all__ = ["LIMITS_BUCKET", "PaceShare", "limit_id", "share_pace", "unshare_pace"]
 
 log = logging.getLogger(__name__)
 
@@ -218,3 +218,41 @@ class PaceShare:
         for key in list(self.pacer.states):
             if limit_id(key) == lid:
                 self.pacer.hold(key, seconds)
+
+
+_shared: dict[int, tuple[PaceShare, int]] = {}  # id(pacer) -> (its share, users)
+
+
+async def share_pace(nc: Client, pacer: Pacer | None = None) -> PaceShare | None:
+    """Share ``pacer`` (default: the process's) with the cluster on ``nc``; one
+    ``PaceShare`` per pacer, however many runtimes in the process ask (a second would
+    count the process twice). None if the bucket cannot be used (a connection without
+    the permission): the process then paces alone, as it says in a warning. Pair with
+    ``unshare_pace``."""
+    pacer = pacer if pacer is not None else process_pacer()
+    held = _shared.get(id(pacer))
+    if held is not None:
+        _shared[id(pacer)] = (held[0], held[1] + 1)
+        return held[0]
+    share = PaceShare(nc, pacer)
+    try:
+        await share.start()
+    except _KV_ERRORS as e:
+        log.warning("provider limits paced by this process alone (bucket %s: %r)", share.bucket, e)
+        await share.stop()
+        return None
+    _shared[id(pacer)] = (share, 1)
+    return share
+
+
+async def unshare_pace(share: PaceShare | None) -> None:
+    if share is None:
+        return
+    held = _shared.get(id(share.pacer))
+    if held is None or held[0] is not share:
+        return
+    if held[1] > 1:
+        _shared[id(share.pacer)] = (share, held[1] - 1)
+        return
+    del _shared[id(share.pacer)]
+    await share.stop()
