@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cardbus.agents.llm import CALL_MAX_TOKENS, Completion
-from cardbus.agents.pacing import CALL_PACING, CALL_QUEUED_S
+from cardbus.agents.pacing import CALL_PACING, CALL_QUEUE_WATCH, CALL_QUEUED_S, QueueWatch
 from cardbus.agents.requests import REQUESTER
 from cardbus.eventstore.errors import LLMError, ReplayDiverged, ToolError
 from cardbus.eventstore.ids import new_id
@@ -172,6 +172,21 @@ class TaskJournal:
         pacing = CALL_PACING.set(
             (str(getattr(task, "root_id", "") or ""), priority if isinstance(priority, int) else 0)
         )
+
+        async def queued(limit: str, max_wait_s: float) -> object:
+            args = {"call": call, "phase": "queued", "limit": limit, "max_wait_s": max_wait_s}
+            return await services.request(
+                "model.queue", model, args, seq=seq, execution=self.execution
+            )
+
+        async def granted(waited_s: float) -> object:
+            args = {"call": call, "phase": "granted", "waited_s": round(waited_s, 6)}
+            return await services.request(
+                "model.queue", model, args, seq=seq, execution=self.execution
+            )
+
+        # a wait for the provider's limit is recorded: queued, not the task's run time
+        watching = CALL_QUEUE_WATCH.set(QueueWatch(queued, granted))
         start = time.monotonic()
         try:
             answer = await live()
@@ -209,6 +224,7 @@ class TaskJournal:
         finally:
             CALL_MAX_TOKENS.reset(token)
             CALL_PACING.reset(pacing)
+            CALL_QUEUE_WATCH.reset(watching)
         await services.request(
             "model.answer",
             model,

@@ -30,16 +30,20 @@ import os
 import re
 import time
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cardbus.eventstore.errors import ConfigError
+from cardbus.eventstore.errors import ConfigError, LLMRateLimited
 
 __all__ = [
     "CALL_PACING",
     "CALL_QUEUED_S",
+    "CALL_QUEUE_WATCH",
+    "QueueWatch",
+    "RUN_CLOCK",
+    "RunClock",
     "ENV_LIMITS",
     "Bucket",
     "Limit",
@@ -146,10 +150,43 @@ class LimitTable:
         return None
 
 
-def current_pacing() -> dict[str, str | int]:
-    """``run`` and ``priority`` of the call being made, as ``Pacer.acquire`` takes them."""
+@dataclass(frozen=True)
+class QueueWatch:
+    """Told when a call starts waiting for its limit (``queued(limit, max_wait_s)``) and
+    when it gets its slot (``granted(waited_s)``), before it is sent: the task journal
+    records both, so the wait is shown as queued and not counted as the task's run time."""
+
+    queued: Callable[[str, float], Awaitable[object]]
+    granted: Callable[[float], Awaitable[object]]
+
+
+#: the journal's watch on the call being made (None: nobody records the wait)
+CALL_QUEUE_WATCH: contextvars.ContextVar[QueueWatch | None] = contextvars.ContextVar(
+    "cardbus_call_queue_watch", default=None
+)
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """The worker's clock of a task's run time: ``pause(bound_s)`` when a call starts
+    waiting for its limit (the wait is at most ``bound_s``), ``resume(waited_s)`` when it
+    stops waiting (its slot came, or it gave up). Calls waiting at once pause it once."""
+
+    pause: Callable[[float], None]
+    resume: Callable[[float], None]
+
+
+#: set by the agent worker around a handler (None: no run time is counted here)
+RUN_CLOCK: contextvars.ContextVar[RunClock | None] = contextvars.ContextVar(
+    "cardbus_run_clock", default=None
+)
+
+
+def current_pacing() -> dict[str, Any]:
+    """``run``, ``priority`` and ``watch`` of the call being made, as ``Pacer.acquire``
+    takes them."""
     run, priority = CALL_PACING.get()
-    return {"run": run, "priority": priority}
+    return {"run": run, "priority": priority, "watch": CALL_QUEUE_WATCH.get()}
 
 
 @dataclass(frozen=True)
@@ -351,11 +388,14 @@ class Pacer:
         aging_s: float = 10.0,
         minute_s: float = 60.0,
         limits: LimitTable | None = None,
+        max_wait_s: float = 600.0,
     ) -> None:
         """``aging_s``: a waiter gains one priority per ``aging_s`` waited; ``minute_s``:
         the length of the limits' minute (60; a bench scales it down); ``limits``: the
-        configured ones (the rest are learned from the headers)."""
+        configured ones (the rest are learned from the headers); ``max_wait_s``: the longest
+        a call waits for its slot (then it fails with ``LLMRateLimited``)."""
         self.clock = clock
+        self.max_wait_s = max_wait_s
         self.limits = limits or LimitTable()
         #: called with (key, retry_after) when a call was answered 429 (a cluster's share
         #: tells the other members: ``cardbus.bus.runtime.pace_share``)
@@ -431,10 +471,18 @@ class Pacer:
         return min(waiters, key=rank)
 
     async def acquire(
-        self, key: LimitKey, tokens: float = 1.0, *, run: str | int = "", priority: str | int = 0
+        self,
+        key: LimitKey,
+        tokens: float = 1.0,
+        *,
+        run: str | int = "",
+        priority: str | int = 0,
+        watch: QueueWatch | None = None,
     ) -> float:
         """Wait for a slot of ``key`` for a call of ``tokens``; the seconds waited.
-        Pair with ``release`` when the call has its answer."""
+        Pair with ``release`` when the call has its answer. ``watch`` is told when the
+        call starts waiting and when it gets its slot (not when a slot was free at once).
+        Past ``max_wait_s`` the call gives up: ``LLMRateLimited``."""
         now = self.clock()
         loop = asyncio.get_running_loop()
         waiter = _Waiter(
@@ -444,14 +492,33 @@ class Pacer:
         self._pump(key)
         if waiter.future.done():
             return 0.0  # a slot was free: no wait at all
+        granted = False
+        clock = RUN_CLOCK.get()
+        if clock is not None:
+            clock.pause(self.max_wait_s)
         try:
-            return await waiter.future
-        except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                self.release(key)  # granted as we were cancelled: give it back
-            elif waiter in self._waiters.get(key, []):
-                self._waiters[key].remove(waiter)
+            if watch is not None:
+                await watch.queued(f"{key[0]}/{key[1]}", self.max_wait_s)
+            waited = await asyncio.wait_for(asyncio.shield(waiter.future), self.max_wait_s)
+            granted = True
+            if watch is not None:
+                await watch.granted(waited)
+            return waited
+        except BaseException as e:
+            if granted or (waiter.future.done() and not waiter.future.cancelled()):
+                self.release(key)  # granted as we were stopped: give it back
+            else:
+                waiter.future.cancel()
+                if waiter in self._waiters.get(key, []):
+                    self._waiters[key].remove(waiter)
+            if isinstance(e, TimeoutError):
+                raise LLMRateLimited(
+                    f"waited {self.max_wait_s:g} s for a slot of {key[0]}/{key[1]}'s limit"
+                ) from e
             raise
+        finally:
+            if clock is not None:
+                clock.resume(max(0.0, self.clock() - now))
 
     def _pump(self, key: LimitKey) -> None:
         """Grant every waiter that may go now, in order; else wake when the next may."""

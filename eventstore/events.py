@@ -47,7 +47,9 @@ __all__ = [
     "MemoryRead",
     "MemoryWritten",
     "ModelAnswered",
+    "ModelQueued",
     "ModelRequested",
+    "ModelSlotGranted",
     "NeedsInput",
     "OrchestratorStarted",
     "PlanAccepted",
@@ -708,6 +710,34 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     queued_s: float = 0.0
 
 
+class ModelQueued(_Event, frozen=True, kw_only=True, tag="model.queued.v1"):
+    """A model call waits for its provider's limit before it is sent (``limit``: the
+    endpoint and model whose pace it waits for; ``cardbus.agents.pacing``): queued, not
+    running. The attempt's run time (``timeout_s``) stops until ``model.slot_granted``;
+    the wait is bounded by ``max_wait_s`` (then the call fails: ``llm_rate_limited``)."""
+
+    task_id: str
+    agent_id: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    model: str = ""
+    limit: str = ""
+    max_wait_s: float = 0.0
+
+
+class ModelSlotGranted(_Event, frozen=True, kw_only=True, tag="model.slot_granted.v1"):
+    """The queued model call got its slot after ``waited_s`` and is sent now: the
+    attempt's run time goes on from where ``model.queued`` stopped it."""
+
+    task_id: str
+    agent_id: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    waited_s: float = 0.0
+
+
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):
     """A journaled tool call with a ``tool.requested`` and no result: the process died
     during the call, and whether its effect happened is unknown.
@@ -848,6 +878,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ModelAnswered,
     ToolEffectUnknown,
     BudgetRefused,
+    ModelQueued,
+    ModelSlotGranted,
 )
 
 TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
@@ -898,6 +930,8 @@ Event = (
     | ModelAnswered
     | ToolEffectUnknown
     | BudgetRefused
+    | ModelQueued
+    | ModelSlotGranted
 )
 
 

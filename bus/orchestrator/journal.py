@@ -595,6 +595,37 @@ class Journal:
             result={"call": ""} if bound is None else {"call": "", "max_tokens": bound}
         )
 
+    async def model_queue(self, req: AgentRequest) -> CallOutcome:
+        """A live call waits for its provider's limit (``phase`` queued), or got its slot
+        (granted): ``model.queued`` / ``model.slot_granted``, which stop and restart the
+        attempt's run time (``limit_waits``)."""
+        a = req.args
+        if req.seq < 0 or not req.execution or a.get("phase") not in ("queued", "granted"):
+            raise BadJournalRequest("model.queue needs seq, execution and a phase")
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        pending = self._pending.get((req.task_id, req.execution, req.seq))
+        if pending is not None:
+            await asyncio.shield(pending)  # its model.requested first
+        where = dict(
+            task_id=req.task_id,
+            agent_id=req.agent_id,
+            attempt=req.attempt,
+            execution=req.execution,
+            seq=req.seq,
+        )
+        event: ev.Event
+        if a["phase"] == "queued":
+            event = ev.ModelQueued(
+                **where,
+                model=req.target,
+                limit=str(a.get("limit") or "")[:300],
+                max_wait_s=_seconds(a.get("max_wait_s")),
+            )
+        else:
+            event = ev.ModelSlotGranted(**where, waited_s=_seconds(a.get("waited_s")))
+        await self._write(journal, req.task_id, [event])
+        return CallOutcome(result={"recorded": True})
+
     async def model_answer(self, req: AgentRequest) -> CallOutcome:
         a = req.args
         if req.seq < 0 or not req.execution:

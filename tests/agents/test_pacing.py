@@ -192,3 +192,39 @@ async def test_the_wait_for_the_limit_is_on_the_model_call_record(tmp_path: Path
     assert [e.seq for e in answered] == [0, 1]
     assert answered[0].queued_s == 0.0  # the burst's one call went at once
     assert 0.0 < answered[1].queued_s <= answered[1].latency_s  # queued, within the latency
+
+
+class TwiceQuick(Twice):
+    agent_id = "twice-quick"
+
+
+async def test_a_wait_for_the_limit_is_queued_not_the_tasks_run_time(tmp_path: Path) -> None:
+    # one call a 2.5 s "minute" after the first: the second call waits about 2.5 s for its
+    # slot, more than the task's 1 s timeout; queued, not running, it does not time out
+    pacer = Pacer(minute_s=2.5)
+    with OpenAIStub() as stub:
+        llm = OpenAIChatLLM(stub.url, "m", pacer=pacer)
+        pacer.configure(llm.limit_key(), Limit(requests_per_minute=2))
+        async with (
+            await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [TwiceQuick], llm=llm) as rt,
+        ):
+            plan = {
+                "goal": "ask",
+                "tasks": [{"id": "t", "capability": "ask", "inputs": {}, "timeout_s": 1}],
+            }
+            result = await rt.run(plan)
+            events = [e for e in await store.read_correlation(result.root_id)]
+    assert result.status == "completed", result
+    kinds = [type(e.data) for e in events]
+    assert ev.TaskTimedOut not in kinds and ev.TaskRetryScheduled not in kinds
+    queued = [e for e in events if isinstance(e.data, ev.ModelQueued)]
+    granted = [e for e in events if isinstance(e.data, ev.ModelSlotGranted)]
+    answered = [e.data for e in events if isinstance(e.data, ev.ModelAnswered)]
+    assert [q.data.seq for q in queued] == [1] and [g.data.seq for g in granted] == [1]
+    assert queued[0].data.limit.endswith("/m") and queued[0].data.max_wait_s == pacer.max_wait_s
+    assert granted[0].data.waited_s > 1.0  # longer than the task's whole timeout
+    assert granted[0].data.waited_s == pytest.approx(answered[1].queued_s, abs=1e-3)
+    # in the log's order: asked, queued, granted, answered
+    order = [kinds.index(t) for t in (ev.ModelQueued, ev.ModelSlotGranted)]
+    assert order[0] < order[1] < max(i for i, k in enumerate(kinds) if k is ev.ModelAnswered)
