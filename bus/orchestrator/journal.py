@@ -606,23 +606,27 @@ class Journal:
         pending = self._pending.get((req.task_id, req.execution, req.seq))
         if pending is not None:
             await asyncio.shield(pending)  # its model.requested first
-        where = dict(
-            task_id=req.task_id,
-            agent_id=req.agent_id,
-            attempt=req.attempt,
-            execution=req.execution,
-            seq=req.seq,
-        )
         event: ev.Event
         if a["phase"] == "queued":
             event = ev.ModelQueued(
-                **where,
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                attempt=req.attempt,
+                execution=req.execution,
+                seq=req.seq,
                 model=req.target,
                 limit=str(a.get("limit") or "")[:300],
                 max_wait_s=_seconds(a.get("max_wait_s")),
             )
         else:
-            event = ev.ModelSlotGranted(**where, waited_s=_seconds(a.get("waited_s")))
+            event = ev.ModelSlotGranted(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                attempt=req.attempt,
+                execution=req.execution,
+                seq=req.seq,
+                waited_s=_seconds(a.get("waited_s")),
+            )
         await self._write(journal, req.task_id, [event])
         return CallOutcome(result={"recorded": True})
 

@@ -203,7 +203,7 @@ class PaceShare:
         value = json.dumps({"until": until, "by": self.member, "t": time.time()}).encode()
         task = asyncio.ensure_future(self._kv.put(f"{limit_id(key)}._hold", value))
         self._holds.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self._holds.discard)  # type: ignore[arg-type]
+        task.add_done_callback(self._holds.discard)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def _held(self, lid: str, value: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -228,3 +228,31 @@ async def test_a_wait_for_the_limit_is_queued_not_the_tasks_run_time(tmp_path: P
     # in the log's order: asked, queued, granted, answered
     order = [kinds.index(t) for t in (ev.ModelQueued, ev.ModelSlotGranted)]
     assert order[0] < order[1] < max(i for i, k in enumerate(kinds) if k is ev.ModelAnswered)
+    # replay shows the wait as queued for the model's limit, then the slot
+    timeline = await _replay_of(tmp_path / "log.db", result.root_id)
+    details = [s.detail or "" for n in timeline.tasks for s in n.steps]
+    assert any(d.startswith("queued for the model's limit") for d in details), details
+    assert any(d.startswith("slot of the model's limit after") for d in details), details
+    # the task table (what the console lists) says "queued" while the call waits
+    queued_at = kinds.index(ev.ModelQueued)
+    assert _task_reason(events[: queued_at + 1]).startswith("queued for the model's limit")
+    assert _task_reason(events[: kinds.index(ev.ModelSlotGranted) + 1]) is None
+
+
+async def _replay_of(path: Path, root_id: str) -> Any:
+    from cardbus.projections.replay import replay
+
+    async with await SqliteEventStore.open(path) as store:
+        return await replay(store, root_id)
+
+
+def _task_reason(events: list[Any]) -> Any:
+    from types import SimpleNamespace
+
+    from cardbus.projections.model import MemoryTable
+    from cardbus.projections.tasks import TASKS, TaskTable
+
+    table = MemoryTable(TASKS)
+    assert not TaskTable().apply_many(SimpleNamespace(tables={"proj_tasks": table}), events)  # type: ignore[arg-type]
+    (row,) = [r for r in table.data.values() if r["capability"] == "ask"]
+    return row["reason"]
