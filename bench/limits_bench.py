@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "agents"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openai_stub import OpenAIStub
+from summary import record  # the figures for bench/summary.py ($CARDBUS_BENCH_JSON)
 
 from cardbus.agents.llm import OpenAIChatLLM
 from cardbus.agents.pacing import CALL_PACING, CALL_QUEUED_S, Pacer
@@ -97,6 +99,29 @@ def report(case: str, waits: list[float], limited: int, elapsed: float, minute: 
     )
     for text, ok in checks:
         print(f"  {'met   ' if ok else 'MISSED'} {text}")
+    (_, ok429), (_, okrate), (_, okfair) = checks
+    bench = "limits"
+    record(
+        None, bench, f"{case}: calls answered 429", share_429 * 100, "%", target="<= 1", met=ok429
+    )
+    record(
+        None,
+        bench,
+        f"{case}: achieved rate of the limit",
+        rate / LIMIT_RPM * 100,
+        "%",
+        target=">= 90",
+        met=okrate,
+    )
+    record(
+        None,
+        bench,
+        f"{case}: longest run's wait / mean",
+        worst / mean,
+        "x",
+        target="<= 3",
+        met=okfair,
+    )
     return all(ok for _, ok in checks)
 
 
