@@ -2,7 +2,7 @@
 
 One ``EmbeddedRuntime`` on a SQLite file, ``Policy.max_runs_in_flight`` at its default
 (500): 2,500 one-task runs are submitted while the agent holds every card it gets (500
-in flight, 2,000 queued in the log), then two more: an urgent one (``priority`` 10) and,
+in flight, 2,000 queued in the log), then two more: an urgent one (``priority`` 1) and,
 the baseline measured in the same run, one of priority 0. The agent is let go at once
 (each card then takes ``--work`` seconds, ``max_concurrency`` 50), and everything runs
 to the end.
@@ -55,7 +55,7 @@ async def bench(queued: int, work: float) -> bool:
 
     class Worker(Agent):
         agent_id = "worker"
-        capabilities = [Capability("work", N, N, "work")]  # noqa: RUF012
+        capabilities = [Capability("work", N, N, "work")]
         constraints = AgentConstraints(max_concurrency=50)
 
         async def handle(self, task: Any, inputs: N, ctx: Any) -> N:
@@ -72,7 +72,7 @@ async def bench(queued: int, work: float) -> bool:
                 queue = set(orch.admission.queued(orch.state))  # not admitted: queued
                 waiting = len(queue)
                 t0 = time.monotonic()
-                urgent = await rt.submit(plan("urgent", priority=10))
+                urgent = await rt.submit(plan("urgent", priority=1))
                 baseline = await rt.submit(plan("baseline"))
                 submitted = time.time()
                 gate.set()

@@ -17,15 +17,18 @@ sent) and events others write for it are folded as ever.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from cardbus.bus.orchestrator.runstate import RunState, RunView
 
 __all__ = ["AGING_RUNS", "Admission", "admission_order"]
 
-#: a queued run gains one priority for every AGING_RUNS runs started after it, so a
-#: stream of urgent runs never starves a low one for ever (aging counted in the log's
-#: runs, not in seconds: the order stays derivable from the log alone)
+#: a queued run gains one priority for every AGING_RUNS runs of a higher priority started
+#: after it (that could overtake it), so a stream of urgent runs never starves a low one
+#: for ever; runs of its own priority or lower do not age it (they queue behind it
+#: anyway). Aging is counted in the log's runs, not in seconds: the order stays
+#: derivable from the log alone.
 AGING_RUNS = 500
 
 
@@ -33,14 +36,14 @@ def admission_order(runs: list[RunView]) -> list[RunView]:
     """Waiting runs in the order they are admitted: the highest aged priority first, then
     the log's order (``run.started``'s position)."""
     by_position = sorted(runs, key=lambda r: r.position)
-    count = len(by_position)
-
-    def rank(item: tuple[int, RunView]) -> tuple[float, int]:
-        index, run = item
-        aged = run.started.priority + (count - 1 - index) / AGING_RUNS
-        return (-aged, run.position)
-
-    return [run for _, run in sorted(enumerate(by_position), key=rank)]
+    aged: dict[int, float] = {}
+    later: Counter[int] = Counter()  # priorities of the runs started after this one
+    for run in reversed(by_position):
+        own = run.started.priority
+        overtaking = sum(n for p, n in later.items() if p > own)
+        aged[id(run)] = own + overtaking / AGING_RUNS
+        later[own] += 1
+    return sorted(by_position, key=lambda r: (-aged[id(r)], r.position))
 
 
 class Admission:

@@ -23,13 +23,20 @@ def test_higher_priority_first_then_the_log_order() -> None:
     assert [r.root_id for r in admission_order(runs)] == ["urgent", "a", "b", "c"]
 
 
-def test_a_run_waiting_long_enough_ages_past_a_newer_urgent_one() -> None:
+def test_a_run_overtaken_long_enough_ages_past_a_newer_urgent_one() -> None:
     old = _run("old", 1)
-    behind = [_run(f"n{i}", 2 + i) for i in range(AGING_RUNS)]
-    urgent = _run("urgent", AGING_RUNS + 10, priority=1)
-    order = [r.root_id for r in admission_order([old, *behind, urgent])]
-    assert order[0] == "old"  # aged past priority 1 by the runs started behind it
-    assert order.index("urgent") < order.index("n1")  # which have not waited as long
+    urgent = [_run(f"u{i}", 2 + i, priority=1) for i in range(AGING_RUNS + 1)]
+    order = [r.root_id for r in admission_order([old, *urgent])]
+    # overtaken by more than AGING_RUNS urgent runs started after it: worth more than
+    # their priority now, it goes first
+    assert order[:3] == ["old", "u0", "u1"]
+    # overtaken by fewer, it still waits behind them
+    fewer = [r.root_id for r in admission_order([old, *urgent[: AGING_RUNS - 1]])]
+    assert fewer[-1] == "old"
+    # runs of its own priority started after it do not age it: they queue behind it anyway
+    same = [_run(f"s{i}", 2 + i) for i in range(3 * AGING_RUNS)]
+    late = _run("late", 3 * AGING_RUNS + 10, priority=1)
+    assert [r.root_id for r in admission_order([old, *same, late])][:2] == ["late", "old"]
 
 
 async def test_a_high_priority_run_submitted_behind_a_queue_starts_first(store) -> None:
@@ -60,3 +67,23 @@ async def test_a_high_priority_run_submitted_behind_a_queue_starts_first(store) 
     order = [d for d in dispatched if d != tid(hold, "hold")]
     assert order[0] == tid(urgent, "urgent")
     assert order[1:] == [tid(r, f"q{i}") for i, r in enumerate(queued)]  # then the log's order
+
+
+def test_behind_2000_queued_runs_an_urgent_one_takes_the_first_free_place() -> None:
+    from types import SimpleNamespace
+
+    from cardbus.bus.orchestrator.admission import Admission
+
+    limit = 500
+    runs = {f"r{i}": _run(f"r{i}", i + 1) for i in range(limit + 2000)}
+    state = SimpleNamespace(open=dict(runs), runs_changed=0)
+    admission = Admission(limit)
+    admission.update(state, None)  # type: ignore[arg-type]
+    assert len(admission.queued(state)) == 2000  # type: ignore[arg-type]
+    state.open["urgent"] = _run("urgent", limit + 2001, priority=1)
+    state.runs_changed += 1
+    assert admission.update(state, None) == set()  # type: ignore[arg-type]  # no place free
+    del state.open["r0"]  # one run in flight ends: one place comes free
+    state.runs_changed += 1
+    started = admission.update(state, None)  # type: ignore[arg-type]
+    assert started == {"urgent"}  # not one of the 2,000 runs queued before it
