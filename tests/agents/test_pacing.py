@@ -256,3 +256,40 @@ def _task_reason(events: list[Any]) -> Any:
     assert not TaskTable().apply_many(SimpleNamespace(tables={"proj_tasks": table}), events)  # type: ignore[arg-type]
     (row,) = [r for r in table.data.values() if r["capability"] == "ask"]
     return row["reason"]
+
+
+def test_a_limits_file_in_toml_or_json_configures_keys_by_model_and_endpoint(
+    tmp_path: Path,
+) -> None:
+    from cardbus.agents.pacing import LimitTable
+    from cardbus.eventstore.errors import ConfigError
+
+    toml = tmp_path / "limits.toml"
+    toml.write_text(
+        '[models."gpt-4o-mini"]\nrequests_per_minute = 500\ntokens_per_minute = 200000\n'
+        '[models."llama*"]\nconcurrent = 4\nendpoint = "localhost:8000"\n'
+    )
+    as_json = tmp_path / "limits.json"
+    as_json.write_text(
+        '{"models": {"gpt-4o-mini": {"requests_per_minute": 500, "tokens_per_minute": 200000},'
+        ' "llama*": {"concurrent": 4, "endpoint": "localhost:8000"}}}'
+    )
+    for path in (toml, as_json):
+        table = LimitTable.load(path)
+        assert table.limit_for(("api.openai.com", "gpt-4o-mini", "k")) == Limit(500, 200000)
+        assert table.limit_for(("localhost:8000", "Llama-3", "k")) == Limit(concurrent=4)
+        assert table.limit_for(("other:8000", "llama-3", "k")) is None  # another endpoint
+    # a pacer keeps a configured limit for the keys it meets, whatever the headers say
+    pacer = Pacer(limits=LimitTable.load(toml))
+    state = pacer.state(("api.openai.com", "gpt-4o-mini", "k"))
+    state.learn({"x-ratelimit-limit-requests": "10000"}, now=pacer.clock())
+    assert state.configured and state.requests_per_minute == 500
+    for bad, says in (
+        ("{}", "no 'models' table"),
+        ('{"models": {"m": {"rpm": 5}}}', "fields are"),
+        ('{"models": {"m": {"concurrent": 0}}}', "concurrent must be a positive number"),
+        ("{not json", "limits file"),
+    ):
+        as_json.write_text(bad)
+        with pytest.raises(ConfigError, match=says):
+            LimitTable.load(as_json)
