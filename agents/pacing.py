@@ -49,6 +49,7 @@ __all__ = [
     "Limit",
     "LimitKey",
     "LimitTable",
+    "MIN_SLOWDOWN",
     "PaceState",
     "Pacer",
     "current_pacing",
@@ -261,6 +262,11 @@ def _number(headers: Mapping[str, str], name: str) -> float | None:
         return None
 
 
+#: 429s in a row halve the pace down to this part of the limit, no further: a pace of
+#: nearly nothing would wait minutes for the one answer that restores it
+MIN_SLOWDOWN = 1 / 16
+
+
 @dataclass
 class PaceState:
     """The buckets of one limit key, and what a 429 taught.
@@ -281,11 +287,16 @@ class PaceState:
     tokens_per_minute: float | None = None
     share: float = 1.0
     slowdown: float = 1.0
+    # an answer was read (``learn``): until then one call goes, and the others wait for
+    # what its headers say (a batch of runs does not spend a minute's budget unpaced)
+    learned: bool = False
 
     def wait_for(self, tokens: float, now: float) -> float:
         """Seconds until a call of ``tokens`` may go (inf: wait for a release)."""
         if self.concurrent is not None and self.in_flight >= self.concurrent:
             return float("inf")
+        if not self.configured and not self.learned and self.in_flight > 0:
+            return float("inf")  # the first call's answer tells the limits
         wait = max(0.0, self.hold_until - now)
         if self.requests is not None:
             wait = max(wait, self.requests.wait_for(1, now))
@@ -333,6 +344,7 @@ class PaceState:
         """Fold an answer's rate-limit headers: the limit sets the pace (unless one is
         configured), and the remaining count caps what the bucket believes it holds."""
         h = {k.lower(): v for k, v in headers.items()}
+        self.learned = True
         changed = False
         # a pace a 429 halved is restored once its retry-after has passed
         if not self.configured and now >= self.hold_until:
@@ -362,7 +374,7 @@ class PaceState:
         """Nothing goes before ``until``, and the pace is halved (a 429, here or in
         another member of the cluster)."""
         self.hold_until = max(self.hold_until, until)
-        self.slowdown /= 2.0
+        self.slowdown = max(MIN_SLOWDOWN, self.slowdown / 2.0)
         self._rebuild(now)
         for bucket in (self.requests, self.tokens):
             if bucket is not None:
@@ -465,7 +477,9 @@ class Pacer:
         served = self._served.setdefault(key, {})
 
         def rank(w: _Waiter) -> tuple[float, int, int]:
-            aged = w.priority + (now - w.since) / self.aging_s
+            # whole steps of aging: a waiter a microsecond older is not a priority higher
+            # (the round-robin between runs decides among equals)
+            aged = w.priority + (now - w.since) // self.aging_s
             return (-aged, served.get(w.run, 0), w.seq)
 
         return min(waiters, key=rank)

@@ -119,6 +119,14 @@ async def test_higher_priority_first_then_runs_round_robin() -> None:
     assert order == ["urgent", "a", "b", "a", "a"]
 
 
+async def test_round_robin_between_runs_on_the_real_clock() -> None:
+    # waiters queued microseconds apart are equals: the runs take turns, not the oldest
+    pacer = Pacer()
+    pacer.configure(KEY, Limit(concurrent=1))
+    order = await _grant_order(pacer, [("a", 0), ("a", 0), ("a", 0), ("b", 0), ("urgent", 5)])
+    assert order == ["urgent", "a", "b", "a", "a"]
+
+
 async def test_a_low_priority_waiter_ages_past_a_newer_high_one() -> None:
     clock = FakeClock()
     pacer = Pacer(clock=clock, aging_s=1.0)
@@ -293,3 +301,14 @@ def test_a_limits_file_in_toml_or_json_configures_keys_by_model_and_endpoint(
         as_json.write_text(bad)
         with pytest.raises(ConfigError, match=says):
             LimitTable.load(as_json)
+
+
+def test_429s_in_a_row_halve_the_pace_down_to_a_floor() -> None:
+    from cardbus.agents.pacing import MIN_SLOWDOWN
+
+    state = PaceState()
+    state.learn({"x-ratelimit-limit-requests": "600"}, now=0.0)
+    for n in range(10):
+        state.rate_limited_answer(0.1, now=float(n))
+    assert state.slowdown == MIN_SLOWDOWN  # not 1/1024: the next answer comes in time
+    assert state.requests is not None and state.requests.rate == pytest.approx(9.5 / 16)
