@@ -4,16 +4,22 @@ A provider limits calls per (provider, model, key): requests and tokens per minu
 sometimes concurrent calls. Meeting the limit by retrying 429s makes every run learn
 it by hitting it; a ``Pacer`` holds a token bucket per limit instead and lets a call
 go only when both buckets hold enough. One pacer serves a whole process
-(``process_pacer``), so every run in it shares the pace.
+(``process_pacer``), so every run in it shares the pace; the members of a NATS cluster
+each pace their share of it (``cardbus.bus.runtime.pace_share``).
 
-Limits are configured (``Pacer.configure``) or learned from the answers' rate-limit
-headers (``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*``, ``x-ratelimit-reset-*``,
-as OpenAI-compatible providers send them). A 429 that still comes halves the pace and
-holds every call for its ``retry-after``.
+Limits are configured (a ``LimitTable``: the file ``CARDBUS_LIMITS`` or ``--limits``
+names, or ``Pacer.configure``) or learned from the answers' rate-limit headers
+(``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*``), as OpenAI-compatible providers
+send them; until a key's first answer is read, one call goes and the others wait for
+it. A 429 that still comes halves the pace and holds every call for its
+``retry-after``.
 
 Waiters are served by priority first (a higher ``priority`` goes first; a waiter's
 priority grows by one per ``aging_s`` waited, so a low one is never starved for
 ever), then round-robin between runs (one run's fan-out does not starve the others).
+A call that waits says so (``QueueWatch``: the task journal records ``model.queued``
+and ``model.slot_granted``) and stops the worker's clock of the task's run time
+(``RunClock``): queued for the model's limit is not running.
 
 The bucket arithmetic (``Bucket``, ``PaceState``) is pure: time is an argument, so a
 test drives it with a fake clock; ``Pacer`` is the thin asyncio shell around it.
