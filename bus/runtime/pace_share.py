@@ -87,6 +87,8 @@ class PaceShare:
         self._kv: KeyValue | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._holds: set[asyncio.Task[None]] = set()
+        self._starting: asyncio.Task[None] | None = None  # share_pace's start, under way
+        self._watcher: Any = None
 
     async def start(self) -> PaceShare:
         js = self.nc.jetstream()
@@ -99,7 +101,7 @@ class PaceShare:
                 )
             except nats.js.errors.BadRequestError:  # created by another member meanwhile
                 self._kv = await js.key_value(self.bucket)
-        watcher = await self._kv.watch(">")
+        watcher = self._watcher = await self._kv.watch(">")
         self.pacer.on_rate_limited.append(self._rate_limited)
         self._tasks = [
             asyncio.create_task(self._watch(watcher), name="pace-share-watch"),
@@ -108,6 +110,11 @@ class PaceShare:
         return self
 
     async def stop(self) -> None:
+        starting, self._starting = self._starting, None
+        if starting is not None and starting is not asyncio.current_task():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *_KV_ERRORS):
+                await starting
         with contextlib.suppress(ValueError):
             self.pacer.on_rate_limited.remove(self._rate_limited)
         for task in [*self._tasks, *self._holds]:
@@ -116,6 +123,10 @@ class PaceShare:
             with contextlib.suppress(asyncio.CancelledError, *_KV_ERRORS):
                 await task
         self._tasks = []
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            with contextlib.suppress(*_KV_ERRORS):
+                await watcher.stop()
         if self._kv is not None:  # say at once that this member asks for nothing more
             for lid in list(self._said):
                 with contextlib.suppress(*_KV_ERRORS):
@@ -223,11 +234,12 @@ class PaceShare:
 _shared: dict[int, tuple[PaceShare, int]] = {}  # id(pacer) -> (its share, users)
 
 
-async def share_pace(nc: Client, pacer: Pacer | None = None) -> PaceShare | None:
+async def share_pace(nc: Client, pacer: Pacer | None = None) -> PaceShare:
     """Share ``pacer`` (default: the process's) with the cluster on ``nc``; one
     ``PaceShare`` per pacer, however many runtimes in the process ask (a second would
-    count the process twice). None if the bucket cannot be used (a connection without
-    the permission): the process then paces alone, as it says in a warning. Pair with
+    count the process twice). It starts in the background: nothing waits for the bucket
+    (an agent's connection without the permission to use it would wait for a timeout),
+    and if it cannot be used the process paces alone, as a warning says. Pair with
     ``unshare_pace``."""
     pacer = pacer if pacer is not None else process_pacer()
     held = _shared.get(id(pacer))
@@ -235,17 +247,21 @@ async def share_pace(nc: Client, pacer: Pacer | None = None) -> PaceShare | None
         _shared[id(pacer)] = (held[0], held[1] + 1)
         return held[0]
     share = PaceShare(nc, pacer)
+    share._starting = asyncio.create_task(_start_quietly(share), name="pace-share-start")
+    _shared[id(pacer)] = (share, 1)
+    return share
+
+
+async def _start_quietly(share: PaceShare) -> None:
     try:
         await share.start()
     except _KV_ERRORS as e:
         log.warning("provider limits paced by this process alone (bucket %s: %r)", share.bucket, e)
         await share.stop()
-        return None
-    _shared[id(pacer)] = (share, 1)
-    return share
 
 
 async def unshare_pace(share: PaceShare | None) -> None:
+    """One user of ``share`` is done with it; the last stops it."""
     if share is None:
         return
     held = _shared.get(id(share.pacer))

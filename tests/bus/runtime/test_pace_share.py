@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import nats
 import pytest
@@ -86,8 +87,29 @@ async def test_one_share_per_pacer_however_many_runtimes_ask(connections: list[C
     pacer = Pacer()
     first = await share_pace(connections[0], pacer)
     second = await share_pace(connections[1], pacer)
-    assert first is not None and second is first  # the process is counted once
+    assert second is first  # the process is counted once
+    await asyncio.wait_for(_until(lambda: bool(first._tasks)), 30)  # started meanwhile
     await unshare_pace(second)
     assert first._tasks  # still shared: one user left
     await unshare_pace(first)
     assert not first._tasks
+
+
+async def test_a_connection_that_may_not_use_the_bucket_paces_alone(
+    nats_server_factory: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # an agent's permissions (``agent_permissions``) do not include the limits bucket
+    server = nats_server_factory(
+        extra_config='authorization { users = [ { user: "agent", password: "pw",'
+        ' permissions: { publish: ["cardbus.reply.>"], subscribe: ["_INBOX.>"] } } ] }'
+    )
+    nc = await nats.connect(server.url, user="agent", password="pw")
+    try:
+        pacer = Pacer()
+        share = await share_pace(nc, pacer)  # returns at once: nothing waits for the bucket
+        assert share._starting is not None
+        await asyncio.wait_for(_until(lambda: "paced by this process alone" in caplog.text), 60)
+        assert not share._tasks  # not shared: the pacer goes on alone
+        await unshare_pace(share)
+    finally:
+        await nc.close()
