@@ -418,6 +418,8 @@ class Pacer:
         #: called with (key, retry_after) when a call was answered 429 (a cluster's share
         #: tells the other members: ``cardbus.bus.runtime.pace_share``)
         self.on_rate_limited: list[Callable[[LimitKey, float | None], None]] = []
+        #: called with a key the first time it is met (a cluster's share sets its part)
+        self.on_new_key: list[Callable[[LimitKey], None]] = []
         self.minute_s = minute_s
         self.aging_s = aging_s
         self.states: dict[LimitKey, PaceState] = {}
@@ -433,6 +435,8 @@ class Pacer:
             limit = self.limits.limit_for(key)
             if limit is not None:
                 state.configure(limit, self.clock())
+            for listener in self.on_new_key:
+                listener(key)
         return state
 
     def use_limits(self, limits: LimitTable) -> None:

@@ -39,12 +39,15 @@ from nats.js.kv import KeyValue
 
 from cardbus.agents.pacing import LimitKey, Pacer, process_pacer
 
-__all__ = ["LIMITS_BUCKET", "PaceShare", "limit_id", "share_pace", "unshare_pace"]
+__all__ = ["IDLE_WEIGHT", "LIMITS_BUCKET", "PaceShare", "limit_id", "share_pace", "unshare_pace"]
 
 log = logging.getLogger(__name__)
 
 #: the key-value bucket the members' demands live in
 LIMITS_BUCKET = "cardbus-limits"
+
+#: what a member with no call waiting or under way counts as, in calls
+IDLE_WEIGHT = 0.05
 
 _KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, OSError)
 
@@ -103,6 +106,7 @@ class PaceShare:
                 self._kv = await js.key_value(self.bucket)
         watcher = self._watcher = await self._kv.watch(">")
         self.pacer.on_rate_limited.append(self._rate_limited)
+        self.pacer.on_new_key.append(self._new_key)
         self._tasks = [
             asyncio.create_task(self._watch(watcher), name="pace-share-watch"),
             asyncio.create_task(self._tick_loop(), name="pace-share-tick"),
@@ -117,6 +121,8 @@ class PaceShare:
                 await starting
         with contextlib.suppress(ValueError):
             self.pacer.on_rate_limited.remove(self._rate_limited)
+        with contextlib.suppress(ValueError):
+            self.pacer.on_new_key.remove(self._new_key)
         for task in [*self._tasks, *self._holds]:
             task.cancel()
         for task in [*self._tasks, *self._holds]:
@@ -142,14 +148,22 @@ class PaceShare:
 
     def share(self, lid: str, own: float, now: float) -> float:
         """This member's part of limit ``lid`` with ``own`` demand, as of wall time ``now``."""
+        # a member with nothing to send counts as IDLE_WEIGHT of a call: the busy ones
+        # keep nearly all of the limit, and one that starts sending starts slow (its
+        # share grows at its next tick, the others' shrink as they hear it) rather than
+        # at a share the others have not made room for
         others = [
-            demand
+            max(demand, IDLE_WEIGHT)
             for member, (demand, said) in self.demands.get(lid, {}).items()
-            if member != self.member and demand > 0 and now - said <= self.stale_s
+            if member != self.member and now - said <= self.stale_s
         ]
-        if own <= 0:
-            return 1.0 / (1 + len(others))
+        own = max(own, IDLE_WEIGHT)
         return own / (own + sum(others))
+
+    def _new_key(self, key: LimitKey) -> None:
+        """A limit first met here: its share from the start, not from the next tick."""
+        share = self.share(limit_id(key), 0.0, time.time())
+        self.pacer.state(key).set_share(share, self.pacer.clock())
 
     def _recompute(self) -> None:
         now = time.time()
@@ -177,8 +191,8 @@ class PaceShare:
             lid = limit_id(key)
             demand = float(self.pacer.demand(key))
             said, when = self._said.get(lid, (0.0, 0.0))
-            if demand == said and (demand == 0 or now - when < self.stale_s / 3):
-                continue
+            if demand == said and now - when < self.stale_s / 3:
+                continue  # said, and recently enough to count as alive
             self._said[lid] = (demand, now)
             value = json.dumps({"demand": demand, "t": now}).encode()
             puts.append(self._kv.put(f"{lid}.{self.member}", value))

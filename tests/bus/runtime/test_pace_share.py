@@ -16,7 +16,13 @@ import pytest
 from nats.aio.client import Client
 
 from cardbus.agents.pacing import Limit, Pacer
-from cardbus.bus.runtime.pace_share import PaceShare, share_pace, unshare_pace
+from cardbus.bus.runtime.pace_share import (
+    IDLE_WEIGHT,
+    PaceShare,
+    limit_id,
+    share_pace,
+    unshare_pace,
+)
 
 KEY = ("api.example:443", "m", "k")
 
@@ -56,11 +62,21 @@ async def test_each_member_paces_its_demands_part_of_the_limit(connections: list
             assert requests is not None
             # 3/4 of 600 a minute, less its burst of a twentieth: the cluster stays within
             assert requests.rate * 60 == pytest.approx(450 - 450 / 20)
-            # b has nothing left to send: a takes the whole limit, b a would-be share
+            # b has nothing left to send: a takes nearly all of the limit, and b, should it
+            # start again, starts slow (it counts as IDLE_WEIGHT of a call)
             b.state(KEY).in_flight = 0
             await share_b.tick()
-            await asyncio.wait_for(_until(lambda: a.state(KEY).share == 1.0), 30)
-            assert b.state(KEY).share == 0.5
+            busy = 3 / (3 + IDLE_WEIGHT)
+            await asyncio.wait_for(_until(lambda: a.state(KEY).share == busy), 30)
+            assert b.state(KEY).share == pytest.approx(IDLE_WEIGHT / (3 + IDLE_WEIGHT))
+            # a limit b meets for the first time, while a uses it, starts at b's idle
+            # share: not the whole limit until b's next tick
+            other = ("api.example:443", "m2", "k")
+            a.state(other).in_flight = 2
+            await share_a.tick()
+            await asyncio.wait_for(_until(lambda: limit_id(other) in share_b.demands), 30)
+            assert other not in b.states
+            assert b.state(other).share == pytest.approx(IDLE_WEIGHT / (2 + IDLE_WEIGHT))
         finally:
             await share_a.stop()
         # a member that stops deletes its word: the other no longer counts it
