@@ -296,6 +296,9 @@ class PaceState:
     # an answer was read (``learn``): until then one call goes, and the others wait for
     # what its headers say (a batch of runs does not spend a minute's budget unpaced)
     learned: bool = False
+    # a bucket made for a limit just learned starts empty, not with its burst: in a
+    # cluster, the other members may be bursting at the same moment (``pace_share``)
+    start_empty: bool = False
 
     def wait_for(self, tokens: float, now: float) -> float:
         """Seconds until a call of ``tokens`` may go (inf: wait for a release)."""
@@ -332,6 +335,8 @@ class PaceState:
                     continue
                 old.refill(now)
                 fresh.level = min(old.level, fresh.capacity)
+            elif self.start_empty:
+                fresh.level = 0.0
             setattr(self, kind, fresh)
 
     def configure(self, limit: Limit, now: float) -> None:
@@ -418,6 +423,8 @@ class Pacer:
         #: called with (key, retry_after) when a call was answered 429 (a cluster's share
         #: tells the other members: ``cardbus.bus.runtime.pace_share``)
         self.on_rate_limited: list[Callable[[LimitKey, float | None], None]] = []
+        #: buckets of limits met from now on start empty (set by a cluster's share)
+        self.start_empty = False
         #: called with a key the first time it is met (a cluster's share sets its part)
         self.on_new_key: list[Callable[[LimitKey], None]] = []
         self.minute_s = minute_s
@@ -431,7 +438,9 @@ class Pacer:
     def state(self, key: LimitKey) -> PaceState:
         state = self.states.get(key)
         if state is None:
-            state = self.states[key] = PaceState(minute_s=self.minute_s)
+            state = self.states[key] = PaceState(
+                minute_s=self.minute_s, start_empty=self.start_empty
+            )
             limit = self.limits.limit_for(key)
             if limit is not None:
                 state.configure(limit, self.clock())

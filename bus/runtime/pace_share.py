@@ -107,6 +107,8 @@ class PaceShare:
         watcher = self._watcher = await self._kv.watch(">")
         self.pacer.on_rate_limited.append(self._rate_limited)
         self.pacer.on_new_key.append(self._new_key)
+        # the members learn a limit at about the same moment: no burst each on top
+        self.pacer.start_empty = True
         self._tasks = [
             asyncio.create_task(self._watch(watcher), name="pace-share-watch"),
             asyncio.create_task(self._tick_loop(), name="pace-share-tick"),

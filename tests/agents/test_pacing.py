@@ -312,3 +312,11 @@ def test_429s_in_a_row_halve_the_pace_down_to_a_floor() -> None:
         state.rate_limited_answer(0.1, now=float(n))
     assert state.slowdown == MIN_SLOWDOWN  # not 1/1024: the next answer comes in time
     assert state.requests is not None and state.requests.rate == pytest.approx(9.5 / 16)
+
+
+def test_a_bucket_that_starts_empty_has_no_burst() -> None:
+    # a cluster's member: the others may burst at the same moment (pace_share)
+    state = PaceState(start_empty=True)
+    state.learn({"x-ratelimit-limit-requests": "600"}, now=0.0)
+    assert state.requests is not None and state.requests.level == 0.0
+    assert state.wait_for(1, 0.0) == pytest.approx(1 / 9.5)
