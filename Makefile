@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	@# the Node agent's client (tests/e2e/test_node_agent.py), where Node.js is installed
+	@if command -v npm >/dev/null; then cd examples/node_agent && npm ci --no-audit --no-fund --loglevel=error; fi
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP) $(DEMO_STAMP)
 
@@ -65,7 +67,7 @@ check: $(STAMP) typecheck-tree
 
 # tests/docs/ builds the site with --strict too, and runs every block of docs/ and examples/
 test: check
-	$(BIN)/python -P -m pytest -q -n 2 -p no:cacheprovider
+	$(BIN)/python -P -m pytest -q -rs -n 2 -p no:cacheprovider
 
 # the site: docs/ (mkdocs.yml), the reference pages generated from the code at build time
 # (docs/_hooks/); --strict: a broken link or a missing reference fails the build

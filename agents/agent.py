@@ -290,8 +290,9 @@ class Agent:
             extra = {"error": f"{type(e).__name__}: {_text(e)}"}
             if isinstance(e, LLMError):  # a typed reason for the retry policy
                 extra["reason"] = _text(e.error_type)
-            elif isinstance(e, EffectUnknown):  # the orchestrator asks an operator
-                extra["reason"] = "tool_effect_unknown"
+            elif isinstance(e, EffectUnknown):  # the orchestrator asks an operator (a review)
+                review = e.error_type == "tool_review"
+                extra["reason"] = "tool_review" if review else "tool_effect_unknown"
             elif isinstance(e, ReplayDiverged):  # a strict re-run: never retried
                 extra["reason"] = ReplayDiverged.error_type
             elif isinstance(e, JournalTampered):  # the task is failed already

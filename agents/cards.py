@@ -29,6 +29,7 @@ __all__ = [
     "ResultStatus",
     "Started",
     "TaskCard",
+    "WIRE_VERSION",
     "decode_agent_card",
     "decode_cancel_notice",
     "decode_reply",
@@ -36,6 +37,10 @@ __all__ = [
     "decode_task_card",
     "encode",
 ]
+
+#: the version of the wire format (``cardbus.bus.wire``) this code speaks: every
+#: announcement says its own, and an orchestrator refuses an agent speaking another
+WIRE_VERSION = 1
 
 ResultStatus = Literal["completed", "failed", "needs_input", "rejected"]
 #: a confidence is a probability: decoding anything outside 0..1 is an error
@@ -207,6 +212,8 @@ class Announce(_Card, frozen=True, kw_only=True, tag="announce"):
     # counts the replica's announcements, so each renewal is a message of its own (JetStream
     # drops a message whose id, the hash of its bytes, matches one it still holds)
     renewal: int = 0
+    #: the wire format the agent speaks (absent: 1, the format before this field)
+    wire_version: int = WIRE_VERSION
 
 
 class CancelNotice(_Card, frozen=True, kw_only=True, tag="cancel_notice"):

@@ -120,7 +120,10 @@ class TaskJournal:
         return (self.services.requester or REQUESTER.get()) is not None
 
     async def model_call(
-        self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
+        self,
+        request: dict[str, Any],
+        live: Callable[[], Awaitable[Completion]],
+        provider: str = "",
     ) -> Completion:
         """Answer ``request`` from the journal, or make it ``live`` and record the answer."""
         if not self.recording:
@@ -129,10 +132,13 @@ class TaskJournal:
         async def asked() -> dict[str, Any]:
             return msgspec.to_builtins(await live())
 
-        return msgspec.convert(await self.call(request, asked), Completion)
+        return msgspec.convert(await self.call(request, asked, provider), Completion)
 
     async def call(
-        self, request: dict[str, Any], live: Callable[[], Awaitable[dict[str, Any]]]
+        self,
+        request: dict[str, Any],
+        live: Callable[[], Awaitable[dict[str, Any]]],
+        provider: str = "",
     ) -> dict[str, Any]:
         """The journal's one model-call step, for any client (a framework's model too).
 
@@ -150,7 +156,13 @@ class TaskJournal:
         asked = await services.request(
             "model.request",
             model,
-            {"request": request, "digest": request_digest(request), "replay": self.replay},
+            # the provider rides beside the request, not in it: the digest is the ask's alone
+            {
+                "request": request,
+                "digest": request_digest(request),
+                "replay": self.replay,
+                "provider": provider,
+            },
             seq=seq,
             execution=self.execution,
         )
@@ -247,6 +259,9 @@ class TaskJournal:
         run: Callable[[str], Awaitable[Any]],
         *,
         idempotent: bool = False,
+        review: bool = False,
+        schema: dict[str, Any] | None = None,
+        edited: Callable[[str, dict[str, Any]], Awaitable[Any]] | None = None,
     ) -> Any:
         """A tool the agent runs itself (a framework's function tool), journaled.
 
@@ -258,6 +273,11 @@ class TaskJournal:
         ``EffectUnknown`` is raised and the task waits for an operator (who may record it
         as done: the recorded result is then returned). After a first difference, a call
         an earlier attempt recorded gets that call's key, under the same rule.
+
+        ``review``: the tool's policy holds this call for a person (``schema``: its input
+        schema, an edit is checked against it). ``ToolUnderReview`` is raised until the
+        person's word; refused, the refusal is raised as a ``ToolError`` (the model's to
+        act on); approved with other arguments, ``edited(key, arguments)`` runs instead.
         """
         if not self.recording:
             return await run("")
@@ -266,7 +286,8 @@ class TaskJournal:
         begun = await services.request(
             "tool.begin",
             name,
-            {"arguments": arguments, "idempotent": idempotent},
+            {"arguments": arguments, "idempotent": idempotent}
+            | ({"review": True, "schema": schema or {}} if review else {}),
             seq=seq,
             execution=self.execution,
         )
@@ -274,6 +295,13 @@ class TaskJournal:
             self.replayed += 1
             return begun["replay"]
         key = str(begun.get("key", "")) if isinstance(begun, dict) else ""
+        if isinstance(begun, dict) and isinstance(begun.get("arguments"), dict) and edited:
+            arguments = begun["arguments"]  # a person's edit: the call runs with these
+            changed = arguments
+
+            async def run(key: str) -> Any:
+                return await edited(key, changed)
+
         start = time.monotonic()
         ended: dict[str, Any] = {"arguments": arguments, "key": key}
         try:

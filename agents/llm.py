@@ -80,6 +80,7 @@ __all__ = [
     "configured_llm",
     "current_max_tokens",
     "describe_llm",
+    "provider_of_url",
     "schema_instance",
     "tool_message",
     "use_tracer_provider",
@@ -388,6 +389,15 @@ def schema_instance(schema: dict[str, Any], seed: str = "mock") -> Any:
 # -- the OpenAI-compatible client ------------------------------------------------------
 
 
+def provider_of_url(base_url: str) -> str:
+    """``gen_ai.provider.name`` of an OpenAI-compatible endpoint, from its host (see
+    ``OpenAIChatLLM.provider``); shared with the framework adapters' journaled calls."""
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    if host.endswith(".openai.azure.com"):
+        return "azure.ai.openai"
+    return OpenAIChatLLM.PROVIDERS.get(host) or host or "unknown"
+
+
 class OpenAIChatLLM:
     """Chat completions through the ``openai`` SDK (``POST {base_url}/chat/completions``).
 
@@ -418,10 +428,7 @@ class OpenAIChatLLM:
         OpenTelemetry registry's name for a known provider (api.openai.com -> ``openai``,
         ``*.openai.azure.com`` -> ``azure.ai.openai``, ...), else the host itself (a
         custom value, as the GenAI conventions allow: a local vLLM is not OpenAI)."""
-        host = (urlsplit(self.base_url).hostname or "").lower().rstrip(".")
-        if host.endswith(".openai.azure.com"):
-            return "azure.ai.openai"
-        return self.PROVIDERS.get(host) or host or "unknown"
+        return provider_of_url(self.base_url)
 
     def __init__(
         self,
@@ -721,8 +728,13 @@ class ModelJournal(Protocol):
         ...
 
     async def model_call(
-        self, request: dict[str, Any], live: Callable[[], Awaitable[Completion]]
-    ) -> Completion: ...
+        self,
+        request: dict[str, Any],
+        live: Callable[[], Awaitable[Completion]],
+        provider: str = "",
+    ) -> Completion:
+        """``provider``: the client's ``gen_ai.provider.name``, recorded beside the request."""
+        ...
 
 
 class MeteredLLM:
@@ -794,7 +806,12 @@ class MeteredLLM:
         if journal is not None and journal.recording:
             # recorded in the task's stream, answered from it on a retry; its span is the
             # orchestrator's, made from the log (one span a call, not one on each side)
-            return await journal.model_call(request, lambda: self._live(model, call, False))
+            provider = getattr(self.inner, "provider", None)
+            return await journal.model_call(
+                request,
+                lambda: self._live(model, call, False),
+                provider if isinstance(provider, str) else "",
+            )
         return await self._live(model, call)
 
     async def _live(

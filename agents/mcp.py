@@ -63,6 +63,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
 from cardbus.eventstore.errors import MissingExtra
 
 try:
@@ -84,6 +87,7 @@ from cardbus.agents.mcp_config import (
 )
 from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec, current_idempotency_key
 from cardbus.eventstore.errors import ConfigError, ToolFailed, ToolTimeout
+from cardbus.eventstore.trace_ids import span_id_for
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -154,6 +158,10 @@ class _Connection:
             raise
 
     async def _run(self, ready: asyncio.Future[None]) -> None:
+        # the session's own traffic (initialize, tools/list) is not a tool call of any run:
+        # an unsampled parent keeps the SDK's spans of it out of the traces (one-span traces
+        # otherwise) under the default parent-based sampler
+        otel_context.attach(trace.set_span_in_context(_UNSAMPLED))
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
@@ -209,7 +217,10 @@ class _Connection:
         meta: Any = {IDEMPOTENCY_META_KEY: key} if key else None
         timeout = self.server.timeout_s
         try:
-            result = await session.call_tool(tool, args, read_timeout_seconds=timeout, meta=meta)
+            with _under_execute_tool(key):
+                result = await session.call_tool(
+                    tool, args, read_timeout_seconds=timeout, meta=meta
+                )
         except MCPError as e:
             if e.code == mcp_types.REQUEST_TIMEOUT:
                 raise ToolTimeout(f"{cardbus_name}: no result within {timeout:g}s") from e
@@ -306,7 +317,8 @@ class MCPToolset:
                     annotations and (annotations.idempotent_hint or annotations.read_only_hint)
                 ),
             )
-            self.registry.register(Tool(spec, self._caller(server.name, name, t.name)))
+            caller = self._caller(server.name, name, t.name)
+            self.registry.register(Tool(spec, caller, review=server.review_of(t.name)))
             self._mounted[name] = server.name
 
     def _caller(self, server: str, name: str, tool: str) -> Any:
@@ -324,6 +336,33 @@ def mount_mcp(
 ) -> MCPToolset:
     """An :class:`MCPToolset` of ``servers`` over ``registry``: ``async with`` it."""
     return MCPToolset(servers, registry, errlog=errlog)
+
+
+_UNSAMPLED = trace.NonRecordingSpan(
+    trace.SpanContext(trace_id=1, span_id=1, is_remote=False, trace_flags=trace.TraceFlags(0))
+)
+
+
+@contextlib.contextmanager
+def _under_execute_tool(key: str) -> Any:
+    """Make the journal's ``execute_tool`` span of this call (its id derived from the call's
+    ``tool.requested``, the idempotency key) the parent of the ``mcp`` SDK's ``tools/call``
+    span, in the run's trace; as is outside a recorded call or a trace."""
+    current = trace.get_current_span().get_span_context()
+    if not key or not current.is_valid:
+        yield
+        return
+    parent = trace.SpanContext(
+        trace_id=current.trace_id,
+        span_id=span_id_for(key),
+        is_remote=True,
+        trace_flags=current.trace_flags,
+    )
+    token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(parent)))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 async def _list_tools(session: ClientSession) -> list[mcp_types.Tool]:

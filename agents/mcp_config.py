@@ -15,9 +15,12 @@ An entry runs a command over stdio (``command``, ``args``, ``env``, ``cwd``) or
 speaks streamable HTTP to ``url`` (with ``headers``). ``type`` may say which
 (``stdio``, ``http``, ``streamable-http``, ``streamableHttp``); ``sse`` (the old
 HTTP transport) is refused. ``"disabled": true`` leaves an entry out, and other
-keys the clients add are ignored. cardbus reads three more keys per entry:
-``timeout_s`` (a call's time limit), ``max_result_bytes`` (a result's size limit)
-and ``start_timeout_s`` (for the server to start and list its tools).
+keys the clients add are ignored. cardbus reads four more keys per entry:
+``timeout_s`` (a call's time limit), ``max_result_bytes`` (a result's size limit),
+``start_timeout_s`` (for the server to start and list its tools) and ``review``
+(which calls wait for a person's review before they run: ``"always"`` for every tool
+of the server, or ``{"tool": "always"}`` naming tools as the server names them;
+``bus.orchestrator.reviews``).
 ``${VAR}`` (or ``${VAR:-default}``) in a string is the environment variable
 ``VAR``, so a secret need not be written in the file; an unset one without a
 default is a ``ConfigError``.
@@ -79,9 +82,22 @@ class MCPServer:
     timeout_s: float = 30.0
     max_result_bytes: int = 64 * 1024
     start_timeout_s: float = 30.0
+    #: the review policy of its tools (``Tool.review``): one for all of them ("always",
+    #: "never"), or by the tool's own name (a policy: "always", "never" or a function of
+    #: the arguments; a tool not named: "never")
+    review: Any = "never"
 
     def __post_init__(self) -> None:
         me = f"MCP server {self.name!r}"
+        policies = self.review.values() if isinstance(self.review, Mapping) else [self.review]
+        for policy in policies:
+            if policy not in ("always", "never") and not callable(policy):
+                raise ConfigError(
+                    f"{me}: review is 'always', 'never' or an object of tool: 'always' |"
+                    f" 'never'; got {self.review!r}"
+                )
+        if isinstance(self.review, Mapping):
+            object.__setattr__(self, "review", dict(self.review))
         if (
             not isinstance(self.name, str)
             or not SERVER_NAME.fullmatch(self.name)
@@ -112,6 +128,12 @@ class MCPServer:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"{me}: max_result_bytes must be an integer >= 1; got {n!r}")
 
+    def review_of(self, tool: str) -> Any:
+        """The review policy of its tool ``tool`` (as the server names it)."""
+        if isinstance(self.review, Mapping):
+            return self.review.get(tool, "never")
+        return self.review
+
     @property
     def transport(self) -> str:
         """``"stdio"`` or ``"http"``."""
@@ -140,7 +162,7 @@ class MCPServer:
                 raise ConfigError(f"{me}: type {kind!r} needs a url")
         settings = {
             k: e[k]
-            for k in ("timeout_s", "max_result_bytes", "start_timeout_s", "cwd")
+            for k in ("timeout_s", "max_result_bytes", "start_timeout_s", "cwd", "review")
             if k in e and e[k] is not None
         }
         return cls(

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from cardbus.agents.tools import TOOL_ERRORS, ToolRegistry, ToolSpec
+from cardbus.agents.tools import TOOL_ERRORS, ToolRegistry, ToolSpec, held_for_review
 from cardbus.eventstore.errors import (
     AccessDenied,
     BudgetExceeded,
@@ -66,6 +66,7 @@ from cardbus.eventstore.errors import (
     EffectUnknown,
     JournalTampered,
     ReplayDiverged,
+    ToolUnderReview,
     ValidationError,
 )
 from cardbus.eventstore.ids import new_id
@@ -185,6 +186,8 @@ def error_for(response: AgentResponse) -> CardbusError:
         return AccessDenied(message)
     if kind == "effect_unknown":
         return EffectUnknown(message)
+    if kind == "tool_review":
+        return ToolUnderReview(message)
     if kind == "replay_diverged":
         return ReplayDiverged(message)
     if kind == "journal_tampered":  # the orchestrator failed the task already
@@ -380,10 +383,18 @@ class TaskServices:
         tool = local.get(name) if local is not None else None
         if local is not None and tool is not None:
 
-            async def run(key: str) -> Any:
-                return (await local.call(name, args, idempotency_key=key)).result
+            async def run(key: str, arguments: dict[str, Any] = args) -> Any:
+                return (await local.call(name, arguments, idempotency_key=key)).result
 
-            return await journal.tool_call(name, args, run, idempotent=tool.spec.idempotent)
+            return await journal.tool_call(
+                name,
+                args,
+                run,
+                idempotent=tool.spec.idempotent,
+                review=held_for_review(tool, args),
+                schema=tool.spec.input_schema,
+                edited=run,
+            )
         return await self.request(
             "tool", name, args, seq=journal.next_seq(), execution=journal.execution
         )

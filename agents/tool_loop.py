@@ -8,7 +8,9 @@ answer that fits the output schema. Each call goes through ``ctx.tool``: the
 orchestrator checks it against the agent's allow-list and records it
 (``tool.requested`` before it runs, ``tool.called`` after). The calls of one
 turn (parallel calls) run concurrently; their results go back in the order
-the model asked for them. A call that fails as a tool call (``ToolError``:
+the model asked for them (a call held for a person's review, or one that fails
+the attempt, ends it only once its siblings are through: the held calls of a turn
+are reviewed together). A call that fails as a tool call (``ToolError``:
 bad arguments, timeout, too large, the tool raised; or ``AccessDenied``: not
 on the allow-list) is answered to the model as the tool message's content, an
 object with ``error_type`` and ``error``, so the model can recover; so are
@@ -115,8 +117,18 @@ def _name(d: ToolSpec | Tool | str) -> str:
 
 
 async def run_tool_calls(ctx: TaskServices, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
-    """Make ``calls`` concurrently through ``ctx.tool``; their tool messages, in their order."""
-    results = await asyncio.gather(*(_call(ctx, c) for c in calls))
+    """Make ``calls`` concurrently through ``ctx.tool``; their tool messages, in their order.
+
+    Every call of the turn is seen through before a failure ends the attempt (the first,
+    in the model's order): the calls a review holds are then all in the log together, for
+    a person to answer together or one by one, and no call is left running after its
+    attempt ended."""
+    outcomes = await asyncio.gather(*(_call(ctx, c) for c in calls), return_exceptions=True)
+    results: list[str] = []
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        results.append(outcome)
     return [tool_message(c.id, r) for c, r in zip(calls, results, strict=True)]
 
 

@@ -39,12 +39,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -78,9 +79,11 @@ __all__ = [
     "ToolOutcome",
     "ToolRegistry",
     "ToolResultTooLarge",
+    "ReviewPolicy",
     "ToolSpec",
     "ToolTimeout",
     "current_idempotency_key",
+    "held_for_review",
     "doc_search_tool",
     "http_fetch_tool",
 ]
@@ -127,9 +130,25 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 ToolFn = Callable[[Any], Awaitable[Any] | Any]
 
+#: a tool's review policy: every call waits for a person (``always``), none does
+#: (``never``), or those whose arguments the function says yes to (an amount over a limit)
+ReviewPolicy = Literal["always", "never"] | Callable[[dict[str, Any]], bool]
+
+log = logging.getLogger(__name__)
+
 _IDEMPOTENCY_KEY: contextvars.ContextVar[str] = contextvars.ContextVar(
     "cardbus_tool_idempotency_key", default=""
 )
+
+
+def held_for_review(tool: Tool, arguments: dict[str, Any]) -> bool:
+    """Whether ``tool``'s review policy holds a call with ``arguments`` for a person; a
+    policy that raises holds it (a person decides, rather than nobody)."""
+    try:
+        return tool.needs_review(arguments)
+    except Exception:  # the policy's bug: the call waits for a person, it does not run
+        log.warning("the review policy of %s raised; the call is held", tool.name, exc_info=True)
+        return True
 
 
 def current_idempotency_key() -> str:
@@ -150,10 +169,31 @@ class Tool:
     ``async`` or plain (a plain function runs in a worker thread).
     """
 
-    def __init__(self, spec: ToolSpec, fn: ToolFn, input_type: type | None = None) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec,
+        fn: ToolFn,
+        input_type: type | None = None,
+        review: ReviewPolicy = "never",
+    ) -> None:
+        if review not in ("always", "never") and not callable(review):
+            raise ConfigError(
+                f"a tool's review is 'always', 'never' or a function of the arguments; got"
+                f" {review!r}"
+            )
         self.spec = spec
         self.fn = fn
         self.input_type = input_type
+        self.review = review
+
+    def needs_review(self, arguments: dict[str, Any]) -> bool:
+        """Whether a call with ``arguments`` waits for a person's review before it runs
+        (``review``: ``always``, ``never``, or a function of the arguments)."""
+        if self.review == "always":
+            return True
+        if self.review == "never" or isinstance(self.review, str):
+            return False
+        return bool(self.review(arguments))
 
     @classmethod
     def define(
@@ -166,6 +206,7 @@ class Tool:
         timeout_s: float = 10.0,
         max_result_bytes: int = 64 * 1024,
         idempotent: bool = False,
+        review: ReviewPolicy = "never",
     ) -> Tool:
         spec = ToolSpec(
             name=name,
@@ -176,7 +217,7 @@ class Tool:
             max_result_bytes=max_result_bytes,
             idempotent=idempotent,
         )
-        return cls(spec, fn, input_type)
+        return cls(spec, fn, input_type, review=review)
 
     @property
     def name(self) -> str:

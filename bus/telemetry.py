@@ -720,7 +720,12 @@ def traced_handler(handler: CardHandler, bus: Bus, agent_id: str) -> CardHandler
 def invoke_agent(
     agent: type[Agent], card: TaskCard, llm: LLM | None
 ) -> Coroutine[Any, Any, ResultCard]:
-    """``agent.run(card, llm)`` in an ``invoke_agent <name>`` span with the gen_ai attributes.
+    """``agent.run(card, llm)`` in a ``handle <name>`` span with the agent's attributes.
+
+    Not a second ``invoke_agent``: the GenAI conventions' agent invocation is the
+    orchestrator's attempt span (CLIENT, dispatch to outcome, live and exported), one per
+    attempt; this INTERNAL span is the handler's own work inside it, named apart so that
+    a backend counting ``invoke_agent`` spans counts each attempt once.
 
     A plain function returning the coroutine to await: untraced, that is ``agent.run``'s
     own (no wrapping coroutine per card)."""
@@ -735,13 +740,13 @@ async def _invoke_traced(agent: type[Agent], card: TaskCard, llm: LLM | None) ->
     if not trace.get_current_span().get_span_context().is_valid:
         parent = context_from_traceparent(card.traceparent)
     with tracer().start_as_current_span(
-        f"invoke_agent {name}", context=parent, kind=SpanKind.INTERNAL
+        f"handle {name}", context=parent, kind=SpanKind.INTERNAL
     ) as span:
         recording = span.is_recording()
         if recording:
             span.set_attributes(
                 {
-                    "gen_ai.operation.name": "invoke_agent",
+                    "cardbus.operation.name": "handle",
                     "gen_ai.agent.id": agent.agent_id,
                     "gen_ai.agent.name": name,
                     "cardbus.task.id": card.task_id,

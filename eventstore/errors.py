@@ -25,12 +25,14 @@ they resemble, so ``except ValueError`` keeps working::
     ├── ValidationError           a card, plan or agent output breaks its schema
     │   ├── InvalidPlan           a plan refused before anything runs
     │   │   └── PlanConflict      a plan id reused with a different plan body
+    │   ├── InvalidSchedule       a schedule refused (cron, interval, time zone, policy)
     │   ├── InvalidScope          a memory scope or key that is not well formed
     │   └── AmbiguousId           an id prefix that matches more than one task or run
     ├── BusError                  the bus could not deliver or receive
     ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
     ├── AccessDenied              an agent asked for something outside its card
     ├── EffectUnknown             a journaled tool call may have taken effect before a crash
+    │   └── ToolUnderReview       a proposed tool call waits for a person's review
     ├── ReplayDiverged            a strict re-run asked what the recorded run did not ask
     ├── JournalTampered           a recorded call the log cannot vouch for (hash or digest)
     ├── LLMError                  the model endpoint failed or answered something unusable
@@ -66,6 +68,7 @@ __all__ = [
     "BudgetExceeded",
     "ConfigError",
     "EffectUnknown",
+    "ToolUnderReview",
     "ReplayDiverged",
     "JournalTampered",
     "LLMBadOutput",
@@ -96,6 +99,7 @@ __all__ = [
     "IdempotencyError",
     "IllegalTransition",
     "InvalidPlan",
+    "InvalidSchedule",
     "InvalidScope",
     "PayloadTooLarge",
     "PlanConflict",
@@ -217,6 +221,11 @@ class InvalidPlan(ValidationError):
     """A plan refused before anything runs; the message names the problem."""
 
 
+class InvalidSchedule(ValidationError):
+    """A schedule refused before it is written (its cron expression, interval, time zone or
+    a policy); the message names the problem."""
+
+
 class PlanConflict(InvalidPlan):
     """A plan id submitted again with another plan body: the id names one plan for good.
 
@@ -280,6 +289,17 @@ class EffectUnknown(CardbusError):
     """
 
     error_type = "effect_unknown"
+
+
+class ToolUnderReview(EffectUnknown):
+    """A tool call the model proposed waits for a person's review (the tool's review
+    policy): it did not run. Like ``EffectUnknown`` no tool-calling loop swallows it: the
+    attempt ends (reason ``tool_review``) and the task waits in ``awaiting_approval``;
+    the next attempt, after the person's word, runs it, runs it edited, or answers the
+    model with the refusal.
+    """
+
+    error_type = "tool_review"
 
 
 class ReplayDiverged(CardbusError):

@@ -7,7 +7,8 @@ and the old class stays in ``EVENT_TYPES`` so the decoder keeps reading it.
 Streams: a task's events live in the stream named by its task id; a run's
 own facts (``run.*``) in the stream named by its root id; agent registrations
 in ``agent-<agent_id>``; an orchestrator's starts in ``orchestrator-<id>``;
-plan submissions in ``plan-<plan_id>``; long-term memory in ``memory``.
+plan submissions in ``plan-<plan_id>``; long-term memory in ``memory``; a
+schedule's life and its firings in ``schedule-<schedule_id>`` (``schedule.*``).
 A run planned from a goal keeps its planning rounds
 (``plan.proposed``, ``plan.refused``, ``plan.accepted``) in the run's stream;
 each round's planning card is a task of its own (``<root_id>~plan<round>``,
@@ -67,6 +68,13 @@ __all__ = [
     "RunHalted",
     "RunResumed",
     "RunStarted",
+    "ScheduleBuffered",
+    "ScheduleCreated",
+    "ScheduleDeleted",
+    "ScheduleFired",
+    "SchedulePaused",
+    "ScheduleResumed",
+    "ScheduleSkipped",
     "ReplyRefused",
     "TaskCancelled",
     "TaskCompleted",
@@ -86,6 +94,8 @@ __all__ = [
     "TaskTimedOut",
     "ToolCalled",
     "ToolEffectUnknown",
+    "ToolReviewAnswered",
+    "ToolReviewRequested",
     "ToolRequested",
     "Usage",
     "tag_of",
@@ -434,6 +444,7 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     note: str = ""
     # admission and the model pacer serve a higher priority first (``Plan.priority``)
     priority: int = 0
+    schedule: str = ""  # the schedule whose firing started it ("" for none)
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -671,6 +682,9 @@ class ModelRequested(_Event, frozen=True, kw_only=True, tag="model.requested.v1"
     # the output bound the call was sent with (the reservation's output part: what the
     # run's tightest cap leaves, or less); None: the run has no budget, nothing bounds it
     max_tokens: int | None = None
+    # ``gen_ai.provider.name`` of the client that makes the call (``openai``, a local
+    # endpoint's host, ``cardbus.mock``); "" when the client did not say (older events)
+    provider: str = ""
 
 
 class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
@@ -764,6 +778,47 @@ class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unkn
     reason: str = "no_result"
 
 
+class ToolReviewRequested(_Event, frozen=True, kw_only=True, tag="tool.review_requested.v1"):
+    """A tool call the model proposed waits for a person's word before it runs: the
+    tool's review policy (``Tool.review``) asked for it. Written before any effect; the
+    attempt ends (reason ``tool_review``) and the task waits in ``awaiting_approval``.
+
+    ``call`` names the review (this event's own id is not known before it is written:
+    the digest of the tool and the proposed arguments); ``arguments`` as the model
+    proposed them; ``schema`` the tool's input schema (an edit is checked against it);
+    ``text`` the model's words in the turn that proposed the call.
+    """
+
+    task_id: str
+    agent_id: str
+    tool: str
+    call: str
+    arguments: Any = None
+    schema: dict[str, Any] = {}
+    text: str = ""
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+
+
+class ToolReviewAnswered(_Event, frozen=True, kw_only=True, tag="tool.review_answered.v1"):
+    """A person's word on a tool call under review (``call``: its review's ``call``).
+
+    ``decision``: ``approve`` (runs as proposed), ``edit`` (runs with ``arguments``,
+    checked against the tool's schema) or ``refuse`` (does not run; the model gets
+    ``reason`` as the tool's answer). ``by`` is the person (the authenticated actor).
+    """
+
+    task_id: str
+    tool: str
+    call: str
+    decision: str
+    by: str
+    proposed: Any = None
+    arguments: Any = None
+    reason: str = ""
+
+
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
     """An agent asked for something outside its card and was refused."""
 
@@ -834,6 +889,73 @@ class BudgetRefused(_Event, frozen=True, kw_only=True, tag="budget.refused.v1"):
     decision: str = "fail"
 
 
+class ScheduleCreated(_Event, frozen=True, kw_only=True, tag="schedule.created.v1"):
+    """A schedule: when it fires (``cron``, a 5-field expression read in ``timezone``, or
+    ``interval_seconds`` counted from ``start``, epoch seconds), what each firing runs
+    (``plan``: a plan's JSON form; its goal alone if it has no tasks), and how it meets an
+    overlap (``overlap``: ``skip`` | ``buffer_one`` | ``allow_all``) and downtime
+    (``catchup``: ``none`` | ``one`` | ``all`` of the firings missed within
+    ``catchup_window_seconds``). ``jitter_seconds``: each firing waits a fixed pseudo-random
+    part of it (the same on every member)."""
+
+    schedule_id: str
+    plan: dict[str, Any]
+    cron: str = ""
+    interval_seconds: float = 0.0
+    start: float = 0.0
+    timezone: str = "UTC"
+    overlap: str = "skip"
+    catchup: str = "one"
+    catchup_window_seconds: float = 3600.0
+    jitter_seconds: float = 0.0
+
+
+class SchedulePaused(_Event, frozen=True, kw_only=True, tag="schedule.paused.v1"):
+    """The schedule fires no more until resumed (due times meanwhile are missed ones)."""
+
+    reason: str = ""
+
+
+class ScheduleResumed(_Event, frozen=True, kw_only=True, tag="schedule.resumed.v1"):
+    """The schedule fires again; due times while it was paused are not caught up."""
+
+
+class ScheduleDeleted(_Event, frozen=True, kw_only=True, tag="schedule.deleted.v1"):
+    """The schedule is gone: it never fires again."""
+
+
+class ScheduleFired(_Event, frozen=True, kw_only=True, tag="schedule.fired.v1"):
+    """One firing of the schedule for the due time ``due`` (epoch seconds), the run of
+    plan id ``plan_id``. Written with the schedule stream's expected version: of the
+    members that find it due, the first writer wins. ``late``: a missed due time caught
+    up (or one buffered behind a running run); ``manual``: triggered by hand."""
+
+    due: float
+    plan_id: str
+    late: bool = False
+    manual: bool = False
+    member: str = ""
+
+
+class ScheduleSkipped(_Event, frozen=True, kw_only=True, tag="schedule.skipped.v1"):
+    """The due time ``due`` does not fire, and why (``overlap``: the run of ``plan_id`` was
+    still running; ``missed``: downtime beyond the catch-up policy or window; ``refused``:
+    it fired, and its run ``plan_id`` was refused, ``detail`` saying why)."""
+
+    due: float
+    reason: str
+    detail: str = ""
+    plan_id: str = ""
+
+
+class ScheduleBuffered(_Event, frozen=True, kw_only=True, tag="schedule.buffered.v1"):
+    """The due time ``due`` fires once the running run of ``plan_id`` ends (overlap
+    ``buffer_one``)."""
+
+    due: float
+    plan_id: str = ""
+
+
 EVENT_TYPES: tuple[type[_Event], ...] = (
     TaskCreated,
     TaskDispatched,
@@ -880,6 +1002,15 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     BudgetRefused,
     ModelQueued,
     ModelSlotGranted,
+    ScheduleBuffered,
+    ScheduleCreated,
+    ScheduleDeleted,
+    ScheduleFired,
+    SchedulePaused,
+    ScheduleResumed,
+    ScheduleSkipped,
+    ToolReviewRequested,
+    ToolReviewAnswered,
 )
 
 TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
@@ -932,6 +1063,15 @@ Event = (
     | BudgetRefused
     | ModelQueued
     | ModelSlotGranted
+    | ScheduleBuffered
+    | ScheduleCreated
+    | ScheduleDeleted
+    | ScheduleFired
+    | SchedulePaused
+    | ScheduleResumed
+    | ScheduleSkipped
+    | ToolReviewRequested
+    | ToolReviewAnswered
 )
 
 

@@ -28,6 +28,7 @@ its decision). A call answered from the journal names the event it replays
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -93,6 +94,7 @@ class ModelCall(msgspec.Struct, kw_only=True, tag="model", tag_field="kind"):
     attempt: int = 0
     agent_id: str = ""
     model: str = ""  # the model asked for
+    provider: str = ""  # gen_ai.provider.name of the client that asked ("" if not recorded)
     response_model: str = ""  # the model that answered
     start: float
     end: float | None = None  # None: no answer recorded (the process died during the call)
@@ -261,6 +263,11 @@ def _kind(tag: str) -> str:
     return name if head == "task" else f"{head}.{name}"
 
 
+def _args(arguments: Any) -> str:
+    """A tool call's arguments on one line (proposed and edited, side by side)."""
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=True, default=str)
+
+
 def _detail(data: Any) -> str | None:
     match data:
         case ev.TaskCreated():
@@ -333,6 +340,17 @@ def _detail(data: Any) -> str | None:
                 f" key {data.idempotency_key}): {data.decision}"
                 + (" (made by an earlier attempt)" if data.reason == "after_difference" else "")
             )
+        case ev.ToolReviewRequested():
+            said = f"; the model said: {data.text}" if data.text else ""
+            return f"tool {data.tool} held for review: proposed {_args(data.arguments)}{said}"
+        case ev.ToolReviewAnswered() if data.decision == "edit":
+            return (
+                f"tool {data.tool} review: edit by {data.by}: proposed {_args(data.proposed)},"
+                f" approved {_args(data.arguments)}"
+            )
+        case ev.ToolReviewAnswered():
+            why = f": {data.reason}" if data.reason else ""
+            return f"tool {data.tool} review: {data.decision} by {data.by}{why}"
         case ev.RunStarted():
             d = f"goal: {data.goal}"
             if data.user or data.tenant:
@@ -495,6 +513,7 @@ class JournalFold:
                     attempt=data.attempt,
                     agent_id=data.agent_id,
                     model=data.model,
+                    provider=data.provider,
                     start=t,
                     prompt=data.request,
                     request_digest=data.request_digest,
@@ -533,6 +552,7 @@ class JournalFold:
                     source = self.by_answer.get(data.replayed_from)
                     if source is not None:
                         call.model = source.model or call.model
+                        call.provider = source.provider or call.provider
                         call.prompt, call.answer = source.prompt, source.answer
                         call.request_bytes = source.request_bytes
                         call.tools_offered = list(source.tools_offered)

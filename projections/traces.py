@@ -31,8 +31,9 @@ replays (``cardbus.journal.replayed_from``) and carries no usage: nothing was sp
 The prompt and the answer (``gen_ai.input.messages`` / ``gen_ai.output.messages``, a
 tool's ``gen_ai.tool.call.arguments`` / ``.result``) are added only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true`` (and the log kept
-them, see ``AccessPolicy``). The provider (``gen_ai.provider.name``) is not in the
-log; the agent's own model-call span has it.
+them, see ``AccessPolicy``). The provider (``gen_ai.provider.name``) is the one
+``model.requested`` recorded (the client's, see ``OpenAIChatLLM.provider``); a replayed
+call has its source's.
 
 Lifecycle facts become span events: on the attempt span ``task.started``,
 ``task.result_submitted``, ``task.rejected``, ``task.timed_out``,
@@ -65,7 +66,6 @@ last week is sent with last week's times.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -76,6 +76,7 @@ import msgspec
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.batch import tokens_in_range
 from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.trace_ids import span_id_for, trace_id_for
 from cardbus.projections.replay import (
     AttemptSpan,
     Call,
@@ -162,20 +163,6 @@ class SpanRecord(msgspec.Struct, kw_only=True):
     status_message: str = ""
     opening_event_id: str = ""
     link_traceparent: str | None = None  # the live trace this run was recorded under, if any
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode("utf-8")).digest()
-
-
-def trace_id_for(root_id: str) -> int:
-    """The trace id of a run: the first 16 bytes of ``sha256(root_id)`` (never 0)."""
-    return int.from_bytes(_digest(root_id)[:16], "big") or 1
-
-
-def span_id_for(event_id: str) -> int:
-    """The span id of the span opened by an event: the first 8 bytes of its sha256 (never 0)."""
-    return int.from_bytes(_digest(event_id)[:8], "big") or 1
 
 
 def workflow_span_id(root_id: str) -> int:
@@ -365,6 +352,8 @@ def call_attributes(
         attrs["cardbus.journal.replayed_from"] = call.replayed_from
     if isinstance(call, ModelCall):
         attrs["gen_ai.operation.name"] = "chat"
+        if call.provider:  # Required on chat spans (recorded since model.requested had it)
+            attrs["gen_ai.provider.name"] = call.provider
         if call.model:
             attrs["gen_ai.request.model"] = call.model
         if call.response_model:

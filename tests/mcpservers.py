@@ -16,7 +16,8 @@ the cardbus ``MCPServer`` config that starts it. Its tools:
 * ``pid()`` -> the server's process id.
 
 :class:`Asker` is a plain cardbus agent that uses them through ``ctx.tool``
-(importable as ``mcpservers:Asker`` for ``cardbus run``).
+(importable as ``mcpservers:Asker`` for ``cardbus run``); :class:`Adder` is an LLM agent
+whose model may call ``calc__add`` (the server mounted as ``calc``).
 """
 
 import os
@@ -34,6 +35,7 @@ import msgspec
 # imported now, at collection: the SDK then owns the module name `mcp` even in a checkout
 # whose folder is named mcp (pytest imports the root __init__.py under the folder's name)
 import cardbus.agents.mcp  # noqa: F401
+from cardbus.agents import LLMAgent
 from cardbus.agents.agent import Agent, Capability, TaskContext
 from cardbus.agents.cards import AgentConstraints, TaskCard
 from cardbus.agents.mcp_config import MCPServer
@@ -102,6 +104,25 @@ class Asker(Agent):
             except CardbusError as e:
                 out[label] = {"error": type(e).__name__}
         return out
+
+
+class Question(msgspec.Struct):
+    question: str
+
+
+class Total(msgspec.Struct):
+    answer: str
+    total: int
+
+
+class Adder(LLMAgent):
+    agent_id = "adder"
+    description = "Answers sums with the calc MCP server's add tool."
+    capability = "calculate"
+    input_type = Question
+    output_type = Total
+    instructions = "Use the add tool; answer with the total."
+    tools = ("calc__add",)
 
 
 def main() -> None:

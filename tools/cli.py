@@ -40,8 +40,11 @@ COMMANDS = {
     "rebuild": "cardbus.tools.cmd_inspect",
     "replay": "cardbus.tools.cmd_replay",
     "rerun": "cardbus.tools.cmd_rerun",
+    "review": "cardbus.tools.cmd_review",
     "run": "cardbus.tools.cmd_run",
     "runs": "cardbus.tools.cmd_runs",
+    "schedule": "cardbus.tools.cmd_schedule",
+    "schema": "cardbus.tools.cmd_schema",
     "stats": "cardbus.tools.cmd_inspect",
     "tail": "cardbus.tools.cmd_inspect",
     "tasks": "cardbus.tools.cmd_inspect",
@@ -76,9 +79,10 @@ class _Group(click.Group):
 @click.version_option(package_name="cardbus")
 def cli() -> None:
     """cardbus: an event-sourced message bus for multi-agent work."""
-    from cardbus.tools.telemetry_setup import configure_tracing
+    from cardbus.tools.telemetry_setup import configure_metrics, configure_tracing
 
     configure_tracing()  # an OpenTelemetry SDK, only if OTEL_* env vars ask for one
+    configure_metrics()
 
 
 def main() -> None:

@@ -158,7 +158,7 @@ async def _demo(
         started = time.perf_counter()
         agents = [load_agent(p) for p in with_planner_path([], planner)]
         async with EmbeddedRuntime(
-            store, [*DEMO_AGENTS, *agents], llm=llm, mcp_servers=servers
+            store, [*DEMO_AGENTS, *agents], llm=llm, mcp_servers=servers, schedules=False
         ) as rt:
             watch_model_calls(rt.orchestrator, llm)
 

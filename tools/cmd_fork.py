@@ -88,7 +88,9 @@ def fork(
             try:
                 # started before the run is written: one that cannot start (a tool nothing
                 # serves) leaves no run behind; the orchestrator then folds the new run
-                async with EmbeddedRuntime(store, agents, llm=llm, mcp_servers=servers) as rt:
+                async with EmbeddedRuntime(
+                    store, agents, llm=llm, mcp_servers=servers, schedules=False
+                ) as rt:
                     watch_model_calls(rt.orchestrator, llm)
                     await write_run(store, plan.streams, plan.root_id, plan.at_event_id, "fork")
                     result = await see_through(

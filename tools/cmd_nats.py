@@ -245,6 +245,52 @@ def agent_serve(
     run_loop(go())
 
 
+@agent.command("check")
+@nats_options
+@click.option("--agent", "agent_id", required=True, help="The id of the running agent to check.")
+@click.option("--capability", default=None, help="The capability of the card it must take.")
+@click.option(
+    "--inputs",
+    "inputs_json",
+    default=None,
+    help="That card's inputs as JSON (default: from the capability's input schema).",
+)
+@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for each answer.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+def agent_check(
+    nats_url: str,
+    agent_id: str,
+    capability: str | None,
+    inputs_json: str | None,
+    timeout: float,
+    as_json: bool,
+    **kw: Any,
+) -> None:
+    """Check a running agent, in any language, against the wire contract.
+
+    Plays the orchestrator (run it where none serves the agent): a card it can take, one
+    it cannot, the first again (a redelivery); its announcement and renewal; what it
+    sent. Prints pass, fail or not exercised per clause; exits 1 if one failed.
+    """
+    from cardbus.bus.conformance import check_agent
+
+    try:
+        inputs = None if inputs_json is None else json.loads(inputs_json)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--inputs") from e
+    options = build_options(nats_url, kw)
+    report = run_loop(
+        check_agent(options, agent_id, capability=capability, inputs=inputs, timeout=timeout)
+    )
+    if as_json:
+        click.echo(json.dumps(report.as_json()))
+    else:
+        for line in report.lines():
+            click.echo(line)
+    if not report.passed:
+        sys.exit(EXIT_FAILED)
+
+
 # -- cardbus orchestrator -------------------------------------------------------------
 
 
@@ -298,6 +344,13 @@ def agent_serve(
     help="This orchestrator's name among the --partitions ones (default: new each start);"
     " it names its reply consumer unless --consumer does.",
 )
+@click.option(
+    "--schedule-grace",
+    default=10.0,
+    show_default=True,
+    help="Seconds a schedule's due time may be late and still fire on time; later, it is"
+    " a missed one and follows the schedule's catch-up policy.",
+)
 @_ack_wait
 @_max_deliver
 @_stream_replicas
@@ -316,6 +369,7 @@ def orchestrator(
     partitions: int | None,
     partition_lease: float,
     member: str | None,
+    schedule_grace: float,
     ack_wait: float,
     max_deliver: int,
     stream_replicas: int,
@@ -365,6 +419,7 @@ def orchestrator(
                 partitions=partitions,
                 partition_lease_s=partition_lease,
                 member=member,
+                scheduler_options={"grace": schedule_grace},
             ) as rt:
                 if plan is None:
                     stop = asyncio.Event()

@@ -185,6 +185,7 @@ def rerun(
                 default_planner=False,
                 mcp_servers=servers,
                 require_tools=not offline,
+                schedules=False,
             ) as rt:
                 watch_model_calls(rt.orchestrator, llm)
                 await write_run(store, plan.streams, plan.root_id, plan.source_root_id, "rerun")

@@ -150,7 +150,12 @@ def run(
         llm = open_llm(llm_base_url, model)
         try:
             async with EmbeddedRuntime(
-                store, agents, llm=llm, mcp_servers=servers, reuse=reuse_policy
+                store,
+                agents,
+                llm=llm,
+                mcp_servers=servers,
+                reuse=reuse_policy,
+                schedules=False,  # it runs its plan and exits: the schedules are not its
             ) as rt:
                 watch_model_calls(rt.orchestrator, llm)
 

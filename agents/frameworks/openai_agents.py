@@ -160,7 +160,7 @@ class JournaledModel(Model):
                 "total_tokens": usage.total_tokens,
             }
 
-        answer = await self._run.ctx.journal.call(request, live)
+        answer = await self._run.ctx.journal.call(request, live, _provider(self.wrapped))
         return ModelResponse(
             output=[_OUTPUT_ITEM.validate_python(item) for item in answer["output"]],
             usage=Usage(
@@ -386,3 +386,12 @@ def openai_agents_agent(
             attrs[key] = value
     name = "".join(p.capitalize() for p in ident.replace("-", "_").split("_")) or "Agent"
     return type(name, (OpenAIAgentsAgent,), attrs)
+
+
+def _provider(model: Any) -> str:
+    """``gen_ai.provider.name`` of an Agents SDK model: from its OpenAI client's base URL
+    (``openai`` for OpenAI's own, the host for another endpoint), else ``openai``."""
+    from cardbus.agents.llm import provider_of_url
+
+    base = getattr(getattr(model, "_client", None), "base_url", None)
+    return provider_of_url(str(base)) if base else "openai"

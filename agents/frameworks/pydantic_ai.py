@@ -155,7 +155,9 @@ class JournaledModel(WrapperModel):
                 "output_tokens": usage.output_tokens,
             }
 
-        answer = await self._cardbus.ctx.journal.call(request, live)
+        # pydantic-ai's ``system`` is its provider's OpenTelemetry name (``openai``, ...)
+        provider = self.system if isinstance(self.system, str) else ""
+        answer = await self._cardbus.ctx.journal.call(request, live, provider)
         return _response_from_json(answer["response"])
 
     @asynccontextmanager

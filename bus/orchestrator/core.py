@@ -61,6 +61,7 @@ from cardbus.bus.orchestrator.run_result import RunResult, result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.settle import settle_after
 from cardbus.bus.orchestrator.submission import run_creation
+from cardbus.bus.run_metrics import RunMetrics
 from cardbus.bus.transport.interface import Bus, Refusal
 from cardbus.eventstore import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -244,7 +245,11 @@ class Orchestrator:
         self._records: dict[str, list[_Record]] = {}  # stream -> requests' events in flight
         # called with every event newly folded in while running (not the replay on start);
         # the first stops the handlers of attempts whose task was cancelled or halted
-        self.observers: list[Callable[[Envelope], None]] = [CancelNotices(bus, self.state).observe]
+        # (and the metrics of the runs this one owns: no-ops without an SDK meter provider)
+        self.observers: list[Callable[[Envelope], None]] = [
+            CancelNotices(bus, self.state).observe,
+            RunMetrics(owns, self.state).observe,
+        ]
         # the largest event decided (the store's limit, with room for the envelope)
         self._event_limit = int(getattr(store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
         # set when the log has refused writes for Policy.store_grace_s (disk full, read-only,
@@ -481,11 +486,11 @@ class Orchestrator:
         if self.state.open:
             self._queue.put_nowait(_TICK)  # its attempts in flight are lost
 
-    async def announced(self, card: AgentCard, lease_s: float = 0.0, replica_id: str = "") -> None:
-        """An agent's announcement: registered as far as the grants allow, the rest refused
-        (``reply.refused`` on ``agent-<id>``). The transport has made sure it comes from
-        the agent it names."""
-        admission = self.grants.admit(card, self.state.agents.get(card.agent_id))
+    async def announced(self, announce: Announce) -> None:
+        """An announcement: registered as far as the grants (and its wire version) allow, the
+        rest refused (``reply.refused`` on ``agent-<id>``); its sender checked by the bus."""
+        card, known = announce.card, self.state.agents.get(announce.card.agent_id)
+        admission = self.grants.admit(card, known, announce.wire_version)
         stream = f"agent-{card.agent_id}"
         reason = "not granted: " + "; ".join(admission.refused)
         # a lease renewal repeats the announcement every lease/3: its refusal is logged once
@@ -500,7 +505,7 @@ class Orchestrator:
             log.warning("announcement of %s: %s", card.agent_id, refused.reason)
             await self._append_at_current_version(stream, [refused], correlation_id=stream)
         if admission.card is not None:
-            await self.register(admission.card, lease_s, replica_id)
+            await self.register(admission.card, announce.lease_s, announce.replica_id)
 
     async def submit(
         self,
@@ -917,7 +922,7 @@ class Orchestrator:
                     await self.deregister(item.card.agent_id, "stopped")
             elif isinstance(item, Announce):
                 try:
-                    await self.announced(item.card, item.lease_s, item.replica_id)
+                    await self.announced(item)
                 except CardbusError as e:  # a bad announcement: dead-lettered, the step goes on
                     self._bad(f"cardbus.announce.{str(item.card.agent_id)[:64]}", str(e)[:500])
             elif isinstance(item, _Record):

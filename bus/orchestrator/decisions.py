@@ -216,9 +216,9 @@ class Decider:
                     if len(results) == len(task.dispatched_to):
                         self._settle_fanout(task, results)
                     return
-                if reply.reason == "tool_effect_unknown":  # never repeated silently (journal)
+                if reply.reason in ("tool_effect_unknown", "tool_review"):  # a person's word
                     detail = reply.error or ""
-                    asked = ev.ApprovalRequested(reason="tool_effect_unknown", detail=detail)
+                    asked = ev.ApprovalRequested(reason=reply.reason, detail=detail)
                     self.d.add(task.task_id, asked)
                     return
                 if reply.reason == "budget_exceeded":  # a model call refused (budget.refused)

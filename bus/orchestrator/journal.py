@@ -91,8 +91,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cardbus.agents.requests import AgentRequest
-from cardbus.agents.tools import ToolError, ToolRegistry
+from cardbus.agents.tools import ToolError, ToolRegistry, held_for_review
 from cardbus.bus.orchestrator.journal_trust import StreamTrust
+from cardbus.bus.orchestrator.reviews import Review, fold_review
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import AccessDenied, ValidationError
@@ -156,6 +157,20 @@ def call_digest(tool: str, arguments_digest: str) -> str:
     return _sha(f"{tool}\0{arguments_digest}".encode())
 
 
+def _held_step(data: ev.ToolReviewRequested, event_id: str) -> _Step:
+    return _Step(
+        "tool",
+        data.seq,
+        data.call,
+        requested_id=event_id,
+        tool=data.tool,
+        execution=data.execution,
+        attempt=data.attempt,
+        agent=data.agent_id,
+        held=True,
+    )
+
+
 @dataclass(slots=True)
 class _Step:
     """One recorded call of an execution (resolved: a replayed step is its source)."""
@@ -184,6 +199,9 @@ class _Step:
     attempt: int = 0
     agent: str = ""
     arguments_digest: str = ""
+    # a proposed call held for a person's review (``reviews``): its place in the turn,
+    # nothing ran; ``requested_id`` is its tool.review_requested (the key it runs with)
+    held: bool = False
 
 
 @dataclass(slots=True)
@@ -223,6 +241,7 @@ class _TaskJournal:
         self.answered: dict[str, _Step] = {}  # answer event id -> the (original) step
         self.requested: dict[str, _Step] = {}  # tool.requested event id -> step
         self.asked: list[_Step] = []  # unknown effects waiting for an approval
+        self.reviews: dict[str, Review] = {}  # proposed tool calls held for a person's word
         self.model_failed: set[int] = set()  # attempts that failed because of the model
         self.seen: set[str] = set()  # event ids folded
         self.trust = StreamTrust()  # what the log vouched for (checked before a replay)
@@ -238,7 +257,13 @@ class _TaskJournal:
             return
         self.seen.add(env.event_id)
         data = env.data
+        fold_review(self.reviews, env.data)
         match data:
+            case ev.ToolReviewRequested() if data.execution:
+                # the held call keeps its place: a later attempt meets it there, answered,
+                # and its siblings of the same turn still replay from the record
+                run = self._execution(data.execution, data.attempt)
+                run.steps.setdefault(data.seq, _held_step(data, env.event_id))
             case ev.TaskCreated():
                 self.origin, self.strict = data.origin, data.replay_strict
             case ev.ModelRequested():
@@ -337,6 +362,15 @@ class _TaskJournal:
                     self.model_failed.add(data.attempts)
             case _:
                 pass
+
+    def proposing_text(self, execution: str, seq: int) -> str:
+        """The model's words in the answer that proposed the tool call at ``seq``."""
+        run = self.executions.get(execution)
+        steps = sorted(run.steps.items()) if run else []
+        model = [st for n, st in steps if n < seq and st.kind == "model" and st.has_answer]
+        answer = model[-1].answer if model else None
+        text = answer.get("text") if isinstance(answer, dict) else None
+        return text if isinstance(text, str) else ""
 
     def _execution(self, execution: str, attempt: int) -> _Execution:
         run = self.executions.get(execution)
@@ -580,6 +614,7 @@ class Journal:
                     reserved_tokens=reserved,
                     reserved_usd=None if reserved_usd is None else round(reserved_usd, 10),
                     max_tokens=bound,
+                    provider=str(req.args.get("provider") or ""),
                 )
             ],
         )
@@ -757,15 +792,71 @@ class Journal:
     # -- tool calls ---------------------------------------------------------------------
 
     async def tool(self, req: AgentRequest) -> CallOutcome:
-        """A registry tool call: answered from the journal, or made live and recorded."""
-        arg_digest = _sha(_json(req.args))
+        """A registry tool call: answered from the journal, or made live and recorded; a
+        call its tool's review policy holds waits for a person's word first (``reviews``)."""
         tool = self.tools.get(req.target)
+        reviewed = ""  # the call digest of the proposal a person answered
+        if tool is not None and held_for_review(tool, req.args):
+            reviewed = call_digest(req.target, _sha(_json(req.args)))
+            args, held = await self._reviewed(req, req.args, tool.spec.input_schema)
+            if held is not None:
+                return held
+            req = msgspec.structs.replace(req, args=args)
+        arg_digest = _sha(_json(req.args))
 
         async def live(journal: _TaskJournal | None, key: str) -> CallOutcome:
             return await self._tool_live(req, journal, arg_digest, key)
 
         idempotent = tool is not None and tool.spec.idempotent
-        return await self._tool_step(req, req.args, idempotent, live, lambda r: r)
+        return await self._tool_step(req, req.args, idempotent, live, lambda r: r, reviewed)
+
+    async def _reviewed(
+        self, req: AgentRequest, args: dict[str, Any], schema: dict[str, Any]
+    ) -> tuple[dict[str, Any], CallOutcome | None]:
+        """A call held for review: the arguments it runs with (a person's edit, or those
+        proposed), or the outcome that answers it instead (it waits; it was refused)."""
+        if not req.execution or req.seq < 0:  # not journaled (an old agent): nothing to hold
+            return args, None
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        call = call_digest(req.target, _sha(_json(args)))
+        review = journal.reviews.get(call)
+        if review is None or not review.decision:
+            if review is None:  # asked once; a later attempt meets the same question
+                asked = ev.ToolReviewRequested(
+                    task_id=req.task_id,
+                    agent_id=req.agent_id,
+                    tool=req.target,
+                    call=call,
+                    arguments=args,
+                    schema=schema,
+                    text=journal.proposing_text(req.execution, req.seq),
+                    attempt=req.attempt,
+                    execution=req.execution,
+                    seq=req.seq,
+                )
+                await self._write(journal, req.task_id, [asked])
+            message = (
+                f"{req.target} (call {call[:12]}) waits for a person's review: cardbus"
+                f" review {req.task_id} approve | edit --args JSON | refuse --reason TEXT"
+            )
+            return args, CallOutcome(error=message, error_type="tool_review")
+        if review.decision == "refuse":  # the model's to act on, as a tool's answer
+            held_at = next(
+                (
+                    st
+                    for r in journal.executions.values()
+                    for st in r.steps.values()
+                    if st.held and st.digest == call
+                ),
+                None,
+            )
+            if held_at is not None:  # its place in this execution too (nothing ran)
+                run = journal.executions[req.execution]
+                run.steps.setdefault(req.seq, held_at)
+            why = f"a person ({review.by}) refused this call: {review.reason}"
+            return args, CallOutcome(error=why, error_type="tool_error")
+        edited = review.runs_with
+        return (edited if isinstance(edited, dict) else args), None
 
     async def tool_begin(self, req: AgentRequest) -> CallOutcome:
         """A tool the agent runs itself (``ctx.journal.tool_call``), before it runs: the
@@ -774,15 +865,28 @@ class Journal:
         args = req.args.get("arguments")
         if not isinstance(args, dict) or req.seq < 0 or not req.execution:
             raise BadJournalRequest("tool.begin needs arguments (an object), seq and execution")
+        proposed = args
+        reviewed = ""
+        if req.args.get("review") is True:  # the worker's tool's policy holds the call
+            reviewed = call_digest(req.target, _sha(_json(args)))
+            schema = req.args.get("schema")
+            args, held = await self._reviewed(req, args, schema if isinstance(schema, dict) else {})
+            if held is not None:
+                return held
         arg_digest = _sha(_json(args))
+        edited = {"arguments": args} if args is not proposed else {}
 
         async def begin(journal: _TaskJournal | None, key: str) -> CallOutcome:
             requested = self._requested(req, args, arg_digest, key, local=True)
             ids = await self._write(journal, req.task_id, [requested])
-            return CallOutcome(result={"key": key or (ids[0] if ids else req.request_id)})
+            key = key or (ids[0] if ids else req.request_id)
+            return CallOutcome(result={"key": key, **edited})
+
+        def replayed(result: Any) -> Any:
+            return {"replay": result}
 
         idempotent = req.args.get("idempotent") is True
-        return await self._tool_step(req, args, idempotent, begin, lambda r: {"replay": r})
+        return await self._tool_step(req, args, idempotent, begin, replayed, reviewed)
 
     async def tool_end(self, req: AgentRequest) -> CallOutcome:
         """A tool the agent ran itself, after: its result or error, recorded."""
@@ -825,9 +929,12 @@ class Journal:
         idempotent: bool,
         live: Callable[[_TaskJournal | None, str], Awaitable[CallOutcome]],
         replayed: Callable[[Any], Any],
+        reviewed: str = "",
     ) -> CallOutcome:
         """A tool call at its place in the journal: replayed, made live (``live(journal,
-        key)``, key "" for a new call), or, its effect unknown, repeated or refused."""
+        key)``, key "" for a new call), or, its effect unknown, repeated or refused.
+        ``reviewed``: the call digest of the proposal a person approved (the arguments
+        may be their edit)."""
         arg_digest = _sha(_json(args))
         if not req.execution or req.seq < 0:  # not journaled (an old agent): made live
             return await live(None, "")
@@ -839,6 +946,10 @@ class Journal:
             return await self._tool_strict(req, journal, ref, digest, arg_digest, replayed)
         digest = call_digest(req.target, arg_digest)
         step = ref[req.seq] if run.aligned(req.seq) and req.seq < len(ref) else None
+        if reviewed and step is not None and step.held and step.digest == reviewed:
+            # the held call met at its place, approved: made now, keyed by its review (not
+            # a difference: nothing ran there, and its siblings of the turn still replay)
+            return await live(journal, step.requested_id)
         if step is not None and (untrusted := await self._untrusted(req, journal, step)):
             return untrusted  # replayed, repeated or asked about: decided on the record
         if (

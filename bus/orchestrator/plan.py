@@ -108,6 +108,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     # who goes first: admission and the model pacer serve a higher priority first (a
     # waiting run ages, so a low one is not starved for ever); not part of the digest
     priority: int = 0
+    schedule: str = ""  # set by a schedule's firing: the schedule id, kept in run.started
 
 
 def run_context(plan: Plan) -> tuple[str, str]:

@@ -21,6 +21,10 @@ records it as ``reply.refused``). The capability specs (schemas) and the
 free-form ``limits`` are always the ceiling's. An announcement can speak
 only for its sender: that is the transport's part (``Bus.on_refused``).
 ``Orchestrator.register(card)`` is the operator's path and is not checked.
+
+An announcement in another wire format than this code's (``Announce.wire_version``
+other than ``WIRE_VERSION``: ``cardbus.bus.wire``) registers nothing, whatever the
+grants say: the agent would not understand the cards it is sent.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 
 import msgspec
 
-from cardbus.agents.cards import AgentCard, AgentConstraints
+from cardbus.agents.cards import WIRE_VERSION, AgentCard, AgentConstraints
 from cardbus.bus.orchestrator.access import tool_allowed
 from cardbus.eventstore.errors import ConfigError
 
@@ -131,8 +135,14 @@ class AgentGrants:
             raise ConfigError(f"agents file {str(path)!r}: {e}") from e
         return cls(cards)
 
-    def admit(self, announced: AgentCard, registered: AgentCard | None) -> Admission:
-        """What of ``announced`` to register, given what is registered for its id now."""
+    def admit(
+        self, announced: AgentCard, registered: AgentCard | None, wire_version: int = WIRE_VERSION
+    ) -> Admission:
+        """What of ``announced`` to register, given what is registered for its id now and
+        the wire version it was announced in."""
+        if wire_version != WIRE_VERSION:
+            why = f"wire version {wire_version!r} (this orchestrator speaks {WIRE_VERSION})"
+            return Admission(None, [why])
         if self.cards is not None:
             grant = self.cards.get(announced.agent_id)
             if grant is None:

@@ -550,6 +550,7 @@ def _approval_requested(
     # (an unknown tool effect asks whether to run the task again, not about an output)
     task.has_proposal = bool(task.results) and data.reason not in (
         "tool_effect_unknown",
+        "tool_review",  # a proposed tool call under review: the task runs again once answered
         "budget_exceeded",  # a model call was refused: the task runs again once approved
     )
     task.proposed_output = data.proposed_output

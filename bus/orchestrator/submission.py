@@ -87,6 +87,7 @@ def run_creation(
         agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
         note=plan.note,
         priority=plan.priority,
+        schedule=plan.schedule,
     )
     created = {ids[t.id]: task_created(t, root_id, ids, policy.retry) for t in plan.tasks}
     if limit is not None:  # refuse what the log would refuse before writing anything

@@ -39,6 +39,7 @@ from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.orchestrator.planning import proposal_plan
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.reuse import ReusePolicy
+from cardbus.bus.orchestrator.scheduler import Scheduler
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
@@ -73,6 +74,9 @@ class EmbeddedRuntime:
     (an offline re-run: every call is answered from the log).
     ``reuse``: completed tasks' results kept in long-term memory and (``reuse=True``)
     answering identical later tasks (``bus.orchestrator.reuse``); None: neither.
+    ``schedules``: this runtime fires the log's schedules (``bus.orchestrator.scheduler``)
+    while it runs; False for a process that runs its own plan and exits (``cardbus run``,
+    ``fork``, ``rerun``, ``demo``): a firing there would start a run nobody stays to run.
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class EmbeddedRuntime:
         mcp_servers: Sequence[MCPServer] = (),
         reuse: ReusePolicy | None = None,
         require_tools: bool = True,
+        schedules: bool = True,
     ) -> None:
         self.store = store
         self.bus = InProcessBus()
@@ -119,6 +124,15 @@ class EmbeddedRuntime:
         agents = with_planner(agents) if default_planner else list(agents)
         self.workers = [AgentWorker(self.bus, a, llm, tools=tools) for a in agents]
         self.orchestrator.observers.append(self.keeper.observe)  # settle then needs no read
+        # fires the log's schedules, once across every process on the log (its tick,
+        # grace and clock may be set before the start); it sleeps until a due time or
+        # until the orchestrator folds a schedule's event (the orchestrator follows the
+        # whole log here)
+        self.schedules = schedules
+        self.scheduler = Scheduler(store, self.submit, self.orchestrator.orchestrator_id)
+        self.scheduler.follows_log = True
+        if schedules:
+            self.orchestrator.observers.append(self.scheduler.observe)
         self._state = "new"  # running inside `async with`, then stopped
 
     async def __aenter__(self) -> EmbeddedRuntime:
@@ -132,6 +146,9 @@ class EmbeddedRuntime:
             await self.orchestrator.start(agents=[w.agent.card() for w in self.workers])
             for w in self.workers:
                 await w.start()
+            self._state = "running"  # its firings submit through self.submit
+            if self.schedules:
+                await self.scheduler.start()
         except BaseException:
             await self._stop_mcp()
             raise
@@ -157,6 +174,7 @@ class EmbeddedRuntime:
 
     async def __aexit__(self, *exc: object) -> None:
         self._state = "stopped"
+        await self.scheduler.stop()
         # Its agents stop renewing, but are not deregistered: another process on the same
         # log may run agents of the same ids (its runs name their own agents, and a later
         # start finds these unconfirmed until they renew).

@@ -47,6 +47,7 @@ from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.reuse import ReusePolicy
+from cardbus.bus.orchestrator.scheduler import Scheduler
 from cardbus.bus.runtime.leases import serve_leases
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
@@ -107,6 +108,7 @@ class NatsRuntime:
         mcp_servers: Sequence[MCPServer] = (),
         access: AccessPolicy | None = None,
         reuse: ReusePolicy | None = None,
+        scheduler_options: dict[str, Any] | None = None,
     ) -> None:
         """``tools``: the registry agents' tool requests are served from (none: refused).
         ``access``: what agents' requests may do, long-term memory scopes included
@@ -130,6 +132,9 @@ class NatsRuntime:
         submitted here goes in a partition this process holds (``Orchestrator``), so it
         is decided here with no other member in between; the runs spread over the
         members as the submits do. False: a run goes where its root id falls.
+
+        ``scheduler_options`` go to the schedules' loop (``Scheduler``: ``grace``, ``tick``,
+        ``sweep``).
 
         ``store_options`` go to ``NatsEventStore.from_connection``: the bus's connection
         echoes, so the store opens its own (``<name>-log``, ``no_echo``);
@@ -161,6 +166,9 @@ class NatsRuntime:
         self._agent_buses: list[NatsBus] = []
         self._workers: list[AgentWorker] = []
         self._pace: PaceShare | None = None  # the model calls' limits, shared (pace_share)
+        # the schedules' loop while running
+        self.scheduler: Scheduler | None = None
+        self.scheduler_options: dict[str, Any] = dict(scheduler_options or {})
         self._state = "new"  # running inside `async with`, then stopped
 
     def _partitioned(self, member: str | None) -> None:
@@ -254,6 +262,18 @@ class NatsRuntime:
             await self.orchestrator.start()
             # ``cardbus agents`` asks who holds a live lease (renewals are not in the log)
             await serve_leases(nc, self.orchestrator)
+            # fires the log's schedules: every member runs one, each due time fires once
+            self.scheduler = Scheduler(
+                self.store,
+                self.orchestrator.submit,
+                getattr(self, "member", None) or self.orchestrator.orchestrator_id,
+                **self.scheduler_options,
+            )
+            # woken by the schedules' events the orchestrator folds; a partitioned member
+            # folds only its partitions, and reads the log for the others' every sweep
+            self.scheduler.follows_log = self.member_log is None
+            self.orchestrator.observers.append(self.scheduler.observe)
+            await self.scheduler.start()
             if self.agents:
                 # the agents get their own connection, as they would in their own process
                 agent_bus = await NatsBus.connect(
@@ -313,6 +333,9 @@ class NatsRuntime:
         await self._close()
 
     async def _close(self) -> None:
+        scheduler, self.scheduler = self.scheduler, None
+        if scheduler is not None:  # no firing after the orchestrator stops
+            await scheduler.stop()
         for w in self._workers:  # renewals stop; the orchestrator stops with them
             with contextlib.suppress(Exception):
                 await w.stop(announce=False)

@@ -204,7 +204,9 @@ class OpenAIStub:
                         "function": {"name": name, "arguments": text},
                     }
                 )
-            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            # the model's words beside its calls, when the script gives some (not the default)
+            said = reply.content if reply.content != "stub answer" else None
+            message = {"role": "assistant", "content": said, "tool_calls": calls}
             finish = "tool_calls"
         doc = {
             "id": "chatcmpl-stub",

@@ -234,6 +234,8 @@ def test_the_mcp_servers_config_format(tmp_path: Path) -> None:
         "d__e": {"command": "x"},
         "f": {"command": "x", "args": "not a list"},
         "g": {"command": "x", "timeout_s": 0},
+        "h": {"command": "x", "review": "sometimes"},
+        "i": {"command": "x", "review": {"add": "maybe"}},
     }
     for name, entry in bad.items():
         with pytest.raises(ConfigError):

@@ -18,7 +18,16 @@ from cardbus.tools.cli import cli
 #: commands that print no data of their own (servers, groups, a status line)
 NO_DATA = {"agent serve", "ui", "a2a serve", "mcp serve"}
 #: commands that read or write no log
-NO_LOG = {"nats permissions", "nats dead", "nats replay", "agent serve", "orchestrator", "plan"}
+NO_LOG = {
+    "nats permissions",
+    "nats dead",
+    "nats replay",
+    "agent serve",
+    "agent check",
+    "orchestrator",
+    "plan",
+    "schema",
+}
 
 
 def _commands() -> dict[str, click.Command]:

@@ -22,8 +22,9 @@ The rules (docs/how-to/write-docs.md says the same to the pages' writers):
   works), and ``make TARGET`` (the set-up commands) is checked with ``make -n``
   against the repository: it must resolve (the fresh-clone run is timed by hand,
   not in the suite). A ``cd`` carries over to the next blocks, but may not leave
-  the working directory.
-* ``json`` without a title must parse; ``text`` and ``toml``/``yaml``/``ini`` are
+  the working directory. What the blocks leave running (a server started with
+  ``&``, when a block fails before the page's ``kill``) is killed when the page ends.
+* ``json`` without a title must parse; ``text``, ``toml``/``yaml``/``ini`` and ``js`` are
   shown, not run.
 * A block that needs a real external endpoint (a hosted model, a remote A2A
   agent) is skipped only with an explicit marker on the line before its fence::
@@ -31,6 +32,13 @@ The rules (docs/how-to/write-docs.md says the same to the pages' writers):
       <!-- docs-test: skip: needs a real endpoint (OPENAI_BASE_URL) -->
 
   The reason must say it needs a real endpoint; any other skip fails the page.
+* A page whose commands need a program cardbus does not install (Node.js for the
+  tutorial of an agent in another language) names it in a marker of its own line::
+
+      <!-- docs-test: needs: node npm -->
+
+  Where one is not on ``PATH`` the page's test is skipped, naming it (``pytest -rs``
+  lists it); where they all are, the page runs as any other.
 
 A failing block raises ``BlockFailed`` naming the file, the line of its fence and
 what went wrong.
@@ -44,6 +52,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,9 +65,10 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON = {"python", "py"}
 SHELL = {"sh", "bash", "shell"}
 CONSOLE = {"console"}
-SHOWN = {"text", "toml", "yaml", "ini", "json"}
+SHOWN = {"text", "toml", "yaml", "ini", "json", "javascript", "js"}
 KNOWN = PYTHON | SHELL | CONSOLE | SHOWN
 SKIP = re.compile(r"^<!-- docs-test: skip: (.+?) -->$")
+NEEDS = re.compile(r"^<!-- docs-test: needs: ([\w .+-]+?) -->$")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
 TITLE = re.compile(r"""title=["']([^"']+)["']""")
 BLOCK_TIMEOUT_S = 120.0
@@ -165,6 +176,25 @@ def shell_env() -> dict[str, str]:
     return env
 
 
+def missing_programs(text: str) -> list[str]:
+    """The programs a page's ``<!-- docs-test: needs: ... -->`` markers name that its
+    commands would not find on ``PATH``."""
+    named: list[str] = []
+    fence: str | None = None  # a marker shown in a block (the how-to's) is no marker
+    for line in text.splitlines():
+        m = FENCE.match(line)
+        if m and fence is None:
+            fence = m.group("fence")
+        elif (
+            fence is not None and line.strip().startswith(fence) and set(line.strip()) == {fence[0]}
+        ):
+            fence = None
+        elif fence is None and (needs := NEEDS.match(line)):
+            named += needs.group(1).split()
+    path = shell_env()["PATH"]
+    return [p for p in named if shutil.which(p, path=path) is None]
+
+
 # ``cmd  # exit code 1``: a command meant to fail, and the code it must fail with
 EXPECTED_EXIT = re.compile(r"^(?P<cmd>.*?)[ \t]+#[ \t]*exit code (?P<code>\d+)\b[^\n]*$", re.S)
 
@@ -203,22 +233,33 @@ def shell_script(block: Block) -> str:
     return "set -euo pipefail\n" + body
 
 
-def run_shell(block: Block, workdir: Path, cwd: Path) -> Path:
-    """Run the block in ``cwd``; returns the directory it ended in."""
+def run_shell(block: Block, workdir: Path, cwd: Path, groups: list[int] | None = None) -> Path:
+    """Run the block in ``cwd``; returns the directory it ended in. The block runs in a
+    process group of its own, with its ``&`` jobs; its id is added to ``groups``, for
+    :func:`kill_groups` once the page is done."""
     where = workdir / ".docblocks-cwd"
     script = f"trap 'pwd > {where}' EXIT\n{shell_script(block)}"
-    try:
-        proc = subprocess.run(
-            ["bash", "-c", script],
-            cwd=cwd,
-            env=shell_env(),
-            capture_output=True,
-            text=True,
-            timeout=BLOCK_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise BlockFailed(f"{block.where}: still running after {e.timeout:.0f} s") from None
+    with subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=shell_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: what it leaves running is found
+    ) as running:
+        if groups is not None:
+            groups.append(running.pid)
+        try:
+            stdout, stderr = running.communicate(timeout=BLOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(running.pid, signal.SIGKILL)  # its bash is alive: the group is its
+            running.communicate()
+            raise BlockFailed(
+                f"{block.where}: still running after {BLOCK_TIMEOUT_S:.0f} s"
+            ) from None
+    proc = subprocess.CompletedProcess(running.args, running.returncode, stdout, stderr)
     if proc.returncode != 0:
         raise BlockFailed(
             f"{block.where}: {block.lang} block exited {proc.returncode}\n"
@@ -229,6 +270,24 @@ def run_shell(block: Block, workdir: Path, cwd: Path) -> Path:
     if not ended.is_relative_to(workdir.resolve()):
         raise BlockFailed(f"{block.where}: the block left the working directory (for {ended})")
     return ended
+
+
+def kill_groups(groups: list[int], workdir: Path) -> None:
+    """Kill what the shell blocks of a page left running (a server or an agent started
+    with ``&``, when a block failed before the page's ``kill``): each process of their
+    process groups working in the page's directory. (A group's id alone may name another
+    group by now: its leader, the block's bash, is gone and ids are reused.)"""
+    proc = Path("/proc")
+    if not groups or not proc.is_dir():
+        return
+    page = workdir.resolve()
+    for stat in proc.glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # after "(command)": state, ppid, process group, ...
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) not in groups:
+                continue
+            if Path(os.readlink(stat.parent / "cwd")).is_relative_to(page):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
 
 
 def run_python(block: Block, namespace: dict[str, Any]) -> None:
@@ -318,7 +377,9 @@ def run_blocks(blocks: list[Block], workdir: Path) -> list[Block]:
     if not venv.exists():
         venv.symlink_to(sys.prefix)  # the clone's .venv
     cwd = workdir
-    with inside(workdir):
+    groups: list[int] = []  # the shell blocks' process groups, each killed at the end
+    with inside(workdir), contextlib.ExitStack() as cleanup:
+        cleanup.callback(kill_groups, groups, workdir)
         for b in blocks:
             if b.skip is not None:
                 continue
@@ -328,7 +389,7 @@ def run_blocks(blocks: list[Block], workdir: Path) -> list[Block]:
             elif b.lang in PYTHON:
                 run_python(b, namespace)
             elif b.lang in SHELL | CONSOLE:
-                cwd = run_shell(b, workdir, cwd)
+                cwd = run_shell(b, workdir, cwd, groups)
             elif b.lang == "json":
                 check_json(b)
             else:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
-from docblocks import REPO, BlockFailed, parse, run_page
+from docblocks import REPO, BlockFailed, missing_programs, parse, run_page
 
 DOCS = REPO / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)
@@ -18,6 +19,9 @@ def _id(p: Path) -> str:
 @pytest.mark.timeout(300)  # a page's commands each start a process; the box is shared
 @pytest.mark.parametrize("page", PAGES, ids=_id)
 def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
+    missing = missing_programs(page.read_text(encoding="utf-8"))
+    if missing:  # said, never silent: make test runs pytest -rs
+        pytest.skip(f"{_id(page)} needs {' and '.join(missing)}, not found on PATH")
     run_page(page, tmp_path)
 
 
@@ -138,3 +142,39 @@ def test_a_command_that_hides_its_failure_fails_the_page(tmp_path: Path, hiding:
     page.write_text(f"```console\n$ cardbus --version {hiding}\n```\n", encoding="utf-8")
     with pytest.raises(BlockFailed, match="hides a failure"):
         run_page(page, tmp_path / "work")
+
+
+def test_a_page_needing_a_program_names_the_missing_ones() -> None:
+    page = "# p\n\n<!-- docs-test: needs: bash no-such-program-here -->\n"
+    assert missing_programs(page) == ["no-such-program-here"]
+    assert missing_programs("<!-- docs-test: needs: bash python -->") == []  # the venv's
+    assert missing_programs("no marker") == []
+    shown = "```text\n<!-- docs-test: needs: no-such-program-here -->\n```\n"
+    assert missing_programs(shown) == []  # shown in a block, as the how-to shows it
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, killed and not reaped yet, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_what_a_failed_page_left_running_is_killed(tmp_path: Path) -> None:
+    """A server started with ``&`` in one block, then a block that fails before the page's
+    ``kill``: the page's test kills it (it would run on after the suite)."""
+    page = _page(
+        tmp_path,
+        "```sh\nsleep 600 > sleep.log 2>&1 &\necho $! > sleep.pid\n```\n\n"
+        "```sh\ncardbus no-such-command\n```\n",
+    )
+    with pytest.raises(BlockFailed, match="exited 2"):
+        run_page(page, tmp_path / "work")
+    pid = int((tmp_path / "work" / "sleep.pid").read_text())
+    deadline = time.monotonic() + 30
+    while _running(pid):  # SIGKILL is sent; its delivery is the kernel's
+        assert time.monotonic() < deadline, f"sleep {pid} still runs"
+        time.sleep(0.05)

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from docblocks import REPO, run_page
+from docblocks import REPO, missing_programs, run_page
 
 EXAMPLES = sorted(p for p in (REPO / "examples").iterdir() if p.is_dir() and p.name[0] != "_")
 
@@ -15,6 +15,9 @@ EXAMPLES = sorted(p for p in (REPO / "examples").iterdir() if p.is_dir() and p.n
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_the_example_runs(example: Path, tmp_path: Path) -> None:
+    missing = missing_programs((example / "README.md").read_text(encoding="utf-8"))
+    if missing:  # said, never silent: make test runs pytest -rs
+        pytest.skip(f"examples/{example.name} needs {' and '.join(missing)}, not found on PATH")
     work = tmp_path / example.name
     shutil.copytree(example, work, ignore=shutil.ignore_patterns("__pycache__", "*.db*"))
     ran = run_page(work / "README.md", work)

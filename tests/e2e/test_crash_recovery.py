@@ -87,14 +87,25 @@ async def test_sigkill_orchestrator_mid_run_then_resume(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "cardbus.tools", "run", "plan.json", "--db", str(db), "--json"]
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # crash_agents.py; cardbus is installed
 
-    first = subprocess.Popen(cmd, cwd=tmp_path, env=env)
-    deadline = time.monotonic() + 30
-    while not any(s.startswith("b-") and t == "task.started.v1" for s, t in _types(db)):
-        assert first.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "task b never started"
-        time.sleep(0.02)
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(10)
+    # (its output: nowhere, not the suite's stderr; killed whatever happens)
+    first = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not any(s.startswith("b-") and t == "task.started.v1" for s, t in _types(db)):
+            assert first.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "task b never started"
+            time.sleep(0.02)
+    finally:
+        if first.poll() is None:
+            os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
     assert first.returncode == -signal.SIGKILL
     before = _types(db)
     assert not any(t == "run.completed.v1" for _, t in before)

@@ -73,14 +73,26 @@ def _kill_in_flight(tmp_path: Path, cmd: list[str], env: dict[str, str], times: 
     """Start `cardbus run` and SIGKILL it once its agent holds the task, ``times`` times."""
     db = tmp_path / "run.db"
     for k in range(1, times + 1):
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while _started(db) < k:  # this process's attempt is in the agent's hands
-            assert proc.poll() is None, f"run {k} ended before it could be killed"
-            assert time.monotonic() < deadline, f"run {k}: the task never started"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        # its output goes nowhere: a run left behind (its agent waits for "go" forever)
+        # must not hold the suite's stderr, and it is killed whatever happens
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while _started(db) < k:  # this process's attempt is in the agent's hands
+                assert proc.poll() is None, f"run {k} ended before it could be killed"
+                assert time.monotonic() < deadline, f"run {k}: the task never started"
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
         assert proc.returncode == -signal.SIGKILL
 
 

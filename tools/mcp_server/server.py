@@ -114,6 +114,20 @@ def build_server(service: RunService) -> MCPServer:
         return await _tool(service.answer(_actor(ctx), task, False, note))
 
     @mcp.tool()
+    async def review(
+        ctx: Context,
+        task: str,
+        decision: str,
+        arguments: dict[str, Any] | None = None,
+        reason: str = "",
+        call: str = "",
+    ) -> dict[str, Any]:
+        """Answer a tool call held for review: approve, edit (with the arguments the tool
+        runs with, checked against its schema) or refuse (with a reason the model gets)."""
+        work = service.review(_actor(ctx), task, decision, arguments, reason, call)
+        return await _tool(work)
+
+    @mcp.tool()
     async def cancel_run(ctx: Context, run: str, note: str = "") -> dict[str, Any]:
         """Cancel a run and every task of it not yet ended."""
         return await _tool(service.cancel(_actor(ctx), run, note))

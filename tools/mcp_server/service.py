@@ -27,6 +27,7 @@ import msgspec
 
 from cardbus.agents.agent import Agent
 from cardbus.bus.orchestrator.core import answer_approval
+from cardbus.bus.orchestrator.reviews import DECISIONS, answer_review, open_reviews
 from cardbus.eventstore.errors import CardbusError, ValidationError
 from cardbus.eventstore.store import EventStore
 from cardbus.projections import TaskTable, Timeline, replay, resolve_id
@@ -228,18 +229,41 @@ class RunService:
             root = (await self.c.run(run, limit=1))["root_id"]
         rows = TaskTable().list(runner.conn, root=root, statuses=WAITING)
         keep = ("task_id", "root_id", "goal", "capability", "status", "reason", "updated_at")
-        return {
-            "waiting": [
-                {
-                    **{k: r.get(k) for k in keep},
-                    # what the person is asked to let run: the task's inputs
-                    "input": msgspec.json.decode(r["input"]) if r.get("input") else None,
-                    "answers": ["approve", "deny"],
-                }
-                for r in rows
-            ],
-            "now": time.time(),
-        }
+        shown = []
+        for r in rows:
+            row = {
+                **{k: r.get(k) for k in keep},
+                # what the person is asked to let run: the task's inputs
+                "input": msgspec.json.decode(r["input"]) if r.get("input") else None,
+                "answers": ["approve", "deny"],
+            }
+            # a tool call held for review: the call, its arguments, the model's words
+            held = await open_reviews(self.c.store, str(r["task_id"]))
+            if held:
+                row["answers"] = list(DECISIONS)
+                row["reviews"] = [
+                    {"call": h.call, "tool": h.tool, "arguments": h.arguments, "text": h.text}
+                    for h in held
+                ]
+            shown.append(row)
+        return {"waiting": shown, "now": time.time()}
+
+    async def review(
+        self,
+        by: str,
+        task: str,
+        decision: str,
+        arguments: dict[str, Any] | None = None,
+        reason: str = "",
+        call: str = "",
+    ) -> dict[str, Any]:
+        """A person's word on a tool call held for review (``answer_review``)."""
+        task_id = await resolve_id(self.c.store, task)
+        answered = await answer_review(
+            self.c.store, task_id, decision, by=by, call=call, arguments=arguments, reason=reason
+        )
+        calls = [{"call": r.call, "tool": r.tool, "proposed": r.arguments} for r in answered]
+        return {"task_id": task_id, "decision": decision, "by": by, "calls": calls}
 
     async def answer(self, by: str, task: str, granted: bool, note: str = "") -> dict[str, Any]:
         task_id = await resolve_id(self.c.store, task)

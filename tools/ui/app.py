@@ -50,6 +50,7 @@ from cardbus.bus.http_guard import (
 )
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.core import answer_approval
+from cardbus.bus.orchestrator.reviews import Review, answer_review, open_reviews
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
@@ -79,6 +80,7 @@ from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.actions import Actions, HostedAgents, LogActions, NoAgents, NoAgentsHere
 from cardbus.tools.ui.page import PAGE
+from cardbus.tools.ui.schedules import schedule_routes
 
 try:
     from starlette.applications import Starlette
@@ -416,6 +418,32 @@ class Console:
                 await events.aclose()  # type: ignore[attr-defined]
 
 
+def review_json(r: Review) -> dict[str, Any]:
+    """A tool call under review as the API shows it."""
+    return {"call": r.call, "tool": r.tool, "arguments": r.arguments, "text": r.text}
+
+
+async def _review(store: EventStore, text: str, body: dict[str, Any], by: str) -> Response:
+    """``POST /api/tasks/{id}/review`` ``{"decision": "approve" | "edit" | "refuse",
+    "arguments": {...}, "reason": "...", "call": "..."}``: the actor is who authenticated."""
+    arguments = body.get("arguments")
+    try:
+        task_id = await resolve_id(store, text)
+        answered = await answer_review(
+            store,
+            task_id,
+            str(body.get("decision") or ""),
+            by=by,
+            call=str(body.get("call") or ""),
+            arguments=arguments if isinstance(arguments, dict) else None,
+            reason=str(body.get("reason") or ""),
+        )
+    except CardbusError as e:
+        return _error(e)
+    out = {"task_id": task_id, "decision": body.get("decision"), "by": by}
+    return _json(out | {"calls": [review_json(r) for r in answered]})
+
+
 async def _body(request: Request) -> dict[str, Any] | None:
     """A POST's JSON object ({} if empty or not an object; None if not JSON). (The guard
     let through only UTF-8 JSON no deeper than it allows.)"""
@@ -647,6 +675,8 @@ def create_app(
             return await act(lambda a, by, body: a.fork(task_id, body, by), request)
         if action == "rerun":
             return await act(lambda a, by, body: a.rerun(task_id, body, by), request)
+        if action == "review":  # a tool call held for review: approve, edit or refuse
+            return await _review(console().store, task_id, body, actor_of(request))
         if action not in ("approve", "deny"):
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
         granted = action == "approve"
@@ -658,6 +688,14 @@ def create_app(
         except CardbusError as e:
             return _error(e)
         return _json({"task_id": task_id, "approved": granted, "by": by})
+
+    async def reviews(request: Request) -> Response:
+        try:
+            task_id = await resolve_id(console().store, request.path_params["id"])
+            held = await open_reviews(console().store, task_id)
+        except CardbusError as e:
+            return _error(e)
+        return _json({"task_id": task_id, "reviews": [review_json(r) for r in held]})
 
     async def events(request: Request) -> Response:
         root = request.query_params.get("root") or None
@@ -683,10 +721,13 @@ def create_app(
         Route("/api/runs/{id:path}/traces.json", traces),
         Route("/api/runs/{id:path}/{action:str}", run_action, methods=["POST"]),
         Route("/api/runs/{id:path}", run),
+        Route("/api/tasks/{id:path}/reviews", reviews),
         Route("/api/tasks/{id:path}/{action:str}", answer, methods=["POST"]),
         Route("/api/tasks/{id:path}", task),
         Route("/api/diff", diff),
         Route("/api/events", events),
+        # tools.ui.schedules: create, list, pause, resume, trigger, delete
+        *schedule_routes(lambda: console().store, actor_of, _json, _error, _body),
     ]
     named = dict(tokens or {})
     if token:

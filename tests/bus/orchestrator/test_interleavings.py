@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 from interleave import (
     BUS_METHODS,
@@ -32,12 +34,17 @@ from interleave import (
     instrument,
     report,
 )
-from orchkit import FAST, make_agent, plan, task, tid, wait_for
+from orchkit import FAST, TextOut, make_agent, plan, task, tid, wait_for
 
+from cardbus.agents.cards import AgentConstraints
+from cardbus.agents.tools import Tool, ToolRegistry
 from cardbus.bus import InProcessBus, Orchestrator, answer_approval
 from cardbus.bus.orchestrator.cancel import cancel_run
+from cardbus.bus.orchestrator.reviews import answer_review
+from cardbus.bus.orchestrator.scheduler import Scheduler, create_schedule
+from cardbus.bus.orchestrator.schedules import fold, plan_id_of, stream_of
 from cardbus.bus.runtime.worker import AgentWorker
-from cardbus.eventstore import NewEvent, SqliteEventStore
+from cardbus.eventstore import ConcurrencyError, NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
 
 SLOW = make_agent("slow", "slow")
@@ -145,9 +152,11 @@ async def _resume(points: Points, db: Path, root: str, gate: str, write: Write) 
         except TimeoutError:
             end = ("still waiting",)
         # everything in the log folded: the follower caught up with the last write (checked
-        # before stop, whose final snapshot folds what the follower missed)
-        await orch.caught_up(10)
+        # before stop, whose final snapshot folds what the follower missed). The log is read
+        # first: caught_up folds through the log as it is when asked, and a late answer
+        # (the slow task's, after the run ended) may be appended after that
         log = await foreign.read_all(0, 100_000)
+        await orch.caught_up(10)
         problems += check_folded_once(ledger, log, orch.snapshot_position)
         problems += check_dispatched_once(log)
     finally:
@@ -227,8 +236,8 @@ async def _follow(points: Points, folder: Path, write: Write) -> Trial:
                 ends.append((await orch.wait(root, 5)).status)
             except TimeoutError:
                 ends.append("still waiting")
+        log = await foreign.read_all(0, 100_000)  # first: as above
         await orch.caught_up(10)
-        log = await foreign.read_all(0, 100_000)
         problems += check_folded_once(ledger, log)
         problems += check_dispatched_once(log)
     finally:
@@ -276,3 +285,201 @@ async def test_the_start_up_window_race_ends_right_in_100_of_100_tries(
         ends.append(trial.end[0])
     assert reference.end[0] == ("completed" if write == "approve" else reference.end[0])
     assert ends == [reference.end[0]] * 100, ends
+
+
+# -- a schedule's firing written by another member ----------------------------------------
+
+
+async def _another_member_fires(store: SqliteEventStore, sid: str, due: float) -> object:
+    """Another member's scheduler: it folds the schedule's stream and, finding ``due``
+    not handled, writes its firing with the version it folded; a ``ConcurrencyError``
+    (ours was written meanwhile) sends it back to the fold, which finds it handled."""
+    while True:
+        state = fold(await store.read_stream(stream_of(sid)))
+        assert state is not None
+        if state.handled >= due:
+            return None
+        fired = ev.ScheduleFired(due=due, plan_id=plan_id_of(sid, due), member="other")
+        new = NewEvent(data=fired, correlation_id=stream_of(sid))
+        try:
+            return await store.append(stream_of(sid), [new], state.version)
+        except ConcurrencyError:
+            continue
+
+
+async def _schedule_trial(points: Points, folder: Path) -> Trial:
+    """One trial: an orchestrator starts and follows the log while its scheduler finds a
+    due time, and another member writes the firing of that due time at one await point."""
+    folder = folder / f"trial-{next(_n)}"
+    folder.mkdir()
+    db = folder / "cardbus.db"
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    instrument(store, points, STORE_METHODS)
+    instrument(bus, points, BUS_METHODS)
+    points.active = False  # until the schedule is written
+    orch = Orchestrator(store, bus, FAST, snapshot=None)
+    ledger = FoldLedger()
+    ledger.watch(orch.state)
+    workers = [AgentWorker(bus, ECHO)]
+    due = time.time() + 10_000  # the first due time; the scheduler's clock is just past it
+    scheduler = Scheduler(store, orch.submit, "local", grace=0.5, clock=lambda: due + 1)
+    problems: list[str] = []
+    try:
+        body = msgspec.to_builtins(plan(task("a"), goal="scheduled"))
+        sid = await create_schedule(
+            foreign, body, interval_seconds=3600, start=due, overlap="allow_all", catchup="all"
+        )
+        written = asyncio.Event()  # the write done (the harness marks only its start)
+
+        async def write() -> object:
+            try:
+                return await _another_member_fires(foreign, sid, due)
+            finally:
+                written.set()
+
+        points.inject = write
+        points.active = True
+        await points.before_start()
+        await orch.start([w.agent.card() for w in workers])
+        for w in workers:
+            await w.start()
+        await scheduler.run_once()  # fires the due time, or finds it fired
+        await scheduler.run_once()  # starts the other member's firing's run
+        await points.when_idle()
+        await written.wait()
+        await scheduler.run_once()  # a firing the other wrote late: its run starts now
+        claim = await wait_for(foreign, lambda e: isinstance(e.data, ev.PlanSubmitted))
+        assert isinstance(claim.data, ev.PlanSubmitted)
+        end = (await orch.wait(claim.data.root_id, 5)).status
+        await orch.caught_up(10)
+        log = await foreign.read_all(0, 100_000)
+        problems += check_folded_once(ledger, log)
+        problems += check_dispatched_once(log)
+        fired = [e for e in log if isinstance(e.data, ev.ScheduleFired)]
+        runs = [e for e in log if isinstance(e.data, ev.RunStarted) and e.data.schedule == sid]
+        if len(fired) != 1 or len(runs) != 1:
+            problems.append(f"{len(fired)} firings and {len(runs)} runs of one due time")
+    finally:
+        points.active = False
+        await orch.stop()
+        await bus.close()
+        await foreign.close()
+        await store.close()
+    return Trial((end, len(fired), len(runs)), points, problems)
+
+
+async def test_a_schedule_firing_by_another_member_at_any_await_point_fires_once(
+    tmp_path: Path,
+) -> None:
+    async def scenario(points: Points) -> Trial:
+        return await _schedule_trial(points, tmp_path)
+
+    reference, trials = await explore(scenario, seed=11)
+    problems, injected, reached = report(reference, trials)
+    print(f"{len(trials)} trials, written at {len(injected)} call sites: {sorted(injected)}")
+    assert not problems, "\n".join(problems)
+    assert reference.end == ("completed", 1, 1), reference.end
+    assert not reached - injected - TIMED, sorted(reached - injected)
+    # written during the orchestrator's start, and in the scheduler's own look
+    assert any(n.startswith("_started/") for n in injected), sorted(injected)
+    assert any(n.startswith("_advance/") for n in injected), sorted(injected)
+
+
+# -- a tool call held for review, answered by another process ---------------------------
+
+PAID: list[float] = []  # the amounts the reviewed tool ran with, in this trial
+
+
+async def _pay(task_card, inputs, ctx):  # type: ignore[no-untyped-def]
+    await ctx.tool("transfer", amount=900)
+    return TextOut(text="paid")
+
+
+PAYER = make_agent("payer", "pay", _pay, constraints=AgentConstraints(tools=["transfer"]))
+
+
+def _transfer_tools() -> ToolRegistry:
+    def transfer(args: dict[str, object]) -> dict[str, object]:
+        PAID.append(float(args["amount"]))  # type: ignore[arg-type]
+        return {"sent": args["amount"]}
+
+    return ToolRegistry([Tool.define("transfer", transfer, review="always")])
+
+
+async def _held_run(folder: Path) -> tuple[Path, str, str]:
+    """A log whose run waits for a person's review of a transfer; its process died."""
+    folder.mkdir()
+    db = folder / "cardbus.db"
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    orch = Orchestrator(store, bus, FAST, tools=_transfer_tools())
+    orch.attempts_survive_restart = False
+    worker = AgentWorker(bus, PAYER)
+    await orch.start([worker.agent.card()])
+    await worker.start()
+    root = await orch.submit(plan(task("pay", "pay")))
+    await wait_for(store, lambda e: isinstance(e.data, ev.ApprovalRequested))
+    await orch.stop(give_back=False)  # as a process that dies
+    await bus.close()
+    await store.close()
+    return db, root, tid(root, "pay")
+
+
+async def _resume_held(points: Points, db: Path, root: str, pay: str) -> Trial:
+    """A new orchestrator resumes the held run on a copy of ``db``; a person's approval
+    of the transfer comes from another connection at the point ``points`` says."""
+    db = _copy(db, db.parent.parent / f"trial-{next(_n)}")
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    instrument(store, points, STORE_METHODS)
+    instrument(bus, points, BUS_METHODS)
+    points.inject = lambda: answer_review(foreign, pay, "approve", by="alice")
+    PAID.clear()
+    orch = Orchestrator(store, bus, FAST, tools=_transfer_tools())
+    orch.attempts_survive_restart = False
+    ledger = FoldLedger()
+    ledger.watch(orch.state)
+    worker = AgentWorker(bus, PAYER)
+    problems: list[str] = []
+    try:
+        await points.before_start()
+        await orch.start([worker.agent.card()])
+        await worker.start()
+        await points.when_idle()
+        try:
+            result = await orch.wait(root, 5)
+            end: tuple[str, ...] = (result.status, result.reason)
+        except TimeoutError:
+            end = ("still waiting",)
+        await orch.caught_up(10)
+        log = await foreign.read_all(0, 100_000)
+        problems += check_folded_once(ledger, log, orch.snapshot_position)
+        problems += check_dispatched_once(log)
+        if end[0] == "completed" and PAID != [900.0]:  # the tool runs once, approved
+            problems.append(f"the reviewed tool ran with {PAID}, not once with 900")
+    finally:
+        points.active = False
+        await orch.stop()
+        await bus.close()
+        await foreign.close()
+        await store.close()
+    return Trial(end, points, problems)
+
+
+async def test_a_review_answered_at_any_await_point_of_a_resume_runs_the_tool_once(
+    tmp_path: Path,
+) -> None:
+    db, root, pay = await _held_run(tmp_path / "template")
+
+    async def scenario(points: Points) -> Trial:
+        return await _resume_held(points, db, root, pay)
+
+    reference, trials = await explore(scenario, seed=7)
+    problems, injected, reached = report(reference, trials)
+    assert not problems, "\n".join(problems)
+    assert reference.end[0] == "completed", reference.end
+    assert not reached - injected - TIMED, sorted(reached - injected)
+    assert len(trials) >= 10

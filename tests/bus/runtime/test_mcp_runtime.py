@@ -5,11 +5,17 @@ orchestrator checks its glob allow-list and records every call and refusal."""
 from __future__ import annotations
 
 import asyncio
+import sys
+from typing import Any
 
-from mcpservers import Asker, stdio_server
+from mcpservers import SCRIPT, Ask, Asker, stdio_server
 
+from cardbus.agents.agent import Agent, Capability, TaskContext
+from cardbus.agents.cards import AgentConstraints, TaskCard
+from cardbus.agents.mcp_config import MCPServer
 from cardbus.agents.tools import ToolFailed, ToolRegistry
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.orchestrator.reviews import answer_review
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import MemoryEventStore
 from cardbus.eventstore import events as ev
@@ -74,3 +80,49 @@ async def test_the_nats_runtime_mounts_them_too(nats_url: str) -> None:
         "t__add",
         "t__add",
     ]
+
+
+class Adder(Agent):
+    """Echoes, then adds: two MCP tools, the second under review (the server's config)."""
+
+    agent_id = "mcp-adder"
+    capabilities = [Capability("add", Ask, dict)]
+    constraints = AgentConstraints(tools=["t__*"])
+
+    async def handle(self, task: TaskCard, inputs: Ask, ctx: TaskContext) -> dict[str, Any]:
+        echo = await ctx.tool("t__echo", text=inputs.text)
+        return {"echo": echo, "add": await ctx.tool("t__add", a=2, b=3)}
+
+
+async def test_an_mcp_tool_under_review_waits_for_a_person() -> None:
+    """The server's entry says its ``add`` is reviewed (the config file's ``review`` key):
+    the call is held, nothing reaches the server until a person approves, then it runs."""
+    store = MemoryEventStore()
+    entry = {"command": sys.executable, "args": [SCRIPT], "review": {"add": "always"}}
+    server = MCPServer.from_entry("t", entry)
+    assert (server.review_of("add"), server.review_of("echo")) == ("always", "never")
+    plan = Plan(goal="add", tasks=[PlanTask(id="a", capability="add", inputs={"text": "x"})])
+    async with EmbeddedRuntime(store, [Adder], tools=ToolRegistry(), mcp_servers=[server]) as rt:
+        root = await rt.submit(plan)
+        while not [
+            e
+            for e in await store.read_correlation(root)
+            if e.type.startswith("task.approval_requested")
+        ]:
+            await asyncio.sleep(0.02)
+        [held] = [
+            e.data
+            for e in await store.read_correlation(root)
+            if isinstance(e.data, ev.ToolReviewRequested)
+        ]
+        assert (held.tool, held.arguments) == ("t__add", {"a": 2, "b": 3})
+        called = [
+            e.data.tool
+            for e in await store.read_correlation(root)
+            if isinstance(e.data, ev.ToolCalled)
+        ]
+        assert called == ["t__echo"]  # the held call never reached the server
+        await answer_review(store, held.task_id, "approve", by="ada")
+        result = await rt.orchestrator.wait(root, timeout=60)
+    assert result.status == "completed", result
+    assert result.outputs["a"] == {"echo": {"result": "x"}, "add": {"sum": 5}}

@@ -78,6 +78,9 @@ def test_calls_are_spans_under_their_attempt_with_the_genai_attributes(
     chats = [s for s in calls if s.name.startswith("chat ")]
     assert all(s.kind == SpanKind.CLIENT for s in chats)
     assert all(s.attributes["gen_ai.operation.name"] == "chat" for s in chats)
+    # Required by the GenAI conventions: the journal recorded the client's provider (the
+    # stub on loopback is no known provider: its host, a custom value), replays included
+    assert [s.attributes.get("gen_ai.provider.name") for s in chats] == ["127.0.0.1"] * 5
     assert all(s.attributes["gen_ai.request.model"] == "stub-model" for s in chats)
     assert all(s.attributes["gen_ai.response.model"] == "stub-model-2024" for s in chats)
     live = [s for s in chats if "cardbus.journal.replayed_from" not in s.attributes]
@@ -155,7 +158,13 @@ def test_every_exported_call_span_has_a_live_twin(
                 x.kind,
             )
             assert twin.status.status_code == x.status.status_code, x.name
-            for key in ("gen_ai.usage.input_tokens", "cardbus.journal.replayed_from"):
+            if x.name.startswith("chat "):
+                assert twin.attributes["gen_ai.provider.name"] == "127.0.0.1"
+            for key in (
+                "gen_ai.usage.input_tokens",
+                "cardbus.journal.replayed_from",
+                "gen_ai.provider.name",
+            ):
                 assert twin.attributes.get(key) == x.attributes.get(key), (x.name, key)
     # a journaled call has one span, the orchestrator's (made from the log): the agent's
     # side makes none of its own, so usage summed over chat spans counts each call once

@@ -154,9 +154,7 @@ def test_a_run_traced_live_and_then_exported_is_one_trace(
     assert "task.retry_scheduled" in [e.name for e in gist.events]
     # the worker's own span of that attempt ran past the deadline: an error too
     workers = [
-        s
-        for s in live.values()
-        if s.name == "invoke_agent slow" and s.kind == Span.SPAN_KIND_INTERNAL
+        s for s in live.values() if s.name == "handle slow" and s.kind == Span.SPAN_KIND_INTERNAL
     ]
     assert any(s.status.code == Status.STATUS_CODE_ERROR for s in workers)
 

@@ -43,6 +43,7 @@ async def test_agent_spans_in_another_process_join_the_orchestrators_trace(
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.url,
         "OTEL_SERVICE_NAME": "agents",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "30",  # what is sent, not the short default deadline
     }
     paths = [f"cardbus.agents.demo:{a.__name__}" for a in DEMO_AGENTS]
     server = subprocess.Popen(
@@ -75,7 +76,7 @@ async def test_agent_spans_in_another_process_join_the_orchestrators_trace(
 
     remote = _received(otlp_receiver)
     processes = [s for s in remote if s.name.startswith("process ")]
-    agents = [s for s in remote if s.name.startswith("invoke_agent ")]
+    agents = [s for s in remote if s.name.startswith("handle ")]
     assert len(processes) == len(agents) == len(sends)
     trace_id = workflow.context.trace_id.to_bytes(16, "big")
     assert {s.trace_id for s in remote} == {trace_id}

@@ -61,7 +61,7 @@ async def test_worker_continues_the_cards_trace(sdk_spans: InMemorySpanExporter)
     await bus.close()
     spans = list(sdk_spans.get_finished_spans())
     (process,) = _by_kind(spans, "process ")
-    (agent,) = _by_kind(spans, "invoke_agent ")
+    (agent,) = _by_kind(spans, "handle ")
     assert process.context.trace_id == agent.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
     assert _parent(process) == 0xB7AD6B7169203331 and process.parent.is_remote  # type: ignore[union-attr]
     assert _parent(agent) == process.context.span_id
@@ -80,6 +80,6 @@ async def test_failed_and_rejected_attempts_carry_error_type(
     for _ in range(3):
         await asyncio.wait_for(replies.__anext__(), 5)
     await bus.close()
-    (agent,) = _by_kind(list(sdk_spans.get_finished_spans()), "invoke_agent ")
+    (agent,) = _by_kind(list(sdk_spans.get_finished_spans()), "handle ")
     assert agent.attributes["error.type"] == "input_schema_mismatch"
     assert agent.status.status_code.name == "ERROR"

@@ -1,0 +1,233 @@
+"""A tool call under review across a kill -9, answered from the console's HTTP API
+(issue 31 item 1, its "done when").
+
+``cardbus run`` (a subprocess) runs an agent whose ``transfer`` tool is reviewed over
+500; the stub model proposes ``transfer(amount=900)``. The attempt pauses (the log has
+``tool.review_requested`` and the task awaits approval); the process is killed with
+SIGKILL; ``cardbus run`` again resumes the run, and a person answers from the console
+(``cardbus ui``, real uvicorn on loopback, a named token): a bad edit is refused naming
+the field, then ``amount=450``. The tool runs once, with 450; the model gets its result;
+``cardbus replay`` shows 900 proposed, 450 approved and the actor. The command line
+answers a refusal the same way, and the model gets the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cardbus.eventstore import events as ev
+from tests.agents.openai_stub import OpenAIStub, Reply
+from tests.cli.test_tools_served import ROOT, log_of
+from tests.cli.test_ui import Server
+
+PAYER = """
+from pathlib import Path
+
+import msgspec
+from cardbus import LLMAgent
+from cardbus.agents.tools import Tool
+
+
+class Order(msgspec.Struct):
+    order: str
+
+
+class Paid(msgspec.Struct):
+    answer: str
+
+
+class Transfer(msgspec.Struct):
+    amount: float
+
+
+def transfer(t: Transfer) -> dict:
+    with open(Path(__file__).parent / "ran.txt", "a") as f:  # what ran, across processes
+        f.write(f"{t.amount}\\n")
+    return {"sent": t.amount}
+
+
+class Payer(LLMAgent):
+    agent_id = "payer"
+    description = "Pays an order."
+    capability = "pay"
+    input_type = Order
+    output_type = Paid
+    instructions = "Pay the order with the transfer tool."
+    tools = [
+        Tool.define(
+            "transfer", transfer, input_type=Transfer, review=lambda a: a["amount"] > 500
+        )
+    ]
+"""
+
+PLAN = {
+    "plan_id": "pay-1",
+    "goal": "Pay order A-1",
+    "agents": ["payer:Payer"],
+    "tasks": [{"id": "pay", "capability": "pay", "inputs": {"order": "A-1"}}],
+}
+
+
+def _script(stub: OpenAIStub) -> None:
+    stub.script(
+        Reply(content="Paying 900 now.", tool_calls=[("transfer", {"amount": 900})]),
+        Reply(content=json.dumps({"answer": "paid"})),
+    )
+
+
+def _env(stub: OpenAIStub, folder: Path) -> dict[str, str]:
+    env = {**os.environ, "OPENAI_BASE_URL": stub.url, "CARDBUS_MODEL": "stub-model"}
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(ROOT)])
+    return env
+
+
+STARTED: list[subprocess.Popen[str]] = []  # reaped by ``reaped`` whatever the test does
+
+
+def _run(folder: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "cardbus.tools", "run", "plan.json", "--store", "log.db"]
+    proc = subprocess.Popen(
+        [*cmd, "--timeout", "120"],
+        cwd=folder,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def reaped() -> Iterator[None]:
+    """Every ``cardbus run`` a test started is killed and waited for when the test ends
+    (a failed assertion included): none is left holding a pipe after the suite."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
+def _until_held(folder: Path, proc: subprocess.Popen[str]) -> ev.ToolReviewRequested:
+    """Wait for the log to say the call is held (the task asked a person)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        if (folder / "log.db").exists():
+            events = [e.data for e in log_of(folder)]
+            asked = [e for e in events if isinstance(e, ev.ApprovalRequested)]
+            held = [e for e in events if isinstance(e, ev.ToolReviewRequested)]
+            if asked and held:
+                assert asked[0].reason == "tool_review"
+                return held[0]
+        time.sleep(0.05)
+    raise AssertionError("the call was not held within 60 s")
+
+
+def _post(url: str, body: dict[str, Any], token: str) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _held_then_killed(folder: Path, env: dict[str, str]) -> ev.ToolReviewRequested:
+    (folder / "payer.py").write_text(PAYER)
+    (folder / "plan.json").write_text(json.dumps(PLAN))
+    first = _run(folder, env)
+    held = _until_held(folder, first)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    assert not (folder / "ran.txt").exists()  # held: the tool never ran
+    return held
+
+
+def test_killed_while_held_then_approved_with_an_edit_from_the_console(tmp_path: Path) -> None:
+    with OpenAIStub() as stub:
+        _script(stub)
+        env = _env(stub, tmp_path)
+        held = _held_then_killed(tmp_path, env)
+        assert (held.arguments, held.text) == ({"amount": 900}, "Paying 900 now.")
+        again = _run(tmp_path, env)  # the restart resumes the run, still held
+        console = Server(tmp_path / "log.db", token="s3cret", args=("--token-name", "ada"))
+        try:
+            console.wait_ready("s3cret")
+            url = f"{console.url}api/tasks/{held.task_id}/review"
+            status, bad = _post(
+                url, {"decision": "edit", "arguments": {"amount": "lots"}}, "s3cret"
+            )
+            assert status == 400 and "amount" in bad["error"], bad
+            status, ok = _post(url, {"decision": "edit", "arguments": {"amount": 450}}, "s3cret")
+            assert status == 200 and ok["by"] == "ada", ok
+            out, _ = again.communicate(timeout=120)
+        finally:
+            console.stop()
+        bodies = stub.bodies()
+    assert again.returncode == 0, out
+    assert (tmp_path / "ran.txt").read_text() == "450.0\n"  # once, with the edited amount
+    tool_answers = [m for m in bodies[-1]["messages"] if m["role"] == "tool"]
+    assert [json.loads(m["content"]) for m in tool_answers] == [{"sent": 450.0}]
+    events = [e.data for e in log_of(tmp_path)]
+    (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]
+    assert (answered.proposed, answered.arguments, answered.by) == (
+        {"amount": 900},
+        {"amount": 450},
+        "ada",
+    )
+    replay = subprocess.run(
+        [sys.executable, "-m", "cardbus.tools", "replay", held.task_id, "--store", "log.db"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert replay.returncode == 0, replay.stderr
+    (line,) = [ln for ln in replay.stdout.splitlines() if "review: edit by" in ln]
+    assert '{"amount": 900}' in line and '{"amount": 450}' in line and "ada" in line
+
+
+def test_refused_from_the_command_line_the_model_gets_the_reason(tmp_path: Path) -> None:
+    with OpenAIStub() as stub:
+        _script(stub)
+        env = _env(stub, tmp_path)
+        held = _held_then_killed(tmp_path, env)
+        again = _run(tmp_path, env)
+        refuse = [sys.executable, "-m", "cardbus.tools", "review", held.task_id, "refuse"]
+        said = subprocess.run(
+            [*refuse, "--reason", "over the daily limit", "--by", "bo", "--store", "log.db"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert said.returncode == 0, said.stdout + said.stderr
+        out, _ = again.communicate(timeout=120)
+        bodies = stub.bodies()
+    assert again.returncode == 0, out
+    assert not (tmp_path / "ran.txt").exists()
+    (answer,) = [m for m in bodies[-1]["messages"] if m["role"] == "tool"]
+    assert "over the daily limit" in answer["content"] and "bo" in answer["content"]
