@@ -43,6 +43,13 @@ from urllib.parse import urlsplit
 import msgspec
 from opentelemetry import trace
 
+from cardbus.agents.pacing import (
+    CALL_QUEUED_S,
+    LimitKey,
+    Pacer,
+    current_pacing,
+    process_pacer,
+)
 from cardbus.eventstore.errors import (
     ConfigError,
     LLMBadOutput,
@@ -432,10 +439,12 @@ class OpenAIChatLLM:
         temperature: float = 0.0,
         max_retries: int = 2,
         max_tokens: int | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         """``max_tokens``: the most output tokens any call may be answered with (None: the
         endpoint's own limit); under a run's budget a call is sent with the smaller of this
-        and what the budget reserved for it (``current_max_tokens``)."""
+        and what the budget reserved for it (``current_max_tokens``). ``pacer``: where
+        calls wait for the provider's limit (default: the one the process shares)."""
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
         ):
@@ -457,6 +466,18 @@ class OpenAIChatLLM:
         self.temperature = temperature
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
+        self.pacer = pacer if pacer is not None else process_pacer()
+        # the key's fingerprint, never the key: limits are per key, the key stays secret
+        fingerprint = hashlib.sha256((key or "").encode()).hexdigest()[:12]
+        # the endpoint (host and port) names the provider: two local servers are two limits
+        self._limit_key = (urlsplit(self.base_url).netloc or self.provider, model, fingerprint)
+        #: seconds the last call waited for the provider's limit (read by the journal)
+        self.last_queued_s = 0.0
+
+    def limit_key(self, model: str | None = None) -> LimitKey:
+        """The (endpoint, model, key fingerprint) a call's limit is kept under."""
+        provider, own, fingerprint = self._limit_key
+        return (provider, model or own, fingerprint)
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
         messages: list[Message] = []
@@ -489,17 +510,31 @@ class OpenAIChatLLM:
         bound = current_max_tokens(self.max_tokens)
         if bound is not None:
             extra["max_tokens"] = bound
+        key = self.limit_key(model)
+        sent = [dict(m) for m in messages]
+        self.last_queued_s = await self.pacer.acquire(
+            key, _estimate_tokens(sent, bound), **current_pacing()
+        )
+        CALL_QUEUED_S.set(self.last_queued_s)
         try:
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=model,
-                messages=[dict(m) for m in messages],  # type: ignore[misc]
+                messages=sent,  # type: ignore[arg-type]
                 temperature=self.temperature,
                 extra_headers=self._headers,
                 **extra,
             )
+            self.pacer.learn(key, raw.headers)
             body = raw.http_response.content
         except openai.OpenAIError as e:
-            raise self._error(e) from e
+            error = self._error(e)
+            if isinstance(error, LLMRateLimited):
+                self.pacer.rate_limited(key, error.retry_after)
+            if isinstance(e, openai.APIStatusError):
+                self.pacer.learn(key, e.response.headers)
+            raise error from e
+        finally:
+            self.pacer.release(key)
         return _completion(body, model)
 
     def _error(self, e: Exception) -> LLMError:
@@ -530,6 +565,13 @@ class OpenAIChatLLM:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _estimate_tokens(messages: Sequence[Mapping[str, Any]], max_tokens: int | None) -> float:
+    """What a provider counts against a tokens-per-minute limit before it answers: the
+    prompt (about four characters a token) plus the output it may write."""
+    chars = sum(len(str(m.get("content") or "")) for m in messages)
+    return max(1.0, chars / 4.0) + (max_tokens or 0)
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -49,7 +49,9 @@ __all__ = [
     "MemoryRead",
     "MemoryWritten",
     "ModelAnswered",
+    "ModelQueued",
     "ModelRequested",
+    "ModelSlotGranted",
     "NeedsInput",
     "OrchestratorStarted",
     "PlanAccepted",
@@ -456,6 +458,8 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # what the person who started it said (a name they gave, why): words, not evidence;
     # the envelope's actor is who they authenticated as
     note: str = ""
+    # admission and the model pacer serve a higher priority first (``Plan.priority``)
+    priority: int = 0
     schedule: str = ""  # the schedule whose firing started it ("" for none)
     # a child run's lineage (``bus.orchestrator.children``): the parent run's root, the
     # parent task and attempt that started it, and what happens to it when the parent
@@ -738,6 +742,37 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     # output tokens past the ``max_tokens`` the call was sent with (its budget's bound): an
     # endpoint that ignored it; the tokens are counted all the same (bus.orchestrator.budget)
     overrun_tokens: int = 0
+    # of ``latency_s``, the seconds the call waited for the provider's limit before it was
+    # sent (queued by the pacer, not running: ``cardbus.agents.pacing``)
+    queued_s: float = 0.0
+
+
+class ModelQueued(_Event, frozen=True, kw_only=True, tag="model.queued.v1"):
+    """A model call waits for its provider's limit before it is sent (``limit``: the
+    endpoint and model whose pace it waits for; ``cardbus.agents.pacing``): queued, not
+    running. The attempt's run time (``timeout_s``) stops until ``model.slot_granted``;
+    the wait is bounded by ``max_wait_s`` (then the call fails: ``llm_rate_limited``)."""
+
+    task_id: str
+    agent_id: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    model: str = ""
+    limit: str = ""
+    max_wait_s: float = 0.0
+
+
+class ModelSlotGranted(_Event, frozen=True, kw_only=True, tag="model.slot_granted.v1"):
+    """The queued model call got its slot after ``waited_s`` and is sent now: the
+    attempt's run time goes on from where ``model.queued`` stopped it."""
+
+    task_id: str
+    agent_id: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    waited_s: float = 0.0
 
 
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):
@@ -989,6 +1024,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ModelAnswered,
     ToolEffectUnknown,
     BudgetRefused,
+    ModelQueued,
+    ModelSlotGranted,
     ScheduleBuffered,
     ScheduleCreated,
     ScheduleDeleted,
@@ -1049,6 +1086,8 @@ Event = (
     | ModelAnswered
     | ToolEffectUnknown
     | BudgetRefused
+    | ModelQueued
+    | ModelSlotGranted
     | ScheduleBuffered
     | ScheduleCreated
     | ScheduleDeleted

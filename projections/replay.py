@@ -117,6 +117,10 @@ class ModelCall(msgspec.Struct, kw_only=True, tag="model", tag_field="kind"):
     requested_event_id: str = ""
     answered_event_id: str = ""
     cost_usd: float | None = None  # as priced when recorded (None: unknown, or not live)
+    # waiting for the provider's limit before it was sent (``model.queued``): queued,
+    # not running; ``queued_s`` is of ``latency_s`` (the slot's wait, when it came)
+    queued: bool = False
+    queued_s: float = 0.0
 
 
 class ToolCall(msgspec.Struct, kw_only=True, tag="tool", tag_field="kind"):
@@ -333,7 +337,12 @@ def _detail(data: Any) -> str | None:
                 f"model {data.model or '?'} answered (call {data.seq}),"
                 f" {data.input_tokens}+{data.output_tokens} tokens,"
                 f" {data.latency_s * 1000:.0f}ms"
+                + (f" (of which {data.queued_s:.2f}s queued)" if data.queued_s > 0 else "")
             )
+        case ev.ModelQueued():
+            return f"queued for the model's limit: {data.limit or data.model} (call {data.seq})"
+        case ev.ModelSlotGranted():
+            return f"slot of the model's limit after {data.waited_s:.2f}s queued (call {data.seq})"
         case ev.ToolEffectUnknown():
             return (
                 f"tool {data.tool}: effect unknown (call {data.requested_event_id},"
@@ -551,6 +560,7 @@ class JournalFold:
                 call.input_tokens = _tokens(data.input_tokens)
                 call.output_tokens = _tokens(data.output_tokens)
                 call.error, call.error_type = data.error, data.error_type
+                call.queued, call.queued_s = False, data.queued_s or call.queued_s
                 if data.replayed_from is not None:
                     call.status, call.replayed_from = "replayed", data.replayed_from
                     source = self.by_answer.get(data.replayed_from)
@@ -567,6 +577,14 @@ class JournalFold:
                     call.cost_usd = data.cost_usd
                 self.by_answer[env.event_id] = call
                 return call
+            case ev.ModelQueued() | ev.ModelSlotGranted():
+                waiting = self.models.get((data.execution, data.seq))
+                if waiting is None:
+                    return None
+                waiting.queued = isinstance(data, ev.ModelQueued)
+                if isinstance(data, ev.ModelSlotGranted):
+                    waiting.queued_s = data.waited_s
+                return waiting
             case ev.ToolRequested():
                 tool = ToolCall(
                     position=env.position,

@@ -1,8 +1,11 @@
 """The LLM endpoint options every command that runs agents shares.
 
-``@llm_options`` adds ``--llm-base-url`` (``OPENAI_BASE_URL``) and ``--model``
-(``CARDBUS_MODEL``); the key is read from ``OPENAI_API_KEY`` only (never a
-flag: command lines end up in shell histories and process lists).
+``@llm_options`` adds ``--llm-base-url`` (``OPENAI_BASE_URL``), ``--model``
+(``CARDBUS_MODEL``) and ``--limits`` (``CARDBUS_LIMITS``: a file of the providers'
+limits, which the process's pacer then keeps instead of learning them from the
+headers: ``cardbus.agents.pacing.LimitTable``); the key is read from
+``OPENAI_API_KEY`` only (never a flag: command lines end up in shell histories and
+process lists).
 :func:`open_llm` turns them into the ``LLM`` the agents get; the first time
 an agent calls it, one line on stderr says which one it is (the endpoint, or
 the deterministic mock when none is configured). Said once per command, and
@@ -33,8 +36,33 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
 
+def _use_limits(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if not value:
+        return
+    from cardbus.agents.pacing import LimitTable, process_pacer
+    from cardbus.eventstore.errors import ConfigError
+
+    try:
+        process_pacer().use_limits(LimitTable.load(value))
+    except ConfigError as e:
+        raise click.BadParameter(str(e)) from e
+
+
 def llm_options(f: F) -> F:
-    """Add ``--llm-base-url`` and ``--model`` (keyword arguments ``llm_base_url``, ``model``)."""
+    """Add ``--llm-base-url`` and ``--model`` (keyword arguments ``llm_base_url``, ``model``),
+    and ``--limits`` (no argument: it configures the process's pacer)."""
+    f = click.option(
+        "--limits",
+        default=None,
+        envvar="CARDBUS_LIMITS",
+        show_envvar=True,
+        expose_value=False,
+        callback=_use_limits,
+        metavar="FILE",
+        help="Providers' limits (JSON or TOML: model name or glob -> requests_per_minute,"
+        " tokens_per_minute, concurrent, endpoint); the others are learned from the answers'"
+        " rate-limit headers. Env CARDBUS_LIMITS.",
+    )(f)
     f = click.option(
         "--model",
         "model",

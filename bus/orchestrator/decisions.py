@@ -652,6 +652,9 @@ class Decider:
             previous_output=task.previous_output if task.review else None,
             supplement=task.supplement,
             absent=absent,
+            priority=run.started.priority
+            if (run := self.state.runs.get(task.created.root_id))
+            else 0,
         )
 
     def _reused(self, run: RunView, task: TaskView) -> bool:

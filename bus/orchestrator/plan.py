@@ -107,6 +107,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     # words kept with the run (``run.started``'s note: who asked, and why, as they say;
     # the run's actor is who submitted it); not part of the plan's digest
     note: str = ""
+    # who goes first: admission and the model pacer serve a higher priority first (a
+    # waiting run ages, so a low one is not starved for ever); not part of the digest
+    priority: int = 0
     schedule: str = ""  # set by a schedule's firing: the schedule id, kept in run.started
 
 

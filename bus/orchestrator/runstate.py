@@ -21,6 +21,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard
 from cardbus.bus.orchestrator import budget as _budget
+from cardbus.bus.orchestrator import limit_waits as _limit_waits
 from cardbus.bus.orchestrator.hostloss import is_host_loss
 from cardbus.bus.orchestrator.selection import AgentStat
 from cardbus.eventstore import Envelope, TaskState, transition
@@ -92,6 +93,9 @@ class TaskView:
     # how that child ended, once it has: (finished, its outputs, its detail), kept here so
     # a child retired from memory, or left out of a snapshot, still settles the task
     child_end: tuple[str, Any, str] | None = None
+    # agent -> (its run time left, its calls waiting) while model calls wait for the
+    # provider's limit: the deadline stops meanwhile (``limit_waits``)
+    limit_waits: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -280,6 +284,10 @@ class RunState:
             self._apply_task(env)
         elif isinstance(data, ev.RunStarted):
             self._start_run(env.stream, data, env.position)
+        elif type(data) in _limit_waits.FOLDED:  # a model call waiting for its limit
+            task = self.tasks.get(env.stream)
+            if task is not None:
+                _limit_waits.fold(self, task, env)
         elif type(data) in _MODEL_TYPES:  # a journaled model call: held against budgets
             task = self.tasks.get(env.stream)
             run = self.runs.get(task.created.root_id) if task is not None else None
@@ -475,6 +483,7 @@ def _dispatched(
         task.results = {}
         task.delivered = 0
         task.started = frozenset()
+        task.limit_waits = {}
     task.start_to_close_s = data.timeout_s
     task.dispatched_to[data.agent_id] = data.deadline
     task.assigned |= {data.agent_id}

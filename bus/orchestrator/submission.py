@@ -89,6 +89,7 @@ def run_creation(
         agents=sorted(set(agents)),
         agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
         note=plan.note,
+        priority=plan.priority,
         schedule=plan.schedule,
         **dict(lineage or {}),
     )

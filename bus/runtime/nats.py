@@ -38,6 +38,7 @@ from cardbus.agents.agent import Agent
 from cardbus.agents.cards import AgentCard
 from cardbus.agents.llm import LLM
 from cardbus.agents.mcp_config import MCPServer
+from cardbus.agents.pacing import Pacer
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
@@ -56,6 +57,7 @@ from cardbus.bus.runtime.leases import serve_leases
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.members import MemberLog
+from cardbus.bus.runtime.pace_share import PaceShare, share_pace, unshare_pace
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.tools_served import check_served
 from cardbus.bus.runtime.worker import AgentWorker
@@ -168,6 +170,7 @@ class NatsRuntime:
         self.orchestrator: Orchestrator
         self._agent_buses: list[NatsBus] = []
         self._workers: list[AgentWorker] = []
+        self._pace: PaceShare | None = None  # the model calls' limits, shared (pace_share)
         # the schedules' loop while running
         self.scheduler: Scheduler | None = None
         self.scheduler_options: dict[str, Any] = dict(scheduler_options or {})
@@ -284,6 +287,8 @@ class NatsRuntime:
                     self.options, name=f"{self.name}-agents", **self.bus_options
                 )
                 self._agent_buses.append(agent_bus)
+                # the agents' model calls pace their share of the cluster's limits
+                self._pace = await share_pace(agent_bus.nc, _pacer_of(self.llm))
                 for a in self.agents:
                     await self.orchestrator.register(a.card())  # ours: trusted
                     worker = AgentWorker(agent_bus, a, self.llm, tools=self.tools)
@@ -343,6 +348,8 @@ class NatsRuntime:
                 await w.stop(announce=False)
         with contextlib.suppress(Exception):
             await self.orchestrator.stop()
+        pace, self._pace = self._pace, None
+        await unshare_pace(pace)
         mcp, self._mcp = self._mcp, None
         if mcp is not None:
             with contextlib.suppress(Exception):
@@ -441,10 +448,13 @@ async def serve_agents(
     name = "cardbus-agent-" + "+".join(a.agent_id for a in agents)
     local = ToolRegistry() if mcp_servers else None
     toolset = await start_mcp(mcp_servers, local) if local is not None else None
+    pace: PaceShare | None = None
     try:
         for r in range(replicas):
             bus = await NatsBus.connect(options, name=f"{name}-{r}", **(bus_options or {}))
             buses.append(bus)
+            if pace is None:  # the replicas' model calls pace this process's share
+                pace = await share_pace(bus.nc, _pacer_of(llm))
             for a in agents:
                 worker = AgentWorker(
                     bus, a, llm, concurrency, started_after_s=started_after_s, local_tools=local
@@ -458,12 +468,20 @@ async def serve_agents(
         for w in workers:  # each replica says it goes (the last: agent.deregistered, stopped)
             with contextlib.suppress(Exception):
                 await w.stop()
+        with contextlib.suppress(Exception):
+            await unshare_pace(pace)
         for b in buses:
             with contextlib.suppress(Exception):
                 await b.close()
         if toolset is not None:
             with contextlib.suppress(Exception):
                 await toolset.stop()
+
+
+def _pacer_of(llm: LLM | None) -> Pacer | None:
+    """The pacer ``llm``'s calls wait in (None: the process's)."""
+    pacer = getattr(llm, "pacer", None)
+    return pacer if isinstance(pacer, Pacer) else None
 
 
 # -- a local nats-server ------------------------------------------------------------

@@ -414,7 +414,7 @@ function tasksTable(data) {
     return `<tr data-task="${esc(k.task_id)}" data-status="${esc(k.status)}">
       <td>${idLink("task", k.task_id)}</td><td>${esc(k.capability)}</td><td>${esc(k.agent_id)}</td>
       <td>${status(k.status)}</td><td>${k.attempts}</td>
-      <td class="nowrap">${live ? since(k.updated_at, RUNNING.includes(k.status) ? "running" : "waiting") : ""}</td>
+      <td class="nowrap">${live ? since(k.updated_at, RUNNING.includes(k.status) ? ((k.reason || "").startsWith("queued for the model's limit") ? "queued" : "running") : "waiting") : ""}</td>
       <td class="reason">${esc(reason)}</td>
       <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id)
         : FINISHED_BAD.includes(k.status) ? `<a class="rerun-link" href="#/task/${encodeURIComponent(k.task_id)}" title="re-run it or fork from it, on its page">re-run…</a>` : ""}</td>
@@ -546,6 +546,7 @@ function answerText(c) {
 const fold = (key, summary, value) => `<details data-key="${esc(key)}"><summary>${esc(summary)}</summary>${json(value)}</details>`;
 function callRow(c) {
   const how = c.replayed_from ? `<span class="replayed">replayed from <span class="id">${esc(c.replayed_from)}</span></span>`
+    : c.queued ? `<span class="reason queued">queued for the model's limit</span>`
     : c.status === "open" ? `<span class="reason">no answer recorded</span>`
     : c.status === "unknown" ? `<span class="reason">effect unknown</span>` : `<span class="live">live</span>`;
   const attrs = `data-kind="${esc(c.kind)}" data-attempt="${c.attempt}" data-seq="${c.seq}" data-replayed="${c.replayed_from ? "yes" : "no"}" data-status="${esc(c.kind === "effect_unknown" ? c.decision : c.status)}"`;
@@ -553,7 +554,7 @@ function callRow(c) {
   if (c.kind === "model") {
     const answer = c.error !== null && c.error !== undefined ? {error: c.error, error_type: c.error_type} : c.answer;
     return `<tr class="call" ${attrs}><td>#${c.seq}</td><td>model <code>${esc(c.response_model || c.model)}</code></td>
-      <td>${c.input_tokens}+${c.output_tokens}</td><td>${fmtDur(c.latency_s)}</td><td>${how}</td><td></td>
+      <td>${c.input_tokens}+${c.output_tokens}</td><td>${fmtDur(c.latency_s)}${c.queued_s ? ` <span class="queued">(${fmtDur(c.queued_s)} queued)</span>` : ""}</td><td>${how}</td><td></td>
       <td>${fold(k + "-prompt", promptText(c), c.prompt)}</td><td>${fold(k + "-answer", answerText(c), answer)}</td></tr>`;
   }
   if (c.kind === "tool") {
