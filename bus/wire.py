@@ -102,6 +102,8 @@ class ModelAnswerArgs(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     error_type: str | None = None
     latency_s: float = 0.0
+    #: seconds of ``latency_s`` spent waiting for the provider's limit, not in the model
+    queued_s: float = 0.0
 
 
 class ToolBeginArgs(msgspec.Struct, frozen=True, kw_only=True):

@@ -76,7 +76,7 @@ def test_behind_2000_queued_runs_an_urgent_one_takes_the_first_free_place() -> N
 
     limit = 500
     runs = {f"r{i}": _run(f"r{i}", i + 1) for i in range(limit + 2000)}
-    state = SimpleNamespace(open=dict(runs), runs_changed=0)
+    state = SimpleNamespace(open=dict(runs), runs=runs, runs_changed=0)
     admission = Admission(limit)
     admission.update(state, None)  # type: ignore[arg-type]
     assert len(admission.queued(state)) == 2000  # type: ignore[arg-type]
