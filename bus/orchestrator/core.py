@@ -216,6 +216,8 @@ class Orchestrator:
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._loops: list[asyncio.Task[None]] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = {}
+        # reads of a retired run's result for its waiters (kept referenced while they run)
+        self._answering: set[asyncio.Task[None]] = set()
         self._busy: set[str] = set()  # streams with an append in flight
         self._expected: dict[str, int] = {}  # busy stream -> its version when decided
         self._parked: list[object] = []  # replies waiting for a busy stream
@@ -1257,10 +1259,32 @@ class Orchestrator:
             waiters = self._waiters.pop(env.stream, None)
             if waiters:  # the result (a pass over the run's tasks) only for someone waiting
                 result = self._result(env.stream)
+                if result is None:  # retired as it finished (retain_finished_runs=0)
+                    self._answering.add(
+                        asyncio.create_task(self._answer_from_log(env.stream, waiters))
+                    )
                 for future in waiters:
                     if result is not None and not future.done():
                         future.set_result(result)
         return True
+
+    async def _answer_from_log(
+        self, root_id: str, waiters: list[asyncio.Future[RunResult]]
+    ) -> None:
+        try:
+            result = await self._retired_result(root_id)
+        except Exception as exc:  # the log cannot be read: the waiters learn why
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(exc)
+        else:
+            for future in waiters:
+                if result is not None and not future.done():
+                    future.set_result(result)
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._answering.discard(task)
 
     def _result(self, root_id: str) -> RunResult | None:
         return result_of(self.state, root_id)

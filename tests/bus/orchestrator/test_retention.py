@@ -14,6 +14,16 @@ from cardbus.eventstore.errors import PlanConflict
 from cardbus.projections.agent_stats import AgentStatsFold
 
 
+async def test_with_no_finished_run_kept_a_waiter_still_gets_its_result(make_runtime):
+    """retain_finished_runs=0 retires a run in the fold that finishes it: whoever waits on
+    it is answered from the log, not left waiting."""
+    rt = await make_runtime([make_agent("echo")], policy=replace(FAST, retain_finished_runs=0))
+    result = await rt.run(plan(task("a", text="x"), task("b", deps=["a"], text="y")), 10)
+    assert result.status == "completed"
+    assert set(result.outputs) == {"a", "b"}
+    assert result.root_id not in rt.orch.state.runs  # it was retired, yet answered
+
+
 async def test_finished_runs_past_the_limit_leave_memory_not_the_log(make_runtime, store):
     policy = replace(FAST, retain_finished_runs=3)
     rt = await make_runtime([make_agent("echo")], policy=policy)
