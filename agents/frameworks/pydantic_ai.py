@@ -48,6 +48,7 @@ try:
     import pydantic_ai
     from pydantic_ai import ModelMessagesTypeAdapter
     from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.exceptions import ToolFailed
     from pydantic_ai.messages import ModelMessage, ModelResponse
     from pydantic_ai.models import (
         CompletedStreamedResponse,
@@ -57,7 +58,14 @@ try:
     )
     from pydantic_ai.models.wrapper import WrapperModel
     from pydantic_ai.settings import ModelSettings
-    from pydantic_ai.tools import RunContext, Tool
+    from pydantic_ai.tools import (
+        DeferredToolRequests,
+        DeferredToolResults,
+        RunContext,
+        Tool,
+        ToolApproved,
+        ToolDenied,
+    )
     from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
     from pydantic_ai.toolsets.abstract import ToolsetTool
     from pydantic_core import to_jsonable_python
@@ -77,6 +85,8 @@ from cardbus.agents.frameworks.common import (
     render_prompt,
     to_json,
 )
+from cardbus.agents.frameworks.pauses import Proposal, review_proposals
+from cardbus.agents.journal import BegunCall
 
 __all__ = ["CardbusJournal", "JournaledModel", "PydanticAIAgent", "pydantic_ai_agent"]
 
@@ -185,6 +195,9 @@ class _JournaledToolset(WrapperToolset[Any]):
         # one call at a time, in the order the model asked for them: each takes the next
         # place (``seq``) in the journal, and a retry must find each at the same place
         tools = await super().get_tools(ctx)
+        if self.cardbus is not None:  # a person's edit of a deferred call is checked on these
+            for name, tool in tools.items():
+                self.cardbus.schemas[name] = tool.tool_def.parameters_json_schema
         return {
             name: replace(tool, tool_def=replace(tool.tool_def, sequential=True))
             for name, tool in tools.items()
@@ -194,6 +207,13 @@ class _JournaledToolset(WrapperToolset[Any]):
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
         journal = self.cardbus
+        begun = journal.begun.pop(ctx.tool_call_id or "", None) if journal else None
+        if journal is not None and begun is not None:  # a deferred call a person approved
+            if begun.replayed:  # it ran in an earlier attempt: its recorded result
+                return begun.result
+            return await journal.ctx.journal.tool_run(
+                begun, lambda _key: self.wrapped.call_tool(name, tool_args, ctx, tool)
+            )
         if journal is None or name in journal.cardbus_tools:  # ctx.tool journals those
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         return await local_tool_call(
@@ -218,6 +238,11 @@ class CardbusJournal(AbstractCapability[Any]):
     idempotent_tools: frozenset[str] = frozenset()
     input_tokens: int = field(default=0, init=False)
     output_tokens: int = field(default=0, init=False)
+    #: the input schema of each of the run's tools (a person's edit is checked on it)
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)
+    #: deferred calls begun in the journal and approved, by tool call id: run (or
+    #: replayed) when pydantic-ai calls the tool
+    begun: dict[str, BegunCall] = field(default_factory=dict, init=False)
 
     def count(self, input_tokens: int, output_tokens: int) -> None:
         self.input_tokens += max(0, int(input_tokens or 0))
@@ -230,6 +255,48 @@ class CardbusJournal(AbstractCapability[Any]):
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         return _JournaledToolset(toolset, cardbus=self)
+
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[Any], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        """pydantic-ai's deferred calls, answered inside the run from the task's log.
+
+        A call that requires approval is a cardbus review: its place in the journal is
+        taken (``tool.begin`` under review), the log holds the proposal
+        (``tool.review_requested``) and the attempt ends (``ToolUnderReview``) once every
+        call of the batch was asked, so the calls of one turn are reviewed together. The
+        next attempt replays the journal up to here and meets the person's word:
+        approved (``ToolApproved``, with their edited arguments as ``override_args``) the
+        tool runs in this step of the journal; refused (``ToolDenied``) the model gets the
+        reason. A call executed externally is the runtime's tool of that name
+        (``ctx.tool``: journaled, under that tool's own review policy)."""
+        calls: dict[str, Any] = {}
+        for call in requests.calls:
+            if call.tool_name in self.cardbus_tools:
+                calls[call.tool_call_id] = await call_cardbus_tool(
+                    self.ctx, call.tool_name, call.args_as_dict()
+                )
+            else:
+                calls[call.tool_call_id] = ToolFailed(
+                    f"{call.tool_name} is executed externally and nothing on the bus serves it"
+                )
+        proposals = [
+            Proposal(
+                call.tool_call_id,
+                call.tool_name,
+                to_json(requests.validated_args.get(call.tool_call_id) or call.args_as_dict()),
+            )
+            for call in requests.approvals
+        ]
+        verdicts = await review_proposals(self.ctx, proposals, self.schemas, self.idempotent_tools)
+        approvals: dict[str, bool | ToolApproved | ToolDenied] = {}
+        for call_id, verdict in verdicts.items():
+            if verdict.begun is None:
+                approvals[call_id] = ToolDenied(verdict.refusal)
+                continue
+            self.begun[call_id] = verdict.begun
+            approvals[call_id] = ToolApproved(override_args=verdict.begun.edited)
+        return DeferredToolResults(approvals=approvals, calls=calls)
 
 
 def cardbus_toolset(ctx: TaskContext) -> FunctionToolset[Any]:

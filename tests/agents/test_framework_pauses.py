@@ -1,0 +1,132 @@
+"""Framework pauses become cardbus pauses (issue 31 item 5): a pydantic-ai tool that
+requires approval and an OpenAI Agents SDK tool with ``needs_approval`` hold the call as
+a cardbus review; the runtime is closed (a restart), the person answers from the log,
+and the next attempt replays the journal up to the held call and runs it as they said.
+
+Real parts: pydantic-ai (its ``FunctionModel``) and the Agents SDK (its OpenAI
+Responses model against the loopback OpenAI-compatible stub), an ``EmbeddedRuntime``
+on a SQLite file closed and opened again between the pause and the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from cardbus.agents import Agent
+from cardbus.agents.frameworks import pydantic_ai_agent
+from cardbus.bus.orchestrator import Policy
+from cardbus.bus.orchestrator.reviews import ReviewRefused, answer_review, open_reviews
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.sqlite import SqliteEventStore
+
+PLAN = {
+    "plan_id": "pay-order",
+    "goal": "pay",
+    "tasks": [{"id": "p", "capability": "pay", "inputs": {"prompt": "Pay order A-1"}}],
+}
+
+RAN: list[float] = []  # the amounts the transfer tool ran with
+SEEN: list[Any] = []  # what the model got back for the transfer call
+
+
+def _model(calls: list[int]) -> FunctionModel:
+    """transfer(900) with a sentence, then a text answer naming what the tool answered."""
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.append(len(messages))
+        returns = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        if not returns:
+            return ModelResponse(
+                parts=[TextPart("Paying 900 now."), ToolCallPart("transfer", {"amount": 900})]
+            )
+        SEEN.append(returns[-1].content)
+        return ModelResponse(parts=[TextPart(f"done: {returns[-1].content}")])
+
+    return FunctionModel(answer, model_name="scripted")
+
+
+def pydantic_payer(calls: list[int]) -> type[Agent]:
+    inner = PydanticAgent(_model(calls), name="payer", output_type=str)
+
+    @inner.tool_plain(requires_approval=True)
+    def transfer(amount: float) -> dict[str, float]:
+        """Send money."""
+        RAN.append(amount)
+        return {"sent": amount}
+
+    return pydantic_ai_agent(inner, capability="pay")
+
+
+async def _until(store: Any, root: str) -> list[Any]:
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        events = [e.data for e in await store.read_correlation(root)]
+        if any(isinstance(e, ev.ApprovalRequested) and e.reason == "tool_review" for e in events):
+            return events
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not held: {[type(e).__name__ for e in events]}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("decision", ["edit", "refuse"])
+async def test_a_pydantic_ai_approval_is_a_review_that_survives_a_restart(
+    tmp_path: Path, decision: str
+) -> None:
+    RAN.clear()
+    SEEN.clear()
+    calls: list[int] = []
+    path = tmp_path / "log.db"
+    async with (
+        await SqliteEventStore.open(path, poll_interval=0.01) as store,
+        EmbeddedRuntime(store, [pydantic_payer(calls)], Policy()) as rt,
+    ):
+        root = await rt.orchestrator.submit(PLAN)
+        events = await _until(store, root)
+    assert RAN == [] and calls == [1]  # held: the tool did not run
+    (asked,) = [e for e in events if isinstance(e, ev.ToolReviewRequested)]
+    assert (asked.tool, asked.arguments, asked.text) == (
+        "transfer",
+        {"amount": 900},
+        "Paying 900 now.",
+    )
+    assert asked.schema["properties"]["amount"]["type"] == "number"
+    calls.clear()
+    async with (
+        await SqliteEventStore.open(path, poll_interval=0.01) as store,
+        EmbeddedRuntime(store, [pydantic_payer(calls)], Policy()) as rt,
+    ):
+        with pytest.raises(ReviewRefused, match="amount"):
+            await answer_review(
+                store, asked.task_id, "edit", by="ada", arguments={"amount": "lots"}
+            )
+        assert [r.tool for r in await open_reviews(store, asked.task_id)] == ["transfer"]
+        if decision == "edit":
+            await answer_review(store, asked.task_id, "edit", by="ada", arguments={"amount": 450})
+        else:
+            await answer_review(store, asked.task_id, "refuse", by="ada", reason="over the limit")
+        done = await rt.orchestrator.wait(root, timeout=60)
+        events = [e.data for e in await store.read_correlation(root)]
+    assert done.status == "completed", done
+    assert calls == [3]  # the first answer replayed from the journal; one live call after
+    (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]
+    assert (answered.proposed, answered.by) == ({"amount": 900}, "ada")
+    if decision == "edit":
+        assert RAN == [450]
+        assert SEEN == [{"sent": 450.0}]
+        (called,) = [e for e in events if isinstance(e, ev.ToolCalled)]
+        assert (called.arguments, called.result, called.local) == (
+            {"amount": 450},
+            {"sent": 450.0},
+            True,
+        )
+    else:
+        assert RAN == []
+        assert "over the limit" in str(SEEN[-1]) and "ada" in str(SEEN[-1])
