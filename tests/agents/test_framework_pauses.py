@@ -15,17 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agents import Agent as SDKAgent
+from agents import OpenAIChatCompletionsModel, function_tool
+from openai import AsyncOpenAI
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from cardbus.agents import Agent
-from cardbus.agents.frameworks import pydantic_ai_agent
+from cardbus.agents.frameworks import openai_agents_agent, pydantic_ai_agent
 from cardbus.bus.orchestrator import Policy
 from cardbus.bus.orchestrator.reviews import ReviewRefused, answer_review, open_reviews
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.sqlite import SqliteEventStore
+from tests.agents.openai_stub import OpenAIStub, Reply
 
 PLAN = {
     "plan_id": "pay-order",
@@ -130,3 +134,76 @@ async def test_a_pydantic_ai_approval_is_a_review_that_survives_a_restart(
     else:
         assert RAN == []
         assert "over the limit" in str(SEEN[-1]) and "ada" in str(SEEN[-1])
+
+
+def sdk_payer(stub: OpenAIStub) -> type[Agent]:
+    @function_tool(needs_approval=True)
+    def transfer(amount: float) -> dict[str, float]:
+        """Send money."""
+        RAN.append(amount)
+        return {"sent": amount}
+
+    client = AsyncOpenAI(base_url=stub.url, api_key="k", max_retries=0)
+    inner = SDKAgent(
+        name="payer",
+        instructions="Pay the order with the transfer tool.",
+        tools=[transfer],
+        model=OpenAIChatCompletionsModel(model="stub-model", openai_client=client),
+    )
+    return openai_agents_agent(inner, capability="pay")
+
+
+@pytest.mark.parametrize("decision", ["edit", "refuse"])
+async def test_an_agents_sdk_needs_approval_is_a_review_that_survives_a_restart(
+    tmp_path: Path, decision: str
+) -> None:
+    RAN.clear()
+    path = tmp_path / "log.db"
+    with OpenAIStub() as stub:
+        stub.script(
+            Reply(content="Paying 900 now.", tool_calls=[("transfer", {"amount": 900})]),
+            Reply(content="paid"),
+        )
+        async with (
+            await SqliteEventStore.open(path, poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [sdk_payer(stub)], Policy()) as rt,
+        ):
+            root = await rt.orchestrator.submit(PLAN)
+            events = await _until(store, root)
+        assert RAN == [] and len(stub.bodies()) == 1  # held: the tool did not run
+        (asked,) = [e for e in events if isinstance(e, ev.ToolReviewRequested)]
+        assert (asked.tool, asked.arguments) == ("transfer", {"amount": 900})
+        assert asked.text == "Paying 900 now."
+        async with (
+            await SqliteEventStore.open(path, poll_interval=0.01) as store,
+            EmbeddedRuntime(store, [sdk_payer(stub)], Policy()) as rt,
+        ):
+            with pytest.raises(ReviewRefused, match="amount"):
+                await answer_review(
+                    store, asked.task_id, "edit", by="ada", arguments={"amount": "lots"}
+                )
+            if decision == "edit":
+                await answer_review(
+                    store, asked.task_id, "edit", by="ada", arguments={"amount": 450}
+                )
+            else:
+                await answer_review(
+                    store, asked.task_id, "refuse", by="ada", reason="over the limit"
+                )
+            done = await rt.orchestrator.wait(root, timeout=60)
+            events = [e.data for e in await store.read_correlation(root)]
+        bodies = stub.bodies()
+    assert done.status == "completed", done
+    assert len(bodies) == 2  # the first answer replayed from the journal; one live call
+    (tool_answer,) = [m for m in bodies[-1]["messages"] if m["role"] == "tool"]
+    (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]
+    assert (answered.proposed, answered.by) == ({"amount": 900}, "ada")
+    if decision == "edit":
+        assert RAN == [450]
+        assert "450" in tool_answer["content"]
+        (called,) = [e for e in events if isinstance(e, ev.ToolCalled)]
+        assert (called.arguments, called.local) == ({"amount": 450}, True)
+    else:
+        assert RAN == []
+        assert tool_answer["content"].startswith("a person (ada) refused this call")
+        assert "over the limit" in tool_answer["content"]
