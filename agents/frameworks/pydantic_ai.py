@@ -280,12 +280,10 @@ class CardbusJournal(AbstractCapability[Any]):
                 calls[call.tool_call_id] = ToolFailed(
                     f"{call.tool_name} is executed externally and nothing on the bus serves it"
                 )
+        # the proposal as the model made it (what replay shows as proposed; pydantic-ai
+        # validates it again, or the person's edit, when the approved call runs)
         proposals = [
-            Proposal(
-                call.tool_call_id,
-                call.tool_name,
-                to_json(requests.validated_args.get(call.tool_call_id) or call.args_as_dict()),
-            )
+            Proposal(call.tool_call_id, call.tool_name, to_json(call.args_as_dict()))
             for call in requests.approvals
         ]
         verdicts = await review_proposals(self.ctx, proposals, self.schemas, self.idempotent_tools)
