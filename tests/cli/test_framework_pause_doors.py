@@ -99,9 +99,9 @@ PLAN = {
 
 
 def _env(stub: OpenAIStub, folder: Path) -> dict[str, str]:
-    # the SDK agent's own model setting (not OPENAI_BASE_URL: cardbus would then offer an
-    # LLM of its own); the folder alone on the path: the repository's root there would make its agents/
-    # folder shadow the SDK's top-level ``agents`` (cardbus itself is installed)
+    # the SDK agent's model has a setting of its own (with OPENAI_BASE_URL cardbus would
+    # want an LLM of its own); the folder alone on the path: the repository's root there
+    # would make its agents/ folder shadow the SDK's ``agents`` (cardbus is installed)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return env | {"PAYER_MODEL_URL": stub.url, "PYTHONPATH": str(folder)}
 
