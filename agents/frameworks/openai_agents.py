@@ -31,6 +31,10 @@ What the run does outside the agent goes through cardbus's journal:
   the runtime included) are added as ``FunctionTool``s whose invocation is
   ``ctx.tool``.
 
+* a ``needs_approval`` interruption is a cardbus review
+  (``cardbus.agents.frameworks.pauses``): held in the log, answered by a person, and
+  approved or rejected on the run's ``RunState`` by the next attempt.
+
 The tokens of the live model calls are the result's usage.
 """
 

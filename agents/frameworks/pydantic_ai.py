@@ -32,6 +32,12 @@ run (``CardbusJournal``):
   mounted in the runtime included) are offered to the model as a toolset whose
   calls are ``ctx.tool``: checked, recorded and replayed by the orchestrator.
 
+* a call that requires approval (``requires_approval=True``, ``ApprovalRequired``
+  raised by an args validator) is a cardbus review (``handle_deferred_tool_calls``,
+  ``cardbus.agents.frameworks.pauses``): held in the log, answered by a person,
+  resumed with ``ToolApproved`` / ``ToolDenied`` on the next attempt; a call executed
+  externally (an ``ExternalToolset``) is made with the runtime's tool of its name.
+
 The tokens of the live model calls are the result's usage.
 """
 
@@ -48,7 +54,6 @@ try:
     import pydantic_ai
     from pydantic_ai import ModelMessagesTypeAdapter
     from pydantic_ai.capabilities import AbstractCapability
-    from pydantic_ai.exceptions import ToolFailed
     from pydantic_ai.messages import ModelMessage, ModelResponse
     from pydantic_ai.models import (
         CompletedStreamedResponse,
@@ -66,7 +71,12 @@ try:
         ToolApproved,
         ToolDenied,
     )
-    from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
+    from pydantic_ai.toolsets import (
+        AbstractToolset,
+        ExternalToolset,
+        FunctionToolset,
+        WrapperToolset,
+    )
     from pydantic_ai.toolsets.abstract import ToolsetTool
     from pydantic_core import to_jsonable_python
 except ImportError as e:  # pragma: no cover - the extra is in dev
@@ -268,18 +278,14 @@ class CardbusJournal(AbstractCapability[Any]):
         next attempt replays the journal up to here and meets the person's word:
         approved (``ToolApproved``, with their edited arguments as ``override_args``) the
         tool runs in this step of the journal; refused (``ToolDenied``) the model gets the
-        reason. A call executed externally is the runtime's tool of that name
-        (``ctx.tool``: journaled, under that tool's own review policy)."""
+        reason. A call executed externally is made by the runtime's tool of that name
+        (``ctx.tool``: on the allow-list, journaled, under that tool's own review
+        policy; refused or failed, the model gets the error)."""
         calls: dict[str, Any] = {}
-        for call in requests.calls:
-            if call.tool_name in self.cardbus_tools:
-                calls[call.tool_call_id] = await call_cardbus_tool(
-                    self.ctx, call.tool_name, call.args_as_dict()
-                )
-            else:
-                calls[call.tool_call_id] = ToolFailed(
-                    f"{call.tool_name} is executed externally and nothing on the bus serves it"
-                )
+        for call in requests.calls:  # the bus executes them: the runtime's tool of the name
+            calls[call.tool_call_id] = await call_cardbus_tool(
+                self.ctx, call.tool_name, call.args_as_dict()
+            )
         # the proposal as the model made it (what replay shows as proposed; pydantic-ai
         # validates it again, or the person's edit, when the approved call runs)
         proposals = [
@@ -297,11 +303,17 @@ class CardbusJournal(AbstractCapability[Any]):
         return DeferredToolResults(approvals=approvals, calls=calls)
 
 
-def cardbus_toolset(ctx: TaskContext) -> FunctionToolset[Any]:
+def cardbus_toolset(
+    ctx: TaskContext, external: frozenset[str] = frozenset()
+) -> FunctionToolset[Any]:
     """The runtime's tools on the agent's allow-list, for a pydantic-ai run: each call
-    is ``ctx.tool`` (a refusal or a failure is the tool's answer to the model)."""
+    is ``ctx.tool`` (a refusal or a failure is the tool's answer to the model). Those the
+    agent declares as external (``external``) are its to offer: their deferred calls are
+    made with ``ctx.tool`` too (``CardbusJournal.handle_deferred_tool_calls``)."""
     tools = []
     for name, spec in ctx.tool_specs.items():
+        if name in external:
+            continue
         schema = spec.input_schema or {"type": "object", "properties": {}}
         tools.append(Tool.from_schema(_caller(ctx, name), name, spec.description or None, schema))
     return FunctionToolset(tools)
@@ -366,7 +378,7 @@ class PydanticAIAgent(Agent):
 
     async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
         inputs = decode_inputs(self.capability_for(task.capability), inputs)
-        toolsets = [cardbus_toolset(ctx)] if ctx.tool_specs else []
+        toolsets = [cardbus_toolset(ctx, _external(self.agent))] if ctx.tool_specs else []
         journal = CardbusJournal(ctx, frozenset(ctx.tool_specs), frozenset(self.idempotent_tools))
         try:
             result = await self.agent.run(
@@ -378,6 +390,19 @@ class PydanticAIAgent(Agent):
         finally:
             ctx.usage(journal.input_tokens, journal.output_tokens)
         return to_json(result.output)
+
+
+def _external(agent: pydantic_ai.Agent[Any, Any]) -> frozenset[str]:
+    """The names of the tools ``agent`` declares as executed externally."""
+    names: set[str] = set()
+
+    def visit(toolset: AbstractToolset[Any]) -> None:
+        if isinstance(toolset, ExternalToolset):
+            names.update(t.name for t in toolset.tool_defs)
+
+    for toolset in agent.toolsets:
+        toolset.apply(visit)
+    return frozenset(names)
 
 
 def _output_type(agent: pydantic_ai.Agent[Any, Any]) -> Any:

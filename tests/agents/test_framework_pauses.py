@@ -14,6 +14,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from agents import Agent as SDKAgent
 from agents import OpenAIChatCompletionsModel, function_tool
@@ -21,9 +22,13 @@ from openai import AsyncOpenAI
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import ExternalToolset
 
-from cardbus.agents import Agent
+from cardbus.agents import Agent, TaskCard
 from cardbus.agents.frameworks import openai_agents_agent, pydantic_ai_agent
+from cardbus.agents.frameworks.pauses import NOBODY
+from cardbus.agents.tools import Tool, ToolRegistry
 from cardbus.bus.orchestrator import Policy
 from cardbus.bus.orchestrator.reviews import ReviewRefused, answer_review, open_reviews
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
@@ -207,3 +212,80 @@ async def test_an_agents_sdk_needs_approval_is_a_review_that_survives_a_restart(
         assert RAN == []
         assert tool_answer["content"].startswith("a person (ada) refused this call")
         assert "over the limit" in tool_answer["content"]
+
+
+async def test_without_a_bus_a_call_that_needs_approval_is_refused_never_run() -> None:
+    RAN.clear()
+    SEEN.clear()
+    task = TaskCard(task_id="t", root_id="t", capability="pay", inputs={"prompt": "Pay A-1"})
+    result = await pydantic_payer([]).run(task)
+    assert result.status == "completed", result
+    assert RAN == []
+    assert SEEN == [NOBODY]  # the model got the refusal as the tool's answer
+
+
+class Term(msgspec.Struct):
+    term: str
+
+
+LOOKED_UP: list[str] = []
+
+
+def _look_up(args: Term) -> dict[str, str]:
+    LOOKED_UP.append(args.term)
+    return {"term": args.term, "meaning": f"what {args.term} means"}
+
+
+@pytest.mark.parametrize("review", ["never", "always"])
+async def test_a_pydantic_ai_call_executed_externally_is_made_by_the_runtime_tool(
+    tmp_path: Path, review: str
+) -> None:
+    """An ``ExternalToolset`` tool the runtime serves: its deferred call is ``ctx.tool``
+    (journaled by the orchestrator, under the runtime tool's own review policy)."""
+    LOOKED_UP.clear()
+    SEEN.clear()
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        if not returns:
+            return ModelResponse(parts=[ToolCallPart("glossary", {"term": "tide"})])
+        SEEN.append(returns[-1].content)
+        return ModelResponse(parts=[TextPart("explained")])
+
+    external = ExternalToolset(
+        [
+            ToolDefinition(
+                name="glossary",
+                parameters_json_schema={
+                    "type": "object",
+                    "properties": {"term": {"type": "string"}},
+                    "required": ["term"],
+                },
+            )
+        ]
+    )
+    inner = PydanticAgent(FunctionModel(answer), name="explainer", toolsets=[external])
+    explainer = pydantic_ai_agent(inner, capability="explain", tools_allowed=["glossary"])
+    tools = ToolRegistry([Tool.define("glossary", _look_up, Term, review=review)])  # type: ignore[arg-type]
+    plan = {
+        "plan_id": "external",
+        "goal": "explain",
+        "tasks": [{"id": "e", "capability": "explain", "inputs": {"prompt": "tide"}}],
+    }
+    async with (
+        await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+        EmbeddedRuntime(store, [explainer], Policy(), tools=tools) as rt,
+    ):
+        root = await rt.orchestrator.submit(plan)
+        if review == "always":
+            events = await _until(store, root)
+            assert LOOKED_UP == []
+            (asked,) = [e for e in events if isinstance(e, ev.ToolReviewRequested)]
+            await answer_review(store, asked.task_id, "approve", by="ada")
+        done = await rt.orchestrator.wait(root, timeout=60)
+        events = [e.data for e in await store.read_correlation(root)]
+    assert done.status == "completed", done
+    assert LOOKED_UP == ["tide"]
+    assert SEEN == [{"term": "tide", "meaning": "what tide means"}]
+    (called,) = [e for e in events if isinstance(e, ev.ToolCalled) and not e.replayed_from]
+    assert (called.tool, called.local) == ("glossary", False)
