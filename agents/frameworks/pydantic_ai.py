@@ -32,9 +32,8 @@ run (``CardbusJournal``):
   mounted in the runtime included) are offered to the model as a toolset whose
   calls are ``ctx.tool``: checked, recorded and replayed by the orchestrator.
 
-* a call that requires approval (``requires_approval=True``, ``ApprovalRequired``
-  raised by an args validator) is a cardbus review (``handle_deferred_tool_calls``,
-  ``cardbus.agents.frameworks.pauses``): held in the log, answered by a person,
+* a call that requires approval (``requires_approval=True``) is a cardbus review
+  (``handle_deferred_tool_calls``, ``cardbus.agents.frameworks.pauses``): held in the log, answered by a person,
   resumed with ``ToolApproved`` / ``ToolDenied`` on the next attempt; a call executed
   externally (an ``ExternalToolset``) is made with the runtime's tool of its name.
 
