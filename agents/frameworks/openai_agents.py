@@ -29,8 +29,7 @@ What the run does outside the agent goes through cardbus's journal:
   (recorded, replayed on a retry); hosted tools run at the provider, unjournaled;
 * the runtime's tools on the allow-list (``tools_allowed``; MCP servers mounted in
   the runtime included) are added as ``FunctionTool``s whose invocation is
-  ``ctx.tool``.
-
+  ``ctx.tool``;
 * a ``needs_approval`` interruption is a cardbus review
   (``cardbus.agents.frameworks.pauses``): held in the log, answered by a person, and
   approved or rejected on the run's ``RunState`` by the next attempt.

@@ -30,12 +30,12 @@ run (``CardbusJournal``):
   place in the journal, where a retry must find it);
 * the runtime's tools on the agent's allow-list (``tools_allowed``; MCP servers
   mounted in the runtime included) are offered to the model as a toolset whose
-  calls are ``ctx.tool``: checked, recorded and replayed by the orchestrator.
-
+  calls are ``ctx.tool``: checked, recorded and replayed by the orchestrator;
 * a call that requires approval (``requires_approval=True``) is a cardbus review
-  (``handle_deferred_tool_calls``, ``cardbus.agents.frameworks.pauses``): held in the log, answered by a person,
-  resumed with ``ToolApproved`` / ``ToolDenied`` on the next attempt; a call executed
-  externally (an ``ExternalToolset``) is made with the runtime's tool of its name.
+  (``handle_deferred_tool_calls``, ``cardbus.agents.frameworks.pauses``): held in
+  the log, answered by a person, resumed with ``ToolApproved`` / ``ToolDenied`` on
+  the next attempt; a call executed externally (an ``ExternalToolset``) is made with
+  the runtime's tool of its name.
 
 The tokens of the live model calls are the result's usage.
 """
