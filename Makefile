@@ -104,6 +104,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/journal_bench.py --json $(BENCH_JSON)
 	$(BIN)/python bench/nats_scale_bench.py --json $(BENCH_JSON)
 	$(BIN)/python bench/overload_bench.py
+	$(BIN)/python -P bench/limits_bench.py
+	$(BIN)/python -P bench/priority_bench.py
 	@uptime
 	$(BIN)/python bench/summary.py $(BENCH_JSON) --write $(SPEED_FIGURES)
 

@@ -81,6 +81,8 @@ class TaskCard(_Card, TaskSpec, frozen=True, kw_only=True, tag="task_card"):
     traceparent: str | None = None
     delivery: int = 1  # set by the transport: 2 or more when the card was redelivered
     absent: list[str] = []  # deps (optional tasks) that ended without output
+    # the run's priority (``Plan.priority``): the model pacer serves a higher one first
+    priority: int = 0
 
 
 class ResultCard(_Card, frozen=True, kw_only=True, tag="result_card"):

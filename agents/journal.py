@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cardbus.agents.llm import CALL_MAX_TOKENS, Completion
+from cardbus.agents.pacing import CALL_PACING, CALL_QUEUE_WATCH, CALL_QUEUED_S, QueueWatch
 from cardbus.agents.requests import REQUESTER
 from cardbus.eventstore.errors import LLMError, ReplayDiverged, ToolError
 from cardbus.eventstore.ids import new_id
@@ -191,6 +192,29 @@ class TaskJournal:
         bound = asked.get("max_tokens") if isinstance(asked, dict) else None
         ok = isinstance(bound, int) and not isinstance(bound, bool) and bound > 0
         token = CALL_MAX_TOKENS.set(bound if ok else None)
+        task = getattr(services, "task", None)
+        # the pacer serves by priority, then runs round-robin: it knows the call's run by
+        # its root id, and the run's priority from the card
+        CALL_QUEUED_S.set(0.0)
+        priority = getattr(task, "priority", 0)
+        pacing = CALL_PACING.set(
+            (str(getattr(task, "root_id", "") or ""), priority if isinstance(priority, int) else 0)
+        )
+
+        async def queued(limit: str, max_wait_s: float) -> object:
+            args = {"call": call, "phase": "queued", "limit": limit, "max_wait_s": max_wait_s}
+            return await services.request(
+                "model.queue", model, args, seq=seq, execution=self.execution
+            )
+
+        async def granted(waited_s: float) -> object:
+            args = {"call": call, "phase": "granted", "waited_s": round(waited_s, 6)}
+            return await services.request(
+                "model.queue", model, args, seq=seq, execution=self.execution
+            )
+
+        # a wait for the provider's limit is recorded: queued, not the task's run time
+        watching = CALL_QUEUE_WATCH.set(QueueWatch(queued, granted))
         start = time.monotonic()
         try:
             answer = await live()
@@ -227,10 +251,18 @@ class TaskJournal:
             raise
         finally:
             CALL_MAX_TOKENS.reset(token)
+            CALL_PACING.reset(pacing)
+            CALL_QUEUE_WATCH.reset(watching)
         await services.request(
             "model.answer",
             model,
-            {"call": call, "answer": answer, "latency_s": round(time.monotonic() - start, 6)},
+            {
+                "call": call,
+                "answer": answer,
+                "latency_s": round(time.monotonic() - start, 6),
+                # waited for the provider's limit (part of latency_s, not of the model's)
+                "queued_s": round(CALL_QUEUED_S.get(), 6),
+            },
             seq=seq,
             execution=self.execution,
         )

@@ -43,6 +43,13 @@ from urllib.parse import urlsplit
 import msgspec
 from opentelemetry import trace
 
+from cardbus.agents.pacing import (
+    CALL_QUEUED_S,
+    LimitKey,
+    Pacer,
+    current_pacing,
+    process_pacer,
+)
 from cardbus.eventstore.errors import (
     ConfigError,
     LLMBadOutput,
@@ -432,10 +439,12 @@ class OpenAIChatLLM:
         temperature: float = 0.0,
         max_retries: int = 2,
         max_tokens: int | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         """``max_tokens``: the most output tokens any call may be answered with (None: the
         endpoint's own limit); under a run's budget a call is sent with the smaller of this
-        and what the budget reserved for it (``current_max_tokens``)."""
+        and what the budget reserved for it (``current_max_tokens``). ``pacer``: where
+        calls wait for the provider's limit (default: the one the process shares)."""
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
         ):
@@ -457,6 +466,18 @@ class OpenAIChatLLM:
         self.temperature = temperature
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
+        self.pacer = pacer if pacer is not None else process_pacer()
+        # the key's fingerprint, never the key: limits are per key, the key stays secret
+        fingerprint = hashlib.sha256((key or "").encode()).hexdigest()[:12]
+        # the endpoint (host and port) names the provider: two local servers are two limits
+        self._limit_key = (urlsplit(self.base_url).netloc or self.provider, model, fingerprint)
+        #: seconds the last call waited for the provider's limit (read by the journal)
+        self.last_queued_s = 0.0
+
+    def limit_key(self, model: str | None = None) -> LimitKey:
+        """The (endpoint, model, key fingerprint) a call's limit is kept under."""
+        provider, own, fingerprint = self._limit_key
+        return (provider, model or own, fingerprint)
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
         messages: list[Message] = []
@@ -479,6 +500,8 @@ class OpenAIChatLLM:
         import openai
 
         model = model or self.model
+        if not model:  # an endpoint configured without a default (model_required=False)
+            raise ConfigError(_no_model_message(self.base_url))
         extra: dict[str, Any] = {}
         if response_format is not None:
             extra["response_format"] = response_format
@@ -487,17 +510,31 @@ class OpenAIChatLLM:
         bound = current_max_tokens(self.max_tokens)
         if bound is not None:
             extra["max_tokens"] = bound
+        key = self.limit_key(model)
+        sent = [dict(m) for m in messages]
+        self.last_queued_s = await self.pacer.acquire(
+            key, _estimate_tokens(sent, bound), **current_pacing()
+        )
+        CALL_QUEUED_S.set(self.last_queued_s)
         try:
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=model,
-                messages=[dict(m) for m in messages],  # type: ignore[misc]
+                messages=sent,  # type: ignore[arg-type]
                 temperature=self.temperature,
                 extra_headers=self._headers,
                 **extra,
             )
+            self.pacer.learn(key, raw.headers)
             body = raw.http_response.content
         except openai.OpenAIError as e:
-            raise self._error(e) from e
+            error = self._error(e)
+            if isinstance(error, LLMRateLimited):
+                self.pacer.rate_limited(key, error.retry_after)
+            if isinstance(e, openai.APIStatusError):
+                self.pacer.learn(key, e.response.headers)
+            raise error from e
+        finally:
+            self.pacer.release(key)
         return _completion(body, model)
 
     def _error(self, e: Exception) -> LLMError:
@@ -528,6 +565,13 @@ class OpenAIChatLLM:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _estimate_tokens(messages: Sequence[Mapping[str, Any]], max_tokens: int | None) -> float:
+    """What a provider counts against a tokens-per-minute limit before it answers: the
+    prompt (about four characters a token) plus the output it may write."""
+    chars = sum(len(str(m.get("content") or "")) for m in messages)
+    return max(1.0, chars / 4.0) + (max_tokens or 0)
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -617,6 +661,7 @@ def configured_llm(
     timeout_s: float = 60.0,
     max_retries: int = 2,
     env: Mapping[str, str] | None = None,
+    model_required: bool = True,
 ) -> LLM:
     """The endpoint the flags or the environment name, else the mock.
 
@@ -625,27 +670,35 @@ def configured_llm(
     only by a base URL (a key alone never sends anything anywhere); it needs a
     model (``ConfigError`` otherwise). Without one the answer is ``MockLLM``
     (named ``model`` when one is given).
+
+    ``model_required=False``: an endpoint without a model is no error yet, only a
+    call that names none is (``ConfigError`` then). For a command whose agents may
+    never ask this endpoint: ``OPENAI_BASE_URL`` is also read by other SDKs (the
+    OpenAI Agents SDK), and an agent may name its own model.
     """
     env = os.environ if env is None else env
     base_url = base_url or env.get(ENV_BASE_URL) or None
     model = model or env.get(ENV_MODEL) or None
     if not base_url:
         return MockLLM(model=model) if model else MockLLM()
-    if not model:
-        raise ConfigError(
-            f"an LLM endpoint ({base_url}) needs a model: set {ENV_MODEL} or pass --model"
-        )
+    if not model and model_required:
+        raise ConfigError(_no_model_message(base_url))
     key = api_key if api_key is not None else env.get(ENV_API_KEY)
     return OpenAIChatLLM(
-        base_url, model, api_key=key or "", timeout_s=timeout_s, max_retries=max_retries
+        base_url, model or "", api_key=key or "", timeout_s=timeout_s, max_retries=max_retries
     )
+
+
+def _no_model_message(base_url: str) -> str:
+    """What an endpoint asked without a model says: where a model is named."""
+    return f"an LLM endpoint ({base_url}) needs a model: set {ENV_MODEL} or pass --model"
 
 
 def describe_llm(llm: LLM) -> str:
     """One line saying which model answers: the endpoint, or the mock and why."""
     if isinstance(llm, OpenAIChatLLM):
         host = urlsplit(llm.base_url).netloc or llm.base_url
-        return f"LLM: {llm.model} at {llm.base_url} ({host})"
+        return f"LLM: {llm.model or '(no model named)'} at {llm.base_url} ({host})"
     if isinstance(llm, MockLLM):
         return (
             # one line of at most 100 columns (the demo's screen); --help names the flags

@@ -35,6 +35,7 @@ are only built for spans that are recording.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import time
@@ -298,6 +299,10 @@ class RunTracing:
     def __init__(self, agent_name: Callable[[str], str] | None = None) -> None:
         self._runs: dict[str, _Run] = {}
         self._agent_name = agent_name or (lambda agent_id: agent_id)
+        # task.created of runs not traced (yet): a child run's tasks are stored before its
+        # run.started (``child_runs``), which then opens its span under its parent task's
+        # and replays them; the latest roots only (others' runs are never traced here)
+        self._early: collections.OrderedDict[str, list[Envelope]] = collections.OrderedDict()
 
     def start_run(self, root_id: str, plan_id: str | None = None, goal: str = "") -> None:
         if not enabled() or root_id in self._runs:
@@ -351,9 +356,10 @@ class RunTracing:
         if not self._runs:
             return
         run = self._runs.get(env.correlation_id)
-        if run is None:
-            return
         data = env.data
+        if run is None:
+            self._not_traced(env)
+            return
         t = round(env.recorded_at * 1e9)
         if isinstance(data, (ev.RunCompleted, ev.RunFailed, ev.RunHalted)):
             self._end_run(env.stream, run, env, t)
@@ -452,6 +458,45 @@ class RunTracing:
         if call.end is not None:
             del run.calls[id(call)]
             _end_call(open_call[0], call, task_id, t)
+
+    def _not_traced(self, env: Envelope) -> None:
+        """An event of a run not traced here: a child run of a traced run starts its span
+        (under the span of its parent task, in its parent's trace) with its run.started,
+        and its tasks created before it join it; other runs' events are let go."""
+        data = env.data
+        if isinstance(data, ev.TaskCreated) and data.parent_id is None:
+            self._early.setdefault(env.correlation_id, []).append(env)
+            while len(self._early) > _EARLY_ROOTS:
+                self._early.popitem(last=False)
+            return
+        if not isinstance(data, ev.RunStarted):
+            return
+        early = self._early.pop(env.stream, [])
+        parent = self._runs.get(data.parent_root or "")
+        if parent is None:
+            return
+        above = parent.task(data.parent_task or "") or parent.span
+        span = _start(
+            "invoke_workflow",
+            trace.set_span_in_context(above),
+            SpanKind.INTERNAL,
+            above.get_span_context().trace_id,
+            traces.workflow_span_id(env.stream),
+            round(env.recorded_at * 1e9),
+        )
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "gen_ai.operation.name": "invoke_workflow",
+                    "cardbus.root_id": env.stream,
+                    "cardbus.plan_id": data.plan_id,
+                    "cardbus.run.parent_root": data.parent_root or "",
+                    "cardbus.run.parent_task": data.parent_task or "",
+                }
+            )
+        self._runs[env.stream] = _Run(span)
+        for created in early:
+            self.on_event(created)
 
     def _task_span(self, env: Envelope, data: ev.TaskCreated, parent: Span, t: int) -> Span:
         ctx = trace.set_span_in_context(parent)
@@ -566,6 +611,9 @@ def _outcome_error(outcome: str, data: Any) -> str | None:
         head = reason.split(":", 1)[0].strip()
         return head if head and " " not in head and len(head) <= 64 else "error"
     return outcome
+
+
+_EARLY_ROOTS = 256  # runs whose task.created wait for their run.started (RunTracing)
 
 
 def _ids(root_id: str) -> tuple[int, int]:

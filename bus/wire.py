@@ -87,6 +87,9 @@ class ModelRequestArgs(msgspec.Struct, frozen=True, kw_only=True):
     request: dict[str, Any]
     digest: str = ""  # the agent's sha256 of the request (the orchestrator computes its own)
     replay: bool = True  # False: never answer from the journal
+    # the endpoint's gen_ai.provider.name (beside the request, not in it: the digest is the
+    # ask's alone); "" when the agent does not know it; recorded on model.requested
+    provider: str = ""
 
 
 class ModelAnswerArgs(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,6 +102,8 @@ class ModelAnswerArgs(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     error_type: str | None = None
     latency_s: float = 0.0
+    #: seconds of ``latency_s`` spent waiting for the provider's limit, not in the model
+    queued_s: float = 0.0
 
 
 class ToolBeginArgs(msgspec.Struct, frozen=True, kw_only=True):

@@ -41,6 +41,7 @@ __all__ = [
     "ApprovalGranted",
     "ApprovalRequested",
     "Candidate",
+    "ChildRunStarted",
     "ContextTrimmed",
     "Event",
     "InputProvided",
@@ -48,7 +49,9 @@ __all__ = [
     "MemoryRead",
     "MemoryWritten",
     "ModelAnswered",
+    "ModelQueued",
     "ModelRequested",
+    "ModelSlotGranted",
     "NeedsInput",
     "OrchestratorStarted",
     "PlanAccepted",
@@ -166,6 +169,9 @@ class TaskCreated(_Event, TaskOptions, frozen=True, kw_only=True, tag="task.crea
     # origin did not make is refused (``replay_diverged``) instead of going live
     origin: str | None = None
     replay_strict: bool = False
+    # a child-run task (``bus.orchestrator.children``): what it runs instead of a dispatch,
+    # the plan's ``child`` as given (``{"plan": {...}} | {"goal": "..."}``, ``parent_close``)
+    child: dict[str, Any] | None = None
 
 
 #: the largest resolved inputs a ``task.dispatched`` keeps inline (bytes of JSON)
@@ -193,6 +199,18 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     # deps whose output is absent: optional tasks that ended without completing; their
     # ``$dep`` placeholders were left out of the inputs sent (``bus.orchestrator.optional``)
     absent: list[str] = []
+
+
+class ChildRunStarted(_Event, frozen=True, kw_only=True, tag="task.child_started.v1"):
+    """An attempt of a child-run task started its child run (``bus.orchestrator.children``):
+    written with the child's ``run.started``, only if that was; the task is running until
+    the child ends. ``deadline``: the attempt's limit (its ``timeout_s`` from now), past
+    which the child is closed by its ``parent_close`` and the attempt times out."""
+
+    attempt: int
+    child_root: str
+    deadline: float = 0.0
+    parent_close: str = "terminate"
 
 
 class TaskStarted(_Event, frozen=True, kw_only=True, tag="task.started.v1"):
@@ -440,7 +458,16 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     # what the person who started it said (a name they gave, why): words, not evidence;
     # the envelope's actor is who they authenticated as
     note: str = ""
+    # admission and the model pacer serve a higher priority first (``Plan.priority``)
+    priority: int = 0
     schedule: str = ""  # the schedule whose firing started it ("" for none)
+    # a child run's lineage (``bus.orchestrator.children``): the parent run's root, the
+    # parent task and attempt that started it, and what happens to it when the parent
+    # ends ("terminate" | "request_cancel" | "abandon"); None: a run of its own
+    parent_root: str | None = None
+    parent_task: str | None = None
+    parent_attempt: int | None = None
+    parent_close: str = "terminate"
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -715,6 +742,37 @@ class ModelAnswered(_Event, frozen=True, kw_only=True, tag="model.answered.v1"):
     # output tokens past the ``max_tokens`` the call was sent with (its budget's bound): an
     # endpoint that ignored it; the tokens are counted all the same (bus.orchestrator.budget)
     overrun_tokens: int = 0
+    # of ``latency_s``, the seconds the call waited for the provider's limit before it was
+    # sent (queued by the pacer, not running: ``cardbus.agents.pacing``)
+    queued_s: float = 0.0
+
+
+class ModelQueued(_Event, frozen=True, kw_only=True, tag="model.queued.v1"):
+    """A model call waits for its provider's limit before it is sent (``limit``: the
+    endpoint and model whose pace it waits for; ``cardbus.agents.pacing``): queued, not
+    running. The attempt's run time (``timeout_s``) stops until ``model.slot_granted``;
+    the wait is bounded by ``max_wait_s`` (then the call fails: ``llm_rate_limited``)."""
+
+    task_id: str
+    agent_id: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    model: str = ""
+    limit: str = ""
+    max_wait_s: float = 0.0
+
+
+class ModelSlotGranted(_Event, frozen=True, kw_only=True, tag="model.slot_granted.v1"):
+    """The queued model call got its slot after ``waited_s`` and is sent now: the
+    attempt's run time goes on from where ``model.queued`` stopped it."""
+
+    task_id: str
+    agent_id: str
+    attempt: int = 0
+    execution: str = ""
+    seq: int = 0
+    waited_s: float = 0.0
 
 
 class ToolEffectUnknown(_Event, frozen=True, kw_only=True, tag="tool.effect_unknown.v1"):
@@ -924,6 +982,7 @@ class ScheduleBuffered(_Event, frozen=True, kw_only=True, tag="schedule.buffered
 EVENT_TYPES: tuple[type[_Event], ...] = (
     TaskCreated,
     TaskDispatched,
+    ChildRunStarted,
     TaskStarted,
     TaskRedelivered,
     TaskResultSubmitted,
@@ -965,6 +1024,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ModelAnswered,
     ToolEffectUnknown,
     BudgetRefused,
+    ModelQueued,
+    ModelSlotGranted,
     ScheduleBuffered,
     ScheduleCreated,
     ScheduleDeleted,
@@ -983,6 +1044,7 @@ TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
 Event = (
     TaskCreated
     | TaskDispatched
+    | ChildRunStarted
     | TaskStarted
     | TaskRedelivered
     | TaskResultSubmitted
@@ -1024,6 +1086,8 @@ Event = (
     | ModelAnswered
     | ToolEffectUnknown
     | BudgetRefused
+    | ModelQueued
+    | ModelSlotGranted
     | ScheduleBuffered
     | ScheduleCreated
     | ScheduleDeleted

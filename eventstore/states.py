@@ -18,6 +18,7 @@ from cardbus.eventstore.events import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
+    ChildRunStarted,
     InputProvided,
     RevisionRequested,
     TaskCancelled,
@@ -80,6 +81,8 @@ TRANSITIONS: dict[type, dict[TaskState | None, TaskState]] = {
         S.NEEDS_REVISION: S.DISPATCHED,
         S.DISPATCHED: S.DISPATCHED,  # fan-out: one attempt sent to k candidates
     },
+    # a child-run task: its child run is working for it (``bus.orchestrator.children``)
+    ChildRunStarted: {S.PENDING: S.RUNNING},
     TaskStarted: {S.DISPATCHED: S.RUNNING, S.RUNNING: S.RUNNING},
     TaskResultSubmitted: {S.DISPATCHED: S.DISPATCHED, S.RUNNING: S.RUNNING},
     TaskResultIgnored: {s: s for s in S},

@@ -145,6 +145,8 @@ _HANDLES = frozenset(
 
 
 def _bump(stats: Any, agent_id: str, capability: str, column: str, also: str = "") -> None:
+    if not agent_id:  # no agent's outcome (a child-run task's: its child run's agents count)
+        return
     k = (agent_id, capability)
     row = stats.get(k)
     if row is None:

@@ -9,7 +9,10 @@ attempt spans (dispatch to outcome, one per agent per attempt) for a Gantt
 chart. :func:`build_timeline` is the pure part, from a list of envelopes.
 
 Given a root id, the timeline holds every task of the run plus the run's own
-events (``run.*``, ``plan.*``); given a task id, that task and its subtasks.
+events (``run.*``, ``plan.*``); given a task id, that task and its subtasks. A
+child run (``bus.orchestrator.child_runs``) is read with its parent
+(``projections.lineage``): its tasks are beneath the task that started it, its
+own ``run.*`` events among that task's steps.
 A run planned from a goal also lists its planning rounds (:class:`PlanRound`:
 the planning task, who proposed, the tasks proposed, refused with the errors
 or accepted), so the timeline shows how the plan came to be.
@@ -40,6 +43,7 @@ from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import IllegalTransition, StreamNotFound
 from cardbus.eventstore.states import TaskState, transition
 from cardbus.eventstore.store import EventStore
+from cardbus.projections.lineage import read_tree
 from cardbus.projections.tasks import event_reason
 from cardbus.projections.timetravel import AsOf
 
@@ -113,6 +117,10 @@ class ModelCall(msgspec.Struct, kw_only=True, tag="model", tag_field="kind"):
     requested_event_id: str = ""
     answered_event_id: str = ""
     cost_usd: float | None = None  # as priced when recorded (None: unknown, or not live)
+    # waiting for the provider's limit before it was sent (``model.queued``): queued,
+    # not running; ``queued_s`` is of ``latency_s`` (the slot's wait, when it came)
+    queued: bool = False
+    queued_s: float = 0.0
 
 
 class ToolCall(msgspec.Struct, kw_only=True, tag="tool", tag_field="kind"):
@@ -276,6 +284,11 @@ def _detail(data: Any) -> str | None:
             if data.score:
                 d += f" (score {data.score:.2f})"
             return d
+        case ev.ChildRunStarted():
+            return (
+                f"child run {data.child_root} (attempt {data.attempt}; on parent close:"
+                f" {data.parent_close})"
+            )
         case ev.TaskStarted():
             d = "implied by the answer" if data.implied else ""
             return ", ".join(x for x in (d, _who(data)) if x) or None
@@ -324,7 +337,12 @@ def _detail(data: Any) -> str | None:
                 f"model {data.model or '?'} answered (call {data.seq}),"
                 f" {data.input_tokens}+{data.output_tokens} tokens,"
                 f" {data.latency_s * 1000:.0f}ms"
+                + (f" (of which {data.queued_s:.2f}s queued)" if data.queued_s > 0 else "")
             )
+        case ev.ModelQueued():
+            return f"queued for the model's limit: {data.limit or data.model} (call {data.seq})"
+        case ev.ModelSlotGranted():
+            return f"slot of the model's limit after {data.waited_s:.2f}s queued (call {data.seq})"
         case ev.ToolEffectUnknown():
             return (
                 f"tool {data.tool}: effect unknown (call {data.requested_event_id},"
@@ -349,6 +367,11 @@ def _detail(data: Any) -> str | None:
                 d += f" (for {who})"
             if data.planning is not None:
                 d += " (to plan)"
+            if data.parent_root is not None:  # a child run: whose task started it
+                d += (
+                    f" (child of {data.parent_root}, task {data.parent_task}"
+                    f" attempt {data.parent_attempt}; on parent close: {data.parent_close})"
+                )
             return d + (f" (forked from {data.forked_from})" if data.forked_from else "")
         case ev.PlanProposed():
             d = f"round {data.round} by {data.agent_id or '?'}: {_proposed(data.proposal)}"
@@ -537,6 +560,7 @@ class JournalFold:
                 call.input_tokens = _tokens(data.input_tokens)
                 call.output_tokens = _tokens(data.output_tokens)
                 call.error, call.error_type = data.error, data.error_type
+                call.queued, call.queued_s = False, data.queued_s or call.queued_s
                 if data.replayed_from is not None:
                     call.status, call.replayed_from = "replayed", data.replayed_from
                     source = self.by_answer.get(data.replayed_from)
@@ -553,6 +577,14 @@ class JournalFold:
                     call.cost_usd = data.cost_usd
                 self.by_answer[env.event_id] = call
                 return call
+            case ev.ModelQueued() | ev.ModelSlotGranted():
+                waiting = self.models.get((data.execution, data.seq))
+                if waiting is None:
+                    return None
+                waiting.queued = isinstance(data, ev.ModelQueued)
+                if isinstance(data, ev.ModelSlotGranted):
+                    waiting.queued_s = data.waited_s
+                return waiting
             case ev.ToolRequested():
                 tool = ToolCall(
                     position=env.position,
@@ -748,6 +780,8 @@ def _fold_task(task_id: str, events: list[Envelope]) -> TaskNode:
                     span.queued_s = t - pending_since
                 open_spans[data.agent_id] = span
                 node.spans.append(span)
+            case ev.ChildRunStarted():  # an attempt run by a child run, no agent
+                node.attempts = max(node.attempts, data.attempt)
             case ev.TaskStarted() | ev.TaskRedelivered():
                 s = open_spans.get(data.agent_id)
                 if s is not None and s.started is None:
@@ -811,9 +845,21 @@ def build_timeline(
     """The timeline of ``id`` (a task or the root) from its root's events, in position order."""
     by_task: dict[str, list[Envelope]] = {}
     run: list[Step] = []
+    # a child run below this one (read_tree): its root -> the parent task that started it
+    started_by = {
+        e.stream: str(e.data.parent_task)
+        for e in events
+        if isinstance(e.data, ev.RunStarted) and e.data.parent_task and e.stream != root_id
+    }
+    task_root: dict[str, str] = {}  # task -> its run's root
     for env in events:
         if type(env.data) in _TASK_TYPES:
             by_task.setdefault(env.stream, []).append(env)
+            task_root.setdefault(env.stream, env.correlation_id)
+        elif env.stream in started_by and started_by[env.stream] in by_task:
+            # a child run's own events go with the task that started it (its run.started
+            # follows that task's creation: a child starts when its parent task runs)
+            by_task[started_by[env.stream]].append(env)
         else:
             owner = getattr(env.data, "task_id", None)
             if isinstance(owner, str) and owner in by_task:
@@ -824,7 +870,8 @@ def build_timeline(
     rounds = _rounds([e for e in events if e.stream == root_id])
     tops: list[TaskNode] = []
     for n in nodes.values():
-        parent = nodes.get(n.parent_id) if n.parent_id else None
+        parent_id = n.parent_id or started_by.get(task_root.get(n.task_id, ""))
+        parent = nodes.get(parent_id) if parent_id else None  # a child run's under its task
         if parent is not None and parent is not n:
             parent.children.append(n)
         else:
@@ -893,14 +940,20 @@ async def replay(store: EventStore, id: str, as_of: AsOf | None = None) -> Timel
     """The timeline of a task id or a root id; ``StreamNotFound`` if the log has neither."""
     own = await store.read_stream(id)
     root_id = own[0].correlation_id if own else id
-    events = await store.read_correlation(root_id)
+    events = await read_tree(store, root_id)  # with its child runs' (projections.lineage)
     if as_of is not None:
         events = [e for e in events if as_of.includes(e)]
     if not events or (root_id != id and not any(e.stream == id for e in events)):
         if as_of is not None and (own or events):
             raise StreamNotFound(f"{id} (as of {as_of.describe()})")
         raise StreamNotFound(id)
-    return build_timeline(events, id, root_id, as_of.describe() if as_of else None)
+    timeline = build_timeline(events, id, root_id, as_of.describe() if as_of else None)
+    # a re-run's replayed calls: their prompts and answers are in the recorded run's
+    # streams (imported here: replay_origin builds on this module's fold)
+    from cardbus.projections.replay_origin import fill_timeline_replays
+
+    await fill_timeline_replays(store, timeline.tasks, events)
+    return timeline
 
 
 def to_json(timeline: Timeline) -> bytes:

@@ -10,7 +10,8 @@ does at the run's last event, with these differences:
 * **offline** (``tasks`` None): every plan task runs again, and its
   ``task.created`` names its recorded task as ``origin`` with ``replay_strict``:
   the journal answers each model and tool call from the recorded one, and
-  refuses (``replay_diverged``) a call that differs;
+  refuses (``replay_diverged``) a call that differs; a child-run task that completed
+  keeps its result (its child run is not run again: ``bus.orchestrator.child_runs``);
 * **live** (``tasks`` given): the chosen tasks and every task that depends on
   them run again (with ``model``, if given, as the chosen tasks'
   ``constraints.model``); every other task completed in the recorded run keeps
@@ -29,7 +30,7 @@ import msgspec
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import ValidationError
-from cardbus.projections.fork import plan_fork
+from cardbus.projections.fork import ForkPlan, plan_fork
 
 __all__ = ["RerunPlan", "plan_rerun", "recorded_model"]
 
@@ -78,6 +79,8 @@ def plan_rerun(
     }
     offline = tasks is None
     again: set[str] = set(created) if offline else _chosen(created, tasks or ())
+    if offline:  # a child run's result is kept: its run is no journal to answer from
+        again -= {t for t, c in created.items() if c.child is not None and _completed(fork, t)}
     if not offline:  # what depends on a task run again runs again (its inputs change)
         recorded = {new: old for old, new in fork.ids.items()}  # the copies name new ids
         grew = True
@@ -130,6 +133,14 @@ def plan_rerun(
         reused=reused,
         agent_paths=list(started.agent_paths),
         streams=streams,
+    )
+
+
+def _completed(fork: ForkPlan, old: str) -> bool:
+    """The recorded task completed (its copy in the fork reuses the result)."""
+    new = fork.ids[old]
+    return any(
+        isinstance(d, ev.TaskCompleted) for s, datas in fork.streams if s == new for d in datas
     )
 
 

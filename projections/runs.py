@@ -10,6 +10,9 @@ A run that completed without some optional tasks' outputs (``run.completed``
 with ``degraded``) is ``completed`` with the reason ``degraded``, and
 ``degraded`` lists those tasks (plan task ids); ``[]`` for every other run.
 
+A child run (``run.started`` with ``parent_root``) names the run and the task that
+started it (``parent_root``, ``parent_task``); None for a run of its own.
+
 A cancelled run (``run.failed`` with ``cancelled``) is ``cancelled``, its reason who
 cancelled it and why (``by ops: cancelled_by_user: wrong``: the event's detail).
 
@@ -61,6 +64,8 @@ RUNS = TableSpec(
         ("waiting", "JSON"),  # ids of the tasks waiting for approval now
         ("forked_from", "TEXT"),
         ("degraded", "JSON"),  # a degraded completion: the optional tasks it did without
+        ("parent_root", "TEXT"),  # a child run: the run and task that started it
+        ("parent_task", "TEXT"),
         ("last_position", "INTEGER"),
     ),
     key=("root_id",),
@@ -101,6 +106,8 @@ def _new_row(root_id: str, env: Envelope) -> Row:
         "waiting": [],
         "forked_from": None,
         "degraded": [],
+        "parent_root": None,
+        "parent_task": None,
         "last_position": env.position,
     }
 
@@ -117,6 +124,8 @@ def _fold(row: Row, env: Envelope) -> None:
         row["goal"] = data.goal
         row["plan_id"] = data.plan_id
         row["forked_from"] = data.forked_from
+        row["parent_root"] = data.parent_root
+        row["parent_task"] = data.parent_task
         row["started_at"] = min(row["started_at"], env.recorded_at)
     elif t is ev.PlanSubmitted:
         row["plan_id"] = row["plan_id"] or data.plan_id
@@ -146,7 +155,7 @@ class Runs(Projection):
     """``proj_runs``: status, goal, plan id, times, task counts and tokens of every run."""
 
     name = "runs"
-    version = 2  # 2: the degraded column
+    version = 3  # 2: the degraded column; 3: a child run's parent_root and parent_task
     tables = (RUNS,)
     handles = frozenset({*ev.TASK_EVENT_TYPES, ev.RunStarted, *_ENDS, ev.PlanSubmitted})
 
@@ -264,6 +273,11 @@ class Runs(Projection):
             where.append("root_id IN (SELECT root_id FROM proj_tasks WHERE agent_id = ?)")
             args.append(agent)
         return (" WHERE " + " AND ".join(where)) if where else "", args
+
+    def children(self, conn: sqlite3.Connection, root_id: str) -> builtins.list[Row]:
+        """The child runs the tasks of run ``root_id`` started, oldest first."""
+        sql = f"SELECT {self._COLUMNS} FROM proj_runs WHERE parent_root = ? ORDER BY started_at"
+        return [_decode(r) for r in self.query(conn, sql, (root_id,))]
 
     def get(self, conn: sqlite3.Connection, root_id: str) -> Row | None:
         sql = f"SELECT {self._COLUMNS} FROM proj_runs WHERE root_id = ?"

@@ -8,7 +8,10 @@ the fold never raises on it.
 ``reason`` holds the latest explanation of where the task is: a rejection,
 retry, time-out, failure, halt, cancellation, revision request or missing
 input; it is cleared when the task completes, unless its review never passed
-(then ``quality_met`` is 0 and ``open_issues`` holds what was left open).
+(then ``quality_met`` is 0 and ``open_issues`` holds what was left open). While a
+model call of the task waits for its provider's limit (``model.queued`` until
+``model.slot_granted``), ``reason`` says so (:data:`QUEUED_FOR_LIMIT`): queued, not
+running; the status does not change (the agent has the card).
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from cardbus.eventstore.states import TRANSITIONS, TaskState, transition
 from cardbus.projections.base import Projection
 from cardbus.projections.model import Model, Row, TableSpec
 
-__all__ = ["TaskTable", "event_reason"]
+__all__ = ["QUEUED_FOR_LIMIT", "TaskTable", "event_reason"]
+
+#: the reason of a task whose model call waits for its provider's limit
+QUEUED_FOR_LIMIT = "queued for the model's limit"
 
 _STATE = {s.value: s for s in TaskState}
 _json = msgspec.json.Encoder().encode
@@ -122,6 +128,11 @@ def _on_attempt(row: Row, data: Any) -> None:
         row["attempts"] = data.attempt
 
 
+def _on_child(row: Row, data: Any) -> None:
+    """A child-run task's attempt: counted as one, no agent (its child run's agents)."""
+    row["attempts"] = max(row["attempts"], data.attempt)
+
+
 def _on_result(row: Row, data: Any) -> None:
     if data.output is not None:
         row["output"] = _json(data.output).decode()
@@ -154,6 +165,7 @@ _UPDATES.update(
     {
         ev.TaskDispatched: _on_attempt,
         ev.TaskStarted: _on_attempt,
+        ev.ChildRunStarted: _on_child,
         ev.TaskResultSubmitted: _on_result,
         ev.TaskCompleted: _on_completed,
         ev.InputProvided: _clear_reason,
@@ -198,13 +210,24 @@ _BY_TYPE: dict[type, tuple[dict[str | None, str], Callable[[Row, Any], None] | N
 }
 
 
+_LIMIT_WAITS = frozenset({ev.ModelQueued, ev.ModelSlotGranted})
+
+
+def _limit_wait(row: Row, data: Any) -> None:
+    reason = row["reason"] or ""
+    if isinstance(data, ev.ModelQueued):
+        row["reason"] = f"{QUEUED_FOR_LIMIT} ({data.limit or data.model})"
+    elif reason.startswith(QUEUED_FOR_LIMIT):
+        row["reason"] = None
+
+
 class TaskTable(Projection):
     """``proj_tasks``: the columns of the source designs, plus ``goal`` and stream ``version``."""
 
     name = "tasks"
-    version = 2  # 2: quality_met, open_issues
+    version = 3  # 2: quality_met, open_issues; 3: queued for the model's limit
     tables = (TASKS,)
-    handles = frozenset(ev.TASK_EVENT_TYPES)
+    handles = frozenset(ev.TASK_EVENT_TYPES) | _LIMIT_WAITS
 
     def apply(self, model: Model, env: Envelope) -> None:
         for _, e in self.apply_many(model, [env]):
@@ -225,6 +248,12 @@ class TaskTable(Projection):
             t = type(data)
             spec = by_type.get(t)
             if spec is None:
+                if t in _LIMIT_WAITS:  # no state change: the reason says it is queued
+                    waiting = get((env.stream,))
+                    if waiting is not None:
+                        _limit_wait(waiting, data)
+                        waiting["updated_at"] = env.recorded_at
+                        put((env.stream,), waiting)
                 continue
             moves, update = spec
             try:

@@ -665,19 +665,39 @@ def trace_spans(
     """
     by_root: dict[str, list[Envelope]] = {}
     runs: set[str] = set()  # roots with a run or a task: agent, plan, memory streams are not
+    parents: dict[str, tuple[str, str]] = {}  # a child run's root -> (parent root, parent task)
     for env in events:
         by_root.setdefault(env.correlation_id, []).append(env)
         if isinstance(env.data, (ev.RunStarted, ev.TaskCreated)):
             runs.add(env.correlation_id)
+        if isinstance(env.data, ev.RunStarted) and env.data.parent_root is not None:
+            parents[env.correlation_id] = (env.data.parent_root, env.data.parent_task or "")
     out: list[SpanRecord] = []
     for root_id, evs in by_root.items():
         if root_id not in runs:
             continue
         evs.sort(key=lambda e: e.position)
-        out.extend(_root_spans(root_id, evs, agent_names or {}))
+        spans = _root_spans(root_id, evs, agent_names or {})
+        if root_id in parents:
+            _under_parent(spans, root_id, parents)
+        out.extend(spans)
     if task_id is not None:
         out = _subtree(out, task_id)
     return out
+
+
+def _under_parent(
+    spans: list[SpanRecord], root_id: str, parents: Mapping[str, tuple[str, str]]
+) -> None:
+    """A child run's spans join its parent's trace: the trace id of the topmost run of
+    its lineage, and its run span under the span of the parent task that started it."""
+    top, seen = root_id, {root_id}
+    while top in parents and parents[top][0] not in seen:  # a cycle is bad data: stop there
+        top = parents[top][0]
+        seen.add(top)
+    for span in spans:
+        span.trace_id = trace_id_for(top)
+    spans[0].parent_span_id = task_span_id(parents[root_id][1])  # spans[0]: the run's
 
 
 def _subtree(spans: list[SpanRecord], task_id: str) -> list[SpanRecord]:

@@ -127,7 +127,7 @@ def serve(
     servers = mcp_servers(mcp, mcp_config)
 
     async def go() -> None:
-        llm = open_llm(llm_base_url, model)
+        llm = open_llm(llm_base_url, model, agents)
         store = await open_store_option(db, create=True)
         try:
             await run_server(

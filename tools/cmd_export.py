@@ -22,6 +22,7 @@ from cardbus.eventstore import Envelope, EventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StreamNotFound, ValidationError
 from cardbus.projections import resolve_id
+from cardbus.projections.lineage import read_tree
 from cardbus.projections.traces import SpanRecord, agent_names_from, to_readable_spans, trace_spans
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_inspect import echo_json, json_option, open_store, run
@@ -103,7 +104,7 @@ async def collect_spans(
         if not own:
             raise StreamNotFound(task_id)
         root_id = own[0].correlation_id
-        events = await store.read_correlation(root_id)
+        events = await read_tree(store, root_id)  # with its child runs: one tree
         names = await _agent_names(store, events)
         only = None if whole_root or task_id == root_id else task_id
         spans = trace_spans(events, names, task_id=only)

@@ -84,7 +84,7 @@ def fork(
             if no_run:
                 await write_run(store, plan.streams, plan.root_id, plan.at_event_id, "fork")
                 return plan, None, []
-            llm = open_llm(llm_base_url, model)
+            llm = open_llm(llm_base_url, model, agents)
             try:
                 # started before the run is written: one that cannot start (a tool nothing
                 # serves) leaves no run behind; the orchestrator then folds the new run

@@ -215,7 +215,7 @@ def agent_serve(
         stop = asyncio.Event()
         _until_signal(stop)
         ready = asyncio.Event()
-        llm = open_llm(llm_base_url, model)
+        llm = open_llm(llm_base_url, model, agents)
         serving = asyncio.ensure_future(
             serve_agents(
                 options,

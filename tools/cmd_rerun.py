@@ -79,6 +79,20 @@ def _failures(events: list[Any]) -> list[dict[str, str]]:
     ]
 
 
+async def _recorded_model(store: Any, events: list[Any]) -> str:
+    """The model the recorded run asked most; for a re-run whose calls were all replayed
+    (no request of its own names one), the model of the run it re-ran, and so on back."""
+    seen: set[str] = set()
+    while True:
+        model = recorded_model(events)
+        started = next((e.data for e in events if isinstance(e.data, ev.RunStarted)), None)
+        origin = started.rerun_of if started is not None else None
+        if model or not origin or origin in seen:
+            return model
+        seen.add(origin)
+        events = await read_run(store, origin)
+
+
 @cli.command()
 @click.argument("root")
 @click.option("--offline", is_flag=True, help="Answer every call from the log; no endpoint.")
@@ -168,14 +182,19 @@ def rerun(
             # a task no agent here can take (its capability, or a --model none offers) is
             # refused before anything is written, not left to fail no_capable_agent
             check_agents(plan.streams, [a.card() for a in agents])
-            default_model = recorded_model(events)
+            default_model = await _recorded_model(store, events)
             if offline:
                 llm = OfflineLLM(default_model)
             else:
                 llm = configured_llm(llm_base_url, default_model or None)
             # said once, at the first model call that goes out (none, offline: OfflineLLM
             # refuses it, and the task fails with replay_diverged)
-            llm = announce_on_first_call(llm, describe_llm(llm))
+            line = (
+                "LLM: none, offline (a model call the recorded run did not make is refused)"
+                if offline
+                else describe_llm(llm)
+            )
+            llm = announce_on_first_call(llm, line)
             # started before the run is written: one that cannot start (a tool nothing
             # serves) leaves no run behind; the orchestrator then folds the new run
             async with EmbeddedRuntime(

@@ -50,6 +50,12 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
     help="Seconds to wait for the run; then it is cancelled and the exit code is 124.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option(
+    "--priority",
+    type=int,
+    default=None,
+    help="Serve this run before lower priorities (admission, model limits); default: the plan's.",
+)
 @planner_option
 @llm_options
 @mcp_options
@@ -67,6 +73,7 @@ def run(
     agent_paths: tuple[str, ...],
     timeout: float,
     as_json: bool,
+    priority: int | None = None,
     planner: str | None = None,
     llm_base_url: str | None = None,
     model: str | None = None,
@@ -134,11 +141,13 @@ def run(
     servers = mcp_servers(mcp, mcp_config, plan_servers)
     # the run is found in the log by its plan id (a plan without one gets it here)
     plan = msgspec.structs.replace(plan, plan_id=plan.plan_id or new_id())
+    if priority is not None:
+        plan = msgspec.structs.replace(plan, priority=priority)
     plan, reuse_policy = with_context(plan, user, tenant, reuse, reuse_max_age)
 
     async def go() -> None:
         store = await open_store_option(db, create=True)
-        llm = open_llm(llm_base_url, model)
+        llm = open_llm(llm_base_url, model, agents)
         try:
             async with EmbeddedRuntime(
                 store,

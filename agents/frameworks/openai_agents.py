@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from cardbus.eventstore.errors import MissingExtra
 
@@ -53,6 +55,7 @@ try:
     from agents.items import TResponseInputItem, TResponseStreamEvent
     from agents.model_settings import ModelSettings
     from agents.models.interface import ModelTracing
+    from agents.models.multi_provider import MultiProvider
     from agents.run_state import RunState
     from agents.tool import Tool
     from agents.tool_context import ToolContext
@@ -79,7 +82,7 @@ from cardbus.agents.frameworks.common import (
 from cardbus.agents.frameworks.pauses import Proposal, review_proposals
 from cardbus.agents.journal import BegunCall
 
-__all__ = ["JournaledModel", "OpenAIAgentsAgent", "openai_agents_agent"]
+__all__ = ["JournaledModel", "OpenAIAgentsAgent", "chat_completions_only", "openai_agents_agent"]
 
 _OUTPUT_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseOutputItem)
 
@@ -359,6 +362,13 @@ class OpenAIAgentsAgent(Agent):
         return None
 
     def run_config(self) -> RunConfig:
+        """``Runner.run``'s settings: the SDK's tracing as ``sdk_tracing`` says, and the
+        chat completions API when ``OPENAI_BASE_URL`` is not OpenAI's (override to change)."""
+        if chat_completions_only(os.environ.get("OPENAI_BASE_URL")):
+            return RunConfig(
+                tracing_disabled=not self.sdk_tracing,
+                model_provider=MultiProvider(openai_use_responses=False),
+            )
         return RunConfig(tracing_disabled=not self.sdk_tracing)
 
     async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
@@ -409,6 +419,15 @@ async def _decide(run: _Run, interruptions: Sequence[Any], state: RunState[Any, 
         else:
             run.begun[proposal.call_id] = verdict.begun
             state.approve(item)
+
+
+def chat_completions_only(base_url: str | None) -> bool:
+    """Whether an endpoint is asked through chat completions rather than the Responses
+    API: any base URL but OpenAI's own. Local servers (vLLM, llama.cpp, Ollama, LiteLLM)
+    serve ``/v1/chat/completions``; few serve ``/v1/responses``, the SDK's default."""
+    if not base_url:
+        return False
+    return urlsplit(base_url).hostname != "api.openai.com"
 
 
 def openai_agents_agent(

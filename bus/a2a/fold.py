@@ -240,6 +240,8 @@ class TaskFold:
                 text = f"run started: {len(data.task_ids)} tasks"
             case ev.TaskDispatched():
                 text = f"{who}: dispatched to {data.agent_id} (attempt {data.attempt})"
+            case ev.ChildRunStarted():
+                text = f"{who}: child run {data.child_root} started (attempt {data.attempt})"
             case ev.TaskStarted() if not data.implied:
                 text = f"{who}: {data.agent_id} started (attempt {data.attempt})"
             case ev.TaskResultSubmitted() if data.agent_id == USER_AGENT_ID:

@@ -18,6 +18,9 @@ sent as the HTTP header and in the metadata), sent with a2a-sdk's client
 * ``TASK_STATE_REJECTED``: ``rejected``; ``FAILED``, ``CANCELED``,
   ``AUTH_REQUIRED``, a transport error or no answer within the card's
   ``timeout_s``: a ``failed`` attempt with the reason (retried as usual);
+* the attempt stopped here (its task cancelled, or closed with a parent run: a
+  remote department's run is a child run of the task): the remote task is
+  cancelled (``CancelTask``) before the handler stops;
 * a refusal of the request itself (a JSON-RPC error other than an internal
   one, such as -32602 or -32004, or HTTP 4xx such as a missing token): a
   ``failed`` attempt with reason ``remote_refused``, not retried (the same
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from typing import Any, ClassVar
@@ -48,6 +52,7 @@ from a2a.types import (
     AgentCard as PbAgentCard,
 )
 from a2a.types import (
+    CancelTaskRequest,
     Message,
     Part,
     Role,
@@ -67,9 +72,23 @@ from cardbus.eventstore.events import Usage
 
 __all__ = ["SCHEME", "RemoteA2AAgent", "load_remote", "remote_a2a_agent"]
 
+log = logging.getLogger(__name__)
+
 SCHEME = "a2a+"
 #: the token sent to remote A2A agents when none is given
 TOKEN_ENV = "CARDBUS_A2A_REMOTE_TOKEN"
+
+
+async def _cancel_remote(client: Any, task_id: str) -> None:
+    """Ask the remote to cancel its task (A2A ``CancelTask``), for at most 5 s; a remote
+    that cannot be reached or refuses is left to its own end (said in the log)."""
+    if not task_id:
+        return  # no task known yet (a non-streaming remote answers at the end)
+    try:
+        async with asyncio.timeout(5):
+            await client.cancel_task(CancelTaskRequest(id=task_id))
+    except Exception as e:
+        log.warning("remote task %s not cancelled: %r", task_id, e)
 
 
 def _refusal(e: BaseException) -> str | None:
@@ -194,28 +213,34 @@ class RemoteA2AAgent(Agent):
                 config = ClientConfig(streaming=cls.remote.streaming, httpx_client=http)
                 client = ClientFactory(config).create(cls.a2a_card)
                 request = SendMessageRequest(message=cls._message(task))
-                async for resp in client.send_message(request):
-                    if resp.HasField("message"):
-                        parts.extend(resp.message.parts)
-                        state = TaskState.TASK_STATE_COMPLETED
-                        break
-                    if resp.HasField("task"):
-                        t = resp.task
-                        remote_task = (t.id, t.context_id)
-                        state = t.status.state
-                        status_text = _text_of(t.status.message.parts)
-                        parts = [p for a in t.artifacts for p in a.parts] or parts
-                    elif resp.HasField("status_update"):
-                        u = resp.status_update
-                        remote_task = (u.task_id, u.context_id)
-                        state = u.status.state
-                        status_text = _text_of(u.status.message.parts) or status_text
-                    elif resp.HasField("artifact_update"):
-                        a = resp.artifact_update
-                        if a.append:
-                            parts.extend(a.artifact.parts)
-                        else:
-                            parts = [*parts, *a.artifact.parts]
+                try:
+                    async for resp in client.send_message(request):
+                        if resp.HasField("message"):
+                            parts.extend(resp.message.parts)
+                            state = TaskState.TASK_STATE_COMPLETED
+                            break
+                        if resp.HasField("task"):
+                            t = resp.task
+                            remote_task = (t.id, t.context_id)
+                            state = t.status.state
+                            status_text = _text_of(t.status.message.parts)
+                            parts = [p for a in t.artifacts for p in a.parts] or parts
+                        elif resp.HasField("status_update"):
+                            u = resp.status_update
+                            remote_task = (u.task_id, u.context_id)
+                            state = u.status.state
+                            status_text = _text_of(u.status.message.parts) or status_text
+                        elif resp.HasField("artifact_update"):
+                            a = resp.artifact_update
+                            if a.append:
+                                parts.extend(a.artifact.parts)
+                            else:
+                                parts = [*parts, *a.artifact.parts]
+                except asyncio.CancelledError:
+                    # this attempt was stopped (its task cancelled, or closed with its
+                    # parent): the remote run it started is cancelled too, then we stop
+                    await _cancel_remote(client, remote_task[0])
+                    raise
         except TimeoutError:
             return ResultCard(
                 **base,

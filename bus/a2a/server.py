@@ -113,6 +113,7 @@ from cardbus.bus.http_guard import (
     Tokens,
 )
 from cardbus.bus.orchestrator.cancel import cancel_run
+from cardbus.bus.orchestrator.children import remote_lineage
 from cardbus.bus.orchestrator.core import Orchestrator, answer_approval
 from cardbus.bus.orchestrator.plan import Plan, as_plan
 from cardbus.bus.transport.interface import Bus
@@ -459,8 +460,13 @@ class A2AGateway(RequestHandler):
         context_id = message.context_id or new_id()
         session = {**plan.session, "a2a": {"context_id": context_id, "message": first}}
         plan = msgspec.structs.replace(plan, session=session, plan_id=plan.plan_id or plan_id)
+        meta = MessageToDict(message.metadata).get("cardbus") if message.metadata else None
+        try:  # a cardbus caller's task: this run is its (remote) child
+            lineage = remote_lineage(meta)
+        except InvalidPlan as e:
+            raise _refuse(str(e)) from e
         try:
-            return await self.orchestrator.submit(plan, actor=actor)
+            return await self.orchestrator.submit(plan, actor=actor, lineage=lineage)
         except PlanConflict as e:
             if e.plan_id == plan_id:  # the same message again, its run started meanwhile
                 return e.root_id

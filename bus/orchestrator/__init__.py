@@ -8,7 +8,9 @@ long-term memory; ``optional`` decides how a run goes on without an optional
 task's output; ``policy`` holds the tunables and ``retry`` the retry
 policy; ``checks`` checks every setting where it is made; ``journal`` records and
 replays agents' model and tool calls, and ``effects`` takes an operator's word that a
-tool call whose effect was unknown happened.
+tool call whose effect was unknown happened; ``children`` checks a plan task's child
+run and ``child_runs`` starts, follows and closes it; ``refusals`` words why an agent
+refuses a task; ``store_trouble`` tells a log's hiccup from a log that refuses writes.
 """
 
 from __future__ import annotations

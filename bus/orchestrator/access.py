@@ -195,7 +195,14 @@ def access_problem(
             if req.kind == "memory.put" and str(req.args.get("kind") or "") in RESERVED_KINDS:
                 return "memory_kind_reserved"
             return policy.memory_scopes(state, req).problem
-        case "model.request" | "model.answer" | "tool.begin" | "tool.end" | "tool.specs":
+        case (
+            "model.request"
+            | "model.answer"
+            | "model.queue"
+            | "tool.begin"
+            | "tool.end"
+            | "tool.specs"
+        ):
             pass  # its own model call or tool (recorded: the journal), its tools' specs
         case _:
             return "unknown_request"
@@ -301,6 +308,8 @@ class RequestBroker:
                 outcome = await self.journal.model_request(req)
             case "model.answer":
                 outcome = await self.journal.model_answer(req)
+            case "model.queue":  # waiting for the provider's limit (``limit_waits``)
+                outcome = await self.journal.model_queue(req)
             case "tool.begin":
                 outcome = await self.journal.tool_begin(req)
             case "tool.end":

@@ -2,11 +2,17 @@
 
 Submitting a run writes it to the log (``plan.submitted``, ``run.started``, its tasks'
 ``task.created``): that is the durable queue. The runs *in flight* are the first
-``Policy.max_runs_in_flight`` open runs this orchestrator decides (``owns``), in the order
-of their ``run.started`` in the log; the others are queued: nothing of them is
-dispatched until a run ahead of them ends and they move up. So admission is derived
-from the log alone (no event of its own): a restart, or another member taking the
-partition over, admits exactly the same runs, in the same order.
+``Policy.max_runs_in_flight`` open runs this orchestrator decides (``owns``), by their
+priority (``Plan.priority``, aged: ``admission_order``) and then the order of their
+``run.started`` in the log; a run in flight stays in flight. The others are queued:
+nothing of them is dispatched until a run ahead of them ends and they move up. So
+admission is derived from the log alone (no event of its own): a restart, or another
+member taking the partition over, admits the same runs in the same order (after a
+restart the places are filled afresh by that order, so a run that was in flight may
+queue behind a higher priority).
+
+A child run (``bus.orchestrator.child_runs``) is not counted and never queued: its
+parent, admitted, waits for it.
 
 Only the decisions wait: replies for a queued run's tasks (there are none: nothing was
 sent) and events others write for it are folded as ever.
@@ -14,11 +20,33 @@ sent) and events others write for it are folded as ever.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
-from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.orchestrator.runstate import RunState, RunView
 
-__all__ = ["Admission"]
+__all__ = ["AGING_RUNS", "Admission", "admission_order"]
+
+#: a queued run gains one priority for every AGING_RUNS runs of a higher priority started
+#: after it (that could overtake it), so a stream of urgent runs never starves a low one
+#: for ever; runs of its own priority or lower do not age it (they queue behind it
+#: anyway). Aging is counted in the log's runs, not in seconds: the order stays
+#: derivable from the log alone.
+AGING_RUNS = 500
+
+
+def admission_order(runs: list[RunView]) -> list[RunView]:
+    """Waiting runs in the order they are admitted: the highest aged priority first, then
+    the log's order (``run.started``'s position)."""
+    by_position = sorted(runs, key=lambda r: r.position)
+    aged: dict[int, float] = {}
+    later: Counter[int] = Counter()  # priorities of the runs started after this one
+    for run in reversed(by_position):
+        own = run.started.priority
+        overtaking = sum(n for p, n in later.items() if p > own)
+        aged[id(run)] = own + overtaking / AGING_RUNS
+        later[own] += 1
+    return sorted(by_position, key=lambda r: (-aged[id(r)], r.position))
 
 
 class Admission:
@@ -37,10 +65,18 @@ class Admission:
             return set()
         self._seen = state.runs_changed
         owned = [r for r in state.open.values() if owns is None or owns(r.root_id)]
+        # a child run goes in with its parent, never behind the queue its parent waited
+        # in (the parent's task waits for it: queued, both would wait for ever)
+        # (a parent in this log: a remote caller's lineage buys no place ahead of the queue)
+        children = {r.root_id for r in owned if r.started.parent_root in state.runs}
+        owned = [r for r in owned if r.root_id not in children]
         if self.limit is not None and len(owned) > self.limit:
-            owned.sort(key=lambda r: r.position)  # the log's order, whoever folded it first
-            owned = owned[: self.limit]
-        admitted = {r.root_id for r in owned}
+            # a run in flight stays in flight; the free places go by priority, then the
+            # log's order (whoever folded it first)
+            staying = [r for r in owned if r.root_id in self.admitted][: self.limit]
+            waiting = [r for r in owned if r.root_id not in self.admitted]
+            owned = staying + admission_order(waiting)[: self.limit - len(staying)]
+        admitted = {r.root_id for r in owned} | children
         new = admitted - self.admitted
         self.admitted = admitted
         return new
@@ -60,4 +96,4 @@ class Admission:
             for r in state.open.values()
             if r.root_id not in self.admitted and (owns is None or owns(r.root_id))
         ]
-        return [r.root_id for r in sorted(waiting, key=lambda r: r.position)]
+        return [r.root_id for r in admission_order(waiting)]

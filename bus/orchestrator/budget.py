@@ -109,18 +109,25 @@ def scopes_of(task: TaskView, agent_id: str) -> list[str]:
 
 
 def _capped(
-    run: RunView, task: TaskView, agent_id: str
+    run: RunView, task: TaskView, agent_id: str, above: list[RunView] | None = None
 ) -> Iterator[tuple[Ledger, str, ev.BudgetLimit]]:
     """The run's ledger with each scope of this task on this agent that has a cap (none
-    when the run has no budget, or the task is exempt)."""
-    ledger = run.budget
-    if ledger is None or task.task_id in ledger.exempt:
-        return
-    limits = limits_of(run.started)
-    for scope in scopes_of(task, agent_id):
-        cap = limits.get(scope)
-        if cap is not None:
-            yield ledger, scope, cap
+    when the run has no budget, or the task is exempt); then, for a child run, those of
+    the runs ``above`` it (``RunState.ancestors``), their scopes named ``parent:<scope>``."""
+    for i, r in enumerate([run, *(above or ())]):
+        ledger = r.budget
+        if ledger is None or task.task_id in ledger.exempt:
+            continue
+        limits = limits_of(r.started)
+        for scope in scopes_of(task, agent_id):
+            cap = limits.get(scope)
+            if cap is not None:
+                yield ledger, scope if i == 0 else f"parent:{scope}", cap
+
+
+def _scope(scope: str) -> str:
+    """A scope as its ledger keeps it (``parent:run`` is the parent's ``run``)."""
+    return scope.removeprefix("parent:")
 
 
 def call_key(task_id: str, execution: str, seq: int) -> str:
@@ -234,8 +241,9 @@ class Budgets:
         self.state = state
         self.prices = prices if prices is not None else PriceTable.default()
         self.default_output_tokens = default_output_tokens
-        # reservations decided and not folded yet (their model.requested is being written)
-        self.pending: dict[str, tuple[str, list[str], int, float]] = {}  # call -> root, hold
+        # reservations decided and not folded yet (their model.requested is being written):
+        # call -> (root -> its scopes held, for the run and each run above it), tokens, USD
+        self.pending: dict[str, tuple[dict[str, list[str]], int, float]] = {}
 
     # -- what a call may cost -----------------------------------------------------------
 
@@ -276,9 +284,19 @@ class Budgets:
 
     def _holds(self, ledger: Ledger, root_id: str) -> Iterator[tuple[list[str], int, float]]:
         yield from ledger.held.values()
-        for key, (root, scopes, t, u) in self.pending.items():
-            if root == root_id and key not in ledger.held:
-                yield scopes, t, u
+        for key, (roots, t, u) in self.pending.items():
+            if root_id in roots and key not in ledger.held:
+                yield roots[root_id], t, u
+
+    def _above(self, run: RunView) -> list[RunView]:
+        """The runs above a child run whose budgets bound it too."""
+        if run.started.parent_root is None or self.state is None:
+            return []
+        return self.state.ancestors(run)
+
+    def applies(self, run: RunView) -> bool:
+        """The run, or a run above it, has budgets."""
+        return run.budget is not None or any(r.budget is not None for r in self._above(run))
 
     # -- before a call ------------------------------------------------------------------
 
@@ -298,13 +316,13 @@ class Budgets:
         state = self.state
         task = state.tasks.get(task_id) if state is not None else None
         run = state.runs.get(task.created.root_id) if state is not None and task else None
-        if run is None or task is None or run.budget is None:
+        if run is None or task is None or not self.applies(run):
             return 0, None, None, "fail", None  # no budget: nothing to estimate or hold
         tokens, usd = self.estimate(model, request, size)
         refusal = self.check_call(run, task, agent_id, tokens, usd, model)
         if refusal is None:
             self.hold(key, run, task, agent_id, tokens, usd)
-        capped = any(True for _ in _capped(run, task, agent_id))
+        capped = any(True for _ in _capped(run, task, agent_id, self._above(run)))
         bound = self.output_bound(request) if capped else None
         return tokens, usd, refusal, run.started.on_budget, bound
 
@@ -318,9 +336,11 @@ class Budgets:
         model: str,
     ) -> Refusal | None:
         """The budget a call of ``tokens`` / ``usd`` would cross, or None."""
-        for ledger, scope, cap in _capped(run, task, agent_id):
-            spent_t, spent_u = self.spent(ledger, scope)
-            held_t, held_u = self.held(ledger, run.root_id, scope)
+        chain = [run, *self._above(run)]
+        roots = {id(r.budget): r.root_id for r in chain}
+        for ledger, scope, cap in _capped(run, task, agent_id, chain[1:]):
+            spent_t, spent_u = self.spent(ledger, _scope(scope))
+            held_t, held_u = self.held(ledger, roots[id(ledger)], _scope(scope))
             base = Refusal(scope, spent_t + held_t, spent_u + held_u, tokens, usd, cap, "")
             if cap.tokens is not None and spent_t + held_t + tokens > cap.tokens:
                 why = (
@@ -344,12 +364,15 @@ class Budgets:
     def hold(
         self, key: str, run: RunView, task: TaskView, agent_id: str, tokens: int, usd: float | None
     ) -> None:
-        """A call let through holds its estimate until its ``model.requested`` is folded."""
-        if run.budget is None:
-            return
-        limits = limits_of(run.started)
-        scopes = [s for s in scopes_of(task, agent_id) if s in limits]
-        self.pending[key] = (run.root_id, scopes, tokens, usd or 0.0)
+        """A call let through holds its estimate until its ``model.requested`` is folded
+        (in its run's ledger and in those of the runs above it)."""
+        roots: dict[str, list[str]] = {}
+        for r in [run, *self._above(run)]:
+            if r.budget is not None:
+                limits = limits_of(r.started)
+                roots[r.root_id] = [s for s in scopes_of(task, agent_id) if s in limits]
+        if roots:
+            self.pending[key] = (roots, tokens, usd or 0.0)
 
     def release(self, key: str) -> None:
         self.pending.pop(key, None)
@@ -358,8 +381,8 @@ class Budgets:
 
     def at_cap(self, run: RunView, task: TaskView, agent_id: str) -> Refusal | None:
         """A scope of this dispatch that has already spent its cap, or None."""
-        for ledger, scope, cap in _capped(run, task, agent_id):
-            spent_t, spent_u = self.spent(ledger, scope)
+        for ledger, scope, cap in _capped(run, task, agent_id, self._above(run)):
+            spent_t, spent_u = self.spent(ledger, _scope(scope))
             base = Refusal(scope, spent_t, spent_u, 0, 0.0, cap, "")
             if cap.tokens is not None and spent_t >= cap.tokens:
                 return _with(base, f"{scope}: {spent_t} tokens spent of {cap.tokens}")

@@ -40,6 +40,7 @@ from cardbus.bus.orchestrator.admission import Admission
 from cardbus.bus.orchestrator.approvals import answer_approval
 from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.cancel_notices import CancelNotices
+from cardbus.bus.orchestrator.child_runs import related_roots
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
@@ -60,6 +61,7 @@ from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
 from cardbus.bus.orchestrator.run_result import RunResult, result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.settle import settle_after
+from cardbus.bus.orchestrator.store_trouble import StoreTrouble
 from cardbus.bus.orchestrator.submission import run_creation
 from cardbus.bus.run_metrics import RunMetrics
 from cardbus.bus.transport.interface import Bus, Refusal
@@ -166,6 +168,9 @@ class Orchestrator:
         # (the runtime's; default ``owns``), folded or still being caught up (``owns`` is
         # false meanwhile): its run is decided here once it is
         self.places: Callable[[str], bool] | None = owns
+        # a root's partition, when members share the runs by partitions (the runtime's):
+        # a child run's root is drawn in its parent's, decided and folded where it is
+        self.partition_of: Callable[[str], int] | None = None
         # stored results pending tasks may be answered from (a fold of the memory stream)
         self.results = ResultIndex(reuse) if reuse is not None and reuse.reuse else None
         # what the log is read through for the start and the follower: the store, or (a
@@ -256,7 +261,7 @@ class Orchestrator:
         # gone): nothing can be decided any more, so every waiter gets this error and no
         # step decides again; a refusal shorter than that (a hiccup) is retried
         self.store_failure: StoreUnavailable | None = None
-        self._store_trouble_since: float | None = None
+        self.store_trouble = StoreTrouble(self.policy.store_grace_s, self._store_failed)
         self._refused_runs: set[str] = set()  # runs failed because the log refused a decision
         self._sent: set[tuple[str, int]] = set()  # attempts sent to this process's agents
         self._stopping = False  # no new dispatch once stopping (its agents go with it)
@@ -513,6 +518,7 @@ class Orchestrator:
         agents: Iterable[str] = (),
         agent_paths: Iterable[str] = (),
         actor: str | None = None,
+        lineage: Mapping[str, Any] | None = None,
     ) -> str:
         """Start a run of ``plan`` (a Plan or its JSON form); returns its root id.
 
@@ -521,6 +527,8 @@ class Orchestrator:
         ``run.started`` for ``cardbus fork`` and ``cardbus rerun``. ``actor``: who asked
         for the run (an operator of the console), the actor of its creation events
         (``plan.submitted``, ``run.started``, ``task.created``); default the policy's.
+        ``lineage``: the task of another log whose child this run is (``run.started``'s
+        ``parent_*`` fields: a remote department's run, ``bus.a2a.server``).
 
         The same plan id runs once.
         """
@@ -541,7 +549,7 @@ class Orchestrator:
         self.tracing.start_run(root_id, plan_id, plan.goal)
         # bus.orchestrator.submission: refused before anything is written, not half-way
         creates = run_creation(
-            plan, plan_id, root_id, self.policy, agents, agent_paths, self._event_limit
+            plan, plan_id, root_id, self.policy, agents, agent_paths, self._event_limit, lineage
         )
         if fresh:
             claim = (
@@ -687,6 +695,7 @@ class Orchestrator:
             dispatching=not self._stopping,
             budgets=self.budgets,
             results=self.results,
+            place=self.partition_of,
         )
 
     async def wait(self, root_id: str, timeout: float | None = None) -> RunResult:
@@ -941,6 +950,7 @@ class Orchestrator:
                 handled.append(item)
         # a completion decided just now lets its run go on in this same step
         dirty.update(self._root_of(t) for t in decider.d.completed)
+        dirty |= related_roots(self.state, dirty)  # a child's parent, a parent's children
         # runs that moved up from the queue (one ended, or a partition came)
         dirty |= self.admission.update(self.state, self.owns, force=_TICK in items)
         for root in dirty:
@@ -1117,36 +1127,17 @@ class Orchestrator:
                 elif isinstance(outcome, PrerequisiteNotStored):
                     log.info("%s not written: the completion it follows was not", stream)
                 elif isinstance(outcome, StoreUnavailable):
-                    self._store_refused(outcome)
+                    self.store_trouble.refused(outcome)
                 else:
                     log.error("append to %s failed: %r", stream, outcome)
                 out.append((stream, outcome))
             else:
-                self._store_trouble_since = None  # the log takes writes again
+                self.store_trouble.worked()
                 for env in outcome:
                     self._apply(env)
                 self._settle_records(stream, d.events[stream], None, outcome)
                 out.append((stream, None))
         return out
-
-    def _store_refused(self, error: StoreUnavailable) -> None:
-        """A write refused by the log: retried (the step is decided again) until the log has
-        refused writes for ``Policy.store_grace_s``; then the orchestrator stops deciding."""
-        now = time.monotonic()
-        if self._store_trouble_since is None:
-            self._store_trouble_since = now
-            log.warning("cannot write to the log, retrying: %s", error)
-            # nothing may try to write again soon (the decision lost was the only one):
-            # look again when the grace is over; a write that worked meanwhile resets it
-            asyncio.get_running_loop().call_later(
-                self.policy.store_grace_s, self._store_grace_over, now, error
-            )
-        elif now - self._store_trouble_since >= self.policy.store_grace_s:
-            self._store_failed(error)
-
-    def _store_grace_over(self, since: float, error: StoreUnavailable) -> None:
-        if self._store_trouble_since == since:  # no write has worked since that refusal
-            self._store_failed(error)
 
     def _store_failed(self, error: StoreUnavailable) -> None:
         """The log refuses writes: say so once, end every wait with the error, decide no more."""

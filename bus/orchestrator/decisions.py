@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,8 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
-from cardbus.agents.schema import dep_path_problem, schema_errors
-from cardbus.bus.orchestrator import optional, planning
+from cardbus.agents.schema import schema_errors
+from cardbus.bus.orchestrator import child_runs, optional, planning
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
 from cardbus.bus.orchestrator.cancel import run_not_completed
 from cardbus.bus.orchestrator.context import fit_card
@@ -27,7 +28,7 @@ from cardbus.bus.orchestrator.deadlines import check_deadline
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.plan import resolve_inputs
 from cardbus.bus.orchestrator.policy import Policy
-from cardbus.bus.orchestrator.refusals import rejected_it, worded_refusal
+from cardbus.bus.orchestrator.refusals import why_no_agent
 from cardbus.bus.orchestrator.repeats import ignored_result
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.reuse import ResultIndex
@@ -101,13 +102,16 @@ class Decider:
         dispatching: bool = True,
         budgets: Budgets | None = None,
         results: ResultIndex | None = None,
+        place: Callable[[str], int] | None = None,
     ) -> None:
         """``results``: stored results a pending task may be answered from (``reuse``);
         ``leases``: which agents are live (None: every registered agent);
         ``lost_attempts``: (task, attempt) whose agent is known gone -> why (``hostloss``);
         ``dispatching``: False for an orchestrator stopping (its agents go with it);
-        ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced)."""
+        ``budgets``: the budget checks before a dispatch (None: a run's ledger, unpriced);
+        ``place``: a root's partition, where members share the runs (``child_runs``)."""
         self.budgets = budgets
+        self.place = place
         self.results = results
         self.leases = leases
         self.lost_attempts = lost_attempts or {}  # they time out now
@@ -448,6 +452,8 @@ class Decider:
     def advance(self, run: RunView) -> None:
         if run.finished is not None:
             return
+        if run.started.parent_root is not None:  # a child run: its parent_close (child_runs)
+            child_runs.close_orphaned(self, run)
         budget = run.started.budget_tokens
         if budget is not None and run.tokens > budget:
             self._halt(run, "budget_exceeded", f"{run.tokens} tokens used of {budget}")
@@ -507,6 +513,8 @@ class Decider:
                     # (validated when it was proposed), to review if the task has one
                     agent = task.proposed_agent or "approval"
                     self._deliver(task, agent, task.proposed_output, 0.0)
+                elif task.child_root:  # a child-run task: its child run works for it
+                    child_runs.follow(self, run, task)
                 elif task.attempt not in task.settled:
                     check_deadline(self, task)
             case _:
@@ -644,6 +652,9 @@ class Decider:
             previous_output=task.previous_output if task.review else None,
             supplement=task.supplement,
             absent=absent,
+            priority=run.started.priority
+            if (run := self.state.runs.get(task.created.root_id))
+            else 0,
         )
 
     def _reused(self, run: RunView, task: TaskView) -> bool:
@@ -661,6 +672,9 @@ class Decider:
     def _dispatch(self, run: RunView, task: TaskView) -> None:
         if not self.dispatching:
             return  # left pending for whoever carries on
+        if task.created.child is not None:  # no agent: a run of its own (child_runs)
+            child_runs.start(self, run, task)
+            return
         attempt = task.attempt + 1
         card = self.card_for(task, attempt)
         c = task.created
@@ -689,7 +703,7 @@ class Decider:
         if not candidates:
             if self._awaited(run, c.capability):
                 return  # an agent from the log may renew its lease: the task waits for it
-            why = self._why_no_agent(task, card, run)
+            why = why_no_agent(self, task, card, run)
             self._fail(task, *optional.no_agent_failure(card.absent, self.state.tasks, why))
             return
         h = loop_hash(
@@ -704,7 +718,7 @@ class Decider:
                 )
                 return
             self._loop_here[(run.root_id, h)] += 1
-        if run.budget is not None and self.budgets is not None:
+        if self.budgets is not None and self.budgets.applies(run):
             # before the dispatch: a scope that has spent its cap dispatches nothing more
             agent = candidates[0].agent_id
             refusal = self.budgets.at_cap(run, task, agent)
@@ -751,54 +765,6 @@ class Decider:
             )
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))
 
-    def _why_no_agent(self, task: TaskView, card: TaskCard, run: RunView | None = None) -> str:
-        """Each agent offering the capability, with why it was left out."""
-        c = task.created
-        why = []
-        named = set(run.started.agents) if run is not None else set()
-        for agent in sorted(self.state.agents.values(), key=lambda a: a.agent_id):
-            if agent.capability(c.capability) is None:
-                continue
-            if named and agent.agent_id not in named:
-                why.append(f"{agent.agent_id}: not one of the run's agents")
-            elif self.leases is not None and not self.leases.live(agent.agent_id, self.now):
-                why.append(f"{agent.agent_id}: no live lease")
-            elif agent.agent_id in task.excluded:
-                why.append(rejected_it(agent.agent_id, task.rejections))
-            else:
-                # naming the fields ("$.region: expected str, got int") or the constraint
-                reason = worded_refusal(
-                    agent, c.capability, card.inputs, c.constraints, c.timeout_s
-                )
-                why.append(f"{agent.agent_id}: {reason}")
-        detail = "; ".join(why) or "no registered agent offers it"
-        unresolved = self._unresolved_deps(c.inputs)
-        if unresolved:  # an input that came out empty because its $dep path leads nowhere
-            detail += "; " + "; ".join(unresolved)
-        return f"no agent left for {c.capability!r} ({detail})"
-
-    def _unresolved_deps(self, value: Any) -> list[str]:
-        """``$dep 'q' has no path 'nosuch.field'`` for each placeholder leading nowhere."""
-        found: list[str] = []
-        stack = [value]
-        while stack:
-            v = stack.pop()
-            if isinstance(v, dict):
-                if "$dep" in v and v.get("path"):
-                    dep = self.state.tasks.get(str(v["$dep"]))
-                    done = self.d.completed  # completions decided in this very step too
-                    if dep is not None and (dep.task_id in done or dep.state is S.COMPLETED):
-                        output = done.get(dep.task_id, dep.output)
-                        name = dep.created.plan_id or dep.task_id
-                        problem = dep_path_problem(name, str(v["path"]), output)
-                        if problem:
-                            found.append(problem)
-                    continue
-                stack.extend(v.values())
-            elif isinstance(v, list):
-                stack.extend(v)
-        return sorted(found)
-
     def _halt(self, run: RunView, reason: str, detail: str) -> None:
         # a completion decided in this step stands; the halt is written after it
         done_here = [t for t in run.tasks if t in self.d.completed]
@@ -810,6 +776,7 @@ class Decider:
             # it (and lose the TaskHalted to a ConcurrencyError); the condition
             # holds on the next step, so halt then
             return
+        child_runs.drop_decided(self.d, run.root_id)  # a child decided here: never started
         for stream, events in list(self.d.events.items()):
             first = events[0]
             if isinstance(first, ev.TaskCreated) and first.root_id == run.root_id:

@@ -18,7 +18,7 @@ def plan_digest(plan: Plan) -> str:
     """sha256 of a plan's body: every field but ``plan_id`` and ``note`` (words kept with the
     run), fields at their default left out (so a field added to the plan format later does not
     change old plans' digests)."""
-    body = _canonical(msgspec.structs.replace(plan, plan_id=None, note=""))
+    body = _canonical(msgspec.structs.replace(plan, plan_id=None, note="", priority=0))
     return hashlib.sha256(msgspec.json.encode(body, order="sorted")).hexdigest()
 
 

@@ -88,8 +88,10 @@ def check_agents(streams: Streams, cards: Sequence[AgentCard]) -> None:
         cards = [c for c in cards if c.agent_id in set(started.agents)]
     for stream, datas in streams[1:]:
         created = datas[0]
-        if not isinstance(created, ev.TaskCreated) or any(
-            isinstance(d, ev.TaskCompleted) for d in datas
+        if (
+            not isinstance(created, ev.TaskCreated)
+            or created.child is not None  # a child run's: its label is no agent's capability
+            or any(isinstance(d, ev.TaskCompleted) for d in datas)
         ):
             continue
         offering = [c for c in cards if c.capability(created.capability) is not None]

@@ -81,6 +81,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -629,6 +630,41 @@ class Journal:
             result={"call": ""} if bound is None else {"call": "", "max_tokens": bound}
         )
 
+    async def model_queue(self, req: AgentRequest) -> CallOutcome:
+        """A live call waits for its provider's limit (``phase`` queued), or got its slot
+        (granted): ``model.queued`` / ``model.slot_granted``, which stop and restart the
+        attempt's run time (``limit_waits``)."""
+        a = req.args
+        if req.seq < 0 or not req.execution or a.get("phase") not in ("queued", "granted"):
+            raise BadJournalRequest("model.queue needs seq, execution and a phase")
+        journal = await self._journal(req.task_id, req.execution, req.attempt)
+        pending = self._pending.get((req.task_id, req.execution, req.seq))
+        if pending is not None:
+            await asyncio.shield(pending)  # its model.requested first
+        event: ev.Event
+        if a["phase"] == "queued":
+            event = ev.ModelQueued(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                attempt=req.attempt,
+                execution=req.execution,
+                seq=req.seq,
+                model=req.target,
+                limit=str(a.get("limit") or "")[:300],
+                max_wait_s=_seconds(a.get("max_wait_s")),
+            )
+        else:
+            event = ev.ModelSlotGranted(
+                task_id=req.task_id,
+                agent_id=req.agent_id,
+                attempt=req.attempt,
+                execution=req.execution,
+                seq=req.seq,
+                waited_s=_seconds(a.get("waited_s")),
+            )
+        await self._write(journal, req.task_id, [event])
+        return CallOutcome(result={"recorded": True})
+
     async def model_answer(self, req: AgentRequest) -> CallOutcome:
         a = req.args
         if req.seq < 0 or not req.execution:
@@ -689,6 +725,7 @@ class Journal:
                 cost_usd=self._cost(answer, req.target),
                 redacted=redacted,
                 overrun_tokens=overrun,
+                queued_s=_seconds(a.get("queued_s")),
             )
         await self._write(journal, req.task_id, [event])
         return CallOutcome(result={"recorded": True})
@@ -1169,3 +1206,10 @@ def inline_size(value: Any) -> int:
 
 def _tokens(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _seconds(value: Any) -> float:
+    """A non-negative number of seconds from an agent's request (anything else: 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0.0
+    return round(max(0.0, float(value)), 6)

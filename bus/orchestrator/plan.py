@@ -22,6 +22,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard, CapabilitySpec
 from cardbus.agents.planning import PLAN_CAPABILITY
+from cardbus.bus.orchestrator.children import ChildSpec, check_child
 from cardbus.bus.orchestrator.refusals import worded_refusal
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
@@ -59,6 +60,7 @@ class PlanTask(TaskOptions, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     id: str
     max_attempts: int | None = None
+    child: ChildSpec | None = None  # run a sub-plan or sub-goal as a child run (.children)
 
     def retry_override(self) -> RetryOverride | None:
         """``retry`` with the short form ``max_attempts`` folded in."""
@@ -105,6 +107,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     # words kept with the run (``run.started``'s note: who asked, and why, as they say;
     # the run's actor is who submitted it); not part of the plan's digest
     note: str = ""
+    # who goes first: admission and the model pacer serve a higher priority first (a
+    # waiting run ages, so a low one is not starved for ever); not part of the digest
+    priority: int = 0
     schedule: str = ""  # set by a schedule's firing: the schedule id, kept in run.started
 
 
@@ -251,6 +256,7 @@ def validate_plan(
     """
     if not plan.tasks:
         raise InvalidPlan("plan has no tasks")
+    agents = list(agents) if agents is not None else None  # read by child tasks' checks too
     check_budgets(plan)
     _check_limits(plan)
     seen: set[str] = set()
@@ -272,6 +278,10 @@ def validate_plan(
             raise InvalidPlan(f"task {t.id!r}: optional must be true or false, got {t.optional!r}")
         task_retry(t, retry or RetryPolicy())
         _check_conflict_options(t)
+        if t.child is not None:  # its capability is a label: no agent takes it
+            check_child(t.id, t.child, agents, t.goal)
+            if t.fanout != 1:
+                raise InvalidPlan(f"task {t.id!r}: a child-run task runs one child: fanout 1")
     earlier: set[str] = set()
     in_order = True  # each task's deps are tasks before it: that order has no cycle
     for t in plan.tasks:
@@ -293,6 +303,8 @@ def validate_plan(
     by_id = {c.agent_id: c for c in cards}
     offers = _Offers(cards)
     for t in plan.tasks:
+        if t.child is not None:  # checked with its sub-plan's agents above
+            continue
         for cap in filter(None, [t.capability, t.review_by]):
             if not offers.of(cap):
                 raise InvalidPlan(f"task {t.id!r}: no registered agent offers capability {cap!r}")
@@ -547,4 +559,5 @@ def task_created(
         # retry settings are logged as given (`retry`, over Policy.retry)
         max_attempts=task_retry(task, retry).max_attempts,
         plan_id=task.id,
+        child=msgspec.to_builtins(task.child) if task.child is not None else None,
     )

@@ -11,16 +11,21 @@ str)``), or the constraint the agent does not meet (``model='gpt-x' not in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from cardbus.agents.cards import AgentCard, constraint_problem
-from cardbus.agents.schema import schema_errors
+from cardbus.agents.cards import AgentCard, TaskCard, constraint_problem
+from cardbus.agents.schema import dep_path_problem, schema_errors
 from cardbus.bus.orchestrator.selection import hard_filter
+from cardbus.eventstore.states import TaskState
 
-__all__ = ["rejected_it", "worded_refusal"]
+if TYPE_CHECKING:
+    from cardbus.bus.orchestrator.decisions import Decider
+    from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
+
+__all__ = ["rejected_it", "unresolved_deps", "why_no_agent", "worded_refusal"]
 
 _SHOWN = 3  # schema errors named, at most
 
@@ -73,3 +78,52 @@ def worded_refusal(
     if reason is None or not said:
         return reason
     return f"{reason} ({'; '.join(said[:_SHOWN])})"
+
+
+def why_no_agent(d: Decider, task: TaskView, card: TaskCard, run: RunView | None = None) -> str:
+    """Each agent offering the task's capability, with why it was left out (the detail of
+    a ``no_capable_agent`` failure)."""
+    c = task.created
+    why = []
+    named = set(run.started.agents) if run is not None else set()
+    for agent in sorted(d.state.agents.values(), key=lambda a: a.agent_id):
+        if agent.capability(c.capability) is None:
+            continue
+        if named and agent.agent_id not in named:
+            why.append(f"{agent.agent_id}: not one of the run's agents")
+        elif d.leases is not None and not d.leases.live(agent.agent_id, d.now):
+            why.append(f"{agent.agent_id}: no live lease")
+        elif agent.agent_id in task.excluded:
+            why.append(rejected_it(agent.agent_id, task.rejections))
+        else:
+            # naming the fields ("$.region: expected str, got int") or the constraint
+            reason = worded_refusal(agent, c.capability, card.inputs, c.constraints, c.timeout_s)
+            why.append(f"{agent.agent_id}: {reason}")
+    detail = "; ".join(why) or "no registered agent offers it"
+    unresolved = unresolved_deps(d.state, d.d.completed, c.inputs)
+    if unresolved:  # an input that came out empty because its $dep path leads nowhere
+        detail += "; " + "; ".join(unresolved)
+    return f"no agent left for {c.capability!r} ({detail})"
+
+
+def unresolved_deps(state: RunState, done: Mapping[str, Any], value: Any) -> list[str]:
+    """``$dep 'q' has no path 'nosuch.field'`` for each placeholder leading nowhere
+    (``done``: completions decided in this very step too, task id -> output)."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if "$dep" in v and v.get("path"):
+                dep = state.tasks.get(str(v["$dep"]))
+                if dep is not None and (dep.task_id in done or dep.state is TaskState.COMPLETED):
+                    output = done.get(dep.task_id, dep.output)
+                    name = dep.created.plan_id or dep.task_id
+                    problem = dep_path_problem(name, str(v["path"]), output)
+                    if problem:
+                        found.append(problem)
+                continue
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return sorted(found)

@@ -21,6 +21,7 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard
 from cardbus.bus.orchestrator import budget as _budget
+from cardbus.bus.orchestrator import limit_waits as _limit_waits
 from cardbus.bus.orchestrator.hostloss import is_host_loss
 from cardbus.bus.orchestrator.selection import AgentStat
 from cardbus.eventstore import Envelope, TaskState, transition
@@ -85,6 +86,16 @@ class TaskView:
     # and the agents that took its card (task.started, or a result): ``deadlines``
     start_to_close_s: float = 0.0
     started: frozenset[str] = frozenset()
+    # a child-run task: the child run of its current attempt and that attempt's deadline
+    # (``task.child_started``; ``bus.orchestrator.child_runs``)
+    child_root: str = ""
+    child_deadline: float = 0.0
+    # how that child ended, once it has: (finished, its outputs, its detail), kept here so
+    # a child retired from memory, or left out of a snapshot, still settles the task
+    child_end: tuple[str, Any, str] | None = None
+    # agent -> (its run time left, its calls waiting) while model calls wait for the
+    # provider's limit: the deadline stops meanwhile (``limit_waits``)
+    limit_waits: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -110,6 +121,7 @@ class RunView:
     expected: list[str] = field(default_factory=list)  # task ids the plan(s) will create
     position: int = 0  # of its run.started in the log: the order of admission (admission)
     budget: _budget.Ledger | None = None  # what it spent and holds, if it has budgets
+    children: list[str] = field(default_factory=list)  # child runs its tasks started
 
     def planning_open(self) -> bool:
         """A goal run whose latest planning has not been accepted yet (or not begun)."""
@@ -272,11 +284,15 @@ class RunState:
             self._apply_task(env)
         elif isinstance(data, ev.RunStarted):
             self._start_run(env.stream, data, env.position)
+        elif type(data) in _limit_waits.FOLDED:  # a model call waiting for its limit
+            task = self.tasks.get(env.stream)
+            if task is not None:
+                _limit_waits.fold(self, task, env)
         elif type(data) in _MODEL_TYPES:  # a journaled model call: held against budgets
             task = self.tasks.get(env.stream)
             run = self.runs.get(task.created.root_id) if task is not None else None
-            if run is not None and run.budget is not None:
-                _budget.fold(run.budget, run, task, env)
+            if run is not None:
+                self._fold_budgets(run, task, env)
         elif isinstance(data, (ev.PlanProposed, ev.PlanRefused, ev.PlanAccepted)):
             self._plan_event(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
@@ -299,6 +315,7 @@ class RunState:
                 run.finish_event = data
                 self.open.pop(env.stream, None)
                 self.runs_changed += 1
+                self._child_ended(run)
                 self._retire(env.stream)
         elif isinstance(data, ev.MemoryWritten):
             if data.kind == "failure":
@@ -307,6 +324,14 @@ class RunState:
             pair = self._failure_keys.pop(data.key, None)
             if pair is not None and pair in self.failures:
                 self.failures[pair].pop(data.key, None)
+
+    def _child_ended(self, run: RunView) -> None:
+        """A child run ended: its parent task (folded here, started it) keeps how."""
+        parent = self.tasks.get(run.started.parent_task or "")
+        if parent is not None and parent.child_root == run.root_id and run.finished:
+            data = run.finish_event
+            outputs = dict(data.outputs) if isinstance(data, ev.RunCompleted) else {}
+            parent.child_end = (run.finished, outputs, str(getattr(data, "detail", "") or ""))
 
     def _plan_event(
         self, root_id: str, data: ev.PlanProposed | ev.PlanRefused | ev.PlanAccepted
@@ -380,8 +405,18 @@ class RunState:
             fold(self, task, self.runs.get(task.created.root_id), env, data)
         if type(data) in _budget.FOLDED:
             run = self.runs.get(task.created.root_id)
-            if run is not None and run.budget is not None:
-                _budget.fold(run.budget, run, task, env)
+            if run is not None:
+                self._fold_budgets(run, task, env)
+
+    def _fold_budgets(self, run: RunView, task: TaskView | None, env: Envelope) -> None:
+        """Into the run's ledger, and those of the runs above it (a child's spending is its
+        parents' too: their caps bound it)."""
+        if run.budget is not None:
+            _budget.fold(run.budget, run, task, env)
+        if run.started.parent_root is not None:
+            for above in self.ancestors(run):
+                if above.budget is not None:
+                    _budget.fold(above.budget, above, task, env)
 
     def _retire(self, root_id: str) -> None:
         """Past ``retain_finished``, drop the oldest finished run and its tasks."""
@@ -409,6 +444,21 @@ class RunState:
     def open_runs(self) -> list[RunView]:
         return list(self.open.values())
 
+    def ancestors(self, run: RunView) -> list[RunView]:
+        """The runs above a child run, nearest first (those folded here); [] for a run of
+        its own. Their budgets count the child's spending and bound its calls."""
+        out: list[RunView] = []
+        seen = {run.root_id}
+        parent = run.started.parent_root
+        while parent is not None and parent not in seen:  # a cycle is bad data: stop
+            above = self.runs.get(parent)
+            if above is None:
+                break
+            out.append(above)
+            seen.add(parent)
+            parent = above.started.parent_root
+        return out
+
 
 def _finish(data: object) -> str:
     if isinstance(data, ev.RunCompleted):
@@ -433,6 +483,7 @@ def _dispatched(
         task.results = {}
         task.delivered = 0
         task.started = frozenset()
+        task.limit_waits = {}
     task.start_to_close_s = data.timeout_s
     task.dispatched_to[data.agent_id] = data.deadline
     task.assigned |= {data.agent_id}
@@ -475,7 +526,31 @@ def _result(
         task.delivered = max(task.delivered, data.delivery)
     if run is not None:
         # a negative count from a broken agent must not buy budget back
-        run.tokens += max(0, data.usage.input_tokens) + max(0, data.usage.output_tokens)
+        tokens = max(0, data.usage.input_tokens) + max(0, data.usage.output_tokens)
+        run.tokens += tokens
+        if run.started.parent_root is not None:  # a child's tokens are its parents' too
+            for above in state.ancestors(run):
+                above.tokens += tokens
+
+
+def _child_started(
+    state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.ChildRunStarted
+) -> None:
+    task.attempt = data.attempt
+    task.dispatched_to = {}
+    task.results = {}
+    task.delivered = 0
+    task.started = frozenset()
+    task.child_root = data.child_root
+    task.child_deadline = data.deadline
+    task.child_end = None
+    child = state.runs.get(data.child_root)
+    if child is not None and child.finished:  # it ended before this was folded (a crash)
+        state._child_ended(child)
+    if run is not None and data.child_root not in run.children:
+        run.children.append(data.child_root)
+    if data.deadline:
+        state._wake(data.deadline, task.created.root_id)
 
 
 def _rejected(
@@ -591,6 +666,7 @@ def _ended(
 
 _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, Any], None]] = {
     ev.TaskDispatched: _dispatched,
+    ev.ChildRunStarted: _child_started,
     ev.TaskStarted: _started,
     ev.TaskRedelivered: _started,
     ev.TaskResultSubmitted: _result,

@@ -285,7 +285,13 @@ class Scheduler:
 
     async def _loop(self) -> None:
         swept = -math.inf  # (monotonic) the latest look at everything
+        me = asyncio.current_task()
         while True:
+            # A stop's cancel that a store call swallowed (a NATS read returns what it has
+            # when cancelled) is still pending on the task: honoured here, or the loop
+            # waits on and keeps its runtime from closing
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError
             try:
                 if time.monotonic() - swept >= self.sweep:
                     swept = time.monotonic()
@@ -298,6 +304,10 @@ class Scheduler:
                     due = {sid for sid, at in self._due.items() if at <= now}
                     await self._look(due | self._take_touched())
             except Exception as e:  # the log unreachable for a moment (or a bug): look again
+                if me is not None and me.cancelling():
+                    # stopped while a store call turned the cancel into its own error (a
+                    # NATS read does): looking again would keep the runtime from closing
+                    raise asyncio.CancelledError from e
                 if isinstance(e, CardbusError):
                     log.warning("scheduler %s: %s", self.member, e)
                 else:  # not to end the loop: this process would fire nothing any more

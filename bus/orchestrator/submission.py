@@ -16,7 +16,8 @@ member submitted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -61,12 +62,14 @@ def run_creation(
     agents: Iterable[str] = (),
     agent_paths: Iterable[str] = (),
     limit: int | None = None,
+    lineage: Mapping[str, Any] | None = None,
 ) -> Creation:
     """``[(root_id, run.started), (task id, task.created), ...]`` of a run of ``plan``.
 
     ``agents``: the run's agents (selection considers only them; none: all);
     ``agent_paths``: their classes (default ``plan.agents``). ``limit``: the largest
-    event (bytes of JSON); one over it is ``InvalidPlan`` naming it.
+    event (bytes of JSON); one over it is ``InvalidPlan`` naming it. ``lineage``: the
+    ``parent_*`` fields of a child run's ``run.started`` (``bus.orchestrator.children``).
     """
     goal_only = not plan.tasks
     ids = {t.id: f"{t.id}-{root_id[-12:]}" for t in plan.tasks}
@@ -86,7 +89,9 @@ def run_creation(
         agents=sorted(set(agents)),
         agent_paths=list(dict.fromkeys(agent_paths)) or list(plan.agents),
         note=plan.note,
+        priority=plan.priority,
         schedule=plan.schedule,
+        **dict(lineage or {}),
     )
     created = {ids[t.id]: task_created(t, root_id, ids, policy.retry) for t in plan.tasks}
     if limit is not None:  # refuse what the log would refuse before writing anything

@@ -38,11 +38,17 @@ from cardbus.agents.agent import Agent
 from cardbus.agents.cards import AgentCard
 from cardbus.agents.llm import LLM
 from cardbus.agents.mcp_config import MCPServer
+from cardbus.agents.pacing import Pacer
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus.orchestrator.access import AccessPolicy
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.memory import LongTermMemory, MemoryKeeper
-from cardbus.bus.orchestrator.partition import Partitions, check_settings, sort_held_replies
+from cardbus.bus.orchestrator.partition import (
+    Partitions,
+    check_settings,
+    partition_of,
+    sort_held_replies,
+)
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants
 from cardbus.bus.orchestrator.reuse import ReusePolicy
@@ -51,6 +57,7 @@ from cardbus.bus.runtime.leases import serve_leases
 from cardbus.bus.runtime.loop import tune_gc
 from cardbus.bus.runtime.mcp import start_mcp
 from cardbus.bus.runtime.members import MemberLog
+from cardbus.bus.runtime.pace_share import PaceShare, share_pace, unshare_pace
 from cardbus.bus.runtime.plans import PlanLike, plan_of, require_started
 from cardbus.bus.runtime.tools_served import check_served
 from cardbus.bus.runtime.worker import AgentWorker
@@ -163,6 +170,7 @@ class NatsRuntime:
         self.orchestrator: Orchestrator
         self._agent_buses: list[NatsBus] = []
         self._workers: list[AgentWorker] = []
+        self._pace: PaceShare | None = None  # the model calls' limits, shared (pace_share)
         # the schedules' loop while running
         self.scheduler: Scheduler | None = None
         self.scheduler_options: dict[str, Any] = dict(scheduler_options or {})
@@ -247,6 +255,8 @@ class NatsRuntime:
                 # even one still being caught up (right after a takeover or a rebalance:
                 # ``owns`` waits for its fold, a placement by it fell anywhere)
                 self.orchestrator.places = self.partitions.owns
+                count = self.partitions.partitions  # a child run goes in its parent's
+                self.orchestrator.partition_of = lambda root: partition_of(root, count)
             if self.member_log is not None:
                 self.orchestrator.log = self.orchestrator.elsewhere = self.member_log
                 o = self.orchestrator
@@ -277,6 +287,8 @@ class NatsRuntime:
                     self.options, name=f"{self.name}-agents", **self.bus_options
                 )
                 self._agent_buses.append(agent_bus)
+                # the agents' model calls pace their share of the cluster's limits
+                self._pace = await share_pace(agent_bus.nc, _pacer_of(self.llm))
                 for a in self.agents:
                     await self.orchestrator.register(a.card())  # ours: trusted
                     worker = AgentWorker(agent_bus, a, self.llm, tools=self.tools)
@@ -336,6 +348,8 @@ class NatsRuntime:
                 await w.stop(announce=False)
         with contextlib.suppress(Exception):
             await self.orchestrator.stop()
+        pace, self._pace = self._pace, None
+        await unshare_pace(pace)
         mcp, self._mcp = self._mcp, None
         if mcp is not None:
             with contextlib.suppress(Exception):
@@ -383,7 +397,8 @@ class NatsRuntime:
         """
         require_started(self, self._state)
         plan = plan_of(plan)
-        needed = {t.capability for t in plan.tasks} | {
+        # a child-run task's capability is a label: its child's tasks need agents, later
+        needed = {t.capability for t in plan.tasks if t.child is None} | {
             t.review_by for t in plan.tasks if t.review_by
         }
         await self.wait_for_capabilities(needed, agent_timeout)
@@ -433,10 +448,13 @@ async def serve_agents(
     name = "cardbus-agent-" + "+".join(a.agent_id for a in agents)
     local = ToolRegistry() if mcp_servers else None
     toolset = await start_mcp(mcp_servers, local) if local is not None else None
+    pace: PaceShare | None = None
     try:
         for r in range(replicas):
             bus = await NatsBus.connect(options, name=f"{name}-{r}", **(bus_options or {}))
             buses.append(bus)
+            if pace is None:  # the replicas' model calls pace this process's share
+                pace = await share_pace(bus.nc, _pacer_of(llm))
             for a in agents:
                 worker = AgentWorker(
                     bus, a, llm, concurrency, started_after_s=started_after_s, local_tools=local
@@ -450,12 +468,20 @@ async def serve_agents(
         for w in workers:  # each replica says it goes (the last: agent.deregistered, stopped)
             with contextlib.suppress(Exception):
                 await w.stop()
+        with contextlib.suppress(Exception):
+            await unshare_pace(pace)
         for b in buses:
             with contextlib.suppress(Exception):
                 await b.close()
         if toolset is not None:
             with contextlib.suppress(Exception):
                 await toolset.stop()
+
+
+def _pacer_of(llm: LLM | None) -> Pacer | None:
+    """The pacer ``llm``'s calls wait in (None: the process's)."""
+    pacer = getattr(llm, "pacer", None)
+    return pacer if isinstance(pacer, Pacer) else None
 
 
 # -- a local nats-server ------------------------------------------------------------

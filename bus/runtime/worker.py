@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import heapq
 import itertools
 import math
@@ -54,6 +55,7 @@ import msgspec
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
 from cardbus.agents.cards import Announce, CancelNotice, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
+from cardbus.agents.pacing import RUN_CLOCK, RunClock
 from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS, AgentRequest
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
@@ -312,6 +314,13 @@ class AgentWorker:
             now = loop.time()
             due = now + self.started_after_s if self.started_after_s > 0 else None
             watch = _Watch(card, due, now + limit, task, now)
+            # a wait for the provider's limit is not the task's run time (``pacing``)
+            RUN_CLOCK.set(
+                RunClock(
+                    functools.partial(self._pause, loop, watch),
+                    functools.partial(self._resume, loop, watch),
+                )
+            )
             # as asyncio.timeout does: a cancel from elsewhere while expiring is not ours
             cancelling = task.cancelling()
             try:
@@ -427,6 +436,28 @@ class AgentWorker:
             self._deadlines = [e for e in self._deadlines if not e[2].ended]
             heapq.heapify(self._deadlines)
 
+    def _pause(self, loop: asyncio.AbstractEventLoop, watch: _Watch, bound_s: float) -> None:
+        """A model call of ``watch``'s handler waits for its limit (at most ``bound_s``)."""
+        if watch.ended:
+            return
+        now = loop.time()
+        if watch.paused == 0:
+            watch.left = max(0.0, watch.deadline - now)
+        watch.paused += 1
+        self._move(loop, watch, max(watch.deadline, now + watch.left + bound_s))
+
+    def _resume(self, loop: asyncio.AbstractEventLoop, watch: _Watch, waited_s: float) -> None:
+        """It stopped waiting: the run time goes on from what was left."""
+        watch.paused = max(0, watch.paused - 1)
+        if watch.paused == 0 and not watch.ended:
+            self._move(loop, watch, loop.time() + watch.left)
+
+    def _move(self, loop: asyncio.AbstractEventLoop, watch: _Watch, deadline: float) -> None:
+        # the entry of the old deadline stays in the heap: the sweep skips it (not equal)
+        watch.deadline = deadline
+        heapq.heappush(self._deadlines, (deadline, next(self._order), watch))
+        self._arm(loop, deadline)
+
     def _sweep_due(self, loop: asyncio.AbstractEventLoop) -> None:
         """Send Started for the cards running past ``started_after_s`` and cancel those
         past their deadline; then sleep until the next such moment, if a card is running.
@@ -444,8 +475,8 @@ class AgentWorker:
                 watch.reported.append(loop.create_task(self.bus.reply(started)))
         deadlines = self._deadlines
         while deadlines and (deadlines[0][2].ended or deadlines[0][0] <= now):
-            watch = heapq.heappop(deadlines)[2]
-            if not watch.ended and not watch.expired:
+            at, _, watch = heapq.heappop(deadlines)
+            if not watch.ended and not watch.expired and at == watch.deadline:
                 watch.expired = True
                 watch.task.cancel()
         soonest = min(
@@ -475,6 +506,8 @@ class _Watch:
         "due",
         "ended",
         "expired",
+        "left",
+        "paused",
         "reported",
         "stopped",
         "task",
@@ -497,6 +530,10 @@ class _Watch:
         self.expired = False
         self.ended = False  # its handler is done: nothing left to send or cancel
         self.reported: list[asyncio.Task[None]] = []
+        # model calls waiting for their provider's limit, and the run time left when the
+        # first began: the deadline stops meanwhile (``bus.orchestrator.limit_waits``)
+        self.paused = 0
+        self.left = 0.0
 
     def first(self) -> float:
         return self.deadline if self.due is None else min(self.due, self.deadline)

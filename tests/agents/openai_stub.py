@@ -75,6 +75,7 @@ class Reply:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 256  # a bench's hundreds of clients connect at once
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that died mid-request (a crash test kills it) is not the stub's error
@@ -97,6 +98,13 @@ class OpenAIStub:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
+        #: a provider's limit, enforced over a sliding window of ``limit_window_s``
+        #: (429 beyond it), with OpenAI's rate-limit headers on every answer; None: no limit
+        self.limit_requests: int | None = None
+        self.limit_tokens: int | None = None
+        self.limit_window_s = 60.0
+        self.rate_limited = 0  # answers 429 for the limit
+        self.served: list[tuple[float, int]] = []  # (time, tokens) of each call let through
 
     # -- scripting -------------------------------------------------------------
 
@@ -133,6 +141,38 @@ class OpenAIStub:
             if schema is not None:
                 return Reply(content=json.dumps(schema_instance(schema, "stub")))
             return self.default
+
+    def _limit(self, body: Any) -> tuple[Reply | None, dict[str, str]]:
+        """Enforce the limit (a 429 past it) and say where the caller stands."""
+        if self.limit_requests is None and self.limit_tokens is None:
+            return None, {}
+        tokens = int(self.usage.get("total_tokens", 0))
+        with self._lock:
+            now = time.monotonic()
+            window = [(t, n) for t, n in self.served if t > now - self.limit_window_s]
+            used_r, used_t = len(window), sum(n for _, n in window)
+            over = (self.limit_requests is not None and used_r + 1 > self.limit_requests) or (
+                self.limit_tokens is not None and used_t + tokens > self.limit_tokens
+            )
+            if not over:
+                self.served.append((now, tokens))
+                used_r, used_t = used_r + 1, used_t + tokens
+            else:
+                self.rate_limited += 1
+            reset = (window[0][0] + self.limit_window_s - now) if window else 0.0
+        headers: dict[str, str] = {}
+        for kind, limit, used in (
+            ("requests", self.limit_requests, used_r),
+            ("tokens", self.limit_tokens, used_t),
+        ):
+            if limit is not None:
+                headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+                headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, limit - used))
+                headers[f"x-ratelimit-reset-{kind}"] = f"{max(0.0, reset):.3f}s"
+        if over:
+            headers["retry-after-ms"] = str(max(1, int(reset * 1000)))
+            return Reply(status=429, headers=headers), headers
+        return None, headers
 
     def _render(self, reply: Reply, body: Any = None) -> bytes:
         if reply.body is not None:
@@ -201,7 +241,12 @@ class OpenAIStub:
                             "body": body,
                         }
                     )
-                reply = stub._next(body)
+                refused, limit_headers = stub._limit(body)
+                reply = refused or stub._next(body)
+                if limit_headers and not refused:
+                    reply = Reply(
+                        **{**reply.__dict__, "headers": {**reply.headers, **limit_headers}}
+                    )
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
                 data = stub._render(reply, body)

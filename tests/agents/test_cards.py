@@ -128,7 +128,13 @@ OLDER_TASK_CARD = (
 def test_a_card_in_the_older_field_order_decodes_the_same() -> None:
     assert decode_task_card(OLDER_TASK_CARD) == TASK
     # fields added since, at their defaults, are all that differ
-    added = {"checklist": [], "previous_output": None, "delivery": 1, "absent": []}
+    added = {
+        "checklist": [],
+        "previous_output": None,
+        "delivery": 1,
+        "absent": [],
+        "priority": 0,
+    }
     assert msgspec.json.decode(encode(TASK)) == {**msgspec.json.decode(OLDER_TASK_CARD), **added}
 
 

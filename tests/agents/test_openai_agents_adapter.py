@@ -204,3 +204,74 @@ async def test_a_retry_does_not_send_the_completed_model_calls_again(tmp_path: P
         e for e in events if isinstance(e, ev.TaskResultSubmitted) and e.agent_id == "explainer"
     ]
     assert (failed.usage.input_tokens, done.usage.input_tokens) == (22, 11)
+
+
+def test_chat_completions_is_picked_for_any_endpoint_but_openais() -> None:
+    from cardbus.agents.frameworks.openai_agents import chat_completions_only
+
+    assert chat_completions_only("http://127.0.0.1:8000/v1")
+    assert chat_completions_only("http://localhost:4000")
+    assert not chat_completions_only("https://api.openai.com/v1")
+    assert not chat_completions_only(None) and not chat_completions_only("")
+
+
+async def test_a_model_named_by_string_asks_a_local_server_through_chat_completions(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The SDK's default (the Responses API, /v1/responses) is not what local servers
+    serve: with OPENAI_BASE_URL naming one, the agent's model name goes to
+    /v1/chat/completions."""
+    with OpenAIStub() as stub:
+        monkeypatch.setenv("OPENAI_BASE_URL", stub.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        stub.script('{"term": "tide", "sentence": "The sea rises."}')
+        inner = SDKAgent(
+            name="explainer",
+            instructions="Explain the term.",
+            output_type=Explanation,
+            model="stub-model",
+        )
+        Explainer = openai_agents_agent(inner, capability="explain", input_type=TermArgs)
+        result, _events = await _run(tmp_path, [Topics, Explainer], _plan("oa-chat"))
+        paths = [r["path"] for r in stub.requests]
+        bodies = stub.bodies()
+    assert result.status == "completed", result
+    assert result.outputs["explain"] == {"term": "tide", "sentence": "The sea rises."}
+    assert [p.rsplit("/v1", 1)[-1] for p in paths] == ["/chat/completions"]
+    assert bodies[0]["model"] == "stub-model"
+
+
+StubExplainer = openai_agents_agent(
+    SDKAgent(
+        name="explainer", instructions="Explain.", output_type=Explanation, model="stub-model"
+    ),
+    capability="explain",
+    input_type=TermArgs,
+)
+
+
+def test_cardbus_run_with_the_sdks_endpoint_in_the_environment_needs_no_cardbus_model(
+    tmp_path: Path,
+) -> None:
+    """The framework tutorial's command against a local server: OPENAI_BASE_URL names it
+    for the SDK, no cardbus LLM agent runs, so no CARDBUS_MODEL is asked for, and no line
+    says a cardbus model answered (the SDK's own model did)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cardbus.tools.cli import cli
+
+    plan = {**_plan("oa-cli"), "agents": [f"{__name__}:Topics", f"{__name__}:StubExplainer"]}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    with OpenAIStub() as stub:
+        stub.script('{"term": "tide", "sentence": "The sea rises."}')
+        env = {"OPENAI_BASE_URL": stub.url, "OPENAI_API_KEY": "k", "CARDBUS_MODEL": None}
+        args = ["run", str(path), "--db", str(tmp_path / "d.db"), "--json"]
+        result = CliRunner(env=env).invoke(cli, args)
+        paths = [r["path"].rsplit("/v1", 1)[-1] for r in stub.requests]
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["outputs"]["explain"]["sentence"] == "The sea rises."
+    assert paths == ["/chat/completions"]
+    assert "LLM:" not in result.stderr, result.stderr

@@ -46,6 +46,7 @@ def test_request_and_response_round_trip() -> None:
         "memory.put",
         "model.request",
         "model.answer",
+        "model.queue",  # a model call waiting for its provider's limit (limit_waits)
         "tool.begin",
         "tool.end",
         "attempt.live",  # the worker: is its attempt still wanted (cancel_notices)

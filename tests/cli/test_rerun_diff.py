@@ -117,6 +117,69 @@ def test_an_offline_rerun_reproduces_the_run_sending_nothing(
     assert "first divergence: none" in d.stdout
 
 
+def _calls(db: str, root: str) -> list[dict[str, Any]]:
+    """The model and tool calls of ``cardbus replay ROOT --json``, task by task in order."""
+    r = _cli("replay", root, "--db", db, "--json")
+    assert r.exit_code == 0, r.output
+    calls: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        for span in node["spans"]:
+            calls.extend(span["calls"])
+        for child in node["children"]:
+            walk(child)
+
+    for task in sorted(json.loads(r.stdout)["tasks"], key=lambda t: t["capability"]):
+        walk(task)
+    return calls
+
+
+KEPT = ("model", "prompt", "answer", "arguments", "result", "tool")
+
+
+def test_the_replay_of_an_offline_rerun_shows_the_recorded_prompts_and_answers(
+    recorded: tuple[str, str, dict[str, Any]],
+) -> None:
+    """A re-run's calls are answered from another run's streams: its timeline shows what
+    they were answered with (from the origin's events), not "(not kept)"; so does a
+    re-run of the re-run, two origins back."""
+    db, root, _ = recorded
+    first = json.loads(_cli("rerun", root, "--offline", "--db", db, "--json").stdout)
+    second = json.loads(_cli("rerun", first["root_id"], "--offline", "--db", db, "--json").stdout)
+    assert first["status"] == second["status"] == "completed"
+    original = _calls(db, root)
+    assert [c.get("status") for c in original] == ["answered", "ok", "answered", "answered"]
+    for rerun in (first["root_id"], second["root_id"]):
+        calls = _calls(db, rerun)
+        assert [c.get("status") for c in calls] == ["replayed"] * len(original)
+        for got, want in zip(calls, original, strict=True):
+            shown = {k: got.get(k) for k in KEPT}
+            assert shown == {k: want.get(k) for k in KEPT}
+            assert got.get("prompt") is not None or got.get("result") is not None
+    text = _cli("replay", second["root_id"], "--db", db).stdout
+    assert "(not kept" not in text and "replayed from" in text
+    assert 'doc_search({"query":"tides"})' in text
+    # the console's task page, from the same log
+    page = asyncio.run(_console_task(db, f"research-{second['root_id'][-12:]}"))
+    assert [c.status for c in page] == ["replayed"] * 3  # the researcher's model, tool, model
+    assert page[0].prompt == original[0]["prompt"] and page[0].answer == original[0]["answer"]
+    assert page[1].result == original[1]["result"]
+
+
+async def _console_task(db: str, task: str) -> list[Any]:
+    from cardbus.tools.ui.app import Console
+
+    store = await SqliteEventStore.open(db, create=False)
+    try:
+        console = Console(store)
+        try:
+            return (await console.task(task))["calls"]
+        finally:
+            console.runner.close()
+    finally:
+        await store.close()
+
+
 def test_an_offline_rerun_with_changed_instructions_fails_naming_task_and_prompt(
     recorded: tuple[str, str, dict[str, Any]], stub: OpenAIStub
 ) -> None:

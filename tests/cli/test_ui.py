@@ -236,6 +236,47 @@ def test_page_loads_and_a_demo_run_appears_live(server: Server, page: Any, db: P
     assert "revision requested (round 1)" in page.locator("#steps").inner_text()
 
 
+LEAD_PLAN = {
+    "goal": "A lead delegates research to a department",
+    "tasks": [
+        {
+            "id": "dept",
+            "capability": "department",
+            "child": {
+                "plan": {
+                    "goal": "research tides",
+                    "tasks": [
+                        {"id": "find", "capability": "research", "inputs": {"topic": "tides"}}
+                    ],
+                }
+            },
+        }
+    ],
+}
+
+
+@pytest.mark.timeout(180)
+def test_a_run_page_links_its_child_runs_and_a_child_its_parent(
+    server: Server, page: Any, db: Path
+) -> None:
+    run = Background(db, DEMO_AGENTS, LEAD_PLAN)
+    assert run.join().status == "completed"
+    page.goto(f"{server.url}#/run/{run.root}")
+    page.wait_for_selector("#run-status[data-status='completed']")
+    children = page.locator("#child-runs a")
+    assert children.count() == 1 and "completed" in page.locator("#child-runs").inner_text()
+    child_root = children.first.inner_text()
+    tree = page.locator("#tree-spend").inner_text()  # the lead's spending with its child's
+    assert "with its child runs:" in tree and "(2 runs)" in tree, tree
+    tokens = int(tree.split("with its child runs:")[1].split("tokens")[0].replace(",", ""))
+    assert tokens > 0  # the researcher's model call, in the child, counted for the lead
+    children.first.click()
+    page.wait_for_selector(f"#run-parent a[title='{run.root}']")
+    assert "started by its task dept-" in page.locator("#run-parent").inner_text()
+    assert page.locator("#tasks tbody tr").count() == 1  # the child's own task, find
+    assert child_root in page.locator("h2").first.inner_text()
+
+
 APPROVAL_PLAN = {
     "goal": "Research tides, once a human agrees",
     "plan_id": "ui-approval",

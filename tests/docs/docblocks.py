@@ -6,7 +6,11 @@ The rules (docs/how-to/write-docs.md says the same to the pages' writers):
   so no block is left out by accident.
 * ``python``: executed in the page's namespace (blocks share it, as a reader's
   session would), with the working directory as the current directory and on
-  ``sys.path``; a top-level ``await`` runs in a fresh event loop.
+  ``sys.path``; a top-level ``await`` runs in a fresh event loop. A block with a
+  top-level ``await`` is for Python's asyncio REPL (``python -m asyncio``), so it
+  must paste there as it is: fed line by line as that REPL compiles them (a
+  blank line ends a compound statement; a statement after one needs a blank line
+  before it), it must raise no ``SyntaxError``.
 * A block with a title (```` ```python title="my_agents.py" ````) is a file: it is
   written into the working directory (later blocks and commands use it), and a
   Python file is also executed once as a module to check it runs.
@@ -48,7 +52,9 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import codeop
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -154,11 +160,45 @@ def check(blocks: list[Block]) -> None:
             raise BlockFailed(
                 f"{b.where}: a fence must name one of {sorted(KNOWN)} (got {b.lang!r})"
             )
+        if b.lang in PYTHON and b.title is None and (error := repl_paste_error(b.code)):
+            raise BlockFailed(
+                f"{b.where}: uses top-level await but does not paste into `python -m"
+                f" asyncio`: {error}"
+            )
         if b.skip is not None and "needs a real" not in b.skip:
             raise BlockFailed(
                 f"{b.where}: a block is skipped only when it needs a real endpoint"
                 f" ('<!-- docs-test: skip: needs a real ... -->'), not for {b.skip!r}"
             )
+
+
+def repl_paste_error(code: str) -> str | None:
+    """Why ``code``, a block with a top-level ``await``, fails pasted into ``python -m
+    asyncio`` (None: it pastes, or it has no top-level ``await``).
+
+    Compiled as ``code.InteractiveConsole.push`` does, line by line in ``single`` mode
+    with the flag the asyncio REPL adds: a line that completes a statement runs it, so a
+    blank line inside a function, or none after a ``try``/``with``/``for`` block before the
+    next statement, is a ``SyntaxError`` there, though the block runs as a file.
+    """
+    try:
+        whole = compile(code, "<block>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    except SyntaxError:
+        return None  # run_python says so
+    if not whole.co_flags & inspect.CO_COROUTINE:
+        return None  # no top-level await: a script's block, run as the page says
+    compiler = codeop.CommandCompiler()
+    compiler.compiler.flags |= ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    buffer: list[str] = []
+    for n, line in enumerate([*code.splitlines(), ""], start=1):
+        buffer.append(line)
+        try:
+            done = compiler("\n".join(buffer), "<console>", "single")
+        except (SyntaxError, OverflowError, ValueError) as e:
+            return f"line {n} of the block: {type(e).__name__}: {e}"
+        if done is not None:
+            buffer = []
+    return None
 
 
 # -- running ---------------------------------------------------------------------------

@@ -144,6 +144,22 @@ def test_a_command_that_hides_its_failure_fails_the_page(tmp_path: Path, hiding:
         run_page(page, tmp_path / "work")
 
 
+def test_an_await_block_that_does_not_paste_into_the_asyncio_repl_fails(tmp_path: Path) -> None:
+    """It runs as a file, but pasted into `python -m asyncio` the statement after the
+    `try` block is a SyntaxError (the REPL wants a blank line between them)."""
+    block = "import asyncio\ntry:\n    await asyncio.sleep(0)\nfinally:\n    pass\nx = 1\n"
+    page = _page(tmp_path, f"```python\n{block}```\n")
+    with pytest.raises(BlockFailed, match=r"broken\.md:1: .*does not paste into `python -m"):
+        run_page(page, tmp_path / "work")
+    fixed = block.replace("finally:\n    pass\n", "finally:\n    pass\n\n")
+    page.write_text(f"```python\n{fixed}```\n")
+    ran = run_page(page, tmp_path / "work")
+    assert len(ran) == 1
+    # a block without a top-level await is not the REPL's: no such rule
+    page.write_text("```python\ntry:\n    pass\nfinally:\n    pass\nx = 1\n```\n")
+    assert len(run_page(page, tmp_path / "work")) == 1
+
+
 def test_a_page_needing_a_program_names_the_missing_ones() -> None:
     page = "# p\n\n<!-- docs-test: needs: bash no-such-program-here -->\n"
     assert missing_programs(page) == ["no-such-program-here"]

@@ -357,3 +357,60 @@ async def test_runs_submitted_at_once_to_both_fold_in_order_on_both(
     assert anomalies == []
     events = await read_log(url)
     check_runs(events, roots)
+
+
+def _lead(plan_id: str) -> dict[str, object]:
+    """A parent whose task ``dept`` runs a child plan (quick, then quick)."""
+    return {
+        "plan_id": plan_id,
+        "goal": "a lead and its department",
+        "tasks": [
+            {"id": "a", "capability": "quick", "inputs": {"n": 1}},
+            {
+                "id": "dept",
+                "capability": "department",
+                "deps": ["a"],
+                "timeout_s": 30,
+                "inputs": {"n": {"$dep": "a", "path": "n"}},
+                "child": {
+                    "plan": {
+                        "goal": "department",
+                        "tasks": [
+                            {"id": "x", "capability": "quick", "inputs": {"n": {"$parent": "n"}}},
+                            {
+                                "id": "y",
+                                "capability": "quick",
+                                "deps": ["x"],
+                                "inputs": {"n": {"$dep": "x", "path": "n"}},
+                            },
+                        ],
+                    }
+                },
+            },
+        ],
+    }
+
+
+async def test_a_child_run_is_decided_by_its_parents_member(nats_server: NatsServer) -> None:
+    """Child runs on members sharing the runs: each child's root is drawn in its parent's
+    partition, so the member deciding the parent decides the child and folds its end."""
+    async with _two_members(nats_server.url) as (a, b):
+        roots = [
+            await (a if i % 2 else b).submit(_lead(f"lead-{i}"), agent_timeout=10) for i in range(6)
+        ]
+        results = await asyncio.gather(
+            *((b if i % 2 else a).orchestrator.wait(r, timeout=60) for i, r in enumerate(roots))
+        )
+        assert list(a.orchestrator.state.anomalies) == list(b.orchestrator.state.anomalies) == []
+    assert [r.status for r in results] == ["completed"] * len(roots), [r.detail for r in results]
+    assert all(r.outputs["dept"]["y"] == {"n": 4} for r in results)
+    events = await read_log(nats_server.url)
+    children = {
+        e.data.parent_root: e.stream
+        for e in events
+        if isinstance(e.data, ev.RunStarted) and e.data.parent_root
+    }
+    assert set(children) == set(roots)
+    for parent, child in children.items():
+        assert partition_of(child, PARTITIONS) == partition_of(parent, PARTITIONS)
+        assert set(decisions(events, child)) == set(decisions(events, parent)), (parent, child)

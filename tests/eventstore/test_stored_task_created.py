@@ -86,4 +86,5 @@ def test_the_event_declares_the_spec_by_inheriting_it() -> None:
         "role",
         "origin",
         "replay_strict",
+        "child",  # a child-run task's spec (bus.orchestrator.children), None for the rest
     }

@@ -74,8 +74,10 @@ from cardbus.projections import (
     run_duration,
 )
 from cardbus.projections.diff import diff_runs
+from cardbus.projections.lineage import read_tree
 from cardbus.projections.pricing import Money, PriceTable
 from cardbus.projections.replay_html import render_html
+from cardbus.projections.replay_origin import fill_replayed, origin_of, origin_sources
 from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.actions import Actions, HostedAgents, LogActions, NoAgents, NoAgentsHere
@@ -234,6 +236,10 @@ class Console:
         return {
             "run": row,
             "root_id": root,
+            # the tree: the child runs its tasks started (a child's parent is in ``run``),
+            # and what the run and every run below it spent
+            "children": Runs().children(runner.conn, root),
+            "tree": self._tree_spend(runner, root),
             **self._costs(runner, root),
             "timeline": timeline,
             "tasks": tasks,
@@ -245,6 +251,23 @@ class Console:
             "position": runner.position,
             "now": now,
         }
+
+    def _tree_spend(self, runner: ProjectionRunner, root: str) -> dict[str, Any]:
+        """The tokens and cost of a run with every run below it (child runs, theirs...)."""
+        roots, todo = [root], [root]
+        while todo and len(roots) < 1000:
+            below = [c["root_id"] for c in Runs().children(runner.conn, todo.pop())]
+            roots += [c for c in below if c not in roots]
+            todo += below
+        total = Money()
+        for r in priced(Spend().rows(runner.conn, roots=roots), self.prices, "root_id"):
+            total += r["money"]
+        tokens = sum(
+            (row["input_tokens"] or 0) + (row["output_tokens"] or 0)
+            for row in (Runs().get(runner.conn, r) for r in roots)
+            if row is not None
+        )
+        return {"runs": len(roots), "tokens": tokens, "cost": cost_json(total)}
 
     def _costs(self, runner: ProjectionRunner, root: str) -> dict[str, Any]:
         """A run's cost, and its cost per task and per model (tokens and calls with each)."""
@@ -289,7 +312,7 @@ class Console:
         root = await resolve_id(self.store, text)
         own = await self.store.read_stream(root)
         root = own[0].correlation_id if own else root
-        events = await self.store.read_correlation(root)
+        events = await read_tree(self.store, root)  # with its child runs: one tree
         if not events:
             raise StreamNotFound(root)
         agents = {e.data.agent_id for e in events if isinstance(e.data, ev.TaskDispatched)}
@@ -352,6 +375,9 @@ class Console:
             )
         # what its attempts asked models and tools (the journal), replays resolved
         calls = journal_calls(stream)
+        origin = origin_of(stream)  # a re-run's task: its replays are the recorded run's calls
+        if origin is not None:
+            fill_replayed(calls, await origin_sources(self.store, origin))
         for r in received:
             r["trimmed"] = r["attempt"] in trimmed
         run = Runs().get(runner.conn, row["root_id"]) if row["root_id"] else None

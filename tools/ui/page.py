@@ -414,7 +414,7 @@ function tasksTable(data) {
     return `<tr data-task="${esc(k.task_id)}" data-status="${esc(k.status)}">
       <td>${idLink("task", k.task_id)}</td><td>${esc(k.capability)}</td><td>${esc(k.agent_id)}</td>
       <td>${status(k.status)}</td><td>${k.attempts}</td>
-      <td class="nowrap">${live ? since(k.updated_at, RUNNING.includes(k.status) ? "running" : "waiting") : ""}</td>
+      <td class="nowrap">${live ? since(k.updated_at, RUNNING.includes(k.status) ? ((k.reason || "").startsWith("queued for the model's limit") ? "queued" : "running") : "waiting") : ""}</td>
       <td class="reason">${esc(reason)}</td>
       <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id)
         : FINISHED_BAD.includes(k.status) ? `<a class="rerun-link" href="#/task/${encodeURIComponent(k.task_id)}" title="re-run it or fork from it, on its page">re-run…</a>` : ""}</td>
@@ -433,6 +433,9 @@ function runView(data) {
     <p id="run-status" data-status="${esc(r.status)}">${status(r.status)} ${r.reason ? `<span class="reason">${esc(r.reason)}${degraded(r)}</span>` : ""}
     · ${esc(r.goal)} · plan <span class="id">${esc(r.plan_id)}</span> · started ${fmtTime(r.started_at)}
     · ${open ? since(r.started_at) : fmtDur(r.duration_s)} · tasks ${r.tasks_done}/${r.tasks_total} · ${((r.input_tokens || 0) + (r.output_tokens || 0)).toLocaleString()} tokens</p>
+    ${r.parent_root ? `<p id="run-parent">child run of ${idLink("run", r.parent_root)}, started by its task ${idLink("task", r.parent_task)}</p>` : ""}
+    ${(data.children || []).length ? `<p id="child-runs">child runs: ${data.children.map((k) => `${idLink("run", k.root_id)} ${status(k.status)} <span class="muted">(task ${esc(k.parent_task)})</span>`).join(" · ")}
+      <br><span id="tree-spend">with its child runs: ${data.tree.tokens.toLocaleString()} tokens, cost ${cost(data.tree.cost)} <span class="muted">(${data.tree.runs} runs)</span></span></p>` : ""}
     <p id="run-cost">cost ${cost(data.cost)} <span class="muted">(USD; prices: ${esc(data.prices)})</span>
       ${costTable("cost-by-model", "model", data.cost_by_model)}${costTable("cost-by-task", "task", data.cost_by_task)}</p>
     <form id="compare" class="filters" data-root="${esc(data.root_id)}"><label>compare with <input name="other" placeholder="another run's id"></label> <button type="submit">Diff</button></form>
@@ -543,6 +546,7 @@ function answerText(c) {
 const fold = (key, summary, value) => `<details data-key="${esc(key)}"><summary>${esc(summary)}</summary>${json(value)}</details>`;
 function callRow(c) {
   const how = c.replayed_from ? `<span class="replayed">replayed from <span class="id">${esc(c.replayed_from)}</span></span>`
+    : c.queued ? `<span class="reason queued">queued for the model's limit</span>`
     : c.status === "open" ? `<span class="reason">no answer recorded</span>`
     : c.status === "unknown" ? `<span class="reason">effect unknown</span>` : `<span class="live">live</span>`;
   const attrs = `data-kind="${esc(c.kind)}" data-attempt="${c.attempt}" data-seq="${c.seq}" data-replayed="${c.replayed_from ? "yes" : "no"}" data-status="${esc(c.kind === "effect_unknown" ? c.decision : c.status)}"`;
@@ -550,7 +554,7 @@ function callRow(c) {
   if (c.kind === "model") {
     const answer = c.error !== null && c.error !== undefined ? {error: c.error, error_type: c.error_type} : c.answer;
     return `<tr class="call" ${attrs}><td>#${c.seq}</td><td>model <code>${esc(c.response_model || c.model)}</code></td>
-      <td>${c.input_tokens}+${c.output_tokens}</td><td>${fmtDur(c.latency_s)}</td><td>${how}</td><td></td>
+      <td>${c.input_tokens}+${c.output_tokens}</td><td>${fmtDur(c.latency_s)}${c.queued_s ? ` <span class="queued">(${fmtDur(c.queued_s)} queued)</span>` : ""}</td><td>${how}</td><td></td>
       <td>${fold(k + "-prompt", promptText(c), c.prompt)}</td><td>${fold(k + "-answer", answerText(c), answer)}</td></tr>`;
   }
   if (c.kind === "tool") {

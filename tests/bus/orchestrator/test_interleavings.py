@@ -483,3 +483,132 @@ async def test_a_review_answered_at_any_await_point_of_a_resume_runs_the_tool_on
     assert reference.end[0] == "completed", reference.end
     assert not reached - injected - TIMED, sorted(reached - injected)
     assert len(trials) >= 10
+
+
+# -- child runs: the parent waits for its child, which may end by another writer's hand ----
+
+
+async def _cancel_child(store: SqliteEventStore, root: str, gate: str) -> object:
+    """Cancel the child run itself (its root is its gate task's): the parent's task fails."""
+    child_root = (await store.read_stream(gate))[0].correlation_id
+    return await cancel_run(store, child_root, by="bob")
+
+
+CHILD_WRITES: dict[str, Write] = {
+    "approve child": _approve,  # the child's gate: the child completes, then the parent
+    "cancel parent": _cancel,  # the parent's cancel reaches the child (parent_close)
+    "cancel child": _cancel_child,
+}
+
+
+async def _waiting_parent(folder: Path) -> tuple[Path, str, str]:
+    """A log whose parent run waits for its child run, which waits for approval of its
+    ``gate``; the process died (no give-back, no snapshot)."""
+    from cardbus.bus.orchestrator import PlanTask
+    from cardbus.bus.orchestrator.children import ChildSpec
+
+    folder.mkdir()
+    db = folder / "cardbus.db"
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    bus = InProcessBus()
+    orch = Orchestrator(store, bus, FAST, snapshot=None)
+    orch.attempts_survive_restart = False
+    workers = [AgentWorker(bus, ECHO)]
+    await orch.start([w.agent.card() for w in workers])
+    for w in workers:
+        await w.start()
+    sub = {
+        "goal": "department",
+        "tasks": [
+            {
+                "id": "gate",
+                "capability": "echo",
+                "inputs": {"text": "g"},
+                "requires_approval": True,
+            },
+            {"id": "find", "capability": "echo", "deps": ["gate"], "inputs": {"text": "f"}},
+        ],
+    }
+    dept = PlanTask(id="dept", capability="department", child=ChildSpec(plan=sub), timeout_s=60)
+    root = await orch.submit(plan(task("brief"), dept, task("after", deps=["dept"])))
+    asked = await wait_for(store, lambda e: isinstance(e.data, ev.ApprovalRequested))
+    await orch.stop(give_back=False)  # as a process that dies
+    await bus.close()
+    await store.close()
+    return db, root, asked.stream
+
+
+async def _resume_parent(points: Points, db: Path, root: str, gate: str, write: Write) -> Trial:
+    """One trial: a new orchestrator resumes the parent and its child on a copy of ``db``;
+    ``write`` comes from another connection at the point ``points`` says. The end is the
+    parent's and the child's."""
+    db = _copy(db, db.parent.parent / f"trial-{next(_n)}")
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
+    child_root = (await foreign.read_stream(gate))[0].correlation_id
+    bus = InProcessBus()
+    instrument(store, points, STORE_METHODS)
+    instrument(bus, points, BUS_METHODS)
+    points.inject = lambda: write(foreign, root, gate)
+    orch = Orchestrator(store, bus, FAST, snapshot=None)
+    orch.attempts_survive_restart = False
+    ledger = FoldLedger()
+    ledger.watch(orch.state)
+    workers = [AgentWorker(bus, ECHO)]
+    problems: list[str] = []
+    try:
+        await points.before_start()
+        await orch.start([w.agent.card() for w in workers])
+        for w in workers:
+            await w.start()
+        await points.when_idle()
+        end: tuple[str, ...] = ()
+        for run in (root, child_root):
+            try:
+                end += ((await orch.wait(run, 5)).status,)
+            except TimeoutError:
+                end += ("still waiting",)
+        await orch.caught_up(10)
+        log = await foreign.read_all(0, 100_000)
+        problems += check_folded_once(ledger, log, orch.snapshot_position)
+        problems += check_dispatched_once(log)
+        started = [e for e in log if isinstance(e.data, ev.ChildRunStarted)]
+        if len(started) != 1:  # one child, whoever decided when
+            problems.append(f"{len(started)} child runs started")
+    finally:
+        points.active = False
+        await orch.stop()
+        await bus.close()
+        await foreign.close()
+        await store.close()
+    return Trial(end, points, problems)
+
+
+@pytest.mark.parametrize("write", sorted(CHILD_WRITES))
+async def test_a_write_at_any_await_point_of_a_parent_waiting_for_its_child_is_folded_once(
+    tmp_path: Path, write: str
+) -> None:
+    """The parent's task waits for its child run's end, a wait child runs add: the child's
+    approval, the parent's cancel or the child's, written by another process at every await
+    point of a resume, ends both runs as when it comes first."""
+    db, root, gate = await _waiting_parent(tmp_path / "template")
+
+    async def scenario(points: Points) -> Trial:
+        return await _resume_parent(points, db, root, gate, CHILD_WRITES[write])
+
+    reference, trials = await explore(scenario, seed=len(write))
+    problems, injected, reached = report(reference, trials)
+    print(f"{len(trials)} trials, written at {len(injected)} call sites: {sorted(injected)}")
+    print(f"  timed sites reached, not written at: {sorted(reached - injected)}")
+    assert not problems, "\n".join(problems)
+    assert (
+        reference.end
+        == {
+            "approve child": ("completed", "completed"),
+            "cancel parent": ("cancelled", "cancelled"),
+            "cancel child": ("failed", "cancelled"),
+        }[write]
+    )
+    assert not reached - injected - TIMED, sorted(reached - injected)
+    assert any(name.startswith("_started/") for name in injected), sorted(injected)
+    assert len(trials) >= 10

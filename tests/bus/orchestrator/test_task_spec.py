@@ -20,6 +20,7 @@ def test_the_three_inherit_the_spec_instead_of_declaring_it() -> None:
     assert set(PlanTask.__struct_fields__) - set(TaskOptions.__struct_fields__) == {
         "id",
         "max_attempts",
+        "child",  # a child run's spec (bus.orchestrator.children), kept as given on task.created
     }
 
 
@@ -27,7 +28,7 @@ def test_the_fields_each_conversion_carries_are_pinned() -> None:
     """``restate`` carries the fields both types declare: a new same-named field shows here."""
     spec = set(TaskSpec.__struct_fields__)
     options = set(TaskOptions.__struct_fields__)
-    assert _shared(PlanTask, ev.TaskCreated) == options | {"max_attempts"}
+    assert _shared(PlanTask, ev.TaskCreated) == options | {"max_attempts", "child"}
     assert _shared(ev.TaskCreated, TaskCard) == spec | {
         "root_id",
         "parent_id",
