@@ -37,6 +37,7 @@ import hashlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -50,7 +51,7 @@ from cardbus.eventstore.ids import new_id
 if TYPE_CHECKING:
     from cardbus.agents.requests import TaskServices
 
-__all__ = ["OfflineLLM", "TaskJournal", "request_digest"]
+__all__ = ["BegunCall", "OfflineLLM", "TaskJournal", "request_digest"]
 
 _encoder = msgspec.json.Encoder(order="sorted")
 
@@ -97,6 +98,21 @@ class OfflineLLM:
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> Completion:
         raise self._refuse(model)
+
+
+@dataclass(slots=True)
+class BegunCall:
+    """A tool call at its place in the journal, before it runs (``TaskJournal.tool_begin``):
+    ``replayed`` with its recorded ``result``, else to run with ``arguments`` (a person's
+    ``edited`` ones, when they changed them) under the idempotency ``key``."""
+
+    name: str
+    arguments: dict[str, Any]
+    seq: int
+    key: str = ""
+    replayed: bool = False
+    result: Any = None
+    edited: dict[str, Any] | None = None
 
 
 class TaskJournal:
@@ -279,11 +295,39 @@ class TaskJournal:
         person's word; refused, the refusal is raised as a ``ToolError`` (the model's to
         act on); approved with other arguments, ``edited(key, arguments)`` runs instead.
         """
+        begun = await self.tool_begin(
+            name, arguments, idempotent=idempotent, review=review, schema=schema
+        )
+        if begun.replayed:
+            return begun.result
+        if begun.edited is not None and edited is not None:
+            changed = begun.edited  # a person's edit: the call runs with these
+
+            async def run(key: str) -> Any:
+                return await edited(key, changed)
+
+        return await self.tool_run(begun, run)
+
+    async def tool_begin(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        idempotent: bool = False,
+        review: bool = False,
+        schema: dict[str, Any] | None = None,
+    ) -> BegunCall:
+        """The first half of ``tool_call``, for a framework that decides whether a call
+        runs before it runs it (a deferred call, an interruption): the call's place in the
+        journal and the orchestrator's word on it. Raises ``ToolUnderReview`` while a
+        person's review is open, a ``ToolError`` naming the refusal once refused (and
+        ``EffectUnknown`` as ``tool_call`` does); else a ``BegunCall``: replayed (its
+        recorded ``result``), or to run (``tool_run``), with ``edited`` arguments when a
+        person changed them. Without an orchestrator to ask: to run, unrecorded."""
         if not self.recording:
-            return await run("")
+            return BegunCall(name=name, arguments=arguments, seq=-1)
         seq = self.next_seq()
-        services = self.services
-        begun = await services.request(
+        begun = await self.services.request(
             "tool.begin",
             name,
             {"arguments": arguments, "idempotent": idempotent}
@@ -293,15 +337,20 @@ class TaskJournal:
         )
         if isinstance(begun, dict) and "replay" in begun:
             self.replayed += 1
-            return begun["replay"]
+            return BegunCall(name, arguments, seq, replayed=True, result=begun["replay"])
         key = str(begun.get("key", "")) if isinstance(begun, dict) else ""
-        if isinstance(begun, dict) and isinstance(begun.get("arguments"), dict) and edited:
-            arguments = begun["arguments"]  # a person's edit: the call runs with these
-            changed = arguments
+        changed = begun.get("arguments") if isinstance(begun, dict) else None
+        if isinstance(changed, dict):
+            return BegunCall(name, changed, seq, key=key, edited=changed)
+        return BegunCall(name, arguments, seq, key=key)
 
-            async def run(key: str) -> Any:
-                return await edited(key, changed)
-
+    async def tool_run(self, begun: BegunCall, run: Callable[[str], Awaitable[Any]]) -> Any:
+        """The second half of ``tool_call``: ``run(key)`` for a begun call, its result or
+        error recorded after (``tool.end``); the result as JSON builtins."""
+        if begun.seq < 0:
+            return await run("")
+        name, arguments, key, seq = begun.name, begun.arguments, begun.key, begun.seq
+        services = self.services
         start = time.monotonic()
         ended: dict[str, Any] = {"arguments": arguments, "key": key}
         try:

@@ -29,7 +29,10 @@ What the run does outside the agent goes through cardbus's journal:
   (recorded, replayed on a retry); hosted tools run at the provider, unjournaled;
 * the runtime's tools on the allow-list (``tools_allowed``; MCP servers mounted in
   the runtime included) are added as ``FunctionTool``s whose invocation is
-  ``ctx.tool``.
+  ``ctx.tool``;
+* a ``needs_approval`` interruption is a cardbus review
+  (``cardbus.agents.frameworks.pauses``): held in the log, answered by a person, and
+  approved or rejected on the run's ``RunState`` by the next attempt.
 
 The tokens of the live model calls are the result's usage.
 """
@@ -53,6 +56,7 @@ try:
     from agents.model_settings import ModelSettings
     from agents.models.interface import ModelTracing
     from agents.models.multi_provider import MultiProvider
+    from agents.run_state import RunState
     from agents.tool import Tool
     from agents.tool_context import ToolContext
     from agents.usage import Usage
@@ -75,6 +79,8 @@ from cardbus.agents.frameworks.common import (
     render_prompt,
     to_json,
 )
+from cardbus.agents.frameworks.pauses import Proposal, review_proposals
+from cardbus.agents.journal import BegunCall
 
 __all__ = ["JournaledModel", "OpenAIAgentsAgent", "chat_completions_only", "openai_agents_agent"]
 
@@ -89,6 +95,11 @@ class _Run:
         self.idempotent_tools = frozenset(idempotent_tools)
         self.input_tokens = 0
         self.output_tokens = 0
+        #: the input schema of each function tool (a person's edit is checked on it)
+        self.schemas: dict[str, dict[str, Any]] = {}
+        #: interrupted calls begun in the journal and approved, by call id: run (or
+        #: replayed) when the SDK invokes the tool
+        self.begun: dict[str, BegunCall] = {}
 
 
 def _jsonable(value: Any) -> Any:
@@ -155,6 +166,8 @@ class JournaledModel(Model):
             self._run.output_tokens += max(0, usage.output_tokens)
             return {
                 "output": [item.model_dump(mode="json") for item in response.output],
+                # the model's words beside its calls: what a review shows as the proposal's
+                "text": _text_of(response.output),
                 "response_id": response.response_id,
                 "request_id": response.request_id,
                 "model": self.name,
@@ -197,6 +210,19 @@ class JournaledModel(Model):
         await self.wrapped.close()
 
 
+def _text_of(output: Sequence[Any]) -> str:
+    """The text of a response's message items (none: "")."""
+    texts = []
+    for item in output:
+        if getattr(item, "type", "") != "message":
+            continue
+        for part in getattr(item, "content", None) or ():
+            text = getattr(part, "text", None)
+            if isinstance(text, str):
+                texts.append(text)
+    return "".join(texts)
+
+
 def _journaled_tool(tool: Tool, run: _Run, idempotent: bool) -> Tool:
     """A function tool of the agent, its invocations journaled; other tools as they are."""
     if not isinstance(tool, FunctionTool):
@@ -204,6 +230,12 @@ def _journaled_tool(tool: Tool, run: _Run, idempotent: bool) -> Tool:
     invoke = tool.on_invoke_tool
 
     async def on_invoke_tool(context: ToolContext[Any], arguments: str) -> Any:
+        begun = run.begun.pop(context.tool_call_id, None)
+        if begun is not None:  # an interrupted call a person approved: its journal step
+            if begun.replayed:  # it ran in an earlier attempt: its recorded result
+                return begun.result
+            given = json.dumps(begun.edited) if begun.edited is not None else arguments
+            return await run.ctx.journal.tool_run(begun, lambda _key: invoke(context, given))
         try:
             parsed = json.loads(arguments) if arguments else {}
         except ValueError:
@@ -258,6 +290,9 @@ def _journaled_agent(
     else:
         model = config.model_provider.get_model(agent.model)
     name = agent.model if isinstance(agent.model, str) else ""
+    for tool in agent.tools:
+        if isinstance(tool, FunctionTool):
+            run.schemas[tool.name] = tool.params_json_schema
     clone = agent.clone(
         model=JournaledModel(model, run, name),
         tools=[_journaled_tool(t, run, t.name in run.idempotent_tools) for t in agent.tools]
@@ -349,9 +384,41 @@ class OpenAIAgentsAgent(Agent):
                 max_turns=self.max_turns,
                 run_config=config,
             )
+            while result.interruptions:  # ``needs_approval`` calls: cardbus reviews
+                state = result.to_state()
+                await _decide(run, result.interruptions, state)
+                result = await Runner.run(agent, state, max_turns=self.max_turns, run_config=config)
         finally:
             ctx.usage(run.input_tokens, run.output_tokens)
         return to_json(result.final_output)
+
+
+async def _decide(run: _Run, interruptions: Sequence[Any], state: RunState[Any, Any]) -> None:
+    """The person's word on each interrupted call, from the log
+    (``cardbus.agents.frameworks.pauses``), given to the SDK's ``RunState``: approved
+    (the tool then runs in its journal step, with the edited arguments), or rejected
+    with the reason as the model's message. ``ToolUnderReview`` while any waits."""
+    proposals = []
+    for item in interruptions:
+        try:
+            parsed = json.loads(item.arguments or "{}")
+        except ValueError:
+            parsed = {"_raw": item.arguments}
+        proposals.append(
+            Proposal(
+                str(item.call_id or ""),
+                str(item.name or ""),
+                parsed if isinstance(parsed, dict) else {"_args": parsed},
+            )
+        )
+    verdicts = await review_proposals(run.ctx, proposals, run.schemas, run.idempotent_tools)
+    for item, proposal in zip(interruptions, proposals, strict=True):
+        verdict = verdicts[proposal.call_id]
+        if verdict.begun is None:
+            state.reject(item, rejection_message=verdict.refusal)
+        else:
+            run.begun[proposal.call_id] = verdict.begun
+            state.approve(item)
 
 
 def chat_completions_only(base_url: str | None) -> bool:

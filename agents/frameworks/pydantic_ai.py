@@ -30,7 +30,12 @@ run (``CardbusJournal``):
   place in the journal, where a retry must find it);
 * the runtime's tools on the agent's allow-list (``tools_allowed``; MCP servers
   mounted in the runtime included) are offered to the model as a toolset whose
-  calls are ``ctx.tool``: checked, recorded and replayed by the orchestrator.
+  calls are ``ctx.tool``: checked, recorded and replayed by the orchestrator;
+* a call that requires approval (``requires_approval=True``) is a cardbus review
+  (``handle_deferred_tool_calls``, ``cardbus.agents.frameworks.pauses``): held in
+  the log, answered by a person, resumed with ``ToolApproved`` / ``ToolDenied`` on
+  the next attempt; a call executed externally (an ``ExternalToolset``) is made with
+  the runtime's tool of its name.
 
 The tokens of the live model calls are the result's usage.
 """
@@ -57,8 +62,20 @@ try:
     )
     from pydantic_ai.models.wrapper import WrapperModel
     from pydantic_ai.settings import ModelSettings
-    from pydantic_ai.tools import RunContext, Tool
-    from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
+    from pydantic_ai.tools import (
+        DeferredToolRequests,
+        DeferredToolResults,
+        RunContext,
+        Tool,
+        ToolApproved,
+        ToolDenied,
+    )
+    from pydantic_ai.toolsets import (
+        AbstractToolset,
+        ExternalToolset,
+        FunctionToolset,
+        WrapperToolset,
+    )
     from pydantic_ai.toolsets.abstract import ToolsetTool
     from pydantic_core import to_jsonable_python
 except ImportError as e:  # pragma: no cover - the extra is in dev
@@ -77,6 +94,8 @@ from cardbus.agents.frameworks.common import (
     render_prompt,
     to_json,
 )
+from cardbus.agents.frameworks.pauses import Proposal, review_proposals
+from cardbus.agents.journal import BegunCall
 
 __all__ = ["CardbusJournal", "JournaledModel", "PydanticAIAgent", "pydantic_ai_agent"]
 
@@ -185,6 +204,9 @@ class _JournaledToolset(WrapperToolset[Any]):
         # one call at a time, in the order the model asked for them: each takes the next
         # place (``seq``) in the journal, and a retry must find each at the same place
         tools = await super().get_tools(ctx)
+        if self.cardbus is not None:  # a person's edit of a deferred call is checked on these
+            for name, tool in tools.items():
+                self.cardbus.schemas[name] = tool.tool_def.parameters_json_schema
         return {
             name: replace(tool, tool_def=replace(tool.tool_def, sequential=True))
             for name, tool in tools.items()
@@ -194,6 +216,13 @@ class _JournaledToolset(WrapperToolset[Any]):
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
         journal = self.cardbus
+        begun = journal.begun.pop(ctx.tool_call_id or "", None) if journal else None
+        if journal is not None and begun is not None:  # a deferred call a person approved
+            if begun.replayed:  # it ran in an earlier attempt: its recorded result
+                return begun.result
+            return await journal.ctx.journal.tool_run(
+                begun, lambda _key: self.wrapped.call_tool(name, tool_args, ctx, tool)
+            )
         if journal is None or name in journal.cardbus_tools:  # ctx.tool journals those
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         return await local_tool_call(
@@ -218,6 +247,11 @@ class CardbusJournal(AbstractCapability[Any]):
     idempotent_tools: frozenset[str] = frozenset()
     input_tokens: int = field(default=0, init=False)
     output_tokens: int = field(default=0, init=False)
+    #: the input schema of each of the run's tools (a person's edit is checked on it)
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)
+    #: deferred calls begun in the journal and approved, by tool call id: run (or
+    #: replayed) when pydantic-ai calls the tool
+    begun: dict[str, BegunCall] = field(default_factory=dict, init=False)
 
     def count(self, input_tokens: int, output_tokens: int) -> None:
         self.input_tokens += max(0, int(input_tokens or 0))
@@ -231,12 +265,54 @@ class CardbusJournal(AbstractCapability[Any]):
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         return _JournaledToolset(toolset, cardbus=self)
 
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[Any], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        """pydantic-ai's deferred calls, answered inside the run from the task's log.
 
-def cardbus_toolset(ctx: TaskContext) -> FunctionToolset[Any]:
+        A call that requires approval is a cardbus review: its place in the journal is
+        taken (``tool.begin`` under review), the log holds the proposal
+        (``tool.review_requested``) and the attempt ends (``ToolUnderReview``) once every
+        call of the batch was asked, so the calls of one turn are reviewed together. The
+        next attempt replays the journal up to here and meets the person's word:
+        approved (``ToolApproved``, with their edited arguments as ``override_args``) the
+        tool runs in this step of the journal; refused (``ToolDenied``) the model gets the
+        reason. A call executed externally is made by the runtime's tool of that name
+        (``ctx.tool``: on the allow-list, journaled, under that tool's own review
+        policy; refused or failed, the model gets the error)."""
+        calls: dict[str, Any] = {}
+        for call in requests.calls:  # the bus executes them: the runtime's tool of the name
+            calls[call.tool_call_id] = await call_cardbus_tool(
+                self.ctx, call.tool_name, call.args_as_dict()
+            )
+        # the proposal as the model made it (what replay shows as proposed; pydantic-ai
+        # validates it again, or the person's edit, when the approved call runs)
+        proposals = [
+            Proposal(call.tool_call_id, call.tool_name, to_json(call.args_as_dict()))
+            for call in requests.approvals
+        ]
+        verdicts = await review_proposals(self.ctx, proposals, self.schemas, self.idempotent_tools)
+        approvals: dict[str, bool | ToolApproved | ToolDenied] = {}
+        for call_id, verdict in verdicts.items():
+            if verdict.begun is None:
+                approvals[call_id] = ToolDenied(verdict.refusal)
+                continue
+            self.begun[call_id] = verdict.begun
+            approvals[call_id] = ToolApproved(override_args=verdict.begun.edited)
+        return DeferredToolResults(approvals=approvals, calls=calls)
+
+
+def cardbus_toolset(
+    ctx: TaskContext, external: frozenset[str] = frozenset()
+) -> FunctionToolset[Any]:
     """The runtime's tools on the agent's allow-list, for a pydantic-ai run: each call
-    is ``ctx.tool`` (a refusal or a failure is the tool's answer to the model)."""
+    is ``ctx.tool`` (a refusal or a failure is the tool's answer to the model). Those the
+    agent declares as external (``external``) are its to offer: their deferred calls are
+    made with ``ctx.tool`` too (``CardbusJournal.handle_deferred_tool_calls``)."""
     tools = []
     for name, spec in ctx.tool_specs.items():
+        if name in external:
+            continue
         schema = spec.input_schema or {"type": "object", "properties": {}}
         tools.append(Tool.from_schema(_caller(ctx, name), name, spec.description or None, schema))
     return FunctionToolset(tools)
@@ -301,7 +377,7 @@ class PydanticAIAgent(Agent):
 
     async def handle(self, task: TaskCard, inputs: Any, ctx: TaskContext) -> Any:
         inputs = decode_inputs(self.capability_for(task.capability), inputs)
-        toolsets = [cardbus_toolset(ctx)] if ctx.tool_specs else []
+        toolsets = [cardbus_toolset(ctx, _external(self.agent))] if ctx.tool_specs else []
         journal = CardbusJournal(ctx, frozenset(ctx.tool_specs), frozenset(self.idempotent_tools))
         try:
             result = await self.agent.run(
@@ -313,6 +389,19 @@ class PydanticAIAgent(Agent):
         finally:
             ctx.usage(journal.input_tokens, journal.output_tokens)
         return to_json(result.output)
+
+
+def _external(agent: pydantic_ai.Agent[Any, Any]) -> frozenset[str]:
+    """The names of the tools ``agent`` declares as executed externally."""
+    names: set[str] = set()
+
+    def visit(toolset: AbstractToolset[Any]) -> None:
+        if isinstance(toolset, ExternalToolset):
+            names.update(t.name for t in toolset.tool_defs)
+
+    for toolset in agent.toolsets:
+        toolset.apply(visit)
+    return frozenset(names)
 
 
 def _output_type(agent: pydantic_ai.Agent[Any, Any]) -> Any:
