@@ -348,6 +348,21 @@ def test_agents_offering_the_same_capability_are_said_once(
     assert warned() == ["agent inc overlaps inc-too (100%)"]  # the pair, once
 
 
+def with_sigint_default(cmd: list[str]) -> list[str]:
+    """``cmd`` started with SIGINT's default action, as a terminal's foreground command has it.
+
+    A suite started from a shell's background job (``make test &``, a CI runner's
+    subshell) inherits SIGINT *ignored* (bash ignores it in asynchronous commands without
+    job control), every child down to ``cardbus run`` inherits that, and Python keeps an
+    ignored SIGINT: the Ctrl-C this test sends would never arrive, whatever cardbus does.
+    """
+    reset = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", reset, *cmd]
+
+
 def test_an_interrupted_run_is_cancelled_with_the_reason(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT) while the run waits: the run ends, its task says why."""
     db = str(tmp_path / "c.db")
@@ -357,7 +372,7 @@ def test_an_interrupted_run_is_cancelled_with_the_reason(tmp_path: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(HERE)}
     cmd = [sys.executable, "-P", "-m", "cardbus.tools", "run", plan, "--store", db]
     with subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        with_sigint_default(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     ) as p:
         assert p.stdout is not None
         first = p.stdout.readline()
