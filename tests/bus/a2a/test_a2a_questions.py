@@ -86,3 +86,41 @@ async def test_a_typed_question_answered_by_an_a2a_client(server: ServeProcess) 
     assert len(answered) == 1
     assert answered[0].data.door == "a2a" and answered[0].data.message_id == answer.message_id
     assert answered[0].actor.startswith("local:")  # loopback without tokens: who runs it
+
+
+async def test_a_remote_gateways_typed_question_is_asked_typed_here(
+    server: ServeProcess, tmp_path: Path
+) -> None:
+    """A local run's task done by the remote gateway (``a2a+http://``): the remote's
+    question comes here with its schema, is refused here naming ``amount``, and the answer
+    given here goes back on the same remote task."""
+    import asyncio
+
+    from cardbus.bus import EmbeddedRuntime, answer_question, open_questions
+    from cardbus.bus.a2a import remote_a2a_agent
+    from cardbus.bus.orchestrator.questions import QuestionRefused
+
+    Remote = await remote_a2a_agent("a2a+" + server.url)
+    local_plan = {
+        "goal": "pay Bo",
+        "tasks": [{"id": "p", "capability": "pay", "inputs": {"payee": "Bo"}}],
+    }
+    async with (
+        await SqliteEventStore.open(tmp_path / "local.db", poll_interval=0.01) as store,
+        EmbeddedRuntime(store, [Remote]) as rt,
+    ):
+        root = await rt.orchestrator.submit(local_plan)
+        for _ in range(600):
+            waiting = await open_questions(store, root)
+            if waiting:
+                break
+            await asyncio.sleep(0.05)
+        [q] = waiting
+        assert "How much should Bo be paid" in q.question
+        assert q.schema["properties"]["currency"]["enum"] == ["EUR", "USD"]
+        with pytest.raises(QuestionRefused, match="'amount'"):
+            await answer_question(store, root, {"amount": "lots", "currency": "EUR"}, by="ada")
+        await answer_question(store, root, {"amount": 5, "currency": "EUR"}, by="ada")
+        result = await rt.orchestrator.wait(root, 60)
+    assert result.status == "completed", result.detail
+    assert result.outputs["p"]["text"] == "pay 5 EUR to Bo"
