@@ -16,16 +16,19 @@ reads every answer back from the log (``TaskFold``):
   message answers with the task it started);
 * a message on a task that is input-required answers what it waits for: an
   approval (``{"approve": true|false}`` or a text beginning with yes/approve
-  or no/deny, through ``answer_approval``) or a question an agent asked with
-  ``NeedsInput(missing, capability="user_input")`` (the supplementary task is
-  dispatched to the gateway's ``a2a-user`` agent; the message is its result);
+  or no/deny, through ``answer_approval``) or a question an agent asked
+  (``AskPerson(question, schema)``, or a free-text ``NeedsInput(missing,
+  capability="user_input")``): the input-required status carries the question's
+  schema as a data part, and the message's data part (or text) is the answer,
+  through ``answer_question`` (refused naming the field when it does not fit the
+  schema: ``InvalidParamsError``, the question stays open);
 * who does it is who authenticated: the actor of a run started, an approval
   answered or a run cancelled is the name of the token the request carried
   (``HttpGuard`` puts an :class:`~cardbus.bus.http_guard.Identity` in the
   request; a2a-sdk hands it on as ``context.user``), ``local:<user>`` on a
-  loopback gateway without tokens (an answer to a question is a result the
-  orchestrator records: its notes name who answered). The message id is
-  kept in the note;
+  loopback gateway without tokens (an answer to a question is a
+  ``question.answered`` by that name). The message id is kept in the note, or
+  in the ``question.answered``;
 * ``CancelTask`` cancels the run (``cancel_run``); ``GetTask``, ``ListTasks``
   and ``SubscribeToTask`` fold the log, so they work after a restart, and a
   subscriber first gets the whole task (history and artifacts: what it
