@@ -24,6 +24,7 @@ from cardbus.agents.planning import (
     RulePlanner,
     plan_json_schema,
 )
+from cardbus.agents.questions import AskPerson
 from cardbus.agents.tools import Tool, ToolRegistry, ToolSpec, current_idempotency_key
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "AgentCard",
     "AgentConstraints",
     "Announce",
+    "AskPerson",
     "CapabilitySpec",
     "Capability",
     "Completion",

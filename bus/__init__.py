@@ -22,6 +22,7 @@ from cardbus.bus.orchestrator import (
     unknown_effects,
     validate_plan,
 )
+from cardbus.bus.orchestrator.questions import QuestionRefused, answer_question, open_questions
 from cardbus.bus.orchestrator.selection import Weights
 from cardbus.bus.runtime import AgentWorker, EmbeddedRuntime
 from cardbus.bus.transport import Bus, InProcessBus
@@ -35,12 +36,15 @@ __all__ = [
     "Plan",
     "PlanTask",
     "Policy",
+    "QuestionRefused",
     "RetryPolicy",
     "RunResult",
     "Weights",
     "answer_approval",
+    "answer_question",
     "as_plan",
     "decode_plan",
+    "open_questions",
     "record_effect_done",
     "unknown_effects",
     "validate_plan",

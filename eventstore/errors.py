@@ -55,7 +55,8 @@ they resemble, so ``except ValueError`` keeps working::
 
 Not errors, and so outside the tree: ``cardbus.agents.Reject`` and
 ``cardbus.agents.NeedsInput`` are signals an agent's handler raises to say
-"not mine" or "ask the user"; the worker turns them into result cards.
+"not mine" or "ask the user" (``cardbus.agents.AskPerson``: a ``NeedsInput`` that asks
+a person a typed question); the worker turns them into result cards.
 Private classes (a leading underscore) are control flow inside one module
 and never reach a caller.
 """

@@ -96,6 +96,7 @@ __all__ = [
     "ToolCalled",
     "ToolEffectUnknown",
     "ToolReviewAnswered",
+    "QuestionAnswered",
     "ToolReviewRequested",
     "ToolRequested",
     "Usage",
@@ -842,6 +843,24 @@ class ToolReviewAnswered(_Event, frozen=True, kw_only=True, tag="tool.review_ans
     reason: str = ""
 
 
+class QuestionAnswered(_Event, frozen=True, kw_only=True, tag="question.answered.v1"):
+    """A person's answer to a question an agent asked (``AskPerson``), on the question's
+    own task, just before the ``task.completed`` whose output it is.
+
+    ``answer`` as given, validated against the question's schema (an answer that does not
+    validate is refused and writes nothing); ``by`` the person (the authenticated actor);
+    ``door`` where it came from (``console``, ``cli``, ``a2a``, ``api``); ``message_id``
+    the A2A message that carried it (a resent message answers nothing twice).
+    """
+
+    task_id: str
+    answer: Any = None
+    by: str = ""
+    door: str = ""
+    message_id: str = ""
+    defaulted: bool = False  # no answer given: the question's default
+
+
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
     """An agent asked for something outside its card and was refused."""
 
@@ -1035,6 +1054,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ScheduleSkipped,
     ToolReviewRequested,
     ToolReviewAnswered,
+    QuestionAnswered,
 )
 
 TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
@@ -1097,6 +1117,7 @@ Event = (
     | ScheduleSkipped
     | ToolReviewRequested
     | ToolReviewAnswered
+    | QuestionAnswered
 )
 
 

@@ -360,6 +360,10 @@ def _detail(data: Any) -> str | None:
         case ev.ToolReviewAnswered():
             why = f": {data.reason}" if data.reason else ""
             return f"tool {data.tool} review: {data.decision} by {data.by}{why}"
+        case ev.QuestionAnswered():
+            how = " (the default)" if data.defaulted else ""
+            door = f" from the {data.door}" if data.door else ""
+            return f"question answered by {data.by}{door}: {_args(data.answer)}{how}"
         case ev.RunStarted():
             d = f"goal: {data.goal}"
             if data.user or data.tenant:
@@ -473,6 +477,8 @@ def _payload(data: Any) -> Any:
                 "reviewer_task_id": data.reviewer_task_id,
                 "issues": issues,
             }
+        case ev.QuestionAnswered():
+            return {"answer": data.answer, "by": data.by, "door": data.door}
         case ev.ToolRequested():
             return {"arguments": data.arguments}
         case ev.ToolCalled():

@@ -98,6 +98,8 @@ def event_reason(data: Any) -> str | None:
             return f"{r}: {_issues(data.issues)}" if data.issues else r
         case ev.TaskNeedsInput():
             return f"needs input: {data.missing}"
+        case ev.ApprovalRequested() if data.reason == "question":  # AskPerson: an answer
+            return f"question to a person: {data.detail}"
         case ev.ApprovalRequested():
             r = f"awaiting approval: {data.reason}"
             return f"{r} ({data.detail})" if data.detail else r

@@ -28,6 +28,7 @@ EXPECTED = {
     "Agent",
     "AgentCard",
     "AgentConstraints",
+    "AskPerson",
     "AmbiguousId",
     "AsOf",
     "BusError",

@@ -51,7 +51,11 @@ MAY_USE: dict[str, frozenset[str]] = {
     "tools": frozenset({"eventstore", "projections", "agents", "bus"}),
 }
 # exceptions that are signals, not errors (eventstore/errors.py's docstring says so)
-SIGNALS = {("cardbus.agents.agent", "Reject"), ("cardbus.agents.agent", "NeedsInput")}
+SIGNALS = {
+    ("cardbus.agents.agent", "Reject"),
+    ("cardbus.agents.agent", "NeedsInput"),
+    ("cardbus.agents.questions", "AskPerson"),  # a NeedsInput that asks a person
+}
 _DOTTED = re.compile(r"cardbus(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
 
 

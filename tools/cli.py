@@ -24,6 +24,7 @@ COMMANDS = {
     "a2a": "cardbus.tools.cmd_a2a",
     "agent": "cardbus.tools.cmd_nats",
     "agents": "cardbus.tools.cmd_agents",
+    "answer": "cardbus.tools.cmd_answer",
     "approve": "cardbus.tools.cmd_run",
     "cancel": "cardbus.tools.cmd_cancel",
     "demo": "cardbus.tools.cmd_demo",

@@ -8,6 +8,7 @@ serves the same agents as ``cardbus.agents.demo:Researcher`` and so on.
 from __future__ import annotations
 
 from .docs import DEMO_DOCS, demo_docs
+from .payer import Amount, Payee, Payer, Payment
 from .plans import parallel_plan, report_plan
 from .roles import (
     DEMO_AGENTS,
@@ -25,6 +26,10 @@ from .roles import (
 )
 
 __all__ = [
+    "Amount",
+    "Payee",
+    "Payer",
+    "Payment",
     "DEMO_AGENTS",
     "DEMO_DOCS",
     "Draft",

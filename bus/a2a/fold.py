@@ -15,10 +15,15 @@ What comes from where in the log:
 * an answer to an approval is ``task.approval_granted``/``denied`` by the
   name the request authenticated as, its ``note`` the message's text and
   id (:func:`approval_note`; logs before names had ``by = "a2a:<message
-  id>"``); an answer to a question is the result of the question's
-  supplementary task, submitted by the gateway's ``a2a-user`` agent, with
-  ``notes = "a2a:<message id>"`` and who answered (:func:`answer_notes`):
-  both read back as the user's messages in the history;
+  id>"``); an answer to a question (``AskPerson``: a ``user_input`` task that
+  waits, ``bus.orchestrator.questions``) is its ``question.answered``, with the
+  message's id when it came over A2A (logs before typed questions: the result of
+  the question's task submitted by the gateway's ``a2a-user`` agent, its notes
+  naming the message and who answered, :func:`answer_notes`): both read back as
+  the user's messages in the history;
+* a task input-required for a question says so in its status message: the
+  question's text, and a data part ``{"question": {...}}`` with its task id, text,
+  JSON Schema, choices and default (:func:`question_part`);
 * every other step is an agent message ``evt-<event id>`` in the history;
 * each plan task's result is an artifact with its output as a data part, and,
   for a run asked for with a text goal, a text part beside it
@@ -52,6 +57,7 @@ from google.protobuf import struct_pb2
 from google.protobuf.json_format import ParseDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from cardbus.bus.orchestrator.questions import question_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import TaskState as CardbusState
@@ -66,6 +72,7 @@ __all__ = [
     "answer_notes",
     "approval_note",
     "data_part",
+    "question_part",
     "result_text",
     "split_answer_notes",
     "split_approval_note",
@@ -154,12 +161,20 @@ def _stamp(unix: float) -> Timestamp:
 
 @dataclass(frozen=True)
 class Question:
-    """What an input-required task waits for: an approval, or input for a question."""
+    """What an input-required task waits for: an approval, a typed question (``spec``:
+    its task id, text, schema, choices, default), or input for a question of a log
+    before typed questions."""
 
     task_id: str  # the task awaiting approval, or the question's supplementary task
-    kind: str  # "approval" | "input"
+    kind: str  # "approval" | "question" | "input"
     text: str
     attempt: int = 0
+    spec: Any = None
+
+
+def question_part(q: Question) -> Part:
+    """The data part of an input-required status that carries a question's schema."""
+    return data_part({"question": q.spec})
 
 
 class TaskFold:
@@ -244,6 +259,13 @@ class TaskFold:
                 text = f"{who}: child run {data.child_root} started (attempt {data.attempt})"
             case ev.TaskStarted() if not data.implied:
                 text = f"{who}: {data.agent_id} started (attempt {data.attempt})"
+            case ev.QuestionAnswered() if data.message_id:  # over A2A: the user's message
+                role, message_id = Role.ROLE_USER, data.message_id
+                parts = [data_part(data.answer)]
+                text = ""
+            case ev.QuestionAnswered():
+                door = f" from the {data.door}" if data.door else ""
+                text = f"{who}: answered by {data.by}{door}: {json.dumps(data.answer)}"
             case ev.TaskResultSubmitted() if data.agent_id == USER_AGENT_ID:
                 role = Role.ROLE_USER
                 message_id = split_answer_notes(data.notes)[0] or message_id
@@ -325,7 +347,10 @@ class TaskFold:
             task = self.state.tasks.get(tid)
             if task is None:
                 continue
-            if task.state is _S.AWAITING_APPROVAL:
+            asked = question_of(task)
+            if asked is not None and asked.open:
+                out.append(Question(tid, "question", asked.question, spec=asked.as_dict()))
+            elif task.state is _S.AWAITING_APPROVAL:
                 goal = task.created.goal or task.created.capability
                 out.append(
                     Question(tid, "approval", f"{self._label(tid)} ({goal}) awaits approval")
@@ -380,8 +405,10 @@ class TaskFold:
         if self.updated:
             status.timestamp.CopyFrom(_stamp(self.updated))
         text = ""
+        asked: list[Question] = []
         if state == TaskState.TASK_STATE_INPUT_REQUIRED:
-            text = "; ".join(q.text for q in self.questions())
+            asked = self.questions()
+            text = "; ".join(q.text for q in asked)
         elif self.history and self.history[-1].role == Role.ROLE_AGENT:
             text = self.history[-1].parts[0].text
         if text:
@@ -391,7 +418,8 @@ class TaskFold:
                     context_id=self.context_id,
                     task_id=self.root_id,
                     role=Role.ROLE_AGENT,
-                    parts=[_text(text)],
+                    # a typed question: its schema rides beside the text, as data
+                    parts=[_text(text), *(question_part(q) for q in asked if q.spec)],
                 )
             )
         return status

@@ -204,6 +204,7 @@ class RemoteA2AAgent(Agent):
         state: int = TaskState.TASK_STATE_UNSPECIFIED
         remote_task = ("", "")
         status_text = ""
+        asked: dict[str, Any] = {}  # a typed question's schema, choices and default
         parts: list[Part] = []
         try:
             async with (
@@ -224,12 +225,14 @@ class RemoteA2AAgent(Agent):
                             remote_task = (t.id, t.context_id)
                             state = t.status.state
                             status_text = _text_of(t.status.message.parts)
+                            asked = _question_of(t.status.message.parts) or asked
                             parts = [p for a in t.artifacts for p in a.parts] or parts
                         elif resp.HasField("status_update"):
                             u = resp.status_update
                             remote_task = (u.task_id, u.context_id)
                             state = u.status.state
                             status_text = _text_of(u.status.message.parts) or status_text
+                            asked = _question_of(u.status.message.parts) or asked
                         elif resp.HasField("artifact_update"):
                             a = resp.artifact_update
                             if a.append:
@@ -276,7 +279,12 @@ class RemoteA2AAgent(Agent):
                 "status": "needs_input",
                 "missing": status_text or f"{cls.agent_id} needs input",
                 "supplement_capability": USER_CAPABILITY,
-                "supplement_inputs": {"question": status_text, "remote_task_id": remote_task[0]},
+                # a typed question (a cardbus gateway's data part) is asked here typed too
+                "supplement_inputs": {
+                    **asked,
+                    "question": status_text,
+                    "remote_task_id": remote_task[0],
+                },
             }
         elif state == TaskState.TASK_STATE_REJECTED:
             extra = {"status": "rejected", "reason": "remote_rejected", "notes": status_text}
@@ -295,6 +303,20 @@ class RemoteA2AAgent(Agent):
 
 def _text_of(parts: Any) -> str:
     return "\n".join(p.text for p in parts if p.HasField("text"))
+
+
+def _question_of(parts: Any) -> dict[str, Any]:
+    """The schema, choices and default of the first typed question a status message
+    carries (``{"question": {...}}``, as ``TaskFold`` writes it); {} when none."""
+    for p in parts:
+        if not p.HasField("data"):
+            continue
+        doc = ints_back(MessageToDict(p.data))
+        q = doc.get("question") if isinstance(doc, dict) else None
+        if isinstance(q, dict) and isinstance(q.get("schema"), dict):
+            out = {"schema": q["schema"], "choices": q.get("choices")}
+            return out | ({"default": q["default"]} if "default" in q else {})
+    return {}
 
 
 async def remote_a2a_agent(

@@ -16,16 +16,19 @@ reads every answer back from the log (``TaskFold``):
   message answers with the task it started);
 * a message on a task that is input-required answers what it waits for: an
   approval (``{"approve": true|false}`` or a text beginning with yes/approve
-  or no/deny, through ``answer_approval``) or a question an agent asked with
-  ``NeedsInput(missing, capability="user_input")`` (the supplementary task is
-  dispatched to the gateway's ``a2a-user`` agent; the message is its result);
+  or no/deny, through ``answer_approval``) or a question an agent asked
+  (``AskPerson(question, schema)``, or a free-text ``NeedsInput(missing,
+  capability="user_input")``): the input-required status carries the question's
+  schema as a data part, and the message's data part (or text) is the answer,
+  through ``answer_question`` (refused naming the field when it does not fit the
+  schema: ``InvalidParamsError``, the question stays open);
 * who does it is who authenticated: the actor of a run started, an approval
   answered or a run cancelled is the name of the token the request carried
   (``HttpGuard`` puts an :class:`~cardbus.bus.http_guard.Identity` in the
   request; a2a-sdk hands it on as ``context.user``), ``local:<user>`` on a
-  loopback gateway without tokens (an answer to a question is a result the
-  orchestrator records: its notes name who answered). The message id is
-  kept in the note;
+  loopback gateway without tokens (an answer to a question is a
+  ``question.answered`` by that name). The message id is kept in the note, or
+  in the ``question.answered``;
 * ``CancelTask`` cancels the run (``cancel_run``); ``GetTask``, ``ListTasks``
   and ``SubscribeToTask`` fold the log, so they work after a restart, and a
   subscriber first gets the whole task (history and artifacts: what it
@@ -116,6 +119,7 @@ from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.children import remote_lineage
 from cardbus.bus.orchestrator.core import Orchestrator, answer_approval
 from cardbus.bus.orchestrator.plan import Plan, as_plan
+from cardbus.bus.orchestrator.questions import QuestionRefused, answer_question
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore import EventStore, new_id
 from cardbus.eventstore import events as ev
@@ -216,6 +220,31 @@ def gateway_card(planner: bool = False) -> AgentCard:
 
 def _refuse(message: str) -> InvalidParamsError:
     return InvalidParamsError(message=message)
+
+
+def _answer_of(q: Question, text: str, data: list[Any]) -> Any:
+    """The answer a message gives to a typed question: its data part (a ``task_id`` that
+    names the question is not part of it), else its text: as it is for a string (a string
+    schema, or choices that are all strings), ``{"text": ...}`` for a question of any
+    answer, else read as JSON (the schema then says what is wrong)."""
+    spec = q.spec or {}
+    schema = spec.get("schema") or {}
+    if data:
+        doc = data[0]
+        props = schema.get("properties")
+        named = isinstance(doc, dict) and doc.get("task_id") == q.task_id
+        if named and not (isinstance(props, dict) and "task_id" in props):
+            doc = {k: v for k, v in doc.items() if k != "task_id"}
+        return doc
+    choices = spec.get("choices")
+    if schema.get("type") == "string" or (choices and all(isinstance(c, str) for c in choices)):
+        return text
+    if not schema:
+        return {"text": text}  # a free-text question, as before typed questions
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _check_message(params: SendMessageRequest) -> None:
@@ -499,6 +528,18 @@ class A2AGateway(RequestHandler):
                 raise _refuse(f"{q.text}: answer yes/approve or no/deny, or {{'approve': bool}}")
             note = approval_note(text or str(fields), message.message_id)
             await answer_approval(self.store, q.task_id, verdict, actor, note)
+        elif q.kind == "question":
+            try:
+                await answer_question(
+                    self.store,
+                    q.task_id,
+                    _answer_of(q, text, data),
+                    by=actor,
+                    door="a2a",
+                    message_id=message.message_id,
+                )
+            except QuestionRefused as e:  # the question stays open: the client may try again
+                raise _refuse(f"{q.text}: {e}") from e
         else:
             output: Any = fields if fields else {"text": text}
             await self.bus.reply(

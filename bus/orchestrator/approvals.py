@@ -9,6 +9,7 @@ the ask lands is not told "conflict": only a task no longer waiting is refused.
 
 from __future__ import annotations
 
+from cardbus.agents.questions import USER_INPUT
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.eventstore import ConcurrencyError, EventStore, NewEvent, TaskState
 from cardbus.eventstore import events as ev
@@ -36,6 +37,11 @@ async def answer_approval(
             current = task.state if task else "unknown"
             raise CardbusError(f"task {task_id!r} is not awaiting approval (it is {current})")
         data: ev.Event
+        if granted and task.created.capability == USER_INPUT:  # approving answers nothing
+            raise CardbusError(
+                f"task {task_id!r} asks a question: answer it (cardbus answer {task_id}"
+                " --json ...), or deny it to decline"
+            )
         if granted:
             resume = "running" if task.has_proposal else "pending"
             data = ev.ApprovalGranted(by=by, resume=resume, note=note)

@@ -20,7 +20,7 @@ import msgspec
 from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import schema_errors
-from cardbus.bus.orchestrator import child_runs, optional, planning
+from cardbus.bus.orchestrator import child_runs, optional, planning, questions
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
 from cardbus.bus.orchestrator.cancel import run_not_completed
 from cardbus.bus.orchestrator.context import fit_card
@@ -486,6 +486,9 @@ class Decider:
                 if not self._deps_done(task) or self.now < task.not_before:
                     return
                 self._follow_completed(task.task_id, task.created.deps)
+                if questions.asks_person(task.created):  # a person answers it, not an agent
+                    questions.ask(self, task)
+                    return
                 if task.created.requires_approval and not task.approved:
                     self.d.add(task.task_id, ev.ApprovalRequested(reason="requires_approval"))
                     return

@@ -14,6 +14,7 @@ PUBLIC = {
     "AgentCard",
     "AgentConstraints",
     "Announce",
+    "AskPerson",
     "CapabilitySpec",
     "Capability",
     "Completion",

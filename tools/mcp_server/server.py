@@ -33,8 +33,8 @@ __all__ = ["build_server", "serve_http", "serve_stdio"]
 INSTRUCTIONS = (
     "cardbus runs multi-agent work from an append-only log. Start a run from a goal or a"
     " plan (start_run), follow it (run_status with wait_s, replay), answer the tasks that"
-    " wait for a person (waiting, approve, deny), cancel, fork or re-run. Ids may be"
-    " given as a unique prefix."
+    " wait for a person (waiting, approve, deny, review, answer_question), cancel, fork or"
+    " re-run. Ids may be given as a unique prefix."
 )
 
 
@@ -126,6 +126,14 @@ def build_server(service: RunService) -> MCPServer:
         runs with, checked against its schema) or refuse (with a reason the model gets)."""
         work = service.review(_actor(ctx), task, decision, arguments, reason, call)
         return await _tool(work)
+
+    @mcp.tool()
+    async def answer_question(
+        ctx: Context, task: str, answer: Any = None, use_default: bool = False
+    ) -> dict[str, Any]:
+        """Answer a question an agent asked a person (``waiting`` shows it, with the JSON
+        Schema of the answer): refused naming the field when the answer does not fit."""
+        return await _tool(service.answer_question(_actor(ctx), task, answer, use_default))
 
     @mcp.tool()
     async def cancel_run(ctx: Context, run: str, note: str = "") -> dict[str, Any]:

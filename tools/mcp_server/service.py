@@ -27,6 +27,7 @@ import msgspec
 
 from cardbus.agents.agent import Agent
 from cardbus.bus.orchestrator.core import answer_approval
+from cardbus.bus.orchestrator.questions import answer_question, open_questions
 from cardbus.bus.orchestrator.reviews import DECISIONS, answer_review, open_reviews
 from cardbus.eventstore.errors import CardbusError, ValidationError
 from cardbus.eventstore.store import EventStore
@@ -239,6 +240,10 @@ class RunService:
             }
             # a tool call held for review: the call, its arguments, the model's words
             held = await open_reviews(self.c.store, str(r["task_id"]))
+            asked = await open_questions(self.c.store, str(r["task_id"]))
+            if asked and asked[0].task_id == r["task_id"]:  # a question: answer_question
+                row["answers"] = ["answer", "deny"]
+                row["question"] = asked[0].as_dict()
             if held:
                 row["answers"] = list(DECISIONS)
                 row["reviews"] = [
@@ -264,6 +269,17 @@ class RunService:
         )
         calls = [{"call": r.call, "tool": r.tool, "proposed": r.arguments} for r in answered]
         return {"task_id": task_id, "decision": decision, "by": by, "calls": calls}
+
+    async def answer_question(
+        self, by: str, task: str, answer: Any = None, use_default: bool = False
+    ) -> dict[str, Any]:
+        """A person's answer to a question an agent asked (``answer_question``): checked
+        against its schema, refused naming the field when it does not fit."""
+        ident = await resolve_id(self.c.store, task)
+        q, given = await answer_question(
+            self.c.store, ident, answer, by=by, door="mcp", use_default=use_default
+        )
+        return {"task_id": q.task_id, "answer": given, "by": by}
 
     async def answer(self, by: str, task: str, granted: bool, note: str = "") -> dict[str, Any]:
         task_id = await resolve_id(self.c.store, task)

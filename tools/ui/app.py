@@ -82,6 +82,7 @@ from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.actions import Actions, HostedAgents, LogActions, NoAgents, NoAgentsHere
 from cardbus.tools.ui.page import PAGE
+from cardbus.tools.ui.questions import question_routes
 from cardbus.tools.ui.schedules import schedule_routes
 
 try:
@@ -748,6 +749,8 @@ def create_app(
         Route("/api/runs/{id:path}/{action:str}", run_action, methods=["POST"]),
         Route("/api/runs/{id:path}", run),
         Route("/api/tasks/{id:path}/reviews", reviews),
+        # tools.ui.questions: a question's open form and its answer (before the actions)
+        *question_routes(lambda: console().store, actor_of, _json, _error, _body),
         Route("/api/tasks/{id:path}/{action:str}", answer, methods=["POST"]),
         Route("/api/tasks/{id:path}", task),
         Route("/api/diff", diff),

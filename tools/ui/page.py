@@ -64,6 +64,8 @@ _CSS = """
   .reason { color: #a33; }
   button { font: inherit; padding: 2px 10px; margin-right: 6px; cursor: pointer; }
   button.approve { background: #e3f5e9; border: 1px solid #17803d; }
+  .invalid { outline: 2px solid #b00020; }
+  form.question label { display: inline-block; min-width: 8em; font-weight: 600; }
   button.deny { background: #fdeaea; border: 1px solid #c62828; }
   .cost.unknown { color: #b26a00; }
   tr.differs td.differs { color: #c62828; font-weight: 600; }
@@ -138,7 +140,7 @@ async function postJSON(path, body) {
   const r = await fetch(url(path), {method: "POST", headers: {"Content-Type": "application/json"},
     body: JSON.stringify(body)});
   const out = await r.json();
-  if (!r.ok) throw new Error(out.error || r.statusText);
+  if (!r.ok) { const e = new Error(out.error || r.statusText); e.field = out.field; throw e; }
   return out;
 }
 function fmtTime(t) { return t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) : ""; }
@@ -177,9 +179,72 @@ function approvalButtons(taskId) {
     `<button class="approve" data-approve="${esc(taskId)}">Approve</button>` +
     `<button class="deny" data-deny="${esc(taskId)}">Deny</button></span>`;
 }
+// -- a question an agent asked a person: a form drawn from the answer's schema -------------
+// each field keeps what was typed across re-renders (data-note), and the server checks
+// the answer: a field the schema refuses is named in the error, the question stays open
+function questionField(q, name, spec, value, required) {
+  const key = `q:${q.task_id}:${name}`;
+  const label = `<label for="${esc(key)}">${esc(name)}${required ? " *" : ""}</label>`;
+  const enumv = spec.enum || (name === "" && q.choices) || null;
+  const at = `id="${esc(key)}" data-note="${esc(key)}" data-field="${esc(name)}" data-kind="${esc(enumv ? "enum" : spec.type || "json")}"`;
+  if (enumv) {
+    const opts = enumv.map((v) => `<option value="${esc(JSON.stringify(v))}" ${JSON.stringify(v) === JSON.stringify(value) ? "selected" : ""}>${esc(String(v))}</option>`).join("");
+    return `<p>${label} <select ${at}><option value=""></option>${opts}</select></p>`;
+  }
+  if (spec.type === "boolean") return `<p>${label} <input type="checkbox" ${at} ${value ? "checked" : ""}></p>`;
+  if (["number", "integer", "string"].includes(spec.type)) {
+    return `<p>${label} <input ${at} value="${esc(value === undefined || value === null ? "" : String(value))}"></p>`;
+  }
+  return `<p>${label} <textarea rows="3" ${at} placeholder="JSON">${esc(value === undefined ? "" : JSON.stringify(value))}</textarea></p>`;
+}
+function questionForm(q) {
+  const s = q.schema || {}, props = s.properties, required = s.required || [];
+  const dflt = q.default;
+  const fields = props && typeof props === "object"
+    ? Object.entries(props).map(([n, spec]) => questionField(q, n, spec || {}, dflt ? dflt[n] : undefined, required.includes(n))).join("")
+    : questionField(q, "", s, dflt, true);
+  return `<form class="question" data-question="${esc(q.task_id)}" onsubmit="return false">
+    <h2>Question</h2><p id="question-text">${esc(q.question)}</p>${fields}
+    <p class="reason" id="answer-error"></p>
+    <button class="approve" data-answer="${esc(q.task_id)}">Answer</button>
+    ${"default" in q ? `<button data-answer-default="${esc(q.task_id)}">Answer with the default</button>` : ""}
+    <button class="deny" data-deny="${esc(q.task_id)}">Decline</button></form>`;
+}
+function answerFrom(form) {
+  const read = (el) => {
+    const v = el.type === "checkbox" ? el.checked : el.value;
+    if (el.type === "checkbox") return v;
+    if (el.dataset.kind === "enum") return v === "" ? undefined : JSON.parse(v);
+    if (v === "") return undefined;
+    if (el.dataset.kind === "number" || el.dataset.kind === "integer") {
+      const n = Number(v.trim());  // not a number: sent as typed, for the server to refuse
+      return v.trim() !== "" && !Number.isNaN(n) ? n : v;
+    }
+    if (el.dataset.kind === "string") return v;
+    try { return JSON.parse(v); } catch (_) { return v; }
+  };
+  const els = [...form.querySelectorAll("[data-field]")];
+  if (els.length === 1 && els[0].dataset.field === "") return read(els[0]);
+  const out = {};
+  for (const el of els) { const v = read(el); if (v !== undefined) out[el.dataset.field] = v; }
+  return out;
+}
+function sendAnswer(t, body) {
+  t.disabled = true;
+  const form = t.closest("form"), err = document.getElementById("answer-error");
+  postJSON(`/api/tasks/${encodeURIComponent(t.dataset.answer || t.dataset.answerDefault)}/answer`, body)
+    .then(refresh)
+    .catch((e) => {
+      t.disabled = false;
+      if (err) err.textContent = String(e.message || e);
+      for (const el of form.querySelectorAll("[data-field]")) el.classList.toggle("invalid", !!e.field && el.dataset.field === e.field);
+    });
+}
 document.addEventListener("click", (e) => {
   const t = e.target;
   if (!(t instanceof HTMLElement)) return;
+  if (t.dataset.answer) { sendAnswer(t, {answer: answerFrom(t.closest("form"))}); return; }
+  if (t.dataset.answerDefault) { sendAnswer(t, {default: true}); return; }
   const id = t.dataset.approve || t.dataset.deny;
   if (id) {
     t.disabled = true;
@@ -416,7 +481,8 @@ function tasksTable(data) {
       <td>${status(k.status)}</td><td>${k.attempts}</td>
       <td class="nowrap">${live ? since(k.updated_at, RUNNING.includes(k.status) ? ((k.reason || "").startsWith("queued for the model's limit") ? "queued" : "running") : "waiting") : ""}</td>
       <td class="reason">${esc(reason)}</td>
-      <td>${k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id)
+      <td>${k.capability === "user_input" && k.status === "awaiting_approval" ? `<a class="answer-link" href="#/task/${encodeURIComponent(k.task_id)}">answer the question…</a>`
+        : k.status === "awaiting_approval" || waiting.has(k.task_id) ? approvalButtons(k.task_id)
         : FINISHED_BAD.includes(k.status) ? `<a class="rerun-link" href="#/task/${encodeURIComponent(k.task_id)}" title="re-run it or fork from it, on its page">re-run…</a>` : ""}</td>
       <td><details data-events="${esc(k.task_id)}"><summary>events</summary><div>loading…</div></details></td></tr>`;
   }).join("");
@@ -514,7 +580,7 @@ function taskView(data) {
     ${k.agent_id ? "· agent " + esc(k.agent_id) : ""} · attempts ${k.attempts}
     ${RUNNING.includes(k.status) || WAITING.includes(k.status) ? " · " + since(k.updated_at, k.status === "awaiting_approval" ? "waiting for approval" : "in " + k.status) : ""}
     ${k.reason && k.status !== "completed" ? `· <span class="reason">${esc(k.reason)}</span>` : ""}</p>
-    ${k.status === "awaiting_approval" ? `<p>${approvalButtons(k.task_id)}</p>` : ""}
+    ${k.status === "awaiting_approval" ? (data.questions && data.questions.length ? questionForm(data.questions[0]) : `<p>${approvalButtons(k.task_id)}</p>`) : ""}
     <h2>Goal</h2><p id="task-goal">${esc(k.goal || data.run_goal || "")}${!k.goal && data.run_goal ? ` <span class="muted">(the run's goal)</span>` : ""}</p>
     <div class="io"><div><h2>Inputs as planned</h2><div id="task-input">${json(k.input)}</div></div>
     <div><h2>Inputs the agent received</h2><div id="task-received">${receivedInputs(data)}</div></div></div>
@@ -599,7 +665,13 @@ async function refresh() {
       html = runView(d); root = d.root_id;
     } else if (r.view === "diff") {
       d = await getJSON("/api/diff", {a: r.id, b: r.other}); html = diffView(d);
-    } else if (r.view === "task") { d = await getJSON(`/api/tasks/${encodeURIComponent(r.id)}`); html = taskView(d); root = d.task.root_id; }
+    } else if (r.view === "task") {
+      d = await getJSON(`/api/tasks/${encodeURIComponent(r.id)}`);
+      if (d.task.capability === "user_input" && d.task.status === "awaiting_approval") {  // a question: its form
+        d.questions = (await getJSON(`/api/tasks/${encodeURIComponent(d.task.task_id)}/questions`)).questions;
+      }
+      html = taskView(d); root = d.task.root_id;
+    }
     else { d = await getJSON("/api/runs", {...r.params, limit: RUNS_PAGE}); html = runsView(d, r.params); }
     if (mine !== generation) return;
     if (d.now) skew = d.now - Date.now() / 1000;

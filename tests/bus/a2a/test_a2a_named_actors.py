@@ -21,7 +21,7 @@ from a2a.types import AgentCard, CancelTaskRequest, GetTaskRequest, SendMessageR
 from a2a_support import ServeProcess, collect, data_message, plan, text_message
 from google.protobuf.json_format import ParseDict
 
-from cardbus.bus.a2a.fold import split_answer_notes, split_approval_note
+from cardbus.bus.a2a.fold import split_approval_note
 from cardbus.eventstore import Envelope, SqliteEventStore
 from cardbus.eventstore import events as ev
 
@@ -95,13 +95,12 @@ async def test_a_question_answered_and_a_cancel_are_by_the_tokens_name(
         answer = text_message("blue", root)
         await collect(ops, SendMessageRequest(message=answer))
     log = await _log(server.db, root)
-    [result] = [
-        e
-        for e in log
-        if isinstance(e.data, ev.TaskResultSubmitted) and e.data.agent_id == "a2a-user"
-    ]
-    assert isinstance(result.data, ev.TaskResultSubmitted)
-    assert split_answer_notes(result.data.notes) == (answer.message_id, "ops")
+    # the answer is the question's question.answered, by the token's name, under the
+    # message's id (logs before typed questions: a2a-user's result, split_answer_notes)
+    [result] = [e for e in log if isinstance(e.data, ev.QuestionAnswered)]
+    assert isinstance(result.data, ev.QuestionAnswered)
+    assert (result.actor, result.data.by, result.data.door) == ("ops", "ops", "a2a")
+    assert result.data.message_id == answer.message_id
 
     slow = plan([{"id": "s", "capability": "shout", "inputs": {"text": "x", "seconds": 30}}])
     async with client_as(server, OPS) as ops:
