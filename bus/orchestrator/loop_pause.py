@@ -64,8 +64,16 @@ def _with_inputs(created: ev.TaskCreated, inputs: dict[str, Any]) -> ev.TaskCrea
 
 
 def holds(decider: Decider, run: RunView) -> bool:
-    """The run is paused (in the log, or decided in this step): dispatch nothing."""
+    """The run is paused (in the log, or decided in this step): dispatch nothing.
+
+    While the run's own stream is being written (its append in flight), a pause may be
+    in it, not folded yet: a step deciding meanwhile (another reply came) would send the
+    very task the pause holds, on loop counts that miss the dispatches in flight too. So
+    under ``on_loop="pause"`` nothing is sent until that write is folded (the run's stream
+    is written rarely: its start, its plans, its end, a pause)."""
     if run.paused is not None:
+        return True
+    if decider.policy.on_loop == "pause" and run.root_id in decider.d.busy:
         return True
     return any(isinstance(e, ev.RunPaused) for e in decider.d.events.get(run.root_id, []))
 
