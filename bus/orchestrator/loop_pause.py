@@ -90,7 +90,12 @@ def pause(
     """Pause the run on a loop, with its evidence, instead of halting it."""
     if holds(decider, run) or decider.d.touched(run.root_id):
         return  # one pause at a time; a write to the run's stream in flight: next step
-    sent = sorted(t for h, t in run.loop_seen if h == loop_hash)
+    sent = {t for h, t in run.loop_seen if h == loop_hash}
+    sent |= {  # and those sent with them in this same step
+        stream
+        for stream, events in decider.d.events.items()
+        if any(isinstance(e, ev.TaskDispatched) and e.loop_hash == loop_hash for e in events)
+    }
     decider.d.add(
         run.root_id,
         ev.RunPaused(
@@ -101,7 +106,7 @@ def pause(
             loop_hash=loop_hash,
             count=count,
             inputs=inputs,
-            tasks=sent[:50],
+            tasks=sorted(sent)[:50],
         ),
     )
 

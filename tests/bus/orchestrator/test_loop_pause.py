@@ -76,3 +76,34 @@ async def test_without_pause_a_loop_still_halts(make_runtime):
     rt = await make_runtime([make_agent("echo")], policy=dataclasses.replace(PAUSE, on_loop="halt"))
     r = await rt.run(_looping())
     assert r.status == "halted" and r.reason == "loop_detected"
+
+
+async def test_tasks_sent_together_hold_the_looping_one_on_sqlite(tmp_path):
+    """Four tasks ready at once, through the embedded runtime (the decide loop): the pause
+    is written while the other dispatches are; a step deciding before it is folded must
+    not send the task it holds (it did, on loop counts missing the dispatches in flight)."""
+    from cardbus.bus.runtime.embedded import EmbeddedRuntime
+    from cardbus.eventstore import SqliteEventStore
+
+    # a plan id: its claim is written first, then the run decided by the decide loop
+    four = plan(*[task(n, text="same") for n in ("one", "two", "three", "four")], plan_id="four")
+    policy = dataclasses.replace(PAUSE, loop_threshold=3)
+    async with (
+        await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
+        EmbeddedRuntime(store, [make_agent("echo")], policy) as rt,
+    ):
+        root = await rt.orchestrator.submit(four)
+        await wait_for(store, lambda e: isinstance(e.data, ev.RunPaused))
+        for name in ("one", "two", "three"):
+            await wait_for(
+                store,
+                lambda e, n=name: isinstance(e.data, ev.TaskCompleted) and e.stream == tid(root, n),
+            )
+        await rt.orchestrator.caught_up()
+        log = await run_log(store, root)
+        assert not log.of(ev.TaskDispatched, tid(root, "four")), log.summary()
+        evidence = log.first(ev.RunPaused).data.tasks
+        assert evidence == sorted(tid(root, n) for n in ("one", "two", "three"))
+        await answer_pause(store, root, "resume", by="ada", inputs={"text": "new"})
+        r = await rt.orchestrator.wait(root, 10)
+    assert r.status == "completed" and r.outputs["four"] == {"text": "new"}
