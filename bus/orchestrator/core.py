@@ -260,8 +260,8 @@ class Orchestrator:
         ]
         # a webhook told when a person's word is awaited: best effort (``notify``)
         self.notifier = (
-            Notifier(self.policy.notify_url, self.policy.notify_timeout_s)
-            if (self.policy.notify_url)
+            Notifier(self.policy.notify_url, self.policy.notify_timeout_s, state=self.state)
+            if self.policy.notify_url
             else None
         )
         if self.notifier is not None:

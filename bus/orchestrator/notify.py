@@ -21,12 +21,15 @@ import hmac
 import logging
 import os
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
+
+if TYPE_CHECKING:
+    from cardbus.bus.orchestrator.runstate import RunState
 
 __all__ = ["MAX_PENDING", "SECRET_ENV", "SIGNATURE_HEADER", "Notifier", "notice", "sign"]
 
@@ -42,8 +45,9 @@ def sign(body: bytes, secret: str) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def notice(env: Envelope) -> dict[str, Any] | None:
-    """The notice for an event a person should hear of, or None."""
+def notice(env: Envelope, state: RunState | None = None) -> dict[str, Any] | None:
+    """The notice for an event a person should hear of, or None. With ``state`` (folded
+    through ``env``), a wait's notice names who may answer and by when (``waits``)."""
     data = env.data
     base: dict[str, Any] = {
         "type": ev.tag_of(data),
@@ -54,10 +58,14 @@ def notice(env: Envelope) -> dict[str, Any] | None:
     match data:
         case ev.ApprovalRequested():
             kind = "review" if data.reason == "tool_review" else "approval"
+            task = state.tasks.get(env.stream) if state is not None else None
+            wait = task.wait if task is not None else None
             return base | {
                 "task": env.stream,
                 "kind": kind,
                 "reason": data.reason,
+                "approvers": wait.approvers if wait is not None else [],
+                "deadline": (wait.due or None) if wait is not None else None,
                 "detail": data.detail[:2000],
             }
         case ev.WaitExpired(action="escalate"):
@@ -85,8 +93,15 @@ def notice(env: Envelope) -> dict[str, Any] | None:
 class Notifier:
     """Posts a notice for each event that asks a person for their word (an observer)."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0, secret: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 5.0,
+        secret: str | None = None,
+        state: RunState | None = None,
+    ) -> None:
         self.url = url
+        self.state = state
         self.timeout_s = timeout_s
         self.secret = os.environ.get(SECRET_ENV, "") if secret is None else secret
         self._pending: set[asyncio.Task[None]] = set()
@@ -96,7 +111,7 @@ class Notifier:
             log.warning("%s is not set: webhook notices go unsigned", SECRET_ENV)
 
     def observe(self, env: Envelope) -> None:
-        body = notice(env)
+        body = notice(env, self.state)
         if body is None:
             return
         if len(self._pending) >= MAX_PENDING:

@@ -74,6 +74,8 @@ async def test_the_approver_and_the_escalation_are_notified_signed(
         ("task.approval_requested.v1", gate, "requires_approval"),
         ("task.wait_expired.v1", gate, "escalated"),
     ]
+    asked = next(n for n in _Receiver.got if n["reason"] == "requires_approval")
+    assert asked["approvers"] == [] and asked["deadline"] > asked["recorded_at"]
     escalated = next(n for n in _Receiver.got if n["reason"] == "escalated")
     assert escalated["approvers"] == ["bea"] and escalated["run"] == root
     assert not _Receiver.refused
