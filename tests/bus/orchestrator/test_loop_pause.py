@@ -107,3 +107,33 @@ async def test_tasks_sent_together_hold_the_looping_one_on_sqlite(tmp_path):
         await answer_pause(store, root, "resume", by="ada", inputs={"text": "new"})
         r = await rt.orchestrator.wait(root, 10)
     assert r.status == "completed" and r.outputs["four"] == {"text": "new"}
+
+
+async def test_a_pause_survives_a_restart_from_the_snapshot(tmp_path):
+    """The pause is in the log and in the snapshot a stop writes: a new process holds the
+    task as the first did, and the person's answer reaches it."""
+    from orchkit import Runtime
+
+    from cardbus.eventstore import SqliteEventStore
+
+    db = tmp_path / "log.db"
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    rt = await Runtime(store, [make_agent("echo")], policy=PAUSE).start()
+    root = await rt.orch.submit(_looping())
+    await wait_for(store, lambda e: isinstance(e.data, ev.RunPaused))
+    await rt.stop()  # writes the snapshot beside the log
+    await store.close()
+    assert db.with_suffix(".db.snap").exists()
+    store = await SqliteEventStore.open(db, poll_interval=0.01)
+    try:
+        rt = await Runtime(store, [make_agent("echo")], policy=PAUSE).start()
+        try:
+            assert rt.orch.snapshot_position > 0  # started from the snapshot
+            assert rt.orch.state.runs[root].paused is not None
+            await answer_pause(store, root, "resume", by="ada", inputs={"text": "later"})
+            r = await rt.orch.wait(root, 10)
+        finally:
+            await rt.stop()
+    finally:
+        await store.close()
+    assert r.status == "completed" and r.outputs["c"] == {"text": "later"}
