@@ -10,14 +10,13 @@ import click
 import msgspec
 
 from cardbus.agents.mcp_config import MCPServer, split_plan_servers
-from cardbus.bus.orchestrator.core import RunResult, answer_approval
+from cardbus.bus.orchestrator.core import RunResult
 from cardbus.bus.orchestrator.effects import NO_RESULT, UnknownEffect, record_effect_done
-from cardbus.bus.orchestrator.loop_pause import answer_pause
+from cardbus.bus.orchestrator.loop_pause import answer_word
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run as run_loop
-from cardbus.eventstore import events as ev
 from cardbus.eventstore import new_id
 from cardbus.eventstore.errors import ConfigError
 from cardbus.projections import resolve_id
@@ -245,15 +244,7 @@ def _answer(
         store = await open_store_option(db)
         try:
             the_id = await resolve_id(store, text)  # a full id or a unique prefix
-            first = await store.read_stream(the_id)
-            if first and isinstance(first[0].data, ev.RunStarted):  # a run: its pause
-                decision = "resume" if granted else "stop"
-                await answer_pause(store, the_id, decision, by=by, note=note, inputs=inputs)
-                return the_id, "resumed" if granted else "stopped"
-            if inputs is not None:
-                raise click.UsageError("--inputs goes with a paused run (cardbus approve RUN)")
-            await answer_approval(store, the_id, granted, by, note)
-            return the_id, "approved" if granted else "denied"
+            return the_id, await answer_word(store, the_id, granted, by, note, inputs)
         finally:
             await store.close()
 

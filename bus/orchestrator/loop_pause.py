@@ -27,7 +27,16 @@ if TYPE_CHECKING:
     from cardbus.bus.orchestrator.decisions import Decider
     from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 
-__all__ = ["DECISIONS", "FOLDED", "answer_pause", "fold", "holds", "open_pause", "pause"]
+__all__ = [
+    "DECISIONS",
+    "FOLDED",
+    "answer_pause",
+    "answer_word",
+    "fold",
+    "holds",
+    "open_pause",
+    "pause",
+]
 
 #: what a person may answer a paused run with
 DECISIONS = ("resume", "stop")
@@ -158,3 +167,28 @@ async def answer_pause(
             if attempt == _TRIES - 1:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def answer_word(
+    store: EventStore,
+    the_id: str,
+    granted: bool,
+    by: str,
+    note: str = "",
+    inputs: dict[str, Any] | None = None,
+) -> str:
+    """A person's yes or no to what ``the_id`` waits for: a run's pause (resume or stop,
+    ``inputs`` for the task it holds) or a task's approval. Returns what it did:
+    ``resumed``, ``stopped``, ``approved`` or ``denied`` (``cardbus approve``/``deny``,
+    the console)."""
+    from cardbus.bus.orchestrator.approvals import answer_approval
+
+    first = await store.read_stream(the_id)
+    if first and isinstance(first[0].data, ev.RunStarted):
+        decision = "resume" if granted else "stop"
+        await answer_pause(store, the_id, decision, by=by, note=note, inputs=inputs)
+        return "resumed" if granted else "stopped"
+    if inputs is not None:
+        raise ValidationError("inputs go with a paused run (approve the run, not a task)")
+    await answer_approval(store, the_id, granted, by, note)
+    return "approved" if granted else "denied"
