@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from cardbus.bus.orchestrator.waits import kind_of
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
 
@@ -57,7 +58,7 @@ def notice(env: Envelope, state: RunState | None = None) -> dict[str, Any] | Non
     }
     match data:
         case ev.ApprovalRequested():
-            kind = "review" if data.reason == "tool_review" else "approval"
+            kind = kind_of(data.reason)
             task = state.tasks.get(env.stream) if state is not None else None
             wait = task.wait if task is not None else None
             return base | {

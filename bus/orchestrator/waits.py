@@ -73,8 +73,13 @@ class Waiting(msgspec.Struct, kw_only=True):
 
 
 def kind_of(reason: str) -> str:
-    """The kind of wait an ``approval.requested`` of ``reason`` begins."""
-    return "review" if reason == "tool_review" else "approval"
+    """The kind of wait an ``approval.requested`` of ``reason`` begins. A typed question
+    to a person (reason ``question``, ``questions``) is a kind of its own: an approval's
+    policy never answers it (approving a question by rule has no answer to give); it has
+    no policy until ``question`` is one of :data:`KINDS`."""
+    if reason == "tool_review":
+        return "review"
+    return "question" if reason == "question" else "approval"
 
 
 def check_waits(waits: dict[str, ev.WaitPolicy]) -> None:

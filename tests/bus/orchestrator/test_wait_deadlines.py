@@ -168,3 +168,13 @@ async def test_a_bad_policy_is_refused_naming_it(make_runtime, waits, match):
 
 def test_policy_defaults_keep_halting():
     assert dataclasses.replace(FAST).on_loop == "halt"
+
+
+def test_a_question_is_a_kind_of_its_own_that_no_approval_policy_answers():
+    from cardbus.bus.orchestrator.waits import KINDS, kind_of
+
+    kinds = [
+        kind_of(r) for r in ("requires_approval", "tool_review", "question", "budget_exceeded")
+    ]
+    assert kinds == ["approval", "review", "question", "approval"]
+    assert "question" not in KINDS  # no policy for it yet: a plan giving one is refused
