@@ -31,6 +31,7 @@ they resemble, so ``except ValueError`` keeps working::
     ├── BusError                  the bus could not deliver or receive
     ├── NotStarted(RuntimeError)  a runtime used before ``async with`` started it
     ├── AccessDenied              an agent asked for something outside its card
+    │   └── NotAnApprover         a person answered a wait escalated to others
     ├── EffectUnknown             a journaled tool call may have taken effect before a crash
     │   └── ToolUnderReview       a proposed tool call waits for a person's review
     ├── ReplayDiverged            a strict re-run asked what the recorded run did not ask
@@ -94,6 +95,7 @@ __all__ = [
     "ToolTimeout",
     "BusError",
     "CardbusError",
+    "NotAnApprover",
     "NotStarted",
     "ConcurrencyError",
     "DecodeError",
@@ -278,6 +280,17 @@ class NotStarted(CardbusError, RuntimeError):
 
 class AccessDenied(CardbusError):
     """An agent asked for data or a tool outside what its card allows."""
+
+
+class NotAnApprover(AccessDenied):
+    """A person answered a wait (an approval, a review) that its deadline escalated to
+    others: only the approvers it names may answer now (``bus.orchestrator.waits``)."""
+
+    def __init__(self, task_id: str, by: str, approvers: list[str]) -> None:
+        self.task_id, self.by, self.approvers = task_id, by, list(approvers)
+        super().__init__(
+            f"{by!r} may not answer {task_id}: it waits for {', '.join(approvers) or 'no one'}"
+        )
 
 
 class EffectUnknown(CardbusError):

@@ -36,10 +36,10 @@ __all__ = [
     "AgentDeregistered",
     "AgentRegistered",
     "ApprovalDenied",
-    "BudgetLimit",
-    "BudgetRefused",
     "ApprovalGranted",
     "ApprovalRequested",
+    "BudgetLimit",
+    "BudgetRefused",
     "Candidate",
     "ChildRunStarted",
     "ContextTrimmed",
@@ -60,13 +60,16 @@ __all__ = [
     "PlanSubmitted",
     "PlanningLimits",
     "PlanningSpec",
-    "RetryOverride",
+    "ReplyRefused",
     "ResultOrigin",
+    "RetryOverride",
     "ReviewIssue",
     "RevisionRequested",
     "RunCompleted",
     "RunFailed",
     "RunHalted",
+    "RunPauseAnswered",
+    "RunPaused",
     "RunResumed",
     "RunStarted",
     "ScheduleBuffered",
@@ -76,30 +79,32 @@ __all__ = [
     "SchedulePaused",
     "ScheduleResumed",
     "ScheduleSkipped",
-    "ReplyRefused",
     "TaskCancelled",
     "TaskCompleted",
     "TaskCreated",
     "TaskDispatched",
     "TaskFailed",
     "TaskHalted",
+    "TaskNeedsInput",
+    "TaskOptions",
+    "TaskRedelivered",
     "TaskRejected",
     "TaskResultIgnored",
     "TaskResultSubmitted",
     "TaskRetryScheduled",
-    "TaskNeedsInput",
-    "TaskOptions",
     "TaskSpec",
     "TaskStarted",
-    "TaskRedelivered",
     "TaskTimedOut",
     "ToolCalled",
     "ToolEffectUnknown",
+    "ToolRequested",
     "ToolReviewAnswered",
     "QuestionAnswered",
     "ToolReviewRequested",
-    "ToolRequested",
     "Usage",
+    "WaitExpired",
+    "WaitPolicy",
+    "WaitStep",
     "tag_of",
 ]
 
@@ -429,6 +434,37 @@ class PlanningSpec(msgspec.Struct, frozen=True, kw_only=True):
     session_fields: list[str] = []  # the session fields the planner sees
 
 
+class WaitStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One step of a wait's policy, applied when its deadline passes (``bus.orchestrator.waits``).
+
+    ``action``: ``escalate`` (only ``to`` and the members of ``group`` may answer from now
+    on, within ``deadline_s``, default the policy's), ``deny``, ``approve`` (by rule) or
+    ``fail`` (the task fails ``wait_expired``). ``note``: said with it, in the log.
+    """
+
+    action: str
+    to: list[str] = []
+    group: str = ""
+    deadline_s: float | None = None
+    note: str = ""
+
+
+class WaitPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How long a person's word may be waited for, and what happens then, step by step.
+
+    ``deadline_s``: from the moment the wait begins; ``then``: the steps, one per expiry,
+    in order (an escalation starts a new deadline; after the last step nothing more
+    happens); ``to`` / ``group``: who may answer before any escalation (none: anyone);
+    ``groups``: group name -> its members, for ``group`` here and in the steps.
+    """
+
+    deadline_s: float
+    then: list[WaitStep] = []
+    to: list[str] = []
+    group: str = ""
+    groups: dict[str, list[str]] = {}
+
+
 class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     """A run of a plan began (goal, plan, task ids, budget; ``agents``: the run's agents, the only
     ones selection considers; ``agent_paths``: their import paths; ``rerun_of``, ``offline``: a
@@ -469,6 +505,9 @@ class RunStarted(_Event, frozen=True, kw_only=True, tag="run.started.v1"):
     parent_task: str | None = None
     parent_attempt: int | None = None
     parent_close: str = "terminate"
+    # deadlines of a person's word, by the kind of wait ("approval", "review"):
+    # ``bus.orchestrator.waits``
+    waits: dict[str, WaitPolicy] = {}
 
 
 class RunResumed(_Event, frozen=True, kw_only=True, tag="run.resumed.v1"):
@@ -861,6 +900,52 @@ class QuestionAnswered(_Event, frozen=True, kw_only=True, tag="question.answered
     defaulted: bool = False  # no answer given: the question's default
 
 
+class WaitExpired(_Event, frozen=True, kw_only=True, tag="task.wait_expired.v1"):
+    """A wait for a person's word passed its deadline, and a step of its policy applied
+    (``bus.orchestrator.waits``): ``kind`` (``approval``, ``review``), ``step`` (1-based,
+    in the policy's ``then``), ``action`` (``escalate``, ``deny``, ``approve``, ``fail``),
+    ``deadline`` (the moment that passed). An escalation names who alone may answer now
+    (``approvers``, ``group``) and by when (``next_deadline``); the other actions are
+    followed, in the same write, by the events that carry them out."""
+
+    kind: str
+    step: int
+    action: str
+    deadline: float
+    approvers: list[str] = []
+    group: str = ""
+    next_deadline: float | None = None
+    note: str = ""
+
+
+class RunPaused(_Event, frozen=True, kw_only=True, tag="run.paused.v1"):
+    """The run waits for a person instead of halting (``Policy.on_loop="pause"``): the
+    evidence of the loop: ``task_id`` would have been dispatched with ``capability`` and
+    ``inputs`` (loop hash ``loop_hash``) on ``count`` tasks, ``tasks`` those already sent.
+    Nothing more is dispatched until a ``run.pause_answered``."""
+
+    reason: str  # loop_detected
+    task_id: str
+    detail: str = ""
+    capability: str = ""
+    loop_hash: str = ""
+    count: int = 0
+    inputs: Any = None
+    tasks: list[str] = []
+
+
+class RunPauseAnswered(_Event, frozen=True, kw_only=True, tag="run.pause_answered.v1"):
+    """A person's word on a paused run: ``resume`` (the paused task goes on, with
+    ``inputs`` merged over its own when given) or ``stop`` (the run halts). ``by`` is
+    the person (the envelope's actor)."""
+
+    decision: str  # resume | stop
+    by: str
+    task_id: str = ""
+    note: str = ""
+    inputs: dict[str, Any] | None = None
+
+
 class AccessRefused(_Event, frozen=True, kw_only=True, tag="access.refused.v1"):
     """An agent asked for something outside its card and was refused."""
 
@@ -1055,6 +1140,9 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ToolReviewRequested,
     ToolReviewAnswered,
     QuestionAnswered,
+    WaitExpired,
+    RunPaused,
+    RunPauseAnswered,
 )
 
 TASK_EVENT_TYPES: tuple[type[_Event], ...] = tuple(
@@ -1118,6 +1206,9 @@ Event = (
     | ToolReviewRequested
     | ToolReviewAnswered
     | QuestionAnswered
+    | WaitExpired
+    | RunPaused
+    | RunPauseAnswered
 )
 
 

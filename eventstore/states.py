@@ -35,6 +35,7 @@ from cardbus.eventstore.events import (
     TaskRetryScheduled,
     TaskStarted,
     TaskTimedOut,
+    WaitExpired,
     tag_of,
 )
 
@@ -99,6 +100,9 @@ TRANSITIONS: dict[type, dict[TaskState | None, TaskState]] = {
         S.RUNNING: S.AWAITING_APPROVAL,
     },
     ApprovalDenied: {S.AWAITING_APPROVAL: S.CANCELLED},
+    # a wait's deadline passed: the task still waits (an escalation) until the events
+    # that follow it in the same write say otherwise (``bus.orchestrator.waits``)
+    WaitExpired: {S.AWAITING_APPROVAL: S.AWAITING_APPROVAL, S.NEEDS_INPUT: S.NEEDS_INPUT},
     TaskCompleted: {
         S.DISPATCHED: S.COMPLETED,
         S.RUNNING: S.COMPLETED,

@@ -318,6 +318,17 @@ def _detail(data: Any) -> str | None:
             return f"input from {data.supplementary_task_id}"
         case ev.ApprovalGranted():
             return f"approved by {data.by}"
+        case ev.WaitExpired(action="escalate"):
+            who = ", ".join(data.approvers) + (f" (group {data.group})" if data.group else "")
+            return f"{data.kind} deadline passed (step {data.step}): escalated to {who}"
+        case ev.WaitExpired():
+            return f"{data.kind} deadline passed (step {data.step}): {data.action}"
+        case ev.RunPaused():
+            return f"paused: {data.reason}: {data.detail} (task {data.task_id})"
+        case ev.RunPauseAnswered():
+            changed = f", inputs {_args(data.inputs)}" if data.inputs else ""
+            note = f": {data.note}" if data.note else ""
+            return f"pause answered: {data.decision} by {data.by}{changed}{note}"
         case ev.ToolRequested():
             return f"tool {data.tool} requested" + (f" (call {data.seq})" if data.seq >= 0 else "")
         case ev.ToolCalled() if data.replayed_from:

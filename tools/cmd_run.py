@@ -10,12 +10,15 @@ import click
 import msgspec
 
 from cardbus.agents.mcp_config import MCPServer, split_plan_servers
-from cardbus.bus.orchestrator.core import RunResult, answer_approval
+from cardbus.bus.orchestrator.core import RunResult
 from cardbus.bus.orchestrator.effects import NO_RESULT, UnknownEffect, record_effect_done
+from cardbus.bus.orchestrator.loop_pause import answer_word
 from cardbus.bus.orchestrator.plan import as_plan, decode_plan
+from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run as run_loop
 from cardbus.eventstore import new_id
+from cardbus.eventstore.errors import ConfigError
 from cardbus.projections import resolve_id
 from cardbus.tools.cli import cli
 from cardbus.tools.cmd_plan import (
@@ -56,6 +59,19 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
     default=None,
     help="Serve this run before lower priorities (admission, model limits); default: the plan's.",
 )
+@click.option(
+    "--on-loop",
+    type=click.Choice(["halt", "pause"]),
+    default="halt",
+    show_default=True,
+    help="A loop detected halts the run, or pauses it for a person (cardbus approve/deny RUN).",
+)
+@click.option(
+    "--notify-url",
+    default="",
+    metavar="URL",
+    help="POST a notice (signed with $CARDBUS_NOTIFY_SECRET) when a person's word is awaited.",
+)
 @planner_option
 @llm_options
 @mcp_options
@@ -74,6 +90,8 @@ def run(
     timeout: float,
     as_json: bool,
     priority: int | None = None,
+    on_loop: str = "halt",
+    notify_url: str = "",
     planner: str | None = None,
     llm_base_url: str | None = None,
     model: str | None = None,
@@ -144,6 +162,10 @@ def run(
     if priority is not None:
         plan = msgspec.structs.replace(plan, priority=priority)
     plan, reuse_policy = with_context(plan, user, tenant, reuse, reuse_max_age)
+    try:
+        policy = Policy(on_loop=on_loop, notify_url=notify_url)  # type: ignore[arg-type]
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--notify-url") from e
 
     async def go() -> None:
         store = await open_store_option(db, create=True)
@@ -155,6 +177,7 @@ def run(
                 llm=llm,
                 mcp_servers=servers,
                 reuse=reuse_policy,
+                policy=policy,
                 schedules=False,  # it runs its plan and exits: the schedules are not its
             ) as rt:
                 watch_model_calls(rt.orchestrator, llm)
@@ -208,22 +231,29 @@ def run(
     run_loop(go())
 
 
-def _answer(text: str, granted: bool, db: StoreRef, by: str, note: str, as_json: bool) -> None:
-    async def go() -> str:
+def _answer(
+    text: str,
+    granted: bool,
+    db: StoreRef,
+    by: str,
+    note: str,
+    as_json: bool,
+    inputs: dict[str, Any] | None = None,
+) -> None:
+    async def go() -> tuple[str, str]:
         store = await open_store_option(db)
         try:
-            task_id = await resolve_id(store, text)  # a full id or a unique prefix
-            await answer_approval(store, task_id, granted, by, note)
-            return task_id
+            the_id = await resolve_id(store, text)  # a full id or a unique prefix
+            return the_id, await answer_word(store, the_id, granted, by, note, inputs)
         finally:
             await store.close()
 
-    task_id = run_loop(go())
-    answer = "approved" if granted else "denied"
+    the_id, answer = run_loop(go())
     if as_json:
-        click.echo(json.dumps({"task_id": task_id, "answer": answer, "by": by, "note": note}))
+        out = {"task_id": the_id, "answer": answer, "by": by, "note": note}
+        click.echo(json.dumps(out | ({"inputs": inputs} if inputs is not None else {})))
     else:
-        click.echo(f"{task_id}: {answer} by {by}")
+        click.echo(f"{the_id}: {answer} by {by}")
 
 
 _by = click.option("--by", default="cli", show_default=True, help="Who answers.")
@@ -255,6 +285,13 @@ _json = click.option("--json", "as_json", is_flag=True, help="Print the answer a
     default="",
     help="With --done: which call (its tool.requested id or key, or a prefix), when several wait.",
 )
+@click.option(
+    "--inputs",
+    "inputs_json",
+    default=None,
+    metavar="JSON",
+    help="A paused run: the paused task goes on with these inputs (merged over its own).",
+)
 def approve(
     task_id: str,
     db: StoreRef,
@@ -264,17 +301,30 @@ def approve(
     done: bool,
     result_json: str | None,
     call: str,
+    inputs_json: str | None,
 ) -> None:
-    """Approve TASK_ID, which is waiting for approval.
+    """Approve TASK_ID, which is waiting for approval, or resume a paused run.
 
     A task waiting on a tool call whose effect is unknown (tool_effect_unknown) calls it
     again with its idempotency key; with --done, the call is recorded as done instead,
     with the result given (--result) or the one the log has, and the run goes on.
+
+    Given a run paused on a loop (Policy on_loop "pause", cardbus run --on-loop pause),
+    the paused task goes on past the loop, with --inputs JSON merged over its inputs.
+    An approval escalated by its deadline is answered only by the approvers it names.
     """
+    inputs: dict[str, Any] | None = None
+    if inputs_json is not None:
+        try:
+            inputs = json.loads(inputs_json)
+        except ValueError as e:
+            raise click.BadParameter(f"not JSON: {e}", param_hint="--inputs") from e
+        if not isinstance(inputs, dict) or done:
+            raise click.BadParameter("a JSON object, without --done", param_hint="--inputs")
     if not done:
         if result_json is not None or call:
             raise click.UsageError("--result and --call go with --done")
-        _answer(task_id, True, db, by, note, as_json)
+        _answer(task_id, True, db, by, note, as_json, inputs)
         return
     result: Any = NO_RESULT
     if result_json is not None:
@@ -317,5 +367,6 @@ def _record_done(
 @_note
 @_json
 def deny(task_id: str, db: StoreRef, by: str, note: str, as_json: bool) -> None:
-    """Deny TASK_ID, which is waiting for approval (it is cancelled)."""
+    """Deny TASK_ID, which is waiting for approval (it is cancelled), or stop a paused run
+    (it halts, loop_detected)."""
     _answer(task_id, False, db, by, note, as_json)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from cardbus.agents.questions import USER_INPUT
 from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.orchestrator.waits import require_approver, run_start
 from cardbus.eventstore import ConcurrencyError, EventStore, NewEvent, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import CardbusError, StreamNotFound
@@ -29,6 +30,8 @@ async def answer_approval(
         raise StreamNotFound(task_id)  # not InvalidPlan: no plan is involved
     root = events[0].correlation_id
     state = RunState()
+    for env in await run_start(store, root, task_id):  # its wait policy: who may answer
+        state.apply(env)
     for env in events:
         state.apply(env)
     for attempt in range(_TRIES):
@@ -36,6 +39,7 @@ async def answer_approval(
         if task is None or task.state is not TaskState.AWAITING_APPROVAL:
             current = task.state if task else "unknown"
             raise CardbusError(f"task {task_id!r} is not awaiting approval (it is {current})")
+        require_approver(task, by)  # escalated by a deadline: only its approvers
         data: ev.Event
         if granted and task.created.capability == USER_INPUT:  # approving answers nothing
             raise CardbusError(

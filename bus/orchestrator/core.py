@@ -47,6 +47,7 @@ from cardbus.bus.orchestrator.gaps import fill_gap
 from cardbus.bus.orchestrator.hostloss import HOST_LOST
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.memory import LongTermMemory
+from cardbus.bus.orchestrator.notify import Notifier
 from cardbus.bus.orchestrator.plan import (
     Plan,
     as_plan,
@@ -257,6 +258,14 @@ class Orchestrator:
             CancelNotices(bus, self.state).observe,
             RunMetrics(owns, self.state).observe,
         ]
+        # a webhook told when a person's word is awaited: best effort (``notify``)
+        self.notifier = (
+            Notifier(self.policy.notify_url, self.policy.notify_timeout_s, state=self.state)
+            if self.policy.notify_url
+            else None
+        )
+        if self.notifier is not None:
+            self.observers.append(self.notifier.observe)
         # the largest event decided (the store's limit, with room for the envelope)
         self._event_limit = int(getattr(store, "max_event_bytes", DEFAULT_MAX_EVENT_BYTES)) - 8192
         # set when the log has refused writes for Policy.store_grace_s (disk full, read-only,

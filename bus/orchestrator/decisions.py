@@ -20,7 +20,7 @@ import msgspec
 from cardbus.agents.cards import AgentCard, Reply, ResultCard, Review, Started, TaskCard
 from cardbus.agents.embedding import DEFAULT_EMBEDDER, Embedder
 from cardbus.agents.schema import schema_errors
-from cardbus.bus.orchestrator import child_runs, optional, planning, questions
+from cardbus.bus.orchestrator import child_runs, loop_pause, optional, planning, questions
 from cardbus.bus.orchestrator.budget import Budgets, refused_event
 from cardbus.bus.orchestrator.cancel import run_not_completed
 from cardbus.bus.orchestrator.context import fit_card
@@ -34,6 +34,7 @@ from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.bus.orchestrator.selection import rank
+from cardbus.bus.orchestrator.waits import check_expiry
 from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.batch import MAX_TOKENS, nesting_problem
@@ -454,6 +455,9 @@ class Decider:
             return
         if run.started.parent_root is not None:  # a child run: its parent_close (child_runs)
             child_runs.close_orphaned(self, run)
+        if run.stopped_by:  # a person stopped a paused run (loop_pause)
+            self._halt(run, "loop_detected", f"stopped by {run.stopped_by} after a pause")
+            return
         budget = run.started.budget_tokens
         if budget is not None and run.tokens > budget:
             self._halt(run, "budget_exceeded", f"{run.tokens} tokens used of {budget}")
@@ -520,6 +524,8 @@ class Decider:
                     child_runs.follow(self, run, task)
                 elif task.attempt not in task.settled:
                     check_deadline(self, task)
+            case S.AWAITING_APPROVAL:  # a person's word, maybe with a deadline (waits)
+                check_expiry(self, run, task)
             case _:
                 pass
 
@@ -675,6 +681,8 @@ class Decider:
     def _dispatch(self, run: RunView, task: TaskView) -> None:
         if not self.dispatching:
             return  # left pending for whoever carries on
+        if loop_pause.holds(self, run):
+            return  # paused for a person: nothing more goes out until they answer
         if task.created.child is not None:  # no agent: a run of its own (child_runs)
             child_runs.start(self, run, task)
             return
@@ -712,13 +720,15 @@ class Decider:
         h = loop_hash(
             c.capability, [card.inputs, card.supplement, msgspec.to_builtins(card.review)]
         )
-        if (h, task.task_id) not in run.loop_seen:
+        if (h, task.task_id) not in run.loop_seen and task.task_id not in run.loop_pass:
             # tasks with this hash in the log, and those dispatched earlier in this step
             count = run.loop_counts[h] + self._loop_here[(run.root_id, h)] + 1
             if count > self.policy.loop_threshold:
-                self._halt(
-                    run, "loop_detected", f"{c.capability} with the same inputs on {count} tasks"
-                )
+                detail = f"{c.capability} with the same inputs on {count} tasks"
+                if self.policy.on_loop == "pause":  # a person decides (loop_pause)
+                    loop_pause.pause(self, run, task, h, count, card.inputs, detail)
+                else:
+                    self._halt(run, "loop_detected", detail)
                 return
             self._loop_here[(run.root_id, h)] += 1
         if self.budgets is not None and self.budgets.applies(run):

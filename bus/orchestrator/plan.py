@@ -26,9 +26,10 @@ from cardbus.bus.orchestrator.children import ChildSpec, check_child
 from cardbus.bus.orchestrator.refusals import worded_refusal
 from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import hard_filter
+from cardbus.bus.orchestrator.waits import check_waits
 from cardbus.eventstore.batch import MAX_DEPTH, MAX_ID_CHARS, nesting_problem
 from cardbus.eventstore.errors import ConfigError, InvalidPlan, InvalidScope
-from cardbus.eventstore.events import BudgetLimit, PlanningLimits, TaskCreated
+from cardbus.eventstore.events import BudgetLimit, PlanningLimits, TaskCreated, WaitPolicy
 from cardbus.eventstore.taskspec import RetryOverride, TaskOptions, restate
 from cardbus.projections.scope import check_id
 
@@ -91,6 +92,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     budget_usd: float | None = None
     budgets: dict[str, BudgetLimit] = {}
     on_budget: str = "fail"  # "fail" | "approval"
+    # deadlines of a person's word, by kind of wait ("approval", "review") and what
+    # happens when one passes (bus.orchestrator.waits)
+    waits: dict[str, WaitPolicy] = {}
     session: dict[str, Any] = {}  # what the user asked; agents never see it whole
     agents: list[str] = []  # import paths "module:Class", used by `cardbus run`
     limits: PlanningLimits | None = None
@@ -361,6 +365,7 @@ def check_budgets(plan: Plan) -> None:
         raise InvalidPlan(f"budget_usd must be a finite number >= 0, got {plan.budget_usd}")
     if plan.on_budget not in ("fail", "approval"):
         raise InvalidPlan(f"on_budget must be 'fail' or 'approval', got {plan.on_budget!r}")
+    check_waits(plan.waits)
     for scope, limit in plan.budgets.items():
         if not scope.startswith(_SCOPES) or scope.endswith(":"):
             raise InvalidPlan(

@@ -11,10 +11,12 @@ from cardbus.bus.orchestrator.retry import RetryPolicy
 from cardbus.bus.orchestrator.selection import Weights
 from cardbus.eventstore.errors import ConfigError
 
-__all__ = ["Policy", "RetryPolicy", "TiePolicy"]
+__all__ = ["LoopPolicy", "Policy", "RetryPolicy", "TiePolicy"]
 
 #: what a fan-out whose best results tie does: try again, or ask a human
 TiePolicy = Literal["retry", "approval"]
+#: what loop detection does: halt the run, or pause it for a person (``loop_pause``)
+LoopPolicy = Literal["halt", "pause"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,12 @@ class Policy:
     # the orchestrator's state is written to its snapshot file (see ``snapshot``) after
     # this many events folded, and on stop; 0: on stop only
     snapshot_every: int = 10_000
+    # a loop detected halts the run, or pauses it until a person resumes or stops it
+    on_loop: LoopPolicy = "halt"
+    # a webhook told when a person's word is awaited (an approval, a review, an
+    # escalation, a paused run): best effort, signed with CARDBUS_NOTIFY_SECRET (``notify``)
+    notify_url: str = ""
+    notify_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         me = "Policy"
@@ -64,6 +72,10 @@ class Policy:
                 )
         check_number(me, "loop_threshold", self.loop_threshold, at_least=0, integer=True)
         check_choice(me, "tie_policy", self.tie_policy, allowed_values(TiePolicy))
+        check_choice(me, "on_loop", self.on_loop, allowed_values(LoopPolicy))
+        check_number(me, "notify_timeout_s", self.notify_timeout_s, above=0)
+        if self.notify_url and not self.notify_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{me}.notify_url must be an http(s) URL; got {self.notify_url!r}")
         check_number(
             me, "max_needs_input_rounds", self.max_needs_input_rounds, at_least=0, integer=True
         )

@@ -27,6 +27,7 @@ from typing import Any
 import jsonschema
 
 from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.orchestrator.waits import require_approver, run_start
 from cardbus.eventstore import ConcurrencyError, EventStore, NewEvent, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import CardbusError, StreamNotFound, ValidationError
@@ -130,6 +131,8 @@ async def answer_review(
             raise StreamNotFound(task_id)
         state = RunState()
         reviews: dict[str, Review] = {}
+        for env in await run_start(store, events[0].correlation_id, task_id):
+            state.apply(env)  # the run's wait policies: who may answer (``waits``)
         for env in events:
             state.apply(env)
             fold_review(reviews, env.data)
@@ -138,6 +141,7 @@ async def answer_review(
         if task is None or task.state is not TaskState.AWAITING_APPROVAL or not waiting:
             current = task.state if task else "unknown"
             raise CardbusError(f"task {task_id!r} has no tool call under review (it is {current})")
+        require_approver(task, by)  # escalated by a deadline: only its approvers
         chosen = _pick(task_id, waiting, call)
         out: list[ev.Event] = []
         for review in chosen:

@@ -22,6 +22,8 @@ import msgspec
 from cardbus.agents.cards import AgentCard
 from cardbus.bus.orchestrator import budget as _budget
 from cardbus.bus.orchestrator import limit_waits as _limit_waits
+from cardbus.bus.orchestrator import loop_pause as _loop_pause
+from cardbus.bus.orchestrator import waits as _waits
 from cardbus.bus.orchestrator.hostloss import is_host_loss
 from cardbus.bus.orchestrator.selection import AgentStat
 from cardbus.eventstore import Envelope, TaskState, transition
@@ -96,6 +98,10 @@ class TaskView:
     # agent -> (its run time left, its calls waiting) while model calls wait for the
     # provider's limit: the deadline stops meanwhile (``limit_waits``)
     limit_waits: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # a person's word awaited, with its deadline and who may answer (``waits``), and the
+    # tool calls held for review, call -> (tool, arguments), a policy may answer
+    wait: _waits.Waiting | None = None
+    held: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -122,6 +128,11 @@ class RunView:
     position: int = 0  # of its run.started in the log: the order of admission (admission)
     budget: _budget.Ledger | None = None  # what it spent and holds, if it has budgets
     children: list[str] = field(default_factory=list)  # child runs its tasks started
+    # a run paused for a person (``loop_pause``): the pause while open, who stopped it,
+    # and the tasks a person let go on past the loop that paused it
+    paused: ev.RunPaused | None = None
+    stopped_by: str = ""
+    loop_pass: frozenset[str] = frozenset()
 
     def planning_open(self) -> bool:
         """A goal run whose latest planning has not been accepted yet (or not begun)."""
@@ -293,6 +304,10 @@ class RunState:
             run = self.runs.get(task.created.root_id) if task is not None else None
             if run is not None:
                 self._fold_budgets(run, task, env)
+        elif type(data) in _waits.FOLDED:  # a tool call held for review, or its answer
+            _waits.fold_call(self, env)
+        elif type(data) in _loop_pause.FOLDED:  # a run paused for a person, or the answer
+            _loop_pause.fold(self, env)
         elif isinstance(data, (ev.PlanProposed, ev.PlanRefused, ev.PlanAccepted)):
             self._plan_event(env.stream, data)
         elif isinstance(data, ev.PlanSubmitted):
@@ -623,12 +638,14 @@ def _approval_requested(
     task.proposed_agent = next(  # who produced it (a fan-out tie)
         (a for a, r in task.results.items() if r.output == data.proposed_output), ""
     )
+    _waits.requested(state, task, run, env, data)  # its deadline, if its kind has one
 
 
 def _approval_granted(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.ApprovalGranted
 ) -> None:
     task.approved = True
+    task.wait = None
 
 
 def _denied(
@@ -636,6 +653,7 @@ def _denied(
 ) -> None:
     # cancelled by a person: why, for a run's detail (a failed run's, a degraded one's)
     task.reason = "approval_denied"
+    task.wait = None
     task.error = f"by {data.by}" + (f": {data.note}" if data.note else "")
 
 
@@ -679,6 +697,7 @@ _TASK_FOLDS: dict[type, Callable[[RunState, TaskView, RunView | None, Envelope, 
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalGranted: _approval_granted,
     ev.ApprovalDenied: _denied,
+    ev.WaitExpired: _waits.expired,
     ev.TaskCompleted: _completed,
     ev.TaskFailed: _ended,
     ev.TaskCancelled: _ended,

@@ -30,7 +30,9 @@ import msgspec
 
 from cardbus.agents.cards import AgentCard
 from cardbus.bus.orchestrator import budget as _budget
+from cardbus.bus.orchestrator import loop_pause as _loop_pause
 from cardbus.bus.orchestrator import runstate as _runstate
+from cardbus.bus.orchestrator import waits as _waits
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.eventstore import EventStore
 from cardbus.eventstore import states as _states
@@ -121,7 +123,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
 
 def _fingerprint() -> str:
     h = hashlib.sha256(str(FORMAT).encode())
-    for module in (_runstate, _budget, _agent_stats, _states):
+    for module in (_runstate, _budget, _agent_stats, _states, _waits, _loop_pause):
         h.update(Path(str(module.__file__)).read_bytes())
     return h.hexdigest()
 

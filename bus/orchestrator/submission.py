@@ -82,6 +82,7 @@ def run_creation(
         budget_usd=plan.budget_usd,
         budgets=dict(plan.budgets),
         on_budget=plan.on_budget,
+        waits=dict(plan.waits),
         session=plan.session,
         user=user,
         tenant=tenant,

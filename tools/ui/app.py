@@ -49,11 +49,12 @@ from cardbus.bus.http_guard import (
     local_identity,
 )
 from cardbus.bus.orchestrator.cancel import cancel_run
-from cardbus.bus.orchestrator.core import answer_approval
+from cardbus.bus.orchestrator.loop_pause import answer_word
 from cardbus.bus.orchestrator.reviews import Review, answer_review, open_reviews
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
+    AccessDenied,
     CardbusError,
     DecodeError,
     MissingExtra,
@@ -127,6 +128,8 @@ def _error(e: Exception) -> Response:
         status = 404
     elif isinstance(e, ValidationError | DecodeError | ValueError):  # ConfigError: ValueError
         status = 400
+    elif isinstance(e, AccessDenied):  # an approval escalated to others (NotAnApprover)
+        status = 403
     elif isinstance(e, NoAgentsHere):
         status = 409  # the console runs no agents: the reason says how to give it some
     return JSONResponse({"error": str(e), "type": type(e).__name__}, status_code=status)
@@ -709,9 +712,18 @@ def create_app(
         granted = action == "approve"
         by = actor_of(request)
         note = _joined(str(body.get("note") or ""), said_by(body))
+        inputs = body.get("inputs")
         try:
             task_id = await resolve_id(console().store, request.path_params["id"])
-            await answer_approval(console().store, task_id, granted, by, note)
+            # a task's approval, or a run's pause (resumed, with inputs, or stopped)
+            await answer_word(
+                console().store,
+                task_id,
+                granted,
+                by,
+                note,
+                inputs if isinstance(inputs, dict) else None,
+            )
         except CardbusError as e:
             return _error(e)
         return _json({"task_id": task_id, "approved": granted, "by": by})

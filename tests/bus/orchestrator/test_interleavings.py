@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import shutil
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from cardbus.bus.orchestrator.reviews import answer_review
 from cardbus.bus.orchestrator.scheduler import Scheduler, create_schedule
 from cardbus.bus.orchestrator.schedules import fold, plan_id_of, stream_of
 from cardbus.bus.runtime.worker import AgentWorker
-from cardbus.eventstore import ConcurrencyError, NewEvent, SqliteEventStore
+from cardbus.eventstore import ConcurrencyError, Envelope, NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
 
 SLOW = make_agent("slow", "slow")
@@ -82,10 +83,12 @@ WRITES: dict[str, Write] = {
 }
 
 
-async def _waiting_run(folder: Path, in_flight: bool, snapshot: bool) -> tuple[Path, str, str]:
+async def _waiting_run(
+    folder: Path, in_flight: bool, snapshot: bool, waits: dict | None = None
+) -> tuple[Path, str, str]:
     """A log whose run waits for approval of ``gate`` (and, ``in_flight``, has a task of
     the dead process in flight); its process died (no give-back, and a final snapshot only
-    with ``snapshot``)."""
+    with ``snapshot``). ``waits``: the plan's wait policies (deadlines)."""
     folder.mkdir()
     db = folder / "cardbus.db"
     store = await SqliteEventStore.open(db, poll_interval=0.01)
@@ -105,7 +108,7 @@ async def _waiting_run(folder: Path, in_flight: bool, snapshot: bool) -> tuple[P
     tasks = [task("gate", requires_approval=True), task("after", deps=["gate"])]
     if in_flight:
         tasks.append(task("slow", "slow", timeout_s=30.0))
-    root = await orch.submit(plan(*tasks))
+    root = await orch.submit(plan(*tasks, waits=waits or {}))
     gate = tid(root, "gate")
     await wait_for(store, lambda e: isinstance(e.data, ev.ApprovalRequested))
     if in_flight:
@@ -124,9 +127,17 @@ def _copy(db: Path, to: Path) -> Path:
     return to / db.name
 
 
-async def _resume(points: Points, db: Path, root: str, gate: str, write: Write) -> Trial:
+async def _resume(
+    points: Points,
+    db: Path,
+    root: str,
+    gate: str,
+    write: Write,
+    check: Callable[[list[Envelope]], list[str]] | None = None,
+) -> Trial:
     """One trial: a new orchestrator resumes the run on a copy of ``db``; ``write`` comes
-    from another connection at the point ``points`` says."""
+    from another connection at the point ``points`` says. ``check``: more problems, found
+    in the log the trial ends with."""
     db = _copy(db, db.parent.parent / f"trial-{next(_n)}")
     store = await SqliteEventStore.open(db, poll_interval=0.01)
     foreign = await SqliteEventStore.open(db, poll_interval=0.01)
@@ -159,6 +170,8 @@ async def _resume(points: Points, db: Path, root: str, gate: str, write: Write) 
         await orch.caught_up(10)
         problems += check_folded_once(ledger, log, orch.snapshot_position)
         problems += check_dispatched_once(log)
+        if check is not None:
+            problems += check(log)
     finally:
         points.active = False
         await orch.stop()
@@ -612,3 +625,53 @@ async def test_a_write_at_any_await_point_of_a_parent_waiting_for_its_child_is_f
     assert not reached - injected - TIMED, sorted(reached - injected)
     assert any(name.startswith("_started/") for name in injected), sorted(injected)
     assert len(trials) >= 10
+
+
+# --- a wait's deadline racing a person's answer -----------------------------------------
+
+
+async def _approve_as_b(store: SqliteEventStore, root: str, gate: str) -> object:
+    return await answer_approval(store, gate, True, by="bea")
+
+
+async def test_an_expiry_racing_an_approval_at_any_await_point_applies_once(
+    tmp_path: Path,
+) -> None:
+    """The run's approval deadline has passed when a new orchestrator resumes it: its first
+    step escalates the approval to group B, while bea (of group B) approves, injected at
+    every await point. Whichever comes first, the other is decided on it: the escalation is
+    applied at most once and only before the approval, the approval is never refused, and
+    the run completes, each event folded once."""
+    policy = ev.WaitPolicy(
+        deadline_s=0.05, then=[ev.WaitStep(action="escalate", group="B")], groups={"B": ["bea"]}
+    )
+    db, root, gate = await _waiting_run(
+        tmp_path / "template", False, False, waits={"approval": policy}
+    )
+    await asyncio.sleep(0.1)  # past the deadline before any trial starts
+
+    def applied_once(log: list[Envelope]) -> list[str]:
+        stream = [e.data for e in log if e.stream == gate]
+        expiries = [i for i, d in enumerate(stream) if isinstance(d, ev.WaitExpired)]
+        granted = [i for i, d in enumerate(stream) if isinstance(d, ev.ApprovalGranted)]
+        seen["escalated" if expiries else "answered first"] += 1
+        if len(expiries) > 1:
+            return [f"the deadline applied {len(expiries)} times"]
+        if expiries and granted and expiries[0] > granted[0]:
+            return ["the deadline applied after the approval"]
+        return []
+
+    seen: Counter[str] = Counter()
+
+    async def scenario(points: Points) -> Trial:
+        return await _resume(points, db, root, gate, _approve_as_b, applied_once)
+
+    reference, trials = await explore(scenario, seed=5)
+    problems, injected, reached = report(reference, trials)
+    print(f"{len(trials)} trials, written at {len(injected)} call sites; the race: {seen}")
+    assert not problems, "\n".join(problems)
+    assert reference.end[0] == "completed", reference.end
+    assert not reached - injected - TIMED, sorted(reached - injected)
+    assert len(trials) >= 10
+    # both orders happened: the write before the expiry (the reference) and after it
+    assert seen["escalated"] and seen["answered first"], seen
