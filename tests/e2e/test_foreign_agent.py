@@ -162,6 +162,31 @@ def test_the_kit_fails_an_agent_that_breaks_the_contract(
     assert check.stdout.strip().endswith(f"FAILED: {len(failed)} clause(s)")
 
 
+def test_the_kit_fails_a_model_call_not_journaled(tmp_path: Path, nats_server: NatsServer) -> None:
+    """An agent that calls its model without journaling the call, and reports the tokens
+    in its result: the journal's clause fails, and says which task."""
+    from tests.agents.openai_stub import OpenAIStub
+
+    url = nats_server.url
+    with OpenAIStub() as stub:
+        stub.script("forty-two", "forty-two")
+        args = ("--agent", "asker", "--llm", stub.url, "--no-journal")
+        agent = foreign_agent(tmp_path, url, *args)
+        try:
+            agent.wait_for("connected")
+            check = cardbus(
+                "agent", "check", "--nats", url, "--agent", "asker", "--capability", "text.ask",
+                cwd=tmp_path,
+            )  # fmt: skip
+        finally:
+            agent.stop()
+    assert check.returncode == 1, check.stdout + check.stderr + agent.output()
+    outcomes = clauses(check.stdout)
+    assert {c for c, o in outcomes.items() if o == "FAIL"} == {"journal"}, check.stdout
+    assert re.search(r"FAIL +journal +check-\S+-take reported 18 model tokens", check.stdout)
+    assert len(stub.requests) == 2  # it did call the model: the calls the log lacks
+
+
 def _refusals(envs: list[Envelope]) -> list[ev.ReplyRefused]:
     return [e.data for e in envs if isinstance(e.data, ev.ReplyRefused)]
 
