@@ -19,8 +19,10 @@ and judges what the agent sends against the published wire format (``cardbus.bus
                 on ``cardbus.reply.<agent>.<task>.<partition>``
 ``identity``    everything it sent named itself, on its own subjects, and matched its schema
 ``journal``     each model call it made was journaled: a ``model.request`` before it and a
-                ``model.answer`` after, with valid arguments ("not exercised" when it made
-                none)
+                ``model.answer`` after, with valid arguments, that answer before the
+                result that used it, and no result reporting model tokens for a task
+                with no call journaled ("not exercised" when it made none: a call made
+                and neither journaled nor reported is beyond what the wire shows)
 ==============  =========================================================================
 
 The kit answers the agent's requests itself (``cardbus.req.<agent>``: a model call is
@@ -156,6 +158,7 @@ class _Listener:
         self.announcements: list[tuple[_Seen, Announce]] = []
         self.replies: list[tuple[_Seen, ResultCard | Started]] = []
         self.requests: list[AgentRequest] = []
+        self.requested_at: list[float] = []  # when the kit answered each of ``requests``
         self.problems: list[str] = []
         self.changed = asyncio.Event()
         self.validators = {
@@ -236,7 +239,9 @@ class _Kit:
 
     async def serve(self, req: AgentRequest) -> AgentResponse:
         """The orchestrator's answers, as far as a model call needs them."""
+        # (answered after this: whatever the agent sends once it has the answer comes later)
         self.listen.requests.append(req)
+        self.listen.requested_at.append(time.monotonic())
         self.listen.changed.set()
         result: Any
         if req.kind == "model.request":
@@ -432,7 +437,7 @@ async def check_agent(
                 add(Clause("partition", "pass", f"answered on .<task>.{PARTITION}"))
 
         add(await renewal)
-        add(_journal_clause(listen.requests))
+        add(_journal_clause(listen))
         if listen.problems:
             shown = "; ".join(listen.problems[:3])
             add(Clause("identity", "fail", f"{len(listen.problems)} problem(s): {shown}"))
@@ -464,12 +469,35 @@ async def _liveness(listen: _Listener, seen: _Seen, first: Announce, timeout: fl
     return Clause("liveness", "fail", f"no renewal within its lease ({first.lease_s:g}s)")
 
 
-def _journal_clause(requests: list[AgentRequest]) -> Clause:
+def _journal_clause(listen: _Listener) -> Clause:
+    requests = listen.requests
     asked = [r for r in requests if r.kind == "model.request"]
+    results = [(seen.at, r) for seen, r in listen.replies if isinstance(r, ResultCard)]
+    unjournaled = [
+        r
+        for _, r in results
+        if r.usage.input_tokens + r.usage.output_tokens > 0
+        and not any(a.task_id == r.task_id and a.attempt == r.attempt for a in asked)
+    ]
+    if unjournaled:
+        first = unjournaled[0]
+        tokens = first.usage.input_tokens + first.usage.output_tokens
+        return Clause(
+            "journal", "fail", f"{first.task_id} reported {tokens} model tokens, no call journaled"
+        )
     if not asked:
         return Clause("journal", "not exercised", "it made no model call")
     answered = {(r.execution, r.seq) for r in requests if r.kind == "model.answer"}
     missing = [r for r in asked if (r.execution, r.seq) not in answered or not r.execution]
     if missing:
         return Clause("journal", "fail", f"{len(missing)} model call(s) without a model.answer")
+    for req, at in zip(requests, listen.requested_at, strict=True):
+        if req.kind != "model.answer":
+            continue
+        place = (req.task_id, req.attempt)
+        used = [t for t, res in results if (res.task_id, res.attempt) == place]
+        if used and min(used) < at:
+            return Clause(
+                "journal", "fail", f"{req.task_id}: its result came before its model.answer"
+            )
     return Clause("journal", "pass", f"{len(asked)} model call(s) journaled")

@@ -22,8 +22,8 @@ to reuse: then no call is made), a ``model.answer`` after it, and the answer use
 once that is answered (durable in the log).
 
 Run it: ``python agent.py --nats nats://127.0.0.1:4222 --agent upper``. The flags
-``--wire-version``, ``--answer-as`` and ``--reply-as`` make it misbehave, for the tests
-that show what the bus does with an agent that does.
+``--wire-version``, ``--answer-as``, ``--reply-as`` and ``--no-journal`` make it
+misbehave, for the tests that show what the bus does with an agent that does.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ class ForeignAgent:
         self.t = token(self.agent_id)
         self.llm: str | None = args.llm
         self.model: str = args.model
+        self.journal: bool = not args.no_journal  # (misbehave) call the model unrecorded
         self.nc: Any = None
 
     def announcement(self, online: bool = True) -> bytes:
@@ -213,6 +214,8 @@ class ForeignAgent:
         this place, else a live call whose answer is recorded before it is used."""
         execution, seq = uuid.uuid4().hex, 0  # a new execution at every delivery
         request = {"model": self.model, "messages": [{"role": "user", "content": question}]}
+        if not self.journal:
+            return await asyncio.to_thread(self.chat, request)
         digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
         args = {"request": request, "digest": digest, "replay": True}
         asked = await self.request(
@@ -358,6 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wire-version", type=int, default=WIRE_VERSION)
     parser.add_argument("--answer-as", default=None, help="(misbehave) results name this agent")
     parser.add_argument("--reply-as", default=None, help="(misbehave) reply on its subjects")
+    parser.add_argument(
+        "--no-journal", action="store_true", help="(misbehave) model calls not journaled"
+    )
     agent = ForeignAgent(parser.parse_args(argv))
 
     async def go() -> None:

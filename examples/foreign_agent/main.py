@@ -1,6 +1,9 @@
 """The foreign agent on this machine: a throw-away nats-server, ``agent.py`` in a process
 of its own, ``cardbus agent check`` against it, then a plan it serves, run by
-``cardbus orchestrator``, replayed and verified from the log.
+``cardbus orchestrator``, replayed and verified from the log. The agent is given a
+stand-in model (an OpenAI-compatible server on loopback, in this process), so it offers
+``text.ask`` and journals its model calls: every clause of the check passes, the
+journal's too, and the replay shows the call.
 
     python main.py
 
@@ -13,6 +16,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from cardbus.bus.runtime.nats import LocalNatsServer
@@ -28,11 +35,61 @@ def cardbus(*args: str) -> str:
     return done.stdout
 
 
+class _StandIn(BaseHTTPRequestHandler):
+    """An OpenAI-compatible model on loopback: every chat completion answers the same."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        answer = {
+            "id": "stand-in",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Because it is heard."},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
+        }
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+
+@contextmanager
+def model_stand_in() -> Iterator[str]:
+    """The base URL of a stand-in model served on loopback while in the block."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+
+
 def main() -> None:
-    with LocalNatsServer() as server:
+    with LocalNatsServer() as server, model_stand_in() as llm:
         print(f"nats-server at {server.url}")
+        model = ("--llm", llm, "--model", "stand-in")  # it offers text.ask too
         agent = subprocess.Popen(
-            [sys.executable, str(HERE / "agent.py"), "--nats", server.url, "--agent", "upper"],
+            [
+                sys.executable,
+                str(HERE / "agent.py"),
+                "--nats",
+                server.url,
+                "--agent",
+                "upper",
+                *model,
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -40,7 +97,9 @@ def main() -> None:
             assert agent.stdout is not None
             if not agent.stdout.readline().startswith("connected"):
                 raise SystemExit(f"the agent did not start (exit {agent.wait()})")
-            print(cardbus("agent", "check", "--nats", server.url, "--agent", "upper"))
+            # on text.ask: its cards make model calls, so the journal's clause is exercised
+            check = ("--nats", server.url, "--agent", "upper", "--capability", "text.ask")
+            print(cardbus("agent", "check", *check))
             plan = str(HERE / "plan.json")
             out = cardbus("orchestrator", "--nats", server.url, "--plan", plan, "--json")
             result = json.loads(out.strip().splitlines()[-1])

@@ -1,7 +1,8 @@
 """An agent that imports nothing from cardbus (``examples/foreign_agent/agent.py``: raw
 nats-py, written against the published wire format) on a real nats-server: it passes
 every clause of ``cardbus agent check``, serves a plan's task run by ``cardbus
-orchestrator`` (replayed and verified after), and when it misbehaves (answers in another
+orchestrator`` (replayed and verified after), loses no card on a slow link, and when it
+misbehaves (answers in another
 agent's name, publishes outside its permissions, speaks another wire version) it is
 refused and the log says so."""
 
@@ -20,6 +21,7 @@ import pytest
 from agentprocs import REPO, AgentProcess, cardbus, clauses
 from natsprocs import FAST_BUS
 from natsserver import NatsServer
+from slowlink import SlowLink
 
 from cardbus.agents.cards import AgentCard, Announce, CapabilitySpec
 from cardbus.bus.conformance import CLAUSES
@@ -86,6 +88,49 @@ def test_the_raw_nats_agent_passes_the_kit_and_serves_a_plan(
         agent.stop()
 
 
+def test_no_card_is_lost_on_a_slow_link(tmp_path: Path, nats_server: NatsServer) -> None:
+    """0.6 s from its server each way, past its own fetch timeout (0.5 s): a card that
+    arrives after a fetch gave up waits in its pull subscription for the next fetch
+    (nats-py keeps one subscription for every fetch), so every card is answered at its
+    first delivery."""
+    url = nats_server.url
+    with SlowLink(nats_server.port, delay_s=0.6) as link:
+        agent = foreign_agent(tmp_path, link.url, "--agent", "upper", "--lease", "3")
+        try:
+            agent.wait_for("connected", timeout=60)
+            check = cardbus(
+                "agent", "check", "--nats", url, "--agent", "upper", "--timeout", "25",
+                cwd=tmp_path,
+            )  # fmt: skip
+            assert check.returncode == 0, check.stdout + check.stderr + agent.output()
+            tasks = [
+                {"id": f"u{i}", "capability": "text.upper", "inputs": {"text": f"card {i}"}}
+                for i in range(6)
+            ]
+            (tmp_path / "plan.json").write_text(json.dumps({"goal": "far", "tasks": tasks}))
+            run = cardbus(
+                "orchestrator", "--nats", url, "--plan", "plan.json", "--json",
+                "--timeout", "120", cwd=tmp_path,
+            )  # fmt: skip
+        finally:
+            agent.stop()
+        assert link.connections >= 1
+    assert run.returncode == 0, run.stdout + run.stderr + agent.output()
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["outputs"] == {f"u{i}": {"text": f"CARD {i}"} for i in range(6)}
+    tail = cardbus("tail", "--store", url, "--json", "-n", "1000", cwd=tmp_path)
+    assert tail.returncode == 0, tail.stdout + tail.stderr
+    events = [json.loads(line) for line in tail.stdout.splitlines() if line.strip()]
+    answered = [
+        e["data"]
+        for e in events
+        if e["correlation_id"] == result["root_id"]
+        and e["data"]["type"] == "task.result_submitted.v1"
+    ]
+    # each card answered once, at its first attempt and its first delivery: none was lost
+    assert sorted((a["attempt"], a["delivery"]) for a in answered) == [(1, 1)] * 6, answered
+
+
 @pytest.mark.parametrize(
     ("misbehaviour", "failed", "said"),
     [
@@ -115,6 +160,31 @@ def test_the_kit_fails_an_agent_that_breaks_the_contract(
     assert {c for c, o in outcomes.items() if o == "FAIL"} == failed, check.stdout
     assert said in check.stdout
     assert check.stdout.strip().endswith(f"FAILED: {len(failed)} clause(s)")
+
+
+def test_the_kit_fails_a_model_call_not_journaled(tmp_path: Path, nats_server: NatsServer) -> None:
+    """An agent that calls its model without journaling the call, and reports the tokens
+    in its result: the journal's clause fails, and says which task."""
+    from tests.agents.openai_stub import OpenAIStub
+
+    url = nats_server.url
+    with OpenAIStub() as stub:
+        stub.script("forty-two", "forty-two")
+        args = ("--agent", "asker", "--llm", stub.url, "--no-journal")
+        agent = foreign_agent(tmp_path, url, *args)
+        try:
+            agent.wait_for("connected")
+            check = cardbus(
+                "agent", "check", "--nats", url, "--agent", "asker", "--capability", "text.ask",
+                cwd=tmp_path,
+            )  # fmt: skip
+        finally:
+            agent.stop()
+    assert check.returncode == 1, check.stdout + check.stderr + agent.output()
+    outcomes = clauses(check.stdout)
+    assert {c for c, o in outcomes.items() if o == "FAIL"} == {"journal"}, check.stdout
+    assert re.search(r"FAIL +journal +check-\S+-take reported 18 model tokens", check.stdout)
+    assert len(stub.requests) == 2  # it did call the model: the calls the log lacks
 
 
 def _refusals(envs: list[Envelope]) -> list[ev.ReplyRefused]:

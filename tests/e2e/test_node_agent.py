@@ -1,6 +1,8 @@
 """The Node agent (``examples/node_agent``: the ``nats`` client from npm, nothing of
-cardbus) passes every clause of ``cardbus agent check``, and serves a plan's task run by
-``cardbus orchestrator`` under the documented per-agent permissions, replayed and verified.
+cardbus) passes every clause of ``cardbus agent check`` (the journal's too: with a model,
+the loopback OpenAI stub, it journals its calls), serves a plan's tasks run by ``cardbus
+orchestrator`` under the documented per-agent permissions, replayed and verified, and
+loses no card on a slow link (a card that reaches it after its pull request expired).
 
 It needs ``node`` and ``npm`` (Node 18 or later) and the example's ``node_modules``
 (``make install`` runs ``npm ci`` there when npm is present; when they are missing the
@@ -15,13 +17,16 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agentprocs import REPO, AgentProcess, cardbus, clauses
 from natsserver import NatsServer
+from slowlink import SlowLink
 
 from cardbus.bus.conformance import CLAUSES
 from cardbus.tools.cmd_nats import authorization_config
+from tests.agents.openai_stub import OpenAIStub
 
 EXAMPLE = REPO / "examples" / "node_agent"
 
@@ -60,33 +65,57 @@ def node_agent(tmp: Path, url: str, *args: str, name: str = "node") -> AgentProc
     return AgentProcess([node_ready(), str(EXAMPLE / "agent.mjs"), "--nats", url, *args], tmp, name)
 
 
-def test_the_node_agent_passes_the_kit(tmp_path: Path, nats_server: NatsServer) -> None:
+def test_the_node_agent_passes_every_clause_of_the_kit(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
     url = nats_server.url
-    agent = node_agent(tmp_path, url, "--agent", "shout", "--lease", "1.5")
-    try:
-        agent.wait_for("connected")  # it waits for the streams: the kit makes them
-        check = cardbus("agent", "check", "--nats", url, "--agent", "shout", cwd=tmp_path)
-    finally:
-        agent.stop()
+    with OpenAIStub() as stub:
+        stub.script("forty-two", "forty-two")
+        agent = node_agent(tmp_path, url, "--agent", "asker", "--lease", "1.5", "--llm", stub.url)
+        try:
+            agent.wait_for("connected")  # it waits for the streams: the kit makes them
+            check = cardbus(
+                "agent", "check", "--nats", url, "--agent", "asker", "--capability", "text.ask",
+                cwd=tmp_path,
+            )  # fmt: skip
+        finally:
+            agent.stop()
     assert check.returncode == 0, check.stdout + check.stderr + agent.output()
-    outcomes = clauses(check.stdout)
-    assert sorted(outcomes) == sorted(CLAUSES), check.stdout
-    assert {c for c, o in outcomes.items() if o != "PASS"} == {"journal"}, check.stdout
-    assert outcomes["journal"] == "NOT EXERCISED"  # it makes no model call
+    assert clauses(check.stdout) == dict.fromkeys(CLAUSES, "PASS"), check.stdout
+    assert "2 model call(s) journaled" in check.stdout
+    # one call for each card it took (the take and the partition clauses'), none for the
+    # redelivered card: it answers that from what it answered before
+    assert len(stub.requests) == 2
+    assert stub.requests[0]["body"]["messages"] == [{"role": "user", "content": "conformance"}]
+
+
+def _journaled(url: str, root: str, cwd: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The run's events, as ``cardbus tail --json`` prints them."""
+    tail = cardbus("tail", "--store", url, "--json", "-n", "1000", cwd=cwd, env=env)
+    assert tail.returncode == 0, tail.stdout + tail.stderr
+    events = [json.loads(line) for line in tail.stdout.splitlines() if line.strip()]
+    return [e for e in events if e["correlation_id"] == root]
 
 
 def test_the_node_agent_serves_a_plan_under_its_permissions(tmp_path: Path) -> None:
     config = authorization_config(["shout"], "pw")
-    with NatsServer(tmp_path / "nats", extra_config=config) as server:
+    with (
+        NatsServer(tmp_path / "nats", extra_config=config) as server,
+        OpenAIStub() as stub,
+    ):
+        stub.script("because")
         url = server.url
         as_orchestrator = {"CARDBUS_NATS_USER": "orchestrator", "CARDBUS_NATS_PASSWORD": "pw"}
         as_shout = ("--agent", "shout", "--user", "agent-shout", "--password", "pw")
-        agent = node_agent(tmp_path, url, *as_shout)
+        agent = node_agent(tmp_path, url, *as_shout, "--llm", stub.url)
         try:
             agent.wait_for("connected")
             plan = {
-                "goal": "shout it",
-                "tasks": [{"id": "s", "capability": "text.shout", "inputs": {"text": "hey"}}],
+                "goal": "shout it, and ask why",
+                "tasks": [
+                    {"id": "s", "capability": "text.shout", "inputs": {"text": "hey"}},
+                    {"id": "q", "capability": "text.ask", "inputs": {"question": "why?"}},
+                ],
             }
             (tmp_path / "plan.json").write_text(json.dumps(plan))
             run = cardbus(
@@ -97,16 +126,68 @@ def test_the_node_agent_serves_a_plan_under_its_permissions(tmp_path: Path) -> N
             agent.stop()
         assert run.returncode == 0, run.stdout + run.stderr + agent.output()
         result = json.loads(run.stdout.strip().splitlines()[-1])
-        assert result["status"] == "completed" and result["outputs"]["s"] == {"text": "HEY!"}
+        assert result["status"] == "completed"
+        assert result["outputs"] == {"s": {"text": "HEY!"}, "q": {"answer": "because"}}
         # it attempted nothing its user may not do: the server saw no violation from it
         assert "violation" not in server.log_tail(400).lower(), server.log_tail(400)
         replay = cardbus(
             "replay", result["root_id"], "--store", url, cwd=tmp_path, env=as_orchestrator
         )
         assert replay.returncode == 0, replay.stdout + replay.stderr
-        assert re.search(r"result_submitted +#1 shout +result completed", replay.stdout)
+        assert len(re.findall(r"result_submitted +#1 shout +result completed", replay.stdout)) == 2
         verify = cardbus("verify", "--store", url, cwd=tmp_path, env=as_orchestrator)
         assert verify.returncode == 0, verify.stdout + verify.stderr
+        # its model call is in the log like a Python agent's: asked, then answered
+        events = _journaled(url, result["root_id"], tmp_path, as_orchestrator)
+    calls = [e for e in events if e["data"]["type"].startswith("model.")]
+    assert [e["data"]["type"] for e in calls] == ["model.requested.v1", "model.answered.v1"], events
+    answered = calls[1]["data"]
+    assert (answered["agent_id"], answered["input_tokens"], answered["output_tokens"]) == (
+        "shout",
+        11,
+        7,
+    )
+    assert answered["answer"]["text"] == "because"
+
+
+def test_no_card_is_lost_on_a_slow_link(tmp_path: Path, nats_server: NatsServer) -> None:
+    """The agent 0.6 s from its server each way: every card reaches it after the pull
+    request that fetched it has expired by the agent's own clock, were that one second
+    (``next({expires: 1000})`` forgot its pull then and dropped every card; each came
+    back only after the 30 s ack wait, to be dropped again). Every card is answered at
+    its first delivery."""
+    url = nats_server.url
+    with SlowLink(nats_server.port, delay_s=0.6) as link:
+        agent = node_agent(tmp_path, link.url, "--agent", "shout", "--lease", "3")
+        try:
+            agent.wait_for("connected", timeout=60)
+            check = cardbus(
+                "agent", "check", "--nats", url, "--agent", "shout", "--timeout", "25",
+                cwd=tmp_path,
+            )  # fmt: skip
+            assert check.returncode == 0, check.stdout + check.stderr + agent.output()
+            outcomes = clauses(check.stdout)
+            assert {c for c, o in outcomes.items() if o != "PASS"} == {"journal"}, check.stdout
+            tasks = [
+                {"id": f"s{i}", "capability": "text.shout", "inputs": {"text": f"card {i}"}}
+                for i in range(6)
+            ]
+            (tmp_path / "plan.json").write_text(json.dumps({"goal": "far", "tasks": tasks}))
+            run = cardbus(
+                "orchestrator", "--nats", url, "--plan", "plan.json", "--json",
+                "--timeout", "120", cwd=tmp_path,
+            )  # fmt: skip
+        finally:
+            agent.stop()
+        assert link.connections >= 1  # it did talk through the link
+    assert run.returncode == 0, run.stdout + run.stderr + agent.output()
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["status"] == "completed"
+    assert result["outputs"] == {f"s{i}": {"text": f"CARD {i}!"} for i in range(6)}
+    events = _journaled(url, result["root_id"], tmp_path, {})
+    answered = [e["data"] for e in events if e["data"]["type"] == "task.result_submitted.v1"]
+    # each card answered once, at its first attempt and its first delivery: none was lost
+    assert sorted((a["attempt"], a["delivery"]) for a in answered) == [(1, 1)] * 6, answered
 
 
 def test_the_tutorial_writes_the_example_as_it_is() -> None:
