@@ -50,6 +50,7 @@ from cardbus.agents.pacing import (
     current_pacing,
     process_pacer,
 )
+from cardbus.agents.streaming import ChunkSink, current_sink
 from cardbus.eventstore.errors import (
     ConfigError,
     LLMBadOutput,
@@ -440,11 +441,15 @@ class OpenAIChatLLM:
         max_retries: int = 2,
         max_tokens: int | None = None,
         pacer: Pacer | None = None,
+        stream: bool | None = None,
     ) -> None:
         """``max_tokens``: the most output tokens any call may be answered with (None: the
         endpoint's own limit); under a run's budget a call is sent with the smaller of this
         and what the budget reserved for it (``current_max_tokens``). ``pacer``: where
-        calls wait for the provider's limit (default: the one the process shares)."""
+        calls wait for the provider's limit (default: the one the process shares).
+        ``stream``: ask the endpoint to stream its answers (``agents.llm_stream``); None:
+        when the call runs in a worker whose bus carries chunks (``agents.streaming``), so
+        watchers see the text as it is written; False: never."""
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
         ):
@@ -466,6 +471,7 @@ class OpenAIChatLLM:
         self.temperature = temperature
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
+        self.stream = stream
         self.pacer = pacer if pacer is not None else process_pacer()
         # the key's fingerprint, never the key: limits are per key, the key stays secret
         fingerprint = hashlib.sha256((key or "").encode()).hexdigest()[:12]
@@ -516,7 +522,11 @@ class OpenAIChatLLM:
             key, _estimate_tokens(sent, bound), **current_pacing()
         )
         CALL_QUEUED_S.set(self.last_queued_s)
+        sink = current_sink()
+        streamed = self.stream if self.stream is not None else sink is not None
         try:
+            if streamed:  # paced as any call: the pacer's slot is held until the stream ends
+                return await self._streamed(key, model, sent, extra, sink)
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=model,
                 messages=sent,  # type: ignore[arg-type]
@@ -536,6 +546,41 @@ class OpenAIChatLLM:
         finally:
             self.pacer.release(key)
         return _completion(body, model)
+
+    async def _streamed(
+        self,
+        key: LimitKey,
+        model: str,
+        sent: list[dict[str, Any]],
+        extra: dict[str, Any],
+        sink: ChunkSink | None,
+    ) -> Completion:
+        """The call streamed: each piece of text to ``sink`` as it comes, the whole answer
+        returned (``agents.llm_stream``)."""
+        import httpx
+
+        from cardbus.agents.llm_stream import read_stream
+
+        create: Any = self._client.chat.completions.with_raw_response.create  # its overloads
+        raw = await create(
+            model=model,
+            messages=sent,
+            temperature=self.temperature,
+            extra_headers=self._headers,
+            stream=True,
+            stream_options={"include_usage": True},
+            **extra,
+        )
+        self.pacer.learn(key, raw.headers)
+        chunks = raw.parse()
+        try:
+            return await read_stream(chunks, model, sink.call() if sink is not None else None)
+        except httpx.TimeoutException as e:
+            raise LLMTimeout(f"chat completion stream stalled past {self.timeout_s}s") from e
+        except httpx.HTTPError as e:  # the connection dropped mid-stream
+            raise LLMServerError(f"chat completion stream broke off: {e!r}") from e
+        finally:
+            await chunks.close()
 
     def _error(self, e: Exception) -> LLMError:
         """The SDK's error as ours, most specific first."""
