@@ -120,3 +120,69 @@ async def test_nobody_watching_publishes_nothing_and_still_paces(
         # the usage came with the stream: the answer's tokens are the stub's
         answered = (await _answered(store, result.root_id))[0]
         assert (answered.input_tokens, answered.output_tokens) == (11, 7)
+
+
+@pytest.mark.timeout(90)
+async def test_on_nats_the_pieces_cross_a_core_subject_to_another_connection(
+    nats_url: str, stub: OpenAIStub
+) -> None:
+    from cardbus.bus.runtime.nats import NatsRuntime
+    from cardbus.bus.transport.nats import NatsBus
+    from cardbus.eventstore.nats.connection import NatsOptions
+
+    gate = threading.Event()
+    stub.script(Reply(content=ANSWER, chunks=PIECES, gate=gate, gate_after=1))
+    llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0)
+    seen: list[Chunk] = []
+    first = asyncio.Event()
+
+    def on_chunk(chunk: Chunk) -> None:
+        seen.append(chunk)
+        first.set()
+
+    watcher = await NatsBus.connect(nats_url, name="watcher")
+    try:
+        stop = await watcher.watch_chunks(on_chunk)
+        async with NatsRuntime(NatsOptions(url=nats_url), [Writer], llm=llm) as rt:
+            running = asyncio.ensure_future(rt.run(write_plan("nats-1"), timeout=60))
+            await asyncio.wait_for(first.wait(), 30)
+            root = seen[0].root_id
+            answered = [
+                e for e in await rt.store.read_correlation(root) if e.type == "model.answered.v1"
+            ]
+            assert answered == []  # a piece is here while the call streams
+            gate.set()
+            result = await running
+            assert result.status == "completed", result
+            events = await rt.store.read_correlation(result.root_id)
+            assert sum(isinstance(e.data, ev.ModelAnswered) for e in events) == 1
+            # nothing of the chunks is in the log: no event per piece
+            assert not any("chunk" in e.type for e in events)
+        await stop()
+        await llm.aclose()
+        # the pieces came in order (core NATS from one publisher keeps order), whole
+        assert [c.text for c in seen if not c.done] == PIECES
+        assert seen[-1].done
+    finally:
+        await watcher.close()
+
+
+@pytest.mark.timeout(60)
+async def test_on_nats_an_agent_hears_no_watcher_and_publishes_nothing(nats_url: str) -> None:
+    from cardbus.bus.transport.nats import NatsBus
+
+    agent = await NatsBus.connect(nats_url, name="agent")
+    watcher = await NatsBus.connect(nats_url, name="watcher")
+    try:
+        await agent.hear_watchers()
+        assert not agent.chunks_watched("r1")
+        stop = await watcher.watch_chunks(lambda c: None, "r1")
+        for _ in range(100):  # the watcher says so on the wire; the agent hears it
+            if agent.chunks_watched("r1"):
+                break
+            await asyncio.sleep(0.05)
+        assert agent.chunks_watched("r1") and not agent.chunks_watched("r2")
+        await stop()
+    finally:
+        await agent.close()
+        await watcher.close()
