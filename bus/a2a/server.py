@@ -95,6 +95,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from cardbus.agents.a2a_card import ints_back, to_a2a_v1
 from cardbus.agents.cards import AgentCard, CapabilitySpec, ResultCard, TaskCard
 from cardbus.agents.planning import PLAN_CAPABILITY
+from cardbus.agents.streaming import Chunk
 from cardbus.bus.a2a.fold import (
     CANCEL_REASON,
     USER_AGENT_ID,
@@ -104,6 +105,7 @@ from cardbus.bus.a2a.fold import (
     answer_notes,
     approval_note,
 )
+from cardbus.bus.a2a.streamed import ChunkArtifacts, merged
 from cardbus.bus.http_guard import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY,
@@ -535,13 +537,30 @@ class A2AGateway(RequestHandler):
             yield fold.task()
         if fold.terminal or waiting_still(fold):
             return
-        async for env in self.store.subscribe(fold.position + 1):
-            if env.correlation_id != root_id:
-                continue
-            for item in fold.apply(env):
-                yield item
-            if fold.terminal or waiting_still(fold):
-                return
+        # model answers as they are written: appending artifact updates (a2a.streamed)
+        chunks: asyncio.Queue[Chunk] = asyncio.Queue()
+        stop = (
+            await self.bus.watch_chunks(chunks.put_nowait, root_id)
+            if self.bus.carries_chunks
+            else None
+        )
+        shown = ChunkArtifacts(fold)
+        try:
+            async for item in merged(self.store.subscribe(fold.position + 1), chunks):
+                if isinstance(item, Chunk):
+                    update = shown.update(item)
+                    if update is not None:
+                        yield update
+                    continue
+                if item.correlation_id != root_id:
+                    continue
+                for out in fold.apply(item):
+                    yield out
+                if fold.terminal or waiting_still(fold):
+                    return
+        finally:
+            if stop is not None:
+                await stop()
 
     async def _stream(self, params: SendMessageRequest, actor: str) -> AsyncIterator[Any]:
         _check_message(params)
