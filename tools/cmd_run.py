@@ -26,6 +26,7 @@ from cardbus.tools.cmd_plan import (
     with_planner_path,
 )
 from cardbus.tools.errors import EXIT_FAILED
+from cardbus.tools.follow import Follow
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
@@ -51,6 +52,11 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option(
+    "--follow",
+    is_flag=True,
+    help="Print every step (model and tool calls too) and the models' text as it is written.",
+)
+@click.option(
     "--priority",
     type=int,
     default=None,
@@ -73,6 +79,7 @@ def run(
     agent_paths: tuple[str, ...],
     timeout: float,
     as_json: bool,
+    follow: bool = False,
     priority: int | None = None,
     planner: str | None = None,
     llm_base_url: str | None = None,
@@ -94,7 +101,8 @@ def run(
     It prints the root id first, then each task's progress (a live display
     on a terminal; one line per change otherwise, and the `cardbus approve`
     command for a task that waits for approval), then the result (--json:
-    the result alone, with the outputs).
+    the result alone, with the outputs). --follow: every step, model and tool calls
+    included, and the text of the models' answers as it is written.
 
     --user/--tenant name whose long-term memory the run reads and writes
     (its scope chain); --reuse keeps completed tasks' results and answers
@@ -163,8 +171,20 @@ def run(
                     if as_json:  # stdout: the result alone
                         return await rt.run(plan, timeout)
                     assert plan.plan_id is not None
-                    async with RunProgress(store, plan.plan_id, db.flag(), echo=click.echo):
-                        return await rt.run(plan, timeout)
+                    following = Follow(rt.bus)  # writes and flushes: a piece shows as it comes
+                    if follow:
+                        await following.start()
+                    try:
+                        async with RunProgress(
+                            store,
+                            plan.plan_id,
+                            db.flag(),
+                            echo=click.echo,
+                            follow=following if follow else None,
+                        ):
+                            return await rt.run(plan, timeout)
+                    finally:
+                        await following.stop()
 
                 result = await see_through(
                     wait(),
