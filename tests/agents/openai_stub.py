@@ -25,7 +25,8 @@ endpoint does: the same answer in ``chat.completion.chunk`` deltas (the content 
 pieces), ``finish_reason`` on the last, then the usage when
 ``stream_options.include_usage`` asks for it, then ``[DONE]``. ``chunk_delay_s``
 paces the pieces; ``gate`` (a ``threading.Event``) holds the stream after
-``gate_after`` pieces until it is set, so a test can look while a call streams.
+``gate_after`` pieces until it is set, so a test can look while a call streams
+(``gates``: several, piece number -> event).
 
     with OpenAIStub() as stub:
         stub.script(Reply(status=429, headers={"Retry-After": "1"}), Reply(content='{"a": 1}'))
@@ -82,6 +83,7 @@ class Reply:
     chunk_delay_s: float = 0.0
     gate: threading.Event | None = None
     gate_after: int = 1
+    gates: dict[int, threading.Event] = field(default_factory=dict)  # piece -> hold before it
 
 
 class _Server(ThreadingHTTPServer):
@@ -119,6 +121,7 @@ class OpenAIStub:
         self.served: list[tuple[float, int]] = []  # (time, tokens) of each call let through
         self.streamed = 0  # requests answered as a stream
         self.pieces_sent = 0  # streamed content pieces written to clients
+        self.piece_times: list[float] = []  # time.time() as each piece was written
 
     # -- scripting -------------------------------------------------------------
 
@@ -264,15 +267,19 @@ class OpenAIStub:
             out = handler.wfile
             out.write(event({"role": "assistant", "content": ""}))
             out.flush()
+            gates = dict(reply.gates)
+            if reply.gate is not None:
+                gates[reply.gate_after] = reply.gate
             for i, piece in enumerate(pieces):
-                if reply.gate is not None and i == reply.gate_after:
-                    reply.gate.wait(60)
+                if i in gates:
+                    gates[i].wait(60)
                 if reply.chunk_delay_s and i:
                     time.sleep(reply.chunk_delay_s)
                 out.write(event({"content": piece}))
                 out.flush()
                 with self._lock:
                     self.pieces_sent += 1
+                    self.piece_times.append(time.time())
             for index, call in enumerate(message.get("tool_calls") or ()):
                 args = call["function"]["arguments"]
                 half = len(args) // 2
