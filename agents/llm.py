@@ -32,6 +32,7 @@ environment (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``CARDBUS_MODEL``).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import json
@@ -256,11 +257,27 @@ class MockLLM:
         respond: Callable[[str], str] | None = None,
         model: str = "mock-1",
         tool_script: Sequence[Sequence[MockToolCall]] | None = None,
+        chunk_delay_s: float = 0.0,
     ) -> None:
         self.respond = respond
         self.model = model
         self.tool_script = None if tool_script is None else [list(t) for t in tool_script]
         self.calls: list[str] = []
+        #: in a worker, the answer is written word by word to the attempt's chunk sink
+        #: (``agents.streaming``), this long apart, as a streaming endpoint would
+        self.chunk_delay_s = chunk_delay_s
+
+    async def _write(self, text: str) -> None:
+        """The answer, piece by piece, to whoever watches (nothing when nobody does)."""
+        sink = current_sink()
+        if sink is None or not text:
+            return
+        out = sink.call()
+        for i, word in enumerate(text.split(" ")):
+            if i and self.chunk_delay_s > 0:
+                await asyncio.sleep(self.chunk_delay_s)
+            await out.send(word if i == 0 else " " + word)
+        await out.end()
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
         self.calls.append(prompt)
@@ -269,6 +286,7 @@ class MockLLM:
         else:
             digest = hashlib.sha256(prompt.encode()).hexdigest()[:8]
             text = f"[{self.model}:{digest}] {prompt[:200]}"
+        await self._write(text)
         return Completion(text, _tokens(system) + _tokens(prompt), _tokens(text), self.model)
 
     async def chat(
@@ -298,6 +316,7 @@ class MockLLM:
             text = json.dumps(schema_instance(schema, f"{model}:{seed}"))
         else:
             text = f"[{model}:{seed}] {prompt[:200]}"
+        await self._write(text)
         return Completion(text, used, _tokens(text), model, (), "stop")
 
     def _tool_turn(

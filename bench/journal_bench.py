@@ -468,6 +468,22 @@ def save(f: Figure, json_path: str | None) -> None:
         )
 
 
+async def piece_cost_ns(pieces: int = 200_000) -> float:
+    """What one piece costs a streamed call nobody watches, in the sink itself: the
+    in-process bus's ``chunks_watched`` asked, nothing published (ns a piece)."""
+    from cardbus.agents.streaming import ChunkSink
+    from cardbus.bus.transport.inprocess import InProcessBus
+
+    bus = InProcessBus()
+    out = ChunkSink(bus.publish_chunk, bus.chunks_watched, "t", 1, "r", "a").call()
+    t = time.perf_counter()
+    for _ in range(pieces):
+        await out.send("w")
+    took = time.perf_counter() - t
+    await bus.close()
+    return took / pieces * 1e9
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10, help="measured rounds (plus one warm-up)")
@@ -504,6 +520,13 @@ async def main() -> None:
             print(f"{runtime}: {time.perf_counter() - t:.1f} s", flush=True)
             figures += [figure(runtime, kind) for kind in KINDS]
     print(table(figures))
+    if "streamed" in KINDS:
+        ns = await piece_cost_ns()
+        print(
+            f"chunk sink, nobody watching: {ns:.0f} ns a piece in the sink itself"
+            f" ({PIECES} pieces a call: {ns * PIECES / 1e6:.4f} ms a call)"
+        )
+        record(args.json, BENCH, "chunk sink per piece, nobody watching", ns, "ns")
     load = os.getloadavg()
     print(f"load after: {load[0]:.2f} {load[1]:.2f} (1/5 min)")
     for f in figures:

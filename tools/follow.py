@@ -74,7 +74,7 @@ class Follow:
         name = env.stream
         if isinstance(data, ev.ModelRequested):
             model = f" {data.model}" if data.model else ""
-            self.line(f"  {name}: asks its model{model} (call {data.seq})")
+            self.line(f"  {name}: asks its model{model}")
         elif isinstance(data, ev.ModelAnswered):
             if data.error:
                 self.line(f"  {name}: the model failed: {data.error}")
