@@ -110,7 +110,7 @@ PAGE = (
 <main>
 <div id="error"></div>
 <div id="ops"></div>
-<section id="streaming" hidden><h2>Writing now</h2><div id="streams"></div></section>
+<section id="streaming" hidden><p class="stream-head"><b>Writing now</b></p><div id="streams"></div></section>
 <div id="view"></div>
 </main>
 <script>
