@@ -119,3 +119,42 @@ def test_without_follow_nothing_is_streamed_to_the_terminal(tmp_path: Path) -> N
     text = done.stdout.decode()
     assert done.returncode == 0, text
     assert "writes:" not in text and "asks its model" not in text
+
+
+@pytest.mark.timeout(180)
+def test_a_crash_in_the_middle_of_a_stream_sends_the_call_again_on_resume(
+    tmp_path: Path,
+) -> None:
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(write_plan("crash-1")))
+    db = tmp_path / "log.db"
+    gate = threading.Event()
+    with OpenAIStub() as stub:
+        # the first call is cut off after five pieces by a kill -9; the resumed run's
+        # call is answered whole
+        stub.script(
+            Reply(content=ANSWER, chunks=PIECES, gate=gate, gate_after=5),
+            Reply(content=ANSWER, chunks=PIECES),
+        )
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(TESTS),
+            "OPENAI_BASE_URL": stub.url,
+            "CARDBUS_MODEL": "stub-model",
+        }
+        cmd = [sys.executable, "-m", "cardbus.tools", "run", str(plan_file), "--follow"]
+        cmd += ["--store", str(db)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        out = Output(proc)
+        try:
+            out.wait_for("writes: " + "".join(PIECES[:5]), proc)
+            proc.kill()  # SIGKILL: mid-stream, nothing closed
+            proc.wait(30)
+        finally:
+            gate.set()
+        assert _answered(db) == []  # the pieces shown were never in the log
+        again = subprocess.run(cmd, capture_output=True, env=env, timeout=120)
+        assert again.returncode == 0, again.stdout.decode()
+        assert stub.streamed == 2  # the call in flight was sent again
+    answered = _answered(db)
+    assert len(answered) == 1 and answered[0].error is None
