@@ -26,7 +26,7 @@ import msgspec
 __all__ = ["CHUNK_SINK", "CallStream", "Chunk", "ChunkSink", "current_sink", "decode_chunk"]
 
 
-class Chunk(msgspec.Struct, frozen=True):
+class Chunk(msgspec.Struct, frozen=True, tag_field="type", tag="chunk"):
     """One piece of a model answer being written.
 
     ``call``: which streamed model call of the attempt (from 1), ``seq``: the piece's
