@@ -519,10 +519,16 @@ class A2AGateway(RequestHandler):
     # -- following a run --------------------------------------------------------------
 
     async def _follow(
-        self, root_id: str, answered: Question | None = None, snapshot: bool = True
+        self,
+        root_id: str,
+        answered: Question | None = None,
+        snapshot: bool = True,
+        live_text: bool = True,
     ) -> AsyncIterator[Any]:
         """The task, then its events as the log gets them, until it is final or
-        interrupted (a question other than the one just ``answered``)."""
+        interrupted (a question other than the one just ``answered``); ``live_text``: and
+        its model answers as they are written (a client that waits for the end gets
+        none: then nobody watches, and nothing is published)."""
         fold = TaskFold(root_id)
         for env in await self.store.read_correlation(root_id):
             fold.apply(env)
@@ -541,7 +547,7 @@ class A2AGateway(RequestHandler):
         chunks: asyncio.Queue[Chunk] = asyncio.Queue()
         stop = (
             await self.bus.watch_chunks(chunks.put_nowait, root_id)
-            if self.bus.carries_chunks
+            if live_text and self.bus.carries_chunks
             else None
         )
         shown = ChunkArtifacts(fold)
@@ -562,7 +568,9 @@ class A2AGateway(RequestHandler):
             if stop is not None:
                 await stop()
 
-    async def _stream(self, params: SendMessageRequest, actor: str) -> AsyncIterator[Any]:
+    async def _stream(
+        self, params: SendMessageRequest, actor: str, live_text: bool = True
+    ) -> AsyncIterator[Any]:
         _check_message(params)
         message = params.message
         if message.task_id:
@@ -577,10 +585,10 @@ class A2AGateway(RequestHandler):
                 yield fold.task()  # a resent answer: the task as it is, not a second answer
                 return
             answered = await self._answer(fold, message, actor)
-            async for item in self._follow(message.task_id, answered):
+            async for item in self._follow(message.task_id, answered, live_text=live_text):
                 yield item
             return
-        async for item in self._follow(await self._start(message, actor)):
+        async for item in self._follow(await self._start(message, actor), live_text=live_text):
             yield item
 
     # -- the A2A methods ----------------------------------------------------------------
@@ -590,7 +598,7 @@ class A2AGateway(RequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
         last: Task | None = None
-        stream = self._stream(params, actor_of(context))
+        stream = self._stream(params, actor_of(context), live_text=False)
         try:
             async with asyncio.timeout(self.wait_timeout_s):
                 async for item in stream:
