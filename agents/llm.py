@@ -491,6 +491,7 @@ class OpenAIChatLLM:
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
         self.stream = stream
+        self._stream_refused = False  # the endpoint refused streaming: asked whole
         self.pacer = pacer if pacer is not None else process_pacer()
         # the key's fingerprint, never the key: limits are per key, the key stays secret
         fingerprint = hashlib.sha256((key or "").encode()).hexdigest()[:12]
@@ -543,9 +544,18 @@ class OpenAIChatLLM:
         CALL_QUEUED_S.set(self.last_queued_s)
         sink = current_sink()
         streamed = self.stream if self.stream is not None else sink is not None
+        streamed = streamed and not self._stream_refused
+        refused_stream = False
         try:
             if streamed:  # paced as any call: the pacer's slot is held until the stream ends
-                return await self._streamed(key, model, sent, extra, sink)
+                try:
+                    return await self._streamed(key, model, sent, extra, sink)
+                except (openai.BadRequestError, openai.UnprocessableEntityError):
+                    if self.stream is True:
+                        raise
+                    # an endpoint that refuses a streamed request (or its stream_options)
+                    # is asked whole; if that is answered, whole from now on
+                    refused_stream = True
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=model,
                 messages=sent,  # type: ignore[arg-type]
@@ -555,6 +565,8 @@ class OpenAIChatLLM:
             )
             self.pacer.learn(key, raw.headers)
             body = raw.http_response.content
+            if refused_stream:
+                self._stream_refused = True
         except openai.OpenAIError as e:
             error = self._error(e)
             if isinstance(error, LLMRateLimited):

@@ -105,6 +105,7 @@ class OpenAIStub:
         self.refuse_structured = False
         self.honour_schema = False
         self.ignore_max_tokens = False  # answer past a request's max_tokens (a careless endpoint)
+        self.refuse_stream = False  # HTTP 400 for a streamed request (an endpoint that cannot)
         self.responder: Callable[[Any], Reply | str | None] | None = None
         self.usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
         self._lock = threading.Lock()
@@ -135,6 +136,13 @@ class OpenAIStub:
 
     def _next(self, body: Any) -> Reply:
         with self._lock:
+            if self.refuse_stream and isinstance(body, dict) and body.get("stream"):
+                return Reply(
+                    status=400,
+                    body=json.dumps(
+                        {"error": {"message": "stream_options is not supported", "code": None}}
+                    ).encode(),
+                )
             if self.refuse_structured and isinstance(body, dict) and "response_format" in body:
                 return Reply(
                     status=400,

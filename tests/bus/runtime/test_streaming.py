@@ -186,3 +186,23 @@ async def test_on_nats_an_agent_hears_no_watcher_and_publishes_nothing(nats_url:
     finally:
         await agent.close()
         await watcher.close()
+
+
+@pytest.mark.timeout(60)
+async def test_an_endpoint_that_refuses_streaming_is_asked_whole(
+    tmp_path: Path, stub: OpenAIStub
+) -> None:
+    stub.refuse_stream = True
+    stub.default = Reply(content=ANSWER)
+    llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0)
+    async with (
+        await SqliteEventStore.open(tmp_path / "s.db") as store,
+        EmbeddedRuntime(store, [Writer], llm=llm) as rt,
+    ):
+        first = await rt.run(write_plan("whole-1"), timeout=30)
+        second = await rt.run(write_plan("whole-2"), timeout=30)
+        await llm.aclose()
+    assert (first.status, second.status) == ("completed", "completed")
+    assert first.outputs["w"] == {"text": ANSWER}
+    # refused once streamed, asked whole, then whole from the start
+    assert [bool(b.get("stream")) for b in stub.bodies()] == [True, False, False]
