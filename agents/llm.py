@@ -603,6 +603,14 @@ class OpenAIChatLLM:
             **extra,
         )
         self.pacer.learn(key, raw.headers)
+        kind = raw.headers.get("content-type", "")
+        if not kind.startswith("text/event-stream"):
+            # a server that ignores "stream" (a small stand-in) answers whole: read as such
+            try:
+                body = await raw.http_response.aread()
+            finally:
+                await raw.http_response.aclose()
+            return _completion(body, model)
         chunks = raw.parse()
         try:
             return await read_stream(chunks, model, sink.call() if sink is not None else None)

@@ -106,6 +106,7 @@ class OpenAIStub:
         self.honour_schema = False
         self.ignore_max_tokens = False  # answer past a request's max_tokens (a careless endpoint)
         self.refuse_stream = False  # HTTP 400 for a streamed request (an endpoint that cannot)
+        self.ignore_stream = False  # a streamed request answered whole, as JSON (a stand-in)
         self.responder: Callable[[Any], Reply | str | None] | None = None
         self.usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
         self._lock = threading.Lock()
@@ -340,6 +341,7 @@ class OpenAIStub:
                     time.sleep(reply.delay_s)
                 data = stub._render(reply, body)
                 wants_stream = isinstance(body, dict) and body.get("stream") is True
+                wants_stream = wants_stream and not stub.ignore_stream
                 if wants_stream and reply.status == 200 and reply.body is None:
                     stub._stream(self, reply, body, json.loads(data))
                     return

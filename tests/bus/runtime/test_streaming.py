@@ -63,8 +63,14 @@ async def test_a_watcher_sees_the_pieces_while_the_call_streams(
         root = seen[0].root_id
         assert seen[0].text == PIECES[0] and seen[0].seq == 0
         assert await _answered(store, root) == []
-        kinds = [type(e.data) for e in await store.read_correlation(root)]
+        # model.requested is written while the model works: it comes, the answer does not
+        for _ in range(400):
+            kinds = [type(e.data) for e in await store.read_correlation(root)]
+            if ev.ModelRequested in kinds:
+                break
+            await asyncio.sleep(0.05)
         assert ev.ModelRequested in kinds
+        assert await _answered(store, root) == []
         gate.set()
         result = await running
         await stop()
@@ -186,6 +192,22 @@ async def test_on_nats_an_agent_hears_no_watcher_and_publishes_nothing(nats_url:
     finally:
         await agent.close()
         await watcher.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_server_that_ignores_stream_is_read_whole(tmp_path: Path, stub: OpenAIStub) -> None:
+    stub.ignore_stream = True  # a stand-in that answers JSON whatever it is asked
+    stub.default = Reply(content=ANSWER)
+    llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0)
+    async with (
+        await SqliteEventStore.open(tmp_path / "s.db") as store,
+        EmbeddedRuntime(store, [Writer], llm=llm) as rt,
+    ):
+        result = await rt.run(write_plan("json-1"), timeout=30)
+        await llm.aclose()
+    assert result.status == "completed", result
+    assert result.outputs["w"] == {"text": ANSWER}
+    assert stub.bodies()[0]["stream"] is True
 
 
 @pytest.mark.timeout(60)
