@@ -32,6 +32,7 @@ environment (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``CARDBUS_MODEL``).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import json
@@ -50,6 +51,7 @@ from cardbus.agents.pacing import (
     current_pacing,
     process_pacer,
 )
+from cardbus.agents.streaming import ChunkSink, current_sink
 from cardbus.eventstore.errors import (
     ConfigError,
     LLMBadOutput,
@@ -255,11 +257,27 @@ class MockLLM:
         respond: Callable[[str], str] | None = None,
         model: str = "mock-1",
         tool_script: Sequence[Sequence[MockToolCall]] | None = None,
+        chunk_delay_s: float = 0.0,
     ) -> None:
         self.respond = respond
         self.model = model
         self.tool_script = None if tool_script is None else [list(t) for t in tool_script]
         self.calls: list[str] = []
+        #: in a worker, the answer is written word by word to the attempt's chunk sink
+        #: (``agents.streaming``), this long apart, as a streaming endpoint would
+        self.chunk_delay_s = chunk_delay_s
+
+    async def _write(self, text: str) -> None:
+        """The answer, piece by piece, to whoever watches (nothing when nobody does)."""
+        sink = current_sink()
+        if sink is None or not text:
+            return
+        out = sink.call()
+        for i, word in enumerate(text.split(" ")):
+            if i and self.chunk_delay_s > 0:
+                await asyncio.sleep(self.chunk_delay_s)
+            await out.send(word if i == 0 else " " + word)
+        await out.end()
 
     async def complete(self, prompt: str, *, system: str = "") -> Completion:
         self.calls.append(prompt)
@@ -268,6 +286,7 @@ class MockLLM:
         else:
             digest = hashlib.sha256(prompt.encode()).hexdigest()[:8]
             text = f"[{self.model}:{digest}] {prompt[:200]}"
+        await self._write(text)
         return Completion(text, _tokens(system) + _tokens(prompt), _tokens(text), self.model)
 
     async def chat(
@@ -297,6 +316,7 @@ class MockLLM:
             text = json.dumps(schema_instance(schema, f"{model}:{seed}"))
         else:
             text = f"[{model}:{seed}] {prompt[:200]}"
+        await self._write(text)
         return Completion(text, used, _tokens(text), model, (), "stop")
 
     def _tool_turn(
@@ -440,11 +460,15 @@ class OpenAIChatLLM:
         max_retries: int = 2,
         max_tokens: int | None = None,
         pacer: Pacer | None = None,
+        stream: bool | None = None,
     ) -> None:
         """``max_tokens``: the most output tokens any call may be answered with (None: the
         endpoint's own limit); under a run's budget a call is sent with the smaller of this
         and what the budget reserved for it (``current_max_tokens``). ``pacer``: where
-        calls wait for the provider's limit (default: the one the process shares)."""
+        calls wait for the provider's limit (default: the one the process shares).
+        ``stream``: ask the endpoint to stream its answers (``agents.llm_stream``); None:
+        when the call runs in a worker whose bus carries chunks (``agents.streaming``), so
+        watchers see the text as it is written; False: never."""
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
         ):
@@ -466,6 +490,8 @@ class OpenAIChatLLM:
         self.temperature = temperature
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
+        self.stream = stream
+        self._stream_refused = False  # the endpoint refused streaming: asked whole
         self.pacer = pacer if pacer is not None else process_pacer()
         # the key's fingerprint, never the key: limits are per key, the key stays secret
         fingerprint = hashlib.sha256((key or "").encode()).hexdigest()[:12]
@@ -516,7 +542,20 @@ class OpenAIChatLLM:
             key, _estimate_tokens(sent, bound), **current_pacing()
         )
         CALL_QUEUED_S.set(self.last_queued_s)
+        sink = current_sink()
+        streamed = self.stream if self.stream is not None else sink is not None
+        streamed = streamed and not self._stream_refused
+        refused_stream = False
         try:
+            if streamed:  # paced as any call: the pacer's slot is held until the stream ends
+                try:
+                    return await self._streamed(key, model, sent, extra, sink)
+                except (openai.BadRequestError, openai.UnprocessableEntityError):
+                    if self.stream is True:
+                        raise
+                    # an endpoint that refuses a streamed request (or its stream_options)
+                    # is asked whole; if that is answered, whole from now on
+                    refused_stream = True
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=model,
                 messages=sent,  # type: ignore[arg-type]
@@ -526,6 +565,8 @@ class OpenAIChatLLM:
             )
             self.pacer.learn(key, raw.headers)
             body = raw.http_response.content
+            if refused_stream:
+                self._stream_refused = True
         except openai.OpenAIError as e:
             error = self._error(e)
             if isinstance(error, LLMRateLimited):
@@ -536,6 +577,49 @@ class OpenAIChatLLM:
         finally:
             self.pacer.release(key)
         return _completion(body, model)
+
+    async def _streamed(
+        self,
+        key: LimitKey,
+        model: str,
+        sent: list[dict[str, Any]],
+        extra: dict[str, Any],
+        sink: ChunkSink | None,
+    ) -> Completion:
+        """The call streamed: each piece of text to ``sink`` as it comes, the whole answer
+        returned (``agents.llm_stream``)."""
+        import httpx
+
+        from cardbus.agents.llm_stream import read_stream
+
+        create: Any = self._client.chat.completions.with_raw_response.create  # its overloads
+        raw = await create(
+            model=model,
+            messages=sent,
+            temperature=self.temperature,
+            extra_headers=self._headers,
+            stream=True,
+            stream_options={"include_usage": True},
+            **extra,
+        )
+        self.pacer.learn(key, raw.headers)
+        kind = raw.headers.get("content-type", "")
+        if not kind.startswith("text/event-stream"):
+            # a server that ignores "stream" (a small stand-in) answers whole: read as such
+            try:
+                body = await raw.http_response.aread()
+            finally:
+                await raw.http_response.aclose()
+            return _completion(body, model)
+        chunks = raw.parse()
+        try:
+            return await read_stream(chunks, model, sink.call() if sink is not None else None)
+        except httpx.TimeoutException as e:
+            raise LLMTimeout(f"chat completion stream stalled past {self.timeout_s}s") from e
+        except httpx.HTTPError as e:  # the connection dropped mid-stream
+            raise LLMServerError(f"chat completion stream broke off: {e!r}") from e
+        finally:
+            await chunks.close()
 
     def _error(self, e: Exception) -> LLMError:
         """The SDK's error as ours, most specific first."""

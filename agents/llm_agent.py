@@ -288,7 +288,10 @@ class LLMAgent(Agent):
             if answer is not None:  # the mock answers what the agent built from its card
                 text = json.dumps(msgspec.to_builtins(answer), ensure_ascii=False)
                 llm.inner = MockLLM(
-                    respond=lambda _prompt: text, model=inner.model, tool_script=inner.tool_script
+                    respond=lambda _prompt: text,
+                    model=inner.model,
+                    tool_script=inner.tool_script,
+                    chunk_delay_s=inner.chunk_delay_s,
                 )
                 try:
                     return await self._converse(task, inputs, ctx, output_type, schema, model)

@@ -43,6 +43,14 @@ of one call, not of a busy bus.
   every tool call did before the journal (invariant 2): the difference is the
   journal's own work, not the two writes.
 
+**Streamed, unwatched** (``--kinds streamed``, issue 31 item 4): both calls of a
+pair stream from the stub (``OpenAIChatLLM(stream=True)``, 20 pieces an answer) and
+both are journaled; "on" runs as a worker runs it, with the attempt's chunk sink in
+place and nobody watching the run (each piece asks whether anyone watches, and
+publishes nothing), "off" with no sink at all (``CHUNK_SINK`` cleared around the
+call). Added = what the chunk channel costs a call nobody watches. The bench checks
+that not one chunk was published.
+
 After each run the bench checks that its log holds exactly those events.
 
 Added = on - off, at p50 and at p99 (each the difference of the two
@@ -79,6 +87,7 @@ from summary import record
 from cardbus.agents import Agent, Capability, TaskCard, TaskContext
 from cardbus.agents.cards import AgentConstraints
 from cardbus.agents.llm import MeteredLLM, OpenAIChatLLM
+from cardbus.agents.streaming import CHUNK_SINK
 from cardbus.agents.tools import Tool, ToolRegistry
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run
@@ -90,11 +99,15 @@ from tests.agents.openai_stub import OpenAIStub
 BENCH = "journal"
 TARGET_MS = 1.0  # added per call, embedded, p50
 KINDS = ["model", "tool"]
+ALL_KINDS = ("model", "tool", "streamed")
+STREAM_LLM: list[OpenAIChatLLM] = []  # the streaming model of the "streamed" kind
+PUBLISHED: list[Any] = []  # chunks published (by any bench run): must stay empty
+PIECES = 20  # pieces of each streamed answer
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class Job(msgspec.Struct):
-    kind: str  # model | tool
+    kind: str  # model | tool | streamed
     pairs: int  # calls with the journal and as many without, alternating
     on_first: bool  # each pair starts with the journaled call
     cell: str  # where the samples go: "<runtime>/<kind>" (+ "/on", "/off")
@@ -143,6 +156,20 @@ class Caller(Agent):
             call = {
                 True: lambda i: on_llm.chat([{"role": "user", "content": f"question {i}"}]),
                 False: lambda i: off_llm.chat([{"role": "user", "content": f"question {i}"}]),
+            }
+        elif inputs.kind == "streamed":  # both journaled; the sink (unwatched) on or off
+            streamer = MeteredLLM(STREAM_LLM[0], ctx.llm.journal)
+
+            async def unsunk(i: int) -> Any:
+                token = CHUNK_SINK.set(None)
+                try:
+                    return await streamer.chat([{"role": "user", "content": f"stream {i}"}])
+                finally:
+                    CHUNK_SINK.reset(token)
+
+            call = {
+                True: lambda i: streamer.chat([{"role": "user", "content": f"stream {i}"}]),
+                False: unsunk,
             }
         else:
             call = {
@@ -200,6 +227,14 @@ async def check_recorded(store: EventStore, root: str, kind: str, pairs: int) ->
     ``model.requested`` and a ``model.answered``, an unjournaled one nothing; every tool
     call a ``tool.called``, with execution when journaled and without when not."""
     events = [e.data for e in await store.read_correlation(root)]
+    if kind == "streamed":  # both calls of a pair journaled
+        got = (
+            sum(isinstance(e, ev.ModelRequested) for e in events),
+            sum(isinstance(e, ev.ModelAnswered) for e in events),
+        )
+        assert got == (2 * pairs, 2 * pairs), f"{kind}: recorded {got}"
+        assert PUBLISHED == [], f"{len(PUBLISHED)} chunks published with nobody watching"
+        return
     if kind == "model":
         got = (
             sum(isinstance(e, ev.ModelRequested) for e in events),
@@ -233,12 +268,37 @@ async def rounds(
     CELLS.pop("warm/off", None)
 
 
+def count_published(bus: Any) -> None:
+    """Every chunk the bus publishes goes into ``PUBLISHED`` too (nobody watches: none)."""
+    real = bus.publish_chunk
+
+    async def publish(chunk: Any) -> None:
+        PUBLISHED.append(chunk)
+        await real(chunk)
+
+    bus.publish_chunk = publish
+
+
+def streaming_stub(stub: OpenAIStub) -> None:
+    """The stub answers a streamed request with ``PIECES`` words (pieces), others as it is."""
+
+    def respond(body: Any) -> str | None:
+        if isinstance(body, dict) and body.get("stream"):
+            return " ".join(f"w{i}" for i in range(PIECES))
+        return None
+
+    stub.responder = respond
+
+
 async def bench_embedded(tmp: Path, stub: OpenAIStub, args: Any) -> None:
-    llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0)
+    # the "model" kind as before streaming (not streamed); "streamed" has its own
+    llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0, stream=False)
+    STREAM_LLM[:] = [OpenAIChatLLM(stub.url, "stub-model", max_retries=0, stream=True)]
     async with (
         await SqliteEventStore.open(tmp / "journal-bench.db") as store,
         EmbeddedRuntime(store, [Caller], llm=llm, tools=tools()) as rt,
     ):
+        count_published(rt.bus)
 
         async def run_plan(p: dict[str, Any]) -> Any:
             return await rt.run(p, timeout=600)
@@ -250,13 +310,15 @@ async def bench_nats(stub: OpenAIStub, args: Any) -> None:
     from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime
     from cardbus.eventstore.nats.connection import NatsOptions
 
-    llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0)
+    llm = OpenAIChatLLM(stub.url, "stub-model", max_retries=0, stream=False)
+    STREAM_LLM[:] = [OpenAIChatLLM(stub.url, "stub-model", max_retries=0, stream=True)]
     server = LocalNatsServer().start()
     try:
         assert server.proc is not None
         SERVER_PID[:] = [server.proc.pid]
         rt = NatsRuntime(NatsOptions(url=server.url), [Caller], llm=llm, tools=tools())
         async with rt:
+            count_published(rt.bus)
 
             async def run_plan(p: dict[str, Any]) -> Any:
                 return await rt.run(p, timeout=600)
@@ -340,7 +402,7 @@ def figure(runtime: str, kind: str) -> Figure:
 
 def table(figures: list[Figure]) -> str:
     head = (
-        f"{'runtime':<9} {'call':<6} {'calls':>6} | {'off p50':>8} {'on p50':>8} {'added':>7}"
+        f"{'runtime':<9} {'call':<8} {'calls':>6} | {'off p50':>8} {'on p50':>8} {'added':>7}"
         f" | {'off p99':>8} {'on p99':>8} {'added':>7} | {'CPU off':>8} {'CPU on':>8}"
         f" {'added':>7} | {'nats-srv':>8} | target: added p50 <= {TARGET_MS:g} ms"
     )
@@ -351,7 +413,7 @@ def table(figures: list[Figure]) -> str:
         )
         verdict = ("met" if f.met else "MISSED") if f.has_target else "(no target)"
         lines.append(
-            f"{f.runtime:<9} {f.kind:<6} {f.calls:>6} | {f.off_p50_ms:>8.3f} {f.on_p50_ms:>8.3f}"
+            f"{f.runtime:<9} {f.kind:<8} {f.calls:>6} | {f.off_p50_ms:>8.3f} {f.on_p50_ms:>8.3f}"
             f" {f.added_p50_ms:>+7.3f} | {f.off_p99_ms:>8.3f} {f.on_p99_ms:>8.3f}"
             f" {f.added_p99_ms:>+7.3f} | {f.off_cpu_ms:>8.3f} {f.on_cpu_ms:>8.3f}"
             f" {f.added_cpu_ms:>+7.3f} | {server} | {verdict}"
@@ -364,7 +426,8 @@ def table(figures: list[Figure]) -> str:
 
 
 def save(f: Figure, json_path: str | None) -> None:
-    name = f"{f.kind} call, {f.runtime}"
+    what = "streamed call nobody watches" if f.kind == "streamed" else f"{f.kind} call"
+    name = f"{what}, {f.runtime}"
     target = f"<= {TARGET_MS:g} ms" if f.has_target else ""
     met = f.met if f.has_target else None
     record(
@@ -405,6 +468,22 @@ def save(f: Figure, json_path: str | None) -> None:
         )
 
 
+async def piece_cost_ns(pieces: int = 200_000) -> float:
+    """What one piece costs a streamed call nobody watches, in the sink itself: the
+    in-process bus's ``chunks_watched`` asked, nothing published (ns a piece)."""
+    from cardbus.agents.streaming import ChunkSink
+    from cardbus.bus.transport.inprocess import InProcessBus
+
+    bus = InProcessBus()
+    out = ChunkSink(bus.publish_chunk, bus.chunks_watched, "t", 1, "r", "a").call()
+    t = time.perf_counter()
+    for _ in range(pieces):
+        await out.send("w")
+    took = time.perf_counter() - t
+    await bus.close()
+    return took / pieces * 1e9
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10, help="measured rounds (plus one warm-up)")
@@ -413,12 +492,12 @@ async def main() -> None:
     )
     ap.add_argument("--gap-ms", type=float, default=1.0, help="pause after each call")
     ap.add_argument("--runtimes", default="embedded,nats", help="embedded, nats or both")
-    ap.add_argument("--kinds", default="model,tool", help="model, tool or both")
+    ap.add_argument("--kinds", default="model,tool,streamed", help="any of model, tool, streamed")
     ap.add_argument("--dir", default=None, help="where the SQLite file goes (default: a temp dir)")
     ap.add_argument("--json", default=None, help="append the figures as JSON lines here")
     args = ap.parse_args()
     runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
-    KINDS[:] = [k.strip() for k in args.kinds.split(",") if k.strip() in ("model", "tool")]
+    KINDS[:] = [k.strip() for k in args.kinds.split(",") if k.strip() in ALL_KINDS]
     load = os.getloadavg()
     print(
         f"journal bench: {args.rounds} rounds x {args.calls} pairs (on, off) per kind, one run"
@@ -429,6 +508,7 @@ async def main() -> None:
     figures: list[Figure] = []
     with OpenAIStub() as stub, tempfile.TemporaryDirectory(dir=args.dir) as d:
         nodelay(stub)
+        streaming_stub(stub)
         for runtime in runtimes:
             t = time.perf_counter()
             if runtime == "embedded":
@@ -440,6 +520,13 @@ async def main() -> None:
             print(f"{runtime}: {time.perf_counter() - t:.1f} s", flush=True)
             figures += [figure(runtime, kind) for kind in KINDS]
     print(table(figures))
+    if "streamed" in KINDS:
+        ns = await piece_cost_ns()
+        print(
+            f"chunk sink, nobody watching: {ns:.0f} ns a piece in the sink itself"
+            f" ({PIECES} pieces a call: {ns * PIECES / 1e6:.4f} ms a call)"
+        )
+        record(args.json, BENCH, "chunk sink per piece, nobody watching", ns, "ns")
     load = os.getloadavg()
     print(f"load after: {load[0]:.2f} {load[1]:.2f} (1/5 min)")
     for f in figures:

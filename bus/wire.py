@@ -17,6 +17,9 @@ Messages (by schema name):
 ``reply``                   any of the three above (what the orchestrator decodes)
 ``cancel_notice``           the orchestrator to an agent: stop the handler of an attempt
                             whose task was cancelled or halted, on ``cardbus.cancel.<agent>``
+``chunk``                   a piece of a model answer as it is written, on
+                            ``cardbus.chunk.<agent>.<root>`` (optional, only while a
+                            run is watched: ``cardbus.watching``)
 ``agent_card``              what an agent can do (inside ``announce``)
 ``agent_request``           an agent's request on ``cardbus.req.<agent>`` (core NATS
                             request/reply), answered by an ``agent_response``
@@ -57,7 +60,9 @@ from cardbus.agents.cards import (
     TaskCard,
 )
 from cardbus.agents.requests import AgentRequest, AgentResponse
+from cardbus.agents.streaming import Chunk
 from cardbus.bus.transport import nats as wire_nats
+from cardbus.bus.transport.nats_chunks import CHUNK_PREFIX, WATCHING_SUBJECT
 from cardbus.eventstore.errors import ValidationError
 
 __all__ = [
@@ -132,6 +137,7 @@ _TYPES: dict[str, Any] = {
     "announce": Announce,
     "reply": Reply,
     "cancel_notice": CancelNotice,
+    "chunk": Chunk,
     "agent_card": AgentCard,
     "agent_request": AgentRequest,
     "agent_response": AgentResponse,
@@ -240,6 +246,14 @@ def contract() -> dict[str, Any]:
                     " hears it; ask attempt.live on the request subject to be sure)"
                 ),
                 "schema": "cancel_notice",
+            },
+            "chunk": {
+                "subject": f"{CHUNK_PREFIX}.<agent>.<root>",
+                "direction": (
+                    "agent -> watchers (core NATS publish, optional: only while a watcher"
+                    f" says on {WATCHING_SUBJECT} that it watches the run; never stored)"
+                ),
+                "schema": "chunk",
             },
             "dead": {
                 "subject": f"{n.DEAD_PREFIX}.<kind>",

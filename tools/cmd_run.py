@@ -29,6 +29,7 @@ from cardbus.tools.cmd_plan import (
     with_planner_path,
 )
 from cardbus.tools.errors import EXIT_FAILED
+from cardbus.tools.follow import Follow
 from cardbus.tools.llm_options import close_llm, llm_options, open_llm, watch_model_calls
 from cardbus.tools.loading import load_agent
 from cardbus.tools.mcp_options import mcp_options, mcp_servers
@@ -53,6 +54,11 @@ from cardbus.tools.store_option import StoreRef, open_store_option, store_option
     help="Seconds to wait for the run; then it is cancelled and the exit code is 124.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Print every step (model and tool calls too) and the models' text as it is written.",
+)
 @click.option(
     "--priority",
     type=int,
@@ -89,6 +95,7 @@ def run(
     agent_paths: tuple[str, ...],
     timeout: float,
     as_json: bool,
+    follow: bool = False,
     priority: int | None = None,
     on_loop: str = "halt",
     notify_url: str = "",
@@ -112,7 +119,8 @@ def run(
     It prints the root id first, then each task's progress (a live display
     on a terminal; one line per change otherwise, and the `cardbus approve`
     command for a task that waits for approval), then the result (--json:
-    the result alone, with the outputs).
+    the result alone, with the outputs). --follow: every step, model and tool calls
+    included, and the text of the models' answers as it is written.
 
     --user/--tenant name whose long-term memory the run reads and writes
     (its scope chain); --reuse keeps completed tasks' results and answers
@@ -186,8 +194,20 @@ def run(
                     if as_json:  # stdout: the result alone
                         return await rt.run(plan, timeout)
                     assert plan.plan_id is not None
-                    async with RunProgress(store, plan.plan_id, db.flag(), echo=click.echo):
-                        return await rt.run(plan, timeout)
+                    following = Follow(rt.bus)  # writes and flushes: a piece shows as it comes
+                    if follow:
+                        await following.start()
+                    try:
+                        async with RunProgress(
+                            store,
+                            plan.plan_id,
+                            db.flag(),
+                            echo=click.echo,
+                            follow=following if follow else None,
+                        ):
+                            return await rt.run(plan, timeout)
+                    finally:
+                        await following.stop()
 
                 result = await see_through(
                     wait(),

@@ -28,6 +28,7 @@ from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import IllegalTransition
 from cardbus.eventstore.states import TERMINAL, transition
 from cardbus.projections.replay import worded_inputs
+from cardbus.tools.follow import Follow
 
 __all__ = ["RunProgress"]
 
@@ -64,6 +65,7 @@ class RunProgress:
         echo: Callable[[str], None] | None = None,
         drain_s: float = 5.0,
         changes: bool = True,
+        follow: Follow | None = None,
     ) -> None:
         self.store = store
         self.plan_id = plan_id
@@ -74,6 +76,11 @@ class RunProgress:
         # False: without a live display, only the lines that ask something of the user
         # (a task waiting for approval), not every change (the demo sums the run up after)
         self.changes = changes
+        # --follow: every model and tool call too, and the text as it is written (plain
+        # lines: a live display would redraw over the text)
+        self.follow = follow
+        if follow is not None:
+            self.live = False
         self.root_id: str | None = None
         self.tasks: dict[str, _Task] = {}
         self.finished = asyncio.Event()
@@ -122,6 +129,8 @@ class RunProgress:
 
     def _found(self, root_id: str) -> None:
         self.root_id = root_id
+        if self.follow is not None:
+            self.follow.root_id = root_id
         follow = f" (follow it: cardbus replay {root_id}{self.flag})" if self.changes else ""
         self._say(f"run {root_id}: started{follow}")
         if self.live:
@@ -138,6 +147,8 @@ class RunProgress:
         if isinstance(data, _FINISHED):
             self.finished.set()
             return
+        if self.follow is not None and not quiet:
+            self.follow.step(env)
         if isinstance(data, ev.PlanProposed) and data.from_goal and self.changes and not quiet:
             # a value nobody gave is never passed off as one: the planner took the goal's words
             self._say(f"  plan round {data.round}{worded_inputs(data.from_goal)}")
@@ -192,6 +203,8 @@ class RunProgress:
     def _say(self, line: str) -> None:
         if self._display is not None:
             self._display.console.print(line, highlight=False, soft_wrap=True)
+        elif self.follow is not None:
+            self.follow.line(line)  # after the streamed text it interrupts
         else:
             self.echo(line)
 

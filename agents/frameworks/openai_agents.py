@@ -23,8 +23,11 @@ What the run does outside the agent goes through cardbus's journal:
   ``ctx.journal.call`` whose request is what the SDK asks (instructions, input items,
   settings, tools, output schema, handoffs) and whose answer is the SDK's
   ``ModelResponse`` as JSON. A retried or redelivered attempt that asks the same gets
-  the recorded response, and the model is not called. Streaming is not journaled
-  (``Runner.run`` does not stream);
+  the recorded response, and the model is not called. In a worker the live call
+  streams (the wrapped model's ``stream_response``, with ``include_usage``): its text
+  goes to whoever watches the run as it is written (``agents.streaming``), and the
+  journal records the completed response, as without streaming (``Runner.run``
+  itself, and ``Runner.run_streamed`` on a journaled model, do not stream);
 * the agent's function tools run in the agent through ``ctx.journal.tool_call``
   (recorded, replayed on a retry); hosted tools run at the provider, unjournaled;
 * the runtime's tools on the allow-list (``tools_allowed``; MCP servers mounted in
@@ -81,6 +84,8 @@ from cardbus.agents.frameworks.common import (
 )
 from cardbus.agents.frameworks.pauses import Proposal, review_proposals
 from cardbus.agents.journal import BegunCall
+from cardbus.agents.streaming import ChunkSink, current_sink
+from cardbus.eventstore.errors import LLMBadOutput
 
 __all__ = ["JournaledModel", "OpenAIAgentsAgent", "chat_completions_only", "openai_agents_agent"]
 
@@ -149,6 +154,21 @@ class JournaledModel(Model):
         }
 
         async def live() -> dict[str, Any]:
+            sink = current_sink()
+            if sink is not None:  # in a worker: its text to whoever watches, as it comes
+                return await self._streamed(
+                    sink,
+                    system_instructions,
+                    input,
+                    model_settings,
+                    tools,
+                    output_schema,
+                    handoffs,
+                    tracing,
+                    previous_response_id=previous_response_id,
+                    conversation_id=conversation_id,
+                    prompt=prompt,
+                )
             response = await self.wrapped.get_response(
                 system_instructions,
                 input,
@@ -188,6 +208,43 @@ class JournaledModel(Model):
             response_id=answer.get("response_id"),
             request_id=answer.get("request_id"),
         )
+
+    async def _streamed(self, sink: ChunkSink, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The request streamed by the wrapped model (``stream_response``), its text sent to
+        ``sink`` as it comes; what ``live`` records, from the stream's completed response."""
+        out = sink.call()
+        done: Any = None
+        settings = args[2]
+        if settings.include_usage is None:  # the tokens the budget and costs need
+            args = (*args[:2], dataclasses.replace(settings, include_usage=True), *args[3:])
+        events: Any = self.wrapped.stream_response(*args, **kwargs)
+        async for event in events:
+            kind = getattr(event, "type", "")
+            if kind == "response.output_text.delta":
+                await out.send(str(getattr(event, "delta", "") or ""))
+            elif kind == "response.completed":
+                done = event.response
+        if done is None:
+            raise LLMBadOutput("the model's stream ended without a completed response")
+        await out.end()
+        usage = done.usage
+        spent = (
+            (usage.input_tokens, usage.output_tokens, usage.total_tokens)
+            if usage is not None
+            else (0, 0, 0)
+        )
+        self._run.input_tokens += max(0, spent[0])
+        self._run.output_tokens += max(0, spent[1])
+        return {
+            "output": [item.model_dump(mode="json") for item in done.output],
+            "text": _text_of(done.output),
+            "response_id": done.id,
+            "request_id": None,
+            "model": self.name,
+            "input_tokens": spent[0],
+            "output_tokens": spent[1],
+            "total_tokens": spent[2],
+        }
 
     async def stream_response(
         self,

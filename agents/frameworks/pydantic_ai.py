@@ -37,7 +37,10 @@ run (``CardbusJournal``):
   the next attempt; a call executed externally (an ``ExternalToolset``) is made with
   the runtime's tool of its name.
 
-The tokens of the live model calls are the result's usage.
+The tokens of the live model calls are the result's usage. In a worker, a live model
+request streams (the wrapped model's ``request_stream``): its text goes to whoever
+watches the run as it is written (``agents.streaming``), and the journal records the
+whole response, as when it does not stream.
 """
 
 from __future__ import annotations
@@ -53,13 +56,21 @@ try:
     import pydantic_ai
     from pydantic_ai import ModelMessagesTypeAdapter
     from pydantic_ai.capabilities import AbstractCapability
-    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelResponse,
+        PartDeltaEvent,
+        PartStartEvent,
+        TextPart,
+        TextPartDelta,
+    )
     from pydantic_ai.models import (
         CompletedStreamedResponse,
         Model,
         ModelRequestParameters,
         StreamedResponse,
     )
+    from pydantic_ai.models.function import FunctionModel
     from pydantic_ai.models.wrapper import WrapperModel
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.tools import (
@@ -96,6 +107,7 @@ from cardbus.agents.frameworks.common import (
 )
 from cardbus.agents.frameworks.pauses import Proposal, review_proposals
 from cardbus.agents.journal import BegunCall
+from cardbus.agents.streaming import ChunkSink, current_sink
 
 __all__ = ["CardbusJournal", "JournaledModel", "PydanticAIAgent", "pydantic_ai_agent"]
 
@@ -161,9 +173,15 @@ class JournaledModel(WrapperModel):
         }
 
         async def live() -> dict[str, Any]:
-            response = await self.wrapped.request(
-                messages, model_settings, model_request_parameters
-            )
+            sink = current_sink()
+            if sink is not None and _streams(self.wrapped):  # its text to whoever watches
+                response = await self._streamed(
+                    messages, model_settings, model_request_parameters, sink
+                )
+            else:
+                response = await self.wrapped.request(
+                    messages, model_settings, model_request_parameters
+                )
             usage = response.usage
             self._cardbus.count(usage.input_tokens, usage.output_tokens)
             return {
@@ -179,6 +197,28 @@ class JournaledModel(WrapperModel):
         answer = await self._cardbus.ctx.journal.call(request, live, provider)
         return _response_from_json(answer["response"])
 
+    async def _streamed(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        sink: ChunkSink,
+    ) -> ModelResponse:
+        """The request streamed by the wrapped model, its text sent to ``sink`` as it
+        comes (``agents.streaming``); the whole response, as ``request`` answers it."""
+        out = sink.call()
+        async with self.wrapped.request_stream(
+            messages, model_settings, model_request_parameters
+        ) as streamed:
+            async for event in streamed:
+                if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                    await out.send(event.part.content)
+                elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+                    await out.send(event.delta.content_delta)
+            response = streamed.get()
+        await out.end()
+        return response
+
     @asynccontextmanager
     async def request_stream(
         self,
@@ -192,6 +232,12 @@ class JournaledModel(WrapperModel):
         yield CompletedStreamedResponse(
             response, model_request_parameters=model_request_parameters, replay_events=True
         )
+
+
+def _streams(model: Model) -> bool:
+    """Whether ``model`` can stream a request (a ``FunctionModel`` without a stream
+    function cannot)."""
+    return not (isinstance(model, FunctionModel) and model.stream_function is None)
 
 
 @dataclass

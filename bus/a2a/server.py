@@ -98,6 +98,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from cardbus.agents.a2a_card import ints_back, to_a2a_v1
 from cardbus.agents.cards import AgentCard, CapabilitySpec, ResultCard, TaskCard
 from cardbus.agents.planning import PLAN_CAPABILITY
+from cardbus.agents.streaming import Chunk
 from cardbus.bus.a2a.fold import (
     CANCEL_REASON,
     USER_AGENT_ID,
@@ -107,6 +108,7 @@ from cardbus.bus.a2a.fold import (
     answer_notes,
     approval_note,
 )
+from cardbus.bus.a2a.streamed import ChunkArtifacts, merged
 from cardbus.bus.http_guard import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY,
@@ -558,10 +560,16 @@ class A2AGateway(RequestHandler):
     # -- following a run --------------------------------------------------------------
 
     async def _follow(
-        self, root_id: str, answered: Question | None = None, snapshot: bool = True
+        self,
+        root_id: str,
+        answered: Question | None = None,
+        snapshot: bool = True,
+        live_text: bool = True,
     ) -> AsyncIterator[Any]:
         """The task, then its events as the log gets them, until it is final or
-        interrupted (a question other than the one just ``answered``)."""
+        interrupted (a question other than the one just ``answered``); ``live_text``: and
+        its model answers as they are written (a client that waits for the end gets
+        none: then nobody watches, and nothing is published)."""
         fold = TaskFold(root_id)
         for env in await self.store.read_correlation(root_id):
             fold.apply(env)
@@ -576,15 +584,34 @@ class A2AGateway(RequestHandler):
             yield fold.task()
         if fold.terminal or waiting_still(fold):
             return
-        async for env in self.store.subscribe(fold.position + 1):
-            if env.correlation_id != root_id:
-                continue
-            for item in fold.apply(env):
-                yield item
-            if fold.terminal or waiting_still(fold):
-                return
+        # model answers as they are written: appending artifact updates (a2a.streamed)
+        chunks: asyncio.Queue[Chunk] = asyncio.Queue()
+        stop = (
+            await self.bus.watch_chunks(chunks.put_nowait, root_id)
+            if live_text and self.bus.carries_chunks
+            else None
+        )
+        shown = ChunkArtifacts(fold)
+        try:
+            async for item in merged(self.store.subscribe(fold.position + 1), chunks):
+                if isinstance(item, Chunk):
+                    update = shown.update(item)
+                    if update is not None:
+                        yield update
+                    continue
+                if item.correlation_id != root_id:
+                    continue
+                for out in fold.apply(item):
+                    yield out
+                if fold.terminal or waiting_still(fold):
+                    return
+        finally:
+            if stop is not None:
+                await stop()
 
-    async def _stream(self, params: SendMessageRequest, actor: str) -> AsyncIterator[Any]:
+    async def _stream(
+        self, params: SendMessageRequest, actor: str, live_text: bool = True
+    ) -> AsyncIterator[Any]:
         _check_message(params)
         message = params.message
         if message.task_id:
@@ -599,10 +626,10 @@ class A2AGateway(RequestHandler):
                 yield fold.task()  # a resent answer: the task as it is, not a second answer
                 return
             answered = await self._answer(fold, message, actor)
-            async for item in self._follow(message.task_id, answered):
+            async for item in self._follow(message.task_id, answered, live_text=live_text):
                 yield item
             return
-        async for item in self._follow(await self._start(message, actor)):
+        async for item in self._follow(await self._start(message, actor), live_text=live_text):
             yield item
 
     # -- the A2A methods ----------------------------------------------------------------
@@ -612,7 +639,7 @@ class A2AGateway(RequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
         last: Task | None = None
-        stream = self._stream(params, actor_of(context))
+        stream = self._stream(params, actor_of(context), live_text=False)
         try:
             async with asyncio.timeout(self.wait_timeout_s):
                 async for item in stream:

@@ -57,6 +57,7 @@ from cardbus.agents.cards import Announce, CancelNotice, ResultCard, Started, Ta
 from cardbus.agents.llm import LLM
 from cardbus.agents.pacing import RUN_CLOCK, RunClock
 from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS, AgentRequest
+from cardbus.agents.streaming import CHUNK_SINK, ChunkSink
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.orchestrator.cancel_notices import CANCELLED_REASON
@@ -157,7 +158,19 @@ class AgentWorker:
             renewal=self._announced,
         )
 
+    def _chunk_sink(self, card: TaskCard) -> ChunkSink:
+        bus = self.bus
+        return ChunkSink(
+            bus.publish_chunk,
+            bus.chunks_watched,
+            card.task_id,
+            card.attempt,
+            card.root_id,
+            self.agent.agent_id,
+        )
+
     async def start(self) -> None:
+        await self.bus.hear_watchers()  # chunks of a watched run go out from the first
         await self.bus.reply(self._announce())
         # before the first card: a cancel of it must find us listening
         await self.bus.watch_cancels(self.agent.agent_id, self._on_notice)
@@ -328,6 +341,8 @@ class AgentWorker:
                 self._arm(loop, watch.first())
                 if key in self._cancelled:  # its cancel came first: stopped as it begins
                     self._on_notice(self._notice(card, self._cancelled[key]))
+                if self.bus.carries_chunks:  # its model calls stream to whoever watches
+                    CHUNK_SINK.set(self._chunk_sink(card))
                 answer = await telemetry.invoke_agent(self.agent, card, self.llm)
             except BaseException as e:
                 # past the deadline the sweep cancelled the handler, or its task ended (a

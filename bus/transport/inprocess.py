@@ -20,7 +20,15 @@ from cardbus.agents.cards import (
     decode_task_card,
     encode,
 )
-from cardbus.bus.transport.interface import Bus, CancelHandler, CardHandler, RequestHandler
+from cardbus.agents.streaming import Chunk
+from cardbus.bus.transport.interface import (
+    Bus,
+    CancelHandler,
+    CardHandler,
+    ChunkHandler,
+    RequestHandler,
+    StopWatching,
+)
 from cardbus.eventstore.errors import BusError, DecodeError
 
 __all__ = ["InProcessBus"]
@@ -38,6 +46,8 @@ class InProcessBus(Bus):
         self._request_handler: RequestHandler | None = None
         self._cancel_watchers: dict[str, list[CancelHandler]] = {}
         self._serving: set[asyncio.Future[rq.AgentResponse]] = set()  # requests answering
+        # chunk watchers: run root (None: every run) -> handlers; empty: nothing published
+        self._chunk_watchers: dict[str | None, list[ChunkHandler]] = {}
 
     def _inbox(self, agent_id: str) -> asyncio.Queue[tuple[bytes, int]]:
         # not setdefault(agent_id, asyncio.Queue()): that builds a queue for every card sent
@@ -112,6 +122,34 @@ class InProcessBus(Bus):
     async def watch_cancels(self, agent_id: str, handler: CancelHandler) -> None:
         self._cancel_watchers.setdefault(agent_id, []).append(handler)
 
+    # -- chunks: in process, straight to the watchers' handlers ------------------------
+
+    carries_chunks = True
+
+    def chunks_watched(self, root_id: str) -> bool:
+        watchers = self._chunk_watchers
+        return bool(watchers) and (None in watchers or root_id in watchers)
+
+    async def publish_chunk(self, chunk: Chunk) -> None:
+        for key in (None, chunk.root_id):
+            for handler in list(self._chunk_watchers.get(key, ())):
+                try:
+                    handler(chunk)
+                except Exception:  # a watcher's bug must not break the model call
+                    log.exception("chunk handler failed for %s", chunk.root_id)
+
+    async def watch_chunks(self, handler: ChunkHandler, root_id: str | None = None) -> StopWatching:
+        self._chunk_watchers.setdefault(root_id, []).append(handler)
+
+        async def stop() -> None:
+            handlers = self._chunk_watchers.get(root_id, [])
+            if handler in handlers:
+                handlers.remove(handler)
+            if not handlers:
+                self._chunk_watchers.pop(root_id, None)
+
+        return stop
+
     async def serve_requests(self, handler: RequestHandler) -> None:
         self._request_handler = handler
 
@@ -161,6 +199,7 @@ class InProcessBus(Bus):
         self._closed = True
         self._request_handler = None
         self._cancel_watchers.clear()
+        self._chunk_watchers.clear()
         for serving in list(self._serving):  # what nobody waits for any more
             serving.cancel()
         for task in self._consumers:

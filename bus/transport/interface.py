@@ -34,6 +34,16 @@ and pass ``cardbus.testing.BusContract`` (``tests/contract/bus.py``). The contra
   handler's attempt is still live (``attempt.live``), so a lost notice delays the
   stop, never prevents it. On NATS: core publish on ``cardbus.cancel.<agent_id>``,
   which only orchestrators may publish and only that agent may subscribe to.
+* Chunks (optional; the defaults carry none): the text of a model answer as it is
+  written, an ephemeral view beside the log (``agents.streaming``). Agent side:
+  ``chunks_watched(root_id)`` says, cheaply and without waiting, whether anyone
+  watches that run now, and ``publish_chunk(chunk)`` sends one (best effort, at
+  most once; a worker sends only what is watched); ``hear_watchers()`` starts
+  learning who watches. Watcher side: ``watch_chunks(handler, root_id)`` calls
+  ``handler`` with each chunk of that run (None: of every run) until the
+  returned ``stop()`` is awaited. ``carries_chunks`` says whether the bus has
+  such a channel. On NATS: core publish on ``cardbus.chunk.<agent>.<root>``
+  (``bus.transport.nats_chunks``), never JetStream.
 * Sender identity: a transport that knows who sent a message (NATS: the
   subject, which the server's permissions restrict to the agent's own user)
   refuses a reply or request that names another agent than its sender,
@@ -51,6 +61,7 @@ from dataclasses import dataclass
 
 from cardbus.agents.cards import CancelNotice, Reply, TaskCard
 from cardbus.agents.requests import AgentRequest, AgentResponse
+from cardbus.agents.streaming import Chunk
 from cardbus.eventstore.errors import BusError
 
 __all__ = [
@@ -58,6 +69,8 @@ __all__ = [
     "Bus",
     "CancelHandler",
     "CardHandler",
+    "ChunkHandler",
+    "StopWatching",
     "Refusal",
     "Refused",
     "RequestHandler",
@@ -66,6 +79,8 @@ __all__ = [
 CardHandler = Callable[[TaskCard], Awaitable[None]]
 CancelHandler = Callable[[CancelNotice], None]
 RequestHandler = Callable[[AgentRequest], Awaitable[AgentResponse]]
+ChunkHandler = Callable[[Chunk], None]
+StopWatching = Callable[[], Awaitable[None]]
 BadMessage = Callable[[str, bytes, str], Awaitable[None] | None]  # (subject, data, reason)
 
 
@@ -126,6 +141,24 @@ class Bus(abc.ABC):
 
     async def watch_cancels(self, agent_id: str, handler: CancelHandler) -> None:  # noqa: B027
         """Agent side: call ``handler`` with every cancel notice for ``agent_id``."""
+
+    #: whether this bus has a chunk channel (``watch_chunks`` works)
+    carries_chunks: bool = False
+
+    def chunks_watched(self, root_id: str) -> bool:
+        """Agent side: whether anyone watches run ``root_id``'s chunks now (no I/O)."""
+        return False
+
+    async def publish_chunk(self, chunk: Chunk) -> None:  # noqa: B027 (optional, no-op here)
+        """Agent side: send one chunk to its watchers (best effort, at most once)."""
+
+    async def hear_watchers(self) -> None:  # noqa: B027 (optional, no-op here)
+        """Agent side: start learning which runs are watched (before the first card)."""
+
+    async def watch_chunks(self, handler: ChunkHandler, root_id: str | None = None) -> StopWatching:
+        """Watcher side: ``handler`` gets each chunk of run ``root_id`` (None: every run);
+        await the answer to stop."""
+        raise BusError(f"{type(self).__name__} carries no chunks")
 
     @abc.abstractmethod
     async def close(self) -> None:

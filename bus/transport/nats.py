@@ -74,6 +74,10 @@ Subjects and streams
   (:func:`agent_permissions`), so no agent can stop another's work. A notice lost
   (a replica reconnecting) is made up by the worker's ``attempt.live`` check.
 
+* ``cardbus.chunk.<agent>.<root>`` and ``cardbus.watching`` -- the text of model
+  answers as it is written, to whoever watches the run: core NATS, never persisted,
+  published only while someone says it watches (``bus.transport.nats_chunks``).
+
 * ``cardbus.req.<agent>`` -- an agent's requests to the orchestrator
   (``Bus.request``): core NATS request/reply, not persisted, served by the
   queue group ``cardbus-orchestrators`` (one orchestrator answers each); a
@@ -139,12 +143,21 @@ from cardbus.agents.cards import (
     decode_task_card,
     encode,
 )
+from cardbus.agents.streaming import Chunk
 from cardbus.bus.transport.interface import (
     Bus,
     CancelHandler,
     CardHandler,
+    ChunkHandler,
     Refusal,
     RequestHandler,
+    StopWatching,
+)
+from cardbus.bus.transport.nats_chunks import (
+    CHUNK_PREFIX,
+    WATCHING_ASK,
+    WATCHING_SUBJECT,
+    NatsChunks,
 )
 from cardbus.bus.transport.nats_replies import (
     ANNOUNCE_PREFIX,
@@ -331,6 +344,8 @@ def agent_permissions(agent_id: str) -> dict[str, list[str]]:
             f"{REPLY_PREFIX}.{t}.>",
             f"{ANNOUNCE_PREFIX}.{t}",
             f"{REQUEST_PREFIX}.{t}",
+            f"{CHUNK_PREFIX}.{t}.>",  # its model answers as they are written
+            WATCHING_ASK,
             f"{DEAD_PREFIX}.>",
             *(f"{api}.STREAM.INFO.{s}" for s in (INBOX_STREAM, REPLY_STREAM, DEAD_STREAM)),
             f"{api}.CONSUMER.INFO.{INBOX_STREAM}.{durable}",
@@ -338,7 +353,11 @@ def agent_permissions(agent_id: str) -> dict[str, list[str]]:
             f"{api}.CONSUMER.MSG.NEXT.{INBOX_STREAM}.{durable}",
             f"$JS.ACK.{INBOX_STREAM}.{durable}.>",
         ],
-        "subscribe": [f"{agent_inbox_prefix(agent_id)}.>", cancel_subject(agent_id)],
+        "subscribe": [
+            f"{agent_inbox_prefix(agent_id)}.>",
+            cancel_subject(agent_id),
+            WATCHING_SUBJECT,  # which runs are watched: chunks only for those
+        ],
     }
 
 
@@ -361,6 +380,7 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             "$KV.cardbus-owners.>",  # run partitions' leases (bus.orchestrator.partition)
             "cardbus.orch.>",  # an agent's request handed to its run's member (runtime.members)
             f"{CANCEL_PREFIX}.>",  # stop the handler of an attempt whose task ended
+            WATCHING_SUBJECT,  # the console / gateway watch a run's chunks
         ],
         # and allow_responses (answers to agents' requests), see authorization_config;
         # cardbus.evt.>: the log's store hears other writers' appends (without it, it
@@ -371,6 +391,8 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             MAX_DELIVERIES_ADVISORY,
             "cardbus.evt.>",
             "cardbus.orch.>",
+            f"{CHUNK_PREFIX}.>",
+            WATCHING_ASK,
         ],
     }
 
@@ -438,6 +460,7 @@ class NatsBus(Bus):
         self._subs: list[Any] = []
         self._slots: dict[str, _Slots] = {}  # agent -> the handlers of its consume calls
         self._closed = False
+        self._chunks = NatsChunks(nc)
 
     @classmethod
     async def connect(
@@ -1044,6 +1067,29 @@ class NatsBus(Bus):
             await self.nc.flush()  # the server knows of it: notices sent from now on arrive
         self._subs.append(sub)
 
+    # -- chunks of model answers (core NATS, only while watched: nats_chunks) ---------
+
+    carries_chunks = True
+
+    def chunks_watched(self, root_id: str) -> bool:
+        return self._chunks.watched(root_id)
+
+    async def publish_chunk(self, chunk: Chunk) -> None:
+        if not self._closed:
+            await self._chunks.publish(chunk)
+
+    async def hear_watchers(self) -> None:
+        if self._closed:
+            raise BusError("the bus is closed")
+        with translated("cannot hear chunk watchers", error=BusError, refused=BusError):
+            await self._chunks.hear()
+
+    async def watch_chunks(self, handler: ChunkHandler, root_id: str | None = None) -> StopWatching:
+        if self._closed:
+            raise BusError("the bus is closed")
+        with translated("cannot watch chunks", error=BusError, refused=BusError):
+            return await self._chunks.watch(handler, root_id)
+
     # -- agent -> orchestrator requests (core request/reply, not persisted) ----------
 
     async def serve_requests(self, handler: RequestHandler) -> None:
@@ -1199,6 +1245,7 @@ class NatsBus(Bus):
                 await asyncio.wait_for(self._reply_acks.drain(), 2.0)
         if self._partition_replies is not None:  # settled ones acked, the rest handed back
             await self._partition_replies.close()
+        await self._chunks.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

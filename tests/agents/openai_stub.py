@@ -19,6 +19,15 @@ more completion tokens is cut to that many (its text to that many words, the stu
 tokens) with ``finish_reason: "length"``; ``ignore_max_tokens`` answers in full anyway,
 as an endpoint that ignores the field would.
 
+A request with ``"stream": true`` is answered as server-sent events, as a streaming
+endpoint does: the same answer in ``chat.completion.chunk`` deltas (the content in
+``Reply.chunks`` pieces, else word by word; each tool call's arguments in two
+pieces), ``finish_reason`` on the last, then the usage when
+``stream_options.include_usage`` asks for it, then ``[DONE]``. ``chunk_delay_s``
+paces the pieces; ``gate`` (a ``threading.Event``) holds the stream after
+``gate_after`` pieces until it is set, so a test can look while a call streams
+(``gates``: several, piece number -> event).
+
     with OpenAIStub() as stub:
         stub.script(Reply(status=429, headers={"Retry-After": "1"}), Reply(content='{"a": 1}'))
         llm = OpenAIChatLLM(stub.url, "stub-model")
@@ -70,6 +79,11 @@ class Reply:
     usage: dict[str, int] | None = None
     model: str = "stub-model-2024"
     tool_calls: list[tuple[str, dict[str, Any] | str]] | None = None
+    chunks: list[str] | None = None  # streamed: these pieces (their join is the content)
+    chunk_delay_s: float = 0.0
+    gate: threading.Event | None = None
+    gate_after: int = 1
+    gates: dict[int, threading.Event] = field(default_factory=dict)  # piece -> hold before it
 
 
 class _Server(ThreadingHTTPServer):
@@ -91,6 +105,8 @@ class OpenAIStub:
         self.refuse_structured = False
         self.honour_schema = False
         self.ignore_max_tokens = False  # answer past a request's max_tokens (a careless endpoint)
+        self.refuse_stream = False  # HTTP 400 for a streamed request (an endpoint that cannot)
+        self.ignore_stream = False  # a streamed request answered whole, as JSON (a stand-in)
         self.responder: Callable[[Any], Reply | str | None] | None = None
         self.usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
         self._lock = threading.Lock()
@@ -105,6 +121,9 @@ class OpenAIStub:
         self.limit_window_s = 60.0
         self.rate_limited = 0  # answers 429 for the limit
         self.served: list[tuple[float, int]] = []  # (time, tokens) of each call let through
+        self.streamed = 0  # requests answered as a stream
+        self.pieces_sent = 0  # streamed content pieces written to clients
+        self.piece_times: list[float] = []  # time.time() as each piece was written
 
     # -- scripting -------------------------------------------------------------
 
@@ -118,6 +137,13 @@ class OpenAIStub:
 
     def _next(self, body: Any) -> Reply:
         with self._lock:
+            if self.refuse_stream and isinstance(body, dict) and body.get("stream"):
+                return Reply(
+                    status=400,
+                    body=json.dumps(
+                        {"error": {"message": "stream_options is not supported", "code": None}}
+                    ).encode(),
+                )
             if self.refuse_structured and isinstance(body, dict) and "response_format" in body:
                 return Reply(
                     status=400,
@@ -218,6 +244,70 @@ class OpenAIStub:
         }
         return json.dumps(doc).encode()
 
+    def _stream(
+        self, handler: Any, reply: Reply, body: dict[str, Any], doc: dict[str, Any]
+    ) -> None:
+        """Answer ``doc`` (a rendered chat completion) as server-sent events."""
+        with self._lock:
+            self.streamed += 1
+        choice = doc["choices"][0]
+        message = choice["message"]
+        content = message.get("content") or ""
+        if reply.chunks is not None and "".join(reply.chunks) == content:
+            pieces = list(reply.chunks)
+        else:  # word by word, each keeping the space before it
+            words = content.split(" ")
+            pieces = [w if i == 0 else " " + w for i, w in enumerate(words)] if content else []
+        base = {"id": doc["id"], "object": "chat.completion.chunk", "created": doc["created"]}
+        base["model"] = doc["model"]
+
+        def event(delta: dict[str, Any], finish: str | None = None, **more: Any) -> bytes:
+            choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
+            return b"data: " + json.dumps({**base, "choices": choices, **more}).encode() + b"\n\n"
+
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Cache-Control", "no-cache")
+            handler.send_header("Connection", "close")
+            for k, v in reply.headers.items():
+                handler.send_header(k, v)
+            handler.end_headers()
+            out = handler.wfile
+            out.write(event({"role": "assistant", "content": ""}))
+            out.flush()
+            gates = dict(reply.gates)
+            if reply.gate is not None:
+                gates[reply.gate_after] = reply.gate
+            for i, piece in enumerate(pieces):
+                if i in gates:
+                    gates[i].wait(60)
+                if reply.chunk_delay_s and i:
+                    time.sleep(reply.chunk_delay_s)
+                out.write(event({"content": piece}))
+                out.flush()
+                with self._lock:
+                    self.pieces_sent += 1
+                    self.piece_times.append(time.time())
+            for index, call in enumerate(message.get("tool_calls") or ()):
+                args = call["function"]["arguments"]
+                half = len(args) // 2
+                first = {"index": index, "id": call["id"], "type": "function"}
+                first["function"] = {"name": call["function"]["name"], "arguments": args[:half]}
+                out.write(event({"tool_calls": [first]}))
+                rest = {"index": index, "function": {"arguments": args[half:]}}
+                out.write(event({"tool_calls": [rest]}))
+            out.write(event({}, choice["finish_reason"]))
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):
+                usage = {**base, "choices": [], "usage": doc["usage"]}
+                out.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+            out.write(b"data: [DONE]\n\n")
+            out.flush()
+            handler.close_connection = True
+        except OSError:  # the client gave up (a crash test kills it)
+            pass
+
     # -- serving ---------------------------------------------------------------
 
     def start(self) -> OpenAIStub:
@@ -250,6 +340,11 @@ class OpenAIStub:
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
                 data = stub._render(reply, body)
+                wants_stream = isinstance(body, dict) and body.get("stream") is True
+                wants_stream = wants_stream and not stub.ignore_stream
+                if wants_stream and reply.status == 200 and reply.body is None:
+                    stub._stream(self, reply, body, json.loads(data))
+                    return
                 try:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")

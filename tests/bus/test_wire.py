@@ -94,7 +94,11 @@ def test_the_contract_is_read_from_the_transport() -> None:
     assert c["inbox_consumer"]["durable_name"] == "agent-<agent>"
     assert c["subjects"]["reply"]["subject"] == "cardbus.reply.<agent>.<task>"
     assert c["subjects"]["cancel"]["subject"] == "cardbus.cancel.<agent>"
-    assert c["agent_permissions"]["subscribe"] == ["_INBOX.<agent>.>", "cardbus.cancel.<agent>"]
+    assert c["agent_permissions"]["subscribe"] == [
+        "_INBOX.<agent>.>",
+        "cardbus.cancel.<agent>",
+        "cardbus.watching",
+    ]
     assert set(c["headers"]) == {"Nats-Msg-Id", "traceparent", "Cardbus-Partition"}
 
 

@@ -51,6 +51,7 @@ from cardbus.bus.http_guard import (
 from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.loop_pause import answer_word
 from cardbus.bus.orchestrator.reviews import Review, answer_review, open_reviews
+from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
@@ -82,6 +83,7 @@ from cardbus.projections.replay_origin import fill_replayed, origin_of, origin_s
 from cardbus.projections.spend import priced
 from cardbus.projections.traces import agent_names_from, trace_spans
 from cardbus.tools.ui.actions import Actions, HostedAgents, LogActions, NoAgents, NoAgentsHere
+from cardbus.tools.ui.chunks import chunk_frames
 from cardbus.tools.ui.page import PAGE
 from cardbus.tools.ui.questions import question_routes
 from cardbus.tools.ui.schedules import schedule_routes
@@ -139,9 +141,15 @@ class Console:
     """The state behind the app: one store, one in-memory read model of runs and tasks."""
 
     def __init__(
-        self, store: EventStore, prices: PriceTable | None = None, actions: Actions | None = None
+        self,
+        store: EventStore,
+        prices: PriceTable | None = None,
+        actions: Actions | None = None,
+        chunks: Bus | None = None,
     ) -> None:
         self.store = store
+        #: where the runs' model answers are heard as they are written (``tools.ui.chunks``)
+        self.chunks = chunks
         self.actions = actions or NoAgents()  # start, fork, re-run (tools.ui.actions)
         self.prices = prices if prices is not None else PriceTable()
         self.runner = ProjectionRunner.open(store, ":memory:", [Runs(), TaskTable(), Spend()])
@@ -448,6 +456,19 @@ class Console:
                 await events.aclose()  # type: ignore[attr-defined]
 
 
+async def chunk_bus(store: EventStore, actions: Actions) -> Bus | None:
+    """The bus the console hears model answers on as they are written: its hosted
+    runtime's, else, on a NATS log, one of its own on the log's connection."""
+    if isinstance(actions, HostedAgents):
+        return actions.runtime.bus
+    nc = getattr(store, "nc", None)
+    if nc is None:
+        return None  # SQLite, run by another process: nothing to hear
+    from cardbus.bus.transport.nats import NatsBus
+
+    return NatsBus(nc)
+
+
 def review_json(r: Review) -> dict[str, Any]:
     """A tool call under review as the API shows it."""
     return {"call": r.call, "tool": r.tool, "arguments": r.arguments, "text": r.text}
@@ -574,7 +595,8 @@ def create_app(
             if own:
                 await opened.close()
             raise
-        state["console"] = Console(opened, prices, actions)
+        hearing = await chunk_bus(opened, actions)
+        state["console"] = Console(opened, prices, actions, hearing)
         app.state.stop_streams = state["console"].stopping.set
         try:
             yield
@@ -583,6 +605,8 @@ def create_app(
                 await actions.__aexit__(None, None, None)
             finally:
                 state["console"].runner.close()
+                if hearing is not None and not isinstance(actions, HostedAgents):
+                    await hearing.close()  # its own: the hosted runtime closes its bus
                 close = getattr(model, "aclose", None)
                 if close is not None:
                     await close()
@@ -661,8 +685,15 @@ def create_app(
 
     async def about(request: Request) -> Response:
         """What the page needs to know of the console: whether its actions can run, and
-        whose name they are signed with (the request's identity)."""
-        return _json({"actions": await console().actions.describe(), "you": actor_of(request)})
+        whose name they are signed with (the request's identity), and whether it hears
+        model answers as they are written (``streaming``)."""
+        return _json(
+            {
+                "actions": await console().actions.describe(),
+                "you": actor_of(request),
+                "streaming": console().chunks is not None,
+            }
+        )
 
     async def act(
         work: Callable[[Actions, str, dict[str, Any]], Awaitable[Any]], request: Request
@@ -751,8 +782,21 @@ def create_app(
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
+    async def chunks(request: Request) -> Response:
+        root = request.query_params.get("root") or ""
+        try:
+            root = await resolve_id(console().store, root)
+        except (CardbusError, ValueError) as e:
+            return _error(e)
+        return StreamingResponse(
+            chunk_frames(console().chunks, root, console().stopping, heartbeat_s),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
     routes = [
         Route("/", page),
+        Route("/api/chunks", chunks),
         Route("/api/console", about),
         Route("/api/runs", runs),
         Route("/api/runs", start, methods=["POST"]),

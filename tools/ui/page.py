@@ -112,6 +112,7 @@ PAGE = (
 <main>
 <div id="error"></div>
 <div id="ops"></div>
+<section id="streaming" hidden><p class="stream-head"><b>Writing now</b></p><div id="streams"></div></section>
 <div id="view"></div>
 </main>
 <script>
@@ -696,8 +697,36 @@ async function refresh() {
   } catch (e) { if (mine === generation) showError(e); }
 }
 function schedule() { clearTimeout(timer); timer = setTimeout(refresh, 150); }
+// model answers as they are written (/api/chunks, a view: the log keeps each whole answer);
+// drawn outside #view, which every refresh redraws
+let chunkSource = null, chunkRoot = null;
+function listenChunks(root) {
+  if (chunkRoot === root) return;
+  if (chunkSource) chunkSource.close();
+  chunkSource = null; chunkRoot = root;
+  const panel = document.getElementById("streaming"), streams = document.getElementById("streams");
+  streams.innerHTML = ""; panel.hidden = true;
+  if (!root) return;
+  chunkSource = new EventSource(url("/api/chunks", {root: root}));
+  chunkSource.onopen = () => { document.body.dataset.chunks = root; };
+  chunkSource.addEventListener("chunk", (e) => {
+    const c = JSON.parse(e.data), key = `${c.task}~${c.attempt}~${c.call}`;
+    let box = streams.querySelector(`div[data-call="${CSS.escape(key)}"]`);
+    if (!box) {
+      box = document.createElement("div");
+      box.className = "stream"; box.dataset.call = key; box.dataset.task = c.task; box.dataset.state = "writing";
+      box.innerHTML = `<b>${esc(c.task)}</b> <span class="muted">attempt #${c.attempt}, model call ${c.call}</span><pre class="stream-text"></pre>`;
+      streams.appendChild(box);
+    }
+    panel.hidden = false;
+    if (c.done) { box.dataset.state = "written"; return; }
+    box.querySelector(".stream-text").textContent += c.text;
+    box.dataset.pieces = String(Number(box.dataset.pieces || 0) + 1);
+  });
+}
 function listen(root, position) {
   const key = root || "*";
+  listenChunks(root);
   if (source && sourceKey === key) return;
   if (source) source.close();
   sourceKey = key;
