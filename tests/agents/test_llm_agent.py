@@ -238,7 +238,10 @@ async def test_endpoint_failures_are_failed_attempts_with_typed_reasons(
     stub: OpenAIStub, reply: Reply, reason: str
 ) -> None:
     stub.script(reply)
-    async with client(stub, timeout_s=0.3) as llm:
+    # only the late reply is meant to outlast the client's deadline: under a busy
+    # machine's load a prompt 429 could take 0.3 s to arrive, and would time out
+    timeout_s = 0.3 if reason == "llm_timeout" else 30.0
+    async with client(stub, timeout_s=timeout_s) as llm:
         result = await Summarist.run(card(), llm)
     assert result.status == "failed"
     assert result.reason == reason
