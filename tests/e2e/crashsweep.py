@@ -329,17 +329,24 @@ def judge(log: list[Any], effects: Path) -> tuple[int, int]:
         if effects.exists()
         else collections.Counter()
     )
-    # each application names its call's key; a call repeated under another key would
-    # hide from the per-key count, so the applications are also counted against the calls
-    # (one charge a task) and each key must be a charge's tool.requested in the log
-    requested = {
-        env.event_id
+    # each application names its call's key, and the key names its call's task (the
+    # charge's first tool.requested): applications are counted per task, one charge each.
+    # (Counted against the run's completed tasks as a whole, a task charged twice under two
+    # keys could hide behind one that was never charged, and a charge counted under no
+    # task read as applied twice.) A key that names no charge in the log is stray.
+    task_of = {
+        env.event_id: env.stream
         for env in log
         if isinstance(env.data, ev.ToolRequested) and env.data.tool == "charge"
     }
-    stray = sum(n for k, n in keys.items() if k not in requested)
-    charges = len({env.stream for env in log if isinstance(env.data, ev.TaskCompleted)})
-    twice = max(sum(n - 1 for n in keys.values() if n > 1), sum(keys.values()) - charges, stray)
+    per_task: collections.Counter[str] = collections.Counter()
+    stray = 0
+    for key, n in keys.items():
+        if key in task_of:
+            per_task[task_of[key]] += n
+        else:
+            stray += n
+    twice = sum(n - 1 for n in per_task.values() if n > 1) + stray
     return resent, twice
 
 
