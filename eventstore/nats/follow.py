@@ -426,7 +426,9 @@ class Follows(StoreBase):
                 idle_since = loop.time()
                 # an idle read that found nothing: the next one waits twice as long, up to
                 # _QUIET_MAX heartbeats (a read every second was most of an idle
-                # follower's work; a reconnect and a hint are noticed at once anyway)
+                # follower's work). Only what was appended while disconnected, with
+                # nothing heard since, waits for it: the next hint or own append wakes
+                # the follower, which sees the reconnect and reads everything first.
                 quiet_s = (
                     min(quiet_s * 2, _QUIET_MAX * self.heartbeat)
                     if idle_read and not page
