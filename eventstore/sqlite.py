@@ -749,7 +749,12 @@ class SqliteEventStore(EventStore):
                 mark = self._wal.mark()
                 # Live subscribers in this process are served what this process just
                 # committed without reading it back; anything else comes from the file.
-                page = self._cached_from(next_position) or await self.read_all(next_position, _PAGE)
+                cached = self._cached_from(next_position)
+                page = cached or await self.read_all(next_position, _PAGE)
+                if cached:
+                    # what the file holds past our own commits was not read: another
+                    # process's commit before the mark would hide behind it
+                    mark = None
                 for env in page:
                     yield env
                     next_position = env.position + 1
