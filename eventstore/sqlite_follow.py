@@ -14,6 +14,11 @@ thread every second whatever it saw, was most of an idle runtime's CPU. Two chan
   nothing changes, up to 20 poll intervals (1 s at the default 0.05 s), so an idle
   follower looks about once a second and a busy one as often as before.
 
+A page served from the store's cache of its own commits reads nothing of the file, so
+the mark taken before it says nothing: the next look reads the file whatever the mark
+(a commit by another process just before the mark would hide behind it;
+``tests/bus/orchestrator/test_interleavings.py`` found it).
+
 A commit by another process is therefore seen within a second when the log has been
 idle a while, within ``poll_interval`` while events flow; nothing is missed, only seen
 later. Without a readable
