@@ -8,7 +8,8 @@ wakeup comes earlier, and then puts what came due on the decision queue.
 
 The sweep is for open runs only: with none open it does not count, so an idle
 orchestrator sleeps until a lease may lapse (never, for the embedded runtime's pinned
-agents) or until a run opens, which wakes it (``run_opened``). Ticking every ``tick_s``
+agents) or until a run opens (``run_opened``) or a lease or grace is given that ends
+sooner than its sleep (``Leases.on_lease``), which wake it. Ticking every ``tick_s``
 an idle orchestrator woke 50 times a second for nothing, and sweeping every second
 with nothing open it still woke once a second.
 """

@@ -216,6 +216,7 @@ class Orchestrator:
         )
         self.state.on_wake = self.clock.wake_at
         self.state.on_open = self.clock.run_opened
+        self.leases.on_lease = self.clock.wake_at
         self._loops: list[asyncio.Task[None]] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = {}
         # reads of a retired run's result for its waiters (kept referenced while they run)

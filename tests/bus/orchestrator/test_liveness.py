@@ -364,3 +364,18 @@ async def test_with_no_run_open_the_clock_sleeps_until_a_run_opens() -> None:
     assert orch.clock._event.is_set()
     orch.state.open["root"] = None  # type: ignore[assignment]
     assert orch.clock.delay(time.monotonic()) <= FAST.sweep_s
+
+
+async def test_a_lease_given_while_the_clock_sleeps_wakes_it() -> None:
+    """With nothing open the clock may sleep for good; an agent's lease (or a grace)
+    that ends sooner wakes it, so a dead agent is still deregistered when its lease ends."""
+    orch = Orchestrator(MemoryEventStore(), InProcessBus(), FAST)
+    orch.clock.due = math.inf
+    orch.leases.renew("remote", "r1", 10.0, time.time())
+    assert orch.clock._event.is_set()
+    orch.clock._event.clear()
+    orch.clock.due = time.time() + 5
+    orch.leases.renew("remote", "r1", 10.0, time.time())  # ends after the sleep: no need
+    assert not orch.clock._event.is_set()
+    orch.leases.unconfirm("logged", 1.0, time.time())  # a grace that ends sooner
+    assert orch.clock._event.is_set()
