@@ -299,6 +299,13 @@ class Agent:
                 extra["reason"] = JournalTampered.error_type
             elif isinstance(e, ToolNotFound):  # nothing serves a tool it may call
                 extra["reason"] = "tool_not_found"
+        try:
+            # the model answers recorded in the background are durable before the result
+            # (which may carry what they said) leaves: agents.journal_settle
+            await ctx.settle()
+        except Exception as e:
+            status = "failed"
+            extra = {"error": f"a model answer could not be recorded: {_text(e)}"}
         result = ResultCard(
             **base,
             status=status,

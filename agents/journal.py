@@ -15,8 +15,11 @@ as ``ctx.tool`` does, with two requests per model call:
                    answer (``model.answered`` naming the one it replays): no
                    call goes out, nothing is spent.
 ``model.answer``   the answer (or the typed error), after a live call. The
-                   orchestrator records ``model.answered``; only then does the
-                   handler see it (invariant 8: the answer is durable first).
+                   orchestrator records ``model.answered``. The handler sees
+                   the answer at once; the record is durable before anything
+                   that depends on it leaves the process: every later request
+                   of the task and its result wait for it
+                   (``agents.journal_settle``).
 
 Tool calls need no extra request: the orchestrator runs them, and records and
 replays them itself (``bus.orchestrator.journal``).
@@ -253,7 +256,7 @@ class TaskJournal:
             CALL_MAX_TOKENS.reset(token)
             CALL_PACING.reset(pacing)
             CALL_QUEUE_WATCH.reset(watching)
-        await services.request(
+        record = services.request(
             "model.answer",
             model,
             {
@@ -266,6 +269,14 @@ class TaskJournal:
             seq=seq,
             execution=self.execution,
         )
+        # The handler gets the answer now; its record becomes durable meanwhile, and
+        # anything that depends on it waits for that before it leaves the process (the
+        # next request, the result: ``agents.journal_settle``). Where the record cannot
+        # be left to the background (another loop, a services object without it), it is
+        # awaited here, as before.
+        defer = getattr(services, "defer_record", None)
+        if defer is None or not defer(record):
+            await record
         return answer
 
     async def tool_call(

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from cardbus.agents.journal_settle import Unsettled
 from cardbus.agents.tools import TOOL_ERRORS, ToolRegistry, ToolSpec, held_for_review
 from cardbus.eventstore.errors import (
     AccessDenied,
@@ -326,6 +327,30 @@ class TaskServices:
     _journal: TaskJournal | None = None
     #: False: the orchestrator never answers this task's calls from the journal
     replay_journal: bool = True
+    #: model answers whose records were sent and are not known durable yet
+    #: (``agents.journal_settle``): every later request, and the result, waits for them
+    _unsettled: Unsettled | None = None
+
+    def defer_record(self, record: Awaitable[Any]) -> bool:
+        """Send ``record`` (a model answer's) and let it finish in the background, if the
+        caller runs on the task's loop; False (nothing sent) when it does not."""
+        unsettled = self._unsettled
+        if unsettled is None:
+            try:
+                unsettled = self._unsettled = Unsettled(asyncio.get_running_loop())
+            except RuntimeError:
+                return False
+        if not unsettled.here():
+            return False
+        unsettled.defer(record)
+        return True
+
+    async def settle(self) -> None:
+        """Wait until the answers recorded in the background are durable (the barrier
+        before anything that depends on them leaves the process); raises if one failed."""
+        unsettled = self._unsettled
+        if unsettled and unsettled.here():
+            await unsettled.settle()
 
     @property
     def journal(self) -> TaskJournal:
@@ -346,10 +371,14 @@ class TaskServices:
         seq: int = -1,
         execution: str = "",
     ) -> Any:
-        """Send one request; its result, or the typed error it failed with."""
+        """Send one request; its result, or the typed error it failed with. The model
+        answers recorded in the background are durable first (``settle``): what this
+        request carries may depend on them."""
         requester = self.requester or REQUESTER.get()
         if requester is None:
             raise BusError("no orchestrator to ask: this task runs without a request path")
+        if self._unsettled and kind != "model.answer":
+            await self.settle()
         req = AgentRequest(
             request_id=new_id(),
             task_id=self.task.task_id,

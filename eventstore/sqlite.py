@@ -75,6 +75,7 @@ from cardbus.eventstore.errors import (
 )
 from cardbus.eventstore.events import EVENT_TYPES, tag_of
 from cardbus.eventstore.loghead import LOG_GENESIS, LogHead, link
+from cardbus.eventstore.sqlite_follow import WalMark, backoff
 from cardbus.eventstore.store import Append, EventStore, check_after
 
 __all__ = ["SqliteEventStore"]
@@ -162,7 +163,6 @@ _MAX_INFLIGHT = 2  # batches handed to the writer thread at once (a two-stage pi
 _MAX_CACHED_HEADS = 100_000
 _IN_CHUNK = 500  # bound on "IN (?, ...)" parameters per statement
 _PAGE = 2000  # events per read while a subscription catches up
-_FULL_POLL_S = 1.0  # a live subscription reads the file at least this often (see subscribe)
 # Committed envelopes kept for live subscribers in this process: at most this many,
 # and only those a live subscriber has not read yet (see _remember)
 _RECENT = 8192
@@ -460,7 +460,7 @@ class SqliteEventStore(EventStore):
         poll_interval: float,
     ) -> None:
         self.path = path
-        self._wal_path = f"{path}-wal"
+        self._wal = WalMark(path)
         self.max_event_bytes = max_event_bytes
         self.poll_interval = poll_interval
         self.commits = 0  # write transactions committed: group commit makes this < appends
@@ -502,8 +502,9 @@ class SqliteEventStore(EventStore):
         commit durable against power loss; ``NORMAL`` survives process crashes
         only and is faster; ``OFF`` leaves flushing to the OS. ``poll_interval``
         is how often a subscription looks for events appended by *other*
-        processes (its own store's appends wake it at once): a stat of the WAL file,
-        the file read when the stat changed, and at least every second.
+        processes (its own store's appends wake it at once): a read of the wal-index
+        header, the log read when it changed; the interval doubles while nothing
+        changes, up to 20 of them (``eventstore.sqlite_follow``).
         """
         path = os.fspath(path)
         mode = str(synchronous).upper()
@@ -741,51 +742,46 @@ class SqliteEventStore(EventStore):
         next_position = max(from_position, 1)
         token = next(self._subscriptions)
         self._live[token] = next_position
+        wait = self.poll_interval
         try:
             while True:
-                # taken before the read: a commit after it changes the file from this mark
-                mark = self._wal_mark()
-                read_at = time.monotonic()
+                # taken before the read: a commit after it changes the header from this mark
+                mark = self._wal.mark()
                 # Live subscribers in this process are served what this process just
                 # committed without reading it back; anything else comes from the file.
-                page = self._cached_from(next_position) or await self.read_all(next_position, _PAGE)
+                cached = self._cached_from(next_position)
+                page = cached or await self.read_all(next_position, _PAGE)
+                if cached:
+                    # what the file holds past our own commits was not read: another
+                    # process's commit before the mark would hide behind it
+                    mark = None
                 for env in page:
                     yield env
                     next_position = env.position + 1
                 self._live[token] = next_position
                 if len(page) >= _PAGE:
                     continue
-                # Live: woken by our own commits, polling for other processes' commits.
+                if page:
+                    wait = self.poll_interval  # events flow: look often (sqlite_follow)
+                # Live: woken by our own commits, looking for other processes' commits
+                # at a wait that grows while nothing changes (sqlite_follow).
                 while self._last_committed < next_position and not self._closed:
                     waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     self._commit_waiters.append(waiter)
                     try:
-                        await asyncio.wait_for(waiter, self.poll_interval)
+                        await asyncio.wait_for(waiter, wait)
                         break  # our own commit
                     except TimeoutError:
                         with contextlib.suppress(ValueError):
                             self._commit_waiters.remove(waiter)
-                    # Another process's commit writes the WAL file: while its size and
-                    # mtime stay as they were there is nothing to read (a stat, not a
-                    # query through the reader thread: an idle orchestrator's follower
-                    # read the file 20 times a second). A file's mtime is coarse, so
-                    # the file is read every _FULL_POLL_S whatever the stat says.
-                    if (
-                        mark is None
-                        or self._wal_mark() != mark
-                        or time.monotonic() - read_at >= _FULL_POLL_S
-                    ):
+                    wait = backoff(wait, self.poll_interval)
+                    # Another process's commit changes the wal-index header: while it
+                    # stays as it was there is nothing to read (one pread, not a query
+                    # through the reader thread).
+                    if mark is None or self._wal.mark() != mark:
                         break
         finally:
             self._live.pop(token, None)  # the cache need not keep anything for it
-
-    def _wal_mark(self) -> tuple[int, int] | None:
-        """The WAL file's (size, mtime): a commit, by any process, changes it."""
-        try:
-            st = os.stat(self._wal_path)
-        except OSError:  # no WAL file (yet): always read
-            return None
-        return st.st_size, st.st_mtime_ns
 
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
         if stream is not None:
@@ -841,6 +837,7 @@ class SqliteEventStore(EventStore):
             await loop.run_in_executor(self._executor, self._writer.close)
         finally:
             self._executor.shutdown(wait=True)
+            self._wal.close()
             await self._reader.close()
 
 

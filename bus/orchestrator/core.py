@@ -17,7 +17,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import os
 import random
 import socket
@@ -41,6 +40,7 @@ from cardbus.bus.orchestrator.approvals import answer_approval
 from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.cancel_notices import CancelNotices
 from cardbus.bus.orchestrator.child_runs import related_roots
+from cardbus.bus.orchestrator.clock import Clock
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
@@ -209,12 +209,15 @@ class Orchestrator:
         self.rng = rng or random.Random()
         self.state = RunState(retain_finished=self.policy.retain_finished_runs)
         self.admission = Admission(self.policy.max_runs_in_flight)  # runs in flight, queued
-        # the clock (_tick) sleeps until the next moment something may be due; a new
-        # wakeup earlier than that wakes it
-        self._clock = asyncio.Event()
-        self._clock_due = 0.0
-        self.state.on_wake = self._wakeup_at
         self._queue: asyncio.Queue[object] = asyncio.Queue()
+        # the clock sleeps until the next moment something may be due; a new wakeup
+        # earlier than that, or a run opened, wakes it
+        self.clock = Clock(
+            self.policy, self.state, self.leases, self._queue.put_nowait, (_TICK, _DUE, _LAPSED)
+        )
+        self.state.on_wake = self.clock.wake_at
+        self.state.on_open = self.clock.run_opened
+        self.leases.on_lease = self.clock.wake_at
         self._loops: list[asyncio.Task[None]] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = {}
         # reads of a retired run's result for its waiters (kept referenced while they run)
@@ -322,7 +325,7 @@ class Orchestrator:
         self._loops = [
             asyncio.create_task(self._follow_log(), name="orchestrator-log"),
             asyncio.create_task(self._pump_replies(), name="orchestrator-replies"),
-            asyncio.create_task(self._tick(), name="orchestrator-clock"),
+            asyncio.create_task(self.clock.run(), name="orchestrator-clock"),
             asyncio.create_task(self._decide_loop(), name="orchestrator-decide"),
         ]
 
@@ -847,44 +850,6 @@ class Orchestrator:
     async def _pump_replies(self) -> None:
         async for reply in self.bus.replies():
             self._queue.put_nowait(reply)
-
-    async def _tick(self) -> None:
-        # Each tick looks at the runs with a deadline or backoff due; every
-        # ``sweep_s`` one looks at every open run, a safety net for any wait the
-        # wakeups do not name. Between, the clock sleeps until the soonest wakeup,
-        # lease lapse or sweep (never less than ``tick_s``), or until a new wakeup
-        # comes earlier: ticking every tick_s, an idle orchestrator woke 50 times a
-        # second for nothing (about half its idle CPU).
-        last_sweep = time.monotonic()
-        while True:
-            delay = self._tick_delay(last_sweep)
-            self._clock_due = time.time() + delay
-            self._clock.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._clock.wait()
-            if time.monotonic() - last_sweep >= self.policy.sweep_s:
-                last_sweep = time.monotonic()
-                if self.state.open_runs():
-                    self._queue.put_nowait(_TICK)
-            elif self.state.wakeups and self.state.wakeups[0][0] <= time.time():
-                self._queue.put_nowait(_DUE)
-            if self.leases.lapsed(list(self.state.agents), time.time()):
-                self._queue.put_nowait(_LAPSED)
-
-    def _tick_delay(self, last_sweep: float) -> float:
-        now = time.time()
-        soonest = min(
-            self.policy.sweep_s - (time.monotonic() - last_sweep),
-            self.state.wakeups[0][0] - now if self.state.wakeups else math.inf,
-            self.leases.next_lapse() - now,
-        )
-        return max(self.policy.tick_s, soonest)
-
-    def _wakeup_at(self, at: float) -> None:
-        """A new deadline or backoff: wake the clock if it sleeps past it."""
-        if at < self._clock_due:
-            self._clock.set()
 
     async def _decide_loop(self) -> None:
         while True:

@@ -20,6 +20,7 @@ when no replica renewed in time (written by the orchestrator's clock).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["Leases"]
@@ -32,6 +33,9 @@ class Leases:
     pinned: set[str] = field(default_factory=set)
     unconfirmed: dict[str, float] = field(default_factory=dict)  # agent -> end of its grace
     last_seen: dict[str, float] = field(default_factory=dict)  # agent -> latest announce
+    #: told of each new lease or grace end (the orchestrator's clock, which may sleep
+    #: with nothing due, must wake for it)
+    on_lease: Callable[[float], None] | None = None
 
     def pin(self, agent_id: str, now: float) -> None:
         """Registered by the operator: live while this orchestrator runs."""
@@ -42,7 +46,9 @@ class Leases:
     def unconfirm(self, agent_id: str, lease_s: float, now: float) -> None:
         """Found in the log at start: selectable again once it renews."""
         if agent_id not in self.pinned and agent_id not in self.replicas:
-            self.unconfirmed[agent_id] = now + (lease_s or self.default_lease_s)
+            self.unconfirmed[agent_id] = end = now + (lease_s or self.default_lease_s)
+            if self.on_lease is not None:
+                self.on_lease(end)
 
     def renew(self, agent_id: str, replica_id: str, lease_s: float, now: float) -> bool:
         """A replica announced; True if the agent was not live before."""
@@ -51,6 +57,8 @@ class Leases:
         lease = lease_s if lease_s > 0 else self.default_lease_s
         self.replicas.setdefault(agent_id, {})[replica_id] = now + lease
         self.last_seen[agent_id] = now
+        if self.on_lease is not None:
+            self.on_lease(now + lease)
         return not was
 
     def leave(self, agent_id: str, replica_id: str, now: float) -> bool:

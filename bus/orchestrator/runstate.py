@@ -167,6 +167,7 @@ class RunState:
         self.wakeups: list[tuple[float, str]] = []
         self._wake_limit = 1000
         self.on_wake: Callable[[float], None] | None = None  # told of each new wakeup
+        self.on_open: Callable[[], None] | None = None  # told of each run opened (the clock)
         # the agent-statistics projection's counting rules: a timeout or an
         # output-schema mismatch is a failure, a rejection is not a run
         bounded = retain_finished is not None
@@ -387,6 +388,8 @@ class RunState:
                 if task.created.plan_id:
                     run.names[task.created.plan_id] = task_id
         self.runs[root_id] = self.open[root_id] = run
+        if self.on_open is not None:
+            self.on_open()
 
     def _apply_task(self, env: Envelope) -> None:
         data = env.data

@@ -81,8 +81,8 @@ class StateData(msgspec.Struct, kw_only=True):
     extras: dict[str, dict[str, Any]] = {}
 
 
-#: RunState attributes a snapshot carries (or, for ``_wake_limit`` and the ``on_wake``
-#: hook, need not): a test fails when RunState gains one that is not here
+#: RunState attributes a snapshot carries (or, for ``_wake_limit`` and the ``on_wake`` and
+#: ``on_open`` hooks, need not): a test fails when RunState gains one that is not here
 HANDLED = frozenset(
     {
         "retain_finished",
@@ -100,6 +100,7 @@ HANDLED = frozenset(
         "_wake_limit",
         "runs_changed",  # a change counter (admission): any value will do after a restore
         "on_wake",
+        "on_open",
         "_stats",
         "anomalies",
         "failures",

@@ -122,7 +122,9 @@ class EmbeddedRuntime:
             reuse=reuse,
         )
         agents = with_planner(agents) if default_planner else list(agents)
-        self.workers = [AgentWorker(self.bus, a, llm, tools=tools) for a in agents]
+        # no lease renewals (lease_s=0): the orchestrator pins its own runtime's agents,
+        # live while it runs, and a renewal every few seconds was an idle runtime's work
+        self.workers = [AgentWorker(self.bus, a, llm, tools=tools, lease_s=0) for a in agents]
         self.orchestrator.observers.append(self.keeper.observe)  # settle then needs no read
         # fires the log's schedules, once across every process on the log (its tick,
         # grace and clock may be set before the start); it sleeps until a due time or

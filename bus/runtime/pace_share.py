@@ -9,9 +9,13 @@ with nothing to send takes the share it would get if it had: ``1 / (members + 1)
 So the cluster's pace stays within the limit, a busy member gets more than an idle one,
 and the calls of two members' runs wait about as long.
 
-Demands are put when they change, at most every ``period_s`` (not per call), and read
-by a watch on the bucket; a member that stops saying anything for ``stale_s`` (it died)
-no longer counts. A 429 that comes anyway is put too (``<limit>._hold``): every member
+Demands are put when they change, at most every ``period_s`` (not per call), and heard
+by a plain core subscription to the bucket's subjects (``$KV.cardbus-limits.>``: each put
+is a message there), after one read of what the bucket holds; a member that stops saying
+anything for ``stale_s`` (it died) no longer counts. A member with no limit met yet
+neither ticks nor puts anything: an idle runtime's pace share costs nothing (the watch it
+used, a JetStream ordered consumer, woke it for idle heartbeats, and the tick twice a
+second). A 429 that comes anyway is put too (``<limit>._hold``): every member
 holds for its retry-after and halves its pace, as the one answered 429 does.
 
 Keys: ``<limit id>.<member>`` and ``<limit id>._hold``, where the limit id is a digest
@@ -91,7 +95,8 @@ class PaceShare:
         self._tasks: list[asyncio.Task[None]] = []
         self._holds: set[asyncio.Task[None]] = set()
         self._starting: asyncio.Task[None] | None = None  # share_pace's start, under way
-        self._watcher: Any = None
+        self._sub: Any = None  # the core subscription to the bucket's subjects
+        self._keyed = asyncio.Event()  # the pacer met a limit: the tick has work
 
     async def start(self) -> PaceShare:
         js = self.nc.jetstream()
@@ -104,16 +109,41 @@ class PaceShare:
                 )
             except nats.js.errors.BadRequestError:  # created by another member meanwhile
                 self._kv = await js.key_value(self.bucket)
-        watcher = self._watcher = await self._kv.watch(">")
+        # subscribed before the read of what is there: nothing put in between is missed
+        # (a value heard twice is kept by its time, see _heard)
+        self._sub = await self.nc.subscribe(f"$KV.{self.bucket}.>", cb=self._on_put)
+        await self._read_bucket()
         self.pacer.on_rate_limited.append(self._rate_limited)
         self.pacer.on_new_key.append(self._new_key)
+        if self.pacer.states:
+            self._keyed.set()
         # the members learn a limit at about the same moment: no burst each on top
         self.pacer.start_empty = True
-        self._tasks = [
-            asyncio.create_task(self._watch(watcher), name="pace-share-watch"),
-            asyncio.create_task(self._tick_loop(), name="pace-share-tick"),
-        ]
+        self._tasks = [asyncio.create_task(self._tick_loop(), name="pace-share-tick")]
         return self
+
+    async def _read_bucket(self) -> None:
+        """What the bucket holds now, once (its watch ends at the last value)."""
+        assert self._kv is not None
+        watcher = await self._kv.watch(">")
+        try:
+            async for entry in watcher:
+                if entry is None:  # the end of what was there
+                    break
+                deleted = entry.operation is not None or not entry.value
+                self._heard(str(entry.key), None if deleted else entry.value)
+        finally:
+            with contextlib.suppress(*_KV_ERRORS):
+                await watcher.stop()
+
+    async def _on_put(self, msg: Any) -> None:
+        prefix = f"$KV.{self.bucket}."
+        if not msg.subject.startswith(prefix):
+            return
+        headers = msg.headers or {}
+        # DEL or PURGE, or (nats-server 2.11+) a marker the server put when a value aged out
+        gone = headers.get("KV-Operation") or headers.get("Nats-Marker-Reason")
+        self._heard(msg.subject[len(prefix) :], None if gone else msg.data)
 
     async def stop(self) -> None:
         starting, self._starting = self._starting, None
@@ -131,10 +161,10 @@ class PaceShare:
             with contextlib.suppress(asyncio.CancelledError, *_KV_ERRORS):
                 await task
         self._tasks = []
-        watcher, self._watcher = self._watcher, None
-        if watcher is not None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
             with contextlib.suppress(*_KV_ERRORS):
-                await watcher.stop()
+                await sub.unsubscribe()
         if self._kv is not None:  # say at once that this member asks for nothing more
             for lid in list(self._said):
                 with contextlib.suppress(*_KV_ERRORS):
@@ -166,6 +196,7 @@ class PaceShare:
         """A limit first met here: its share from the start, not from the next tick."""
         share = self.share(limit_id(key), 0.0, time.time())
         self.pacer.state(key).set_share(share, self.pacer.clock())
+        self._keyed.set()
 
     def _recompute(self) -> None:
         now = time.time()
@@ -175,6 +206,7 @@ class PaceShare:
             self.pacer.set_share(key, self.share(lid, own, now))
 
     async def _tick_loop(self) -> None:
+        await self._keyed.wait()  # no limit met yet: nothing to say, no share to keep
         while True:
             try:
                 await self.tick()
@@ -201,25 +233,26 @@ class PaceShare:
         self._recompute()  # own demand first: no wait for the watch's echo
         await asyncio.gather(*puts)
 
-    async def _watch(self, watcher: Any) -> None:
-        async for entry in watcher:
-            if entry is None:  # the end of what was there: live updates follow
-                continue
-            lid, _, member = str(entry.key).partition(".")
-            try:
-                value = json.loads(entry.value) if entry.value else None
-            except ValueError:
-                continue  # not ours to read: a share is never taken from it
-            if member == "_hold":
-                self._held(lid, value)
-                continue
-            if not isinstance(value, dict) or member == self.member:
-                self.demands.get(lid, {}).pop(member, None)  # deleted, or our own echo
-                continue
-            demand, said = value.get("demand"), value.get("t")
-            if isinstance(demand, (int, float)) and isinstance(said, (int, float)):
-                self.demands.setdefault(lid, {})[member] = (float(demand), float(said))
-                self._recompute()
+    def _heard(self, key: str, raw: bytes | None) -> None:
+        """A key's value (None: deleted), from the first read or a put heard since."""
+        lid, _, member = key.partition(".")
+        try:
+            value = json.loads(raw) if raw else None
+        except ValueError:
+            return  # not ours to read: a share is never taken from it
+        if member == "_hold":
+            self._held(lid, value)
+            return
+        if not isinstance(value, dict) or member == self.member:
+            self.demands.get(lid, {}).pop(member, None)  # deleted, or our own echo
+            return
+        demand, said = value.get("demand"), value.get("t")
+        if isinstance(demand, (int, float)) and isinstance(said, (int, float)):
+            known = self.demands.setdefault(lid, {})
+            if member in known and known[member][1] > said:
+                return  # the first read's older copy of a put heard already
+            known[member] = (float(demand), float(said))
+            self._recompute()
 
     # -- 429s ------------------------------------------------------------------------
 

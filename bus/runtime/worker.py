@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
-from cardbus.agents.cards import Announce, CancelNotice, ResultCard, Started, TaskCard
+from cardbus.agents.cards import AgentCard, Announce, CancelNotice, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
 from cardbus.agents.pacing import RUN_CLOCK, RunClock
 from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS, AgentRequest
@@ -126,6 +126,7 @@ class AgentWorker:
             )
         self.cancel_check_s = float(cancel_check_s)
         self._checking: asyncio.Task[None] | None = None
+        self._handling = asyncio.Event()  # set when a handler begins (_check_live waits)
         self.stopped = 0  # handlers stopped because their task was cancelled or halted
         # notices for attempts not running here (yet): a card that arrives after its
         # cancel (redelivered, or still queued) is stopped as it begins
@@ -135,6 +136,7 @@ class AgentWorker:
         self.replica_id = f"{self.host}-{self.pid}-{uuid.uuid4().hex[:6]}"
         self._renewing: asyncio.Task[None] | None = None
         self._announced = 0  # announcements sent (Announce.renewal)
+        self._card: AgentCard | None = None
         self.handled = 0
         self._answers: OrderedDict[tuple[str, int], ResultCard] = OrderedDict()
         self._running: dict[tuple[str, int], asyncio.Future[ResultCard]] = {}
@@ -150,8 +152,12 @@ class AgentWorker:
 
     def _announce(self, online: bool = True) -> Announce:
         self._announced += 1
+        if self._card is None:
+            # once: the card is the class's, and its JSON Schemas are dear to build (a
+            # renewal every third of a lease rebuilt them: most of an idle runtime's CPU)
+            self._card = self.agent.card()
         return Announce(
-            card=self.agent.card(),
+            card=self._card,
             online=online,
             lease_s=self.lease_s,
             replica_id=self.replica_id,
@@ -211,6 +217,9 @@ class AgentWorker:
         wanted, and stop those whose task ended (a cancel notice may have been lost)."""
         loop = asyncio.get_running_loop()
         while True:
+            if not self._watched:  # no handler running: nothing to ask about (no polling)
+                self._handling.clear()
+                await self._handling.wait()
             await asyncio.sleep(self.cancel_check_s)
             since = loop.time() - self.cancel_check_s
             old = [w for w in self._watched.values() if w.begun <= since and not w.stopped]
@@ -444,6 +453,7 @@ class AgentWorker:
 
     def _watch(self, watch: _Watch) -> None:
         self._watched[(watch.card.task_id, watch.card.attempt)] = watch
+        self._handling.set()
         if watch.due is not None:
             self._dues.append(watch)
         heapq.heappush(self._deadlines, (watch.deadline, next(self._order), watch))

@@ -378,6 +378,7 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             "$JS.API.>",
             f"$JS.ACK.{REPLY_STREAM}.>",
             "$KV.cardbus-owners.>",  # run partitions' leases (bus.orchestrator.partition)
+            "$KV.cardbus-limits.>",  # provider limits' shares (bus.runtime.pace_share)
             "cardbus.orch.>",  # an agent's request handed to its run's member (runtime.members)
             f"{CANCEL_PREFIX}.>",  # stop the handler of an attempt whose task ended
             WATCHING_SUBJECT,  # the console / gateway watch a run's chunks
@@ -393,6 +394,7 @@ def orchestrator_permissions() -> dict[str, list[str]]:
             "cardbus.orch.>",
             f"{CHUNK_PREFIX}.>",
             WATCHING_ASK,
+            "$KV.cardbus-limits.>",  # the members' demands, heard as they are put
         ],
     }
 

@@ -11,7 +11,8 @@ of two ways.
   messages are read, never the hint); a position below this connection's last
   acknowledged one that it did not write (a gap: read at once, up to that
   position); a reconnect; and, when nothing happened for ``heartbeat``
-  seconds, a read of what follows (hints lost in a disconnect). Every event
+  seconds, a read of what follows (hints lost in a disconnect), the wait doubling
+  while those reads find nothing, up to 8 heartbeats. Every event
   yielded is the stored one at its position, in order, no gap, no duplicate.
   The server sends nothing for an own event and, for another writer's, the
   publish heard and the stored copy read (direct get batches, so a few events a
@@ -217,6 +218,7 @@ _OWN_CAP = 100_000  # own events held for a follower behind; beyond, it reads th
 _HINTS_CAP = 10_000  # other writers' event ids awaited; beyond, one read settles them
 _GAP_GRACE = 0.002  # an own append acked after a later one is handed over this late at most
 _HINT_TRIES = 8  # reads for a hinted event not stored yet: 1 ms doubling, ~0.25 s in all
+_QUIET_MAX = 8  # an idle follower reads at least every this many heartbeats
 
 # connection -> the followers on it; every store on the connection hands its appends over
 _FOLLOWERS: weakref.WeakKeyDictionary[Any, list[_Follower]] = weakref.WeakKeyDictionary()
@@ -363,6 +365,7 @@ class Follows(StoreBase):
         hint_tries = 0
         hint_due = 0.0
         idle_since = loop.time()
+        quiet_s = self.heartbeat  # the idle read's wait: doubles while it finds nothing
         reconnects = self.nc.stats.get("reconnects", 0)
         failures = 0
         limit = 1000
@@ -379,6 +382,7 @@ class Follows(StoreBase):
                 if f.offered:
                     f.offered = False
                     idle_since = now
+                    quiet_s = self.heartbeat
                 if self.nc.stats.get("reconnects", 0) != reconnects:
                     reconnects = self.nc.stats.get("reconnects", 0)
                     catch_up = True  # others' publishes while away were not heard
@@ -393,10 +397,11 @@ class Follows(StoreBase):
                     gap_since = -1.0
                 if not read and (f.hints or f.hinted) and now >= hint_due:
                     read = True
-                if not read and now - idle_since >= self.heartbeat:
+                idle_read = not read and now - idle_since >= quiet_s
+                if idle_read:
                     read = True  # nothing for a while: anything lost in a disconnect?
                 if not read:
-                    waits = [idle_since + self.heartbeat - now]
+                    waits = [idle_since + quiet_s - now]
                     if gap_since >= 0:
                         waits.append(gap_since + _GAP_GRACE - now)
                     if f.hints or f.hinted:
@@ -419,6 +424,16 @@ class Follows(StoreBase):
                     continue
                 failures = 0
                 idle_since = loop.time()
+                # an idle read that found nothing: the next one waits twice as long, up to
+                # _QUIET_MAX heartbeats (a read every second was most of an idle
+                # follower's work). Only what was appended while disconnected, with
+                # nothing heard since, waits for it: the next hint or own append wakes
+                # the follower, which sees the reconnect and reads everything first.
+                quiet_s = (
+                    min(quiet_s * 2, _QUIET_MAX * self.heartbeat)
+                    if idle_read and not page
+                    else self.heartbeat
+                )
                 for m in page:
                     if m.seq < f.next:
                         continue

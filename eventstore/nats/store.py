@@ -150,7 +150,8 @@ class NatsEventStore(Audits, Appends, Follows, EventStore):
         backoff for ``store_retry_timeout`` seconds (store retries) before
         ``StoreUnavailable``. A subscription looks for what it may have missed
         (other writers' events while disconnected) after ``heartbeat`` seconds
-        without news; ``follow="consumer"`` has it follow through a consumer instead
+        without news, then less often while it finds none (up to 8 heartbeats);
+        ``follow="consumer"`` has it follow through a consumer instead
         (see ``follow.py``). The connection options are those of
         :class:`~cardbus.eventstore.nats.connection.NatsOptions`.
         ``atomic=None`` uses atomic batches when the server has them. ``partitions``:

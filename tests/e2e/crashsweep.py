@@ -14,7 +14,10 @@ the effects file:
 * no model call was sent again once its answer was durable: no task has two
   live ``model.answered`` for the same request (the stub saw each request at
   most once more than it was answered: a call killed in flight is re-sent);
-* no effect was applied twice: every idempotency key in the effects file once.
+* no effect was applied twice: each task's charges, counted per task, under one
+  idempotency key (the same key twice is one charge at the payment end: the call
+  repeated after a kill between its effect and its ``tool.called``, which a write
+  boundary can be when another append shares the commit; counted and printed apart).
 
 A kill right after the ``tool.requested`` of ``note`` (a tool not declared idempotent)
 leaves its effect unknown: the task waits for an operator, and the resumed child acts as
@@ -254,6 +257,7 @@ class Figures:
     failures: list[str] = field(default_factory=list)
     killed: int = 0
     approved: int = 0  # unknown effects of a non-idempotent tool, approved by the operator
+    repeated_same_key: int = 0  # the idempotent tool's calls repeated with their key
 
     def line(self) -> str:
         return (
@@ -261,7 +265,8 @@ class Figures:
             f" {self.completed_same} completed with the same output;"
             f" {self.resent_after_durable} model calls sent again after their answer was"
             f" durable; {self.effects_twice} effects applied twice"
-            f" ({self.approved} unknown effects approved by the operator)"
+            f" ({self.approved} unknown effects approved by the operator;"
+            f" {self.repeated_same_key} idempotent calls repeated under their key)"
         )
 
 
@@ -314,8 +319,9 @@ async def _log_of(store_url: str) -> list[Any]:
         await store.close()
 
 
-def judge(log: list[Any], effects: Path) -> tuple[int, int]:
-    """(model calls sent again after a durable answer, effects applied twice)."""
+def judge(log: list[Any], effects: Path) -> tuple[int, int, int]:
+    """(model calls sent again after a durable answer, effects applied twice, calls of
+    the idempotent tool repeated under the same key)."""
     live: collections.Counter[tuple[str, str]] = collections.Counter()
     for env in log:
         data = env.data
@@ -329,18 +335,31 @@ def judge(log: list[Any], effects: Path) -> tuple[int, int]:
         if effects.exists()
         else collections.Counter()
     )
-    # each application names its call's key; a call repeated under another key would
-    # hide from the per-key count, so the applications are also counted against the calls
-    # (one charge a task) and each key must be a charge's tool.requested in the log
-    requested = {
-        env.event_id
+    # each application names its call's key, and the key names its call's task (the
+    # charge's first tool.requested): applications are counted per task, one charge each.
+    # (Counted against the run's completed tasks as a whole, a task charged twice under two
+    # keys could hide behind one that was never charged, and a charge counted under no
+    # task read as applied twice.) A key that names no charge in the log is stray.
+    task_of = {
+        env.event_id: env.stream
         for env in log
         if isinstance(env.data, ev.ToolRequested) and env.data.tool == "charge"
     }
-    stray = sum(n for k, n in keys.items() if k not in requested)
-    charges = len({env.stream for env in log if isinstance(env.data, ev.TaskCompleted)})
-    twice = max(sum(n - 1 for n in keys.values() if n > 1), sum(keys.values()) - charges, stray)
-    return resent, twice
+    # A charge is applied twice when its task paid under two keys. The same key twice is
+    # one charge at the payment end (the tool is idempotent, keyed): that is the call
+    # repeated after a kill that came between its effect and its tool.called, which a kill
+    # at a write boundary can be when another append shares the commit (group commit) and
+    # its caller runs on before the killing one; counted apart (``repeated``).
+    per_task: collections.Counter[str] = collections.Counter()
+    stray = repeated = 0
+    for key, n in keys.items():
+        if key in task_of:
+            per_task[task_of[key]] += 1
+            repeated += n - 1
+        else:
+            stray += n
+    twice = sum(n - 1 for n in per_task.values() if n > 1) + stray
+    return resent, twice, repeated
 
 
 class Sweep:
@@ -390,10 +409,11 @@ class Sweep:
                 return
         result = json.loads(out)
         self.figures.approved += len(result.get("approved", []))
-        resent, twice = judge(asyncio.run(_log_of(store_url)), effects)
+        resent, twice, repeated = judge(asyncio.run(_log_of(store_url)), effects)
         self.figures.trials += 1
         self.figures.resent_after_durable += resent
         self.figures.effects_twice += twice
+        self.figures.repeated_same_key += repeated
         if result["status"] == "completed" and result["outputs"] == expected:
             self.figures.completed_same += 1
         else:
@@ -479,6 +499,7 @@ def main() -> None:
         total.resent_after_durable += f.resent_after_durable
         total.effects_twice += f.effects_twice
         total.approved += f.approved
+        total.repeated_same_key += f.repeated_same_key
         total.failures += f.failures
     print(f"all: {total.line()}")
     ok = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,51 @@ async def test_an_idle_subscription_reads_the_file_only_when_another_process_wro
         await writer.append("t1", [created()], 0)
         await asyncio.wait_for(task, 10)
         assert [e.position for e in seen] == [1, 2]
+
+
+async def test_an_idle_subscription_looks_less_and_less_yet_sees_another_process(
+    tmp_path: Path,
+) -> None:
+    """While nothing changes, the wait between looks at the wal-index header doubles up
+    to 20 poll intervals (an idle follower looked 20 times a second, and read the log
+    every second); a commit by another connection after that is still seen, and so is
+    the next one (events flowing, the wait is short again)."""
+    path = tmp_path / "log.db"
+    async with opened(path) as writer, opened(path, poll_interval=0.01) as reader:
+        await writer.append("t0", [created()], 0)
+        looks: list[float] = []
+        real = reader._wal.mark
+
+        def counting() -> bytes | None:
+            looks.append(time.monotonic())
+            return real()
+
+        reader._wal.mark = counting  # type: ignore[method-assign]
+        seen: list[Envelope] = []
+
+        async def follow() -> None:
+            async with contextlib.aclosing(reader.subscribe()) as it:  # type: ignore[type-var]
+                async for env in it:
+                    seen.append(env)
+                    if len(seen) == 3:
+                        return
+
+        task = asyncio.ensure_future(follow())
+        for _ in range(500):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        before = len(looks)
+        await asyncio.sleep(1.0)  # 100 polls at 0.01 s; backing off: about ten
+        assert len(looks) - before < 20, len(looks) - before
+        await writer.append("t1", [created()], 0)
+        for _ in range(500):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.01)
+        await writer.append("t2", [created()], 0)
+        await asyncio.wait_for(task, 10)
+        assert [e.position for e in seen] == [1, 2, 3]
 
 
 async def test_the_cache_keeps_only_what_a_live_subscription_has_not_read(

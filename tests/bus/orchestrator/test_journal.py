@@ -118,30 +118,59 @@ async def test_a_retry_sends_only_the_calls_after_the_failure_and_marks_the_rest
     assert len(EFFECTS) == 1
 
 
-async def test_the_answer_is_in_the_log_before_the_handler_sees_it(tmp_path: Path) -> None:
-    seen: list[int] = []
+async def test_the_answer_is_in_the_log_before_anything_that_depends_on_it_leaves(
+    tmp_path: Path,
+) -> None:
+    """The handler gets a model's answer at once, its record on the way to the log
+    (issue 34.3); the next request (a tool call: its effect), the next model call and the
+    result wait until it is durable: in the log, the answer comes before each of them,
+    and the tool, run by the orchestrator, finds it there."""
+    store_: list[SqliteEventStore] = []
+    found: list[int] = []
+
+    async def peek(args: dict[str, Any]) -> dict[str, Any]:
+        stream = await store_[0].read_stream(args["task"])
+        found.append(
+            sum(1 for e in stream if isinstance(e.data, ev.ModelAnswered) and not e.data.error)
+        )
+        return {"peeked": True}
 
     class Peeker(Agent):
         agent_id = "peeker"
         capabilities: ClassVar = [Capability("ask", Q, A)]
+        constraints = AgentConstraints(tools=["peek"])
 
         async def handle(self, task: TaskCard, inputs: Q, ctx: TaskContext) -> A:
-            answer = await ctx.llm.chat([{"role": "user", "content": inputs.q}])
-            stream = await STORE[0].read_stream(task.task_id)
-            seen.append(
-                sum(1 for e in stream if isinstance(e.data, ev.ModelAnswered) and not e.data.error)
-            )
-            return A(answer=answer.text)
+            first = await ctx.llm.chat([{"role": "user", "content": inputs.q}])
+            await ctx.tool("peek", task=task.task_id)
+            second = await ctx.llm.chat([{"role": "user", "content": first.text}])
+            return A(answer=second.text)
 
-    STORE: list[SqliteEventStore] = []
+    tools = ToolRegistry([Tool.define("peek", peek)])
     async with (
         await SqliteEventStore.open(tmp_path / "log.db", poll_interval=0.01) as store,
-        EmbeddedRuntime(store, [Peeker], _policy()) as rt,
+        EmbeddedRuntime(store, [Peeker], _policy(), tools=tools) as rt,
     ):
-        STORE.append(store)
+        store_.append(store)
         result = await rt.run(_plan("journal-durable"))
-    assert result.status == "completed"
-    assert seen == [1]
+        envs = await store.read_correlation(result.root_id)
+    assert result.status == "completed", result
+    assert found == [1]
+    order = [
+        (type(e.data).__name__, getattr(e.data, "seq", None))
+        for e in envs
+        if isinstance(
+            e.data, (ev.ModelRequested, ev.ModelAnswered, ev.ToolRequested, ev.TaskCompleted)
+        )
+    ]
+    assert order == [
+        ("ModelRequested", 0),
+        ("ModelAnswered", 0),
+        ("ToolRequested", 1),
+        ("ModelRequested", 2),
+        ("ModelAnswered", 2),
+        ("TaskCompleted", None),
+    ], order
 
 
 async def test_digest_only_content_keeps_no_prompt_and_redaction_runs_first(

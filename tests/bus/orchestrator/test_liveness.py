@@ -346,9 +346,36 @@ def test_the_clock_sleeps_until_the_soonest_lease_can_lapse() -> None:
 async def test_a_new_wakeup_wakes_a_sleeping_clock() -> None:
     """A backoff due sooner than the clock's sleep is noticed at its time, not the sweep's."""
     orch = Orchestrator(MemoryEventStore(), InProcessBus(), FAST)
-    orch._clock_due = time.time() + 60
+    orch.clock.due = time.time() + 60
     orch.state._wake(time.time() + 0.05, "root")
-    assert orch._clock.is_set()
-    orch._clock.clear()
+    assert orch.clock._event.is_set()
+    orch.clock._event.clear()
     orch.state._wake(time.time() + 120, "root")  # later than the sleep: no need
-    assert not orch._clock.is_set()
+    assert not orch.clock._event.is_set()
+
+
+async def test_with_no_run_open_the_clock_sleeps_until_a_run_opens() -> None:
+    """No open run, no wakeup, no lease that can lapse: nothing can come due, so the
+    clock sleeps (it swept every second with nothing open); a run opening wakes it."""
+    orch = Orchestrator(MemoryEventStore(), InProcessBus(), FAST)
+    assert orch.clock.delay(time.monotonic()) == math.inf
+    orch.clock.due = math.inf
+    orch.clock.run_opened()
+    assert orch.clock._event.is_set()
+    orch.state.open["root"] = None  # type: ignore[assignment]
+    assert orch.clock.delay(time.monotonic()) <= FAST.sweep_s
+
+
+async def test_a_lease_given_while_the_clock_sleeps_wakes_it() -> None:
+    """With nothing open the clock may sleep for good; an agent's lease (or a grace)
+    that ends sooner wakes it, so a dead agent is still deregistered when its lease ends."""
+    orch = Orchestrator(MemoryEventStore(), InProcessBus(), FAST)
+    orch.clock.due = math.inf
+    orch.leases.renew("remote", "r1", 10.0, time.time())
+    assert orch.clock._event.is_set()
+    orch.clock._event.clear()
+    orch.clock.due = time.time() + 5
+    orch.leases.renew("remote", "r1", 10.0, time.time())  # ends after the sleep: no need
+    assert not orch.clock._event.is_set()
+    orch.leases.unconfirm("logged", 1.0, time.time())  # a grace that ends sooner
+    assert orch.clock._event.is_set()

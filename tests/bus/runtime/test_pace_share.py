@@ -3,7 +3,7 @@ each member paces the part of the limit its demand is of the cluster's, learned 
 ``cardbus-limits`` bucket on a real nats-server; a 429 one member gets holds them all.
 
 The shares' loops are slowed to a tick an hour: each test ticks by hand, then waits for
-the other member's word to arrive through the watch (a condition, not a duration)."""
+the other member's word to arrive through the subscription (a condition, not a duration)."""
 
 from __future__ import annotations
 
@@ -129,3 +129,36 @@ async def test_a_connection_that_may_not_use_the_bucket_paces_alone(
         await unshare_pace(share)
     finally:
         await nc.close()
+
+
+async def test_a_member_that_met_no_limit_stays_quiet_and_hears_what_was_put_before(
+    connections: list[Client],
+) -> None:
+    """A member with no limit met neither ticks nor puts (it ticked twice a second and
+    watched the bucket through an ordered consumer); it still reads what the bucket held
+    when it started, hears each put after, and starts ticking at its first limit."""
+    busy = _pacer(in_flight=3)
+    async with PaceShare(connections[0], busy, member="busy", period_s=3600) as share_busy:
+        await share_busy.tick()  # put before the quiet one starts: read at its start
+        quiet = Pacer()
+        ticks: list[int] = []
+        share = PaceShare(connections[1], quiet, member="quiet", period_s=0.01)
+        real = share.tick
+
+        async def counting() -> None:
+            ticks.append(1)
+            await real()
+
+        share.tick = counting  # type: ignore[method-assign]
+        async with share:
+            lid = limit_id(KEY)
+            await asyncio.wait_for(_until(lambda: "busy" in share.demands.get(lid, {})), 30)
+            await asyncio.sleep(0.2)  # twenty periods
+            assert ticks == []
+            busy.state(KEY).in_flight = 5
+            await share_busy.tick()  # heard through the subscription
+            await asyncio.wait_for(_until(lambda: share.demands[lid]["busy"][0] == 5.0), 30)
+            quiet.configure(KEY, Limit(requests_per_minute=600))
+            quiet.state(KEY)  # its first limit: the tick starts
+            await asyncio.wait_for(_until(lambda: bool(ticks)), 30)
+            await asyncio.wait_for(_until(lambda: "quiet" in share_busy.demands.get(lid, {})), 30)
