@@ -36,7 +36,14 @@ import nats.js.errors
 from cardbus.eventstore.batch import check_append_args, seal_batch
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import CardbusError, PrerequisiteNotStored
-from cardbus.eventstore.nats.appends import _EMPTY_HEAD, Appends, Head, _Part, _Unit
+from cardbus.eventstore.nats.appends import (
+    _EMPTY_HEAD,
+    _MAYBE_STORED,
+    Appends,
+    Head,
+    _Part,
+    _Unit,
+)
 from cardbus.eventstore.nats.connection import is_transient, transient, translated
 from cardbus.eventstore.nats.follow import offer_appended
 from cardbus.eventstore.nats.subjects import checked, event_subject, stream_filter
@@ -56,7 +63,6 @@ class Together(Appends):
 
     async def append_many(self, appends: Sequence[Append]) -> list[Outcome]:
         check_after(appends)
-        self._check_open()
         streams = {a.stream for a in appends if type(a.stream) is str}  # (bad ones: below)
         events = sum(len(a.events) if isinstance(a.events, Sequence) else 0 for a in appends)
         if not self.atomic or len(appends) < 2 or len(streams) < len(appends):
@@ -66,9 +72,14 @@ class Together(Appends):
         if events > self.max_batch:
             return await self._one_at_a_time(appends)
         try:
+            self._check_open()
             outcomes = await self._retry(lambda: self._together(appends))
         except _Apart:
             return await self._one_at_a_time(appends)
+        except CardbusError as e:  # the store cannot be reached: every append's outcome
+            if e.__cause__ is not None and is_transient(e.__cause__):  # gave up retrying
+                e.add_note(f"append_many not confirmed: {_MAYBE_STORED}")
+            return [e for _ in appends]
         for outcome in outcomes:
             if isinstance(outcome, list) and outcome:
                 offer_appended(self.nc, (self.stream_name, self.subject_prefix), outcome)
