@@ -1,7 +1,9 @@
 """SQLite ``EventStore`` (WAL): the embedded default.
 
-Writes. ``append`` checks its arguments, queues the request and awaits it.
-Queued requests (up to ``_MAX_BATCH_REQUESTS``) go to the writer thread as one
+Writes. ``append`` checks its arguments, queues the request and awaits it;
+``append_many`` queues its requests together, and they are never cut apart, so
+one call (one decision of the orchestrator) is always one transaction.
+Queued requests (about ``_MAX_BATCH_REQUESTS``) go to the writer thread as one
 batch in *one* call, which checks, seals and inserts all of them inside one
 ``BEGIN IMMEDIATE`` transaction and commits once; the callers are resolved
 after the commit. Requests that arrive meanwhile form the next batch, queued
@@ -178,6 +180,7 @@ class _Request:
     future: asyncio.Future[list[Envelope]] = field(repr=False)
     after: tuple[_Request, ...] = ()  # store only if these were (append_many's ``after``)
     stored: bool = False  # set by the writer thread once committed
+    joined: bool = False  # of the same append_many as the request queued before it
 
 
 class _Writer:
@@ -578,6 +581,7 @@ class SqliteEventStore(EventStore):
                 continue
             future: asyncio.Future[list[Envelope]] = loop.create_future()
             r = _Request(a.stream, list(a.events), a.expected_version, future, after=after)
+            r.joined = bool(requests) and any(q is not None for q in requests)
             self._queue.append(r)
             requests.append(r)
             futures.append(future)
@@ -604,6 +608,8 @@ class SqliteEventStore(EventStore):
         loop = asyncio.get_running_loop()
         while self._queue and self._inflight < _MAX_INFLIGHT:
             n = min(len(self._queue), _MAX_BATCH_REQUESTS)
+            while n < len(self._queue) and self._queue[n].joined:
+                n += 1  # one append_many (one decision) is never cut: one transaction
             batch = self._queue[:n]
             del self._queue[:n]
             self._inflight += 1

@@ -1,12 +1,13 @@
 """Cancel a run from outside the decision loop: ``cancel_run(store, root_id)``.
 
 Like ``answer_approval`` it writes to the log, never to the orchestrator:
-each live task of the run gets a ``task.cancelled`` event (appended with its
-stream's expected version; a race with the orchestrator's own append is
-retried on the new version). The orchestrator follows the log, so it stops
-dispatching those tasks, ignores late results for them, and ends the run
-as cancelled (:func:`run_not_completed`: ``run.failed`` with ``cancelled``, the
-reason ``cancelled``, its detail who cancelled it and why; its status is ``cancelled``, in ``cardbus
+each live task of the run gets a ``task.cancelled`` event, all in one
+``append_many`` (one write), each with its stream's expected version; a race
+with the orchestrator's own append is retried on the new version. The
+orchestrator follows the log, so it stops dispatching those tasks, ignores
+late results for them, and ends the run as cancelled
+(:func:`run_not_completed`: ``run.failed`` with ``cancelled``, the reason
+``cancelled``, its detail who cancelled it and why; its status is ``cancelled``, in ``cardbus
 runs``, the console and A2A (canceled); even if only optional tasks were left: each
 cancel says ``whole_run``). The handlers still running are stopped
 (``bus.orchestrator.cancel_notices``). A run that is already finished is left alone.
@@ -15,7 +16,7 @@ cancel says ``whole_run``). The handlers still running are stopped
 from __future__ import annotations
 
 from cardbus.bus.orchestrator.runstate import RunState, TaskView
-from cardbus.eventstore import ConcurrencyError, EventStore, NewEvent
+from cardbus.eventstore import Append, ConcurrencyError, EventStore, NewEvent
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StreamNotFound
 from cardbus.eventstore.states import TaskState
@@ -45,23 +46,33 @@ async def cancel_run(
         raise StreamNotFound(root_id)
     if run.finished is not None:
         return []
+    # whole_run: an optional task cancelled so is no absence to complete without
+    data = ev.TaskCancelled(reason=reason, whole_run=True, note=note)
     cancelled: list[str] = []
-    for task_id in list(run.tasks):
-        for _ in range(10):
-            task = state.tasks.get(task_id)
-            if task is None or task.terminal:
-                break
-            # whole_run: an optional task cancelled so is no absence to complete without
-            data = ev.TaskCancelled(reason=reason, whole_run=True, note=note)
-            event = NewEvent(data=data, correlation_id=root_id, actor=by)
-            try:
-                await store.append(task_id, [event], state.versions.get(task_id, 0))
-                cancelled.append(task_id)
-                break
-            except ConcurrencyError:  # the orchestrator wrote first: look again
+    todo = list(run.tasks)
+    for _ in range(10):
+        live = [t for t in todo if (task := state.tasks.get(t)) is not None and not task.terminal]
+        if not live:
+            break
+        appends = [
+            Append(
+                t, [NewEvent(data=data, correlation_id=root_id, actor=by)], state.versions.get(t, 0)
+            )
+            for t in live
+        ]
+        # one write for the whole cancel (one transaction; one atomic batch on NATS)
+        outcomes = await store.append_many(appends)
+        todo = []
+        for task_id, outcome in zip(live, outcomes, strict=True):
+            if isinstance(outcome, ConcurrencyError):  # the orchestrator wrote first: look again
                 for env in await store.read_stream(task_id, state.versions.get(task_id, 0) + 1):
                     state.apply(env)
-    return cancelled
+                todo.append(task_id)
+            elif isinstance(outcome, Exception):
+                raise outcome
+            else:
+                cancelled.append(task_id)
+    return [t for t in run.tasks if t in cancelled]
 
 
 def run_not_completed(

@@ -33,6 +33,7 @@ from cardbus.agents.embedding import Embedder
 from cardbus.agents.requests import AgentRequest, AgentResponse
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
+from cardbus.bus.orchestrator import commit_order
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.access import AccessPolicy, RequestBroker
 from cardbus.bus.orchestrator.admission import Admission
@@ -951,33 +952,29 @@ class Orchestrator:
         settle_after(self.bus, handled, d.deferred, commit if d else None)
 
     async def _commit(self, d: Decisions) -> None:
-        """Append every stream's new events, then send the logged cards.
+        """Append every stream's new events in one write, then send the logged cards.
 
-        Streams a decision creates (a review or supplementary task) go first,
-        the rest after, each group in parallel: a parent's events name its new
-        child (``TaskNeedsInput``, the result a review is about), so a crash or
-        a failed append between the two must never leave a parent pointing at
-        a child that does not exist. If a child cannot be created, its
-        parent's events are not written either: the reply is dropped and the
-        attempt times out and is retried, rather than waiting forever.
+        One ``append_many`` for the whole decision (``commit_order``): the streams it
+        creates first and the parents naming them after them, so a parent never points
+        at a child that does not exist. If a child cannot be created, its parent's
+        events are not written either: the reply is dropped (or, for a child the log
+        refused, decided again as that refusal says) and the attempt times out and is
+        retried, rather than waiting forever.
         """
         streams = list(d.events)
         try:
-            children = [s for s in streams if isinstance(d.events[s][0], ev.TaskCreated)]
-            blocked: dict[str, BaseException] = {}
-            for stream, result in await self._append_streams(d, children):
-                if result is not None and not isinstance(result, ConcurrencyError):
-                    created = d.events[stream][0]
-                    if isinstance(created, ev.TaskCreated) and created.parent_id:
-                        blocked[created.parent_id] = result
-            rest = _with_prerequisites(
-                d, [s for s in streams if s not in children and s not in blocked]
-            )
-            appended = await self._append_streams(d, rest)
-            done = [s for s, r in appended if r is None]
-            for stream, error in [*blocked.items(), *appended]:
-                self._unstorable(d, stream, error)
-            await self._send(d, done)
+            write = commit_order.plan_write(d, streams)
+            outcomes = dict(await self._append_streams(d, write))
+            second = commit_order.again(write, outcomes)
+            if second is not None:  # a child that already existed held its parent back
+                outcomes.update(await self._append_streams(d, second))
+            held = commit_order.blocked(write, outcomes)
+            for stream, error in outcomes.items():
+                if stream in held:
+                    self._unstorable(d, stream, held[stream])
+                elif not write.is_child(stream):  # a refused child speaks through its parent
+                    self._unstorable(d, stream, error)
+            await self._send(d, [s for s, error in outcomes.items() if error is None])
         finally:
             self._busy.difference_update(streams)
             for stream in streams:  # the log's events for them meanwhile (see _follow_log)
@@ -1074,34 +1071,36 @@ class Orchestrator:
         self._parked.append(_Record(root, [data], done))
 
     async def _append_streams(
-        self, d: Decisions, streams: list[str]
+        self, d: Decisions, write: commit_order.Write
     ) -> list[tuple[str, BaseException | None]]:
-        """Append each stream's decided events together; the error of each, or None."""
+        """Append each stream's decided events in one ``append_many``; the error of each,
+        or None. A stream not attempted (``PrerequisiteNotStored``) keeps its records
+        waiting: ``_commit`` may write it again, and settles what it does not."""
+        streams = write.streams
         if not streams:
             return []
-        # what follows a completion of this step goes after it (streams are in that order)
-        index = {s: i for i, s in enumerate(streams)}
         appends = [
             Append(
                 s,
                 self._new_events(d.events[s], self._decided_root(s, d.events[s])),
                 self._expected.get(s, self.state.versions.get(s, 0)),
-                after=tuple(sorted(index[p] for p in d.after.get(s, ()))),
+                after=after,
             )
-            for s in streams
+            for s, after in zip(streams, write.after, strict=True)
         ]
         outcomes = await self.store.append_many(appends)
         out: list[tuple[str, BaseException | None]] = []
         for stream, outcome in zip(streams, outcomes, strict=True):
-            if isinstance(outcome, Exception):
+            if isinstance(outcome, PrerequisiteNotStored):
+                log.info("%s not written: what it follows was not", stream)
+                out.append((stream, outcome))
+            elif isinstance(outcome, Exception):
                 self._settle_records(stream, d.events[stream], outcome)
                 if isinstance(outcome, ConcurrencyError):
                     for env in await self.store.read_stream(
                         stream, self.state.versions.get(stream, 0) + 1
                     ):
                         self._apply(env)
-                elif isinstance(outcome, PrerequisiteNotStored):
-                    log.info("%s not written: the completion it follows was not", stream)
                 elif isinstance(outcome, StoreUnavailable):
                     self.store_trouble.refused(outcome)
                 else:
@@ -1345,17 +1344,3 @@ class Orchestrator:
 def _log_unrecorded(done: asyncio.Future[list[Envelope]]) -> None:
     if not done.cancelled() and done.exception() is not None:
         log.error("a refusal could not be recorded: %r", done.exception())
-
-
-def _with_prerequisites(d: Decisions, streams: list[str]) -> list[str]:
-    """``streams`` whose prerequisites (``Decisions.after``) are written with them, in an
-    order where every prerequisite comes first; the rest are dropped, to be decided again.
-    """
-    kept = set(streams)
-    while True:
-        lacking = {s for s in kept if not d.after.get(s, set()) <= kept}
-        if not lacking:
-            break
-        kept -= lacking
-    first = [s for s in streams if s in kept and not d.after.get(s)]
-    return first + [s for s in streams if s in kept and d.after.get(s)]

@@ -90,9 +90,9 @@ def _too_large(sealed: list[tuple[Envelope, bytes]], limit: int) -> PayloadTooLa
 
 
 class _Part:
-    """A multi-event append waiting for a batch (group commit)."""
+    """One append's sealed events, ready for a batch."""
 
-    __slots__ = ("done", "filt", "head", "sealed", "stream", "subjects")
+    __slots__ = ("filt", "head", "sealed", "stream", "subjects")
 
     def __init__(
         self,
@@ -101,14 +101,38 @@ class _Part:
         head: Head,
         sealed: list[tuple[Envelope, bytes]],
         subjects: list[str],
-        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.stream = stream
         self.filt = filt
         self.head = head
         self.sealed = sealed
         self.subjects = subjects
+
+
+class _Unit:
+    """Appends that go to the log in one atomic batch, waiting for it (group commit): a
+    multi-event append alone, or the appends of one ``append_many`` (together.py)."""
+
+    __slots__ = ("done", "parts", "size", "streams")
+
+    def __init__(self, parts: list[_Part], loop: asyncio.AbstractEventLoop) -> None:
+        self.parts = parts
+        self.size = sum(len(p.sealed) for p in parts)
+        self.streams = {p.stream for p in parts}
         self.done: asyncio.Future[int] = loop.create_future()  # -> its first position
+
+    def placed(self, first: int) -> list[list[Envelope]]:
+        """Each part's envelopes at their positions, the unit stored from ``first`` on."""
+        out = []
+        for part in self.parts:
+            out.append(
+                [
+                    msgspec.structs.replace(env, position=first + i)
+                    for i, (env, _) in enumerate(part.sealed)
+                ]
+            )
+            first += len(part.sealed)
+        return out
 
 
 class _Regroup(Exception):
@@ -122,7 +146,7 @@ class Appends(Reads):
     atomic: bool
     max_batch: int
     _heads: dict[str, Head]
-    _waiting: list[_Part]  # multi-event appends waiting for the next batch
+    _waiting: list[_Unit]  # multi-event appends waiting for the next batch
     _committer: asyncio.Future[None] | None
     _batch_prefix: str
     _batches: int
@@ -281,26 +305,36 @@ class Appends(Reads):
         head: Head,
     ) -> list[Envelope]:
         """A multi-event append as (part of) one atomic batch: see :meth:`_commit_groups`."""
-        part = _Part(stream, filt, head, sealed, subjects, asyncio.get_running_loop())
+        part = _Part(stream, filt, head, sealed, subjects)
+        self._check_sizes(part)
+        [out] = await self._commit_unit(_Unit([part], asyncio.get_running_loop()))
+        return out
+
+    def _check_sizes(self, part: _Part) -> None:
+        """``PayloadTooLarge`` if an event of ``part`` cannot be published with its headers."""
         limit = self.nc.max_payload
-        if any(len(body) + _HEADROOM > limit for _, body in sealed):
+        if any(len(body) + _HEADROOM > limit for _, body in part.sealed):
             for (_, body), subject, h in zip(
-                sealed, subjects, self._batch_headers([part]), strict=True
+                part.sealed, part.subjects, self._batch_headers([part]), strict=True
             ):
                 self._check_size(body, h, subject)
-        self._waiting.append(part)
+
+    async def _commit_unit(self, unit: _Unit) -> list[list[Envelope]]:
+        """Store ``unit`` in the next atomic batch (alone if the group it went in was
+        refused): each part's envelopes at their positions. Raises what the server
+        answers the unit alone with."""
+        self._waiting.append(unit)
         if self._committer is None:
             self._committer = asyncio.ensure_future(self._commit_groups())
         try:
-            first = await part.done
-        except _Regroup:  # the group it was in was refused: this part alone says why
-            ack = await self._send_group([part])
-            first = ack.seq - len(sealed) + 1
-        out = [
-            msgspec.structs.replace(env, position=first + i) for i, (env, _) in enumerate(sealed)
-        ]
-        last = out[-1]
-        self._remember(stream, Head(last.version, last.position, last.hash))
+            first = await unit.done
+        except _Regroup:  # the group it was in was refused: this unit alone says why
+            ack = await self._send_group(unit.parts)
+            first = ack.seq - unit.size + 1
+        out = unit.placed(first)
+        for part, envs in zip(unit.parts, out, strict=True):
+            last = envs[-1]
+            self._remember(part.stream, Head(last.version, last.position, last.hash))
         return out
 
     async def _commit_groups(self) -> None:
@@ -316,45 +350,45 @@ class Appends(Reads):
         """
         try:
             while self._waiting:
-                group: list[_Part] = []
-                rest: list[_Part] = []
+                group: list[_Unit] = []
+                rest: list[_Unit] = []
                 streams: set[str] = set()
                 size = 0
-                for part in self._waiting:
-                    if part.done.done():
+                for unit in self._waiting:
+                    if unit.done.done():
                         continue  # its caller gave up (cancelled) before it was sent
-                    if part.stream in streams or (
-                        group and size + len(part.sealed) > self.max_batch
+                    if not streams.isdisjoint(unit.streams) or (
+                        group and size + unit.size > self.max_batch
                     ):
-                        rest.append(part)  # two appends to one task never share a batch
+                        rest.append(unit)  # two appends to one task never share a batch
                         continue
-                    group.append(part)
-                    streams.add(part.stream)
-                    size += len(part.sealed)
+                    group.append(unit)
+                    streams |= unit.streams
+                    size += unit.size
                 self._waiting = rest
                 if not group:
                     continue
                 try:
-                    ack = await self._send_group(group)
+                    ack = await self._send_group([p for u in group for p in u.parts])
                 except BaseException as e:
                     refused = isinstance(e, nats.js.errors.APIError | nats.errors.MaxPayloadError)
-                    for part in group:
-                        if part.done.done():
+                    for unit in group:
+                        if unit.done.done():
                             continue
                         if len(group) > 1 and refused:
-                            part.done.set_exception(_Regroup())
+                            unit.done.set_exception(_Regroup())
                         elif isinstance(e, Exception):
-                            part.done.set_exception(e)
+                            unit.done.set_exception(e)
                         else:  # this task is cancelled (the loop is ending)
-                            part.done.set_exception(StoreUnavailable("append interrupted"))
+                            unit.done.set_exception(StoreUnavailable("append interrupted"))
                     if not isinstance(e, Exception):
                         raise
                     continue
                 first = ack.seq - size + 1
-                for part in group:
-                    if not part.done.done():
-                        part.done.set_result(first)
-                    first += len(part.sealed)
+                for unit in group:
+                    if not unit.done.done():
+                        unit.done.set_result(first)
+                    first += unit.size
         finally:
             self._committer = None
             if self._closed:
@@ -410,9 +444,9 @@ class Appends(Reads):
         return out
 
     def _close_appends(self) -> None:
-        for part in self._waiting:
-            if not part.done.done():
-                part.done.set_exception(StoreUnavailable("the event store is closed"))
+        for unit in self._waiting:
+            if not unit.done.done():
+                unit.done.set_exception(StoreUnavailable("the event store is closed"))
         self._waiting = []
 
     # -- conflicts, retries of stored events, heads -----------------------------------------

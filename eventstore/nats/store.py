@@ -1,6 +1,6 @@
 """``NatsEventStore``: the event store on NATS JetStream -- opening, the stream's set-up
 and closing; appends, reads and following are its parts (``appends.py``,
-``reads.py``, ``follow.py``)."""
+``together.py`` for ``append_many``, ``reads.py``, ``follow.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from cardbus.eventstore.errors import (
     SubjectLayoutError,
     ValidationError,
 )
-from cardbus.eventstore.nats.appends import Appends
 from cardbus.eventstore.nats.audits import Audits
 from cardbus.eventstore.nats.connection import (
     TRANSPORT_ERRORS,
@@ -41,6 +40,7 @@ from cardbus.eventstore.nats.subjects import (
     SUBJECT_LAYOUT,
     SUBJECT_LAYOUT_KEY,
 )
+from cardbus.eventstore.nats.together import Together
 from cardbus.eventstore.nats.wire import RequestMux
 from cardbus.eventstore.store import EventStore
 
@@ -49,7 +49,7 @@ __all__ = ["NatsEventStore"]
 log = logging.getLogger(__name__)
 
 
-class NatsEventStore(Audits, Appends, Follows, EventStore):
+class NatsEventStore(Audits, Together, Follows, EventStore):
     """Open with ``await NatsEventStore.connect(url, ...)``; close with ``await store.close()``."""
 
     def __init__(

@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import msgspec
 from orchkit import CARDS, Runtime, TextOut, ev, is_, make_agent, plan, run_log, task, tid, wait_for
 
 from cardbus.agents.cards import Review
 from cardbus.eventstore import SqliteEventStore, StoreUnavailable
+from cardbus.eventstore.errors import PrerequisiteNotStored
 
 
 async def _hang_first(t, i, c):  # type: ignore[no-untyped-def]
@@ -98,17 +100,22 @@ async def test_a_lost_append_of_a_new_subtask_does_not_strand_its_parent(make_ru
     lost: list[str] = []
 
     async def flaky_append_many(appends):  # type: ignore[no-untyped-def]
-        # the orchestrator writes its decisions with append_many: lose the first review's
+        # the orchestrator writes its decisions with append_many: lose the first review's,
+        # and (as a store that lost it would) do not store what is to follow it (``after``)
         outcomes: list[object] = []
-        for a in appends:
+        kept: dict[int, int] = {}  # index in appends -> index in what is passed on
+        passed = []
+        for i, a in enumerate(appends):
             if "~review" in a.stream and not lost:
                 lost.append(a.stream)
                 outcomes.append(StoreUnavailable("disk hiccup"))
+            elif any(j not in kept for j in a.after):
+                outcomes.append(PrerequisiteNotStored(f"{a.stream}: not attempted"))
             else:
+                kept[i] = len(passed)
+                passed.append(dataclasses.replace(a, after=tuple(kept[j] for j in a.after)))
                 outcomes.append(None)
-        stored = iter(
-            await real_append_many([a for a, o in zip(appends, outcomes, strict=True) if o is None])
-        )
+        stored = iter(await real_append_many(passed))
         return [o if o is not None else next(stored) for o in outcomes]
 
     store.append_many = flaky_append_many  # type: ignore[method-assign]
