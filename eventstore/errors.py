@@ -283,8 +283,9 @@ class AccessDenied(CardbusError):
 
 
 class NotAnApprover(AccessDenied):
-    """A person answered a wait (an approval, a review) that its deadline escalated to
-    others: only the approvers it names may answer now (``bus.orchestrator.waits``)."""
+    """A person answered a wait (an approval, a review, a question) that its deadline
+    escalated to others: only the approvers it names may answer now
+    (``bus.orchestrator.waits``)."""
 
     def __init__(self, task_id: str, by: str, approvers: list[str]) -> None:
         self.task_id, self.by, self.approvers = task_id, by, list(approvers)

@@ -902,11 +902,12 @@ class QuestionAnswered(_Event, frozen=True, kw_only=True, tag="question.answered
 
 class WaitExpired(_Event, frozen=True, kw_only=True, tag="task.wait_expired.v1"):
     """A wait for a person's word passed its deadline, and a step of its policy applied
-    (``bus.orchestrator.waits``): ``kind`` (``approval``, ``review``), ``step`` (1-based,
-    in the policy's ``then``), ``action`` (``escalate``, ``deny``, ``approve``, ``fail``),
-    ``deadline`` (the moment that passed). An escalation names who alone may answer now
-    (``approvers``, ``group``) and by when (``next_deadline``); the other actions are
-    followed, in the same write, by the events that carry them out."""
+    (``bus.orchestrator.waits``): ``kind`` (``approval``, ``review``, ``question``),
+    ``step`` (1-based, in the policy's ``then``), ``action`` (``escalate``, ``deny``,
+    ``approve``, ``fail``), ``deadline`` (the moment that passed). An escalation names
+    who alone may answer now (``approvers``, ``group``) and by when (``next_deadline``);
+    the other actions are followed, in the same write, by the events that carry them
+    out."""
 
     kind: str
     step: int

@@ -371,6 +371,9 @@ def _detail(data: Any) -> str | None:
         case ev.ToolReviewAnswered():
             why = f": {data.reason}" if data.reason else ""
             return f"tool {data.tool} review: {data.decision} by {data.by}{why}"
+        case ev.QuestionAnswered(door="deadline"):  # by the wait's policy, not a person
+            given = _args(data.answer)
+            return f"question answered by its deadline ({data.by}): {given} (the default)"
         case ev.QuestionAnswered():
             how = " (the default)" if data.defaulted else ""
             door = f" from the {data.door}" if data.door else ""

@@ -511,7 +511,8 @@ class Decider:
                         ev.InputProvided(supplementary_task_id=supp.task_id, output=supp.output),
                     )
                 else:
-                    self._fail(task, "supplementary_task_failed", supp.reason)
+                    why = f"{supp.reason}: {supp.error}" if supp.error else supp.reason
+                    self._fail(task, "supplementary_task_failed", why)  # and why it failed
             case S.DISPATCHED | S.RUNNING:
                 if task.under_review:
                     self._after_review(task)

@@ -15,6 +15,15 @@ with the answer as output, in one append. The orchestrator folds them like any o
 writer's events: the asking task gets ``input.provided`` and runs again with the answer as
 its ``supplement``. A person may also decline (``answer_approval`` denied): the asking task
 fails ``supplementary_task_failed``.
+
+A plan's ``waits["question"]`` gives questions a deadline (``bus.orchestrator.waits``):
+on expiry an escalation lets only the approvers it names answer (``NotAnApprover`` for
+anyone else), ``deny`` declines, ``fail`` fails the question (so the asking task), and
+``approve`` answers with the question's default (:func:`by_default`): a
+``question.answered`` with ``door`` ``deadline`` and ``by`` ``policy:deadline``, never a
+person's name. A question with no default (or one that no longer fits) cannot be
+answered by rule: it fails ``wait_expired`` saying so, as ``fail`` would, rather than
+waiting for ever after its last step.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import jsonschema
 
 from cardbus.agents.questions import USER_INPUT
 from cardbus.bus.orchestrator.runstate import RunState, TaskView
+from cardbus.bus.orchestrator.waits import BY, require_approver, run_start
 from cardbus.eventstore import ConcurrencyError, Envelope, EventStore, NewEvent, TaskState
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import CardbusError, StreamNotFound, ValidationError
@@ -40,6 +50,7 @@ __all__ = [
     "answer_question",
     "ask",
     "asks_person",
+    "by_default",
     "check_answer",
     "open_questions",
     "question_of",
@@ -49,6 +60,8 @@ __all__ = [
 PERSON = "person"
 #: the reason of the ``approval.requested`` a question waits under
 REASON = "question"
+#: the door of an answer a deadline's policy gave (``waits``), not a person
+DEADLINE = "deadline"
 _TRIES = 10
 
 
@@ -143,6 +156,32 @@ def check_answer(q: Question, answer: Any) -> None:
         raise QuestionRefused(f"field '(answer)': {answer!r} is not one of the choices: {shown}")
 
 
+def by_default(task: TaskView, note: str) -> list[ev.Event]:
+    """The events of a deadline's ``approve`` step on a question: answered with its
+    default by the policy (door ``deadline``), or failed ``wait_expired`` naming what is
+    missing when there is no default to give (the asking task then fails
+    ``supplementary_task_failed``, as for a declined question)."""
+    q = question_of(task)
+    problem = ""
+    if q is None or not q.has_default:
+        problem = "the question has no default to answer with"
+    else:
+        try:
+            check_answer(q, q.default)
+        except QuestionRefused as e:  # a hand-written spec: its default was never checked
+            problem = f"the question's default does not fit it: {e}"
+    if problem:
+        error = f"{note}: {problem}; give it a default (AskPerson(..., default=...))"
+        return [ev.TaskFailed(reason="wait_expired", error=error, attempts=task.attempt)]
+    assert q is not None
+    return [
+        ev.QuestionAnswered(
+            task_id=task.task_id, answer=q.default, by=BY, door=DEADLINE, defaulted=True
+        ),
+        ev.TaskCompleted(attempt=task.attempt, agent_id=BY, output=q.default, confidence=1.0),
+    ]
+
+
 def _fold(events: list[Envelope]) -> RunState:
     state = RunState()
     for env in events:
@@ -179,7 +218,8 @@ async def answer_question(
     ``answer`` (``use_default``: the question's default), as ``by``.
 
     Raises ``QuestionRefused`` naming the field for an answer that does not fit (nothing
-    written: the question stays open), ``CardbusError`` when no question is open there or
+    written: the question stays open), ``NotAnApprover`` when a deadline escalated the
+    question to others (``waits``), ``CardbusError`` when no question is open there or
     several are (name one by its task id), ``StreamNotFound`` for an unknown id. Returns the
     question answered and the answer recorded.
     """
@@ -198,10 +238,12 @@ async def answer_question(
             given = q.default
         check_answer(q, given)
         events = await store.read_stream(q.task_id)
-        state = _fold(events)
+        # its run's wait policy first: who may answer after an escalation
+        state = _fold([*await run_start(store, q.root_id, q.task_id), *events])
         task = state.tasks.get(q.task_id)
         if task is None or task.state is not TaskState.AWAITING_APPROVAL:
             continue  # answered or declined meanwhile: look again
+        require_approver(task, by)
         out: list[ev.Event] = [
             ev.QuestionAnswered(
                 task_id=q.task_id,

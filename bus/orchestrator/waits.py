@@ -5,6 +5,8 @@ A plan's ``waits`` (kept in ``run.started``) gives a :class:`~cardbus.eventstore
 per kind of wait (:data:`KINDS`): a deadline from the moment the wait begins, and the steps
 to take, one per expiry: ``escalate`` to named approvers or a group (they alone may answer
 from then on, within a new deadline), ``deny``, ``approve`` by rule, or ``fail`` the task.
+For a question (``AskPerson``) ``approve`` answers with the question's default, and
+``deny`` declines it (``bus.orchestrator.questions.by_default``).
 
 Everything here is a fold and a pure decision, like the attempts' own deadlines
 (``deadlines``): the wait's clock is folded from the log (``task.approval_requested``'s
@@ -14,7 +16,7 @@ append at the stream's expected version. So a restart after a deadline passed ap
 step once (the log has it, or not yet), and a person answering as the deadline passes
 either wins (the expiry is decided again on what they wrote, and finds nothing waiting)
 or loses with a ``ConcurrencyError`` and is decided again on the expiry
-(``answer_approval``, ``answer_review``).
+(``answer_approval``, ``answer_review``, ``answer_question``).
 
 After an escalation only its approvers may answer: :func:`require_approver` raises
 ``NotAnApprover`` for anyone else (an answer from outside the decision loop reads the
@@ -50,8 +52,9 @@ __all__ = [
     "run_start",
 ]
 
-#: the kinds of wait a policy may be given for: a task's approval, a tool call's review
-KINDS = ("approval", "review")
+#: the kinds of wait a policy may be given for: a task's approval, a tool call's review,
+#: a question to a person
+KINDS = ("approval", "review", "question")
 #: what a step may do when a deadline passes
 ACTIONS = ("escalate", "deny", "approve", "fail")
 #: who answers when a policy does (the ``by`` of the approvals and reviews it writes)
@@ -75,8 +78,8 @@ class Waiting(msgspec.Struct, kw_only=True):
 def kind_of(reason: str) -> str:
     """The kind of wait an ``approval.requested`` of ``reason`` begins. A typed question
     to a person (reason ``question``, ``questions``) is a kind of its own: an approval's
-    policy never answers it (approving a question by rule has no answer to give); it has
-    no policy until ``question`` is one of :data:`KINDS`."""
+    policy never answers it (granting a question answers nothing); its own policy
+    answers it with its default."""
     if reason == "tool_review":
         return "review"
     return "question" if reason == "question" else "approval"
@@ -203,6 +206,11 @@ def check_expiry(decider: Decider, run: RunView, task: TaskView) -> None:
                 group=step.group,
                 next_deadline=decider.now + seconds,
             )
+        case "approve" if wait.kind == "question":
+            # here, not at the top: questions folds with runstate, which folds with us
+            from cardbus.bus.orchestrator.questions import by_default
+
+            out.extend(by_default(task, note))
         case "approve" | "deny" if wait.kind == "review":
             out.extend(_answer_calls(task, step.action, note))
             out.append(ev.ApprovalGranted(by=BY, resume="pending", note=f"review: {note}"))

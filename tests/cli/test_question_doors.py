@@ -203,3 +203,27 @@ def test_answered_from_the_console_page_in_chromium(tmp_path: Path, browser: Any
     assert answered.data.answer == {"amount": 12.5, "currency": "EUR"}
     (done,) = [e.data for e in events if isinstance(e.data, ev.RunCompleted)]
     assert done is not None
+
+
+def test_an_escalated_question_refuses_others_on_the_command_line(tmp_path: Path) -> None:
+    # a deadline (waits, kind question) escalates it to bea: ada is refused, bea answers
+    policy = {"deadline_s": 1, "then": [{"action": "escalate", "to": ["bea"]}]}
+    (tmp_path / "plan.json").write_text(json.dumps({**PLAN, "waits": {"question": policy}}))
+    proc = _run(tmp_path)
+    root, q_task = _asked(tmp_path, proc)
+    deadline = time.monotonic() + 60
+    while not any(isinstance(e.data, ev.WaitExpired) for e in log_of(tmp_path)):
+        assert time.monotonic() < deadline, "no escalation within 60 s"
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.05)
+    answer = '{"amount": 3, "currency": "EUR"}'
+    refused = _cardbus(tmp_path, "answer", root, answer, "--by", "ada")
+    assert refused.returncode == 1, refused.stdout
+    assert "NotAnApprover" in refused.stderr or "'ada' may not answer" in refused.stderr
+    assert "bea" in refused.stderr, refused.stderr
+    took = _cardbus(tmp_path, "answer", root, answer, "--by", "bea")
+    assert took.returncode == 0, took.stderr
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    (answered,) = [e for e in log_of(tmp_path) if isinstance(e.data, ev.QuestionAnswered)]
+    assert (answered.stream, answered.actor, answered.data.door) == (q_task, "bea", "cli")

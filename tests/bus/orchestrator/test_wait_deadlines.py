@@ -171,10 +171,11 @@ def test_policy_defaults_keep_halting():
 
 
 def test_a_question_is_a_kind_of_its_own_that_no_approval_policy_answers():
+    # its own policy answers it (test_question_deadlines); an approval's never does
     from cardbus.bus.orchestrator.waits import KINDS, kind_of
 
     kinds = [
         kind_of(r) for r in ("requires_approval", "tool_review", "question", "budget_exceeded")
     ]
     assert kinds == ["approval", "review", "question", "approval"]
-    assert "question" not in KINDS  # no policy for it yet: a plan giving one is refused
+    assert "question" in KINDS
