@@ -720,8 +720,7 @@ class Orchestrator:
         """
         if self.elsewhere is not None and not self.elsewhere.folds(root_id):
             return await self.elsewhere.wait(root_id, timeout)  # a run another member folds
-        # registered before anything is awaited: a partition lost during the log read below
-        # hands it to the member that decides the run from then on (MemberLog._forget)
+        # registered before the log read: a partition lost meanwhile hands it over (members)
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(root_id, []).append(future)
         try:
