@@ -261,13 +261,17 @@ async def test_a_waiter_is_answered_when_its_partition_is_lost_while_it_register
 
         store.read_correlation = lose_partition_first  # type: ignore[method-assign]
         try:
-            waiting = asyncio.create_task(x.orchestrator.wait(root, timeout=30))
+            waiting = asyncio.create_task(x.orchestrator.wait(root, timeout=60))
             await until(lost.is_set, what="wait reading the log")
             # y takes p (x counts as gone: its member key deleted), then the run is created
             assert px._kv is not None
             await px._kv.delete(f"member.{px.member}")
-            await py.round()
-            assert p in py.holding
+
+            async def taken() -> bool:  # (a round under way when asked is joined, not rerun)
+                await py.round()
+                return p in py.holding
+
+            await until(taken, what="y takes p")
             cards = list(y.orchestrator.state.agents.values())
             assert await submit_to_log(submitter, the_plan, cards, "someone") == root
             result = await waiting
