@@ -96,11 +96,12 @@ def test_follow_prints_the_text_while_the_model_writes_it(tmp_path: Path) -> Non
     text = out.text()
     assert code == 0, text
     # the whole answer was printed, in order, on its line (a step logged meanwhile, as the
-    # task's "running", goes on a line of its own between two parts), then the step that
-    # logged it, then the end
+    # task's "running", goes on a line of its own between two parts), after the step that
+    # says the model was asked and before the one that logged the answer, then the end
     written = [line.split(" writes: ", 1)[1] for line in text.splitlines() if " writes: " in line]
     assert "".join(written) == ANSWER
-    assert text.index("writes: ") < text.index("the model answered") < text.index("completed")
+    asked, writes = text.index("asks its model"), text.index("writes: ")
+    assert asked < writes < text.index("the model answered") < text.index("completed")
     assert len(_answered(db)) == 1
 
 
