@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ui import CHROMIUM_ARGS, Server, _chromium, _off_loop
+from test_ui import Server, _off_loop
 from ui_agents import count_plan
 
 from cardbus.eventstore import SqliteEventStore
@@ -51,19 +50,6 @@ def db(tmp_path: Path) -> Path:
 
     asyncio.run(create())
     return path
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    path = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _read(db: Path, fn: Any) -> Any:

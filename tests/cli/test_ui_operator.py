@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from lifecycle_log import RunIds, write_run
-from test_ui import CHROMIUM_ARGS, Background, Server, _chromium
+from test_ui import Background, Server
 
 from cardbus.agents.demo import DEMO_AGENTS, report_plan
 from cardbus.bus.http_guard import local_identity
@@ -138,19 +138,6 @@ async def _write_log(db: Path) -> RunIds:
         return ids
     finally:
         await store.close()
-
-
-@pytest.fixture
-def browser() -> Any:
-    path = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _open(page: Any, hash_: str) -> float:

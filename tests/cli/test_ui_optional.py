@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from test_ui import Background, Server, db, page, server  # noqa: F401  (fixtures)
+from test_ui import Background, Server, db, server  # noqa: F401  (fixtures)
 
 from tests.e2e.optional_crash import Search, Write, plan
 
 
 def test_a_degraded_run_is_named_in_the_list_and_on_its_page(
     server: Server,  # noqa: F811
-    page: Any,  # noqa: F811
+    page: Any,
     db: Path,  # noqa: F811
 ) -> None:
     page.goto(server.url)
