@@ -117,10 +117,9 @@ def _peer(r: dict[str, Any]) -> str:
     """The peer column: the ratio and whom to, then the peer's own figure if recorded."""
     if r.get("ratio") is None:
         return ""
-    text = f"{r['ratio']:.2f}x {r['ratio_of']}".strip()
     if r.get("peer") is not None:
-        text += f" ({_value(r['peer'], r['unit'])})"
-    return text
+        return f"{r['ratio']:.2f}x vs {_value(r['peer'], r['unit'])}, {r['ratio_of']}"
+    return f"{r['ratio']:.2f}x {r['ratio_of']}".strip()
 
 
 def table(rows: list[dict[str, Any]]) -> str:
