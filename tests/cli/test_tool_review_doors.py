@@ -13,11 +13,13 @@ answers a refusal the same way, and the model gets the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,13 +129,36 @@ def _held_then_killed(folder: Path, env: dict[str, str], runs: Runs) -> ev.ToolR
     return held
 
 
+@contextlib.contextmanager
+def _paused(
+    folder: Path, runs: Runs
+) -> Iterator[tuple[OpenAIStub, dict[str, str], ev.ToolReviewRequested]]:
+    """The stub scripted, the run held on its 900 transfer and killed: (stub, env, held)."""
+    with OpenAIStub() as stub:
+        _script(stub)
+        env = _env(stub, folder)
+        yield stub, env, _held_then_killed(folder, env, runs)
+
+
+def assert_edited_to_450_by_ada(folder: Path, env: dict[str, str], task_id: str) -> None:
+    """The log and ``cardbus replay`` say: 900 proposed, 450 approved, by ada."""
+    events = [e.data for e in log_of(folder)]
+    (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]
+    assert (answered.proposed, answered.arguments, answered.by) == (
+        {"amount": 900},
+        {"amount": 450},
+        "ada",
+    )
+    replay = cardbus(folder, env, "replay", task_id)
+    assert replay.returncode == 0, replay.stderr
+    (line,) = [ln for ln in replay.stdout.splitlines() if "review: edit by" in ln]
+    assert '{"amount": 900}' in line and '{"amount": 450}' in line and "ada" in line
+
+
 def test_killed_while_held_then_approved_with_an_edit_from_the_console(
     tmp_path: Path, runs: Runs
 ) -> None:
-    with OpenAIStub() as stub:
-        _script(stub)
-        env = _env(stub, tmp_path)
-        held = _held_then_killed(tmp_path, env, runs)
+    with _paused(tmp_path, runs) as (stub, env, held):
         assert (held.arguments, held.text) == ({"amount": 900}, "Paying 900 now.")
         again = runs.start(tmp_path, env)  # the restart resumes the run, still held
         console = Server(tmp_path / "log.db", token="s3cret", args=("--token-name", "ada"))
@@ -154,26 +179,13 @@ def test_killed_while_held_then_approved_with_an_edit_from_the_console(
     assert (tmp_path / "ran.txt").read_text() == "450.0\n"  # once, with the edited amount
     tool_answers = [m for m in bodies[-1]["messages"] if m["role"] == "tool"]
     assert [json.loads(m["content"]) for m in tool_answers] == [{"sent": 450.0}]
-    events = [e.data for e in log_of(tmp_path)]
-    (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]
-    assert (answered.proposed, answered.arguments, answered.by) == (
-        {"amount": 900},
-        {"amount": 450},
-        "ada",
-    )
-    replay = cardbus(tmp_path, env, "replay", held.task_id)
-    assert replay.returncode == 0, replay.stderr
-    (line,) = [ln for ln in replay.stdout.splitlines() if "review: edit by" in ln]
-    assert '{"amount": 900}' in line and '{"amount": 450}' in line and "ada" in line
+    assert_edited_to_450_by_ada(tmp_path, env, held.task_id)
 
 
 def test_refused_from_the_command_line_the_model_gets_the_reason(
     tmp_path: Path, runs: Runs
 ) -> None:
-    with OpenAIStub() as stub:
-        _script(stub)
-        env = _env(stub, tmp_path)
-        held = _held_then_killed(tmp_path, env, runs)
+    with _paused(tmp_path, runs) as (stub, env, held):
         again = runs.start(tmp_path, env)
         refuse = ("review", held.task_id, "refuse", "--reason", "over the daily limit")
         said = cardbus(tmp_path, env, *refuse, "--by", "bo")
