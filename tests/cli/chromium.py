@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["CHROMIUM_ARGS", "chromium_path", "launched", "watched_page"]
+__all__ = ["CHROMIUM_ARGS", "chromium_path", "launched", "open_page", "watched_page"]
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 
@@ -60,11 +60,18 @@ def launched() -> Iterator[Any]:
             browser.close()
 
 
-def watched_page(browser: Any) -> Iterator[Any]:
-    """A page of ``browser`` (30 s timeouts); after the test, no script error on it."""
-    page = browser.new_page()
-    page.set_default_timeout(30_000)
+def open_page(browser: Any, wide: bool = False, timeout_ms: int = 30_000) -> tuple[Any, list[str]]:
+    """A new page of ``browser`` (1280x900 when ``wide``) and the list its script errors
+    go to: the test asserts it is empty where the page has done its work."""
+    page = browser.new_page(**({"viewport": {"width": 1280, "height": 900}} if wide else {}))
+    page.set_default_timeout(timeout_ms)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    return page, errors
+
+
+def watched_page(browser: Any) -> Iterator[Any]:
+    """A page of ``browser`` (30 s timeouts); after the test, no script error on it."""
+    page, errors = open_page(browser)
     yield page
     assert errors == [], errors  # no script error on the page

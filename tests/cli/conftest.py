@@ -33,6 +33,18 @@ def run_db(tmp_path: Path) -> tuple[str, RunIds]:
 
 
 @pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """An empty SQLite log, created (a console opens only a log that exists)."""
+    path = tmp_path / "log.db"
+
+    async def create() -> None:
+        await (await SqliteEventStore.open(path)).close()
+
+    asyncio.run(create())
+    return path
+
+
+@pytest.fixture
 def browser() -> Iterator[Any]:
     """A headless Chromium (the system's; skipped without one, failed on CI)."""
     yield from launched()

@@ -26,6 +26,7 @@ import pytest
 
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
+from tests.cli.chromium import open_page
 from tests.cli.doors import ROOT, Runs, cardbus, kill9, log_of, wait_in_log
 from tests.cli.test_ui import Server, _off_loop
 
@@ -121,10 +122,7 @@ def test_answered_from_the_console_page_in_chromium(tmp_path: Path, browser: Any
     server = Server(db, env=env, token=token, args=args)
     try:
         server.wait_ready(token)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        page, errors = open_page(browser, wide=True, timeout_ms=60_000)
         page.goto(f"{server.url}?token={token}")
         page.wait_for_selector("#start-run[data-enabled='yes']")
         page.fill("#plan-text", json.dumps(PLAN))

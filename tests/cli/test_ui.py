@@ -94,17 +94,6 @@ class Server:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "ui.db"
-
-    async def create() -> None:
-        await (await SqliteEventStore.open(path)).close()
-
-    asyncio.run(create())
-    return path
-
-
-@pytest.fixture
 def server(db: Path) -> Iterator[Server]:
     s = Server(db)
     try:

@@ -33,6 +33,7 @@ from cardbus.eventstore import NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.store import Append
 from cardbus.tools.cli import cli
+from tests.cli.chromium import open_page
 
 BIG = "big-run"
 LIVE = "live-run"
@@ -216,10 +217,7 @@ def test_operator_console_at_scale(
     server = Server(db)
     try:
         server.wait_ready()
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        page, errors = open_page(browser, wide=True, timeout_ms=60_000)
         page.goto(server.url)
         page.wait_for_selector("body[data-view='runs'] #runs-count[data-total='303']")
         assert page.locator("#runs tbody tr").count() == 50  # paged: 50 of 303
