@@ -323,30 +323,23 @@ async def main() -> None:
             cpu,
             "us",
         )
-        record(
-            None,
-            "pipeline",
-            f"3-step pipeline, instant agents, {conc} in flight, {loop} loop",
-            cb,
-            "runs/s",
-            target=">= 10x LangGraph (median of pairs)" if top else "",
-            met=(ratio >= 10) if top else None,
-            ratio=ratio,
-            ratio_of="LangGraph",
-            peer=lg,
-        )
+        # one row a peer, each with its own target (issue 34: 10x each at the top level);
+        # the LangGraph row keeps its name (the speed page's history)
+        peers = [("3-step pipeline", "LangGraph", lg, ratio)]
         if db is not None and db_ratio is not None:
+            peers.append(("3-step pipeline vs DBOS", "DBOS", db, db_ratio))
+        for what, peer, peer_rate, peer_ratio in peers:
             record(
                 None,
                 "pipeline",
-                f"3-step pipeline vs DBOS, instant agents, {conc} in flight, {loop} loop",
+                f"{what}, instant agents, {conc} in flight, {loop} loop",
                 cb,
                 "runs/s",
-                target=">= 10x DBOS (median of pairs)" if top else "",
-                met=(db_ratio >= 10) if top else None,
-                ratio=db_ratio,
-                ratio_of="DBOS",
-                peer=db,
+                target=f">= 10x {peer} (median of pairs)" if top else "",
+                met=(peer_ratio >= 10) if top else None,
+                ratio=peer_ratio,
+                ratio_of=peer,
+                peer=peer_rate,
             )
 
 
