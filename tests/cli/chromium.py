@@ -1,7 +1,7 @@
 """The system's headless Chromium for the console's browser tests (the ``browser`` and
 ``page`` fixtures in this folder's conftest).
 
-Chromium is the system one (``/usr/bin/chromium``; ``.ci/run`` installs the Debian
+Chromium is the system one (``/usr/bin/chromium``; ``make test`` installs the Debian
 package), driven by playwright, which never downloads a browser here. Without it the
 browser tests fail when ``CI`` is set and are skipped (reason shown) elsewhere.
 """
@@ -40,7 +40,7 @@ def chromium_path(needed_for: str = "test the web console") -> str:
             return path
     message = (
         f"headless Chromium is needed to {needed_for}: install the Debian package"
-        " 'chromium' (apt-get install -y chromium; .ci/run does it)"
+        " 'chromium' (apt-get install -y chromium; make test does it as root)"
     )
     if os.environ.get("CI"):
         pytest.fail(message)

@@ -1,6 +1,6 @@
 """``cardbus replay --html``: the page renders in headless Chromium; its script draws the timeline.
 
-Chromium is installed by ``.ci/run`` (Debian package ``chromium``). Without it
+Chromium is installed by ``make test`` (Debian package ``chromium``). Without it
 the test fails when ``CI`` is set and is skipped (with the reason shown)
 elsewhere.
 """
