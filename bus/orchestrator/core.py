@@ -470,18 +470,20 @@ class Orchestrator(Creating, Resuming, Intake):
         """
         if self.elsewhere is not None and not self.elsewhere.folds(root_id):
             return await self.elsewhere.wait(root_id, timeout)  # a run another member folds
-        done = self._result(root_id) or await self._retired_result(root_id)
-        if done is not None:
-            return done
-        if self.store_failure is not None:
-            raise self.store_failure
+        # registered before the log read: a partition lost meanwhile hands it over (members)
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(root_id, []).append(future)
         try:
+            done = self._result(root_id) or await self._retired_result(root_id)
+            if done is not None:
+                return done
+            if self.store_failure is not None:
+                raise self.store_failure
             # asyncio.timeout, not wait_for: no wrapping future and callbacks per run
             async with asyncio.timeout(timeout):
                 return await future
-        finally:  # a waiter that gave up must not stay registered
+        finally:  # a waiter that gave up must not stay registered (nor its handover run)
+            future.cancel()
             waiters = self._waiters.get(root_id, [])
             if future in waiters:
                 waiters.remove(future)
