@@ -50,6 +50,9 @@ S = TaskState
 
 
 class Decider(Replies, Dispatching, PlanningRounds):
+    """One step's decisions on ``state`` at ``now``: ``on_reply`` for each reply, ``advance``
+    for each run something happened to; what it decided is ``d``."""
+
     def __init__(
         self,
         state: RunState,
