@@ -44,6 +44,7 @@ import heapq
 import itertools
 import math
 import os
+import random
 import socket
 import time
 import uuid
@@ -251,9 +252,16 @@ class AgentWorker:
         )
 
     async def _renew(self) -> None:
-        """Announce again every third of the lease, until stopped or the bus closes."""
+        """Announce again every third of the lease, until stopped or the bus closes.
+
+        The renewals fall on one grid of the process's for every worker with the same
+        lease (``renewal_wait``): the agents served here renew in one wakeup, their
+        announcements leave in one write and reach the orchestrator together (an idle
+        runtime's CPU is mostly its wakeups). A renewal comes at most a third of the
+        lease (and a millisecond) after the one before; the first may come sooner."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            await asyncio.sleep(renewal_wait(loop.time(), self.lease_s / 3))
             try:
                 await self.bus.reply(self._announce())
             except BusError as e:
@@ -513,6 +521,20 @@ class AgentWorker:
 
 
 #: how long a worker waits for its orchestrator's tool specs (once) before going on without
+#: this process's place on the renewal grid (``renewal_wait``): the workers of one
+#: process renew together, those of different processes not all at the same moment
+_RENEWAL_PHASE = random.random()
+
+
+def renewal_wait(now: float, period: float) -> float:
+    """How long from ``now`` (the loop's clock) to this process's next renewal instant
+    of ``period``, the same instant for every worker renewing as often. A wakeup a
+    hair early (the loop runs timers up to its clock's resolution ahead) does not renew
+    twice: under a millisecond to go counts as this instant, the next one is waited for."""
+    wait = (_RENEWAL_PHASE * period - now) % period
+    return wait if wait > 1e-3 else wait + period
+
+
 _SPECS_WAIT_S = 5.0
 
 #: how early an event loop may run a timer (asyncio: its clock's resolution; uvloop rounds

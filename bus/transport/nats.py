@@ -819,7 +819,23 @@ class NatsBus(Bus):
         partition = None
         if not isinstance(message, Announce):
             partition = self._card_partition.get((message.task_id, message.attempt))
+        elif message.online and message.renewal > 1:
+            await self._renew(reply_subject(message, None), data, headers)
+            return
         await self._publish(reply_subject(message, partition), data, headers, REPLY_STREAM)
+
+    async def _renew(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        """A lease renewal (an announcement after the first): stored by the stream like
+        any announcement, but published without asking for JetStream's ack. The worker
+        goes on renewing whatever one renewal's fate (it renews every third of the
+        lease, so one lost leaves the lease two more chances); its ack was a message and
+        a wakeup each way every few seconds per agent, for nothing it would act on.
+        The first announcement, which registers the agent, and the last (offline) are
+        acked as before."""
+        if self._closed:
+            raise BusError("the bus is closed")
+        with translated(f"cannot publish to {subject}", error=BusError, refused=BusError):
+            await self.nc.publish(subject, data, headers=headers or None)
 
     async def reply_raw(self, data: bytes, subject: str = f"{REPLY_PREFIX}.raw") -> None:
         """Publish raw bytes as a reply (for tests of malformed messages)."""
