@@ -268,7 +268,12 @@ def run_on_fresh_server(args: argparse.Namespace, storage: str) -> dict[str, flo
         server = None if args.nats else MonitoredServer(d).start()
         url = args.nats or server.url  # type: ignore[union-attr]
         monitor = args.monitor or (server.monitor if server is not None else None)
-        env = {**os.environ, "PYTHONPATH": d}  # the bench agents module; cardbus is installed
+        # the bench agents module; cardbus is installed (or on the PYTHONPATH given: a
+        # baseline checkout measured with this bench)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [d, os.environ.get("PYTHONPATH")])),
+        }
         paths = ["bench_agents:Research", "bench_agents:Draft", "bench_agents:Review"]
         serve = [
             "agent",
