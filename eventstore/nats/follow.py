@@ -68,7 +68,14 @@ from cardbus.eventstore.nats.wire import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EphemeralConsumer", "Follows", "OwnAppends", "echoes", "offer_appended"]
+__all__ = [
+    "IDLE_READ_MAX_HEARTBEATS",
+    "EphemeralConsumer",
+    "Follows",
+    "OwnAppends",
+    "echoes",
+    "offer_appended",
+]
 
 
 class _ConsumerLost(Exception):
@@ -226,7 +233,7 @@ _HINT_TRIES = 8  # reads for a hinted event not stored yet: 1 ms doubling, ~0.25
 # an idle follower reads at least every this many heartbeats: for hints lost with no
 # reconnect (one wakes it at once: ``on_reconnected``), so rarely needed; at 8 it was
 # two of the few messages a second an idle runtime exchanges
-_QUIET_MAX = 30
+IDLE_READ_MAX_HEARTBEATS = 30
 
 # connection -> the followers on it; every store on the connection hands its appends over
 _FOLLOWERS: weakref.WeakKeyDictionary[Any, list[_Follower]] = weakref.WeakKeyDictionary()
@@ -435,12 +442,12 @@ class Follows(StoreBase):
                 failures = 0
                 idle_since = loop.time()
                 # an idle read that found nothing: the next one waits twice as long, up to
-                # _QUIET_MAX heartbeats (a read every second was most of an idle
+                # IDLE_READ_MAX_HEARTBEATS heartbeats (a read every second was most of an idle
                 # follower's work). Only what was appended while disconnected, with
                 # nothing heard since, waits for it: the next hint or own append wakes
                 # the follower, which sees the reconnect and reads everything first.
                 quiet_s = (
-                    min(quiet_s * 2, _QUIET_MAX * self.heartbeat)
+                    min(quiet_s * 2, IDLE_READ_MAX_HEARTBEATS * self.heartbeat)
                     if idle_read and not page
                     else self.heartbeat
                 )
