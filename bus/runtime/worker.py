@@ -28,7 +28,8 @@ handler belongs in a sync ``def handle`` (``Agent.run`` runs it in a
 thread), so it stalls neither the other cards of this worker nor other agents.
 
 Liveness: the worker announces with a lease (``lease_s``, 10 s by default) and
-announces again every ``lease_s / 3``; ``stop()`` announces it offline. Every
+announces again every ``lease_s / 3``, the workers of a process at the same moments
+(``renewal_wait``); ``stop()`` announces it offline. Every
 ``Started`` and ``ResultCard`` it sends says who ran the card: its
 ``replica_id`` (host, pid and a random part), ``host``, ``pid``, and the
 card's delivery count (2 or more: a redelivery).

@@ -634,8 +634,9 @@ class NatsBus(Bus):
         the inbox), and each card goes to an idle handler.
 
         Never more cards asked for than handlers idle, so no card waits here while another
-        replica could take it. A request lost to a reconnect is noticed when nothing, not
-        even its expiry, came for longer than it could live, and is made again.
+        replica could take it. A request lives ``fetch_wait`` with idle heartbeats; one
+        lost is made again at once after a reconnect, or when two heartbeats (or its
+        expiry) did not come (``bus.transport.nats_pulls``).
         """
         queue: asyncio.Queue[Msg | None] = asyncio.Queue()  # None: a handler is free
         slots.freed = queue.put_nowait
@@ -1016,8 +1017,9 @@ class NatsBus(Bus):
         Pull requests of ``batch`` messages expiring after ``fetch_wait`` are
         kept outstanding, topped up when half is used: each message is handed
         on the moment it arrives (nats-py's ``fetch`` would wait for a whole
-        batch). A request lost to a reconnect is noticed when nothing, not even
-        its expiry, came for longer than it could live, and is made again.
+        batch). A request lost is made again at once after a reconnect, or when
+        two of its idle heartbeats (or its expiry) did not come
+        (``bus.transport.nats_pulls``).
         """
         queue: asyncio.Queue[Msg | None] = asyncio.Queue()  # None: a reconnect
 
