@@ -445,6 +445,7 @@ def save(f: Figure, json_path: str | None) -> None:
         met=met,
         ratio=f.on_p50_ms / f.off_p50_ms if f.off_p50_ms else None,
         ratio_of="on/off p50",
+        peer=f.off_p50_ms,  # the same call without the journal, in the same run
     )
     record(json_path, BENCH, f"added per {name}, p99", f.added_p99_ms, "ms")
     record(

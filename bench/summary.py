@@ -3,8 +3,11 @@
 Each bench appends its figures as JSON lines (``record``) to the file named by
 ``--json`` or, when not given, by ``$CARDBUS_BENCH_JSON``; ``make bench``
 empties that file first, runs every bench, then runs this module, which
-prints one Markdown table: bench, figure, value, target, ``met``/``MISSED``
-and the ratio to the peer or baseline it was measured against in the same run.
+prints one Markdown table: bench, figure, value, target, ``met``/``MISSED``,
+the peer or baseline it was measured against in the same run (the ratio, and the
+peer's own figure where the bench gives it), and the 1-minute load when it was
+measured; then the count: ``N met, M MISSED: <the missed figures>``, and the
+targets of issue 34 that no row measured in this run (``ISSUE_34``).
 
     .venv/bin/python bench/summary.py [FILE] [--compact] [--write FIGURES.json]
 
@@ -28,10 +31,39 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["figures_document", "record", "render", "summary_path"]
+__all__ = ["ISSUE_34", "closing", "figures_document", "record", "render", "summary_path", "table"]
 
 DEFAULT = "bench/.figures.jsonl"
 PEERS = ("LangGraph", "DBOS")
+
+#: issue 34's targets (its section Targets): each is met when a row of ``bench`` whose
+#: figure starts with the prefix has a target; one without such a row was not measured
+ISSUE_34: list[tuple[str, str, str]] = [
+    ("pipeline >= 10x LangGraph, 32 in flight", "pipeline", "3-step pipeline, instant agents, 32"),
+    (
+        "pipeline >= 10x DBOS, 32 in flight",
+        "pipeline",
+        "3-step pipeline vs DBOS, instant agents, 32",
+    ),
+    ("CPU per step <= 0.4 ms, 1,000 in flight", "agent latency", "CPU per step, cardbus, 1,000"),
+    (
+        "throughput >= 50% of ideal, 1,000 in flight",
+        "agent latency",
+        "throughput vs ideal, cardbus, 1,000",
+    ),
+    (
+        "added per step <= LangGraph's, 1 in flight",
+        "agent latency",
+        "added per step p50, cardbus, 1 in flight",
+    ),
+    ("idle <= 1 ms/s, in memory", "idle", "CPU of an idle embedded runtime, memory"),
+    ("idle <= 1 ms/s, SQLite", "idle", "CPU of an idle embedded runtime, SQLite"),
+    ("idle <= 1 ms/s, NATS", "idle", "CPU of an idle NATS runtime"),
+    ("journal <= 1 ms p50, embedded", "journal", "added per model call, embedded"),
+    ("journal <= 1 ms p50, NATS", "journal", "added per model call, nats"),
+    ("NATS <= 20 messages per 3-step run", "nats", "server messages per run"),
+    ("NATS log >= 30% of raw publish_async", "nats", "events/s in the log"),
+]
 
 
 def summary_path(path: str | None = None) -> str | None:
@@ -49,8 +81,12 @@ def record(
     met: bool | None = None,
     ratio: float | None = None,
     ratio_of: str = "",
+    peer: float | None = None,
 ) -> None:
-    """Append one figure (no-op without a file: neither ``path`` nor the variable)."""
+    """Append one figure (no-op without a file: neither ``path`` nor the variable).
+
+    ``ratio`` is to ``ratio_of`` (a peer or a baseline measured in the same run);
+    ``peer``, that one's own figure, in ``unit``."""
     path = summary_path(path)
     if path is None:
         return
@@ -63,6 +99,7 @@ def record(
         "met": met,
         "ratio": ratio,
         "ratio_of": ratio_of,
+        "peer": peer,
         "load": os.getloadavg()[0],
         "at": time.time(),
     }
@@ -76,19 +113,46 @@ def _value(v: float, unit: str) -> str:
     return f"{v:.3g} {unit}"
 
 
+def _peer(r: dict[str, Any]) -> str:
+    """The peer column: the ratio and whom to, then the peer's own figure if recorded."""
+    if r.get("ratio") is None:
+        return ""
+    if r.get("peer") is not None:
+        return f"{r['ratio']:.2f}x vs {_value(r['peer'], r['unit'])}, {r['ratio_of']}"
+    return f"{r['ratio']:.2f}x {r['ratio_of']}".strip()
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     out = [
-        "| bench | figure | value | target | | ratio |",
-        "|---|---|---|---|---|---|",
+        "| bench | figure | value | target | | peer, same run | load |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         met = "" if r.get("met") is None else ("met" if r["met"] else "MISSED")
-        ratio = f"{r['ratio']:.2f}x {r['ratio_of']}".strip() if r.get("ratio") is not None else ""
+        load = f"{r['load']:.1f}" if r.get("load") is not None else ""
         out.append(
             f"| {r['bench']} | {r['figure']} | {_value(r['value'], r['unit'])}"
-            f" | {r.get('target', '')} | {met} | {ratio} |"
+            f" | {r.get('target', '')} | {met} | {_peer(r)} | {load} |"
         )
     return "\n".join(out)
+
+
+def closing(rows: list[dict[str, Any]]) -> str:
+    """``N met, M MISSED: <bench: figure>, ...``, and issue 34's targets no row measured."""
+    met = sum(1 for r in rows if r.get("met") is True)
+    missed = [f"{r['bench']}: {r['figure']}" for r in rows if r.get("met") is False]
+    line = f"{met} met, {len(missed)} MISSED" + (": " + "; ".join(missed) if missed else "")
+    absent = [
+        name
+        for name, bench, prefix in ISSUE_34
+        if not any(
+            r["bench"] == bench and r["figure"].startswith(prefix) and r.get("met") is not None
+            for r in rows
+        )
+    ]
+    if absent:
+        line += "\nissue 34 targets not measured in this run: " + "; ".join(absent)
+    return line
 
 
 def _compact(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -182,8 +246,7 @@ def main() -> None:
         f" to {max(loads, default=0):.1f} while measuring"
     )
     print(table(shown))
-    missed = sum(1 for r in shown if r.get("met") is False)
-    print(f"{missed} target(s) MISSED" if missed else "every target met")
+    print(closing(shown))
     if write is not None:
         write.write_text(json.dumps(figures_document(rows, compact=True), indent=1) + "\n")
         print(f"wrote {write} (the docs' speed table)")

@@ -69,15 +69,25 @@ _CONTAINERS = (dict, list, tuple)
 
 def nesting_problem(value: object, limit: int = MAX_DEPTH, what: str = "value") -> str:
     """'' if ``value`` nests lists and dicts at most ``limit`` deep, else the problem
-    naming the limit; iterative, so any depth is measured without recursion."""
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, _CONTAINERS):  # a constant: `dict | list | tuple` is built per call
+    naming the limit; iterative, so any depth is measured without recursion.
+
+    Level by level: every result and every plan is checked, and a (value, depth)
+    tuple per value, as a stack of them took, cost more than the walk itself."""
+    level: list[object] = [value]
+    depth = 0
+    while level:
+        below: list[object] = []
+        for v in level:
+            if isinstance(v, dict):
+                below.extend(v.values())
+            elif isinstance(v, _CONTAINERS):  # a constant: `list | tuple` is built per call
+                below.extend(v)
+            else:
+                continue
             if depth >= limit:
                 return f"{what} is nested deeper than {limit} levels (MAX_DEPTH)"
-            items = v.values() if isinstance(v, dict) else v
-            stack.extend((x, depth + 1) for x in items)
+        level = below
+        depth += 1
     return ""
 
 

@@ -1,7 +1,10 @@
 """The orchestrator: decides the next events from the current state, and writes them first.
 
-``core`` runs the decision loop (``Orchestrator``); ``decisions`` is the pure
-step from state to events; ``runstate`` folds the log into that state;
+``core`` runs the decision loop (``Orchestrator``, in parts: ``fold``, ``intake``,
+``commit``, ``creation``, ``resume``); ``decisions`` is the pure step from state to
+events (``Decider``, in parts: ``attempts``, ``replies``, ``dispatch``,
+``planning_rounds``), the docs' "one step, from the card to the log" following a
+task through them in order; ``runstate`` folds the log into that state;
 ``plan`` checks plans; ``selection`` ranks agents; ``context`` fits a card to
 an agent's input budget; ``access`` checks agents' requests; ``memory`` keeps
 long-term memory; ``optional`` decides how a run goes on without an optional

@@ -47,6 +47,7 @@ from cardbus.eventstore.errors import InvalidPlan
 
 if TYPE_CHECKING:
     from cardbus.bus.orchestrator.decisions import Decider, Decisions
+    from cardbus.bus.orchestrator.dispatch import Dispatching
     from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 
 __all__ = [
@@ -95,7 +96,7 @@ def spec_of(created: ev.TaskCreated) -> ChildSpec:
         raise InvalidPlan(f"child spec unusable: {e}") from e
 
 
-def start(d: Decider, run: RunView, task: TaskView) -> None:
+def start(d: Dispatching, run: RunView, task: TaskView) -> None:
     """Instead of a dispatch: the next attempt starts its child run (decided, not written)."""
     attempt = task.attempt + 1
     try:
@@ -124,7 +125,7 @@ def start(d: Decider, run: RunView, task: TaskView) -> None:
 
 
 def _creation(
-    d: Decider,
+    d: Dispatching,
     run: RunView,
     task: TaskView,
     attempt: int,

@@ -24,7 +24,7 @@ from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import CardbusError, StreamNotFound, ValidationError
 
 if TYPE_CHECKING:
-    from cardbus.bus.orchestrator.decisions import Decider
+    from cardbus.bus.orchestrator.dispatch import Dispatching
     from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 
 __all__ = [
@@ -72,7 +72,7 @@ def _with_inputs(created: ev.TaskCreated, inputs: dict[str, Any]) -> ev.TaskCrea
     return msgspec.structs.replace(created, inputs={**created.inputs, **inputs})
 
 
-def holds(decider: Decider, run: RunView) -> bool:
+def holds(decider: Dispatching, run: RunView) -> bool:
     """The run is paused (in the log, or decided in this step): dispatch nothing.
 
     While the run's own stream is being written (its append in flight), a pause may be
@@ -88,7 +88,7 @@ def holds(decider: Decider, run: RunView) -> bool:
 
 
 def pause(
-    decider: Decider,
+    decider: Dispatching,
     run: RunView,
     task: TaskView,
     loop_hash: str,

@@ -22,7 +22,7 @@ from cardbus.bus.orchestrator.selection import hard_filter
 from cardbus.eventstore.states import TaskState
 
 if TYPE_CHECKING:
-    from cardbus.bus.orchestrator.decisions import Decider
+    from cardbus.bus.orchestrator.dispatch import Dispatching
     from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 
 __all__ = ["rejected_it", "unresolved_deps", "why_no_agent", "worded_refusal"]
@@ -80,7 +80,7 @@ def worded_refusal(
     return f"{reason} ({'; '.join(said[:_SHOWN])})"
 
 
-def why_no_agent(d: Decider, task: TaskView, card: TaskCard, run: RunView | None = None) -> str:
+def why_no_agent(d: Dispatching, task: TaskView, card: TaskCard, run: RunView | None = None) -> str:
     """Each agent offering the task's capability, with why it was left out (the detail of
     a ``no_capable_agent`` failure)."""
     c = task.created

@@ -239,10 +239,13 @@ class RunState:
 
     def apply(self, env: Envelope) -> bool:
         """Apply one event; False if it was already applied (idempotent)."""
-        if env.version <= self.versions.get(env.stream, 0):
+        stream, version = env.stream, env.version
+        versions = self.versions
+        if version <= versions.get(stream, 0):
             return False
-        self.versions[env.stream] = env.version
-        self.position = max(self.position, env.position)
+        versions[stream] = version
+        if env.position > self.position:  # not max(): this runs for every event
+            self.position = env.position
         self._stats.apply(env)
         self._fold(env)
         return True

@@ -442,13 +442,23 @@ class MemberLog:
         n = self.partitions
         for root in [r for r in o.state.runs if partition_of(r, n) in lost]:
             o.state.forget(root)
-            for future in o._waiters.pop(root, []):  # they wait through the log now
+        # every waiter of those partitions, its run folded here yet or not (one registered
+        # while its run's creation was still on its way, or read from the log): they wait
+        # through the log now, or here again once this member folds the partition again
+        for root in [r for r in o._waiters if partition_of(r, n) in lost]:
+            for future in o._waiters.pop(root):
                 self._hand_over(root, future)
 
     def _hand_over(self, root: str, future: asyncio.Future[RunResult]) -> None:
         async def answer() -> None:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 result = await self.wait(root, None)
+            except asyncio.CancelledError:
+                return
+            except Exception as e:  # the log cannot be read: the waiter learns why
+                if not future.done():
+                    future.set_exception(e)
+            else:
                 if not future.done():
                     future.set_result(result)
 

@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cardbus.eventstore import events as ev
 from tests.agents.openai_stub import OpenAIStub, Reply
-from tests.cli.test_tool_review_doors import _run, _until_held, reaped
-from tests.cli.test_tools_served import log_of
-
-__all__ = ["reaped"]  # the fixture that reaps every ``cardbus run`` a test started
+from tests.cli.doors import Runs, cardbus, kill9, log_of
+from tests.cli.test_tool_review_doors import assert_edited_to_450_by_ada, until_held
 
 PYDANTIC_AI = """
 from pathlib import Path
@@ -106,20 +101,9 @@ def _env(stub: OpenAIStub, folder: Path) -> dict[str, str]:
     return env | {"PAYER_MODEL_URL": stub.url, "PYTHONPATH": str(folder)}
 
 
-def _cli(folder: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cardbus.tools", *args, "--store", "log.db"],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 @pytest.mark.parametrize("framework", ["pydantic-ai", "openai-agents"])
 def test_a_framework_pause_survives_kill_9_and_resumes_after_a_cli_approval(
-    tmp_path: Path, framework: str
+    tmp_path: Path, framework: str, runs: Runs
 ) -> None:
     source = PYDANTIC_AI if framework == "pydantic-ai" else AGENTS_SDK
     (tmp_path / "payer.py").write_text(source)
@@ -130,22 +114,20 @@ def test_a_framework_pause_survives_kill_9_and_resumes_after_a_cli_approval(
             Reply(content="paid"),
         )
         env = _env(stub, tmp_path)
-        first = _run(tmp_path, env)
-        held = _until_held(tmp_path, first)
-        os.kill(first.pid, signal.SIGKILL)
-        first.wait(timeout=30)
-        assert first.returncode == -signal.SIGKILL
+        first = runs.start(tmp_path, env)
+        held = until_held(tmp_path, first)
+        kill9(first)
         assert not (tmp_path / "ran.txt").exists()  # held: the tool never ran
         assert (held.tool, held.arguments, held.text) == (
             "transfer",
             {"amount": 900},
             "Paying 900 now.",
         )
-        again = _run(tmp_path, env)  # the restart resumes the run, still held
+        again = runs.start(tmp_path, env)  # the restart resumes the run, still held
         edit = ("review", held.task_id, "edit", "--by", "ada")
-        bad = _cli(tmp_path, env, *edit, "--args", json.dumps({"amount": "lots"}))
+        bad = cardbus(tmp_path, env, *edit, "--args", json.dumps({"amount": "lots"}))
         assert bad.returncode != 0 and "amount" in bad.stdout + bad.stderr
-        said = _cli(tmp_path, env, *edit, "--args", json.dumps({"amount": 450}))
+        said = cardbus(tmp_path, env, *edit, "--args", json.dumps({"amount": 450}))
         assert said.returncode == 0, said.stdout + said.stderr
         out, _ = again.communicate(timeout=120)
         bodies = stub.bodies()
@@ -155,13 +137,8 @@ def test_a_framework_pause_survives_kill_9_and_resumes_after_a_cli_approval(
         assert len(bodies) == 2
         (tool_answer,) = [m for m in bodies[-1]["messages"] if m["role"] == "tool"]
         assert "450" in tool_answer["content"]
+    assert_edited_to_450_by_ada(tmp_path, env, held.task_id)
     events = [e.data for e in log_of(tmp_path)]
-    (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]
-    assert (answered.proposed, answered.arguments, answered.by) == (
-        {"amount": 900},
-        {"amount": 450},
-        "ada",
-    )
     (called,) = [e for e in events if isinstance(e, ev.ToolCalled)]
     assert (called.tool, called.arguments, called.result) == (
         "transfer",
@@ -172,7 +149,3 @@ def test_a_framework_pause_survives_kill_9_and_resumes_after_a_cli_approval(
     assert results[-1].status == "completed"
     if framework == "pydantic-ai":  # the model saw the tool's answer
         assert "450" in json.dumps(results[-1].output)
-    replay = _cli(tmp_path, env, "replay", held.task_id)
-    assert replay.returncode == 0, replay.stderr
-    (line,) = [ln for ln in replay.stdout.splitlines() if "review: edit by" in ln]
-    assert '{"amount": 900}' in line and '{"amount": 450}' in line and "ada" in line

@@ -6,20 +6,18 @@ actor is the caller."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("mcp")
-from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from cardbus.agents.demo import Payer
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.tools.mcp_server import local_actor
-from tests.cli.test_mcp_serve import _env, call
+from tests.cli.test_mcp_serve import call, stdio_session
 
 
 async def _asked(db: Path) -> tuple[str, str]:
@@ -42,32 +40,21 @@ async def _asked(db: Path) -> tuple[str, str]:
 async def test_waiting_shows_the_question_and_answer_question_answers_it(tmp_path: Path) -> None:
     db = tmp_path / "mcp.db"
     root, q_task = await _asked(db)
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "cardbus.tools", "mcp", "serve", "--store", str(db)],
-        env=_env(),
-        cwd=str(tmp_path),
-    )
-    with (tmp_path / "stderr.log").open("w") as errlog:
-        async with (
-            stdio_client(params, errlog=errlog) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            (row,) = (await call(session, "waiting"))["waiting"]
-            assert row["task_id"] == q_task and row["answers"] == ["answer", "deny"]
-            schema = row["question"]["schema"]
-            assert schema["properties"]["currency"]["enum"] == ["EUR", "USD"]
-            bad = await session.call_tool(
-                "answer_question", {"task": root, "answer": {"amount": "lots", "currency": "EUR"}}
-            )
-            text = "".join(getattr(c, "text", "") for c in bad.content)
-            assert bad.is_error and "'amount'" in text, text
-            assert [r["task_id"] for r in (await call(session, "waiting"))["waiting"]] == [q_task]
-            ok = await call(
-                session, "answer_question", task=root, answer={"amount": 8, "currency": "USD"}
-            )
-            assert ok["by"] == local_actor() and ok["task_id"] == q_task
+    async with stdio_session(tmp_path, db) as session:
+        (row,) = (await call(session, "waiting"))["waiting"]
+        assert row["task_id"] == q_task and row["answers"] == ["answer", "deny"]
+        schema = row["question"]["schema"]
+        assert schema["properties"]["currency"]["enum"] == ["EUR", "USD"]
+        bad = await session.call_tool(
+            "answer_question", {"task": root, "answer": {"amount": "lots", "currency": "EUR"}}
+        )
+        text = "".join(getattr(c, "text", "") for c in bad.content)
+        assert bad.is_error and "'amount'" in text, text
+        assert [r["task_id"] for r in (await call(session, "waiting"))["waiting"]] == [q_task]
+        ok = await call(
+            session, "answer_question", task=root, answer={"amount": 8, "currency": "USD"}
+        )
+        assert ok["by"] == local_actor() and ok["task_id"] == q_task
     async with await SqliteEventStore.open(db) as store:
         events = await store.read_stream(q_task)
     (answered,) = [e for e in events if isinstance(e.data, ev.QuestionAnswered)]

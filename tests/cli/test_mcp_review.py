@@ -5,7 +5,6 @@ the tool's schema is refused naming the field, and the answer's actor is the cal
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import msgspec
 import pytest
 
 pytest.importorskip("mcp")
-from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from cardbus import Agent, AgentConstraints, Capability
 from cardbus.agents.tools import Tool, ToolRegistry
@@ -21,7 +19,7 @@ from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.tools.mcp_server import local_actor
-from tests.cli.test_mcp_serve import _env, call
+from tests.cli.test_mcp_serve import call, stdio_session
 
 
 class Order(msgspec.Struct):
@@ -67,32 +65,19 @@ async def _held(db: Path) -> str:
 async def test_waiting_shows_the_held_call_and_review_answers_it(tmp_path: Path) -> None:
     db = tmp_path / "mcp.db"
     task_id = await _held(db)
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "cardbus.tools", "mcp", "serve", "--store", str(db)],
-        env=_env(),
-        cwd=str(tmp_path),
-    )
-    with (tmp_path / "stderr.log").open("w") as errlog:
-        async with (
-            stdio_client(params, errlog=errlog) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            (row,) = (await call(session, "waiting"))["waiting"]
-            assert row["task_id"] == task_id
-            assert [(r["tool"], r["arguments"]) for r in row["reviews"]] == [
-                ("transfer", {"amount": 900})
-            ]
-            bad = await session.call_tool(
-                "review", {"task": task_id, "decision": "edit", "arguments": {"amount": "lots"}}
-            )
-            text = "".join(getattr(c, "text", "") for c in bad.content)
-            assert bad.is_error and "amount" in text, text
-            ok = await call(
-                session, "review", task=task_id, decision="edit", arguments={"amount": 450}
-            )
-            assert ok["by"] == local_actor()
+    async with stdio_session(tmp_path, db) as session:
+        (row,) = (await call(session, "waiting"))["waiting"]
+        assert row["task_id"] == task_id
+        assert [(r["tool"], r["arguments"]) for r in row["reviews"]] == [
+            ("transfer", {"amount": 900})
+        ]
+        bad = await session.call_tool(
+            "review", {"task": task_id, "decision": "edit", "arguments": {"amount": "lots"}}
+        )
+        text = "".join(getattr(c, "text", "") for c in bad.content)
+        assert bad.is_error and "amount" in text, text
+        ok = await call(session, "review", task=task_id, decision="edit", arguments={"amount": 450})
+        assert ok["by"] == local_actor()
     async with await SqliteEventStore.open(db) as store:
         events = [e.data for e in await store.read_stream(task_id)]
     (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]

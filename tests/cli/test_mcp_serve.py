@@ -61,6 +61,28 @@ def gated_plan(*ids: str) -> dict[str, Any]:
     }
 
 
+@asynccontextmanager
+async def stdio_session(
+    folder: Path, db: Path, initialize: bool = True
+) -> AsyncIterator[ClientSession]:
+    """A client of ``cardbus mcp serve --store DB`` over stdio, run in ``folder`` (its
+    stderr in ``folder/stderr.log``); initialized unless told not to."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "cardbus.tools", "mcp", "serve", "--store", str(db)],
+        env=_env(),
+        cwd=str(folder),
+    )
+    with (folder / "stderr.log").open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            if initialize:
+                await session.initialize()
+            yield session
+
+
 async def call(session: ClientSession, tool: str, **args: Any) -> Any:
     result = await session.call_tool(tool, args)
     text = "".join(getattr(c, "text", "") for c in result.content)
@@ -163,18 +185,8 @@ async def assert_signed(db: Path, ids: dict[str, str], actor: str) -> None:
 
 async def test_stdio_client_runs_and_answers_as_the_local_user(tmp_path: Path) -> None:
     db = tmp_path / "mcp.db"
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "cardbus.tools", "mcp", "serve", "--store", str(db)],
-        env=_env(),
-        cwd=str(tmp_path),
-    )
-    with (tmp_path / "stderr.log").open("w") as errlog:
-        async with (
-            stdio_client(params, errlog=errlog) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            ids = await drive(session)
+    async with stdio_session(tmp_path, db, initialize=False) as session:
+        ids = await drive(session)  # it initializes the session
     await assert_signed(db, ids, local_actor())
 
 

@@ -19,19 +19,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
-from tests.cli.test_tools_served import ROOT, log_of
-from tests.cli.test_ui import CHROMIUM_ARGS, Server, _chromium, _off_loop
+from tests.cli.chromium import open_page
+from tests.cli.doors import ROOT, Runs, cardbus, kill9, log_of, wait_in_log
+from tests.cli.test_ui import Server, _off_loop
 
 PLAN = {
     "plan_id": "pay-ada",
@@ -39,86 +36,60 @@ PLAN = {
     "agents": ["cardbus.agents.demo:Payer"],
     "tasks": [{"id": "pay", "capability": "pay", "inputs": {"payee": "Ada"}}],
 }
-STARTED: list[subprocess.Popen[str]] = []
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_BASE_URL": "", "CARDBUS_MODEL": ""}
 
 
-@pytest.fixture(autouse=True)
-def reaped() -> Iterator[None]:
-    yield
-    while STARTED:
-        proc = STARTED.pop()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
-
-
-def _cardbus(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cardbus.tools", *args, "--store", "log.db"],
-        cwd=folder,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def _run(folder: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "cardbus.tools", "run", "plan.json", "--store", "log.db"]
-    proc = subprocess.Popen(
-        [*cmd, "--timeout", "120"],
-        cwd=folder,
-        env=ENV,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    STARTED.append(proc)
-    return proc
-
-
-def _asked(folder: Path, proc: subprocess.Popen[str]) -> tuple[str, str]:
+def _question(events: list[Envelope]) -> tuple[str, str] | None:
     """(root, question task) once the log says the question waits."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[0]
-        if (folder / "log.db").exists():
-            for e in log_of(folder):
-                if isinstance(e.data, ev.ApprovalRequested) and e.data.reason == "question":
-                    return e.correlation_id, e.stream
-        time.sleep(0.05)
-    raise AssertionError("no question asked within 60 s")
+    for e in events:
+        if isinstance(e.data, ev.ApprovalRequested) and e.data.reason == "question":
+            return e.correlation_id, e.stream
+    return None
 
 
-def test_killed_while_asking_then_answered_from_the_command_line(tmp_path: Path) -> None:
+def _escalated(events: list[Envelope]) -> Envelope | None:
+    return next((e for e in events if isinstance(e.data, ev.WaitExpired)), None)
+
+
+def _asked(folder: Path, proc: Any) -> tuple[str, str]:
+    return wait_in_log(folder, proc, _question, "a question asked")
+
+
+def test_killed_while_asking_then_answered_from_the_command_line(
+    tmp_path: Path, runs: Runs
+) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    first = _run(tmp_path)
+    first = runs.start(tmp_path, ENV)
     root, q_task = _asked(tmp_path, first)
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=30)
+    kill9(first)
 
-    shown = _cardbus(tmp_path, "answer", root)
+    shown = cardbus(tmp_path, ENV, "answer", root)
     assert shown.returncode == 0, shown.stderr
     assert "How much should Ada be paid, in which currency?" in shown.stdout
     assert "amount: number, currency: EUR|USD" in shown.stdout
 
-    bad = _cardbus(tmp_path, "answer", root, '{"amount": "lots", "currency": "EUR"}')
+    bad = cardbus(tmp_path, ENV, "answer", root, '{"amount": "lots", "currency": "EUR"}')
     assert bad.returncode == 1, bad.stdout
     assert "'amount'" in bad.stderr and "not of type 'number'" in bad.stderr, bad.stderr
-    listed = json.loads(_cardbus(tmp_path, "answer", root, "--json").stdout)
+    listed = json.loads(cardbus(tmp_path, ENV, "answer", root, "--json").stdout)
     assert [q["task_id"] for q in listed["questions"]] == [q_task]  # still open
 
-    good = _cardbus(
-        tmp_path, "answer", root, "--json", '{"amount": 12.5, "currency": "USD"}', "--by", "ada"
+    good = cardbus(
+        tmp_path,
+        ENV,
+        "answer",
+        root,
+        "--json",
+        '{"amount": 12.5, "currency": "USD"}',
+        "--by",
+        "ada",
     )
     assert good.returncode == 0, good.stderr
     said = json.loads(good.stdout)
     assert said["task_id"] == q_task and said["by"] == "ada"
     assert said["answer"] == {"amount": 12.5, "currency": "USD"}
 
-    again = _run(tmp_path)  # the same command resumes the run: the answer is in the log
+    again = runs.start(tmp_path, ENV)  # the same command resumes the run: the answer is in the log
     out, _ = again.communicate(timeout=120)
     assert again.returncode == 0, out
     events = log_of(tmp_path)
@@ -129,7 +100,7 @@ def test_killed_while_asking_then_answered_from_the_command_line(tmp_path: Path)
     (answered,) = [e for e in events if isinstance(e.data, ev.QuestionAnswered)]
     assert (answered.actor, answered.data.door) == ("ada", "cli")
 
-    replay = _cardbus(tmp_path, "replay", root)
+    replay = cardbus(tmp_path, ENV, "replay", root)
     assert replay.returncode == 0, replay.stderr
     lines = replay.stdout.splitlines()
     assert any("question to a person: How much should Ada be paid" in ln for ln in lines)
@@ -142,19 +113,6 @@ def _events(folder: Path) -> list[Any]:
     return list(_off_loop(lambda: asyncio.to_thread(log_of, folder)))
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    path = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 @pytest.mark.timeout(300)
 def test_answered_from_the_console_page_in_chromium(tmp_path: Path, browser: Any) -> None:
     token = "s3cret"
@@ -164,10 +122,7 @@ def test_answered_from_the_console_page_in_chromium(tmp_path: Path, browser: Any
     server = Server(db, env=env, token=token, args=args)
     try:
         server.wait_ready(token)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        page, errors = open_page(browser, wide=True, timeout_ms=60_000)
         page.goto(f"{server.url}?token={token}")
         page.wait_for_selector("#start-run[data-enabled='yes']")
         page.fill("#plan-text", json.dumps(PLAN))
@@ -205,23 +160,21 @@ def test_answered_from_the_console_page_in_chromium(tmp_path: Path, browser: Any
     assert done is not None
 
 
-def test_an_escalated_question_refuses_others_on_the_command_line(tmp_path: Path) -> None:
+def test_an_escalated_question_refuses_others_on_the_command_line(
+    tmp_path: Path, runs: Runs
+) -> None:
     # a deadline (waits, kind question) escalates it to bea: ada is refused, bea answers
     policy = {"deadline_s": 1, "then": [{"action": "escalate", "to": ["bea"]}]}
     (tmp_path / "plan.json").write_text(json.dumps({**PLAN, "waits": {"question": policy}}))
-    proc = _run(tmp_path)
+    proc = runs.start(tmp_path, ENV)
     root, q_task = _asked(tmp_path, proc)
-    deadline = time.monotonic() + 60
-    while not any(isinstance(e.data, ev.WaitExpired) for e in log_of(tmp_path)):
-        assert time.monotonic() < deadline, "no escalation within 60 s"
-        assert proc.poll() is None, proc.communicate()[0]
-        time.sleep(0.05)
+    wait_in_log(tmp_path, proc, _escalated, "the question escalated")
     answer = '{"amount": 3, "currency": "EUR"}'
-    refused = _cardbus(tmp_path, "answer", root, answer, "--by", "ada")
+    refused = cardbus(tmp_path, ENV, "answer", root, answer, "--by", "ada")
     assert refused.returncode == 1, refused.stdout
     assert "NotAnApprover" in refused.stderr or "'ada' may not answer" in refused.stderr
     assert "bea" in refused.stderr, refused.stderr
-    took = _cardbus(tmp_path, "answer", root, answer, "--by", "bea")
+    took = cardbus(tmp_path, ENV, "answer", root, answer, "--by", "bea")
     assert took.returncode == 0, took.stderr
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out

@@ -7,9 +7,7 @@ elsewhere.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,20 +17,11 @@ from lifecycle_log import RunIds
 
 from cardbus.projections.replay_html import COLOURS, OUTCOMES, STATUSES
 from cardbus.tools.cli import cli
+from tests.cli.chromium import chromium_path
 
 
 def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    message = (
-        "headless Chromium is needed to check the replay HTML: install the Debian package"
-        " 'chromium' (apt-get install -y chromium; .ci/run does it)"
-    )
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    return chromium_path("check the replay HTML")
 
 
 def render(html_file: Path, profile: Path) -> str:

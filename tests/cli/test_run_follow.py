@@ -66,22 +66,26 @@ def _answered(db: Path) -> list[ev.ModelAnswered]:
     return asyncio.run(go())
 
 
+def _command(
+    folder: Path, plan_id: str, stub: OpenAIStub, *flags: str
+) -> tuple[list[str], dict[str, str]]:
+    """``cardbus run`` of the writer's plan on ``folder``'s log.db with ``flags``, and its
+    environment: the agents' module on the path, the stub as the model."""
+    plan_file = folder / "plan.json"
+    plan_file.write_text(json.dumps(write_plan(plan_id)))
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "OPENAI_BASE_URL": stub.url}
+    env["CARDBUS_MODEL"] = "stub-model"
+    cmd = [sys.executable, "-m", "cardbus.tools", "run", str(plan_file), *flags]
+    return [*cmd, "--store", str(folder / "log.db")], env
+
+
 @pytest.mark.timeout(120)
 def test_follow_prints_the_text_while_the_model_writes_it(tmp_path: Path) -> None:
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(write_plan("follow-1")))
     db = tmp_path / "log.db"
     gate = threading.Event()
     with OpenAIStub() as stub:
         stub.script(Reply(content=ANSWER, chunks=PIECES, gate=gate, gate_after=5))
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(TESTS),
-            "OPENAI_BASE_URL": stub.url,
-            "CARDBUS_MODEL": "stub-model",
-        }
-        cmd = [sys.executable, "-m", "cardbus.tools", "run", str(plan_file), "--follow"]
-        cmd += ["--store", str(db)]
+        cmd, env = _command(tmp_path, "follow-1", stub, "--follow")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         out = Output(proc)
         try:
@@ -96,24 +100,20 @@ def test_follow_prints_the_text_while_the_model_writes_it(tmp_path: Path) -> Non
     text = out.text()
     assert code == 0, text
     # the whole answer was printed, in order, on its line (a step logged meanwhile, as the
-    # task's "running", goes on a line of its own between two parts), then the step that
-    # logged it, then the end
+    # task's "running", goes on a line of its own between two parts), after the step that
+    # says the model was asked and before the one that logged the answer, then the end
     written = [line.split(" writes: ", 1)[1] for line in text.splitlines() if " writes: " in line]
     assert "".join(written) == ANSWER
-    assert text.index("writes: ") < text.index("the model answered") < text.index("completed")
+    asked, writes = text.index("asks its model"), text.index("writes: ")
+    assert asked < writes < text.index("the model answered") < text.index("completed")
     assert len(_answered(db)) == 1
 
 
 @pytest.mark.timeout(120)
 def test_without_follow_nothing_is_streamed_to_the_terminal(tmp_path: Path) -> None:
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(write_plan("quiet-1")))
     with OpenAIStub() as stub:
         stub.script(Reply(content=ANSWER, chunks=PIECES))
-        env = {**os.environ, "PYTHONPATH": str(TESTS), "OPENAI_BASE_URL": stub.url}
-        env["CARDBUS_MODEL"] = "stub-model"
-        cmd = [sys.executable, "-m", "cardbus.tools", "run", str(plan_file)]
-        cmd += ["--store", str(tmp_path / "log.db")]
+        cmd, env = _command(tmp_path, "quiet-1", stub)
         done = subprocess.run(cmd, capture_output=True, env=env, timeout=100)
         assert stub.streamed == 1  # the provider streamed; nobody watched
     text = done.stdout.decode()
@@ -125,8 +125,6 @@ def test_without_follow_nothing_is_streamed_to_the_terminal(tmp_path: Path) -> N
 def test_a_crash_in_the_middle_of_a_stream_sends_the_call_again_on_resume(
     tmp_path: Path,
 ) -> None:
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(write_plan("crash-1")))
     db = tmp_path / "log.db"
     gate = threading.Event()
     with OpenAIStub() as stub:
@@ -136,14 +134,7 @@ def test_a_crash_in_the_middle_of_a_stream_sends_the_call_again_on_resume(
             Reply(content=ANSWER, chunks=PIECES, gate=gate, gate_after=5),
             Reply(content=ANSWER, chunks=PIECES),
         )
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(TESTS),
-            "OPENAI_BASE_URL": stub.url,
-            "CARDBUS_MODEL": "stub-model",
-        }
-        cmd = [sys.executable, "-m", "cardbus.tools", "run", str(plan_file), "--follow"]
-        cmd += ["--store", str(db)]
+        cmd, env = _command(tmp_path, "crash-1", stub, "--follow")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         out = Output(proc)
         try:

@@ -13,23 +13,20 @@ answers a refusal the same way, and the model gets the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
 from tests.agents.openai_stub import OpenAIStub, Reply
-from tests.cli.test_tools_served import ROOT, log_of
+from tests.cli.doors import ROOT, Runs, cardbus, kill9, log_of, wait_in_log
 from tests.cli.test_ui import Server
 
 PAYER = """
@@ -93,50 +90,19 @@ def _env(stub: OpenAIStub, folder: Path) -> dict[str, str]:
     return env
 
 
-STARTED: list[subprocess.Popen[str]] = []  # reaped by ``reaped`` whatever the test does
+def _held(events: list[Envelope]) -> ev.ToolReviewRequested | None:
+    """The held call, once the log says so (and that the task asked a person)."""
+    asked = [e.data for e in events if isinstance(e.data, ev.ApprovalRequested)]
+    held = [e.data for e in events if isinstance(e.data, ev.ToolReviewRequested)]
+    if asked and held:
+        assert asked[0].reason == "tool_review"
+        return held[0]
+    return None
 
 
-def _run(folder: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "cardbus.tools", "run", "plan.json", "--store", "log.db"]
-    proc = subprocess.Popen(
-        [*cmd, "--timeout", "120"],
-        cwd=folder,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    STARTED.append(proc)
-    return proc
-
-
-@pytest.fixture(autouse=True)
-def reaped() -> Iterator[None]:
-    """Every ``cardbus run`` a test started is killed and waited for when the test ends
-    (a failed assertion included): none is left holding a pipe after the suite."""
-    yield
-    while STARTED:
-        proc = STARTED.pop()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
-
-
-def _until_held(folder: Path, proc: subprocess.Popen[str]) -> ev.ToolReviewRequested:
+def until_held(folder: Path, proc: subprocess.Popen[str]) -> ev.ToolReviewRequested:
     """Wait for the log to say the call is held (the task asked a person)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[0]
-        if (folder / "log.db").exists():
-            events = [e.data for e in log_of(folder)]
-            asked = [e for e in events if isinstance(e, ev.ApprovalRequested)]
-            held = [e for e in events if isinstance(e, ev.ToolReviewRequested)]
-            if asked and held:
-                assert asked[0].reason == "tool_review"
-                return held[0]
-        time.sleep(0.05)
-    raise AssertionError("the call was not held within 60 s")
+    return wait_in_log(folder, proc, _held, "the call held")
 
 
 def _post(url: str, body: dict[str, Any], token: str) -> tuple[int, dict[str, Any]]:
@@ -153,24 +119,48 @@ def _post(url: str, body: dict[str, Any], token: str) -> tuple[int, dict[str, An
         return e.code, json.loads(e.read())
 
 
-def _held_then_killed(folder: Path, env: dict[str, str]) -> ev.ToolReviewRequested:
+def _held_then_killed(folder: Path, env: dict[str, str], runs: Runs) -> ev.ToolReviewRequested:
     (folder / "payer.py").write_text(PAYER)
     (folder / "plan.json").write_text(json.dumps(PLAN))
-    first = _run(folder, env)
-    held = _until_held(folder, first)
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=30)
+    first = runs.start(folder, env)
+    held = until_held(folder, first)
+    kill9(first)
     assert not (folder / "ran.txt").exists()  # held: the tool never ran
     return held
 
 
-def test_killed_while_held_then_approved_with_an_edit_from_the_console(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _paused(
+    folder: Path, runs: Runs
+) -> Iterator[tuple[OpenAIStub, dict[str, str], ev.ToolReviewRequested]]:
+    """The stub scripted, the run held on its 900 transfer and killed: (stub, env, held)."""
     with OpenAIStub() as stub:
         _script(stub)
-        env = _env(stub, tmp_path)
-        held = _held_then_killed(tmp_path, env)
+        env = _env(stub, folder)
+        yield stub, env, _held_then_killed(folder, env, runs)
+
+
+def assert_edited_to_450_by_ada(folder: Path, env: dict[str, str], task_id: str) -> None:
+    """The log and ``cardbus replay`` say: 900 proposed, 450 approved, by ada."""
+    events = [e.data for e in log_of(folder)]
+    (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]
+    assert (answered.proposed, answered.arguments, answered.by) == (
+        {"amount": 900},
+        {"amount": 450},
+        "ada",
+    )
+    replay = cardbus(folder, env, "replay", task_id)
+    assert replay.returncode == 0, replay.stderr
+    (line,) = [ln for ln in replay.stdout.splitlines() if "review: edit by" in ln]
+    assert '{"amount": 900}' in line and '{"amount": 450}' in line and "ada" in line
+
+
+def test_killed_while_held_then_approved_with_an_edit_from_the_console(
+    tmp_path: Path, runs: Runs
+) -> None:
+    with _paused(tmp_path, runs) as (stub, env, held):
         assert (held.arguments, held.text) == ({"amount": 900}, "Paying 900 now.")
-        again = _run(tmp_path, env)  # the restart resumes the run, still held
+        again = runs.start(tmp_path, env)  # the restart resumes the run, still held
         console = Server(tmp_path / "log.db", token="s3cret", args=("--token-name", "ada"))
         try:
             console.wait_ready("s3cret")
@@ -189,41 +179,16 @@ def test_killed_while_held_then_approved_with_an_edit_from_the_console(tmp_path:
     assert (tmp_path / "ran.txt").read_text() == "450.0\n"  # once, with the edited amount
     tool_answers = [m for m in bodies[-1]["messages"] if m["role"] == "tool"]
     assert [json.loads(m["content"]) for m in tool_answers] == [{"sent": 450.0}]
-    events = [e.data for e in log_of(tmp_path)]
-    (answered,) = [e for e in events if isinstance(e, ev.ToolReviewAnswered)]
-    assert (answered.proposed, answered.arguments, answered.by) == (
-        {"amount": 900},
-        {"amount": 450},
-        "ada",
-    )
-    replay = subprocess.run(
-        [sys.executable, "-m", "cardbus.tools", "replay", held.task_id, "--store", "log.db"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert replay.returncode == 0, replay.stderr
-    (line,) = [ln for ln in replay.stdout.splitlines() if "review: edit by" in ln]
-    assert '{"amount": 900}' in line and '{"amount": 450}' in line and "ada" in line
+    assert_edited_to_450_by_ada(tmp_path, env, held.task_id)
 
 
-def test_refused_from_the_command_line_the_model_gets_the_reason(tmp_path: Path) -> None:
-    with OpenAIStub() as stub:
-        _script(stub)
-        env = _env(stub, tmp_path)
-        held = _held_then_killed(tmp_path, env)
-        again = _run(tmp_path, env)
-        refuse = [sys.executable, "-m", "cardbus.tools", "review", held.task_id, "refuse"]
-        said = subprocess.run(
-            [*refuse, "--reason", "over the daily limit", "--by", "bo", "--store", "log.db"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+def test_refused_from_the_command_line_the_model_gets_the_reason(
+    tmp_path: Path, runs: Runs
+) -> None:
+    with _paused(tmp_path, runs) as (stub, env, held):
+        again = runs.start(tmp_path, env)
+        refuse = ("review", held.task_id, "refuse", "--reason", "over the daily limit")
+        said = cardbus(tmp_path, env, *refuse, "--by", "bo")
         assert said.returncode == 0, said.stdout + said.stderr
         out, _ = again.communicate(timeout=120)
         bodies = stub.bodies()

@@ -8,7 +8,6 @@ the run's SQLite log.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -21,10 +20,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cardbus.eventstore import Envelope, SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.tools.cli import cli
 from tests.agents.openai_stub import OpenAIStub, Reply
+from tests.cli.doors import log_of
 from tests.mcpservers import SCRIPT as MCP_SCRIPT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,17 +45,6 @@ def cardbus_run(
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "cardbus.tools", "run", "plan.json", "--store", "log.db"]
     return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
-
-
-def log_of(folder: Path) -> list[Envelope]:
-    async def read() -> list[Envelope]:
-        store = await SqliteEventStore.open(folder / "log.db")
-        try:
-            return await store.read_all(0, 10_000)
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
 
 
 def test_the_tutorials_explainer_calls_its_tool_under_cardbus_run(tmp_path: Path) -> None:

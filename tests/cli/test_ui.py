@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,32 +31,6 @@ from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.tools.cli import cli
-
-os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-dev-shm-usage",
-]
-
-
-def _chromium() -> str:
-    for path in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
-        if path and os.path.exists(path):
-            return path
-    message = (
-        "headless Chromium is needed to test the web console: install the Debian package"
-        " 'chromium' (apt-get install -y chromium; .ci/run does it)"
-    )
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def _free_port() -> int:
@@ -121,17 +94,6 @@ class Server:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "ui.db"
-
-    async def create() -> None:
-        await (await SqliteEventStore.open(path)).close()
-
-    asyncio.run(create())
-    return path
-
-
-@pytest.fixture
 def server(db: Path) -> Iterator[Server]:
     s = Server(db)
     try:
@@ -139,24 +101,6 @@ def server(db: Path) -> Iterator[Server]:
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture
-def page(server: Server) -> Iterator[Any]:
-    path = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            pg = browser.new_page()
-            pg.set_default_timeout(30_000)
-            errors: list[str] = []
-            pg.on("pageerror", lambda e: errors.append(str(e)))
-            yield pg
-            assert errors == [], errors  # no script error on the page
-        finally:
-            browser.close()
 
 
 class Background:

@@ -14,18 +14,17 @@ enable them.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ui import CHROMIUM_ARGS, Server, _chromium, _off_loop
+from test_ui import Server, _off_loop
 from ui_agents import count_plan
 
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
+from tests.cli.chromium import open_page
 
 TOKEN = "s3cret"
 HERE = Path(__file__).resolve().parent
@@ -40,30 +39,6 @@ AGENTS = (
 )
 # the agents' module is found on the path; no model endpoint: the demo agents' mock
 ENV = {"PYTHONPATH": str(HERE), "OPENAI_BASE_URL": "", "CARDBUS_MODEL": ""}
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "actions.db"
-
-    async def create() -> None:
-        await (await SqliteEventStore.open(path)).close()
-
-    asyncio.run(create())
-    return path
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    path = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _read(db: Path, fn: Any) -> Any:
@@ -140,10 +115,7 @@ def test_start_fork_and_rerun_from_the_page(db: Path, browser: Any, tmp_path: Pa
     server = Server(db, env=ENV, token=TOKEN, args=("--token-name", "ops", *agents))
     try:
         server.wait_ready(TOKEN)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        page, errors = open_page(browser, wide=True, timeout_ms=60_000)
         page.goto(f"{server.url}?token={TOKEN}")
         page.wait_for_selector("body[data-view='runs'] #start-run[data-enabled='yes']")
         page.fill("#operator", "ops-tester")

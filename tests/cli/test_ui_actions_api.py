@@ -38,17 +38,6 @@ BOB = {"Authorization": "Bearer b0b-token"}  # the token named "bob"
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "actions.db"
-
-    async def create() -> None:
-        await (await SqliteEventStore.open(path)).close()
-
-    asyncio.run(create())
-    return path
-
-
-@pytest.fixture
 def client(db: Path) -> Iterator[TestClient]:
     app = create_app(str(db), tokens={TOKEN: "ops", "b0b-token": "bob"}, agents=[Counter, Summer])
     with TestClient(app, base_url="http://127.0.0.1") as c:

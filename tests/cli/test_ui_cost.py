@@ -11,13 +11,12 @@ Without the table the model has no price: null USD and "unknown price", never $0
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from journal_log import JournalRuns, write_journal_runs
-from test_ui import CHROMIUM_ARGS, Server, _chromium
+from test_ui import Server
 
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.sqlite import SqliteEventStore
@@ -132,24 +131,6 @@ def test_the_diff_api_asks_for_the_token(logged: tuple[JournalRuns, Path]) -> No
         q = {"a": runs.retry_root, "b": runs.retry_root}
         assert c.get("/api/diff", params=q).status_code == 401
         assert c.get("/api/diff", params={**q, "token": "s3cret"}).status_code == 200
-
-
-@pytest.fixture
-def page() -> Iterator[Any]:
-    path = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            pg = browser.new_page()
-            pg.set_default_timeout(30_000)
-            errors: list[str] = []
-            pg.on("pageerror", lambda e: errors.append(str(e)))
-            yield pg
-            assert errors == [], errors
-        finally:
-            browser.close()
 
 
 @pytest.mark.timeout(180)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from journal_log import JournalRuns, write_journal_runs
-from test_ui import CHROMIUM_ARGS, Server, _chromium
+from test_ui import Server
 
 
 @pytest.fixture(scope="module")
@@ -29,24 +29,6 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[JournalRu
         yield runs, server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def page() -> Iterator[Any]:
-    path = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            pg = browser.new_page()
-            pg.set_default_timeout(30_000)
-            errors: list[str] = []
-            pg.on("pageerror", lambda e: errors.append(str(e)))
-            yield pg
-            assert errors == [], errors
-        finally:
-            browser.close()
 
 
 def _rows(page: Any) -> list[dict[str, str]]:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from lifecycle_log import RunIds, write_run
-from test_ui import CHROMIUM_ARGS, Background, Server, _chromium
+from test_ui import Background, Server
 
 from cardbus.agents.demo import DEMO_AGENTS, report_plan
 from cardbus.bus.http_guard import local_identity
@@ -33,6 +33,7 @@ from cardbus.eventstore import NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.store import Append
 from cardbus.tools.cli import cli
+from tests.cli.chromium import open_page
 
 BIG = "big-run"
 LIVE = "live-run"
@@ -140,19 +141,6 @@ async def _write_log(db: Path) -> RunIds:
         await store.close()
 
 
-@pytest.fixture
-def browser() -> Any:
-    path = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 def _open(page: Any, hash_: str) -> float:
     """Go to ``hash_`` and wait for the view to be drawn; the time it took in the page (ms)."""
     return float(
@@ -229,10 +217,7 @@ def test_operator_console_at_scale(
     server = Server(db)
     try:
         server.wait_ready()
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        page, errors = open_page(browser, wide=True, timeout_ms=60_000)
         page.goto(server.url)
         page.wait_for_selector("body[data-view='runs'] #runs-count[data-total='303']")
         assert page.locator("#runs tbody tr").count() == 50  # paged: 50 of 303

@@ -6,15 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from test_ui import Background, Server, db, page, server  # noqa: F401  (fixtures)
+from test_ui import Background, Server, server  # noqa: F401  (a fixture)
 
 from tests.e2e.optional_crash import Search, Write, plan
 
 
 def test_a_degraded_run_is_named_in_the_list_and_on_its_page(
     server: Server,  # noqa: F811
-    page: Any,  # noqa: F811
-    db: Path,  # noqa: F811
+    page: Any,
+    db: Path,
 ) -> None:
     page.goto(server.url)
     page.wait_for_selector("body[data-live='yes'][data-view='runs']")

@@ -19,16 +19,17 @@ from typing import Any
 
 import pytest
 from test_ui import Server
-from test_ui_actions import TOKEN, _read, _run_ends, browser, db  # noqa: F401 (fixtures)
+from test_ui_actions import TOKEN, _read, _run_ends
 
 from cardbus.eventstore import events as ev
 from tests.agents.openai_stub import OpenAIStub, Reply
+from tests.cli.chromium import open_page
 from tests.streaming_agents import ANSWER, PIECES, write_plan
 
 TESTS = Path(__file__).resolve().parent.parent
 
 
-def _answered(db: Path) -> int:  # noqa: F811
+def _answered(db: Path) -> int:
     async def fn(store: Any) -> int:
         events = await store.read_all(0, 100_000)
         return sum(isinstance(e.data, ev.ModelAnswered) for e in events)
@@ -37,7 +38,7 @@ def _answered(db: Path) -> int:  # noqa: F811
 
 
 @pytest.mark.timeout(300)
-def test_the_page_shows_the_first_piece_while_the_call_streams(db: Path, browser: Any) -> None:  # noqa: F811
+def test_the_page_shows_the_first_piece_while_the_call_streams(db: Path, browser: Any) -> None:
     opened, gate = threading.Event(), threading.Event()  # before the first piece, the second
     with OpenAIStub() as stub:
         stub.script(Reply(content=ANSWER, chunks=PIECES, gates={0: opened, 1: gate}))
@@ -50,10 +51,7 @@ def test_the_page_shows_the_first_piece_while_the_call_streams(db: Path, browser
         server = Server(db, env=env, token=TOKEN, args=args)
         try:
             server.wait_ready(TOKEN)
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.set_default_timeout(60_000)
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
+            page, errors = open_page(browser, wide=True, timeout_ms=60_000)
             page.goto(f"{server.url}?token={TOKEN}")
             page.wait_for_selector("#start-run[data-enabled='yes']")
             page.fill("#plan-text", json.dumps(write_plan("ui-stream-1")))

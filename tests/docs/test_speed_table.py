@@ -66,11 +66,15 @@ def test_make_bench_writes_the_figures_the_page_renders(tmp_path: Path) -> None:
         out
     )
     assert f"with {os.cpu_count()} CPUs" in page and doc["measured_from"] in page
+    load = [f"{r['load']:.1f}" for r in doc["rows"]]  # when each was measured
     assert (
         "| replay | task table rebuild | 214,406 events/s | >= 30% raw scan | met"
-        " | 0.37x raw scan |" in page
+        f" | 0.37x raw scan | {load[0]} |" in page
     )
-    assert "| nats | events/s in the log | 2,949 events/s | >= 30% raw | MISSED |  |" in page
+    assert (
+        f"| nats | events/s in the log | 2,949 events/s | >= 30% raw | MISSED |  | {load[1]} |"
+        in page
+    )
     assert "1 target(s) MISSED." in page and "LangGraph" not in page
 
 
@@ -91,3 +95,81 @@ def test_make_bench_ends_by_saving_the_docs_figures() -> None:
     )
     last = [line for line in proc.stdout.splitlines() if "summary.py" in line]
     assert last and last[-1].endswith(f"--write {FIGURES.relative_to(REPO)}"), last
+
+
+def _row(bench: str, figure: str, value: float, met: bool | None, **more: object) -> dict:
+    return {"bench": bench, "figure": figure, "value": value, "unit": "ms", "met": met} | more
+
+
+def test_the_table_gives_each_figure_its_target_verdict_peer_and_load() -> None:
+    summary = _load("_bench_summary_table", REPO / "bench" / "summary.py")
+    rows = [
+        _row(
+            "agent latency",
+            "added per step p50, cardbus, 1 in flight",
+            3.5,
+            False,
+            target="<= LangGraph's",
+            ratio=0.8,
+            ratio_of="LangGraph",
+            peer=2.8,
+            load=1.25,
+        ),
+        _row("journal", "added per model call, embedded, p50", 0.7, True, target="<= 1 ms"),
+        _row("idle", "CPU of an idle NATS runtime", 0.4, None, load=0.5),
+    ]
+    lines = summary.table(rows).splitlines()
+    assert lines[0] == "| bench | figure | value | target | | peer, same run | load |"
+    assert lines[2] == (
+        "| agent latency | added per step p50, cardbus, 1 in flight | 3.5 ms | <= LangGraph's"
+        " | MISSED | 0.80x vs 2.8 ms, LangGraph | 1.2 |"
+    )
+    # no peer, no load recorded (an older figures file): the cells are empty
+    assert lines[3] == (
+        "| journal | added per model call, embedded, p50 | 0.7 ms | <= 1 ms | met |  |  |"
+    )
+    assert lines[4].endswith("|  |  | 0.5 |")
+
+
+def test_the_closing_line_counts_and_names_the_missed_and_the_unmeasured() -> None:
+    summary = _load("_bench_summary_closing", REPO / "bench" / "summary.py")
+    rows = [
+        _row("idle", "CPU of an idle embedded runtime, memory store", 0.5, True),
+        _row("idle", "CPU of an idle embedded runtime, SQLite file", 1.5, False),
+        _row("idle", "CPU of an idle NATS runtime", 0.9, True),
+        _row("nats", "server messages per run (in + out), file storage", 42, False),
+        _row("nats", "3-step pipeline, file storage", 90, None),  # no target: not counted
+    ]
+    first, absent = summary.closing(rows).splitlines()
+    assert first == (
+        "2 met, 2 MISSED: idle: CPU of an idle embedded runtime, SQLite file;"
+        " nats: server messages per run (in + out), file storage"
+    )
+    # every issue 34 target this run has a row for (met or not) is not listed as absent
+    names = [name for name, _bench, _prefix in summary.ISSUE_34]
+    assert absent == "issue 34 targets not measured in this run: " + "; ".join(
+        n for n in names if not n.startswith(("idle", "NATS <= 20"))
+    )
+    whole = [
+        _row(bench, prefix, 1.0, True) for _name, bench, prefix in summary.ISSUE_34
+    ]  # a run that measured each: the count alone
+    assert summary.closing(whole) == f"{len(whole)} met, 0 MISSED"
+
+
+def test_make_bench_prints_the_closing_count(tmp_path: Path) -> None:
+    summary = _load("_bench_summary_main", REPO / "bench" / "summary.py")
+    jsonl = tmp_path / "figures.jsonl"
+    summary.record(
+        str(jsonl), "idle", "CPU of an idle NATS runtime", 1.6, "ms/s", target="<= 1", met=False
+    )
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "summary.py"), str(jsonl)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = proc.stdout.splitlines()
+    assert "0 met, 1 MISSED: idle: CPU of an idle NATS runtime" in lines
+    (row,) = [line for line in lines if line.startswith("| idle |")]
+    load = float(row.rstrip(" |").rsplit("|", 1)[1])  # the load column: a number
+    assert load >= 0

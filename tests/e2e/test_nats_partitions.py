@@ -28,13 +28,16 @@ from natsprocs import (
 from natsserver import NatsServer
 
 from cardbus.agents import Agent
+from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.partition import partition_of
 from cardbus.bus.orchestrator.plan import Plan
+from cardbus.bus.orchestrator.submission import submit_to_log
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
 from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, REPLY_STREAM
 from cardbus.bus.transport.nats_replies import PARTITION_CONSUMER, partition_consumer
-from cardbus.eventstore import Envelope
+from cardbus.eventstore import Envelope, NewEvent, new_id
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.connection import NatsOptions
 
 PARTITIONS = 8
@@ -213,6 +216,71 @@ async def test_a_run_is_decided_by_the_member_it_was_submitted_to(
         # lease renewed late on a busy machine: failover, which the other then decides)
         first = decisions(events, root)[0]
         assert first == f"orchestrator-{me}" or p in ever[other], (root, first, ever)
+
+
+async def test_a_waiter_is_answered_when_its_partition_is_lost_while_it_registers(
+    nats_server: NatsServer,
+) -> None:
+    """``wait`` on a run this member folds but has not folded yet (its creation on its
+    way: submitted through another process) reads the log first; the partition is lost
+    during that read (a lease renewed late on a busy machine; here forced) and the other
+    member decides the run. The waiter is answered all the same: it is registered before
+    the read, and a lost partition hands every waiter of its runs over, folded or not
+    (it once waited for ever: a run seen not ended within 60 s under load)."""
+    async with _two_members(nats_server.url, local_runs=True) as (x, y):
+        px, py = x.partitions, y.partitions
+        assert px is not None and py is not None and px._loop is not None
+        px._loop.cancel()  # x renews no more: what it gives up stays given up
+        with contextlib.suppress(asyncio.CancelledError):
+            await px._loop
+        the_plan = plan("lost")
+        root = new_id()
+        while partition_of(root, PARTITIONS) not in px.holding:
+            root = new_id()
+        p = partition_of(root, PARTITIONS)
+        submitter = await NatsEventStore.connect(nats_server.url, create_stream=False)
+        # the run's root claimed first (a submit names its root so), its creation later
+        claim = ev.PlanSubmitted(plan_id="lost", root_id=root, plan_digest=plan_digest(the_plan))
+        await submitter.append("plan-lost", [NewEvent(data=claim, correlation_id=root)], 0)
+        store = x.orchestrator.store
+        read_correlation = store.read_correlation
+        lost = asyncio.Event()
+
+        async def lose_partition_first(root_id: str) -> list[Envelope]:
+            if root_id == root and not lost.is_set():  # wait's read of the log: p goes now
+                lost.set()
+                await px._release(p)
+                assert px.on_change is not None
+                px.on_change(px.holding)
+                assert x.member_log is not None
+                await until(lambda: not x.member_log.folds(root), what="x folds p no more")
+                forgotten = asyncio.Event()  # queued after the follower's marker of p lost
+                x.orchestrator.later(forgotten.set)
+                await forgotten.wait()
+            return await read_correlation(root_id)
+
+        store.read_correlation = lose_partition_first  # type: ignore[method-assign]
+        try:
+            waiting = asyncio.create_task(x.orchestrator.wait(root, timeout=60))
+            await until(lost.is_set, what="wait reading the log")
+            # y takes p (x counts as gone: its member key deleted), then the run is created
+            assert px._kv is not None
+            await px._kv.delete(f"member.{px.member}")
+
+            async def taken() -> bool:  # (a round under way when asked is joined, not rerun)
+                await py.round()
+                return p in py.holding
+
+            await until(taken, what="y takes p")
+            cards = list(y.orchestrator.state.agents.values())
+            assert await submit_to_log(submitter, the_plan, cards, "someone") == root
+            result = await waiting
+        finally:
+            await submitter.close()
+    assert result.status == "completed", result
+    events = await read_log(nats_server.url)
+    check_runs(events, [root])
+    assert set(decisions(events, root)) == {"orchestrator-b"}
 
 
 async def test_an_agents_request_is_answered_by_its_runs_member(

@@ -13,8 +13,6 @@ attempt dispatched twice.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import shutil
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -22,20 +20,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from interleave import (
-    BUS_METHODS,
-    STORE_METHODS,
-    TIMED,
-    FoldLedger,
-    Points,
-    Trial,
-    check_dispatched_once,
-    check_folded_once,
-    explore,
-    instrument,
-    report,
-)
+from interleave import TIMED, Points, Trial, explore, report
 from orchkit import FAST, TextOut, make_agent, plan, task, tid, wait_for
+from resumekit import LogTrial, copy_log, trial_folder
 
 from cardbus.agents.cards import AgentConstraints
 from cardbus.agents.tools import Tool, ToolRegistry
@@ -50,7 +37,6 @@ from cardbus.eventstore import events as ev
 
 SLOW = make_agent("slow", "slow")
 ECHO = make_agent("echo")
-_n = itertools.count()
 
 # the foreign writes: (name, write(foreign store, root, gate))
 Write = Callable[[SqliteEventStore, str, str], Awaitable[object]]
@@ -120,13 +106,6 @@ async def _waiting_run(
     return db, root, gate
 
 
-def _copy(db: Path, to: Path) -> Path:
-    to.mkdir()
-    for f in db.parent.iterdir():
-        shutil.copy(f, to / f.name)
-    return to / db.name
-
-
 async def _resume(
     points: Points,
     db: Path,
@@ -138,47 +117,19 @@ async def _resume(
     """One trial: a new orchestrator resumes the run on a copy of ``db``; ``write`` comes
     from another connection at the point ``points`` says. ``check``: more problems, found
     in the log the trial ends with."""
-    db = _copy(db, db.parent.parent / f"trial-{next(_n)}")
-    store = await SqliteEventStore.open(db, poll_interval=0.01)
-    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
-    bus = InProcessBus()
-    instrument(store, points, STORE_METHODS)
-    instrument(bus, points, BUS_METHODS)
-    points.inject = lambda: write(foreign, root, gate)
-    orch = Orchestrator(store, bus, FAST, snapshot=db.with_suffix(".db.snap"))
-    orch.attempts_survive_restart = False  # the embedded runtime's: agents die with it
-    ledger = FoldLedger()
-    ledger.watch(orch.state)
-    workers = [AgentWorker(bus, a) for a in (ECHO, SLOW)]
-    problems: list[str] = []
-    try:
-        await points.before_start()
-        await orch.start([w.agent.card() for w in workers])
-        for w in workers:
-            await w.start()
-        await points.when_idle()
+    db = copy_log(db)
+    snapshot = db.with_suffix(".db.snap")
+    async with LogTrial(points, db, lambda f: write(f, root, gate), snapshot=snapshot) as t:
+        await t.resume([ECHO, SLOW])
         try:
-            result = await orch.wait(root, 5)
+            result = await t.orch.wait(root, 5)
             end: tuple[str, ...] = (result.status, result.reason)
         except TimeoutError:
             end = ("still waiting",)
-        # everything in the log folded: the follower caught up with the last write (checked
-        # before stop, whose final snapshot folds what the follower missed). The log is read
-        # first: caught_up folds through the log as it is when asked, and a late answer
-        # (the slow task's, after the run ended) may be appended after that
-        log = await foreign.read_all(0, 100_000)
-        await orch.caught_up(10)
-        problems += check_folded_once(ledger, log, orch.snapshot_position)
-        problems += check_dispatched_once(log)
+        log = await t.check()
         if check is not None:
-            problems += check(log)
-    finally:
-        points.active = False
-        await orch.stop()
-        await bus.close()
-        await foreign.close()
-        await store.close()
-    return Trial(end, points, problems)
+            t.problems += check(log)
+    return Trial(end, points, t.problems)
 
 
 @pytest.mark.parametrize(
@@ -215,51 +166,27 @@ async def test_a_write_at_any_await_point_of_a_resume_is_folded_once(
 async def _follow(points: Points, folder: Path, write: Write) -> Trial:
     """One trial of the follow path: an orchestrator is running a three-task run while
     another process answers (or cancels) a second run that waits for approval."""
-    folder = folder / f"trial-{next(_n)}"
-    folder.mkdir()
-    db = folder / "cardbus.db"
-    store = await SqliteEventStore.open(db, poll_interval=0.01)
-    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
-    bus = InProcessBus()
-    instrument(store, points, STORE_METHODS)
-    instrument(bus, points, BUS_METHODS)
     points.active = False  # until the waiting run is set up
-    orch = Orchestrator(store, bus, FAST, snapshot=None)
-    ledger = FoldLedger()
-    ledger.watch(orch.state)
-    workers = [AgentWorker(bus, ECHO)]
-    problems: list[str] = []
-    try:
-        await orch.start([w.agent.card() for w in workers])
-        for w in workers:
-            await w.start()
-        waiting = await orch.submit(plan(task("gate", requires_approval=True)))
+    async with LogTrial(points, trial_folder(folder) / "cardbus.db", snapshot=None) as t:
+        await t.start([ECHO])
+        waiting = await t.orch.submit(plan(task("gate", requires_approval=True)))
         gate = tid(waiting, "gate")
-        await wait_for(foreign, lambda e: isinstance(e.data, ev.ApprovalRequested))
-        points.inject = lambda: write(foreign, waiting, gate)
+        await wait_for(t.foreign, lambda e: isinstance(e.data, ev.ApprovalRequested))
+        points.inject = lambda: write(t.foreign, waiting, gate)
         points.active = True
         await points.before_start()
-        chain = await orch.submit(
+        chain = await t.orch.submit(
             plan(task("a"), task("b", deps=["a"]), task("c", deps=["b"]), goal="chain")
         )
         await points.when_idle()
         ends: list[str] = []
         for root in (chain, waiting):
             try:
-                ends.append((await orch.wait(root, 5)).status)
+                ends.append((await t.orch.wait(root, 5)).status)
             except TimeoutError:
                 ends.append("still waiting")
-        log = await foreign.read_all(0, 100_000)  # first: as above
-        await orch.caught_up(10)
-        problems += check_folded_once(ledger, log)
-        problems += check_dispatched_once(log)
-    finally:
-        points.active = False
-        await orch.stop()
-        await bus.close()
-        await foreign.close()
-        await store.close()
-    return Trial(tuple(ends), points, problems)
+        await t.check()
+    return Trial(tuple(ends), points, t.problems)
 
 
 @pytest.mark.parametrize("write", ["approve", "cancel", "member+approve"])
@@ -323,64 +250,40 @@ async def _another_member_fires(store: SqliteEventStore, sid: str, due: float) -
 async def _schedule_trial(points: Points, folder: Path) -> Trial:
     """One trial: an orchestrator starts and follows the log while its scheduler finds a
     due time, and another member writes the firing of that due time at one await point."""
-    folder = folder / f"trial-{next(_n)}"
-    folder.mkdir()
-    db = folder / "cardbus.db"
-    store = await SqliteEventStore.open(db, poll_interval=0.01)
-    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
-    bus = InProcessBus()
-    instrument(store, points, STORE_METHODS)
-    instrument(bus, points, BUS_METHODS)
     points.active = False  # until the schedule is written
-    orch = Orchestrator(store, bus, FAST, snapshot=None)
-    ledger = FoldLedger()
-    ledger.watch(orch.state)
-    workers = [AgentWorker(bus, ECHO)]
     due = time.time() + 10_000  # the first due time; the scheduler's clock is just past it
-    scheduler = Scheduler(store, orch.submit, "local", grace=0.5, clock=lambda: due + 1)
-    problems: list[str] = []
-    try:
+    async with LogTrial(points, trial_folder(folder) / "cardbus.db", snapshot=None) as t:
+        scheduler = Scheduler(t.store, t.orch.submit, "local", grace=0.5, clock=lambda: due + 1)
         body = msgspec.to_builtins(plan(task("a"), goal="scheduled"))
         sid = await create_schedule(
-            foreign, body, interval_seconds=3600, start=due, overlap="allow_all", catchup="all"
+            t.foreign, body, interval_seconds=3600, start=due, overlap="allow_all", catchup="all"
         )
         written = asyncio.Event()  # the write done (the harness marks only its start)
 
         async def write() -> object:
             try:
-                return await _another_member_fires(foreign, sid, due)
+                return await _another_member_fires(t.foreign, sid, due)
             finally:
                 written.set()
 
         points.inject = write
         points.active = True
         await points.before_start()
-        await orch.start([w.agent.card() for w in workers])
-        for w in workers:
-            await w.start()
+        await t.start([ECHO])
         await scheduler.run_once()  # fires the due time, or finds it fired
         await scheduler.run_once()  # starts the other member's firing's run
         await points.when_idle()
         await written.wait()
         await scheduler.run_once()  # a firing the other wrote late: its run starts now
-        claim = await wait_for(foreign, lambda e: isinstance(e.data, ev.PlanSubmitted))
+        claim = await wait_for(t.foreign, lambda e: isinstance(e.data, ev.PlanSubmitted))
         assert isinstance(claim.data, ev.PlanSubmitted)
-        end = (await orch.wait(claim.data.root_id, 5)).status
-        await orch.caught_up(10)
-        log = await foreign.read_all(0, 100_000)
-        problems += check_folded_once(ledger, log)
-        problems += check_dispatched_once(log)
+        end = (await t.orch.wait(claim.data.root_id, 5)).status
+        log = await t.check()
         fired = [e for e in log if isinstance(e.data, ev.ScheduleFired)]
         runs = [e for e in log if isinstance(e.data, ev.RunStarted) and e.data.schedule == sid]
         if len(fired) != 1 or len(runs) != 1:
-            problems.append(f"{len(fired)} firings and {len(runs)} runs of one due time")
-    finally:
-        points.active = False
-        await orch.stop()
-        await bus.close()
-        await foreign.close()
-        await store.close()
-    return Trial((end, len(fired), len(runs)), points, problems)
+            t.problems.append(f"{len(fired)} firings and {len(runs)} runs of one due time")
+    return Trial((end, len(fired), len(runs)), points, t.problems)
 
 
 async def test_a_schedule_firing_by_another_member_at_any_await_point_fires_once(
@@ -443,43 +346,22 @@ async def _held_run(folder: Path) -> tuple[Path, str, str]:
 async def _resume_held(points: Points, db: Path, root: str, pay: str) -> Trial:
     """A new orchestrator resumes the held run on a copy of ``db``; a person's approval
     of the transfer comes from another connection at the point ``points`` says."""
-    db = _copy(db, db.parent.parent / f"trial-{next(_n)}")
-    store = await SqliteEventStore.open(db, poll_interval=0.01)
-    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
-    bus = InProcessBus()
-    instrument(store, points, STORE_METHODS)
-    instrument(bus, points, BUS_METHODS)
-    points.inject = lambda: answer_review(foreign, pay, "approve", by="alice")
     PAID.clear()
-    orch = Orchestrator(store, bus, FAST, tools=_transfer_tools())
-    orch.attempts_survive_restart = False
-    ledger = FoldLedger()
-    ledger.watch(orch.state)
-    worker = AgentWorker(bus, PAYER)
-    problems: list[str] = []
-    try:
-        await points.before_start()
-        await orch.start([worker.agent.card()])
-        await worker.start()
-        await points.when_idle()
+
+    def approve(foreign: SqliteEventStore) -> Awaitable[object]:
+        return answer_review(foreign, pay, "approve", by="alice")
+
+    async with LogTrial(points, copy_log(db), approve, tools=_transfer_tools()) as t:
+        await t.resume([PAYER])
         try:
-            result = await orch.wait(root, 5)
+            result = await t.orch.wait(root, 5)
             end: tuple[str, ...] = (result.status, result.reason)
         except TimeoutError:
             end = ("still waiting",)
-        await orch.caught_up(10)
-        log = await foreign.read_all(0, 100_000)
-        problems += check_folded_once(ledger, log, orch.snapshot_position)
-        problems += check_dispatched_once(log)
+        await t.check()
         if end[0] == "completed" and PAID != [900.0]:  # the tool runs once, approved
-            problems.append(f"the reviewed tool ran with {PAID}, not once with 900")
-    finally:
-        points.active = False
-        await orch.stop()
-        await bus.close()
-        await foreign.close()
-        await store.close()
-    return Trial(end, points, problems)
+            t.problems.append(f"the reviewed tool ran with {PAID}, not once with 900")
+    return Trial(end, points, t.problems)
 
 
 async def test_a_review_answered_at_any_await_point_of_a_resume_runs_the_tool_once(
@@ -555,46 +437,20 @@ async def _resume_parent(points: Points, db: Path, root: str, gate: str, write: 
     """One trial: a new orchestrator resumes the parent and its child on a copy of ``db``;
     ``write`` comes from another connection at the point ``points`` says. The end is the
     parent's and the child's."""
-    db = _copy(db, db.parent.parent / f"trial-{next(_n)}")
-    store = await SqliteEventStore.open(db, poll_interval=0.01)
-    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
-    child_root = (await foreign.read_stream(gate))[0].correlation_id
-    bus = InProcessBus()
-    instrument(store, points, STORE_METHODS)
-    instrument(bus, points, BUS_METHODS)
-    points.inject = lambda: write(foreign, root, gate)
-    orch = Orchestrator(store, bus, FAST, snapshot=None)
-    orch.attempts_survive_restart = False
-    ledger = FoldLedger()
-    ledger.watch(orch.state)
-    workers = [AgentWorker(bus, ECHO)]
-    problems: list[str] = []
-    try:
-        await points.before_start()
-        await orch.start([w.agent.card() for w in workers])
-        for w in workers:
-            await w.start()
-        await points.when_idle()
+    async with LogTrial(points, copy_log(db), lambda f: write(f, root, gate), snapshot=None) as t:
+        child_root = (await t.foreign.read_stream(gate))[0].correlation_id
+        await t.resume([ECHO])
         end: tuple[str, ...] = ()
         for run in (root, child_root):
             try:
-                end += ((await orch.wait(run, 5)).status,)
+                end += ((await t.orch.wait(run, 5)).status,)
             except TimeoutError:
                 end += ("still waiting",)
-        await orch.caught_up(10)
-        log = await foreign.read_all(0, 100_000)
-        problems += check_folded_once(ledger, log, orch.snapshot_position)
-        problems += check_dispatched_once(log)
+        log = await t.check()
         started = [e for e in log if isinstance(e.data, ev.ChildRunStarted)]
         if len(started) != 1:  # one child, whoever decided when
-            problems.append(f"{len(started)} child runs started")
-    finally:
-        points.active = False
-        await orch.stop()
-        await bus.close()
-        await foreign.close()
-        await store.close()
-    return Trial(end, points, problems)
+            t.problems.append(f"{len(started)} child runs started")
+    return Trial(end, points, t.problems)
 
 
 @pytest.mark.parametrize("write", sorted(CHILD_WRITES))

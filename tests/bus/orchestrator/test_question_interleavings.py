@@ -11,24 +11,12 @@ and exactly one answer in the log.
 
 from __future__ import annotations
 
-import itertools
-import shutil
+from collections.abc import Awaitable
 from pathlib import Path
 
-from interleave import (
-    BUS_METHODS,
-    STORE_METHODS,
-    TIMED,
-    FoldLedger,
-    Points,
-    Trial,
-    check_dispatched_once,
-    check_folded_once,
-    explore,
-    instrument,
-    report,
-)
+from interleave import TIMED, Points, Trial, explore, report
 from orchkit import FAST, plan, task, wait_for
+from resumekit import LogTrial, copy_log
 
 from cardbus.agents.demo import Payer
 from cardbus.bus import InProcessBus, Orchestrator
@@ -37,7 +25,6 @@ from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 
-_n = itertools.count()
 ANSWER = {"amount": 12.5, "currency": "EUR"}
 
 
@@ -65,50 +52,25 @@ async def _asking_run(folder: Path) -> tuple[Path, str]:
 async def _resume_asking(points: Points, db: Path, root: str) -> Trial:
     """A new orchestrator resumes the run on a copy of ``db``; the answer comes from
     another connection at the point ``points`` says."""
-    trial = db.parent.parent / f"trial-{next(_n)}"
-    trial.mkdir()
-    for f in db.parent.iterdir():
-        shutil.copy(f, trial / f.name)
-    db = trial / db.name
-    store = await SqliteEventStore.open(db, poll_interval=0.01)
-    foreign = await SqliteEventStore.open(db, poll_interval=0.01)
-    bus = InProcessBus()
-    instrument(store, points, STORE_METHODS)
-    instrument(bus, points, BUS_METHODS)
-    points.inject = lambda: answer_question(foreign, root, ANSWER, by="alice", door="cli")
-    orch = Orchestrator(store, bus, FAST, snapshot=None)
-    orch.attempts_survive_restart = False
-    ledger = FoldLedger()
-    ledger.watch(orch.state)
-    worker = AgentWorker(bus, Payer)
-    problems: list[str] = []
-    try:
-        await points.before_start()
-        await orch.start([worker.agent.card()])
-        await worker.start()
-        await points.when_idle()
+
+    def answer(foreign: SqliteEventStore) -> Awaitable[object]:
+        return answer_question(foreign, root, ANSWER, by="alice", door="cli")
+
+    async with LogTrial(points, copy_log(db), answer, snapshot=None) as t:
+        await t.resume([Payer])
         try:
-            result = await orch.wait(root, 5)
+            result = await t.orch.wait(root, 5)
             end: tuple[str, ...] = (result.status, result.reason)
             paid = result.outputs.get("pay", {})
             if result.status == "completed" and paid.get("text") != "pay 12.5 EUR to Ada":
-                problems.append(f"paid {paid}, not what was answered")
+                t.problems.append(f"paid {paid}, not what was answered")
         except TimeoutError:
             end = ("still waiting",)
-        log = await foreign.read_all(0, 100_000)  # first: a late event may follow
-        await orch.caught_up(10)
-        problems += check_folded_once(ledger, log, orch.snapshot_position)
-        problems += check_dispatched_once(log)
+        log = await t.check()
         answers = [e for e in log if isinstance(e.data, ev.QuestionAnswered)]
         if len(answers) != 1 or answers[0].actor != "alice":
-            problems.append(f"{len(answers)} answers in the log: {answers}")
-    finally:
-        points.active = False
-        await orch.stop()
-        await bus.close()
-        await foreign.close()
-        await store.close()
-    return Trial(end, points, problems)
+            t.problems.append(f"{len(answers)} answers in the log: {answers}")
+    return Trial(end, points, t.problems)
 
 
 async def test_an_answer_at_any_await_point_of_a_resume_is_folded_once(tmp_path: Path) -> None:
