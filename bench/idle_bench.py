@@ -7,8 +7,12 @@ NATS runtime (agents in this process) against a local nats-server (whose own CPU
 is not counted). Target (issue 34): at most 1 ms/s. With nothing open the
 orchestrator's clock sleeps, the embedded runtime's agents renew no lease, the
 SQLite follower looks at the wal-index header at a wait that backs off to a second,
-and on NATS what is left are the lease renewals (every third of a lease) and the
-pull consumers' long polls.
+and on NATS what is left are the agents' lease renewals (every third of a lease, all
+agents of the process together, without a JetStream ack), the pull consumers' idle
+heartbeats (every 10 s) and 30 s long polls, and the log follower's idle read (backing
+off to 30 s). ``nats-partitioned`` (not in the default list) measures one member of a
+partitioned orchestrator holding 4 partitions: its partition lease rounds (every third
+of the 6 s lease) come on top.
 
     .venv/bin/python bench/idle_bench.py [--seconds 3] [--stores memory,sqlite,nats]
 """
@@ -43,14 +47,15 @@ async def idle_cpu(store: EventStore, seconds: float) -> float:
         return 1000 * (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
-async def idle_nats_cpu(seconds: float) -> float:
-    """The same, for the NATS runtime with its agents in this process."""
+async def idle_nats_cpu(seconds: float, partitions: int | None = None) -> float:
+    """The same, for the NATS runtime with its agents in this process (``partitions``:
+    one member of a partitioned orchestrator, holding them all)."""
     from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime
     from cardbus.eventstore.nats.connection import NatsOptions
 
     server = LocalNatsServer().start()
     try:
-        async with NatsRuntime(NatsOptions(url=server.url), AGENTS) as rt:
+        async with NatsRuntime(NatsOptions(url=server.url), AGENTS, partitions=partitions) as rt:
             result = await rt.run(pipeline_plan(), timeout=60)
             assert result.status == "completed", result
             await asyncio.sleep(0.5)
@@ -87,6 +92,10 @@ async def main() -> None:
                     await store.close()
         elif kind == "nats":
             figures.append(("NATS runtime", await idle_nats_cpu(args.seconds)))
+        elif kind == "nats-partitioned":
+            figures.append(
+                ("NATS runtime, 4 partitions", await idle_nats_cpu(args.seconds, partitions=4))
+            )
         else:
             raise SystemExit(f"unknown store {kind!r}")
     load = os.getloadavg()

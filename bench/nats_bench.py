@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline_bench import pipeline_plan  # noqa: E402  (the same plan as the embedded benchmark)
+from subject_tap import TAP_NAME, SubjectTap  # noqa: E402  (--by-subject)
 from summary import record  # noqa: E402  (the figures for bench/summary.py)
 
 from cardbus.bus.runtime.nats import NatsRuntime, nats_server_binary  # noqa: E402
@@ -191,6 +192,7 @@ def monitor_counts(monitor: str) -> dict[str, float]:
         name = _role(c.get("name", ""))
         out[f"{name} in"] = out.get(f"{name} in", 0.0) + c.get("in_msgs", 0)
         out[f"{name} out"] = out.get(f"{name} out", 0.0) + c.get("out_msgs", 0)
+        out[f"{name} out_bytes"] = out.get(f"{name} out_bytes", 0.0) + c.get("out_bytes", 0)
     return out
 
 
@@ -222,6 +224,7 @@ async def bench(
     storage: str,
     pids: dict[str, list[int]],
     monitor: str | None,
+    tap: SubjectTap | None = None,
 ) -> dict[str, float]:
     async with NatsRuntime(NatsOptions(url=url), store_options={"storage": storage}) as rt:
         await rt.wait_for_capabilities({"research", "draft", "review"}, 60)
@@ -236,9 +239,13 @@ async def bench(
         first = await rt.store.last_position()
         counts0 = monitor_counts(monitor) if monitor else {}
         cpu0 = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
+        if tap is not None:
+            tap.counting = True
         rate, elapsed, many = await measure(run_one, runs, concurrency)
         cpu = {k: sum(map(cpu_seconds, v)) - cpu0[k] for k, v in pids.items()}
         counts = monitor_counts(monitor) if monitor else {}
+        if tap is not None:
+            tap.counting = False
         last = await rt.store.last_position()
         events = last - first
         sample = await rt.store.read_all(first + 1, 200)
@@ -259,6 +266,8 @@ async def bench(
         **{f"cpu/run {k}": v / runs for k, v in cpu.items()},
         # per run, during the measured runs (the monitor's own requests are HTTP: not counted)
         **{f"msgs/run {k}": (counts[k] - counts0.get(k, 0.0)) / runs for k in counts},
+        # (--by-subject) each message the tap heard is one the server received or sent
+        **({f"family {k}": v / runs for k, v in tap.counts.items()} if tap else {}),
     }
 
 
@@ -268,7 +277,12 @@ def run_on_fresh_server(args: argparse.Namespace, storage: str) -> dict[str, flo
         server = None if args.nats else MonitoredServer(d).start()
         url = args.nats or server.url  # type: ignore[union-attr]
         monitor = args.monitor or (server.monitor if server is not None else None)
-        env = {**os.environ, "PYTHONPATH": d}  # the bench agents module; cardbus is installed
+        # the bench agents module; cardbus is installed (or on the PYTHONPATH given: a
+        # baseline checkout measured with this bench)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [d, os.environ.get("PYTHONPATH")])),
+        }
         paths = ["bench_agents:Research", "bench_agents:Draft", "bench_agents:Review"]
         serve = [
             "agent",
@@ -293,9 +307,19 @@ def run_on_fresh_server(args: argparse.Namespace, storage: str) -> dict[str, flo
             "nats-server": [] if server is None or server.proc is None else [server.proc.pid],
             "agents": [p.pid for p in agents],
         }
+        tap = SubjectTap(url).start() if args.by_subject else None
         try:
-            return asyncio.run(bench(url, args.runs, args.concurrency, storage, pids, monitor))
+            got = asyncio.run(bench(url, args.runs, args.concurrency, storage, pids, monitor, tap))
+            if tap is not None:  # the tap's own deliveries are not the runs'
+                got.pop(f"msgs/run {TAP_NAME} in", None)
+                for total, tapped in (("out_msgs", "out"), ("out_bytes", "out_bytes")):
+                    took = got.pop(f"msgs/run {TAP_NAME} {tapped}", 0.0)
+                    if f"msgs/run {total}" in got:
+                        got[f"msgs/run {total}"] -= took
+            return got
         finally:
+            if tap is not None:
+                tap.stop()
             for p in agents:
                 p.terminate()
             for p in agents:
@@ -347,6 +371,11 @@ def report(r: dict[str, float], args: argparse.Namespace, reps: int) -> None:
             for role in roles
         )
         print(f"    by connection: {split}")
+    families = sorted(((v, k[7:]) for k, v in r.items() if k.startswith("family ")), reverse=True)
+    if families:
+        print(f"    by subject family ({sum(v for v, _ in families):.1f} in all):")
+        for v, fam in families:
+            print(f"      {v:5.2f}  {fam}")
     if reps > 1:
         print(f"  (medians of {reps} runs, each on a fresh server)")
 
@@ -365,6 +394,11 @@ def main() -> None:
     parser.add_argument("--nats", default=None, help="Use this server instead of a local one.")
     parser.add_argument(
         "--monitor", default=None, help="Its monitoring URL (http://host:8222) for the counts."
+    )
+    parser.add_argument(
+        "--by-subject",
+        action="store_true",
+        help="Count the runs' server messages by subject family too (bench/subject_tap.py).",
     )
     args = parser.parse_args()
     print(

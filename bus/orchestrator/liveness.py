@@ -57,7 +57,9 @@ class Leases:
         lease = lease_s if lease_s > 0 else self.default_lease_s
         self.replicas.setdefault(agent_id, {})[replica_id] = now + lease
         self.last_seen[agent_id] = now
-        if self.on_lease is not None:
+        if self.on_lease is not None and agent_id not in self.pinned:
+            # (a pinned agent never lapses: its renewals, which other orchestrators of
+            # the log need, need not wake this one's clock each time)
             self.on_lease(now + lease)
         return not was
 

@@ -50,8 +50,13 @@ from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StoreUnavailable
 from cardbus.eventstore.nats import NatsEventStore
-from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, is_transient
-from cardbus.eventstore.nats.follow import EphemeralConsumer, OwnAppends, echoes
+from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, is_transient, on_reconnected
+from cardbus.eventstore.nats.follow import (
+    IDLE_READ_MAX_HEARTBEATS,
+    EphemeralConsumer,
+    OwnAppends,
+    echoes,
+)
 from cardbus.eventstore.nats.subjects import (
     SHARED,
     decode_token,
@@ -173,7 +178,9 @@ class MemberLog:
         others' publishes on the followed partitions' subjects are heard (a core
         subscription per partition, ``no_echo``: others' only) and then read from the
         log, from where that partition's last read ended. Nothing heard for
-        ``heartbeat`` seconds, or a reconnect: every followed partition is read.
+        ``heartbeat`` seconds (doubling while those reads find nothing, up to
+        ``IDLE_READ_MAX_HEARTBEATS``), or a reconnect (which wakes it): every followed
+        partition is read.
 
         Events of different writers may come out of log order (another writer's event
         after an own later one): each task's stream stays in order, which is what the
@@ -192,6 +199,13 @@ class MemberLog:
         yielded: dict[int, None] = {}  # positions yielded since the oldest read_from
         reconnects = store.nc.stats.get("reconnects", 0)
         idle_since = loop.time()
+        # the wait before reading every partition with nothing heard: it doubles while
+        # those reads find nothing, up to IDLE_READ_MAX_HEARTBEATS (for hints lost with
+        # no reconnect: one wakes the follower at once); a read each heartbeat of every
+        # held partition was most of an idle member's messages
+        quiet_s = store.heartbeat
+        idle_read = False
+        unhook = on_reconnected(store.nc, wake.set)
 
         async def on_hint(msg: Any) -> None:
             tokens = msg.subject[len(prefix) + 1 :].split(".", 2)
@@ -263,24 +277,27 @@ class MemberLog:
                         self.folded_events += 1
                         yield env
                     idle_since = loop.time()
+                    quiet_s = store.heartbeat
                     continue
                 now = loop.time()
                 if store.nc.stats.get("reconnects", 0) != reconnects:
                     reconnects = store.nc.stats.get("reconnects", 0)
                     read_all_again()  # others' publishes while away were not heard
-                elif now - idle_since >= store.heartbeat:
+                elif now - idle_since >= quiet_s:
                     read_all_again()  # nothing for a while: anything not heard?
                     idle_since = now
+                    idle_read = True
                 ready = [t for t in hints if due.get(t, 0.0) <= now and t in read_from]
                 for tok in [t for t in hints if t not in read_from]:
                     del hints[tok]
                 if not ready:
-                    waits = [idle_since + store.heartbeat - now]
+                    waits = [idle_since + quiet_s - now]
                     waits += [due.get(t, 0.0) - now for t in hints]
                     wake.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), max(min(waits), 0.0005))
                     continue
+                found = False
                 for tok in ready:
                     heard = hints.pop(tok)
                     start = read_from[tok]
@@ -295,6 +312,7 @@ class MemberLog:
                         hints.setdefault(tok, set()).update(heard)
                         due[tok] = loop.time() + 0.1
                         continue
+                    found = found or bool(page)
                     for m in page:
                         heard.discard(m.msg_id)
                         read_from[tok] = max(read_from[tok], m.seq + 1)
@@ -316,6 +334,12 @@ class MemberLog:
                         tries.pop(tok, None)
                         due.pop(tok, None)
                     idle_since = loop.time()
+                quiet_s = (
+                    min(quiet_s * 2, IDLE_READ_MAX_HEARTBEATS * store.heartbeat)
+                    if idle_read and not found
+                    else store.heartbeat
+                )
+                idle_read = False
                 oldest = min(read_from.values(), default=0)
                 while yielded:
                     pos = next(iter(yielded))
@@ -323,6 +347,8 @@ class MemberLog:
                         break
                     del yielded[pos]
         finally:
+            if unhook is not None:
+                unhook()
             self._wake = self._quiet = None
             own.close()
             for sub in subs.values():

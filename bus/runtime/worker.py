@@ -28,7 +28,8 @@ handler belongs in a sync ``def handle`` (``Agent.run`` runs it in a
 thread), so it stalls neither the other cards of this worker nor other agents.
 
 Liveness: the worker announces with a lease (``lease_s``, 10 s by default) and
-announces again every ``lease_s / 3``; ``stop()`` announces it offline. Every
+announces again every ``lease_s / 3``, the workers of a process at the same moments
+(``renewal_wait``); ``stop()`` announces it offline. Every
 ``Started`` and ``ResultCard`` it sends says who ran the card: its
 ``replica_id`` (host, pid and a random part), ``host``, ``pid``, and the
 card's delivery count (2 or more: a redelivery).
@@ -44,6 +45,7 @@ import heapq
 import itertools
 import math
 import os
+import random
 import socket
 import time
 import uuid
@@ -251,9 +253,16 @@ class AgentWorker:
         )
 
     async def _renew(self) -> None:
-        """Announce again every third of the lease, until stopped or the bus closes."""
+        """Announce again every third of the lease, until stopped or the bus closes.
+
+        The renewals fall on one grid of the process's for every worker with the same
+        lease (``renewal_wait``): the agents served here renew in one wakeup, their
+        announcements leave in one write and reach the orchestrator together (an idle
+        runtime's CPU is mostly its wakeups). A renewal comes at most a third of the
+        lease (and a millisecond) after the one before; the first may come sooner."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            await asyncio.sleep(renewal_wait(loop.time(), self.lease_s / 3))
             try:
                 await self.bus.reply(self._announce())
             except BusError as e:
@@ -513,6 +522,20 @@ class AgentWorker:
 
 
 #: how long a worker waits for its orchestrator's tool specs (once) before going on without
+#: this process's place on the renewal grid (``renewal_wait``): the workers of one
+#: process renew together, those of different processes not all at the same moment
+_RENEWAL_PHASE = random.random()
+
+
+def renewal_wait(now: float, period: float) -> float:
+    """How long from ``now`` (the loop's clock) to this process's next renewal instant
+    of ``period``, the same instant for every worker renewing as often. A wakeup a
+    hair early (the loop runs timers up to its clock's resolution ahead) does not renew
+    twice: under a millisecond to go counts as this instant, the next one is waited for."""
+    wait = (_RENEWAL_PHASE * period - now) % period
+    return wait if wait > 1e-3 else wait + period
+
+
 _SPECS_WAIT_S = 5.0
 
 #: how early an event loop may run a timer (asyncio: its clock's resolution; uvloop rounds

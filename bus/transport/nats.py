@@ -159,6 +159,7 @@ from cardbus.bus.transport.nats_chunks import (
     WATCHING_SUBJECT,
     NatsChunks,
 )
+from cardbus.bus.transport.nats_pulls import PullClock
 from cardbus.bus.transport.nats_replies import (
     ANNOUNCE_PREFIX,
     ORCHESTRATOR_DURABLE,
@@ -175,6 +176,7 @@ from cardbus.eventstore.nats.connection import (
     TRANSPORT_ERRORS,
     NatsOptions,
     is_too_large,
+    on_reconnected,
     retry_transient,
     translated,
 )
@@ -418,7 +420,8 @@ class NatsBus(Bus):
         request_timeout: float = 5.0,
         transient_retry_timeout: float = 30.0,
         replicas: int = 1,
-        fetch_wait: float = 2.0,
+        fetch_wait: float = 30.0,
+        pull_heartbeat: float = 10.0,
         reply_batch: int = 256,
         reply_ack_wait: float = 30.0,
         reply_durable: str = ORCHESTRATOR_DURABLE,
@@ -435,7 +438,10 @@ class NatsBus(Bus):
         self.request_timeout = request_timeout
         self.transient_retry_timeout = transient_retry_timeout
         self.replicas = replicas
+        #: how long a pull request lives, and the idle heartbeats it asks for
+        #: (``bus.transport.nats_pulls``: how a lost request is noticed)
         self.fetch_wait = fetch_wait
+        self.pull_heartbeat = pull_heartbeat
         self.reply_batch = reply_batch
         self.reply_ack_wait = reply_ack_wait
         self.reply_durable = reply_durable
@@ -460,6 +466,7 @@ class NatsBus(Bus):
         self._owns = owns_connection
         self._tasks: set[asyncio.Task[None]] = set()
         self._subs: list[Any] = []
+        self._unhook: list[Callable[[], None]] = []  # reconnect listeners to remove
         self._slots: dict[str, _Slots] = {}  # agent -> the handlers of its consume calls
         self._closed = False
         self._chunks = NatsChunks(nc)
@@ -627,8 +634,9 @@ class NatsBus(Bus):
         the inbox), and each card goes to an idle handler.
 
         Never more cards asked for than handlers idle, so no card waits here while another
-        replica could take it. A request lost to a reconnect is noticed when nothing, not
-        even its expiry, came for longer than it could live, and is made again.
+        replica could take it. A request lives ``fetch_wait`` with idle heartbeats; one
+        lost is made again at once after a reconnect, or when two heartbeats (or its
+        expiry) did not come (``bus.transport.nats_pulls``).
         """
         queue: asyncio.Queue[Msg | None] = asyncio.Queue()  # None: a handler is free
         slots.freed = queue.put_nowait
@@ -638,32 +646,32 @@ class NatsBus(Bus):
 
         loop = asyncio.get_running_loop()
         request_subject = f"$JS.API.CONSUMER.MSG.NEXT.{INBOX_STREAM}.{durable}"
-        expires = max(self.fetch_wait, 0.1)
+        clock = PullClock(self.fetch_wait, self.pull_heartbeat)
         inbox = self.nc.new_inbox()
         sub = await self._until_done(
             lambda: self.nc.subscribe(inbox, cb=on_msg), f"subscribe to {inbox}"
         )
         self._subs.append(sub)
+        self._ask_again_on_reconnect(clock, lambda: queue.put_nowait(None))
         pending = 0  # cards asked for and not yet delivered or expired
-        asked = 0.0
         pause = 0.05
         backlog: list[Msg] = []  # (only if the server delivers more than was asked for)
         waiting = False  # the last card came with more in the inbox: ask for each handler
         while not self._closed:
             now = loop.time()
-            if now - asked > expires + 1.0:
+            if clock.gone(now):
                 pending = 0  # the requests are gone (expired unseen, or a reconnect)
             idle = len(slots.idle)
             want = idle - pending
             if want > 0 and (pending == 0 or waiting or 2 * want >= slots.total):
-                if not await self._ask_for(request_subject, inbox, want, expires):
+                if not await self._ask_for(request_subject, inbox, clock.request(want)):
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 2.0)
                     continue
                 pending += want
-                asked = now
+                clock.asked = now
             try:
-                msg = await asyncio.wait_for(queue.get(), expires + 1.0)
+                msg = await asyncio.wait_for(queue.get(), clock.lost_after)
             except TimeoutError:
                 pending = 0
                 continue
@@ -672,6 +680,7 @@ class NatsBus(Bus):
                     card = backlog.pop(0)
                     self._spawn(self._run_slot(slots, card, slots.idle.pop()), "card")
                 continue
+            clock.heard = loop.time()
             status, pending = _pull_status(msg, pending)
             if status is not None:
                 if status not in _PULL_QUIET:  # 409: leader change, consumer deleted...
@@ -687,13 +696,24 @@ class NatsBus(Bus):
             else:
                 backlog.append(msg)
 
-    async def _ask_for(self, subject: str, inbox: str, batch: int, expires: float) -> bool:
-        """One pull request: up to ``batch`` messages of the consumer behind ``subject``
-        to ``inbox`` within ``expires`` seconds; False if it could not be sent (the
-        caller backs off and asks again)."""
-        request = json.dumps({"batch": batch, "expires": int(expires * 1e9)})
+    def _ask_again_on_reconnect(self, clock: PullClock, wake: Callable[[], None]) -> None:
+        """After a reconnect, ``clock``'s requests are taken as gone and its loop woken
+        (``bus.transport.nats_pulls``)."""
+
+        def reconnected() -> None:
+            clock.forget()
+            wake()
+
+        stop = on_reconnected(self.nc, reconnected)
+        if stop is not None:
+            self._unhook.append(stop)
+
+    async def _ask_for(self, subject: str, inbox: str, request: bytes) -> bool:
+        """One pull request (``PullClock.request``) of the consumer behind ``subject``,
+        delivered to ``inbox``; False if it could not be sent (the caller backs off and
+        asks again)."""
         try:
-            await self.nc.publish(subject, request.encode(), reply=inbox)
+            await self.nc.publish(subject, request, reply=inbox)
         except TRANSPORT_ERRORS as e:
             log.debug("pull request on %s failed: %r", subject, e)
             return False
@@ -800,7 +820,23 @@ class NatsBus(Bus):
         partition = None
         if not isinstance(message, Announce):
             partition = self._card_partition.get((message.task_id, message.attempt))
+        elif message.online and message.renewal > 1:
+            await self._renew(reply_subject(message, None), data, headers)
+            return
         await self._publish(reply_subject(message, partition), data, headers, REPLY_STREAM)
+
+    async def _renew(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        """A lease renewal (an announcement after the first): stored by the stream like
+        any announcement, but published without asking for JetStream's ack. The worker
+        goes on renewing whatever one renewal's fate (it renews every third of the
+        lease, so one lost leaves the lease two more chances); its ack was a message and
+        a wakeup each way every few seconds per agent, for nothing it would act on.
+        The first announcement, which registers the agent, and the last (offline) are
+        acked as before."""
+        if self._closed:
+            raise BusError("the bus is closed")
+        with translated(f"cannot publish to {subject}", error=BusError, refused=BusError):
+            await self.nc.publish(subject, data, headers=headers or None)
 
     async def reply_raw(self, data: bytes, subject: str = f"{REPLY_PREFIX}.raw") -> None:
         """Publish raw bytes as a reply (for tests of malformed messages)."""
@@ -981,43 +1017,47 @@ class NatsBus(Bus):
         Pull requests of ``batch`` messages expiring after ``fetch_wait`` are
         kept outstanding, topped up when half is used: each message is handed
         on the moment it arrives (nats-py's ``fetch`` would wait for a whole
-        batch). A request lost to a reconnect is noticed when nothing, not even
-        its expiry, came for longer than it could live, and is made again.
+        batch). A request lost is made again at once after a reconnect, or when
+        two of its idle heartbeats (or its expiry) did not come
+        (``bus.transport.nats_pulls``).
         """
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        queue: asyncio.Queue[Msg | None] = asyncio.Queue()  # None: a reconnect
 
         async def on_msg(msg: Msg) -> None:
             queue.put_nowait(msg)
 
         loop = asyncio.get_running_loop()
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
-        expires = max(self.fetch_wait, 0.1)
+        clock = PullClock(self.fetch_wait, self.pull_heartbeat)
         inbox = self.nc.new_inbox()
         sub = await self._until_done(
             lambda: self.nc.subscribe(inbox, cb=on_msg), f"subscribe to {inbox}"
         )
+        self._ask_again_on_reconnect(clock, lambda: queue.put_nowait(None))
         pending = 0  # messages asked for and not yet delivered or expired
-        asked = 0.0
         pause = 0.05
         try:
             while not self._closed:
                 now = loop.time()
-                if now - asked > expires + 1.0:
+                if clock.gone(now):
                     pending = 0  # the requests are gone (expired unseen, or a reconnect)
                 if pending <= batch // 2:
                     want = batch - pending
-                    if not await self._ask_for(subject, inbox, want, expires):
+                    if not await self._ask_for(subject, inbox, clock.request(want)):
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, 2.0)
                         continue
                     pending += want
-                    asked = now
+                    clock.asked = now
                     pause = 0.05
                 try:
-                    msg = await asyncio.wait_for(queue.get(), expires + 1.0)
+                    msg = await asyncio.wait_for(queue.get(), clock.lost_after)
                 except TimeoutError:
                     pending = 0
                     continue
+                if msg is None:  # a reconnect: the loop's top asks again
+                    continue
+                clock.heard = loop.time()
                 status, pending = _pull_status(msg, pending)
                 if status is not None:
                     if status not in _PULL_QUIET:  # 409: leader change, consumer deleted...
@@ -1034,7 +1074,7 @@ class NatsBus(Bus):
             # after its ack wait (status messages have no ack subject)
             while not queue.empty():
                 left = queue.get_nowait()
-                if left.reply and left.reply.startswith("$JS.ACK."):
+                if left is not None and left.reply and left.reply.startswith("$JS.ACK."):
                     with contextlib.suppress(Exception):
                         await left.nak()
 
@@ -1257,6 +1297,9 @@ class NatsBus(Bus):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(sub.unsubscribe(), 2.0)
         self._subs.clear()
+        for unhook in self._unhook:
+            unhook()
+        self._unhook.clear()
         await self._mux.close()
         if self.delete_reply_consumer and self._reading_replies:
             with contextlib.suppress(Exception):

@@ -108,6 +108,11 @@ class ReplyAcks:
     """
 
     interval = 0.02
+    #: (taken mode) an ack owed only for announcements (lease renewals) waits this long
+    #: (at most a quarter of the consumer's ack wait): one ack for many rounds of an idle
+    #: runtime's renewals rather than one a round. A renewal delivered again after a
+    #: crash is a renewal again: harmless.
+    announce_interval = 5.0
 
     def __init__(self, bus: NatsBus, info: js_api.ConsumerInfo, settles: bool = False) -> None:
         self.bus = bus
@@ -134,6 +139,7 @@ class ReplyAcks:
         self.hold_seen: set[int] = set()
         # (the consumer's own ack wait: whoever made it may have set another than ours)
         ack_wait = float(getattr(info.config, "ack_wait", None) or bus.reply_ack_wait)
+        self.announce_interval = min(self.announce_interval, ack_wait / 4)
         self.hold_until = loop.time() + 2 * ack_wait + 5
         if self.hold_upto:
             bus._spawn(self._watch_hold(), "reply-hold")
@@ -169,7 +175,8 @@ class ReplyAcks:
             self.hold_seen.add(seq)
             self.hold_left -= 1
         if not self.settles:
-            self._soon()
+            announcement = msg.subject.startswith(ANNOUNCE_PREFIX + ".")
+            self._soon(self.announce_interval if announcement else self.interval)
 
     def settled(self, msg: Msg) -> None:
         """(Settled mode) The orchestrator is done with ``msg``'s reply."""
@@ -179,9 +186,16 @@ class ReplyAcks:
         self.done[seq] = msg
         self._soon()
 
-    def _soon(self) -> None:
-        if self.timer is None and not self._holding():
-            self.timer = self.loop.call_later(self.interval, self.flush)
+    def _soon(self, interval: float | None = None) -> None:
+        """Flush within ``interval`` (the class's by default) unless it is due sooner."""
+        if self._holding():
+            return
+        at = self.loop.time() + (self.interval if interval is None else interval)
+        if self.timer is not None:
+            if self.timer.when() <= at:
+                return
+            self.timer.cancel()
+        self.timer = self.loop.call_at(at, self.flush)
 
     def _holding(self) -> bool:
         if self.hold_upto and (self.hold_left <= 0 or self.loop.time() >= self.hold_until):

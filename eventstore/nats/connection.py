@@ -67,6 +67,7 @@ __all__ = [
     "connect",
     "is_too_large",
     "opened_with",
+    "on_reconnected",
     "is_transient",
     "reconnect_backoff",
     "retry_transient",
@@ -249,6 +250,18 @@ async def connect(
     kwargs["error_cb"] = on_error
     kwargs["connect_timeout"] = min(options.connect_timeout, 2.0)
     nc = NatsClient()
+    user_reconnected = kwargs.get("reconnected_cb")
+
+    async def on_reconnected() -> None:
+        for listener in list(_RECONNECT_LISTENERS.get(nc, ())):
+            try:
+                listener()
+            except Exception:  # one listener's bug does not keep the others unwarned
+                log.exception("reconnect listener failed")
+        if user_reconnected is not None:
+            await user_reconnected()
+
+    kwargs["reconnected_cb"] = on_reconnected
     with translated(f"cannot connect to NATS at {servers}", error=error, refused=error):
         try:
             await asyncio.wait_for(nc.connect(**kwargs), options.connect_timeout)
@@ -266,6 +279,28 @@ async def connect(
 _OPENED: weakref.WeakKeyDictionary[NatsClient, tuple[NatsOptions, str, dict[str, Any]]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+_RECONNECT_LISTENERS: weakref.WeakKeyDictionary[NatsClient, list[Callable[[], None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def on_reconnected(nc: NatsClient, listener: Callable[[], None]) -> Callable[[], None] | None:
+    """Call ``listener()`` each time ``nc`` has reconnected (its subscriptions made again,
+    so a pull request it had outstanding may be gone with the old server connection);
+    returns the function that stops it, or None when ``nc`` was not opened by
+    :func:`connect` (nothing tells of its reconnects: callers keep their own bound)."""
+    if nc not in _OPENED:
+        return None
+    listeners = _RECONNECT_LISTENERS.setdefault(nc, [])
+    listeners.append(listener)
+
+    def stop() -> None:
+        with contextlib.suppress(ValueError):
+            listeners.remove(listener)
+
+    return stop
 
 
 def opened_with(nc: NatsClient) -> tuple[NatsOptions, str, dict[str, Any]] | None:

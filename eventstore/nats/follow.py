@@ -11,8 +11,8 @@ of two ways.
   messages are read, never the hint); a position below this connection's last
   acknowledged one that it did not write (a gap: read at once, up to that
   position); a reconnect; and, when nothing happened for ``heartbeat``
-  seconds, a read of what follows (hints lost in a disconnect), the wait doubling
-  while those reads find nothing, up to 8 heartbeats. Every event
+  seconds, a read of what follows (hints lost), the wait doubling
+  while those reads find nothing, up to 30 heartbeats. Every event
   yielded is the stored one at its position, in order, no gap, no duplicate.
   The server sends nothing for an own event and, for another writer's, the
   publish heard and the stored copy read (direct get batches, so a few events a
@@ -45,7 +45,12 @@ from nats.js import api as js_api
 
 from cardbus.eventstore.envelope import Envelope
 from cardbus.eventstore.errors import StoreUnavailable
-from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, is_transient, transient
+from cardbus.eventstore.nats.connection import (
+    TRANSPORT_ERRORS,
+    is_transient,
+    on_reconnected,
+    transient,
+)
 from cardbus.eventstore.nats.subjects import all_filter
 from cardbus.eventstore.nats.wire import (
     HEARTBEAT,
@@ -63,7 +68,14 @@ from cardbus.eventstore.nats.wire import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EphemeralConsumer", "Follows", "OwnAppends", "echoes", "offer_appended"]
+__all__ = [
+    "IDLE_READ_MAX_HEARTBEATS",
+    "EphemeralConsumer",
+    "Follows",
+    "OwnAppends",
+    "echoes",
+    "offer_appended",
+]
 
 
 class _ConsumerLost(Exception):
@@ -218,7 +230,10 @@ _OWN_CAP = 100_000  # own events held for a follower behind; beyond, it reads th
 _HINTS_CAP = 10_000  # other writers' event ids awaited; beyond, one read settles them
 _GAP_GRACE = 0.002  # an own append acked after a later one is handed over this late at most
 _HINT_TRIES = 8  # reads for a hinted event not stored yet: 1 ms doubling, ~0.25 s in all
-_QUIET_MAX = 8  # an idle follower reads at least every this many heartbeats
+# an idle follower reads at least every this many heartbeats: for hints lost with no
+# reconnect (one wakes it at once: ``on_reconnected``), so rarely needed; at 8 it was
+# two of the few messages a second an idle runtime exchanges
+IDLE_READ_MAX_HEARTBEATS = 30
 
 # connection -> the followers on it; every store on the connection hands its appends over
 _FOLLOWERS: weakref.WeakKeyDictionary[Any, list[_Follower]] = weakref.WeakKeyDictionary()
@@ -359,6 +374,8 @@ class Follows(StoreBase):
         followers = _FOLLOWERS.setdefault(self.nc, [])
         followers.append(f)
         self._readers.add(f)
+        # a reconnect wakes the follower at once: it reads what others appended meanwhile
+        unhook = on_reconnected(self.nc, f.wake.set)
         own = f.own
         catch_up = True  # read until a short page: the stored events first, after reconnects
         gap_since = -1.0
@@ -425,12 +442,12 @@ class Follows(StoreBase):
                 failures = 0
                 idle_since = loop.time()
                 # an idle read that found nothing: the next one waits twice as long, up to
-                # _QUIET_MAX heartbeats (a read every second was most of an idle
+                # IDLE_READ_MAX_HEARTBEATS heartbeats (a read every second was most of an idle
                 # follower's work). Only what was appended while disconnected, with
                 # nothing heard since, waits for it: the next hint or own append wakes
                 # the follower, which sees the reconnect and reads everything first.
                 quiet_s = (
-                    min(quiet_s * 2, _QUIET_MAX * self.heartbeat)
+                    min(quiet_s * 2, IDLE_READ_MAX_HEARTBEATS * self.heartbeat)
                     if idle_read and not page
                     else self.heartbeat
                 )
@@ -457,6 +474,8 @@ class Follows(StoreBase):
                 else:
                     hint_tries = 0
         finally:
+            if unhook is not None:
+                unhook()
             self._readers.discard(f)
             with contextlib.suppress(ValueError):
                 followers.remove(f)

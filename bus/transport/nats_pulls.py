@@ -1,0 +1,63 @@
+"""How long a pull request lives, and when it is given up as lost (the bus's pull loops).
+
+An idle pull consumer costs a message each way per request: the request and its
+``408`` when it expires unanswered. With short requests (2 s) the four consumers of
+an idle runtime (three agents' inboxes, the orchestrator's replies) exchanged four
+messages a second, and woke client and server for each. A request now lives
+``fetch_wait`` (30 s by default) and asks the server for idle heartbeats every
+``pull_heartbeat`` (10 s): an idle consumer exchanges about three messages in 30 s.
+
+Nothing is waited for longer: a card or a reply is delivered the moment it is
+stored, whatever the request's length. What a long request could delay is noticing
+that a request is gone without its ``408`` (a server restarted, a reconnect to
+another server of the cluster): a reconnect is told at once (``on_reconnected``:
+the loop asks again straight away), and a request lost without one is noticed when
+two heartbeats in a row do not come (``2 * pull_heartbeat + 1`` s), as it was
+noticed before when its short expiry did not come (``fetch_wait + 1`` s). Statuses
+that end a request (``409``: leader change, consumer deleted) end it at once, as
+before.
+"""
+
+from __future__ import annotations
+
+import json
+
+__all__ = ["PullClock"]
+
+#: a heartbeat shorter than this is not asked for: the request's expiry tells as soon
+HEARTBEAT_MIN_S = 0.5
+
+
+class PullClock:
+    """One pull loop's requests: their expiry and heartbeat, when the last one was
+    made and when the server was last heard on it."""
+
+    __slots__ = ("asked", "expires", "heard", "heartbeat", "lost_after")
+
+    def __init__(self, fetch_wait: float, pull_heartbeat: float) -> None:
+        self.expires = max(fetch_wait, 0.1)
+        # the server refuses a heartbeat over half the expiry
+        heartbeat = min(pull_heartbeat, self.expires / 2)
+        self.heartbeat = heartbeat if heartbeat >= HEARTBEAT_MIN_S else 0.0
+        #: nothing heard for this long while a request is out: it is gone
+        self.lost_after = 2 * self.heartbeat + 1.0 if self.heartbeat else self.expires + 1.0
+        self.asked = float("-inf")
+        self.heard = float("-inf")
+
+    def request(self, batch: int) -> bytes:
+        """The body of a pull request for ``batch`` messages."""
+        body: dict[str, int] = {"batch": batch, "expires": int(self.expires * 1e9)}
+        if self.heartbeat:
+            body["idle_heartbeat"] = int(self.heartbeat * 1e9)
+        return json.dumps(body).encode()
+
+    def gone(self, now: float) -> bool:
+        """Whether the requests made are over: expired unseen, silent for longer than
+        their heartbeats allow, or forgotten (a reconnect)."""
+        return now - self.asked > self.expires + 1.0 or now - max(self.asked, self.heard) > (
+            self.lost_after
+        )
+
+    def forget(self) -> None:
+        """The requests are gone (a reconnect): the loop asks again at once."""
+        self.asked = self.heard = float("-inf")
