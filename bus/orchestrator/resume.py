@@ -40,6 +40,7 @@ class Resuming(Committing):
     snapshot_position: int
     owns: Callable[[str], bool] | None
     _loops: list[asyncio.Task[None]]
+    _commits: set[asyncio.Task[None]]
 
     async def _replay(self) -> dict[str, str | None]:
         """Fold the log into the state (what follows the snapshot, when there is one);
