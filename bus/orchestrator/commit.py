@@ -311,6 +311,11 @@ class Committing(Folding):
     async def _send_cards(self, cards: list[tuple[str, TaskCard]]) -> None:
         """Send ``(agent_id, card)``s; an attempt whose card could not be sent is lost (it
         times out at once and is retried: its deadline would count from a start)."""
+        if self._stopping and not self.attempts_survive_restart:
+            # our agents are going (an embedded runtime stops its workers first): a card
+            # sent now would never be run; kept as ours, ``_give_back`` gives it back
+            self._sent.update((card.task_id, card.attempt) for _, card in cards)
+            return
         sends = [self.tracing.send_task(self.bus, a, card) for a, card in cards]
         if len(sends) == 1:  # the common case: no task for a gather of one
             outcomes: list[Any] = [None]

@@ -40,6 +40,7 @@ class Resuming(Committing):
     snapshot_position: int
     owns: Callable[[str], bool] | None
     _loops: list[asyncio.Task[None]]
+    _commits: set[asyncio.Task[None]]
 
     async def _replay(self) -> dict[str, str | None]:
         """Fold the log into the state (what follows the snapshot, when there is one);
@@ -123,18 +124,22 @@ class Resuming(Committing):
         resumed), not left to wait for the queue limit: no start will come for them."""
         if self.attempts_survive_restart or not self._loops or self.store_failure:
             return
-        mine = {key for key in self._sent if self._in_flight(*key)}
-        if not mine:
-            return
-        self._lost_attempts = self._lost_attempts | dict.fromkeys(mine, HOST_LOST)
-        self._queue.put_nowait(Changed(frozenset(self._root_of(t) for t, _ in mine)))
-        # Until the loss is recorded (or the loop or the log is gone), with no time limit:
-        # another process on the same log waits on these attempts, and an attempt left
-        # in flight there waits out the queue limit (an hour by default). A fixed limit
-        # here expired on a busy machine and wedged the other process's run.
-        while (
-            any(self._in_flight(*key) for key in mine)
-            and self.store_failure is None
-            and not all(t.done() for t in self._loops)
-        ):
+        # Until every attempt sent to our agents is settled and no write is in flight (or
+        # the loop or the log is gone), with no time limit: another process on the same
+        # log waits on these attempts, and an attempt left in flight there waits out the
+        # queue limit (an hour by default). A fixed limit here expired on a busy machine
+        # and wedged the other process's run. Looked at again each time, not once: a
+        # dispatch decided before the stop and still being written is ours too once
+        # stored (it was written after a single look, and the other process of a
+        # two-process test waited on it until its run's limit).
+        given: set[tuple[str, int]] = set()
+        while self.store_failure is None and not all(t.done() for t in self._loops):
+            mine = {key for key in self._sent if self._in_flight(*key)}
+            new = mine - given
+            given |= new
+            if new:
+                self._lost_attempts = self._lost_attempts | dict.fromkeys(new, HOST_LOST)
+                self._queue.put_nowait(Changed(frozenset(self._root_of(t) for t, _ in new)))
+            if not mine and not self._commits:
+                return
             await asyncio.sleep(0.01)

@@ -44,28 +44,74 @@ def cardbus(*args: str | Path) -> subprocess.Popen[str]:
 
 
 async def _story(db: Path) -> list[str]:
-    """The log as one line per event (stream, type, attempt, agent, reason): what a
-    failure message needs to tell which process left which attempt where."""
+    """The log as one line per event (position, seconds since the first event, stream,
+    type, attempt, agent, reason, orchestrator, actor): what a failure message needs to
+    tell which process left which attempt where."""
     store = await SqliteEventStore.open(db)
     try:
         envs = await store.read_all(0, 1_000_000)
     finally:
         await store.close()
+    t0 = envs[0].recorded_at if envs else 0.0
     return [
         " ".join(
             str(x)
             for x in (
                 e.position,
+                f"+{e.recorded_at - t0:.2f}s",
                 e.stream[-12:],
                 type(e.data).__name__,
                 getattr(e.data, "attempt", ""),
                 getattr(e.data, "agent_id", ""),
+                getattr(e.data, "replica_id", ""),
                 getattr(e.data, "reason", ""),
                 getattr(e.data, "orchestrator_id", ""),
+                getattr(e.data, "pid", ""),
+                f"by={e.actor}",
             )
         )
         for e in envs
     ]
+
+
+async def _why(db: Path, procs: list[subprocess.Popen[str]], outs: list[tuple[str, str]]) -> str:
+    """Why a run did not complete, in full (pytest cuts a long assertion message): each
+    process's exit, orchestrator (its ``orchestrator.started`` carries its pid), stdout and
+    stderr tails; the tasks not completed and who dispatched their attempts; the log's tail."""
+    store = await SqliteEventStore.open(db)
+    try:
+        envs = await store.read_all(0, 1_000_000)
+    finally:
+        await store.close()
+    started = {
+        e.data.pid: e.data.orchestrator_id
+        for e in envs
+        if isinstance(e.data, ev.OrchestratorStarted)
+    }
+    lines = []
+    for i, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        lines += [
+            f"--- process p{i} pid={p.pid} exit={p.returncode} "
+            f"orchestrator={started.get(p.pid, '?')}",
+            f"stdout tail: {out[-1500:]}",
+            f"stderr tail:\n{err[-3000:]}",
+        ]
+    done = {e.stream for e in envs if isinstance(e.data, ev.TaskCompleted)}
+    created = [e for e in envs if isinstance(e.data, ev.TaskCreated)]
+    lines.append("--- tasks not completed (stream: last event; dispatches by whom to whom)")
+    for c in created:
+        if c.stream in done:
+            continue
+        mine = [e for e in envs if e.stream == c.stream]
+        sent = [
+            f"#{e.data.attempt} by={e.actor} to={e.data.agent_id}"
+            for e in mine
+            if isinstance(e.data, ev.TaskDispatched)
+        ]
+        lines.append(f"{c.stream}: {type(mine[-1].data).__name__} by={mine[-1].actor}; {sent}")
+    story = await _story(db)
+    lines += ["--- the log's last 80 events", *story[-80:]]
+    return "\n".join(lines)
 
 
 @pytest.mark.parametrize("round_", range(3))
@@ -77,10 +123,17 @@ async def test_two_cardbus_runs_on_one_file_both_complete_without_duplicates(
         cardbus("run", plan_file(tmp_path, f"p{i}"), "--store", db, "--timeout", "60", "--json")
         for i in range(2)
     ]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=120))
+        except subprocess.TimeoutExpired:
+            p.kill()  # hung past its own --timeout: what the log says is the reason
+            outs.append(p.communicate())
     for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, (out, err[-2000:], await _story(db))
-        assert json.loads(out.splitlines()[-1])["status"] == "completed"
+        last = out.splitlines()[-1] if out.strip() else "{}"
+        if p.returncode != 0 or json.loads(last).get("status") != "completed":
+            pytest.fail(await _why(db, procs, outs), pytrace=False)
         assert "Traceback" not in err and "locked" not in err, err[-2000:]
     verify = subprocess.run(
         [sys.executable, "-m", "cardbus.tools", "verify", "--store", str(db)],
