@@ -321,6 +321,11 @@ class Orchestrator(Creating, Resuming, Intake):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._loops = []
+        # a step decided between the first wait for commits and the loops' end wrote in
+        # the background too: its write ends before the caller closes the store (else it
+        # failed on a closed store, an exception nobody retrieved)
+        while self._commits:
+            await asyncio.gather(*self._commits, return_exceptions=True)
         if self.snapshot_path is not None and ran:
             await self._final_snapshot(self.snapshot_path)
         self.tracing.close()  # runs still open end their spans here (a restart rejoins them)

@@ -259,17 +259,22 @@ class AgentWorker:
         lease (``renewal_wait``): the agents served here renew in one wakeup, their
         announcements leave in one write and reach the orchestrator together (an idle
         runtime's CPU is mostly its wakeups). A renewal comes at most a third of the
-        lease (and a millisecond) after the one before; the first may come sooner."""
+        lease (and a millisecond) after the one before. The first comes on the first
+        grid instant at least half a period after the announcement (at most half the
+        lease after it): a worker just started says nothing more for a while, as it
+        did before the grid, and does not renew a lease it has just taken."""
         loop = asyncio.get_running_loop()
+        period = self.lease_s / 3
+        await asyncio.sleep(period / 2 + renewal_wait(loop.time() + period / 2, period))
         while True:
-            await asyncio.sleep(renewal_wait(loop.time(), self.lease_s / 3))
             try:
                 await self.bus.reply(self._announce())
             except BusError as e:
                 if "closed" in str(e):
                     return
             except Exception:  # a hiccup: the next renewal may pass (the lease has room)
-                continue
+                pass
+            await asyncio.sleep(renewal_wait(loop.time(), period))
 
     async def stop(self, announce: bool = True) -> None:
         """Stop renewing the lease and (``announce``) say the agent is going offline."""
@@ -521,7 +526,6 @@ class AgentWorker:
             self._arm(loop, soonest)
 
 
-#: how long a worker waits for its orchestrator's tool specs (once) before going on without
 #: this process's place on the renewal grid (``renewal_wait``): the workers of one
 #: process renew together, those of different processes not all at the same moment
 _RENEWAL_PHASE = random.random()
@@ -536,6 +540,7 @@ def renewal_wait(now: float, period: float) -> float:
     return wait if wait > 1e-3 else wait + period
 
 
+#: how long a worker waits for its orchestrator's tool specs (once) before going on without
 _SPECS_WAIT_S = 5.0
 
 #: how early an event loop may run a timer (asyncio: its clock's resolution; uvloop rounds
