@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import contextvars
 import inspect
 import logging
 from collections.abc import AsyncIterator
@@ -36,12 +38,43 @@ __all__ = ["InProcessBus"]
 log = logging.getLogger(__name__)
 
 
+class _Consumer:
+    """One ``consume`` call: a handler, and a copy of the context it was called in. Its
+    cards run one after another in that one context, as they did in a resident task of
+    its own: not in the sender's context, and not each in a fresh copy (a handler's
+    context variables may refer back to its task, as the worker's ``RUN_CLOCK`` does:
+    a copy per card would leave a cycle per card for the collector to find)."""
+
+    __slots__ = ("context", "handler")
+
+    def __init__(self, handler: CardHandler, context: contextvars.Context) -> None:
+        self.handler = handler
+        self.context = context
+
+
+class _Inbox:
+    """An agent's cards not taken yet, and its consumers with no card."""
+
+    __slots__ = ("idle", "pending")
+
+    def __init__(self) -> None:
+        self.pending: collections.deque[tuple[bytes, int]] = collections.deque()
+        # taken from the left, given back on the right: replicas share the work in turn
+        self.idle: collections.deque[_Consumer] = collections.deque()
+
+
 class InProcessBus(Bus):
+    """Consumers start no task of their own: a card sent to an idle consumer starts one,
+    which takes the next card as long as there is one, then ends. An agent with a
+    ``max_concurrency`` of thousands (``bus.consume`` once per unit) costs as many idle
+    entries, not as many resident tasks that the garbage collector would walk at every
+    collection (most of a busy step's collector time, issue 34)."""
+
     def __init__(self, max_deliver: int = 5) -> None:
         self.max_deliver = max_deliver
-        self._inboxes: dict[str, asyncio.Queue[tuple[bytes, int]]] = {}
+        self._inboxes: dict[str, _Inbox] = {}
         self._replies: asyncio.Queue[bytes] = asyncio.Queue()
-        self._consumers: list[asyncio.Task[None]] = []
+        self._consumers: set[asyncio.Task[None]] = set()  # consumers running a card
         self._closed = False
         self._request_handler: RequestHandler | None = None
         self._cancel_watchers: dict[str, list[CancelHandler]] = {}
@@ -49,49 +82,75 @@ class InProcessBus(Bus):
         # chunk watchers: run root (None: every run) -> handlers; empty: nothing published
         self._chunk_watchers: dict[str | None, list[ChunkHandler]] = {}
 
-    def _inbox(self, agent_id: str) -> asyncio.Queue[tuple[bytes, int]]:
-        # not setdefault(agent_id, asyncio.Queue()): that builds a queue for every card sent
+    def _inbox(self, agent_id: str) -> _Inbox:
         inbox = self._inboxes.get(agent_id)
         if inbox is None:
-            inbox = self._inboxes[agent_id] = asyncio.Queue()
+            inbox = self._inboxes[agent_id] = _Inbox()
         return inbox
 
     async def consume(self, agent_id: str, handler: CardHandler) -> None:
         inbox = self._inbox(agent_id)
-        task = asyncio.create_task(self._run_consumer(agent_id, inbox, handler))
-        self._consumers.append(task)
+        inbox.idle.append(_Consumer(handler, contextvars.copy_context()))
+        self._start(agent_id, inbox)  # cards sent before anyone consumed
+
+    def _put(self, agent_id: str, data: bytes, delivered: int) -> None:
+        inbox = self._inbox(agent_id)
+        inbox.pending.append((data, delivered))
+        self._start(agent_id, inbox)
+
+    def _start(self, agent_id: str, inbox: _Inbox) -> None:
+        """Give each waiting card an idle consumer while there are both."""
+        if self._closed:
+            return
+        while inbox.pending and inbox.idle:
+            # the card goes with the consumer: left in the inbox, every idle consumer
+            # would be started for it before the first one took it
+            first = inbox.pending.popleft()
+            consumer = inbox.idle.popleft()
+            task = asyncio.create_task(
+                self._run_consumer(agent_id, inbox, consumer, first), context=consumer.context
+            )
+            self._consumers.add(task)
+            task.add_done_callback(self._consumers.discard)
 
     async def _run_consumer(
-        self, agent_id: str, inbox: asyncio.Queue[tuple[bytes, int]], handler: CardHandler
+        self, agent_id: str, inbox: _Inbox, consumer: _Consumer, first: tuple[bytes, int]
     ) -> None:
         subject = f"cardbus.agent.{agent_id}"
-        while True:
-            data, delivered = await inbox.get()
-            try:
-                card = decode_task_card(data)
-            except DecodeError as e:
-                await self._bad(subject, data, str(e))
-                continue
-            if delivered:  # a redelivery (the first delivery is 0 here, 1 on the card)
-                card = msgspec.structs.replace(card, delivery=delivered + 1)
-            try:
-                await handler(card)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # at least once: give the card to a replica again
-                if delivered + 1 < self.max_deliver:
-                    inbox.put_nowait((data, delivered + 1))
-                else:
-                    await self._bad(subject, data, f"handler failed {delivered + 1} times: {e!r}")
+        message: tuple[bytes, int] | None = first
+        while message is not None:  # the cards this consumer takes before it is idle again
+            await self._deliver(subject, inbox, consumer.handler, *message)
+            message = inbox.pending.popleft() if inbox.pending else None
+        inbox.idle.append(consumer)  # no card left: the next one sent starts it again
+
+    async def _deliver(
+        self, subject: str, inbox: _Inbox, handler: CardHandler, data: bytes, delivered: int
+    ) -> None:
+        try:
+            card = decode_task_card(data)
+        except DecodeError as e:
+            await self._bad(subject, data, str(e))
+            return
+        if delivered:  # a redelivery (the first delivery is 0 here, 1 on the card)
+            card = msgspec.structs.replace(card, delivery=delivered + 1)
+        try:
+            await handler(card)
+        except asyncio.CancelledError:
+            raise  # closed (or the handler was): this consumer is gone, as its task
+        except Exception as e:  # at least once: give the card to a replica again
+            if delivered + 1 < self.max_deliver:
+                inbox.pending.append((data, delivered + 1))
+            else:
+                await self._bad(subject, data, f"handler failed {delivered + 1} times: {e!r}")
 
     async def send_task(self, agent_id: str, card: TaskCard) -> None:
         if self._closed:
             raise BusError("the bus is closed")
-        self._inbox(agent_id).put_nowait((encode(card), 0))
+        self._put(agent_id, encode(card), 0)
 
     async def send_raw(self, agent_id: str, data: bytes) -> None:
         """Put raw bytes in an inbox (for tests of malformed messages)."""
-        self._inbox(agent_id).put_nowait((data, 0))
+        self._put(agent_id, data, 0)
 
     async def reply(self, message: Reply) -> None:
         if self._closed:
@@ -202,9 +261,10 @@ class InProcessBus(Bus):
         self._chunk_watchers.clear()
         for serving in list(self._serving):  # what nobody waits for any more
             serving.cancel()
-        for task in self._consumers:
+        running = list(self._consumers)
+        for task in running:
             task.cancel()
-        for task in self._consumers:
+        for task in running:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._consumers.clear()

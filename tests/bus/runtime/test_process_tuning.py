@@ -39,9 +39,9 @@ def test_tune_gc_raises_never_lowers(thresholds: None, monkeypatch: pytest.Monke
     gc.set_threshold(700, 10, 10)
     tune_gc()
     assert gc.get_threshold() == GC_THRESHOLDS
-    gc.set_threshold(50_000, 20, 10)
+    gc.set_threshold(100_000, 20, 10)  # above ours: kept
     tune_gc()
-    assert gc.get_threshold() == (50_000, 20, GC_THRESHOLDS[2])
+    assert gc.get_threshold() == (100_000, 20, GC_THRESHOLDS[2])
 
 
 def test_tune_gc_leaves_a_disabled_or_default_collector(
