@@ -205,6 +205,9 @@ class TaskDispatched(_Event, frozen=True, kw_only=True, tag="task.dispatched.v1"
     # deps whose output is absent: optional tasks that ended without completing; their
     # ``$dep`` placeholders were left out of the inputs sent (``bus.orchestrator.optional``)
     absent: list[str] = []
+    # the orchestrator that sent the card (its orchestrator.started names its host and pid;
+    # embedded, its own agents run the attempt); "" in logs from before it was recorded
+    orchestrator_id: str = ""
 
 
 class ChildRunStarted(_Event, frozen=True, kw_only=True, tag="task.child_started.v1"):

@@ -59,6 +59,7 @@ class Committing(Folding):
     budgets: Budgets
     store_trouble: StoreTrouble
     attempts_survive_restart: bool
+    orchestrator_id: str
     partition_of: Callable[[str], int] | None
     _event_limit: int
     _stopping: bool
@@ -70,7 +71,7 @@ class Committing(Folding):
     _lost_attempts: dict[tuple[str, int], str]
 
     def _decider(self, now: float) -> Decider:
-        return Decider(
+        decider = Decider(
             self.state,
             self.policy,
             now,
@@ -85,6 +86,8 @@ class Committing(Folding):
             results=self.results,
             place=self.partition_of,
         )
+        decider.orchestrator_id = self.orchestrator_id  # its dispatches name their sender
+        return decider
 
     async def _commit(self, d: Decisions) -> None:
         """Append every stream's new events in one write, then send the logged cards.

@@ -50,6 +50,8 @@ class Dispatching(Attempts):
     dispatching: bool
     _loop_here: Counter[tuple[str, str]]
     place: Callable[[str], int] | None  # a root's partition (``child_runs``)
+    # who sends the cards decided (``task.dispatched.orchestrator_id``: ``live_hosts``)
+    orchestrator_id: str = ""
 
     def _dispatch(self, run: RunView, task: TaskView) -> None:
         if not self.dispatching:
@@ -147,6 +149,7 @@ class Dispatching(Attempts):
                     inputs=inline,
                     inputs_bytes=len(sent),
                     absent=list(card.absent),
+                    orchestrator_id=self.orchestrator_id,
                 ),
             )
             self.d.sends.setdefault(task.task_id, []).append((chosen.agent_id, card))

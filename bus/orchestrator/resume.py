@@ -3,7 +3,7 @@
 A part of ``Orchestrator`` (``core``). ``_replay`` folds the log on start (from
 the snapshot, when there is one). Then ``_started`` waits for the agents in the
 log to renew their leases, counts the attempts of a previous embedded process as
-host losses (``hostloss``), writes ``orchestrator.started`` and a ``run.resumed``
+host losses (``hostloss``; not those of a process still running: ``live_hosts``), writes ``orchestrator.started`` and a ``run.resumed``
 on each run it resumes, sends again the cards dispatched and not taken
 (``resend``) and has the resumed runs looked at. On stop, ``_give_back`` records
 the attempts an embedded process's own agents held as host losses, so another
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from cardbus.bus.orchestrator import snapshot as _snapshot
 from cardbus.bus.orchestrator.commit import Committing
 from cardbus.bus.orchestrator.hostloss import HOST_LOST
+from cardbus.bus.orchestrator.live_hosts import left_to_live_processes, running_here
 from cardbus.bus.orchestrator.loop_items import Changed
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.eventstore import TaskState
@@ -84,6 +85,9 @@ class Resuming(Committing):
                         task.attempt not in task.settled
                     ):
                         lost.append((task_id, task.attempt))
+            # another process's attempts while it lives: its own, not lost (``live_hosts``)
+            left = await left_to_live_processes(self.store, lost)
+            lost = [key for key in lost if key not in left]
         self._lost_attempts = dict.fromkeys(lost, HOST_LOST)
         untaken = (
             untaken_cards(self._decider(time.time()), self.owns)
@@ -98,6 +102,7 @@ class Resuming(Committing):
             pid=os.getpid(),
             lost_attempts=[f"{t}#{a}" for t, a in lost],
         )
+        running_here(self)  # before its first dispatch: another start here asks
         try:
             await self._append(stream, [data], 0, stream)
             for root in [r for r in self.state.open if self.owns is None or self.owns(r)]:

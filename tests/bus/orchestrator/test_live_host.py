@@ -12,12 +12,17 @@ one file are: two runtimes, each with its own connection to the file.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from orchkit import FAST, TextOut, is_, make_agent, plan, run_log, task, tid, wait_for
 
 from cardbus.bus import EmbeddedRuntime
+from cardbus.bus.orchestrator.live_hosts import process_alive
 from cardbus.eventstore import SqliteEventStore
 from cardbus.eventstore import events as ev
 
@@ -71,3 +76,22 @@ async def test_a_start_beside_a_live_process_leaves_its_attempt_to_it(db_path: P
     finally:
         await store_b.close()
         await store_a.close()
+
+
+def test_a_process_is_alive_only_if_it_is_the_one_that_wrote_the_record() -> None:
+    now = time.time()
+    assert process_alive(os.getpid(), now)
+    # the same pid, a process started after the record: pids are reused, it is not that one
+    assert not process_alive(os.getpid(), now - 3600 * 24 * 365 * 30)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert process_alive(child.pid, time.time())
+    finally:
+        child.kill()
+    # killed and not yet reaped: a zombie holds the pid, and is dead (WNOWAIT: waits for
+    # the exit and leaves the zombie)
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    assert Path(f"/proc/{child.pid}/stat").exists()
+    assert not process_alive(child.pid, time.time())
+    child.wait()
+    assert not process_alive(child.pid, time.time())
