@@ -3,11 +3,11 @@
 A part of ``Orchestrator`` (``core``). ``_replay`` folds the log on start (from
 the snapshot, when there is one). Then ``_started`` waits for the agents in the
 log to renew their leases, counts the attempts of a previous embedded process as
-host losses (``hostloss``; not those of a process still running: ``live_hosts``), writes ``orchestrator.started`` and a ``run.resumed``
-on each run it resumes, sends again the cards dispatched and not taken
-(``resend``) and has the resumed runs looked at. On stop, ``_give_back`` records
-the attempts an embedded process's own agents held as host losses, so another
-process on the same log retries them at once.
+host losses (``hostloss``; not those of a process still running: ``live_hosts``),
+writes ``orchestrator.started`` and a ``run.resumed`` on each run it resumes, sends
+again the cards dispatched and not taken (``resend``) and has the resumed runs
+looked at. On stop, ``_give_back`` records the attempts an embedded process's own
+agents held as host losses, so another process on the same log retries them at once.
 """
 
 from __future__ import annotations
