@@ -66,8 +66,10 @@ check: $(STAMP) typecheck-tree
 	done
 
 # tests/docs/ builds the site with --strict too, and runs every block of docs/ and examples/
+# --dist worksteal: an idle worker takes tests queued for the other; with the default
+# (load) one worker was measured finishing 275 s after the other, the slow tests queued on it
 test: check chromium
-	$(BIN)/python -P -m pytest -q -rs -n 2 -p no:cacheprovider
+	$(BIN)/python -P -m pytest -q -rs -n 2 --dist worksteal -p no:cacheprovider
 
 # the console and replay-page tests drive a real headless Chromium (Debian's package: no
 # browser is downloaded at run time); installed here where apt-get can (root), else the
