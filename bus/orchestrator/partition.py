@@ -64,6 +64,7 @@ from cardbus.agents.cards import ResultCard
 from cardbus.eventstore import TaskState, new_id
 from cardbus.eventstore.errors import ConfigError
 from cardbus.eventstore.nats.subjects import partition_of
+from cardbus.eventstore.nats.wire import BATCH_COMMIT, BATCH_ID, BATCH_SEQUENCE
 
 __all__ = [
     "DEFAULT_PARTITIONS",
@@ -82,9 +83,8 @@ MAX_PARTITIONS = 4096
 _MARGIN = 0.9  # a holder stops deciding at 90% of the lease: clocks and scheduling slack
 _MEMBER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one KV key token
 _KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _KV_TRANSIENT = (nats.js.errors.ServiceUnavailableError, nats.js.errors.ServerError)
-_BATCH_ID, _BATCH_SEQUENCE, _BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit"
-_EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 
 
 def check_settings(
@@ -258,13 +258,13 @@ class Partitions:
         stream = f"KV_{self.bucket}"
         try:
             info = await self.js.stream_info(stream)
-            if not info.config.allow_atomic:
-                info.config.allow_atomic = True
+            if not getattr(info.config, "allow_atomic", None):
+                info.config.allow_atomic = True  # (an older nats-py sends it not: False below)
                 info = await self.js.update_stream(info.config)
         except _KV_ERRORS as e:  # an older server, or not allowed: one update per key
             log.debug("partition renewals one by one (%s: %r)", stream, e)
             return False
-        return bool(info.config.allow_atomic)
+        return bool(getattr(info.config, "allow_atomic", None))
 
     async def _renew(self) -> None:
         loop = asyncio.get_running_loop()
@@ -309,14 +309,16 @@ class Partitions:
         sent = time.monotonic()
         held = sorted(self._revision)
         together = await self._renew_together(held, me) if self._atomic and held else None
+        results: list[int | BaseException]
         if together is not None:
-            announced, *outcomes = together
+            results = together
         else:
-            announced, *outcomes = await asyncio.gather(
+            results = await asyncio.gather(
                 kv.put(f"member.{self.member}", me),
                 *(kv.update(_key(p), me, last=self._revision[p]) for p in held),
                 return_exceptions=True,
             )
+        announced, *outcomes = results
         acquired = False
         for p, outcome in zip(held, outcomes, strict=True):
             if isinstance(outcome, int):
@@ -344,7 +346,7 @@ class Partitions:
         if acquired and self.on_acquired is not None:
             self.on_acquired()  # their runs are looked at now
 
-    async def _renew_together(self, held: list[int], me: bytes) -> list[object] | None:
+    async def _renew_together(self, held: list[int], me: bytes) -> list[int | BaseException] | None:
         """The round's renewals as one atomic batch: the member key, then each held key
         at its revision; the outcomes as ``gather`` gives them (the new revisions, or the
         transport error for all), or None if the server refused the batch (nothing of it
@@ -355,14 +357,14 @@ class Partitions:
         messages = [(f"member.{self.member}", None), *((_key(p), self._revision[p]) for p in held)]
         try:
             for n, (key, last) in enumerate(messages, 1):
-                headers = {_BATCH_ID: batch_id, _BATCH_SEQUENCE: str(n)}
+                headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(n)}
                 if last is not None:
-                    headers[_EXPECTED_LAST_SUBJECT_SEQUENCE] = str(last)
+                    headers[_EXPECTED_LAST] = str(last)
                 subject = f"$KV.{self.bucket}.{key}"
                 if n < len(messages):  # nothing awaited but the commit's ack
                     await nc.publish(subject, me, headers=headers)
                 else:
-                    headers[_BATCH_COMMIT] = "1"
+                    headers[BATCH_COMMIT] = "1"
                     ack = await self.js.publish(subject, me, headers=headers)
         except nats.js.errors.APIError as e:
             if isinstance(e, _KV_TRANSIENT):
