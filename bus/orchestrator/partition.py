@@ -308,16 +308,19 @@ class Partitions:
         me = self.member.encode()
         sent = time.monotonic()
         held = sorted(self._revision)
-        together = await self._renew_together(held, me) if self._atomic and held else None
-        results: list[int | BaseException]
-        if together is not None:
-            results = together
-        else:
-            results = await asyncio.gather(
-                kv.put(f"member.{self.member}", me),
-                *(kv.update(_key(p), me, last=self._revision[p]) for p in held),
-                return_exceptions=True,
-            )
+        # the members are counted while the renewals go (one round trip, not two), but
+        # only once this member's own key is there (a first round counts after it)
+        counting = (
+            asyncio.ensure_future(self._live_members(kv))
+            if self._member_names is not None
+            else None
+        )
+        try:
+            results = await self._renewals(kv, held, me)
+        except BaseException:
+            if counting is not None:
+                counting.cancel()
+            raise
         announced, *outcomes = results
         acquired = False
         for p, outcome in zip(held, outcomes, strict=True):
@@ -333,8 +336,10 @@ class Partitions:
                 raise outcome
             # a transport error: the lease lapses by itself unless the next round renews it
         if isinstance(announced, BaseException):  # the renewals above are kept all the same
+            if counting is not None:
+                counting.cancel()
             raise announced
-        self.members = max(1, await self._live_members(kv))
+        self.members = max(1, await (counting or self._live_members(kv)))
         share = -(-self.partitions // self.members)
         mine = [p for p in self._order if p in self._revision]
         # over the share (a member joined): the last ones go
@@ -345,6 +350,19 @@ class Partitions:
             self.on_change(self.holding)
         if acquired and self.on_acquired is not None:
             self.on_acquired()  # their runs are looked at now
+
+    async def _renewals(
+        self, kv: KeyValue, held: list[int], me: bytes
+    ) -> list[int | BaseException]:
+        """The member key's and each held key's new revision (or why not), in that order."""
+        together = await self._renew_together(held, me) if self._atomic and held else None
+        if together is not None:
+            return together
+        return await asyncio.gather(
+            kv.put(f"member.{self.member}", me),
+            *(kv.update(_key(p), me, last=self._revision[p]) for p in held),
+            return_exceptions=True,
+        )
 
     async def _renew_together(self, held: list[int], me: bytes) -> list[int | BaseException] | None:
         """The round's renewals as one atomic batch: the member key, then each held key
