@@ -65,6 +65,7 @@ from cardbus.eventstore.nats.wire import (
     PubAck,
     decode_ack,
     envelope_of,
+    publish,
 )
 
 __all__ = ["Appends", "Head"]
@@ -417,7 +418,7 @@ class Appends(Reads):
         ]
         # Pipelined: nothing is awaited but the commit's ack; one flush sends them all.
         for (subject, body), h in zip(messages[:-1], headers, strict=False):
-            await self.nc.publish(subject, body, headers=h)
+            await publish(self.nc, subject, body, headers=h)
         subject, body = messages[-1]
         return await self._request(subject, body, headers[-1])
 
