@@ -15,6 +15,7 @@ These are pure functions: no network, no state.
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 
@@ -107,6 +108,7 @@ def decode_token(token: str) -> str:
     return raw.decode("utf-8", "surrogatepass")
 
 
+@functools.lru_cache(maxsize=512)  # a few dozen event tags: one regex substitution each
 def kind_token(tag: str) -> str:
     """``task.dispatched.v1`` -> ``task_dispatched_v1`` (not reversible; the body has the tag)."""
     return _KIND_UNSAFE.sub("-", tag.replace(".", "_")) or "_"
