@@ -1,6 +1,6 @@
 """``wire.publish``: the header block written in one join reaches a subscriber exactly as
 ``nc.publish`` sends it, and anything it cannot send the same way goes through
-``nc.publish``."""
+``nc.publish``; an append's subjects made at once are each event's own."""
 
 from __future__ import annotations
 
@@ -63,3 +63,18 @@ async def test_a_subject_with_white_space_is_refused_as_nats_py_refuses_it(
             await publish(nc, "wire. x", b"x", headers={"A": "b"})
     finally:
         await nc.close()
+
+
+def test_an_appends_subjects_are_each_events_subject() -> None:
+    from cardbus.eventstore import events as ev
+    from cardbus.eventstore.envelope import NewEvent
+    from cardbus.eventstore.nats.subjects import event_subject, event_subjects
+
+    events = [
+        NewEvent(data=ev.TaskCreated(root_id="r.1", capability="c"), correlation_id="r.1"),
+        NewEvent(data=ev.TaskStarted(attempt=1, agent_id="a"), correlation_id="r.1"),
+        NewEvent(data=ev.TaskStarted(attempt=1, agent_id="a"), correlation_id="agent-x"),
+    ]
+    assert event_subjects("cardbus.evt", "task é", events, 8) == [
+        event_subject("cardbus.evt", e.correlation_id, "task é", e.type, 8) for e in events
+    ]
