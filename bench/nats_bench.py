@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import socket
@@ -225,6 +226,7 @@ async def bench(
     pids: dict[str, list[int]],
     monitor: str | None,
     tap: SubjectTap | None = None,
+    profile: str | None = None,
 ) -> dict[str, float]:
     async with NatsRuntime(NatsOptions(url=url), store_options={"storage": storage}) as rt:
         await rt.wait_for_capabilities({"research", "draft", "review"}, 60)
@@ -241,7 +243,13 @@ async def bench(
         cpu0 = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
         if tap is not None:
             tap.counting = True
+        profiler = cProfile.Profile() if profile else None
+        if profiler is not None:
+            profiler.enable()
         rate, elapsed, many = await measure(run_one, runs, concurrency)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
         cpu = {k: sum(map(cpu_seconds, v)) - cpu0[k] for k, v in pids.items()}
         counts = monitor_counts(monitor) if monitor else {}
         if tap is not None:
@@ -309,7 +317,9 @@ def run_on_fresh_server(args: argparse.Namespace, storage: str) -> dict[str, flo
         }
         tap = SubjectTap(url).start() if args.by_subject else None
         try:
-            got = asyncio.run(bench(url, args.runs, args.concurrency, storage, pids, monitor, tap))
+            got = asyncio.run(
+                bench(url, args.runs, args.concurrency, storage, pids, monitor, tap, args.profile)
+            )
             if tap is not None:  # the tap's own deliveries are not the runs'
                 got.pop(f"msgs/run {TAP_NAME} in", None)
                 for total, tapped in (("out_msgs", "out"), ("out_bytes", "out_bytes")):
@@ -399,6 +409,13 @@ def main() -> None:
         "--by-subject",
         action="store_true",
         help="Count the runs' server messages by subject family too (bench/subject_tap.py).",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="cProfile the orchestrator process during the measured runs into FILE (pstats;"
+        " the last run's); its CPU figures then include the profiler's cost.",
     )
     args = parser.parse_args()
     print(

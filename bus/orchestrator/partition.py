@@ -25,10 +25,18 @@ the old holder stops deciding before anyone else can take the key. A decision al
 flight when a lease lapses is still appended at the version it was decided on, so the
 log's optimistic concurrency keeps a handover consistent.
 
+A round's renewals (every held key, at its revision, and ``member.<id>``) go out as one
+JetStream atomic batch with one acknowledgement where the server allows it (nats-server
+2.12+; the bucket's stream gets ``allow_atomic``): stored all or none, each key still
+checked at its own revision. If the server refuses the batch (a key lapsed and was taken),
+nothing of it is stored and the keys are renewed one by one, each with its own answer.
+
 Every process also renews ``member.<id>``; the live members share the partitions: each
 holds at most ``ceil(partitions / members)``, releasing what is over its share (a new
-member joined) and taking free ones up to it. A stopping process deletes its keys, so the
-others take over at once rather than after the lease.
+member joined) and taking free ones up to it. A stopping process deletes its keys (its
+member key purged, so its subject is gone: the others count members by the subjects and
+read the keys only when those change), so the others take over at once rather than after
+the lease.
 
 The partition count and lease are written into the bucket's description: a process
 started with others than the bucket's gets a ``ConfigError`` (two counts would give a
@@ -56,6 +64,7 @@ from cardbus.agents.cards import ResultCard
 from cardbus.eventstore import TaskState, new_id
 from cardbus.eventstore.errors import ConfigError
 from cardbus.eventstore.nats.subjects import partition_of
+from cardbus.eventstore.nats.wire import BATCH_COMMIT, BATCH_ID, BATCH_SEQUENCE
 
 __all__ = [
     "DEFAULT_PARTITIONS",
@@ -74,6 +83,8 @@ MAX_PARTITIONS = 4096
 _MARGIN = 0.9  # a holder stops deciding at 90% of the lease: clocks and scheduling slack
 _MEMBER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one KV key token
 _KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError)
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_KV_TRANSIENT = (nats.js.errors.ServiceUnavailableError, nats.js.errors.ServerError)
 
 
 def check_settings(
@@ -156,6 +167,11 @@ class Partitions:
         self.on_change = on_change  # told the partitions held after every round
         self.members = 1  # live members seen in the latest round
         self._kv: KeyValue | None = None
+        self._member_names: frozenset[str] | None = None  # member keys seen last round
+        self._live = 1  # of which live (not deleted)
+        self._atomic = False  # the bucket's stream takes atomic batches: one renewal batch
+        self._batches = 0
+        self._batch_prefix = f"lease-{new_id()[:8]}-"
         self._revision: dict[int, int] = {}  # partition -> the revision of our lease
         self._until: dict[int, float] = {}  # partition -> monotonic time our lease is good to
         start = zlib.crc32(member.encode()) % partitions  # members try different ones first
@@ -188,6 +204,7 @@ class Partitions:
     async def start(self) -> None:
         """Open (or create) the bucket, take a first share, then renew in the background."""
         self._kv = await self._open()
+        self._atomic = await self._allow_atomic()
         await self.round()
         self._loop = asyncio.create_task(self._renew(), name="partition-leases")
 
@@ -201,8 +218,13 @@ class Partitions:
         if self._kv is None:
             return
         await asyncio.gather(*(self._release(p) for p in sorted(self._revision)))
-        with contextlib.suppress(*_KV_ERRORS):
-            await self._kv.delete(f"member.{self.member}")
+        try:  # the key's subject goes, so the others' next round sees one member fewer
+            await self.js.purge_stream(
+                f"KV_{self.bucket}", subject=f"$KV.{self.bucket}.member.{self.member}"
+            )
+        except _KV_ERRORS:  # (purges not allowed: a delete marker, read as gone)
+            with contextlib.suppress(*_KV_ERRORS):
+                await self._kv.delete(f"member.{self.member}")
 
     async def _open(self) -> KeyValue:
         description = (
@@ -230,6 +252,19 @@ class Partitions:
                 )
             return await self.js.key_value(self.bucket)
         raise ConfigError(f"the bucket {self.bucket!r} could not be opened")
+
+    async def _allow_atomic(self) -> bool:
+        """Whether the bucket's stream takes atomic batches (turned on where it can be)."""
+        stream = f"KV_{self.bucket}"
+        try:
+            info = await self.js.stream_info(stream)
+            if not getattr(info.config, "allow_atomic", None):
+                info.config.allow_atomic = True  # (an older nats-py sends it not: False below)
+                info = await self.js.update_stream(info.config)
+        except _KV_ERRORS as e:  # an older server, or not allowed: one update per key
+            log.debug("partition renewals one by one (%s: %r)", stream, e)
+            return False
+        return bool(getattr(info.config, "allow_atomic", None))
 
     async def _renew(self) -> None:
         loop = asyncio.get_running_loop()
@@ -273,11 +308,20 @@ class Partitions:
         me = self.member.encode()
         sent = time.monotonic()
         held = sorted(self._revision)
-        announced, *outcomes = await asyncio.gather(
-            kv.put(f"member.{self.member}", me),
-            *(kv.update(_key(p), me, last=self._revision[p]) for p in held),
-            return_exceptions=True,
+        # the members are counted while the renewals go (one round trip, not two), but
+        # only once this member's own key is there (a first round counts after it)
+        counting = (
+            asyncio.ensure_future(self._live_members(kv))
+            if self._member_names is not None
+            else None
         )
+        try:
+            results = await self._renewals(kv, held, me)
+        except BaseException:
+            if counting is not None:
+                counting.cancel()
+            raise
+        announced, *outcomes = results
         acquired = False
         for p, outcome in zip(held, outcomes, strict=True):
             if isinstance(outcome, int):
@@ -292,8 +336,10 @@ class Partitions:
                 raise outcome
             # a transport error: the lease lapses by itself unless the next round renews it
         if isinstance(announced, BaseException):  # the renewals above are kept all the same
+            if counting is not None:
+                counting.cancel()
             raise announced
-        self.members = max(1, await self._live_members(kv))
+        self.members = max(1, await (counting or self._live_members(kv)))
         share = -(-self.partitions // self.members)
         mine = [p for p in self._order if p in self._revision]
         # over the share (a member joined): the last ones go
@@ -304,6 +350,49 @@ class Partitions:
             self.on_change(self.holding)
         if acquired and self.on_acquired is not None:
             self.on_acquired()  # their runs are looked at now
+
+    async def _renewals(
+        self, kv: KeyValue, held: list[int], me: bytes
+    ) -> list[int | BaseException]:
+        """The member key's and each held key's new revision (or why not), in that order."""
+        together = await self._renew_together(held, me) if self._atomic and held else None
+        if together is not None:
+            return together
+        return await asyncio.gather(
+            kv.put(f"member.{self.member}", me),
+            *(kv.update(_key(p), me, last=self._revision[p]) for p in held),
+            return_exceptions=True,
+        )
+
+    async def _renew_together(self, held: list[int], me: bytes) -> list[int | BaseException] | None:
+        """The round's renewals as one atomic batch: the member key, then each held key
+        at its revision; the outcomes as ``gather`` gives them (the new revisions, or the
+        transport error for all), or None if the server refused the batch (nothing of it
+        stored: the keys are then renewed one by one, each with its own answer)."""
+        nc = self.js._nc
+        self._batches += 1
+        batch_id = f"{self._batch_prefix}{self._batches}"
+        messages = [(f"member.{self.member}", None), *((_key(p), self._revision[p]) for p in held)]
+        try:
+            for n, (key, last) in enumerate(messages, 1):
+                headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(n)}
+                if last is not None:
+                    headers[_EXPECTED_LAST] = str(last)
+                subject = f"$KV.{self.bucket}.{key}"
+                if n < len(messages):  # nothing awaited but the commit's ack
+                    await nc.publish(subject, me, headers=headers)
+                else:
+                    headers[BATCH_COMMIT] = "1"
+                    ack = await self.js.publish(subject, me, headers=headers)
+        except nats.js.errors.APIError as e:
+            if isinstance(e, _KV_TRANSIENT):
+                return [e for _ in messages]
+            log.debug("partition renewals refused together, one by one now: %r", e)
+            return None
+        except _KV_ERRORS as e:  # the server away: the leases lapse unless renewed
+            return [e for _ in messages]
+        first = ack.seq - len(messages) + 1  # a batch is stored in one piece, in order
+        return list(range(first, first + len(messages)))
 
     async def _take(self, kv: KeyValue, share: int) -> bool:
         """Create free partitions' keys (absent, expired or deleted) up to ``share``."""
@@ -345,11 +434,19 @@ class Partitions:
         info = await self.js.stream_info(
             f"KV_{self.bucket}", subjects_filter=f"$KV.{self.bucket}.member.>"
         )
-        names = [s.rsplit(".", 1)[1] for s in (info.state.subjects or {})]
+        names = frozenset(s.rsplit(".", 1)[1] for s in (info.state.subjects or {}))
+        if names == self._member_names:
+            # The same keys as last round: the same members. A member that stops purges
+            # its key (its subject is gone) and a dead one's expires, so a change shows
+            # here; only a delete marker (of an earlier version's member) stays until it
+            # expires, within a lease
+            return self._live
         found = await asyncio.gather(
             *(kv.get(f"member.{n}") for n in names), return_exceptions=True
         )
-        return sum(not isinstance(f, BaseException) for f in found)
+        self._member_names = names
+        self._live = sum(not isinstance(f, BaseException) for f in found)
+        return self._live
 
     async def _release(self, p: int) -> None:
         """Stop deciding the partition first, then delete its key (at our revision only)."""

@@ -179,8 +179,8 @@ class MemberLog:
         subscription per partition, ``no_echo``: others' only) and then read from the
         log, from where that partition's last read ended. Nothing heard for
         ``heartbeat`` seconds (doubling while those reads find nothing, up to
-        ``IDLE_READ_MAX_HEARTBEATS``), or a reconnect (which wakes it): every followed
-        partition is read.
+        ``IDLE_READ_MAX_HEARTBEATS``) and the log grown since such a look, or a reconnect
+        (which wakes it): every followed partition is read.
 
         Events of different writers may come out of log order (another writer's event
         after an own later one): each task's stream stays in order, which is what the
@@ -205,6 +205,7 @@ class MemberLog:
         # held partition was most of an idle member's messages
         quiet_s = store.heartbeat
         idle_read = False
+        log_end = 0  # the log's last position at the latest idle look that read it all
         unhook = on_reconnected(store.nc, wake.set)
 
         async def on_hint(msg: Any) -> None:
@@ -284,9 +285,21 @@ class MemberLog:
                     reconnects = store.nc.stats.get("reconnects", 0)
                     read_all_again()  # others' publishes while away were not heard
                 elif now - idle_since >= quiet_s:
-                    read_all_again()  # nothing for a while: anything not heard?
+                    # nothing for a while: anything not heard? Only if the log grew since
+                    # the last such look (one request instead of a read per partition);
+                    # whatever was stored before it has been read then
                     idle_since = now
-                    idle_read = True
+                    try:
+                        last = await store._last_position()
+                    except _READ_ERRORS:
+                        last = -1
+                    if last < 0 or last > log_end:
+                        read_all_again()
+                        log_end = max(last, log_end)
+                        idle_read = True
+                    else:  # nothing anywhere: the next look waits twice as long
+                        quiet_s = min(quiet_s * 2, IDLE_READ_MAX_HEARTBEATS * store.heartbeat)
+                        continue
                 ready = [t for t in hints if due.get(t, 0.0) <= now and t in read_from]
                 for tok in [t for t in hints if t not in read_from]:
                     del hints[tok]

@@ -46,8 +46,7 @@ from cardbus.eventstore.nats.follow import offer_appended
 from cardbus.eventstore.nats.reads import Reads
 from cardbus.eventstore.nats.subjects import (
     MAX_SUBJECT_LEN,
-    checked,
-    event_subject,
+    event_subjects,
     stream_filter,
 )
 from cardbus.eventstore.nats.wire import (
@@ -65,6 +64,7 @@ from cardbus.eventstore.nats.wire import (
     PubAck,
     decode_ack,
     envelope_of,
+    publish,
 )
 
 __all__ = ["Appends", "Head"]
@@ -190,14 +190,7 @@ class Appends(Reads):
                 f"{len(events)} events in one append: at most {self.max_batch} on NATS"
             )
         filt = stream_filter(self.subject_prefix, stream)
-        subjects = [
-            checked(
-                event_subject(
-                    self.subject_prefix, e.correlation_id, stream, e.type, self.partitions
-                )
-            )
-            for e in events
-        ]
+        subjects = event_subjects(self.subject_prefix, stream, events, self.partitions)
         for attempt in range(8):
             head = self._heads.get(stream)
             if head is None and expected_version == 0 and attempt == 0:
@@ -417,7 +410,7 @@ class Appends(Reads):
         ]
         # Pipelined: nothing is awaited but the commit's ack; one flush sends them all.
         for (subject, body), h in zip(messages[:-1], headers, strict=False):
-            await self.nc.publish(subject, body, headers=h)
+            await publish(self.nc, subject, body, headers=h)
         subject, body = messages[-1]
         return await self._request(subject, body, headers[-1])
 

@@ -15,8 +15,11 @@ These are pure functions: no network, no state.
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
+from collections.abc import Iterable
+from typing import Any
 
 from cardbus.eventstore.errors import ValidationError
 
@@ -37,6 +40,7 @@ __all__ = [
     "decode_token",
     "encode_token",
     "event_subject",
+    "event_subjects",
     "kind_token",
     "partition_filter",
     "partition_of",
@@ -107,6 +111,7 @@ def decode_token(token: str) -> str:
     return raw.decode("utf-8", "surrogatepass")
 
 
+@functools.lru_cache(maxsize=512)  # a few dozen event tags: one regex substitution each
 def kind_token(tag: str) -> str:
     """``task.dispatched.v1`` -> ``task_dispatched_v1`` (not reversible; the body has the tag)."""
     return _KIND_UNSAFE.sub("-", tag.replace(".", "_")) or "_"
@@ -128,6 +133,21 @@ def event_subject(prefix: str, root: str, stream: str, tag: str, partitions: int
     """``<prefix>.<task>.<partition>.<root>.<kind>`` for one event (see the module doc)."""
     part = partition_token(root, partitions)
     return f"{prefix}.{encode_token(stream)}.{part}.{encode_token(root)}.{kind_token(tag)}"
+
+
+def event_subjects(prefix: str, stream: str, events: Iterable[Any], partitions: int) -> list[str]:
+    """:func:`event_subject` of each of one append's events (``NewEvent`` each), checked
+    (:func:`checked`): the task's token made once, each root's once."""
+    task = f"{prefix}.{encode_token(stream)}."
+    roots: dict[str, str] = {}
+    out = []
+    for e in events:
+        root = e.correlation_id
+        middle = roots.get(root)
+        if middle is None:
+            middle = roots[root] = f"{partition_token(root, partitions)}.{encode_token(root)}."
+        out.append(checked(f"{task}{middle}{kind_token(e.type)}"))
+    return out
 
 
 def checked(subject: str) -> str:

@@ -46,7 +46,7 @@ from cardbus.eventstore.nats.appends import (
 )
 from cardbus.eventstore.nats.connection import is_transient, transient, translated
 from cardbus.eventstore.nats.follow import offer_appended
-from cardbus.eventstore.nats.subjects import checked, event_subject, stream_filter
+from cardbus.eventstore.nats.subjects import event_subjects, stream_filter
 from cardbus.eventstore.store import Append, EventStore, check_after
 
 __all__ = ["Together"]
@@ -98,14 +98,7 @@ class Together(Appends):
                 continue
             try:
                 check_append_args(a.stream, a.events, a.expected_version)
-                subjects = [
-                    checked(
-                        event_subject(
-                            self.subject_prefix, e.correlation_id, a.stream, e.type, self.partitions
-                        )
-                    )
-                    for e in a.events
-                ]
+                subjects = event_subjects(self.subject_prefix, a.stream, a.events, self.partitions)
             except CardbusError as e:
                 outcomes[i] = e
                 continue

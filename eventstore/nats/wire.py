@@ -56,6 +56,7 @@ __all__ = [
     "description",
     "envelope_of",
     "next_msg",
+    "publish",
     "status",
     "stored_of",
 ]
@@ -156,6 +157,38 @@ async def next_msg(sub: Any, timeout: float) -> Msg:
     return await sub.next_msg(timeout=timeout)
 
 
+async def publish(
+    nc: NatsClient,
+    subject: str,
+    payload: bytes,
+    reply: str = "",
+    headers: dict[str, str] | None = None,
+) -> None:
+    """``nc.publish`` with the header block written in one join: nats-py checks and
+    encodes each header key by key (a fifth of an append's client CPU on the log's
+    publishes: about 10 µs a message with four headers against 2.5).
+
+    Only where nothing would differ: a connected client, a payload within its limit, a
+    subject without white space and no line break in a header (one would end the block
+    early: the join's line breaks are counted). Anything else, or a nats-py without the
+    internals used, goes through ``nc.publish``, which checks and raises as ever."""
+    send = getattr(nc, "_send_command", None)
+    if headers and send is not None and nc.is_connected and len(payload) <= nc.max_payload:
+        lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
+        if lines.count("\n") == len(headers) and len(subject.split()) == 1:
+            hdr = f"NATS/1.0\r\n{lines}\r\n".encode()
+            head = f"HPUB {subject} {reply} {len(hdr)} {len(hdr) + len(payload)}\r\n"
+            stats = nc.stats
+            stats["out_msgs"] += 1
+            stats["out_bytes"] += len(payload)
+            await send(b"".join((head.encode(), hdr, payload, b"\r\n")))
+            flush = getattr(nc, "_flush_queue", None)
+            if flush is not None and flush.empty():
+                await nc._flush_pending()
+            return
+    await nc.publish(subject, payload, reply=reply, headers=headers)
+
+
 NO_RESPONDERS = "503"  # a request nobody subscribes to (no stream captures the subject)
 
 
@@ -215,7 +248,7 @@ class RequestMux:
         if self._sweeper is None:
             self._sweeper = loop.call_later(self.timeout, self._sweep)
         try:
-            await self.nc.publish(subject, body, reply=f"{self._prefix}.{token}", headers=headers)
+            await publish(self.nc, subject, body, f"{self._prefix}.{token}", headers)
             msg = await future
         finally:
             self._calls.pop(token, None)

@@ -299,3 +299,49 @@ async def test_a_lease_renewed_after_it_lapsed_here_counts_as_acquired(
         assert next(woken) == before + 3  # one wake for the lapsed leases renewed
     finally:
         await a.stop()
+
+
+async def test_a_rounds_renewals_go_as_one_batch_and_one_by_one_when_refused(
+    connections: list[Client],
+) -> None:
+    """The renewals of a round are one atomic batch (one ack, each key still checked at
+    its revision): a key taken meanwhile refuses the whole batch, nothing of it is
+    stored, and the round renews the others one by one and forgets that one."""
+    a = Partitions(connections[0].jetstream(), 4, 30.0, member="a")
+    await a.start()
+    try:
+        assert a._atomic and len(a.held) == 4
+        kv = await connections[1].jetstream().key_value("cardbus-owners")
+        await a.round()
+        after = {p: (await kv.get(f"p.{p}")).revision for p in range(4)}
+        assert a._revision == after
+        # stored in one piece: the batch's revisions follow one another
+        assert sorted(after.values()) == list(range(min(after.values()), min(after.values()) + 4))
+        taken = await kv.update("p.2", b"b", last=after[2])  # another member has it now
+        await a.round()
+        assert a.holding == frozenset({0, 1, 3}) and 2 not in a.held
+        assert (await kv.get("p.2")).revision == taken  # the refused batch stored nothing
+        now = {p: (await kv.get(f"p.{p}")).revision for p in (0, 1, 3)}
+        assert all(now[p] > after[p] for p in now) and a._revision == now
+    finally:
+        await a.stop()
+
+
+async def test_a_stopped_member_is_counted_out_by_its_keys_subject(
+    connections: list[Client],
+) -> None:
+    """A stopping member purges its member key: the next round of another counts one
+    member fewer and takes the whole share back."""
+    a = Partitions(connections[0].jetstream(), 8, 30.0, member="a")
+    b = Partitions(connections[1].jetstream(), 8, 30.0, member="b")
+    await a.start()
+    await b.start()
+    try:
+        await a.round()  # over its share now: four go
+        await b.round()
+        assert a.members == b.members == 2 and len(a.held) == len(b.held) == 4
+        await b.stop()
+        await a.round()
+        assert a.members == 1 and len(a.held) == 8
+    finally:
+        await a.stop()
