@@ -20,7 +20,7 @@ handler running that long (``bus.orchestrator.cancel_notices``).
 
 Up to ``concurrency`` cards run at once: by default the agent's
 ``constraints.max_concurrency``, as that many handlers of its inbox
-(``bus.consume`` once each). In process each is a consumer of the inbox queue;
+(``bus.consume_many``). In process they are one consumer with that many slots;
 on NATS the handlers of one agent on one bus share one pull loop that asks for
 several cards at once, never more than handlers are idle, and each card is
 acked when its answer is sent. A blocking
@@ -182,9 +182,10 @@ class AgentWorker:
         await self.bus.reply(self._announce())
         # before the first card: a cancel of it must find us listening
         await self.bus.watch_cancels(self.agent.agent_id, self._on_notice)
-        for _ in range(self.concurrency):
-            handler = telemetry.traced_handler(self._on_card, self.bus, self.agent.agent_id)
-            await self.bus.consume(self.agent.agent_id, handler)
+        # one handler for every unit of concurrency (it keeps no state of its own), and
+        # one consumer entry with that many slots where the bus can (in process)
+        handler = telemetry.traced_handler(self._on_card, self.bus, self.agent.agent_id)
+        await self.bus.consume_many(self.agent.agent_id, handler, self.concurrency)
         if self.lease_s > 0:
             self._renewing = asyncio.create_task(self._renew(), name=f"lease-{self.agent.agent_id}")
         if self.cancel_check_s > 0:
