@@ -206,7 +206,8 @@ class AgentWorker:
         if watch.ended or watch.expired or watch.stopped:
             return  # done, or being cancelled already
         watch.stopped = why
-        watch.task.cancel()
+        if watch.task is not None:
+            watch.task.cancel()
 
     def _notice(self, card: TaskCard, reason: str, by: str = "") -> CancelNotice:
         """A cancel notice for ``card``'s attempt, as the worker tells itself."""
@@ -389,6 +390,10 @@ class AgentWorker:
             finally:
                 self._watched.pop(key, None)
                 watch.ended = True
+                # its heap entry stays until its deadline (or a compaction): it must not
+                # keep the task, whose context holds RUN_CLOCK -> this watch (a cycle the
+                # collector would have to find, a thousand at a time at 1,000 in flight)
+                watch.task = None
             answer = msgspec.structs.replace(answer, **self._who(card))
             for sending in watch.reported:  # Started goes out before the answer
                 await sending
@@ -518,7 +523,8 @@ class AgentWorker:
             at, _, watch = heapq.heappop(deadlines)
             if not watch.ended and not watch.expired and at == watch.deadline:
                 watch.expired = True
-                watch.task.cancel()
+                if watch.task is not None:
+                    watch.task.cancel()
         soonest = min(
             dues[0].due if dues and dues[0].due is not None else math.inf,
             deadlines[0][0] if deadlines else math.inf,
@@ -580,7 +586,7 @@ class _Watch:
         self.stopped = ""  # why its handler was cancelled on its task's end (a notice)
         self.due = due
         self.deadline = deadline
-        self.task = task
+        self.task: asyncio.Task[object] | None = task  # None once its handler ended
         self.expired = False
         self.ended = False  # its handler is done: nothing left to send or cancel
         self.reported: list[asyncio.Task[None]] = []
