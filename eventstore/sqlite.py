@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import itertools
@@ -51,7 +52,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -430,6 +431,24 @@ def _outcome(future: asyncio.Future[list[Envelope]]) -> list[Envelope] | Excepti
     return error
 
 
+def _back_on(
+    loop: asyncio.AbstractEventLoop,
+    finished: Callable[[list[_Request], concurrent.futures.Future[Any]], None],
+    batch: list[_Request],
+    done: concurrent.futures.Future[Any],
+) -> None:
+    """In the writer thread, a batch written: its outcome goes to the event loop."""
+    try:
+        loop.call_soon_threadsafe(finished, batch, done)
+    except RuntimeError:  # the loop is closed: nobody is left to tell
+        pass
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
 def _all_done(futures: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
     """A future done when all of ``futures`` are; cancelling it cancels none of them.
 
@@ -475,7 +494,8 @@ class SqliteEventStore(EventStore):
         self._kick_scheduled = False
         self._idle: asyncio.Event = asyncio.Event()
         self._idle.set()
-        self._commit_waiters: list[asyncio.Future[None]] = []
+        # live subscribers waiting for this store's next commit (True) or a timer (False)
+        self._commit_waiters: list[asyncio.Future[bool]] = []
         self._last_committed = 0
         self._recent: collections.deque[Envelope] = collections.deque(maxlen=_RECENT)
         # each live subscription's next position (a lower bound: updated once per page)
@@ -613,17 +633,18 @@ class SqliteEventStore(EventStore):
             batch = self._queue[:n]
             del self._queue[:n]
             self._inflight += 1
-            done = loop.run_in_executor(
-                self._executor, self._writer.write, batch, self.max_event_bytes
-            )
-            done.add_done_callback(functools.partial(self._finished, batch))
+            # Straight to the pool, back with one call_soon_threadsafe: run_in_executor
+            # wraps the pool's future in an asyncio future, chained by two more callbacks
+            # and a second hop, for every commit (issue 34, the writer's hand-off).
+            done = self._executor.submit(self._writer.write, batch, self.max_event_bytes)
+            done.add_done_callback(functools.partial(_back_on, loop, self._finished, batch))
         if not self._queue and not self._inflight:
             self._idle.set()
 
     def _finished(
         self,
         batch: list[_Request],
-        done: asyncio.Future[tuple[list[Outcome | None], int, int]],
+        done: concurrent.futures.Future[tuple[list[Outcome | None], int, int]],
     ) -> None:
         self._inflight -= 1
         try:
@@ -649,7 +670,7 @@ class SqliteEventStore(EventStore):
             waiters, self._commit_waiters = self._commit_waiters, []
             for w in waiters:
                 if not w.done():
-                    w.set_result(None)
+                    w.set_result(True)
         for r, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
                 self._queue.append(r)
@@ -772,14 +793,8 @@ class SqliteEventStore(EventStore):
                 # Live: woken by our own commits, looking for other processes' commits
                 # at a wait that grows while nothing changes (sqlite_follow).
                 while self._last_committed < next_position and not self._closed:
-                    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self._commit_waiters.append(waiter)
-                    try:
-                        await asyncio.wait_for(waiter, wait)
+                    if await self._commit_within(wait):
                         break  # our own commit
-                    except TimeoutError:
-                        with contextlib.suppress(ValueError):
-                            self._commit_waiters.remove(waiter)
                     wait = backoff(wait, self.poll_interval)
                     # Another process's commit changes the wal-index header: while it
                     # stays as it was there is nothing to read (one pread, not a query
@@ -788,6 +803,23 @@ class SqliteEventStore(EventStore):
                         break
         finally:
             self._live.pop(token, None)  # the cache need not keep anything for it
+
+    async def _commit_within(self, wait: float) -> bool:
+        """Whether this store commits within ``wait`` seconds.
+
+        One future and one timer handle, not ``asyncio.wait_for`` (a timeout context, a
+        task-like wrapper and callbacks): a live subscriber waits once per commit."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._commit_waiters.append(waiter)
+        timer = loop.call_later(wait, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            if not (waiter.done() and not waiter.cancelled() and waiter.result()):
+                with contextlib.suppress(ValueError):
+                    self._commit_waiters.remove(waiter)
 
     async def verify(self, stream: str | None = None) -> list[ChainProblem]:
         if stream is not None:

@@ -20,7 +20,7 @@ handler running that long (``bus.orchestrator.cancel_notices``).
 
 Up to ``concurrency`` cards run at once: by default the agent's
 ``constraints.max_concurrency``, as that many handlers of its inbox
-(``bus.consume`` once each). In process each is a consumer of the inbox queue;
+(``bus.consume_many``). In process they are one consumer with that many slots;
 on NATS the handlers of one agent on one bus share one pull loop that asks for
 several cards at once, never more than handlers are idle, and each card is
 acked when its answer is sent. A blocking
@@ -182,9 +182,10 @@ class AgentWorker:
         await self.bus.reply(self._announce())
         # before the first card: a cancel of it must find us listening
         await self.bus.watch_cancels(self.agent.agent_id, self._on_notice)
-        for _ in range(self.concurrency):
-            handler = telemetry.traced_handler(self._on_card, self.bus, self.agent.agent_id)
-            await self.bus.consume(self.agent.agent_id, handler)
+        # one handler for every unit of concurrency (it keeps no state of its own), and
+        # one consumer entry with that many slots where the bus can (in process)
+        handler = telemetry.traced_handler(self._on_card, self.bus, self.agent.agent_id)
+        await self.bus.consume_many(self.agent.agent_id, handler, self.concurrency)
         if self.lease_s > 0:
             self._renewing = asyncio.create_task(self._renew(), name=f"lease-{self.agent.agent_id}")
         if self.cancel_check_s > 0:
@@ -205,7 +206,8 @@ class AgentWorker:
         if watch.ended or watch.expired or watch.stopped:
             return  # done, or being cancelled already
         watch.stopped = why
-        watch.task.cancel()
+        if watch.task is not None:
+            watch.task.cancel()
 
     def _notice(self, card: TaskCard, reason: str, by: str = "") -> CancelNotice:
         """A cancel notice for ``card``'s attempt, as the worker tells itself."""
@@ -388,6 +390,10 @@ class AgentWorker:
             finally:
                 self._watched.pop(key, None)
                 watch.ended = True
+                # its heap entry stays until its deadline (or a compaction): it must not
+                # keep the task, whose context holds RUN_CLOCK -> this watch (a cycle the
+                # collector would have to find, a thousand at a time at 1,000 in flight)
+                watch.task = None
             answer = msgspec.structs.replace(answer, **self._who(card))
             for sending in watch.reported:  # Started goes out before the answer
                 await sending
@@ -517,7 +523,8 @@ class AgentWorker:
             at, _, watch = heapq.heappop(deadlines)
             if not watch.ended and not watch.expired and at == watch.deadline:
                 watch.expired = True
-                watch.task.cancel()
+                if watch.task is not None:
+                    watch.task.cancel()
         soonest = min(
             dues[0].due if dues and dues[0].due is not None else math.inf,
             deadlines[0][0] if deadlines else math.inf,
@@ -579,7 +586,7 @@ class _Watch:
         self.stopped = ""  # why its handler was cancelled on its task's end (a notice)
         self.due = due
         self.deadline = deadline
-        self.task = task
+        self.task: asyncio.Task[object] | None = task  # None once its handler ended
         self.expired = False
         self.ended = False  # its handler is done: nothing left to send or cancel
         self.reported: list[asyncio.Task[None]] = []

@@ -39,21 +39,33 @@ log = logging.getLogger(__name__)
 
 
 class _Consumer:
-    """One ``consume`` call: a handler, and a copy of the context it was called in. Its
-    cards run one after another in that one context, as they did in a resident task of
-    its own: not in the sender's context, and not each in a fresh copy (a handler's
-    context variables may refer back to its task, as the worker's ``RUN_CLOCK`` does:
-    a copy per card would leave a cycle per card for the collector to find)."""
+    """One ``consume`` (or ``consume_many``) call: a handler, how many more of its cards
+    may run at once, and copies of the context it was called in.
 
-    __slots__ = ("context", "handler")
+    Each card runs in a context of its consumer's, as it did in a resident task of its
+    own: not in the sender's context. Not in a fresh copy per card either (a handler's
+    context variables may refer back to its task, as the worker's ``RUN_CLOCK`` does: a
+    copy per card would leave a cycle per card for the collector to find): a card that
+    ends gives its context back for the next one, so there are as many copies as cards
+    ever ran at once, not one per unit of ``max_concurrency`` (issue 34: with 20,000,
+    the idle units' contexts, entries and handlers were most of the objects the
+    collector walked). Cards running at once never share one: the worker's per-card
+    variables (``RUN_CLOCK``, ``CHUNK_SINK``) are set in it."""
 
-    def __init__(self, handler: CardHandler, context: contextvars.Context) -> None:
+    __slots__ = ("contexts", "free", "handler", "origin")
+
+    def __init__(self, handler: CardHandler, origin: contextvars.Context, free: int) -> None:
         self.handler = handler
-        self.context = context
+        self.origin = origin  # never run in: copied for each card beyond the kept ones
+        self.contexts: list[contextvars.Context] = []  # of no running card: reused
+        self.free = free  # cards it may still take at once
+
+    def context(self) -> contextvars.Context:
+        return self.contexts.pop() if self.contexts else self.origin.copy()
 
 
 class _Inbox:
-    """An agent's cards not taken yet, and its consumers with no card."""
+    """An agent's cards not taken yet, and its consumers with room for one more."""
 
     __slots__ = ("idle", "pending")
 
@@ -64,11 +76,11 @@ class _Inbox:
 
 
 class InProcessBus(Bus):
-    """Consumers start no task of their own: a card sent to an idle consumer starts one,
-    which takes the next card as long as there is one, then ends. An agent with a
-    ``max_concurrency`` of thousands (``bus.consume`` once per unit) costs as many idle
-    entries, not as many resident tasks that the garbage collector would walk at every
-    collection (most of a busy step's collector time, issue 34)."""
+    """Consumers start no task of their own: a card sent to a consumer with room starts
+    one, which takes the next card as long as there is one, then ends. An agent with a
+    ``max_concurrency`` of thousands (``bus.consume_many``) costs one entry with as many
+    slots, not as many resident tasks (or idle entries) that the garbage collector would
+    walk at every collection (most of a busy step's collector time, issue 34)."""
 
     def __init__(self, max_deliver: int = 5) -> None:
         self.max_deliver = max_deliver
@@ -89,8 +101,13 @@ class InProcessBus(Bus):
         return inbox
 
     async def consume(self, agent_id: str, handler: CardHandler) -> None:
+        await self.consume_many(agent_id, handler, 1)
+
+    async def consume_many(self, agent_id: str, handler: CardHandler, n: int) -> None:
+        if n < 1:
+            raise BusError(f"consume_many needs n >= 1, got {n!r}")
         inbox = self._inbox(agent_id)
-        inbox.idle.append(_Consumer(handler, contextvars.copy_context()))
+        inbox.idle.append(_Consumer(handler, contextvars.copy_context(), n))
         self._start(agent_id, inbox)  # cards sent before anyone consumed
 
     def _put(self, agent_id: str, data: bytes, delivered: int) -> None:
@@ -107,21 +124,34 @@ class InProcessBus(Bus):
             # would be started for it before the first one took it
             first = inbox.pending.popleft()
             consumer = inbox.idle.popleft()
+            consumer.free -= 1
+            if consumer.free:  # room for more: its turn again after the other replicas
+                inbox.idle.append(consumer)
+            context = consumer.context()
             task = asyncio.create_task(
-                self._run_consumer(agent_id, inbox, consumer, first), context=consumer.context
+                self._run_consumer(agent_id, inbox, consumer, context, first), context=context
             )
             self._consumers.add(task)
             task.add_done_callback(self._consumers.discard)
 
     async def _run_consumer(
-        self, agent_id: str, inbox: _Inbox, consumer: _Consumer, first: tuple[bytes, int]
+        self,
+        agent_id: str,
+        inbox: _Inbox,
+        consumer: _Consumer,
+        context: contextvars.Context,
+        first: tuple[bytes, int],
     ) -> None:
         subject = f"cardbus.agent.{agent_id}"
         message: tuple[bytes, int] | None = first
-        while message is not None:  # the cards this consumer takes before it is idle again
+        while message is not None:  # the cards this slot takes before it is free again
             await self._deliver(subject, inbox, consumer.handler, *message)
             message = inbox.pending.popleft() if inbox.pending else None
-        inbox.idle.append(consumer)  # no card left: the next one sent starts it again
+        # no card left: the slot (and its context) is free for the next card sent
+        consumer.contexts.append(context)
+        consumer.free += 1
+        if consumer.free == 1:  # it had no room: back in turn
+            inbox.idle.append(consumer)
 
     async def _deliver(
         self, subject: str, inbox: _Inbox, handler: CardHandler, data: bytes, delivered: int

@@ -7,7 +7,9 @@ and pass ``cardbus.testing.BusContract`` (``tests/contract/bus.py``). The contra
   agent's inbox; all replicas of an agent id share the inbox, so each card
   goes to one of them. A handler that raises gets the card again (at least
   once, up to ``max_deliver`` times); handlers must be idempotent by
-  ``(task_id, attempt)``.
+  ``(task_id, attempt)``. ``consume_many(agent_id, handler, n)`` is ``n`` such
+  consumers sharing one handler (a worker's ``max_concurrency``): by default ``n``
+  calls of ``consume``; a backend may keep them as one entry with ``n`` slots.
 * ``send_task(agent_id, card)`` puts a card in an agent's inbox; it returns
   once the bus has accepted it (on NATS: persisted).
 * ``reply(message)`` sends an agent's answer (``Started``, ``ResultCard``,
@@ -109,6 +111,12 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     async def consume(self, agent_id: str, handler: CardHandler) -> None:
         """Start one consumer of ``agent_id``'s inbox (one replica)."""
+
+    async def consume_many(self, agent_id: str, handler: CardHandler, n: int) -> None:
+        """``n`` consumers of ``agent_id``'s inbox with one handler: up to ``n`` of its
+        cards handled at once (the default: ``consume`` ``n`` times)."""
+        for _ in range(n):
+            await self.consume(agent_id, handler)
 
     @abc.abstractmethod
     async def send_task(self, agent_id: str, card: TaskCard) -> None:
