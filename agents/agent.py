@@ -197,6 +197,10 @@ class Agent:
     #: before, while it asks the same (``agents.journal``); False: always fresh calls
     #: (still recorded)
     replay_journal: ClassVar[bool] = True
+    #: how long a card runs before the worker reports it started (``task.started``: an
+    #: attempt's ``timeout_s`` counts from it); 0: at once; None: the worker's own
+    #: (``started_after_s`` of ``AgentWorker``, 0.01 s embedded, 1 s on NATS)
+    started_after_s: ClassVar[float | None] = None
     _capabilities_by_name: ClassVar[tuple[Sequence[Capability], dict[str, Capability]] | None] = (
         None
     )

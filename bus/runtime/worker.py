@@ -118,7 +118,19 @@ class AgentWorker:
         # a sync handler's threads: as many as cards at once, so none waits for a thread
         # and a blocking agent cannot take the threads another agent's handlers need
         self._threads: ThreadPoolExecutor | None = None
-        self.started_after_s = started_after_s
+        # the agent's own, where its class says one (``Agent.started_after_s``)
+        declared = agent.started_after_s
+        if declared is not None:
+            started_after_s = declared
+        if (
+            isinstance(started_after_s, bool)
+            or not isinstance(started_after_s, int | float)
+            or not started_after_s >= 0
+        ):
+            raise ConfigError(
+                f"{agent.agent_id}: started_after_s must be a number >= 0, got {started_after_s!r}"
+            )
+        self.started_after_s = float(started_after_s)
         if not lease_s >= 0:
             raise ConfigError(f"{agent.agent_id}: lease_s must be >= 0, got {lease_s!r}")
         self.lease_s = float(lease_s)

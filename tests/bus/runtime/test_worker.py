@@ -19,6 +19,7 @@ from cardbus.agents import Agent, Announce, Capability, ResultCard, Started, Tas
 from cardbus.agents.cards import Reply
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
+from cardbus.eventstore.errors import ConfigError
 
 
 class EchoIn(msgspec.Struct, frozen=True):
@@ -334,3 +335,53 @@ async def test_a_duplicate_waiting_on_an_abandoned_run_gets_an_error_not_a_cance
         assert not duplicate.cancelled()
     finally:
         await b.close()
+
+
+class GatedAtOnce(Gated):
+    started_after_s = 0.0
+
+
+class GatedLate(Gated):
+    started_after_s = 30.0
+
+
+async def test_the_agents_own_started_after_is_the_one_its_worker_keeps(
+    bus: InProcessBus,
+) -> None:
+    # the class says 0: reported started at once, though the worker's default waits 30 s
+    Gated.gate = asyncio.Event()
+    replies = bus.replies()
+    await AgentWorker(bus, GatedAtOnce, started_after_s=30).start()
+    await take(replies, 1)
+    await bus.send_task("gated", card())
+    (started,) = await take(replies, 1)  # while the handler still waits on its gate
+    assert isinstance(started, Started)
+    Gated.gate.set()
+    (result,) = await take(replies, 1)
+    assert isinstance(result, ResultCard) and result.status == "completed"
+
+
+async def test_an_agent_that_says_30_s_is_not_reported_started_at_the_workers_default(
+    bus: InProcessBus,
+) -> None:
+    Gated.gate = asyncio.Event()
+    replies = bus.replies()
+    await AgentWorker(bus, GatedLate, started_after_s=0.001).start()
+    await take(replies, 1)
+    await bus.send_task("gated", card())
+    # the handler runs 0.2 s: past the worker's 0.001 s, well within the agent's 30 s
+    asyncio.get_running_loop().call_later(0.2, Gated.gate.set)
+    (first,) = await take(replies, 1)
+    assert isinstance(first, ResultCard) and first.status == "completed"
+    await nothing_more(replies)
+
+
+@pytest.mark.parametrize("bad", [-1, "soon", True, float("nan")])
+def test_a_started_after_that_is_not_a_duration_is_a_config_error(
+    bus: InProcessBus, bad: Any
+) -> None:
+    class Odd(Gated):
+        started_after_s = bad
+
+    with pytest.raises(ConfigError, match="started_after_s must be a number >= 0"):
+        AgentWorker(bus, Odd)
