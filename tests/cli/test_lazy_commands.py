@@ -19,9 +19,9 @@ def test_the_command_map_names_every_command_and_its_module() -> None:
 
 
 # what a command that only reads the log or writes one person's answer does not load:
-# the NATS client, the decision loop, the LLM agents (each a share of the start-up
+# the NATS client, the decision loop, the LLM agents, jsonschema (each a share of the start-up
 # every `cardbus` command pays; `cardbus.bus` and `cardbus.agents` load names on use)
-HEAVY = ("nats", "cardbus.bus.orchestrator.core", "cardbus.agents.llm_agent")
+HEAVY = ("nats", "cardbus.bus.orchestrator.core", "cardbus.agents.llm_agent", "jsonschema")
 
 
 @pytest.mark.parametrize("command", ["tasks", "review", "answer"])
