@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
 import msgspec
 
 from cardbus.agents.agent import NeedsInput, _input_schema
@@ -58,6 +57,8 @@ def question_spec(
             # $defs stay for what it refers to
             defs = body.get("$defs", {})
             body = {**defs.get(ref.rsplit("/", 1)[-1], {}), "$defs": defs}
+    import jsonschema  # here: what only reads questions (`cardbus answer`) pays nothing for it
+
     try:
         jsonschema.Draft202012Validator.check_schema(body)
     except jsonschema.SchemaError as e:

@@ -14,16 +14,38 @@ replays agents' model and tool calls, and ``effects`` takes an operator's word t
 tool call whose effect was unknown happened; ``children`` checks a plan task's child
 run and ``child_runs`` starts, follows and closes it; ``refusals`` words why an agent
 refuses a task; ``store_trouble`` tells a log's hiccup from a log that refuses writes.
+
+Names are loaded on first use, so a submodule imported alone (``reviews``, ``questions``)
+does not import the decision loop with it.
 """
 
 from __future__ import annotations
 
-from .core import Orchestrator, RunResult, answer_approval
-from .effects import record_effect_done, unknown_effects
-from .plan import Plan, PlanTask, as_plan, decode_plan, validate_plan
-from .policy import Policy
-from .retry import RetryPolicy
+import importlib
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from cardbus.bus.orchestrator.core import Orchestrator, RunResult, answer_approval
+    from cardbus.bus.orchestrator.effects import record_effect_done, unknown_effects
+    from cardbus.bus.orchestrator.plan import Plan, PlanTask, as_plan, decode_plan, validate_plan
+    from cardbus.bus.orchestrator.policy import Policy
+    from cardbus.bus.orchestrator.retry import RetryPolicy
+
+# public name -> the module that defines it
+_HOME = {
+    "Orchestrator": "cardbus.bus.orchestrator.core",
+    "Plan": "cardbus.bus.orchestrator.plan",
+    "PlanTask": "cardbus.bus.orchestrator.plan",
+    "Policy": "cardbus.bus.orchestrator.policy",
+    "RetryPolicy": "cardbus.bus.orchestrator.retry",
+    "RunResult": "cardbus.bus.orchestrator.core",
+    "answer_approval": "cardbus.bus.orchestrator.core",
+    "as_plan": "cardbus.bus.orchestrator.plan",
+    "decode_plan": "cardbus.bus.orchestrator.plan",
+    "record_effect_done": "cardbus.bus.orchestrator.effects",
+    "unknown_effects": "cardbus.bus.orchestrator.effects",
+    "validate_plan": "cardbus.bus.orchestrator.plan",
+}
 __all__ = [
     "Orchestrator",
     "Plan",
@@ -38,3 +60,16 @@ __all__ = [
     "unknown_effects",
     "validate_plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -31,8 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
-
 from cardbus.agents.questions import USER_INPUT
 from cardbus.bus.orchestrator.runstate import RunState, TaskView
 from cardbus.bus.orchestrator.waits import BY, require_approver, run_start
@@ -141,6 +139,8 @@ def ask(decider: Decider, task: TaskView) -> None:
 def check_answer(q: Question, answer: Any) -> None:
     """``answer`` against the question's schema and choices; ``QuestionRefused`` naming the
     field when it does not fit."""
+    import jsonschema  # here: the commands that only list or read pay nothing for it
+
     validator = jsonschema.Draft202012Validator(q.schema)
     errors = sorted(validator.iter_errors(answer), key=lambda e: list(e.absolute_path))
     if errors:

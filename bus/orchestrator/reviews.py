@@ -24,8 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.orchestrator.waits import require_approver, run_start
 from cardbus.eventstore import ConcurrencyError, EventStore, NewEvent, TaskState
@@ -193,6 +191,8 @@ def _check(review: Review, arguments: Any) -> None:
     """Edited arguments against the tool's input schema: refused naming the field."""
     if not review.schema:
         return
+    import jsonschema  # here: the commands that only list or read pay nothing for it
+
     validator = jsonschema.Draft202012Validator(review.schema)
     errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
     if errors:

@@ -2,7 +2,7 @@
 
 A heartbeat used to cancel the store's subscription (``wait_for(anext(...))``):
 the stream died at its first quiet interval and the server logged a traceback
-on every reconnect. Here the heartbeat is 0.2 s (``CARDBUS_UI_HEARTBEAT_S``),
+on every reconnect. Here the heartbeat is 0.05 s (``CARDBUS_UI_HEARTBEAT_S``),
 the stream stays open across many of them, then sees the next event; a normal
 reconnect and the server's stop log no traceback.
 """
@@ -49,7 +49,7 @@ def _read_until(resp: object, want: bytes, deadline: float) -> list[bytes]:
 def test_the_stream_survives_quiet_intervals_then_sees_the_next_event(tmp_path: Path) -> None:
     db = tmp_path / "ui.db"
     _append(db, "first")
-    server = Server(db, env={"CARDBUS_UI_HEARTBEAT_S": "0.2"})
+    server = Server(db, env={"CARDBUS_UI_HEARTBEAT_S": "0.05"})
     try:
         server.wait_ready()
         url = server.url + "api/events"

@@ -63,7 +63,7 @@ async def test_skip_overlap_on_the_embedded_runtime(tmp_path: Path) -> None:
         rt = EmbeddedRuntime(store, [Held])
         rt.scheduler.tick = 0.05
         async with rt:
-            sid = await create_schedule(store, PLAN, interval_seconds=1, overlap="skip")
+            sid = await create_schedule(store, PLAN, interval_seconds=0.5, overlap="skip")
 
             def overlapped(events: list[ev.Event]) -> bool:
                 return any(isinstance(e, ev.ScheduleSkipped) for e in events)
