@@ -38,6 +38,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from cardbus.agents.schema_fits import compile_fits
+
 __all__ = ["dep_path_problem", "resolve_path", "schema_errors"]
 
 # JSON Schema type -> its name in messages: a scalar by the Python type msgspec decodes it
@@ -77,6 +79,8 @@ def schema_errors(value: Any, schema: dict[str, Any], *, partial: bool = False) 
         # schema and the value, and one lookup (not the validator's too)
         seen = None
         if schema_key is not None and not errors:
+            if _quick(schema, partial, schema_key)(value):
+                return []  # surely fits (``schema_fits``); a no is worded below
             encoded = _encoded(value)
             if encoded:
                 seen = (schema_key, encoded)
@@ -136,6 +140,7 @@ def dep_path_problem(dep: str, path: str, output: Any) -> str | None:
 _CACHE: OrderedDict[bytes, Any] = OrderedDict()
 _CACHE_SIZE = 512
 _CLASSES: dict[bool, Any] = {}
+_QUICK: OrderedDict[bytes, Callable[[Any], bool]] = OrderedDict()
 _FITS: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
 _FITS_SIZE = 4096
 
@@ -156,6 +161,22 @@ def _schema_key(schema: dict[str, Any], partial: bool) -> bytes | None:
     except Exception:
         return None
     return key + b"~partial" if partial else key
+
+
+def _never(value: Any) -> bool:
+    return False
+
+
+def _quick(schema: dict[str, Any], partial: bool, key: bytes) -> Callable[[Any], bool]:
+    """The quick yes for ``schema`` (``schema_fits``; one saying no to every value when the
+    schema is outside its subset), made once per schema, cached under ``key``."""
+    fits = _QUICK.get(key)
+    if fits is None:
+        fits = compile_fits(_inline_refs(schema), partial) or _never
+        _QUICK[key] = fits
+        if len(_QUICK) > _CACHE_SIZE:
+            _QUICK.popitem(last=False)
+    return fits
 
 
 def _validator(schema: dict[str, Any], partial: bool, key: bytes | None) -> Any:

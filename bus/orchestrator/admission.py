@@ -39,6 +39,8 @@ def admission_order(runs: list[RunView]) -> list[RunView]:
     """Waiting runs in the order they are admitted: the highest aged priority first, then
     the log's order (``run.started``'s position)."""
     by_position = sorted(runs, key=lambda r: r.position)
+    if len({r.started.priority for r in by_position}) < 2:
+        return by_position  # one priority: no run overtakes another, none ages
     aged: dict[int, float] = {}
     later: Counter[int] = Counter()  # priorities of the runs started after this one
     for run in reversed(by_position):
@@ -74,8 +76,11 @@ class Admission:
             # a run in flight stays in flight; the free places go by priority, then the
             # log's order (whoever folded it first)
             staying = [r for r in owned if r.root_id in self.admitted][: self.limit]
-            waiting = [r for r in owned if r.root_id not in self.admitted]
-            owned = staying + admission_order(waiting)[: self.limit - len(staying)]
+            free = self.limit - len(staying)
+            if free:  # no place free: the waiting runs' order does not matter yet
+                waiting = [r for r in owned if r.root_id not in self.admitted]
+                staying += admission_order(waiting)[:free]
+            owned = staying
         admitted = {r.root_id for r in owned} | children
         new = admitted - self.admitted
         self.admitted = admitted

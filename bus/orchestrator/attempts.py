@@ -107,17 +107,28 @@ class Attempts:
                 ),
             )
             return
-        self.d.add(
-            task.task_id,
-            ev.TaskCompleted(
-                attempt=task.attempt, agent_id=agent_id, output=output, confidence=confidence
-            ),
-        )
+        self._complete(task, agent_id, output, confidence)
         run = self.state.runs.get(task.created.root_id)
         if run is not None and run.started.budget_tokens is None:
             # dependents may go on in this step (their writes follow this one); not
             # under a token budget, which this result's usage counts against first
             self.d.completed[task.task_id] = output
+
+    def _complete(
+        self, task: TaskView, agent_id: str, output: Any, confidence: float, **review: Any
+    ) -> None:
+        """The task's current attempt completed with ``output`` (``review``: what its
+        review left, ``quality_met`` and ``open_issues``)."""
+        self.d.add(
+            task.task_id,
+            ev.TaskCompleted(
+                attempt=task.attempt,
+                agent_id=agent_id,
+                output=output,
+                confidence=confidence,
+                **review,
+            ),
+        )
 
     def _output_problem(self, task: TaskView, agent_id: str, output: Any) -> str:
         card = self.state.agents.get(agent_id)
@@ -169,28 +180,14 @@ class Attempts:
         produced = task.results.get(agent_id)
         confidence = produced.confidence if produced is not None else 0.0  # the producer's
         if reviewer.state is not S.COMPLETED:
-            self.d.add(
-                task.task_id,
-                ev.TaskCompleted(
-                    attempt=task.attempt,
-                    agent_id=agent_id,
-                    output=output,
-                    confidence=confidence,
-                    quality_met=False,
-                ),
-            )
+            self._complete(task, agent_id, output, confidence, quality_met=False)
             return
         try:
             review = msgspec.convert(reviewer.output, Review)
         except msgspec.ValidationError:
             review = Review(passed=False)
         if review.passed:
-            self.d.add(
-                task.task_id,
-                ev.TaskCompleted(
-                    attempt=task.attempt, agent_id=agent_id, output=output, confidence=confidence
-                ),
-            )
+            self._complete(task, agent_id, output, confidence)
         elif task.review_round < task.created.max_review_rounds:
             self.d.add(
                 task.task_id,
@@ -201,16 +198,13 @@ class Attempts:
                 ),
             )
         else:
-            self.d.add(
-                task.task_id,
-                ev.TaskCompleted(
-                    attempt=task.attempt,
-                    agent_id=agent_id,
-                    output=output,
-                    confidence=confidence,
-                    quality_met=False,
-                    open_issues=list(review.issues),
-                ),
+            self._complete(
+                task,
+                agent_id,
+                output,
+                confidence,
+                quality_met=False,
+                open_issues=list(review.issues),
             )
 
     def _needs_input(self, task: TaskView, reply: ResultCard) -> None:

@@ -115,9 +115,13 @@ class Committing(Folding):
             await self._send(d, [s for s, error in outcomes.items() if error is None])
         finally:
             self._busy.difference_update(streams)
+            versions = self.state.versions
             for stream in streams:  # the log's events for them meanwhile (see _follow_log)
                 for env in self._held.pop(stream, ()):
-                    self._queue.put_nowait(env)
+                    if env.version > versions.get(stream, 0):  # news: to fold and decide on
+                        self._queue.put_nowait(env)
+                    else:  # our own append's, folded with it: what the step would conclude
+                        self._unfolded.discard(env.position)
             for stream in streams:
                 self._expected.pop(stream, None)
                 for rec in self._records.pop(stream, []):  # never appended (e.g. blocked)
