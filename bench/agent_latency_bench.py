@@ -55,6 +55,7 @@ from summary import record
 from cardbus.agents import Agent, Capability
 from cardbus.agents.cards import AgentConstraints
 from cardbus.bus.orchestrator.plan import Plan, PlanTask
+from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.loop import run
 from cardbus.eventstore import SqliteEventStore
@@ -191,9 +192,15 @@ def figures(
     )
 
 
+def policy_for(inflight: int) -> Policy:
+    """Every run of the measure decided at once: the default ``max_runs_in_flight`` (500)
+    would queue half of 1,000 runs in the log and cap throughput at 50% of the ideal."""
+    return Policy(max_runs_in_flight=max(inflight, 500))
+
+
 async def bench_cardbus(tmp: Path, inflight: int, runs: int, park_only: bool = False) -> Figures:
     store = await SqliteEventStore.open(tmp / f"cardbus-{inflight}.db")
-    async with EmbeddedRuntime(store, AGENTS) as rt:
+    async with EmbeddedRuntime(store, AGENTS, policy=policy_for(inflight)) as rt:
 
         async def run_one(marker: str) -> None:
             r = await rt.run(plan_for(marker), timeout=600)

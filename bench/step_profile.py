@@ -92,7 +92,8 @@ async def main(args: argparse.Namespace) -> None:
     gc.callbacks.append(collector)
     with tempfile.TemporaryDirectory() as tmp:
         store = await SqliteEventStore.open(Path(tmp) / "profile.db")
-        async with EmbeddedRuntime(store, latency.AGENTS) as rt:
+        policy = latency.policy_for(args.inflight)
+        async with EmbeddedRuntime(store, latency.AGENTS, policy=policy) as rt:
 
             async def run_one(marker: str) -> None:
                 r = await rt.run(latency.plan_for(marker), timeout=600)
