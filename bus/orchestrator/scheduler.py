@@ -317,6 +317,11 @@ class Scheduler:
                 continue
             delay = min(self._due.values(), default=math.inf) - self.clock()
             delay = max(0.0, min(delay, self.sweep - (time.monotonic() - swept)))
+            if me is not None and me.cancelling():
+                # a stop's cancel swallowed by this turn's look: honoured before the wait,
+                # which may last a whole ``sweep`` (a runtime closed just after it started
+                # took 30 s to close)
+                raise asyncio.CancelledError
             if not self._wake.is_set():
                 # 1 ms more: the loop's timers may end a little early (then nothing is due)
                 with contextlib.suppress(TimeoutError):
