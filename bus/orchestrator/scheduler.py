@@ -254,6 +254,7 @@ class Scheduler:
         self._touched: set[str] = set()  # schedules whose stream changed since the look
         self._watch: dict[str, str] = {}  # the root of a run a buffered firing waits for
         self._wake = asyncio.Event()
+        self._stopping = False  # set by stop: the loop ends at its next step
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"scheduler-{self.member}")
@@ -263,6 +264,11 @@ class Scheduler:
         task, self._task = self._task, None
         if task is None:
             return
+        # a flag as well as the cancel: a store call may swallow the cancel, or a timeout
+        # inside it take it for its own (``cancelling()`` back to 0 under load), and the
+        # loop would then wait a whole ``sweep`` (30 s) before it looked again
+        self._stopping = True
+        self._wake.set()
         task.cancel()
         await asyncio.wait([task])
         if not task.cancelled() and task.exception() is not None:
@@ -290,7 +296,7 @@ class Scheduler:
             # A stop's cancel that a store call swallowed (a NATS read returns what it has
             # when cancelled) is still pending on the task: honoured here, or the loop
             # waits on and keeps its runtime from closing
-            if me is not None and me.cancelling():
+            if self._stopping or (me is not None and me.cancelling()):
                 raise asyncio.CancelledError
             try:
                 if time.monotonic() - swept >= self.sweep:
@@ -317,6 +323,11 @@ class Scheduler:
                 continue
             delay = min(self._due.values(), default=math.inf) - self.clock()
             delay = max(0.0, min(delay, self.sweep - (time.monotonic() - swept)))
+            if self._stopping or (me is not None and me.cancelling()):
+                # a stop's cancel swallowed by this turn's look: honoured before the wait,
+                # which may last a whole ``sweep`` (a runtime closed just after it started
+                # took 30 s to close)
+                raise asyncio.CancelledError
             if not self._wake.is_set():
                 # 1 ms more: the loop's timers may end a little early (then nothing is due)
                 with contextlib.suppress(TimeoutError):

@@ -33,7 +33,7 @@ from cardbus.bus.orchestrator.partition import partition_of
 from cardbus.bus.orchestrator.plan import Plan
 from cardbus.bus.orchestrator.submission import submit_to_log
 from cardbus.bus.runtime.nats import NatsRuntime, serve_agents
-from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, REPLY_STREAM
+from cardbus.bus.transport.nats import ORCHESTRATOR_DURABLE, REPLY_STREAM, NatsBus
 from cardbus.bus.transport.nats_replies import PARTITION_CONSUMER, partition_consumer
 from cardbus.eventstore import Envelope, NewEvent, new_id
 from cardbus.eventstore import events as ev
@@ -309,6 +309,7 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
 ) -> None:
     url = nats_server.url
     lease = 3.0
+    await _reply_consumers_made(url)
     stop = asyncio.Event()
     serving = await _agents(url, stop)
     killed = Proc(
@@ -348,7 +349,7 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
             # every reply read and acked, the killed one's partitions' too; no consumer
             # that nobody reads (the default one) keeps replies
             # (what the killed one took and did not settle comes back after the consumers'
-            # ack wait, 30 s: it made them)
+            # ack wait: FAST_BUS's, they were made so)
             await until(lambda: _replies_left(b), timeout=120, what="every reply acked")
             # the replies the killed one recorded and did not ack came to b again: not
             # news, and not "unknown" either
@@ -388,6 +389,22 @@ async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
         and (e.stream, e.data.attempt) in dispatched_by_k
         for e in events
     )
+
+
+async def _reply_consumers_made(url: str) -> None:
+    """The partitions' reply consumers made, as a member with ``FAST_BUS`` makes them,
+    before a ``cardbus orchestrator`` process does: whoever makes them sets their ack wait
+    (the command's is 30 s), after which a reply a killed member took and did not settle
+    comes to the next owner of its partition."""
+    bus = await NatsBus.connect(
+        NatsOptions(url=url),
+        **{**FAST_BUS, "reply_partitions": PARTITIONS, "reply_durable": "test-consumers"},
+        delete_reply_consumer=True,  # (its own consumer: gone on close)
+    )
+    try:
+        await bus.prepare_replies()
+    finally:
+        await bus.close()
 
 
 async def _replies_left(m: NatsRuntime) -> bool:

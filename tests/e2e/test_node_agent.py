@@ -155,7 +155,9 @@ def test_no_card_is_lost_on_a_slow_link(tmp_path: Path, nats_server: NatsServer)
     request that fetched it has expired by the agent's own clock, were that one second
     (``next({expires: 1000})`` forgot its pull then and dropped every card; each came
     back only after the 30 s ack wait, to be dropped again). Every card is answered at
-    its first delivery."""
+    its first delivery. (Each card is late, the first one to a pull waiting on the server
+    as the others to one that finds it waiting: three cards show both, and every card
+    costs the test two round trips, 2.4 s.)"""
     url = nats_server.url
     with SlowLink(nats_server.port, delay_s=0.6) as link:
         agent = node_agent(tmp_path, link.url, "--agent", "shout", "--lease", "3")
@@ -170,7 +172,7 @@ def test_no_card_is_lost_on_a_slow_link(tmp_path: Path, nats_server: NatsServer)
             assert {c for c, o in outcomes.items() if o != "PASS"} == {"journal"}, check.stdout
             tasks = [
                 {"id": f"s{i}", "capability": "text.shout", "inputs": {"text": f"card {i}"}}
-                for i in range(6)
+                for i in range(3)
             ]
             (tmp_path / "plan.json").write_text(json.dumps({"goal": "far", "tasks": tasks}))
             run = cardbus(
@@ -183,11 +185,11 @@ def test_no_card_is_lost_on_a_slow_link(tmp_path: Path, nats_server: NatsServer)
     assert run.returncode == 0, run.stdout + run.stderr + agent.output()
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["status"] == "completed"
-    assert result["outputs"] == {f"s{i}": {"text": f"CARD {i}!"} for i in range(6)}
+    assert result["outputs"] == {f"s{i}": {"text": f"CARD {i}!"} for i in range(3)}
     events = _journaled(url, result["root_id"], tmp_path, {})
     answered = [e["data"] for e in events if e["data"]["type"] == "task.result_submitted.v1"]
     # each card answered once, at its first attempt and its first delivery: none was lost
-    assert sorted((a["attempt"], a["delivery"]) for a in answered) == [(1, 1)] * 6, answered
+    assert sorted((a["attempt"], a["delivery"]) for a in answered) == [(1, 1)] * 3, answered
 
 
 def test_the_tutorial_writes_the_example_as_it_is() -> None:

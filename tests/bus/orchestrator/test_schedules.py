@@ -392,3 +392,37 @@ async def test_an_idle_scheduler_sleeps_until_a_due_time_or_an_event() -> None:
         await s.stop()
     assert s._task is None
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("scheduler-")]
+
+
+class SwallowsCancel:
+    """A store whose ``read_all`` turns a cancel into an empty answer, as a NATS read does
+    (it returns what it has when cancelled); ``reading`` is set once a read waits."""
+
+    def __init__(self, store: MemoryEventStore) -> None:
+        self.store = store
+        self.reading = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def read_all(self, position: int = 1, limit: int | None = None) -> list[Any]:
+        self.reading.set()
+        try:
+            await asyncio.Event().wait()  # a read that takes its time
+        except asyncio.CancelledError:
+            return []
+        raise AssertionError("unreachable")
+
+
+async def test_a_stop_whose_cancel_a_read_swallowed_does_not_wait_for_the_next_sweep() -> None:
+    """Stopped while its first look reads (a runtime closed just after it started): the
+    read swallows the cancel, and the loop goes on to wait for its next turn, a whole
+    ``sweep`` away (30 s by default: every NatsRuntime closed that soon took 30 s). The
+    stop is honoured before that wait."""
+    store = SwallowsCancel(MemoryEventStore())
+    s = Scheduler(store, Runs(store.store).submit, "a", sweep=3600)  # type: ignore[arg-type]
+    await s.start()
+    await store.reading.wait()
+    # (bounded only so that the bug fails the test rather than hang it for the sweep)
+    await asyncio.wait_for(s.stop(), 60)
+    assert s._task is None
