@@ -117,7 +117,11 @@ class MemberLog:
         want = frozenset(partitions)
         if want == self.want:
             return
+        unfollowed = self.want - want - self.following
         self.want = want
+        o = self.orchestrator
+        if unfollowed and o is not None:  # (the followed ones: the follower's marker)
+            o.later(lambda: self._forget_unfollowed(unfollowed))
         if self._wake is not None:
             self._wake.set()
         reader = self._reader
@@ -430,15 +434,26 @@ class MemberLog:
     def observe(self, env: Envelope) -> None:
         """(An orchestrator observer.) A run created here in a partition this member does
         not follow (a submit for another member's run) is dropped once folded: its owner
-        goes on with it, and ``wait`` reads it from the log."""
+        goes on with it, and ``wait`` reads it from the log.
+
+        Not one in a partition this member holds a lease on and is still catching up
+        (``local_runs`` places a run in such a one): that catch-up's copy of the run's
+        events is not folded again (already folded: dropped by the follower), so a run
+        dropped here after it was known to no one, and never decided (a run seen stay at
+        its creation under load, its waiter answered never)."""
         o = self.orchestrator
         root = env.stream
-        if (
-            o is not None
-            and isinstance(env.data, ev.RunStarted)
-            and partition_of(root, self.partitions) not in self.following
-        ):
-            o.later(lambda: None if self.folds(root) else o.state.forget(root))
+        p = partition_of(root, self.partitions)
+        if o is not None and isinstance(env.data, ev.RunStarted) and p not in self.following:
+            o.later(lambda: None if self.folds(root) or p in self.want else o.state.forget(root))
+
+    def _forget_unfollowed(self, dropped: frozenset[int]) -> None:
+        """(In the decision loop.) The runs of partitions let go before they were ever
+        followed (their catch-up not begun): created here meanwhile and kept for it,
+        dropped now, as the follower's marker drops those of a partition it followed."""
+        gone = frozenset(p for p in dropped if p not in self.want and p not in self.following)
+        if gone:
+            self._forget(gone)
 
     # -- markers, run in the decision loop -----------------------------------------
 

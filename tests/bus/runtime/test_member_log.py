@@ -1,0 +1,130 @@
+"""``MemberLog.observe``: which runs created here a partitioned member drops from its
+state once folded, and which it keeps.
+
+The race these pin (seen under load in ``test_an_agents_request_is_answered_by_its_runs_
+member``: a run stayed at its creation, its waiter unanswered): a member that has just
+been given a partition (leased, ``want``) is still catching it up (not ``following``
+yet) when a submit places a run there (``local_runs``). The run's events are folded at
+once; the follower's catch-up then drops its copy of them (folded already); if the
+decision loop dropped the run only after that (its step busy meanwhile, the drop queued
+before the partition's marker), the run was known to nobody and never decided. The
+orchestrator here is a stand-in: what matters is what ``observe`` and ``hold`` queue,
+and what that does when the decision loop runs it, before the catch-up's marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cardbus.bus.runtime.members import MemberLog
+from cardbus.eventstore import Envelope, new_id
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats.subjects import partition_of
+
+PARTITIONS = 8
+
+
+class _Store:
+    partitions = PARTITIONS
+
+
+class _State:
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+        self.runs: dict[str, Any] = {}
+
+    def forget(self, root_id: str) -> None:
+        self.forgotten.append(root_id)
+
+
+class _Orchestrator:
+    """What ``MemberLog`` uses of it: ``later`` (queued for the decision loop) and the state."""
+
+    def __init__(self) -> None:
+        self.state = _State()
+        self._waiters: dict[str, Any] = {}
+        self.queued: list[Callable[[], None]] = []
+
+    def later(self, fn: Callable[[], None]) -> None:
+        self.queued.append(fn)
+
+    def step(self) -> None:
+        """The decision loop's next step: what was queued, in order."""
+        queued, self.queued = self.queued, []
+        for fn in queued:
+            fn()
+
+
+def _member() -> tuple[MemberLog, _Orchestrator]:
+    m = MemberLog(_Store())  # type: ignore[arg-type]
+    o = _Orchestrator()
+    m.orchestrator = o  # type: ignore[assignment]
+    return m, o
+
+
+def _root_in(p: int) -> str:
+    root = new_id()
+    while partition_of(root, PARTITIONS) != p:
+        root = new_id()
+    return root
+
+
+def _started(root: str) -> Envelope:
+    return Envelope(
+        event_id=new_id(),
+        stream=root,
+        version=1,
+        recorded_at=0.0,
+        correlation_id=root,
+        data=ev.RunStarted(goal="g", plan_id="p"),
+        position=5,
+    )
+
+
+def test_a_run_created_in_a_partition_still_being_caught_up_is_kept() -> None:
+    m, o = _member()
+    m.hold([3])  # leased here; its catch-up not done (not followed, not folded)
+    root = _root_in(3)
+    m.observe(_started(root))
+    o.step()  # the decision loop gets to it before the partition's marker
+    assert o.state.forgotten == []
+    # the marker then makes the partition folded, and the run is decided here
+    m.following = m.want
+    m._acquired(frozenset([3]))
+    assert m.folds(root)
+
+
+def test_a_run_created_in_another_members_partition_is_dropped() -> None:
+    m, o = _member()
+    m.hold([3])
+    m.following = m.folded = m.want
+    root = _root_in(4)
+    m.observe(_started(root))
+    o.step()
+    assert o.state.forgotten == [root]
+
+
+def test_a_run_kept_for_a_partition_let_go_before_it_was_followed_is_dropped() -> None:
+    m, o = _member()
+    m.hold([3])
+    root = _root_in(3)
+    m.observe(_started(root))
+    o.state.runs[root] = object()
+    o.step()
+    assert o.state.forgotten == []
+    m.hold([])  # the lease lost before the follower caught the partition up
+    o.step()
+    assert o.state.forgotten == [root]
+
+
+def test_a_partition_let_go_and_taken_again_before_the_step_keeps_its_runs() -> None:
+    m, o = _member()
+    m.hold([3])
+    root = _root_in(3)
+    m.observe(_started(root))
+    o.state.runs[root] = object()
+    m.hold([])
+    m.hold([3])  # taken again before the decision loop got to it
+    o.step()
+    assert o.state.forgotten == []
