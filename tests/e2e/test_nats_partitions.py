@@ -28,6 +28,7 @@ from natsprocs import (
 from natsserver import NatsServer
 
 from cardbus.agents import Agent
+from cardbus.agents.cards import Announce
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.partition import partition_of
 from cardbus.bus.orchestrator.plan import Plan
@@ -302,6 +303,67 @@ async def test_an_agents_request_is_answered_by_its_runs_member(
     check_runs(events, roots)
     # (a member that does not fold the task refuses it: unknown_task, recorded)
     assert not [e for e in events if isinstance(e.data, ev.AccessRefused)]
+
+
+async def test_a_run_placed_in_a_partition_still_being_caught_up_is_decided(
+    nats_server: NatsServer,
+) -> None:
+    """A member just given a partition (leased, its events not caught up yet) places a
+    submit's run there (``local_runs``) and folds its creation at once. Its decision loop
+    busy with a step meanwhile (here an announcement held), the catch-up's copy of those
+    events is dropped as folded already, and the loop's next step runs what the submit
+    queued before the partition's marker: the run must stay in the state, or nobody
+    ever decides it (seen under load: a run left at its creation, its waiter timed out)."""
+    async with _two_members(nats_server.url, local_runs=True) as (a, b):
+        pa, pb, ml, o = a.partitions, b.partitions, b.member_log, b.orchestrator
+        assert pa is not None and pb is not None and ml is not None and pa._loop is not None
+        pa._loop.cancel()  # a renews no more: what it gives up stays given up
+        with contextlib.suppress(asyncio.CancelledError):
+            await pa._loop
+        p = min(pa.holding)
+        read, catching_up, go = ml._read, asyncio.Event(), asyncio.Event()
+
+        async def held_catch_up(parts, start, end):  # type: ignore[no-untyped-def]
+            parts = list(parts)
+            if p in parts:  # b's catch-up of p waits until the run is submitted
+                catching_up.set()
+                await go.wait()
+            return await read(parts, start, end)
+
+        busy, free = asyncio.Event(), asyncio.Event()
+
+        async def held_announcement(announce: Announce) -> None:
+            busy.set()
+            await free.wait()
+
+        ml._read = held_catch_up  # type: ignore[method-assign]
+        o.announced = held_announcement  # type: ignore[method-assign]
+        # p goes from a to b (a counts as gone: its member key deleted)
+        await pa._release(p)
+        assert pa.on_change is not None and pa._kv is not None
+        pa.on_change(pa.holding)
+        await pa._kv.delete(f"member.{pa.member}")
+
+        async def taken() -> bool:
+            await pb.round()
+            return p in pb.holding
+
+        await until(taken, what="b takes p")
+        await until(catching_up.is_set, what="b catching p up")
+        o._queue.put_nowait(Announce(card=Quick().card()))  # the decision loop busy
+        await until(busy.is_set, what="a step under way")
+        o.places = lambda root: partition_of(root, PARTITIONS) == p
+        root = await b.submit(plan("caught-up"), agent_timeout=10)
+        assert partition_of(root, PARTITIONS) == p
+        created = max(e.position for e in await b.store.read_correlation(root))
+        go.set()  # the catch-up goes on; the run's events then come (folded already)
+        await until(lambda: o._followed >= created, what="the run's creation followed")
+        free.set()  # the decision loop's next step: what the submit queued, then p's marker
+        result = await o.wait(root, timeout=30)
+    assert result.status == "completed", result
+    events = await read_log(nats_server.url)
+    check_runs(events, [root])
+    assert set(decisions(events, root)) == {"orchestrator-b"}
 
 
 async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
