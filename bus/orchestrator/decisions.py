@@ -41,7 +41,7 @@ from cardbus.bus.orchestrator.replies import Replies
 from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.bus.orchestrator.waits import check_expiry
-from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TaskState
+from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TERMINAL, TaskState
 from cardbus.eventstore import events as ev
 
 __all__ = ["Decider", "Decisions", "loop_hash"]
@@ -104,9 +104,10 @@ class Decider(Replies, Dispatching, PlanningRounds):
         if budget is not None and run.tokens > budget:
             self._halt(run, "budget_exceeded", f"{run.tokens} tokens used of {budget}")
             return
+        tasks, d = self.state.tasks, self.d  # looked up once: every run, every task, every step
         for task_id in list(run.tasks):
-            task = self.state.tasks[task_id]
-            if task.terminal or self.d.touched(task_id):
+            task = tasks[task_id]
+            if task.state in TERMINAL or task_id in d.events or task_id in d.busy:  # touched
                 continue
             self._advance_task(run, task)
             if run.finished is not None or self._halting(run):
@@ -116,12 +117,13 @@ class Decider(Replies, Dispatching, PlanningRounds):
         self._maybe_finish(run)
 
     def _halting(self, run: RunView) -> bool:
-        return any(isinstance(e, ev.RunHalted) for e in self.d.events.get(run.root_id, []))
+        events = self.d.events.get(run.root_id)  # most runs: none decided in this step
+        return events is not None and any(isinstance(e, ev.RunHalted) for e in events)
 
     def _advance_task(self, run: RunView, task: TaskView) -> None:
         match task.state:
             case S.PENDING:
-                blocker = self._blocking_dep(task)
+                blocker, deps_done = self._dep_check(task)
                 if blocker is not None:
                     dep = self.state.tasks[blocker]
                     self.d.add(
@@ -129,7 +131,7 @@ class Decider(Replies, Dispatching, PlanningRounds):
                         ev.TaskCancelled(reason=f"dependency_{dep.state}", cause_task_id=blocker),
                     )
                     return
-                if not self._deps_done(task) or self.now < task.not_before:
+                if not deps_done or self.now < task.not_before:
                     return
                 self._follow_completed(task.task_id, task.created.deps)
                 if questions.asks_person(task.created):  # a person answers it, not an agent
@@ -173,13 +175,11 @@ class Decider(Replies, Dispatching, PlanningRounds):
                 pass
 
     def _maybe_finish(self, run: RunView) -> None:
-        tasks = [self.state.tasks[t] for t in run.tasks]
-        done = self.d.completed
-        if (
-            not tasks
-            or any(not t.terminal and t.task_id not in done for t in tasks)
-            or self.d.touched(run.root_id)
-        ):
+        done, tasks = self.d.completed, self.state.tasks  # most runs: a task still open
+        for t in run.tasks:
+            if tasks[t].state not in TERMINAL and t not in done:
+                return
+        if not run.tasks or self.d.touched(run.root_id):
             return
         if any(t not in self.state.tasks for t in run.expected):
             return  # the plan's tasks are still being created
