@@ -449,6 +449,13 @@ def _expire(waiter: asyncio.Future[bool]) -> None:
         waiter.set_result(False)
 
 
+def _wake(waiters: list[asyncio.Future[bool]]) -> None:
+    """Tell the live subscribers waiting for a commit that one was made."""
+    for w in waiters:
+        if not w.done():
+            w.set_result(True)
+
+
 def _all_done(futures: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
     """A future done when all of ``futures`` are; cancelling it cancels none of them.
 
@@ -663,14 +670,12 @@ class SqliteEventStore(EventStore):
                     r.future.set_exception(err)
             self._kick()
             return
+        waiters: list[asyncio.Future[bool]] = []
         if written:
             self.commits += 1
             self._remember(outcomes, top, written)
             self._last_committed = max(self._last_committed, top)
             waiters, self._commit_waiters = self._commit_waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(True)
         for r, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
                 self._queue.append(r)
@@ -680,6 +685,16 @@ class SqliteEventStore(EventStore):
                 r.future.set_exception(outcome)
             else:
                 r.future.set_result(outcome)
+        if waiters:
+            # The appenders first, the live subscribers two turns of the loop later. An
+            # appender (the orchestrator's commit, which then sends the next card) resumes
+            # two callbacks after its future is set (``_all_done``), a subscriber one after
+            # its waiter: woken at once, the follower and the memory keeper ran before the
+            # commit went on, and before the agent it sent a card to began, on the
+            # critical path of every step. They miss nothing: ``_last_committed`` is
+            # already past what they wait for.
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, _wake, waiters)
         self._kick()
 
     def _remember(self, outcomes: list[Outcome | None], top: int, written: int) -> None:
