@@ -8,7 +8,6 @@ continues from the stream's last hash.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import msgspec
@@ -19,6 +18,7 @@ from cardbus.eventstore.envelope import (
     Envelope,
     NewEvent,
     decode_body,
+    event_hash,
 )
 from cardbus.eventstore.errors import (
     ConcurrencyError,
@@ -179,7 +179,6 @@ _encoder = msgspec.json.Encoder()
 # Position and hash go on the envelope just built (no one else holds it yet) in
 # place, not on a copy: one Envelope less per event appended.
 _set = msgspec.structs.force_setattr
-_sha256 = hashlib.sha256  # event_hash, inlined below
 _DATA_KEY = b',"data":'
 assert len(_DATA_KEY) == 8
 _PREV_HASH_SUFFIX = len(',"prev_hash":"') + 64 + len('"}')
@@ -252,7 +251,7 @@ def seal_batch(
             raise ValidationError(
                 f"event {new.event_id} does not survive encoding (NaN or a non-JSON value?)"
             )
-        digest = _sha256(body).hexdigest()  # event_hash(body), without the call
+        digest = event_hash(body)
         _set(env, "position", position)
         _set(env, "hash", digest)
         sealed.append((env, body))

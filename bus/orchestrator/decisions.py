@@ -41,7 +41,7 @@ from cardbus.bus.orchestrator.replies import Replies
 from cardbus.bus.orchestrator.reuse import ResultIndex
 from cardbus.bus.orchestrator.runstate import RunState, RunView, TaskView
 from cardbus.bus.orchestrator.waits import check_expiry
-from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TERMINAL, TaskState
+from cardbus.eventstore import DEFAULT_MAX_EVENT_BYTES, TaskState
 from cardbus.eventstore import events as ev
 
 __all__ = ["Decider", "Decisions", "loop_hash"]
@@ -107,7 +107,7 @@ class Decider(Replies, Dispatching, PlanningRounds):
         tasks, d = self.state.tasks, self.d  # looked up once: every run, every task, every step
         for task_id in list(run.tasks):
             task = tasks[task_id]
-            if task.state in TERMINAL or task_id in d.events or task_id in d.busy:  # touched
+            if task.terminal or d.touched(task_id):
                 continue
             self._advance_task(run, task)
             if run.finished is not None or self._halting(run):
@@ -177,7 +177,7 @@ class Decider(Replies, Dispatching, PlanningRounds):
     def _maybe_finish(self, run: RunView) -> None:
         done, tasks = self.d.completed, self.state.tasks  # most runs: a task still open
         for t in run.tasks:
-            if tasks[t].state not in TERMINAL and t not in done:
+            if not tasks[t].terminal and t not in done:
                 return
         if not run.tasks or self.d.touched(run.root_id):
             return

@@ -436,11 +436,10 @@ class MemberLog:
         not follow (a submit for another member's run) is dropped once folded: its owner
         goes on with it, and ``wait`` reads it from the log.
 
-        Not one in a partition this member holds a lease on and is still catching up
-        (``local_runs`` places a run in such a one): that catch-up's copy of the run's
-        events is not folded again (already folded: dropped by the follower), so a run
-        dropped here after it was known to no one, and never decided (a run seen stay at
-        its creation under load, its waiter answered never)."""
+        Not one in a partition this member holds a lease on but is still catching up
+        (``local_runs`` places new runs there): the catch-up skips the run's events,
+        already folded here, so a run dropped now would be known to no member and never
+        decided (seen under load: a run left at its creation, its waiter never answered)."""
         o = self.orchestrator
         root = env.stream
         p = partition_of(root, self.partitions)
