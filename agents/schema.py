@@ -453,8 +453,10 @@ def _declared_type(schema: Any) -> str:
 
 
 def _expected(kind: Any) -> str:
+    # A card's schema is not checked for validity, so "type" may be anything (a dict:
+    # unhashable): worded as it is, never raised from inside a decision step.
     kinds = kind if isinstance(kind, list) else [kind]
-    return " or ".join(_PY_NAMES.get(k, str(k)) for k in kinds)
+    return " or ".join(_PY_NAMES.get(k, str(k)) if isinstance(k, str) else repr(k) for k in kinds)
 
 
 def _reason(error: Any) -> str:

@@ -45,3 +45,11 @@ def test_a_recursive_schema_is_left_as_it_is_and_still_checked():
     assert _inline_refs(schema) is schema
     assert schema_errors({"name": "a", "children": [{"name": "b"}]}, schema) == []
     assert schema_errors({"name": "a", "children": [{"name": 3}]}, schema)
+
+
+def test_a_schema_whose_type_is_not_a_name_is_worded_not_raised():
+    # Found by test_loop_never_stops: an agent card announced {"type": {}} and the
+    # wording of the misfit raised TypeError (unhashable dict) inside a decision step.
+    errors = schema_errors("x", {"type": {}})
+    assert errors and "expected {}" in errors[0]
+    assert schema_errors({"a": 1}, {"properties": {"a": {"type": [{}, "string"]}}})
