@@ -40,7 +40,7 @@ import msgspec
 
 from cardbus.agents.schema_fits import compile_fits
 
-__all__ = ["dep_path_problem", "resolve_path", "schema_errors"]
+__all__ = ["dep_path_problem", "resolve_path", "schema_errors", "schema_problem"]
 
 # JSON Schema type -> its name in messages: a scalar by the Python type msgspec decodes it
 # to, a container by its JSON name (``expected str, got int``; ``expected object, got array``)
@@ -101,6 +101,35 @@ def schema_errors(value: Any, schema: dict[str, Any], *, partial: bool = False) 
     return errors
 
 
+def schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` is no Draft 2020-12 schema (``$.properties.a.pattern: '[' is not a
+    'regex'``), or None when it is one (``{}``, no schema, is one).
+
+    Asked where a schema comes in (a card registered or announced, an agents file), so
+    that a broken one is refused there, with its reason, rather than found by every
+    check of a value against it. Each distinct schema is checked once.
+    """
+    try:
+        key = msgspec.json.encode(schema)
+    except Exception as e:  # a dict with keys JSON cannot carry, a value it cannot encode
+        return f"$: not JSON: {e}"
+    if key in _PROBLEMS:
+        return _PROBLEMS[key]
+    import jsonschema  # a core dependency, imported on first use (the module's docstring)
+
+    problem = None
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        problem = f"{_path(e.absolute_path)}: {e.message}"
+    except Exception as e:  # the meta-schema's own checks met something odder still
+        problem = f"$: {type(e).__name__}: {e}"
+    _PROBLEMS[key] = problem
+    if len(_PROBLEMS) > _CACHE_SIZE:
+        _PROBLEMS.popitem(last=False)
+    return problem
+
+
 def resolve_path(output: Any, path: str) -> tuple[bool, Any]:
     """Follow a ``$dep`` ``path`` ("a.b.0") into ``output``: (found, value)."""
     value = output
@@ -143,6 +172,7 @@ _CLASSES: dict[bool, Any] = {}
 _QUICK: OrderedDict[bytes, Callable[[Any], bool]] = OrderedDict()
 _FITS: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
 _FITS_SIZE = 4096
+_PROBLEMS: OrderedDict[bytes, str | None] = OrderedDict()
 
 
 def _encoded(value: Any) -> bytes:
@@ -453,8 +483,9 @@ def _declared_type(schema: Any) -> str:
 
 
 def _expected(kind: Any) -> str:
-    # A card's schema is not checked for validity, so "type" may be anything (a dict:
-    # unhashable): worded as it is, never raised from inside a decision step.
+    # A card registered before schemas were checked at intake (``schema_problem``), or a
+    # tool's, may say anything in "type" (a dict: unhashable): worded as it is, never
+    # raised from inside a decision step.
     kinds = kind if isinstance(kind, list) else [kind]
     return " or ".join(_PY_NAMES.get(k, str(k)) if isinstance(k, str) else repr(k) for k in kinds)
 

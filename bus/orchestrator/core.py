@@ -70,7 +70,7 @@ from cardbus.bus.orchestrator.plan import (
     validate_plan,
 )
 from cardbus.bus.orchestrator.policy import Policy
-from cardbus.bus.orchestrator.registry import AgentGrants
+from cardbus.bus.orchestrator.registry import AgentGrants, check_registrable
 from cardbus.bus.orchestrator.repeats import UnknownReplies
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.resume import Resuming
@@ -90,12 +90,10 @@ from cardbus.eventstore import (
     new_id,
 )
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.batch import MAX_ID_CHARS
 from cardbus.eventstore.errors import (
     BusError,
     CardbusError,
     StoreUnavailable,
-    ValidationError,
 )
 from cardbus.projections.agents import capability_overlaps
 from cardbus.projections.pricing import PriceTable
@@ -345,12 +343,9 @@ class Orchestrator(Creating, Resuming, Intake):
         ``lease_s`` 0 (the operator's path): the agent is live while this orchestrator
         runs; else (an announcement) while ``replica_id`` renews within ``lease_s``.
         Not checked against the grants: an agent's own announcement goes through
-        :meth:`announced`."""
-        if not isinstance(card.agent_id, str) or not 0 < len(card.agent_id) <= MAX_ID_CHARS:
-            shown = card.agent_id[:40] if isinstance(card.agent_id, str) else card.agent_id
-            raise ValidationError(
-                f"agent id {shown!r} must be 1 to {MAX_ID_CHARS} chars (MAX_ID_CHARS)"
-            )
+        :meth:`announced`. A card whose capability schemas are not JSON Schema is a
+        ``ValidationError``."""
+        check_registrable(card)  # an id that fits the log, schemas that are JSON Schema
         now = time.time()
         was_live = self.leases.live(card.agent_id, now)
         if lease_s > 0:

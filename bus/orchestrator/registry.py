@@ -25,6 +25,13 @@ only for its sender: that is the transport's part (``Bus.on_refused``).
 An announcement in another wire format than this code's (``Announce.wire_version``
 other than ``WIRE_VERSION``: ``cardbus.bus.wire``) registers nothing, whatever the
 grants say: the agent would not understand the cards it is sent.
+
+A capability whose input or output schema is not a JSON Schema (Draft 2020-12:
+``{"type": "strin"}``, a pattern that is no regex) is refused at the door, named
+with the reason (``cardbus.agents.schema.schema_problem``): in an announcement it
+is left out, in an agents file or ``Orchestrator.register`` it is an error. Every
+check of a value against it would otherwise fail, task after task, for a reason
+that is the card's.
 """
 
 from __future__ import annotations
@@ -37,10 +44,12 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.cards import WIRE_VERSION, AgentCard, AgentConstraints
+from cardbus.agents.schema import schema_problem
 from cardbus.bus.orchestrator.access import tool_allowed
-from cardbus.eventstore.errors import ConfigError
+from cardbus.eventstore.batch import MAX_ID_CHARS
+from cardbus.eventstore.errors import ConfigError, ValidationError
 
-__all__ = ["Admission", "AgentGrants", "narrowed"]
+__all__ = ["Admission", "AgentGrants", "check_registrable", "narrowed", "schema_problems"]
 
 #: what an announcement may change freely
 DESCRIPTIVE = ("name", "description", "version", "provider", "url")
@@ -52,6 +61,44 @@ class Admission:
 
     card: AgentCard | None
     refused: list[str] = field(default_factory=list)
+
+
+def schema_problems(card: AgentCard) -> dict[str, str]:
+    """Each capability of ``card`` whose schemas are not a JSON Schema, with why
+    (``{"lookup": "input_schema is not a JSON Schema: $.type: ..."}``)."""
+    problems: dict[str, str] = {}
+    for c in card.capabilities:
+        for which in ("input_schema", "output_schema"):
+            problem = schema_problem(getattr(c, which))
+            if problem is not None:
+                problems.setdefault(c.name, f"{which} is not a JSON Schema: {problem}")
+    return problems
+
+
+def check_registrable(card: AgentCard) -> None:
+    """A ``ValidationError`` naming what makes ``card`` unfit for the log: an agent id
+    that is not 1 to ``MAX_ID_CHARS`` chars, a capability schema that is not a JSON Schema."""
+    if not isinstance(card.agent_id, str) or not 0 < len(card.agent_id) <= MAX_ID_CHARS:
+        shown = card.agent_id[:40] if isinstance(card.agent_id, str) else card.agent_id
+        raise ValidationError(
+            f"agent id {shown!r} must be 1 to {MAX_ID_CHARS} chars (MAX_ID_CHARS)"
+        )
+    problems = schema_problems(card)
+    if problems:
+        said = "; ".join(f"capability {n!r}: {why}" for n, why in problems.items())
+        raise ValidationError(f"agent {card.agent_id!r}: {said}")
+
+
+def _usable(admission: Admission) -> Admission:
+    """``admission`` without the capabilities whose schemas are not a JSON Schema, each
+    refused with its reason."""
+    card = admission.card
+    problems = schema_problems(card) if card is not None else {}
+    if card is None or not problems:
+        return admission
+    kept = [c for c in card.capabilities if c.name not in problems]
+    refused = [f"capability {n!r}: {why}" for n, why in problems.items()]
+    return Admission(msgspec.structs.replace(card, capabilities=kept), admission.refused + refused)
 
 
 def _lower(name: str, granted: Any, asked: Any, refused: list[str]) -> Any:
@@ -114,6 +161,8 @@ class AgentGrants:
             for c in cards:
                 if c.agent_id in self.cards:
                     raise ConfigError(f"agent {c.agent_id!r} is granted twice")
+                for name, why in schema_problems(c).items():  # the first is enough to say
+                    raise ConfigError(f"agent {c.agent_id!r}, capability {name!r}: {why}")
                 self.cards[c.agent_id] = c
 
     @property
@@ -150,5 +199,6 @@ class AgentGrants:
             # narrower than the grant already (an earlier announcement): stays so
             return narrowed(grant, announced)
         if registered is None:
-            return Admission(announced)  # open: the first card is the ceiling
-        return narrowed(registered, announced)
+            return _usable(Admission(announced))  # open: the first card is the ceiling
+        # a ceiling from a log older than the check at the door may hold a broken schema
+        return _usable(narrowed(registered, announced))

@@ -25,12 +25,18 @@ from cardbus.agents.cards import (
     ResultCard,
     Started,
 )
+from cardbus.agents.schema import schema_problem
 from cardbus.bus import InProcessBus, Orchestrator, Plan
-from cardbus.bus.orchestrator.registry import AgentGrants, narrowed
+from cardbus.bus.orchestrator.registry import (
+    AgentGrants,
+    check_registrable,
+    narrowed,
+    schema_problems,
+)
 from cardbus.bus.transport.interface import Refusal
 from cardbus.eventstore import EventStore, MemoryEventStore
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import ConfigError
+from cardbus.eventstore.errors import ConfigError, InvalidPlan, ValidationError
 
 BASE = AgentCard(
     agent_id="slow",
@@ -218,3 +224,66 @@ async def test_replies_for_a_task_never_sent_to_their_agent_are_refused() -> Non
         assert await store.verify() == []
     finally:
         await rt.stop()
+
+
+# -- schemas that are not JSON Schema are refused at the door -----------------------------
+
+BROKEN = CapabilitySpec(
+    name="lookup", input_schema={"type": "object", "properties": {"q": {"type": "strin"}}}
+)
+NO_REGEX = CapabilitySpec(name="match", output_schema={"pattern": "["})
+
+
+def test_a_schema_that_is_not_json_schema_is_named_with_its_reason() -> None:
+    assert schema_problem({}) is None and schema_problem({"type": "object"}) is None
+    assert schema_problem({"type": {}}) == "$.type: {} is not valid under any of the given schemas"
+    assert schema_problem({"pattern": "["}) == "$.pattern: '[' is not a 'regex'"
+    assert schema_problem({"required": "q"}) == "$.required: 'q' is not of type 'array'"
+    card = msgspec.structs.replace(BASE, capabilities=[*BASE.capabilities, BROKEN, NO_REGEX])
+    assert schema_problems(card) == {
+        "lookup": "input_schema is not a JSON Schema: $.properties.q.type: 'strin' is not "
+        "valid under any of the given schemas",
+        "match": "output_schema is not a JSON Schema: $.pattern: '[' is not a 'regex'",
+    }
+    admission = AgentGrants().admit(card, None)  # open: the first card, less what is broken
+    assert admission.card is not None
+    assert [c.name for c in admission.card.capabilities] == ["slow"]
+    assert [r.split(":")[0] for r in admission.refused] == [
+        "capability 'lookup'",
+        "capability 'match'",
+    ]
+    # a ceiling from an older log that holds a broken schema is not carried on either
+    again = AgentGrants().admit(card, card)
+    assert again.card is not None and [c.name for c in again.card.capabilities] == ["slow"]
+    with pytest.raises(ValidationError, match="capability 'lookup': input_schema is not a JSON"):
+        check_registrable(card)
+    with pytest.raises(ConfigError, match="agent 'slow', capability 'lookup': input_schema"):
+        AgentGrants([card])
+
+
+async def test_an_announced_capability_with_a_broken_schema_is_refused_and_recorded() -> None:
+    store = MemoryEventStore()
+    bus = InProcessBus()
+    orch = Orchestrator(store, bus, FAST)
+    await orch.start()
+    try:
+        card = msgspec.structs.replace(BASE, capabilities=[*BASE.capabilities, BROKEN])
+        await bus.reply(Announce(card=card))
+        await _wait_for(lambda: "slow" in orch.state.agents)
+        assert [c.name for c in orch.state.agents["slow"].capabilities] == ["slow"]
+        events = await _log(store)
+        refused = [e.data for e in events if isinstance(e.data, ev.ReplyRefused)]
+        assert [r.reason for r in refused] == [
+            "not granted: capability 'lookup': input_schema is not a JSON Schema: "
+            "$.properties.q.type: 'strin' is not valid under any of the given schemas"
+        ]
+        # a plan for it is refused whole at submit, not failed task by task
+        with pytest.raises(InvalidPlan, match="lookup"):
+            await orch.submit(Plan(goal="g", tasks=[task("a", capability="lookup")]))
+        # the operator's path says so at once
+        with pytest.raises(ValidationError, match="capability 'lookup'"):
+            await orch.register(msgspec.structs.replace(card, agent_id="other"))
+        assert "other" not in orch.state.agents
+    finally:
+        await orch.stop()
+        await bus.close()
