@@ -517,7 +517,9 @@ class Orchestrator(Creating, Resuming, Intake):
         self._queue.put_nowait(TICK)
 
     def later(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` in the decision loop, between two steps (``bus.runtime.members``)."""
+        """Call ``fn`` in the decision loop (``bus.runtime.members``): in the next step,
+        after every log event that step takes (events first, see ``_step``), even one
+        queued after ``fn``; so ``fn`` decides on what the state holds then."""
         self._queue.put_nowait(fn)
 
     async def caught_up(self, timeout: float = 2.0) -> None:
