@@ -79,6 +79,9 @@ OWNER_REQUESTS = "cardbus.orch.req"
 _READ_ERRORS: tuple[type[BaseException], ...] = (StoreUnavailable, *TRANSPORT_ERRORS)
 _HINT_TRIES = 8  # reads for another writer's event heard, not stored yet: 1 ms doubling
 _HAND_S = 10.0  # how long a request waits for its run's partition to have an owner
+# how long a request handed to its run's member waits for the answer: longer than an agent
+# waits for any (``NatsBus.request``: 30 s), so the agent's own bound speaks first
+_ANSWER_S = 35.0
 
 
 class MemberLog:
@@ -519,25 +522,35 @@ class MemberLog:
     async def _hand_request(
         self, req: rq.AgentRequest, handler: Callable[[rq.AgentRequest], Any]
     ) -> rq.AgentResponse:
-        subject = f"{OWNER_REQUESTS}.{partition_of(req.root_id, self.partitions)}"
-        data = rq.encode(req)
+        """Ask the member that folds ``req``'s run, and return its answer, however long its
+        work takes (a tool call, a wait for a provider's limit: up to ``_ANSWER_S``).
+
+        While nobody serves the run's partition (it is between two members) ask again for
+        up to ``_HAND_S``; then the answer is ``unavailable``, and nothing is recorded,
+        unless the partition came here meanwhile. Never answered here otherwise: this
+        member does not know the run, so it would refuse the request as ``unknown_task``
+        and record that on a task another member writes (untrue), or do it twice."""
+        p = partition_of(req.root_id, self.partitions)
+        subject, data = f"{OWNER_REQUESTS}.{p}", rq.encode(req)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _HAND_S
         pause = 0.02
         while not self.folds(req.root_id):  # (taken over meanwhile: answered here)
             try:
-                msg = await self.nc.request(subject, data, timeout=max(deadline - loop.time(), 0.1))
+                msg = await self.nc.request(subject, data, timeout=_ANSWER_S)
             except nats.errors.NoRespondersError:  # its partition between two members
                 if loop.time() + pause >= deadline:
-                    break
+                    why = f"no member decides run {req.root_id!r} (partition {p}) now"
+                    return _unanswered(req, why, "unavailable")
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.5)
                 continue
-            except (nats.errors.TimeoutError, TimeoutError):
-                break
+            except (nats.errors.TimeoutError, TimeoutError):  # it has it, or died with it
+                why = f"the member deciding run {req.root_id!r} did not answer in {_ANSWER_S:g}s"
+                return _unanswered(req, why, "timeout")
             self.handed_over += 1
             return rq.decode_response(msg.data)
-        response: rq.AgentResponse = await handler(req)  # nobody else: as if it were ours
+        response: rq.AgentResponse = await handler(req)
         return response
 
     def _sync_serving(self) -> None:
@@ -659,3 +672,8 @@ class MemberLog:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._finish_sub = None
+
+
+def _unanswered(req: rq.AgentRequest, why: str, error_type: str) -> rq.AgentResponse:
+    """The answer to a request no member could take: nothing done, nothing recorded."""
+    return rq.AgentResponse(request_id=req.request_id, ok=False, error=why, error_type=error_type)

@@ -10,13 +10,23 @@ decision loop dropped the run only after that (its step busy meanwhile, the drop
 before the partition's marker), the run was known to nobody and never decided. The
 orchestrator here is a stand-in: what matters is what ``observe`` and ``hold`` queue,
 and what that does when the decision loop runs it, before the catch-up's marker.
+
+And ``route``: a request for a run another member decides is answered by that member,
+on a real nats-server.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import nats
+import pytest
+from natsserver import NatsServer
+
+from cardbus.agents.requests import AgentRequest, AgentResponse
+from cardbus.bus.runtime import members
 from cardbus.bus.runtime.members import MemberLog
 from cardbus.eventstore import Envelope, new_id
 from cardbus.eventstore import events as ev
@@ -128,3 +138,56 @@ def test_a_partition_let_go_and_taken_again_before_the_step_keeps_its_runs() -> 
     m.hold([3])  # taken again before the decision loop got to it
     o.step()
     assert o.state.forgotten == []
+
+
+# -- an agent's request for a run another member decides (``MemberLog.route``) ------------
+
+
+def _request(root: str) -> AgentRequest:
+    return AgentRequest(
+        request_id=new_id(), task_id="t", root_id=root, attempt=1, agent_id="x", kind="tool"
+    )
+
+
+async def test_a_handed_request_gets_its_members_answer_however_long_its_work_takes(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member deciding the run takes longer than a partition may be without an owner
+    (a slow tool call): its answer is the one returned. The member that received the
+    request does not answer it itself: it does not know the run, so it would refuse it as
+    ``unknown_task`` and record that on a task the other member writes."""
+    monkeypatch.setattr(members, "_HAND_S", 0.2)
+    p = 3
+    here: list[AgentRequest] = []
+
+    async def owner_answers(req: AgentRequest) -> AgentResponse:
+        await asyncio.sleep(0.8)  # longer than _HAND_S
+        return AgentResponse(request_id=req.request_id, ok=True, result="from the owner")
+
+    async def answered_here(req: AgentRequest) -> AgentResponse:
+        here.append(req)
+        return AgentResponse(request_id=req.request_id, ok=False, error_type="access_denied")
+
+    nc_owner, nc_other = await nats.connect(nats_server.url), await nats.connect(nats_server.url)
+    owner, _ = _member()
+    other, _ = _member()
+    try:
+        owner.folded = frozenset({p})
+        owner.route(owner_answers, nc_owner)
+        assert owner._syncing is not None
+        await owner._syncing  # it serves p's handed-over requests
+        await nc_owner.flush()
+        handle = other.route(answered_here, nc_other)
+        response = await handle(_request(_root_in(p)))
+        assert (response.ok, response.result) == (True, "from the owner")
+        assert here == [] and other.handed_over == 1
+        # nobody serves partition 5: "unavailable" once _HAND_S is up, nothing done here
+        response = await handle(_request(_root_in(5)))
+        assert (response.ok, response.error_type) == (False, "unavailable")
+        assert response.error is not None and "partition 5" in response.error
+        assert here == []
+    finally:
+        await owner.close()
+        await other.close()
+        await nc_owner.close()
+        await nc_other.close()
