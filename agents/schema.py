@@ -40,7 +40,13 @@ import msgspec
 
 from cardbus.agents.schema_fits import compile_fits
 
-__all__ = ["dep_path_problem", "resolve_path", "schema_errors", "schema_problem"]
+__all__ = [
+    "capability_schema_problems",
+    "dep_path_problem",
+    "resolve_path",
+    "schema_errors",
+    "schema_problem",
+]
 
 # JSON Schema type -> its name in messages: a scalar by the Python type msgspec decodes it
 # to, a container by its JSON name (``expected str, got int``; ``expected object, got array``)
@@ -128,6 +134,18 @@ def schema_problem(schema: Any) -> str | None:
     if len(_PROBLEMS) > _CACHE_SIZE:
         _PROBLEMS.popitem(last=False)
     return problem
+
+
+def capability_schema_problems(capabilities: Iterable[Any]) -> dict[str, str]:
+    """Each capability (a ``CapabilitySpec``) whose schemas are not a JSON Schema, with why
+    (``{"lookup": "input_schema is not a JSON Schema: $.type: ..."}``)."""
+    problems: dict[str, str] = {}
+    for c in capabilities:
+        for which in ("input_schema", "output_schema"):
+            problem = schema_problem(getattr(c, which))
+            if problem is not None:
+                problems.setdefault(c.name, f"{which} is not a JSON Schema: {problem}")
+    return problems
 
 
 def resolve_path(output: Any, path: str) -> tuple[bool, Any]:

@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 
 from cardbus.agents.cards import WIRE_VERSION, AgentCard, AgentConstraints
-from cardbus.agents.schema import schema_problem
+from cardbus.agents.schema import capability_schema_problems
 from cardbus.bus.orchestrator.access import tool_allowed
 from cardbus.eventstore.batch import MAX_ID_CHARS
 from cardbus.eventstore.errors import ConfigError, ValidationError
@@ -64,15 +64,8 @@ class Admission:
 
 
 def schema_problems(card: AgentCard) -> dict[str, str]:
-    """Each capability of ``card`` whose schemas are not a JSON Schema, with why
-    (``{"lookup": "input_schema is not a JSON Schema: $.type: ..."}``)."""
-    problems: dict[str, str] = {}
-    for c in card.capabilities:
-        for which in ("input_schema", "output_schema"):
-            problem = schema_problem(getattr(c, which))
-            if problem is not None:
-                problems.setdefault(c.name, f"{which} is not a JSON Schema: {problem}")
-    return problems
+    """Each capability of ``card`` whose schemas are not a JSON Schema, with why."""
+    return capability_schema_problems(card.capabilities)
 
 
 def check_registrable(card: AgentCard) -> None:

@@ -59,6 +59,7 @@ from cardbus.agents.cards import AgentCard, Announce, CancelNotice, ResultCard, 
 from cardbus.agents.llm import LLM
 from cardbus.agents.pacing import RUN_CLOCK, RunClock
 from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS, AgentRequest
+from cardbus.agents.schema import capability_schema_problems
 from cardbus.agents.streaming import CHUNK_SINK, ChunkSink
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
@@ -164,14 +165,17 @@ class AgentWorker:
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at = 0.0
 
-    def _announce(self, online: bool = True) -> Announce:
-        self._announced += 1
+    def _announce_card(self) -> AgentCard:
         if self._card is None:
             # once: the card is the class's, and its JSON Schemas are dear to build (a
             # renewal every third of a lease rebuilt them: most of an idle runtime's CPU)
             self._card = self.agent.card()
+        return self._card
+
+    def _announce(self, online: bool = True) -> Announce:
+        self._announced += 1
         return Announce(
-            card=self._card,
+            card=self._announce_card(),
             online=online,
             lease_s=self.lease_s,
             replica_id=self.replica_id,
@@ -190,6 +194,10 @@ class AgentWorker:
         )
 
     async def start(self) -> None:
+        problems = capability_schema_problems(self._announce_card().capabilities)
+        if problems:  # the orchestrator would leave them out: say so to the agent's author
+            said = "; ".join(f"capability {n!r}: {why}" for n, why in problems.items())
+            raise ConfigError(f"agent {self.agent.agent_id!r}: {said}")
         await self.bus.hear_watchers()  # chunks of a watched run go out from the first
         await self.bus.reply(self._announce())
         # before the first card: a cancel of it must find us listening

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from cardbus.agents import Agent, Announce, Capability, ResultCard, Started, TaskCard, TaskContext
-from cardbus.agents.cards import Reply
+from cardbus.agents.cards import AgentCard, CapabilitySpec, Reply
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.bus.transport.inprocess import InProcessBus
 from cardbus.eventstore.errors import ConfigError
@@ -385,3 +385,23 @@ def test_a_started_after_that_is_not_a_duration_is_a_config_error(
 
     with pytest.raises(ConfigError, match="started_after_s must be a number >= 0"):
         AgentWorker(bus, Odd)
+
+
+async def test_a_card_whose_schema_is_not_json_schema_stops_the_worker_at_start(
+    bus: InProcessBus,
+) -> None:
+    """A card written by hand (or imported) with a schema that is not a JSON Schema: the
+    orchestrator would leave the capability out; the worker says so before announcing."""
+
+    class HandWritten(Counting):
+        agent_id = "hand-written"
+
+        @classmethod
+        def card(cls) -> AgentCard:
+            spec = CapabilitySpec(name="echo", input_schema={"type": "object", "required": "text"})
+            return msgspec.structs.replace(super().card(), capabilities=[spec])
+
+    replies = bus.replies()
+    with pytest.raises(ConfigError, match="capability 'echo': input_schema is not a JSON Schema"):
+        await AgentWorker(bus, HandWritten).start()
+    await nothing_more(replies)  # nothing announced
