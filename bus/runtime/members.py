@@ -76,6 +76,11 @@ _FINISH_TYPES = (ev.RunCompleted, ev.RunFailed, ev.RunHalted)
 _POLL_S = 2.0  # a run waited for elsewhere is looked at this often when nothing is heard
 # + ``.<partition>``: an agent's request for a run another member decides, handed to it
 OWNER_REQUESTS = "cardbus.orch.req"
+# its queue group: while a partition passes from one member to the next both may serve it
+# for a moment, and a request must be taken by one of them only (else done twice)
+_OWNER_QUEUE = "cardbus-orch-req"
+# the header of a served member's answer "not mine (any more): ask again"
+_NOT_HERE = "Cardbus-Not-Here"
 _READ_ERRORS: tuple[type[BaseException], ...] = (StoreUnavailable, *TRANSPORT_ERRORS)
 _HINT_TRIES = 8  # reads for another writer's event heard, not stored yet: 1 ms doubling
 _HAND_S = 10.0  # how long a request waits for its run's partition to have an owner
@@ -525,7 +530,8 @@ class MemberLog:
         """Ask the member that folds ``req``'s run, and return its answer, however long its
         work takes (a tool call, a wait for a provider's limit: up to ``_ANSWER_S``).
 
-        While nobody serves the run's partition (it is between two members) ask again for
+        While nobody serves the run's partition (it is between two members), or the member
+        asked has let it go since (it answers ``_NOT_HERE``, doing nothing), ask again for
         up to ``_HAND_S``; then the answer is ``unavailable``, and nothing is recorded,
         unless the partition came here meanwhile. Never answered here otherwise: this
         member does not know the run, so it would refuse the request as ``unknown_task``
@@ -539,17 +545,19 @@ class MemberLog:
             try:
                 msg = await self.nc.request(subject, data, timeout=_ANSWER_S)
             except nats.errors.NoRespondersError:  # its partition between two members
-                if loop.time() + pause >= deadline:
-                    why = f"no member decides run {req.root_id!r} (partition {p}) now"
-                    return _unanswered(req, why, "unavailable")
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.5)
-                continue
+                msg = None
             except (nats.errors.TimeoutError, TimeoutError):  # it has it, or died with it
                 why = f"the member deciding run {req.root_id!r} did not answer in {_ANSWER_S:g}s"
                 return _unanswered(req, why, "timeout")
-            self.handed_over += 1
-            return rq.decode_response(msg.data)
+            if msg is not None and not (msg.headers and _NOT_HERE in msg.headers):
+                self.handed_over += 1
+                return rq.decode_response(msg.data)
+            # nobody has it, or the one asked let it go just now: ask again, for a while
+            if loop.time() + pause >= deadline:
+                why = f"no member decides run {req.root_id!r} (partition {p}) now"
+                return _unanswered(req, why, "unavailable")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
         response: rq.AgentResponse = await handler(req)
         return response
 
@@ -570,7 +578,7 @@ class MemberLog:
         for p in sorted(want - set(self._serving)):
             try:
                 self._serving[p] = await self.nc.subscribe(
-                    f"{OWNER_REQUESTS}.{p}", cb=self._on_handed
+                    f"{OWNER_REQUESTS}.{p}", queue=_OWNER_QUEUE, cb=self._on_handed
                 )
             except Exception as e:  # not allowed, or the connection closing: answered where
                 log.warning("requests of partition %s not served here: %r", p, e)  # they land
@@ -584,6 +592,10 @@ class MemberLog:
         async def answer() -> None:
             try:
                 req = rq.decode_request(msg.data)
+                if not self.folds(req.root_id):  # let go since it was sent: not ours to do
+                    with contextlib.suppress(Exception):
+                        await self.nc.publish(msg.reply, b"", headers={_NOT_HERE: "1"})
+                    return
                 response = await handler(req)
                 data = rq.encode(response)
             except Exception as e:  # answered as the bus answers a server bug

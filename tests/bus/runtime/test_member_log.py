@@ -18,6 +18,7 @@ on a real nats-server.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -191,3 +192,41 @@ async def test_a_handed_request_gets_its_members_answer_however_long_its_work_ta
         await other.close()
         await nc_owner.close()
         await nc_other.close()
+
+
+async def test_a_member_that_let_the_partition_go_passes_requests_on_and_none_is_done_twice(
+    nats_server: NatsServer,
+) -> None:
+    """A partition passing from one member to the next: for a moment both serve its
+    handed-over requests. Each is taken by one of them (a queue group); the one that let
+    the partition go does nothing and says so, and the request is asked again."""
+    p = 3
+    done: Counter[str] = Counter()
+
+    def answering(who: str, pause: float = 0.0) -> Callable[[AgentRequest], Any]:
+        async def answer(req: AgentRequest) -> AgentResponse:
+            done[who] += 1
+            await asyncio.sleep(pause)
+            return AgentResponse(request_id=req.request_id, ok=True, result=who)
+
+        return answer
+
+    conns = [await nats.connect(nats_server.url) for _ in range(3)]
+    (owner, _), (gone, _), (other, _) = _member(), _member(), _member()
+    try:
+        for m, nc, who in ((owner, conns[0], "owner"), (gone, conns[1], "gone")):
+            m.folded = frozenset({p})
+            m.route(answering(who, 0.05), nc)
+            assert m._syncing is not None
+            await m._syncing
+            await nc.flush()
+        gone.folded = frozenset()  # let go: its subscription not dropped yet
+        handle = other.route(answering("here"), conns[2])
+        responses = [await handle(_request(_root_in(p))) for _ in range(12)]
+        assert [r.result for r in responses] == ["owner"] * 12
+        assert done == Counter(owner=12)
+    finally:
+        for m in (owner, gone, other):
+            await m.close()
+        for nc in conns:
+            await nc.close()
