@@ -11,8 +11,12 @@ of two ways.
   messages are read, never the hint); a position below this connection's last
   acknowledged one that it did not write (a gap: read at once, up to that
   position); a reconnect; and, when nothing happened for ``heartbeat``
-  seconds, a read of what follows (hints lost), the wait doubling
-  while those reads find nothing, up to 30 heartbeats. Every event
+  seconds, the server itself: the follower arms its *doorbell* (``doorbell.py``,
+  one consumer from its next position asked for one message), which tells what
+  is stored there already and then answers when anything is (hints lost), so an
+  idle follower reads nothing until something is there (a user not allowed
+  consumers: a read instead, the wait doubling while those reads find nothing,
+  up to 30 heartbeats). Every event
   yielded is the stored one at its position, in order, no gap, no duplicate.
   The server sends nothing for an own event and, for another writer's, the
   publish heard and the stored copy read (direct get batches, so a few events a
@@ -231,9 +235,10 @@ _OWN_CAP = 100_000  # own events held for a follower behind; beyond, it reads th
 _HINTS_CAP = 10_000  # other writers' event ids awaited; beyond, one read settles them
 _GAP_GRACE = 0.002  # an own append acked after a later one is handed over this late at most
 _HINT_TRIES = 8  # reads for a hinted event not stored yet: 1 ms doubling, ~0.25 s in all
-# an idle follower reads at least every this many heartbeats: for hints lost with no
+# an idle follower looks at least every this many heartbeats: for hints lost with no
 # reconnect (one wakes it at once: ``on_reconnected``), so rarely needed; at 8 it was
-# two of the few messages a second an idle runtime exchanges
+# two of the few messages a second an idle runtime exchanges. It is the doorbell's
+# expiry too (then armed again), and the longest wait of the idle reads without one
 IDLE_READ_MAX_HEARTBEATS = 30
 
 # connection -> the followers on it; every store on the connection hands its appends over
