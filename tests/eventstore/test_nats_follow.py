@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import nats
 import pytest
-from natsserver import NatsServer
+from natsserver import NatsCluster, NatsServer
 
 from cardbus.eventstore import Envelope, NewEvent
 from cardbus.eventstore import events as ev
@@ -267,4 +267,40 @@ async def test_an_idle_follower_finds_what_was_appended_across_a_server_restart(
         assert [await asyncio.wait_for(pending, 10)] == written
         later = await other.append("later", [started("r4")], 0)
         assert await take(it, 1, 5) == later
+        await it.aclose()  # type: ignore[attr-defined]
+
+
+async def test_an_idle_follower_on_another_node_of_a_cluster_is_rung(
+    nats_cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An R3 log, the writer and the follower on different nodes, hints unheard (as with
+    a route down): the doorbell, a consumer of the replicated stream, still rings."""
+
+    async def deaf(self: object, msg: object) -> None:
+        return None
+
+    monkeypatch.setattr(follow_module._Follower, "on_hint", deaf)
+    reads: list[int] = []
+    read_direct = NatsEventStore._read_direct
+
+    async def counted_read(self: NatsEventStore, *args: object, **kw: object) -> object:
+        reads.append(1)
+        return await read_direct(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(NatsEventStore, "_read_direct", counted_read)
+    first, second = nats_cluster.nodes[0], nats_cluster.nodes[1]
+    async with (
+        await NatsEventStore.connect(first.url, replicas=3, request_timeout=5.0) as writer,
+        await NatsEventStore.connect(second.url, heartbeat=0.2, request_timeout=5.0) as mine,
+    ):
+        it = mine.subscribe()
+        pending = asyncio.ensure_future(anext(it))
+        await asyncio.sleep(0.5)
+        reads.clear()
+        await asyncio.sleep(1.5)  # armed: no read (idle reads at 0.6 and 1.4 s before)
+        assert reads == []
+        theirs = await writer.append("theirs", [started("r1")], 0)
+        assert [await asyncio.wait_for(pending, 2.0)] == theirs
+        later = await writer.append("later", [started("r2")], 0)
+        assert await take(it, 1, 3.0) == later
         await it.aclose()  # type: ignore[attr-defined]
