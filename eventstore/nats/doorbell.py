@@ -116,11 +116,15 @@ class Doorbell:
             await self.disarm()
             return pending
         body = msgspec.json.encode({"batch": 1, "expires": int(expires * 1e9)})
-        await nc.publish(
-            f"$JS.API.CONSUMER.MSG.NEXT.{store.stream_name}.{info.name}",
-            body,
-            reply=f"{self._inbox}.{self._token}",
-        )
+        try:
+            await nc.publish(
+                f"$JS.API.CONSUMER.MSG.NEXT.{store.stream_name}.{info.name}",
+                body,
+                reply=f"{self._inbox}.{self._token}",
+            )
+        except BaseException:
+            await self.disarm()  # not armed: no request waits on the server
+            raise
         return 0
 
     async def _on_answer(self, msg: Msg) -> None:
