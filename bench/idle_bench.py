@@ -1,18 +1,18 @@
 """CPU an idle runtime uses: its clocks, lease renewals and log followers.
 
-After one run of the 3-step pipeline, the runtime waits ``--seconds`` with
-nothing to do; printed: process CPU (all threads) per second of that wait, for
-the embedded runtime on the in-memory store and on a SQLite file, and for the
-NATS runtime (agents in this process) against a local nats-server (whose own CPU
-is not counted). Target (issue 34): at most 1 ms/s. With nothing open the
-orchestrator's clock sleeps, the embedded runtime's agents renew no lease, the
-SQLite follower looks at the wal-index header at a wait that backs off to a second,
-and on NATS what is left are the agents' lease renewals (every third of a lease, all
-agents of the process together, without a JetStream ack), the pull consumers' idle
-heartbeats (every 10 s) and 30 s long polls, and the log follower's idle read (backing
-off to 30 s). ``nats-partitioned`` (not in the default list) measures one member of a
-partitioned orchestrator holding 4 partitions: its partition lease rounds (every third
-of the 6 s lease) come on top.
+After one run of the 3-step pipeline, the runtime waits ``--seconds`` with nothing to
+do; printed: process CPU (all threads) per second of that wait, for the embedded runtime
+on the in-memory store and on a SQLite file, and for the NATS runtime (agents in this
+process) against a local nats-server (whose own CPU is not counted). Target (issue 34):
+at most 1 ms/s. With nothing open the orchestrator's clock sleeps, the embedded
+runtime's agents renew no lease, the SQLite follower looks at the wal-index header at a
+wait that backs off to a second, and on NATS what is left are the agents' lease renewals
+(every third of a lease, all agents of the process together, without a JetStream ack),
+the pull consumers' idle heartbeats (every 10 s) and 30 s long polls, and the log
+follower's doorbell (armed once a heartbeat after the last event, then a 30 s long poll:
+``eventstore/nats/doorbell.py``). ``nats-partitioned`` (not in the default list)
+measures one member of a partitioned orchestrator holding 4 partitions: its partition
+lease rounds (every third of the 6 s lease) come on top.
 
     .venv/bin/python bench/idle_bench.py [--seconds 3] [--stores memory,sqlite,nats]
 """

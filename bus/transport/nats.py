@@ -159,7 +159,7 @@ from cardbus.bus.transport.nats_chunks import (
     WATCHING_SUBJECT,
     NatsChunks,
 )
-from cardbus.bus.transport.nats_pulls import PullClock
+from cardbus.bus.transport.nats_pulls import PullClock, next_within
 from cardbus.bus.transport.nats_replies import (
     ANNOUNCE_PREFIX,
     ORCHESTRATOR_DURABLE,
@@ -671,7 +671,7 @@ class NatsBus(Bus):
                 pending += want
                 clock.asked = now
             try:
-                msg = await asyncio.wait_for(queue.get(), clock.lost_after)
+                msg = await next_within(queue, clock.lost_after)
             except TimeoutError:
                 pending = 0
                 continue
@@ -1051,7 +1051,7 @@ class NatsBus(Bus):
                     clock.asked = now
                     pause = 0.05
                 try:
-                    msg = await asyncio.wait_for(queue.get(), clock.lost_after)
+                    msg = await next_within(queue, clock.lost_after)
                 except TimeoutError:
                     pending = 0
                     continue

@@ -20,9 +20,13 @@ before.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import TypeVar
 
-__all__ = ["PullClock"]
+__all__ = ["PullClock", "next_within"]
+
+T = TypeVar("T")
 
 #: a heartbeat shorter than this is not asked for: the request's expiry tells as soon
 HEARTBEAT_MIN_S = 0.5
@@ -61,3 +65,17 @@ class PullClock:
     def forget(self) -> None:
         """The requests are gone (a reconnect): the loop asks again at once."""
         self.asked = self.heard = float("-inf")
+
+
+async def next_within(queue: asyncio.Queue[T], timeout: float) -> T:
+    """The next item of ``queue``, waiting at most ``timeout`` s (``TimeoutError``).
+
+    An item already queued is taken at once: what one socket read delivered (a round of
+    the agents' lease renewals, several replies) goes on in one step of the pull loop,
+    and the orchestrator decides on it as one batch, not one loop iteration and one
+    decision step a message. ``asyncio.timeout``, not ``wait_for``, which runs
+    ``queue.get()`` as a task of its own (two more loop iterations a message)."""
+    if not queue.empty():
+        return queue.get_nowait()
+    async with asyncio.timeout(timeout):
+        return await queue.get()

@@ -11,8 +11,12 @@ of two ways.
   messages are read, never the hint); a position below this connection's last
   acknowledged one that it did not write (a gap: read at once, up to that
   position); a reconnect; and, when nothing happened for ``heartbeat``
-  seconds, a read of what follows (hints lost), the wait doubling
-  while those reads find nothing, up to 30 heartbeats. Every event
+  seconds, the server itself: the follower arms its *doorbell* (``doorbell.py``,
+  one consumer from its next position asked for one message), which tells what
+  is stored there already and then answers when anything is (hints lost), so an
+  idle follower reads nothing until something is there (a user not allowed
+  consumers: a read instead, the wait doubling while those reads find nothing,
+  up to 30 heartbeats). Every event
   yielded is the stored one at its position, in order, no gap, no duplicate.
   The server sends nothing for an own event and, for another writer's, the
   publish heard and the stored copy read (direct get batches, so a few events a
@@ -51,6 +55,7 @@ from cardbus.eventstore.nats.connection import (
     on_reconnected,
     transient,
 )
+from cardbus.eventstore.nats.doorbell import Doorbell
 from cardbus.eventstore.nats.subjects import all_filter
 from cardbus.eventstore.nats.wire import (
     HEARTBEAT,
@@ -230,9 +235,10 @@ _OWN_CAP = 100_000  # own events held for a follower behind; beyond, it reads th
 _HINTS_CAP = 10_000  # other writers' event ids awaited; beyond, one read settles them
 _GAP_GRACE = 0.002  # an own append acked after a later one is handed over this late at most
 _HINT_TRIES = 8  # reads for a hinted event not stored yet: 1 ms doubling, ~0.25 s in all
-# an idle follower reads at least every this many heartbeats: for hints lost with no
+# an idle follower looks at least every this many heartbeats: for hints lost with no
 # reconnect (one wakes it at once: ``on_reconnected``), so rarely needed; at 8 it was
-# two of the few messages a second an idle runtime exchanges
+# two of the few messages a second an idle runtime exchanges. It is the doorbell's
+# expiry too (then armed again), and the longest wait of the idle reads without one
 IDLE_READ_MAX_HEARTBEATS = 30
 
 # connection -> the followers on it; every store on the connection hands its appends over
@@ -308,6 +314,13 @@ class OwnAppends:
 def echoes(nc: Any) -> bool:
     """Whether the server sends this connection its own publishes."""
     return not (getattr(nc, "options", None) or {}).get("no_echo")
+
+
+def _refused(nc: Any) -> bool:
+    """Whether the server refused this connection a consumer (its user may not create one:
+    the request times out, the refusal comes as the connection's last error)."""
+    err = str(getattr(nc, "last_error", None) or "").lower()
+    return "permissions violation" in err and "consumer" in err
 
 
 _FOLLOW_ERRORS: tuple[type[BaseException], ...] = (_ConsumerLost, *TRANSPORT_ERRORS)
@@ -386,6 +399,12 @@ class Follows(StoreBase):
         reconnects = self.nc.stats.get("reconnects", 0)
         failures = 0
         limit = 1000
+        # idle: wait on the server (doorbell.py) rather than read; None: it cannot (then
+        # the idle reads, backing off, as before)
+        bell: Doorbell | None = Doorbell(self, filt, f.wake)
+        bell_expires = IDLE_READ_MAX_HEARTBEATS * self.heartbeat
+        bell_off_until = 0.0
+        arm_now = False
         try:
             while True:
                 while own:  # what this connection appended, in order
@@ -396,7 +415,8 @@ class Follows(StoreBase):
                     yield env
                 self._check_open()
                 now = loop.time()
-                if f.offered:
+                offered = f.offered
+                if offered:
                     f.offered = False
                     idle_since = now
                     quiet_s = self.heartbeat
@@ -414,18 +434,51 @@ class Follows(StoreBase):
                     gap_since = -1.0
                 if not read and (f.hints or f.hinted) and now >= hint_due:
                     read = True
-                idle_read = not read and now - idle_since >= quiet_s
+                armed = bell is not None and bell.armed
+                if bell is not None and armed:
+                    overdue = now - bell.armed_at > bell_expires + 2 * self.heartbeat
+                    if read or offered or f.hints or bell.rang or bell.ended or overdue:
+                        # stored (rang): read; activity: awake anyway; the request over
+                        # without a message (expiry): armed again at once
+                        rang, again = bell.rang, bell.ended or overdue
+                        await bell.disarm()
+                        armed = False
+                        if not (read or rang):
+                            arm_now = again
+                            continue
+                        read = True
+                idle_read = not read and not armed and (arm_now or now - idle_since >= quiet_s)
+                if idle_read and bell is not None and now >= bell_off_until:
+                    arm_now = False
+                    try:  # the look the idle read was, then the server's answer
+                        if await bell.arm(f.next, bell_expires) == 0:
+                            continue
+                        idle_read, read = False, True  # something is there already
+                    except Exception as e:  # the read below looks instead
+                        self._check_open()
+                        if not is_transient(e) or _refused(self.nc):
+                            log.info("following %s without a doorbell (%r)", filt, e)
+                            await bell.close()
+                            bell = None
+                        else:  # (a server restarting, an election): idle reads meanwhile
+                            log.debug("following %s: no doorbell now (%r)", filt, e)
+                            bell_off_until = loop.time() + bell_expires
                 if idle_read:
                     read = True  # nothing for a while: anything lost in a disconnect?
                 if not read:
                     waits = [idle_since + quiet_s - now]
+                    if bell is not None and bell.armed:  # (its expiry answers long before)
+                        waits = [bell.armed_at + bell_expires + 2 * self.heartbeat - now]
                     if gap_since >= 0:
                         waits.append(gap_since + _GAP_GRACE - now)
                     if f.hints or f.hinted:
                         waits.append(hint_due - now)
                     f.wake.clear()
+                    # (asyncio.timeout: wait_for would run the wait as a task of its own,
+                    # two more loop iterations at each wake-up)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(f.wake.wait(), max(min(waits), 0.0005))
+                        async with asyncio.timeout(max(min(waits), 0.0005)):
+                            await f.wake.wait()
                     continue
                 f.hints = 0
                 try:
@@ -474,6 +527,9 @@ class Follows(StoreBase):
                 else:
                     hint_tries = 0
         finally:
+            if bell is not None:
+                with contextlib.suppress(Exception):
+                    await bell.close()
             if unhook is not None:
                 unhook()
             self._readers.discard(f)

@@ -149,8 +149,8 @@ class NatsEventStore(Audits, Together, Follows, EventStore):
         failures (a reconnect, a stream leader election) are tried again with
         backoff for ``store_retry_timeout`` seconds (store retries) before
         ``StoreUnavailable``. A subscription looks for what it may have missed
-        (other writers' events while disconnected) after ``heartbeat`` seconds
-        without news, then less often while it finds none (up to 8 heartbeats);
+        (other writers' events unheard) after ``heartbeat`` seconds without news,
+        and then has the server tell it when anything is stored (``doorbell.py``);
         ``follow="consumer"`` has it follow through a consumer instead
         (see ``follow.py``). The connection options are those of
         :class:`~cardbus.eventstore.nats.connection.NatsOptions`.

@@ -257,9 +257,15 @@ class RequestMux:
         return msg
 
     async def _on_answer(self, msg: Msg) -> None:
-        call = self._calls.pop(msg.subject[len(self._prefix) + 1 :], None)
+        calls = self._calls
+        call = calls.pop(msg.subject[len(self._prefix) + 1 :], None)
         if call is not None and not call[0].done():
             call[0].set_result(msg)
+        if not calls and self._sweeper is not None:
+            # nothing left to time out: no wake-up for it (an idle runtime's CPU is its
+            # wake-ups; the next request sets the timer again)
+            self._sweeper.cancel()
+            self._sweeper = None
 
     def _sweep(self) -> None:
         self._sweeper = None

@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator
 
 import nats
 import pytest
+from natsserver import NatsCluster, NatsServer
 
 from cardbus.eventstore import Envelope, NewEvent
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.errors import ConcurrencyError, ValidationError
+from cardbus.eventstore.errors import ConcurrencyError, StoreUnavailable, ValidationError
 from cardbus.eventstore.nats import NatsEventStore
+from cardbus.eventstore.nats import doorbell as doorbell_module
 from cardbus.eventstore.nats import follow as follow_module
 from cardbus.eventstore.nats.connection import NatsOptions
 from cardbus.testing import EventStoreContract
@@ -191,3 +193,116 @@ async def test_follow_consumer_has_the_server_send_every_event(nats_url: str) ->
         await it.aclose()  # type: ignore[attr-defined]
     with pytest.raises(ValidationError):
         await NatsEventStore.connect(nats_url, follow="echo")
+
+
+async def test_an_idle_follower_waits_on_the_server_instead_of_reading(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing heard for a heartbeat: the follower arms its doorbell (one consumer from its
+    next position, doorbell.py) and reads nothing more while idle (it used to read after
+    1, 2, 4, ... heartbeats); another writer's append, even unheard, rings it at once."""
+
+    async def deaf(self: object, msg: object) -> None:
+        return None
+
+    monkeypatch.setattr(follow_module._Follower, "on_hint", deaf)
+    reads: list[int] = []
+    arms: list[int] = []
+    read_direct = NatsEventStore._read_direct
+    arm = doorbell_module.Doorbell.arm
+
+    async def counted_read(self: NatsEventStore, *args: object, **kw: object) -> object:
+        reads.append(1)
+        return await read_direct(self, *args, **kw)  # type: ignore[arg-type]
+
+    async def counted_arm(self: doorbell_module.Doorbell, start: int, expires: float) -> int:
+        arms.append(start)
+        return await arm(self, start, expires)
+
+    monkeypatch.setattr(NatsEventStore, "_read_direct", counted_read)
+    monkeypatch.setattr(doorbell_module.Doorbell, "arm", counted_arm)
+    async with (
+        await NatsEventStore.connect(nats_url, heartbeat=0.2) as mine,
+        await NatsEventStore.connect(nats_url) as other,
+    ):
+        await other.append("before", [started("r1")], 0)
+        it = mine.subscribe()
+        assert [e.position for e in await take(it, 1)] == [1]  # the catch-up read
+        pending = asyncio.ensure_future(anext(it))
+        await asyncio.sleep(0.5)
+        reads.clear()
+        await asyncio.sleep(2.0)  # 10 heartbeats idle: reads after 3 and 7 of them before
+        assert reads == [] and arms == [2]
+        theirs = await other.append("theirs", [started("r2")], 0)
+        # rung: the doorbell's request expires only 30 heartbeats (6 s) after its arming
+        assert [await asyncio.wait_for(pending, 1.0)] == theirs
+        assert reads == [1] and arms == [2]  # one read: what the ring said is there
+        await it.aclose()  # type: ignore[attr-defined]
+
+
+async def test_an_idle_follower_finds_what_was_appended_across_a_server_restart(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its doorbell (a consumer in the server's memory) is gone with the restart: the
+    reconnect wakes the follower, which reads, arms again and is rung by the next append."""
+
+    async def deaf(self: object, msg: object) -> None:
+        return None
+
+    monkeypatch.setattr(follow_module._Follower, "on_hint", deaf)
+    async with (
+        await NatsEventStore.connect(nats_server.url, heartbeat=0.2, request_timeout=2.0) as mine,
+        await NatsEventStore.connect(nats_server.url, request_timeout=2.0) as other,
+    ):
+        it = mine.subscribe()
+        pending = asyncio.ensure_future(anext(it))
+        await asyncio.sleep(0.6)  # armed
+        nats_server.restart()
+        written: list[Envelope] = []
+        for _ in range(200):
+            try:
+                written += await other.append("after", [started("r3")], 0)
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.05)
+        assert len(written) == 1
+        assert [await asyncio.wait_for(pending, 10)] == written
+        later = await other.append("later", [started("r4")], 0)
+        assert await take(it, 1, 5) == later
+        await it.aclose()  # type: ignore[attr-defined]
+
+
+async def test_an_idle_follower_on_another_node_of_a_cluster_is_rung(
+    nats_cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An R3 log, the writer and the follower on different nodes, hints unheard (as with
+    a route down): the doorbell, a consumer of the replicated stream, still rings."""
+
+    async def deaf(self: object, msg: object) -> None:
+        return None
+
+    monkeypatch.setattr(follow_module._Follower, "on_hint", deaf)
+    reads: list[int] = []
+    read_direct = NatsEventStore._read_direct
+
+    async def counted_read(self: NatsEventStore, *args: object, **kw: object) -> object:
+        reads.append(1)
+        return await read_direct(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(NatsEventStore, "_read_direct", counted_read)
+    first, second = nats_cluster.nodes[0], nats_cluster.nodes[1]
+    async with (
+        await NatsEventStore.connect(first.url, replicas=3, request_timeout=5.0) as writer,
+        await NatsEventStore.connect(second.url, heartbeat=0.2, request_timeout=5.0) as mine,
+    ):
+        it = mine.subscribe()
+        pending = asyncio.ensure_future(anext(it))
+        await asyncio.sleep(0.5)
+        reads.clear()
+        await asyncio.sleep(1.5)  # armed: no read (idle reads at 0.6 and 1.4 s before)
+        assert reads == []
+        theirs = await writer.append("theirs", [started("r1")], 0)
+        assert [await asyncio.wait_for(pending, 2.0)] == theirs
+        later = await writer.append("later", [started("r2")], 0)
+        assert await take(it, 1, 3.0) == later
+        await it.aclose()  # type: ignore[attr-defined]
