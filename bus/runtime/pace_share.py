@@ -244,7 +244,9 @@ class PaceShare:
             self._held(lid, value)
             return
         if not isinstance(value, dict) or member == self.member:
-            self.demands.get(lid, {}).pop(member, None)  # deleted, or our own echo
+            gone = self.demands.get(lid, {}).pop(member, None)  # deleted, or our own echo
+            if gone is not None:  # a member left: its part of the limit is free at once
+                self._recompute()
             return
         demand, said = value.get("demand"), value.get("t")
         if isinstance(demand, (int, float)) and isinstance(said, (int, float)):

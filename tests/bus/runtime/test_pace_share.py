@@ -85,6 +85,24 @@ async def test_each_member_paces_its_demands_part_of_the_limit(connections: list
         await asyncio.wait_for(_until(lambda: b.state(KEY).share == 1.0), 30)
 
 
+async def test_a_member_that_leaves_gives_its_part_back_at_once(
+    connections: list[Client],
+) -> None:
+    """Heard after the other's last tick (a busy machine delays the deletion's message):
+    the share grows when the deletion is heard, not at the next tick (an hour here)."""
+    a, b = _pacer(in_flight=1), _pacer(in_flight=1)
+    share_a = await PaceShare(connections[0], a, member="a", period_s=3600).start()
+    async with PaceShare(connections[1], b, member="b", period_s=3600) as share_b:
+        try:
+            await share_a.tick()
+            await share_b.tick()
+            await asyncio.wait_for(_until(lambda: b.state(KEY).share == 0.5), 30)
+        finally:
+            await share_a.stop()  # its word deleted; b does not tick again
+        await asyncio.wait_for(_until(lambda: b.state(KEY).share == 1.0), 30)
+        assert "a" not in share_b.demands[limit_id(KEY)]
+
+
 async def test_a_429_one_member_gets_holds_every_member(connections: list[Client]) -> None:
     a, b = _pacer(in_flight=1), _pacer(in_flight=1)
     async with (
