@@ -16,7 +16,8 @@ with ``--show``):
 * ``handoff``: -> the SQLite writer thread begins the batch;
 * ``write``: the writer's transaction (check, seal, insert, COMMIT with its fsync);
 * ``back``: -> ``append_many`` returns on the event loop;
-* ``fold``: -> the appended events folded (``_append_streams`` returns);
+* ``fold``: -> ``_append_streams`` returns (the appended events folded, unless cards go
+  out: then they are folded after the send, once the agents sent to began: ``sending``);
 * ``send``: -> the next agent's wait begins (or the run's waiter answered).
 
 What the bench calls "added per step" is the four segments (and the agents' sleep
