@@ -16,8 +16,13 @@ with ``--show``):
 * ``handoff``: -> the SQLite writer thread begins the batch;
 * ``write``: the writer's transaction (check, seal, insert, COMMIT with its fsync);
 * ``back``: -> ``append_many`` returns on the event loop;
-* ``fold``: -> the appended events folded (``_append_streams`` returns);
+* ``fold``: -> ``_append_streams`` returns (the appended events folded, unless cards go
+  out: then they are folded after the send, once the agents sent to began: ``sending``);
 * ``send``: -> the next agent's wait begins (or the run's waiter answered).
+
+``no write`` is each segment less its ``write`` (the fsync'd commit, which varies most with
+the machine's load: compare this between versions), and ``submit`` the submission's
+segment less its write.
 
 What the bench calls "added per step" is the four segments (and the agents' sleep
 overshoot) over three steps. LangGraph (``durability="async"``, its default) writes its
@@ -105,7 +110,7 @@ def install() -> None:
 
 def segments(marks: list[tuple[float, str]]) -> dict[str, list[float]]:
     """Each critical segment's phases (ms), from the marks in time order."""
-    out: dict[str, list[float]] = {p: [] for p in (*PHASES, "total")}
+    out: dict[str, list[float]] = {p: [] for p in (*PHASES, "total", "no write", "submit")}
     marks = sorted(marks)
     i = 0
     while i < len(marks):
@@ -129,6 +134,12 @@ def segments(marks: list[tuple[float, str]]) -> dict[str, list[float]]:
             for phase, (a, b) in zip(PHASES, itertools.pairwise(times), strict=True):
                 out[phase].append((b - a) * 1000)
             out["total"].append((seg[-1][0] - start) * 1000)
+            out["no write"].append(out["total"][-1] - out["write"][-1])
+        elif what == "run.begin" and "writer.begin" in at and "writer.end" in at:
+            # the submission's stretch (its creation and first dispatch written together),
+            # without its write: another path (``creation``), no phases
+            whole = seg[-1][0] - start
+            out["submit"].append((whole - (at["writer.end"] - at["writer.begin"])) * 1000)
         i = j
     return out
 

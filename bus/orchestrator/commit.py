@@ -3,11 +3,11 @@
 A part of ``Orchestrator`` (``core``). ``_decider`` makes the ``Decider`` a step
 decides with; ``_commit`` appends every stream's decided events in one
 ``append_many`` (``commit_order`` puts the streams it creates before the parents
-naming them), folds what was stored, tells the agent requests whose events rode
-along how it went, turns a result the log refused into a failed one, and only
-then sends the cards of the streams that were stored (invariant 2: logged, then
-sent). The appends outside a step (``_append`` and its retrying forms) are here
-too.
+naming them), turns a result the log refused into a failed one, sends the cards
+of the streams that were stored only once they are (invariant 2: logged, then
+sent), folds what was stored and tells the agent requests whose events rode along
+how it went (``sending``: the fold after the cards, so their agents begin first).
+The appends outside a step (``_append`` and its retrying forms) are here too.
 """
 
 from __future__ import annotations
@@ -16,17 +16,15 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import msgspec
 
-from cardbus.agents.cards import TaskCard
 from cardbus.agents.embedding import Embedder
 from cardbus.bus.orchestrator import commit_order
 from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
-from cardbus.bus.orchestrator.fold import Folding
-from cardbus.bus.orchestrator.loop_items import TICK, Changed, Record
+from cardbus.bus.orchestrator.loop_items import Changed, Record
+from cardbus.bus.orchestrator.sending import Sending
 from cardbus.bus.orchestrator.store_trouble import StoreTrouble
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore import (
@@ -34,7 +32,6 @@ from cardbus.eventstore import (
     ConcurrencyError,
     Envelope,
     NewEvent,
-    TaskState,
 )
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import (
@@ -50,7 +47,7 @@ __all__ = ["Committing"]
 log = logging.getLogger(__name__)
 
 
-class Committing(Folding):
+class Committing(Sending):
     """Writing decisions to the log, then sending their cards (state: ``Orchestrator``)."""
 
     bus: Bus
@@ -102,9 +99,11 @@ class Committing(Folding):
         streams = list(d.events)
         try:
             write = commit_order.plan_write(d, streams)
-            outcomes = dict(await self._append_streams(d, write))
+            folds: list[tuple[str, list[Envelope]]] = []  # stored: folded as the cards leave
+            outcomes = dict(await self._append_streams(d, write, folds))
             second = commit_order.again(write, outcomes)
             if second is not None:  # a child that already existed held its parent back
+                self._fold_stored(d, folds)  # (decided again on the state with the first)
                 outcomes.update(await self._append_streams(d, second))
             held = commit_order.blocked(write, outcomes)
             for stream, error in outcomes.items():
@@ -112,7 +111,8 @@ class Committing(Folding):
                     self._unstorable(d, stream, held[stream])
                 elif not write.is_child(stream):  # a refused child speaks through its parent
                     self._unstorable(d, stream, error)
-            await self._send(d, [s for s, error in outcomes.items() if error is None])
+            stored = [s for s, error in outcomes.items() if error is None]
+            await self._send_then_fold(d, stored, lambda: self._fold_stored(d, folds))
         finally:
             self._busy.difference_update(streams)
             versions = self.state.versions
@@ -135,11 +135,16 @@ class Committing(Folding):
             self._queue.put_nowait(Changed(frozenset(self._root_of(s) for s in streams)))
 
     async def _append_streams(
-        self, d: Decisions, write: commit_order.Write
+        self,
+        d: Decisions,
+        write: commit_order.Write,
+        folds: list[tuple[str, list[Envelope]]] | None = None,
     ) -> list[tuple[str, BaseException | None]]:
         """Append each stream's decided events in one ``append_many``; the error of each,
         or None. A stream not attempted (``PrerequisiteNotStored``) keeps its records
-        waiting: ``_commit`` may write it again, and settles what it does not."""
+        waiting: ``_commit`` may write it again, and settles what it does not. What was
+        stored is folded (and its records settled) here, or with ``folds`` later
+        (``_fold_stored``: ``sending``)."""
         streams = write.streams
         if not streams:
             return []
@@ -172,11 +177,20 @@ class Committing(Folding):
                 out.append((stream, outcome))
             else:
                 self.store_trouble.worked()
-                for env in outcome:
-                    self._apply(env)
-                self._settle_records(stream, d.events[stream], None, outcome)
+                if folds is None:
+                    self._fold_stored(d, [(stream, outcome)])
+                else:
+                    folds.append((stream, outcome))
                 out.append((stream, None))
         return out
+
+    def _fold_stored(self, d: Decisions, folds: list[tuple[str, list[Envelope]]]) -> None:
+        """Fold what each append stored, then tell the requests that rode along."""
+        for stream, stored in folds:
+            for env in stored:
+                self._apply(env)
+            self._settle_records(stream, d.events[stream], None, stored)
+        folds.clear()
 
     def _settle_records(
         self,
@@ -310,46 +324,3 @@ class Committing(Folding):
                 return
             except ConcurrencyError:
                 continue
-
-    async def _send(self, d: Decisions, stored: list[str]) -> None:
-        """Send the cards decided for the streams whose events are stored."""
-        await self._send_cards([pair for s in stored for pair in d.sends.get(s, [])])
-
-    async def _send_cards(self, cards: list[tuple[str, TaskCard]]) -> None:
-        """Send ``(agent_id, card)``s; an attempt whose card could not be sent is lost (it
-        times out at once and is retried: its deadline would count from a start)."""
-        if self._stopping and not self.attempts_survive_restart:
-            # our agents are going (an embedded runtime stops its workers first): a card
-            # sent now would never be run; kept as ours, ``_give_back`` gives it back
-            self._sent.update((card.task_id, card.attempt) for _, card in cards)
-            return
-        sends = [self.tracing.send_task(self.bus, a, card) for a, card in cards]
-        if len(sends) == 1:  # the common case: no task for a gather of one
-            outcomes: list[Any] = [None]
-            try:
-                await sends[0]
-            except Exception as e:
-                outcomes = [e]
-        else:
-            outcomes = await asyncio.gather(*sends, return_exceptions=True)
-        lost = set()
-        for (_, card), outcome in zip(cards, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                log.warning("send failed, the attempt is retried: %r", outcome)
-                lost.add((card.task_id, card.attempt))
-            elif not self.attempts_survive_restart:  # held by this process's agents
-                self._sent.add((card.task_id, card.attempt))
-        if len(self._sent) > 4096:
-            self._sent = {key for key in self._sent if self._in_flight(*key)}
-        if lost:
-            self._lost_attempts = self._lost_attempts | dict.fromkeys(lost, "agent_lost")
-            self._queue.put_nowait(TICK)
-
-    def _in_flight(self, task_id: str, attempt: int) -> bool:
-        task = self.state.tasks.get(task_id)
-        return (
-            task is not None
-            and task.attempt == attempt
-            and task.state in (TaskState.DISPATCHED, TaskState.RUNNING)
-            and attempt not in task.settled
-        )

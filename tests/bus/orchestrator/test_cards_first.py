@@ -1,0 +1,50 @@
+"""A decision's cards go out before its stored events are folded (``bus.orchestrator.sending``),
+so the agent sent to begins first; nothing it replies is lost.
+
+* An agent that reports its start at once (``started_after_s=0``) sends ``Started`` as its
+  handler begins, while the first task's creation (in-process bus) or a later task's
+  dispatch may be unfolded yet: it is recorded, once, before the result, for every task.
+* A card sent whose dispatch is not folded yet stays among the attempts this process's
+  agents hold (``_sent``, given back on a stop) when that set is compacted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchkit import FAST, make_agent, plan, run_log, task, tid
+
+from cardbus.agents.cards import TaskCard
+from cardbus.bus import InProcessBus, Orchestrator
+from cardbus.eventstore import SqliteEventStore
+
+
+async def test_a_start_reported_at_once_is_recorded_for_every_task(
+    make_runtime: Any, store: SqliteEventStore
+) -> None:
+    rt = await make_runtime([make_agent("a")], started_after_s=0)
+    for _ in range(3):  # the first task's creation and the later dispatches, more than once
+        three = plan(task("one"), task("two", deps=["one"]), task("three", deps=["two"]))
+        result = await rt.run(three)
+        assert result.status == "completed", result
+        log = await run_log(store, result.root_id)
+        for name in ("one", "two", "three"):
+            tags = log.tags(tid(result.root_id, name))
+            assert tags == ["created", "dispatched", "started", "result_submitted", "completed"]
+
+
+async def test_a_card_sent_before_its_dispatch_is_folded_stays_held(
+    store: SqliteEventStore,
+) -> None:
+    bus = InProcessBus()
+    orch = Orchestrator(store, bus, FAST, attempts_survive_restart=False)  # embedded
+    await orch.start()
+    try:
+        orch._sent = {(f"settled-{i}", 1) for i in range(5000)}  # none of them in flight
+        card = TaskCard(task_id="unfolded", root_id="unfolded", capability="echo", attempt=1)
+        await orch._send_cards([("a", card)])  # past 4,096 held: the set is compacted
+        assert orch._sent == {("unfolded", 1)}
+    finally:
+        orch._sent = set()  # nothing of this test's to give back
+        await orch.stop()
+        await bus.close()
