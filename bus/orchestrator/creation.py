@@ -4,10 +4,8 @@ A part of ``Orchestrator`` (``core``): ``Orchestrator.submit`` checks the plan a
 builds the creation events (``submission``); these write them. A run nobody
 else knows of gets its first dispatches decided on the run folded tentatively
 and written in the same append as its creation, its cards sent once stored: one
-commit fewer before an agent starts. On the in-process bus (``Bus.local_delivery``)
-the creation is folded after those cards went out, once their agents began
-(``sending``): nothing can answer a card before that. A new root id is drawn in a
-partition this member holds, so the run is decided where it was submitted.
+commit fewer before an agent starts. A new root id is drawn in a partition this
+member holds, so the run is decided where it was submitted.
 """
 
 from __future__ import annotations
@@ -132,18 +130,6 @@ class Creating(Committing):
         # saw task.started on a task it had as pending: nats_scale_bench.py).
         streams = [s for s, _ in creates]
         outcomes = await self.store.append_many(appends)
-        if first is not None and self.bus.local_delivery:
-            created = [o for o in outcomes if not isinstance(o, Exception)]
-            if len(created) == len(outcomes):  # all new: no reply to them can come first
-
-                def fold() -> None:
-                    for envs in created:
-                        for env in envs:
-                            self._apply(env)
-
-                # the agents of the first dispatches begin before the creation is folded
-                await self._send_then_fold(first, streams, fold)  # (``sending``)
-                return
         for stream, outcome in zip(streams, outcomes, strict=True):
             if isinstance(outcome, ConcurrencyError):  # created by an earlier, interrupted submit
                 outcome = await self.store.read_stream(stream)

@@ -14,10 +14,6 @@ step may look at the run on the state as it was before this decision: the same s
 every step already decides on while the append itself is in flight, with the decision's
 streams busy.
 
-A new run's creation and first dispatches (``creation``) go the same way on the in-process
-bus, although their streams are not busy: the first reply to those cards can only come
-through ``replies()`` in a later turn than the fold.
-
 With tracing on, the fold still comes first: the send's span is a child of the attempt's
 span, which the fold of ``task.dispatched`` opens.
 """

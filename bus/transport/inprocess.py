@@ -214,7 +214,6 @@ class InProcessBus(Bus):
     # -- chunks: in process, straight to the watchers' handlers ------------------------
 
     carries_chunks = True
-    local_delivery = True  # a card's consumer task begins in the loop's next turn
 
     def chunks_watched(self, root_id: str) -> bool:
         watchers = self._chunk_watchers

@@ -153,12 +153,6 @@ class Bus(abc.ABC):
     #: whether this bus has a chunk channel (``watch_chunks`` works)
     carries_chunks: bool = False
 
-    #: whether a card sent goes to a consumer task of this process that the send only
-    #: schedules, so that nothing replied to it can reach ``replies()`` before the event
-    #: loop's next turn (the in-process bus): the orchestrator then folds a new run's
-    #: creation after its first cards went out (``bus.orchestrator.creation``)
-    local_delivery: bool = False
-
     def chunks_watched(self, root_id: str) -> bool:
         """Agent side: whether anyone watches run ``root_id``'s chunks now (no I/O)."""
         return False
