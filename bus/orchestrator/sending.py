@@ -14,6 +14,14 @@ step may look at the run on the state as it was before this decision: the same s
 every step already decides on while the append itself is in flight, with the decision's
 streams busy.
 
+Only for cards of tasks the state knows already: a reply to one of them that comes
+before the fold (over NATS an agent may answer before the publish's ack is back) finds
+its stream busy and waits for it. A card of a task the state does not know (none today:
+a task a decision creates, a review or a supplement, is dispatched by a later step; a
+new run's first cards go out from ``creation``, after its fold) would go out after the
+fold, as before: a reply for an unknown task would not wait, it would be dropped (a
+``Started``) or taken for a bad message.
+
 With tracing on, the fold still comes first: the send's span is a child of the attempt's
 span, which the fold of ``task.dispatched`` opens.
 """
@@ -52,12 +60,14 @@ class Sending(Folding):
     ) -> None:
         """Send the cards decided for the ``stored`` streams; ``fold`` (what the append
         stored, into the state) after one turn of the loop in which the agents sent to
-        begin, or first when no card goes out or tracing is on."""
+        begin, or first when no card goes out, one is for a task the state does not know
+        yet, or tracing is on."""
         cards = [pair for s in stored for pair in d.sends.get(s, [])]
         if fold is None:
             await self._send_cards(cards)
             return
-        if not cards or telemetry.enabled():
+        tasks = self.state.tasks
+        if not cards or telemetry.enabled() or any(c.task_id not in tasks for _, c in cards):
             fold()
             await self._send_cards(cards)
             return
