@@ -175,17 +175,8 @@ class ReplyAcks:
             self.hold_seen.add(seq)
             self.hold_left -= 1
         if not self.settles:
-            if not msg.subject.startswith(ANNOUNCE_PREFIX + "."):
-                self._soon(self.interval)
-            elif (
-                self.timer is not None
-                and self.timer.when() - self.loop.time() < self.announce_interval / 2
-            ):
-                # an ack owed for a while goes with this round of renewals, in this
-                # wake-up, not in one of its own half a round later (sooner: never later)
-                self._soon(0.0)
-            else:
-                self._soon(self.announce_interval)
+            announcement = msg.subject.startswith(ANNOUNCE_PREFIX + ".")
+            self._soon(self.announce_interval if announcement else self.interval)
 
     def settled(self, msg: Msg) -> None:
         """(Settled mode) The orchestrator is done with ``msg``'s reply."""
