@@ -49,7 +49,7 @@ from cardbus.bus.orchestrator.access import tool_allowed
 from cardbus.eventstore.batch import MAX_ID_CHARS
 from cardbus.eventstore.errors import ConfigError, ValidationError
 
-__all__ = ["Admission", "AgentGrants", "check_registrable", "narrowed", "schema_problems"]
+__all__ = ["Admission", "AgentGrants", "check_registrable", "narrowed"]
 
 #: what an announcement may change freely
 DESCRIPTIVE = ("name", "description", "version", "provider", "url")
@@ -63,11 +63,6 @@ class Admission:
     refused: list[str] = field(default_factory=list)
 
 
-def schema_problems(card: AgentCard) -> dict[str, str]:
-    """Each capability of ``card`` whose schemas are not a JSON Schema, with why."""
-    return capability_schema_problems(card.capabilities)
-
-
 def check_registrable(card: AgentCard) -> None:
     """A ``ValidationError`` naming what makes ``card`` unfit for the log: an agent id
     that is not 1 to ``MAX_ID_CHARS`` chars, a capability schema that is not a JSON Schema."""
@@ -76,7 +71,7 @@ def check_registrable(card: AgentCard) -> None:
         raise ValidationError(
             f"agent id {shown!r} must be 1 to {MAX_ID_CHARS} chars (MAX_ID_CHARS)"
         )
-    problems = schema_problems(card)
+    problems = capability_schema_problems(card.capabilities)
     if problems:
         said = "; ".join(f"capability {n!r}: {why}" for n, why in problems.items())
         raise ValidationError(f"agent {card.agent_id!r}: {said}")
@@ -86,7 +81,7 @@ def _usable(admission: Admission) -> Admission:
     """``admission`` without the capabilities whose schemas are not a JSON Schema, each
     refused with its reason."""
     card = admission.card
-    problems = schema_problems(card) if card is not None else {}
+    problems = capability_schema_problems(card.capabilities) if card is not None else {}
     if card is None or not problems:
         return admission
     kept = [c for c in card.capabilities if c.name not in problems]
@@ -154,7 +149,9 @@ class AgentGrants:
             for c in cards:
                 if c.agent_id in self.cards:
                     raise ConfigError(f"agent {c.agent_id!r} is granted twice")
-                for name, why in schema_problems(c).items():  # the first is enough to say
+                problems = capability_schema_problems(c.capabilities)
+                if problems:  # the first is enough to say
+                    name, why = next(iter(problems.items()))
                     raise ConfigError(f"agent {c.agent_id!r}, capability {name!r}: {why}")
                 self.cards[c.agent_id] = c
 

@@ -56,16 +56,13 @@ class Sending(Folding):
     _lost_attempts: dict[tuple[str, int], str]
 
     async def _send_then_fold(
-        self, d: Decisions, stored: list[str], fold: Callable[[], None] | None = None
+        self, d: Decisions, stored: list[str], fold: Callable[[], None]
     ) -> None:
         """Send the cards decided for the ``stored`` streams; ``fold`` (what the append
         stored, into the state) after one turn of the loop in which the agents sent to
         begin, or first when no card goes out, one is for a task the state does not know
         yet, or tracing is on."""
         cards = [pair for s in stored for pair in d.sends.get(s, [])]
-        if fold is None:
-            await self._send_cards(cards)
-            return
         tasks = self.state.tasks
         if not cards or telemetry.enabled() or any(c.task_id not in tasks for _, c in cards):
             fold()

@@ -25,13 +25,12 @@ from cardbus.agents.cards import (
     ResultCard,
     Started,
 )
-from cardbus.agents.schema import schema_problem
+from cardbus.agents.schema import capability_schema_problems, schema_problem
 from cardbus.bus import InProcessBus, Orchestrator, Plan
 from cardbus.bus.orchestrator.registry import (
     AgentGrants,
     check_registrable,
     narrowed,
-    schema_problems,
 )
 from cardbus.bus.transport.interface import Refusal
 from cardbus.eventstore import EventStore, MemoryEventStore
@@ -240,7 +239,7 @@ def test_a_schema_that_is_not_json_schema_is_named_with_its_reason() -> None:
     assert schema_problem({"pattern": "["}) == "$.pattern: '[' is not a 'regex'"
     assert schema_problem({"required": "q"}) == "$.required: 'q' is not of type 'array'"
     card = msgspec.structs.replace(BASE, capabilities=[*BASE.capabilities, BROKEN, NO_REGEX])
-    assert schema_problems(card) == {
+    assert capability_schema_problems(card.capabilities) == {
         "lookup": "input_schema is not a JSON Schema: $.properties.q.type: 'strin' is not "
         "valid under any of the given schemas",
         "match": "output_schema is not a JSON Schema: $.pattern: '[' is not a 'regex'",
