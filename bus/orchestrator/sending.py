@@ -22,6 +22,12 @@ new run's first cards go out from ``creation``, after its fold) would go out aft
 fold, as before: a reply for an unknown task would not wait, it would be dropped (a
 ``Started``) or taken for a bad message.
 
+Only on a bus that delivers in this process (``Bus.local_delivery``): there a send takes
+no time of its own. Over NATS a send waits for the server's ack, for as long as a restart
+or an election lasts; folded after it, the state (``wait``, ``caught_up``, the projections)
+lagged the log by that much (the NATS interleaving harness's reconnection scenario saw an
+event unfolded after 10 s).
+
 With tracing on, the fold still comes first: the send's span is a child of the attempt's
 span, which the fold of ``task.dispatched`` opens.
 """
@@ -60,11 +66,16 @@ class Sending(Folding):
     ) -> None:
         """Send the cards decided for the ``stored`` streams; ``fold`` (what the append
         stored, into the state) after one turn of the loop in which the agents sent to
-        begin, or first when no card goes out, one is for a task the state does not know
-        yet, or tracing is on."""
+        begin, or first when no card goes out, the bus sends over a network, one is for a
+        task the state does not know yet, or tracing is on."""
         cards = [pair for s in stored for pair in d.sends.get(s, [])]
         tasks = self.state.tasks
-        if not cards or telemetry.enabled() or any(c.task_id not in tasks for _, c in cards):
+        if (
+            not cards
+            or not self.bus.local_delivery  # (a network send: the fold does not wait for it)
+            or telemetry.enabled()
+            or any(c.task_id not in tasks for _, c in cards)
+        ):
             fold()
             await self._send_cards(cards)
             return

@@ -214,6 +214,7 @@ class InProcessBus(Bus):
     # -- chunks: in process, straight to the watchers' handlers ------------------------
 
     carries_chunks = True
+    local_delivery = True  # a send puts the card in its consumer's queue, nothing more
 
     def chunks_watched(self, root_id: str) -> bool:
         watchers = self._chunk_watchers

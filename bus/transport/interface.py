@@ -153,6 +153,12 @@ class Bus(abc.ABC):
     #: whether this bus has a chunk channel (``watch_chunks`` works)
     carries_chunks: bool = False
 
+    #: whether a card sent goes to a consumer of this process at once, the send taking no
+    #: time of its own (the in-process bus): the orchestrator then sends a decision's cards
+    #: before folding what it stored (``bus.orchestrator.sending``); over a network the
+    #: send waits on the server, and the fold does not wait for it
+    local_delivery: bool = False
+
     def chunks_watched(self, root_id: str) -> bool:
         """Agent side: whether anyone watches run ``root_id``'s chunks now (no I/O)."""
         return False
