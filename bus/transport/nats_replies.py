@@ -127,7 +127,8 @@ class ReplyAcks:
         self.done: dict[int, Msg] = {}  # (settled mode) settled, not acked yet
         self.released = False
         self.unsent = ""  # the ack subject of the last reply taken, not sent yet
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.Handle | None = None
+        self.due: float | None = None  # when ``timer`` fires (loop time)
         loop = asyncio.get_running_loop()
         self.loop = loop
         delivered = int(getattr(info.delivered, "stream_seq", 0) or 0)
@@ -175,8 +176,14 @@ class ReplyAcks:
             self.hold_seen.add(seq)
             self.hold_left -= 1
         if not self.settles:
-            announcement = msg.subject.startswith(ANNOUNCE_PREFIX + ".")
-            self._soon(self.announce_interval if announcement else self.interval)
+            if not msg.subject.startswith(ANNOUNCE_PREFIX + "."):
+                self._soon(self.interval)
+            elif self.due is not None and self.due - self.loop.time() < self.announce_interval / 2:
+                # an ack owed for a while goes with this round of renewals, in this
+                # wake-up, not in one of its own half a round later (sooner: never later)
+                self._soon(0.0)
+            else:
+                self._soon(self.announce_interval)
 
     def settled(self, msg: Msg) -> None:
         """(Settled mode) The orchestrator is done with ``msg``'s reply."""
@@ -192,10 +199,12 @@ class ReplyAcks:
             return
         at = self.loop.time() + (self.interval if interval is None else interval)
         if self.timer is not None:
-            if self.timer.when() <= at:
+            if self.due is not None and self.due <= at:
                 return
             self.timer.cancel()
-        self.timer = self.loop.call_at(at, self.flush)
+        # (the due time is kept here: uvloop gives a handle due within half a millisecond
+        # as a plain Handle, which has no when())
+        self.timer, self.due = self.loop.call_at(at, self.flush), at
 
     def _holding(self) -> bool:
         if self.hold_upto and (self.hold_left <= 0 or self.loop.time() >= self.hold_until):
@@ -206,7 +215,7 @@ class ReplyAcks:
     def flush(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-            self.timer = None
+            self.timer, self.due = None, None
         if self._holding():
             return
         msg: Msg | None
