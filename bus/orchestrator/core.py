@@ -60,6 +60,7 @@ from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
 from cardbus.bus.orchestrator.intake import Intake
 from cardbus.bus.orchestrator.liveness import Leases
+from cardbus.bus.orchestrator.loop_guard import reader_task
 from cardbus.bus.orchestrator.loop_items import DUE, LAPSED, RESEND, TICK, Changed, Record
 from cardbus.bus.orchestrator.memory import LongTermMemory
 from cardbus.bus.orchestrator.notify import Notifier
@@ -287,8 +288,8 @@ class Orchestrator(Creating, Resuming, Intake):
             except BusError:
                 log.info("%s carries no agent requests", type(self.bus).__name__)
         self._loops = [
-            asyncio.create_task(self._follow_log(), name="orchestrator-log"),
-            asyncio.create_task(self._pump_replies(), name="orchestrator-replies"),
+            reader_task("orchestrator-log", self._follow_log),
+            reader_task("orchestrator-replies", self._pump_replies),
             asyncio.create_task(self.clock.run(), name="orchestrator-clock"),
             asyncio.create_task(self._decide_loop(), name="orchestrator-decide"),
         ]
