@@ -14,7 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT] + [str(ROOT)]
 
+import asyncio  # noqa: E402
+
 import pytest  # noqa: E402
+import uvloop  # noqa: E402
 
 from cardbus.eventstore import MemoryEventStore, SqliteEventStore  # noqa: E402
 
@@ -99,3 +102,17 @@ def nats_server_factory(tmp_path: Path) -> Iterator[Callable[..., NatsServer]]:
     finally:
         for server in made:
             server.stop()
+
+
+# -- event loops ------------------------------------------------------------------
+
+
+def pytest_asyncio_loop_factories(config: Any, item: pytest.Item) -> dict[str, Any]:
+    """The event loops a test runs on: asyncio's; and uvloop's too for a test marked
+    ``both_loops``. The ``cardbus`` commands and the benches run on uvloop (the ``fast``
+    extra, in ``dev``), which differs where it matters: a call due within half a
+    millisecond comes back as a plain ``Handle`` without ``when()`` (that broke the NATS
+    reply reader once, and only the benches showed it)."""
+    if item.get_closest_marker("both_loops"):
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}

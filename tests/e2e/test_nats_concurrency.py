@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import nats.errors
+import pytest
 from natsprocs import (
     FAST_BUS,
     Quick,
@@ -34,6 +35,7 @@ def plan(plan_id: str, slow_timeout: float = 5.0) -> Plan:
     return chain(plan_id, slow_timeout)
 
 
+@pytest.mark.both_loops
 async def test_two_orchestrators_on_the_same_log_stay_consistent(nats_server: NatsServer) -> None:
     url = nats_server.url
     stop = asyncio.Event()
@@ -111,6 +113,7 @@ async def _stream_info(rt: NatsRuntime):  # type: ignore[no-untyped-def]
         return None
 
 
+@pytest.mark.both_loops
 async def test_three_node_cluster_loses_a_node_mid_run_and_nothing(tmp_path: Path) -> None:
     cluster = NatsCluster(tmp_path / "cluster").start()
     try:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
+import pytest
 from natsprocs import (
     FAST_BUS,
     Proc,
@@ -284,6 +285,7 @@ async def test_a_waiter_is_answered_when_its_partition_is_lost_while_it_register
     assert set(decisions(events, root)) == {"orchestrator-b"}
 
 
+@pytest.mark.both_loops
 async def test_an_agents_request_is_answered_by_its_runs_member(
     nats_server: NatsServer,
 ) -> None:
@@ -366,6 +368,7 @@ async def test_a_run_placed_in_a_partition_still_being_caught_up_is_decided(
     assert set(decisions(events, root)) == {"orchestrator-b"}
 
 
+@pytest.mark.both_loops
 async def test_a_killed_orchestrators_runs_are_finished_by_the_other(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:

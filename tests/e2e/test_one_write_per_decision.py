@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 import nats
+import pytest
 from nats.aio.msg import Msg
 from natsprocs import FAST_BUS
 from natsserver import NatsServer
@@ -200,6 +201,7 @@ async def _task_events(url: str, store: NatsEventStore, task: str) -> list[Envel
         await nc.close()
 
 
+@pytest.mark.both_loops
 async def test_nats_each_decision_is_one_acknowledged_batch(nats_server: NatsServer) -> None:
     url = nats_server.url
     store = await NatsEventStore.connect(url)
