@@ -625,7 +625,15 @@ class NatsBus(Bus):
         task = asyncio.ensure_future(coro)
         task.set_name(name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A spawned task's end: one that failed says so now, by name (unread, its
+        exception was said only when the task was collected, if ever: an agent's pull
+        loop that died left the agent deaf without a word)."""
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", task.get_name(), exc_info=task.exception())
 
     async def _serve(self, slots: _Slots, durable: str, subject: str) -> None:
         """One pull loop for all of an agent's ``consume`` calls on this bus: it asks for as
