@@ -173,15 +173,38 @@ _RECENT = 8192
 Outcome = list[Envelope] | CardbusError
 
 
+class _Call:
+    """One ``append`` or ``append_many`` call: its future is done once every request it
+    queued has its outcome. One future a call, not one a stream it writes: each future
+    set is a callback and a turn of the loop, and a decision writes several streams."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+        self.left = 0  # requests without an outcome yet
+
+
 @dataclass(slots=True)
 class _Request:
     stream: str
     events: Sequence[NewEvent]
     expected_version: int
-    future: asyncio.Future[list[Envelope]] = field(repr=False)
+    call: _Call = field(repr=False)
     after: tuple[_Request, ...] = ()  # store only if these were (append_many's ``after``)
     stored: bool = False  # set by the writer thread once committed
     joined: bool = False  # of the same append_many as the request queued before it
+    outcome: Outcome | None = None  # set in the event loop once resolved
+
+    def resolve(self, outcome: Outcome) -> None:
+        """Give the request its outcome (once); the call's future is done with the last."""
+        if self.outcome is not None:
+            return
+        self.outcome = outcome
+        call = self.call
+        call.left -= 1
+        if not call.left and not call.future.done():  # (done: the caller was cancelled)
+            call.future.set_result(None)
 
 
 class _Writer:
@@ -422,15 +445,6 @@ class _Writer:
         return found
 
 
-def _outcome(future: asyncio.Future[list[Envelope]]) -> list[Envelope] | Exception:
-    error = future.exception()
-    if error is None:
-        return future.result()
-    if not isinstance(error, Exception):
-        raise error
-    return error
-
-
 def _back_on(
     loop: asyncio.AbstractEventLoop,
     finished: Callable[[list[_Request], concurrent.futures.Future[Any]], None],
@@ -454,26 +468,6 @@ def _wake(waiters: list[asyncio.Future[bool]]) -> None:
     for w in waiters:
         if not w.done():
             w.set_result(True)
-
-
-def _all_done(futures: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
-    """A future done when all of ``futures`` are; cancelling it cancels none of them.
-
-    ``asyncio.wait`` does the same with a set, a waiter and a callback added and
-    removed on each: this runs for every append of the orchestrator.
-    """
-    done: asyncio.Future[None] = futures[0].get_loop().create_future()
-    left = len(futures)
-
-    def one_done(_: object) -> None:
-        nonlocal left
-        left -= 1
-        if not left and not done.done():
-            done.set_result(None)
-
-    for f in futures:
-        f.add_done_callback(one_done)
-    return done
 
 
 class SqliteEventStore(EventStore):
@@ -577,21 +571,28 @@ class SqliteEventStore(EventStore):
         if self._closed:
             raise StoreUnavailable("the event store is closed")
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Envelope]] = loop.create_future()
-        self._queue.append(_Request(stream, list(events), expected_version, future))
+        call = _Call(loop.create_future())
+        call.left = 1
+        r = _Request(stream, list(events), expected_version, call)
+        self._queue.append(r)
         self._idle.clear()
         if not self._kick_scheduled:
             self._kick_scheduled = True
             loop.call_soon(self._kick)  # after the other ready appenders have queued too
-        return await future
+        await call.future
+        outcome = r.outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return cast(list[Envelope], outcome)
 
     async def append_many(self, appends: Sequence[Append]) -> list[list[Envelope] | Exception]:
-        # Queued together, so they share a commit; one future each, no task each.
+        # Queued together, so they share a commit; one future for the call, no task each.
         if self._closed:
             raise StoreUnavailable("the event store is closed")
         check_after(appends)
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[list[Envelope]] | Exception] = []
+        call = _Call(loop.create_future())
+        results: list[_Request | Exception] = []  # per append: queued, or refused at once
         requests: list[_Request | None] = []
         for a in appends:
             after: tuple[_Request, ...] = ()
@@ -603,24 +604,23 @@ class SqliteEventStore(EventStore):
                         raise PrerequisiteNotStored(f"{a.stream}: what it follows was refused")
                     after = tuple(r for r in before if r is not None)
             except CardbusError as e:
-                futures.append(e)
+                results.append(e)
                 requests.append(None)
                 continue
-            future: asyncio.Future[list[Envelope]] = loop.create_future()
-            r = _Request(a.stream, list(a.events), a.expected_version, future, after=after)
-            r.joined = bool(requests) and any(q is not None for q in requests)
+            r = _Request(a.stream, list(a.events), a.expected_version, call, after=after)
+            r.joined = call.left > 0
+            call.left += 1
             self._queue.append(r)
             requests.append(r)
-            futures.append(future)
+            results.append(r)
         if self._queue:
             self._idle.clear()
             if not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-        pending = [f for f in futures if isinstance(f, asyncio.Future)]
-        if pending:
-            await _all_done(pending)
-        return [f if isinstance(f, Exception) else _outcome(f) for f in futures]
+        if call.left:
+            await call.future
+        return [r if isinstance(r, Exception) else cast(Outcome, r.outcome) for r in results]
 
     def _kick(self) -> None:
         """Hand queued requests to the writer thread, keeping at most two batches in flight.
@@ -666,8 +666,7 @@ class SqliteEventStore(EventStore):
             if err is not e:
                 err.__cause__ = e
             for r in batch:
-                if not r.future.done():
-                    r.future.set_exception(err)
+                r.resolve(err)
             self._kick()
             return
         waiters: list[asyncio.Future[bool]] = []
@@ -679,17 +678,13 @@ class SqliteEventStore(EventStore):
         for r, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
                 self._queue.append(r)
-            elif r.future.done():
-                continue
-            elif isinstance(outcome, CardbusError):
-                r.future.set_exception(outcome)
             else:
-                r.future.set_result(outcome)
+                r.resolve(outcome)
         if waiters:
             # The appenders first, the live subscribers two turns of the loop later. An
             # appender (the orchestrator's commit, which then sends the next card) resumes
-            # two callbacks after its future is set (``_all_done``), a subscriber one after
-            # its waiter: woken at once, the follower and the memory keeper ran before the
+            # one callback after its call's future is set, a subscriber one after its
+            # waiter: woken at once, the follower and the memory keeper ran before the
             # commit went on, and before the agent it sent a card to began, on the
             # critical path of every step. They miss nothing: ``_last_committed`` is
             # already past what they wait for.
