@@ -396,8 +396,10 @@ class _Writer:
             except CardbusError as e:
                 outcomes.append(planned.setdefault(id(r), e))
                 continue
+            envs: list[Envelope] = []
             for env, body in sealed:
-                log = link(log, env.hash)
+                h = env.hash
+                log = link(log, h)
                 rows.append(
                     (
                         env.position,
@@ -408,15 +410,15 @@ class _Writer:
                         _TAGS[type(env.data)],
                         env.recorded_at,
                         body,
-                        env.hash,
+                        h,
                         log,
                     )
                 )
-            position += len(sealed)
+                envs.append(env)
+            position += len(envs)
             claimed.update(ids)
-            last = sealed[-1][0]
-            heads[stream] = (last.version, last.hash)
-            outcomes.append(planned.setdefault(id(r), [env for env, _ in sealed]))
+            heads[stream] = (env.version, h)  # the last one's
+            outcomes.append(planned.setdefault(id(r), envs))
         return outcomes, rows, heads
 
     def _heads(self, streams: list[str]) -> dict[str, tuple[int, str]]:
