@@ -285,38 +285,31 @@ class _Writer:
     def _write(
         self, batch: list[_Request], max_bytes: int
     ) -> tuple[list[Outcome | None], int, int]:
-        conn = self.conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise StoreUnavailable(f"cannot write: {e}") from e
         try:
             # Optimistic: the log's end and the streams' heads as our last commit left
-            # them. Another process's writes since then make an insert collide with a
-            # position or a (stream, version) it took: the redo below reads them afresh.
+            # them, planned outside any transaction, and the rows written by one INSERT
+            # that SQLite commits on its own (autocommit: atomic, and fsync'd as any
+            # commit is). Another process's writes since our last commit make it collide
+            # with a position or a (stream, version) they took, an id already stored
+            # with its event_id: the statement is undone whole, and the batch redone
+            # from the file under the write lock. One statement is one release of the
+            # GIL and one retake; BEGIN, INSERT and COMMIT were three, and the writer's
+            # every retake waits while the event loop runs Python (up to the
+            # interpreter's switch interval, 5 ms), on the path of every commit.
             top = self.top if self.top >= 0 else self._read_top()
+            outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
             try:
-                outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
-                self._insert(rows)
+                if len(rows) > _INSERT_CHUNK:
+                    self._in_transaction(rows)  # more than one statement takes
+                elif rows:
+                    self._insert(rows)
             except sqlite3.IntegrityError:
-                # An id is already stored (a retry after a lost reply) or another
-                # process wrote: redo the batch from the file, looking every id up.
-                conn.execute("ROLLBACK")
-                conn.execute("BEGIN IMMEDIATE")
-                self.heads.clear()
-                top = self._read_top()
-                outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=True)
-                self._insert(rows)
-            conn.execute("COMMIT")
+                top, (outcomes, rows, heads) = self._redo(batch, max_bytes)
             for r, outcome in zip(batch, outcomes, strict=True):
                 r.stored = isinstance(outcome, list)
         except BaseException:
             self.heads.clear()
             self.top = -1
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             raise
         if len(self.heads) + len(heads) > _MAX_CACHED_HEADS:
             self.heads.clear()
@@ -325,6 +318,45 @@ class _Writer:
         if rows:
             self.top_log = rows[-1][-1]
         return outcomes, self.top, len(rows)
+
+    def _redo(
+        self, batch: list[_Request], max_bytes: int
+    ) -> tuple[int, tuple[list[Outcome | None], list[tuple[Any, ...]], dict[str, tuple[int, str]]]]:
+        """An id is already stored (a retry after a lost reply) or another process
+        wrote: the batch planned again from the file, every id looked up, and written,
+        all under the write lock (``BEGIN IMMEDIATE``)."""
+        self._begin()
+        try:
+            self.heads.clear()
+            top = self._read_top()
+            planned = self._plan(batch, top, max_bytes, careful=True)
+            self._insert(planned[1])
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        return top, planned
+
+    def _in_transaction(self, rows: list[tuple[Any, ...]]) -> None:
+        self._begin()
+        try:
+            self._insert(rows)
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+
+    def _begin(self) -> None:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"cannot write: {e}") from e
+
+    def _rollback(self) -> None:
+        try:
+            self.conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
 
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
         # One multi-row INSERT per chunk, not executemany: executemany gives up and
