@@ -2,17 +2,19 @@
 
 Writes. ``append`` checks its arguments, queues the request and awaits it;
 ``append_many`` queues its requests together, and they are never cut apart, so
-one call (one decision of the orchestrator) is always one transaction.
-Queued requests (about ``_MAX_BATCH_REQUESTS``) go to the writer thread as one
-batch in *one* call, which checks, seals and inserts all of them inside one
-``BEGIN IMMEDIATE`` transaction and commits once; the callers are resolved
-after the commit. Requests that arrive meanwhile form the next batch, queued
-behind it in the thread (at most two batches in flight). So many concurrent
-appenders share one transaction and one fsync (group commit), each call
-returns only once its own events are durable, and a request that fails its
-checks (wrong expected version, bad payload) fails alone without touching the
-others. The writer thread owns a plain ``sqlite3`` connection: one thread hop
-per batch instead of one per statement.
+one call (one decision of the orchestrator) is always one transaction. Queued
+requests (about ``_MAX_BATCH_REQUESTS``) go to the writer thread as one batch
+in *one* call, which checks and seals all of them and inserts them in one
+transaction committed once (one multi-row ``INSERT`` that SQLite commits on its
+own; ``BEGIN IMMEDIATE`` ... ``COMMIT`` around a batch too big for one
+statement, and around a redo); the callers are resolved after the commit.
+Requests that arrive meanwhile form the next batch, queued behind it in the
+thread (at most two batches in flight). So many concurrent appenders share one
+transaction and one fsync (group commit), each call returns only once its own
+events are durable, and a request that fails its checks (wrong expected
+version, bad payload) fails alone without touching the others. The writer
+thread owns a plain ``sqlite3`` connection: one thread hop per batch instead of
+one per statement.
 
 The writer keeps the log's last position and each stream's head (version,
 hash) in memory, as its last commit left them, and plans a batch on them
@@ -26,10 +28,12 @@ whose expected version differs from the cached head re-reads that head
 before it fails, and is looked up too, since a retry must return the stored
 events whatever its expected version says.
 
-Positions are assigned by the writer as ``MAX(position) + 1`` under the write
-lock (the redo reads ``MAX(position)`` afresh), so they are gap-free and in
-commit order; readers in this or any other process see a prefix of the log,
-which is what makes ``subscribe`` gap-free.
+Positions are assigned by the writer as ``MAX(position) + 1`` (planned from its
+last commit, taken under the write lock the insert holds: a position another
+process took collides, and the redo reads ``MAX(position)`` afresh under
+``BEGIN IMMEDIATE``), so they are gap-free and in commit order; readers in this
+or any other process see a prefix of the log, which is what makes ``subscribe``
+gap-free.
 
 Reads go through ``aiosqlite`` (one hop per query) and decode in the event
 loop with ``decode_stored``.
