@@ -192,6 +192,22 @@ async def test_stale_caches_across_connections_are_caught(tmp_path: Path) -> Non
         assert await b.verify() == []
 
 
+@pytest.mark.parametrize("size", [3, 700])  # one INSERT (autocommit), or a transaction
+async def test_a_batch_planned_on_a_stale_end_is_redone_whole(tmp_path: Path, size: int) -> None:
+    """The writer plans outside any transaction: a batch whose planned positions another
+    process took meanwhile is undone whole and redone from the file, gap-free."""
+    path = tmp_path / "log.db"
+    async with opened(path) as a, opened(path) as b:
+        await a.append("first", [created()], 0)  # a caches the log's end: position 1
+        await b.append("theirs", [created(), started()], 0)  # b takes positions 2, 3
+        out = await asyncio.gather(*(a.append(f"s{i}", [created()], 0) for i in range(size)))
+        assert sorted(e.position for [e] in out) == list(range(4, 4 + size))
+        log = await b.read_all(0, 1000)
+        assert [e.position for e in log] == list(range(1, 4 + size))
+        assert await b.verify() == []
+        assert (await b.audit())[0] == []  # the log chain too
+
+
 async def test_contention_across_connections_exactly_one_wins(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     async with opened(path) as a, opened(path) as b:
