@@ -290,16 +290,16 @@ class _Writer:
         self, batch: list[_Request], max_bytes: int
     ) -> tuple[list[Outcome | None], int, int]:
         try:
-            # Optimistic: the log's end and the streams' heads as our last commit left
-            # them, planned outside any transaction, and the rows written by one INSERT
+            # Optimistic: planned outside any transaction on the log's end and the
+            # streams' heads as our last commit left them, and written by one INSERT
             # that SQLite commits on its own (autocommit: atomic, and fsync'd as any
-            # commit is). Another process's writes since our last commit make it collide
-            # with a position or a (stream, version) they took, an id already stored
-            # with its event_id: the statement is undone whole, and the batch redone
-            # from the file under the write lock. One statement is one release of the
-            # GIL and one retake; BEGIN, INSERT and COMMIT were three, and the writer's
-            # every retake waits while the event loop runs Python (up to the
-            # interpreter's switch interval, 5 ms), on the path of every commit.
+            # commit is). If another process wrote since our last commit, the INSERT
+            # collides with a position or a (stream, version) it took, as a retry's
+            # ids collide with the stored ones (UNIQUE event_id): the statement is
+            # undone whole, and the batch redone from the file under the write lock.
+            # One statement is one release of the GIL and one retake; BEGIN, INSERT
+            # and COMMIT were three, and each retake by the writer waits while the
+            # event loop runs Python (up to the switch interval, 5 ms).
             top = self.top if self.top >= 0 else self._read_top()
             outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
             try:
