@@ -2,17 +2,19 @@
 
 Writes. ``append`` checks its arguments, queues the request and awaits it;
 ``append_many`` queues its requests together, and they are never cut apart, so
-one call (one decision of the orchestrator) is always one transaction.
-Queued requests (about ``_MAX_BATCH_REQUESTS``) go to the writer thread as one
-batch in *one* call, which checks, seals and inserts all of them inside one
-``BEGIN IMMEDIATE`` transaction and commits once; the callers are resolved
-after the commit. Requests that arrive meanwhile form the next batch, queued
-behind it in the thread (at most two batches in flight). So many concurrent
-appenders share one transaction and one fsync (group commit), each call
-returns only once its own events are durable, and a request that fails its
-checks (wrong expected version, bad payload) fails alone without touching the
-others. The writer thread owns a plain ``sqlite3`` connection: one thread hop
-per batch instead of one per statement.
+one call (one decision of the orchestrator) is always one transaction. Queued
+requests (about ``_MAX_BATCH_REQUESTS``) go to the writer thread as one batch
+in *one* call, which checks and seals all of them and inserts them in one
+transaction committed once (one multi-row ``INSERT`` that SQLite commits on its
+own; ``BEGIN IMMEDIATE`` ... ``COMMIT`` around a batch too big for one
+statement, and around a redo); the callers are resolved after the commit.
+Requests that arrive meanwhile form the next batch, queued behind it in the
+thread (at most two batches in flight). So many concurrent appenders share one
+transaction and one fsync (group commit), each call returns only once its own
+events are durable, and a request that fails its checks (wrong expected
+version, bad payload) fails alone without touching the others. The writer
+thread owns a plain ``sqlite3`` connection: one thread hop per batch instead of
+one per statement.
 
 The writer keeps the log's last position and each stream's head (version,
 hash) in memory, as its last commit left them, and plans a batch on them
@@ -26,10 +28,12 @@ whose expected version differs from the cached head re-reads that head
 before it fails, and is looked up too, since a retry must return the stored
 events whatever its expected version says.
 
-Positions are assigned by the writer as ``MAX(position) + 1`` under the write
-lock (the redo reads ``MAX(position)`` afresh), so they are gap-free and in
-commit order; readers in this or any other process see a prefix of the log,
-which is what makes ``subscribe`` gap-free.
+Positions are assigned by the writer as ``MAX(position) + 1`` (planned from its
+last commit, taken under the write lock the insert holds: a position another
+process took collides, and the redo reads ``MAX(position)`` afresh under
+``BEGIN IMMEDIATE``), so they are gap-free and in commit order; readers in this
+or any other process see a prefix of the log, which is what makes ``subscribe``
+gap-free.
 
 Reads go through ``aiosqlite`` (one hop per query) and decode in the event
 loop with ``decode_stored``.
@@ -173,15 +177,38 @@ _RECENT = 8192
 Outcome = list[Envelope] | CardbusError
 
 
+class _Call:
+    """One ``append`` or ``append_many`` call: its future is done once every request it
+    queued has its outcome. One future a call, not one a stream it writes: each future
+    set is a callback and a turn of the loop, and a decision writes several streams."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+        self.left = 0  # requests without an outcome yet
+
+
 @dataclass(slots=True)
 class _Request:
     stream: str
     events: Sequence[NewEvent]
     expected_version: int
-    future: asyncio.Future[list[Envelope]] = field(repr=False)
+    call: _Call = field(repr=False)
     after: tuple[_Request, ...] = ()  # store only if these were (append_many's ``after``)
     stored: bool = False  # set by the writer thread once committed
     joined: bool = False  # of the same append_many as the request queued before it
+    outcome: Outcome | None = None  # set in the event loop once resolved
+
+    def resolve(self, outcome: Outcome) -> None:
+        """Give the request its outcome (once); the call's future is done with the last."""
+        if self.outcome is not None:
+            return
+        self.outcome = outcome
+        call = self.call
+        call.left -= 1
+        if not call.left and not call.future.done():  # (done: the caller was cancelled)
+            call.future.set_result(None)
 
 
 class _Writer:
@@ -262,38 +289,31 @@ class _Writer:
     def _write(
         self, batch: list[_Request], max_bytes: int
     ) -> tuple[list[Outcome | None], int, int]:
-        conn = self.conn
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise StoreUnavailable(f"cannot write: {e}") from e
-        try:
-            # Optimistic: the log's end and the streams' heads as our last commit left
-            # them. Another process's writes since then make an insert collide with a
-            # position or a (stream, version) it took: the redo below reads them afresh.
+            # Optimistic: planned outside any transaction on the log's end and the
+            # streams' heads as our last commit left them, and written by one INSERT
+            # that SQLite commits on its own (autocommit: atomic, and fsync'd as any
+            # commit is). If another process wrote since our last commit, the INSERT
+            # collides with a position or a (stream, version) it took, as a retry's
+            # ids collide with the stored ones (UNIQUE event_id): the statement is
+            # undone whole, and the batch redone from the file under the write lock.
+            # One statement is one release of the GIL and one retake; BEGIN, INSERT
+            # and COMMIT were three, and each retake by the writer waits while the
+            # event loop runs Python (up to the switch interval, 5 ms).
             top = self.top if self.top >= 0 else self._read_top()
+            outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
             try:
-                outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=False)
-                self._insert(rows)
+                if len(rows) > _INSERT_CHUNK:
+                    self._in_transaction(rows)  # more than one statement takes
+                elif rows:
+                    self._insert(rows)
             except sqlite3.IntegrityError:
-                # An id is already stored (a retry after a lost reply) or another
-                # process wrote: redo the batch from the file, looking every id up.
-                conn.execute("ROLLBACK")
-                conn.execute("BEGIN IMMEDIATE")
-                self.heads.clear()
-                top = self._read_top()
-                outcomes, rows, heads = self._plan(batch, top, max_bytes, careful=True)
-                self._insert(rows)
-            conn.execute("COMMIT")
+                top, (outcomes, rows, heads) = self._redo(batch, max_bytes)
             for r, outcome in zip(batch, outcomes, strict=True):
                 r.stored = isinstance(outcome, list)
         except BaseException:
             self.heads.clear()
             self.top = -1
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             raise
         if len(self.heads) + len(heads) > _MAX_CACHED_HEADS:
             self.heads.clear()
@@ -302,6 +322,45 @@ class _Writer:
         if rows:
             self.top_log = rows[-1][-1]
         return outcomes, self.top, len(rows)
+
+    def _redo(
+        self, batch: list[_Request], max_bytes: int
+    ) -> tuple[int, tuple[list[Outcome | None], list[tuple[Any, ...]], dict[str, tuple[int, str]]]]:
+        """An id is already stored (a retry after a lost reply) or another process
+        wrote: the batch planned again from the file, every id looked up, and written,
+        all under the write lock (``BEGIN IMMEDIATE``)."""
+        self._begin()
+        try:
+            self.heads.clear()
+            top = self._read_top()
+            planned = self._plan(batch, top, max_bytes, careful=True)
+            self._insert(planned[1])
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        return top, planned
+
+    def _in_transaction(self, rows: list[tuple[Any, ...]]) -> None:
+        self._begin()
+        try:
+            self._insert(rows)
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+
+    def _begin(self) -> None:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"cannot write: {e}") from e
+
+    def _rollback(self) -> None:
+        try:
+            self.conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
 
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
         # One multi-row INSERT per chunk, not executemany: executemany gives up and
@@ -373,8 +432,10 @@ class _Writer:
             except CardbusError as e:
                 outcomes.append(planned.setdefault(id(r), e))
                 continue
+            envs: list[Envelope] = []
             for env, body in sealed:
-                log = link(log, env.hash)
+                h = env.hash
+                log = link(log, h)
                 rows.append(
                     (
                         env.position,
@@ -385,15 +446,15 @@ class _Writer:
                         _TAGS[type(env.data)],
                         env.recorded_at,
                         body,
-                        env.hash,
+                        h,
                         log,
                     )
                 )
-            position += len(sealed)
+                envs.append(env)
+            position += len(envs)
             claimed.update(ids)
-            last = sealed[-1][0]
-            heads[stream] = (last.version, last.hash)
-            outcomes.append(planned.setdefault(id(r), [env for env, _ in sealed]))
+            heads[stream] = (env.version, h)  # the last one's
+            outcomes.append(planned.setdefault(id(r), envs))
         return outcomes, rows, heads
 
     def _heads(self, streams: list[str]) -> dict[str, tuple[int, str]]:
@@ -422,15 +483,6 @@ class _Writer:
         return found
 
 
-def _outcome(future: asyncio.Future[list[Envelope]]) -> list[Envelope] | Exception:
-    error = future.exception()
-    if error is None:
-        return future.result()
-    if not isinstance(error, Exception):
-        raise error
-    return error
-
-
 def _back_on(
     loop: asyncio.AbstractEventLoop,
     finished: Callable[[list[_Request], concurrent.futures.Future[Any]], None],
@@ -454,26 +506,6 @@ def _wake(waiters: list[asyncio.Future[bool]]) -> None:
     for w in waiters:
         if not w.done():
             w.set_result(True)
-
-
-def _all_done(futures: list[asyncio.Future[Any]]) -> asyncio.Future[None]:
-    """A future done when all of ``futures`` are; cancelling it cancels none of them.
-
-    ``asyncio.wait`` does the same with a set, a waiter and a callback added and
-    removed on each: this runs for every append of the orchestrator.
-    """
-    done: asyncio.Future[None] = futures[0].get_loop().create_future()
-    left = len(futures)
-
-    def one_done(_: object) -> None:
-        nonlocal left
-        left -= 1
-        if not left and not done.done():
-            done.set_result(None)
-
-    for f in futures:
-        f.add_done_callback(one_done)
-    return done
 
 
 class SqliteEventStore(EventStore):
@@ -577,21 +609,28 @@ class SqliteEventStore(EventStore):
         if self._closed:
             raise StoreUnavailable("the event store is closed")
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Envelope]] = loop.create_future()
-        self._queue.append(_Request(stream, list(events), expected_version, future))
+        call = _Call(loop.create_future())
+        call.left = 1
+        r = _Request(stream, list(events), expected_version, call)
+        self._queue.append(r)
         self._idle.clear()
         if not self._kick_scheduled:
             self._kick_scheduled = True
             loop.call_soon(self._kick)  # after the other ready appenders have queued too
-        return await future
+        await call.future
+        outcome = r.outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return cast(list[Envelope], outcome)
 
     async def append_many(self, appends: Sequence[Append]) -> list[list[Envelope] | Exception]:
-        # Queued together, so they share a commit; one future each, no task each.
+        # Queued together, so they share a commit; one future for the call, no task each.
         if self._closed:
             raise StoreUnavailable("the event store is closed")
         check_after(appends)
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[list[Envelope]] | Exception] = []
+        call = _Call(loop.create_future())
+        results: list[_Request | Exception] = []  # per append: queued, or refused at once
         requests: list[_Request | None] = []
         for a in appends:
             after: tuple[_Request, ...] = ()
@@ -603,24 +642,23 @@ class SqliteEventStore(EventStore):
                         raise PrerequisiteNotStored(f"{a.stream}: what it follows was refused")
                     after = tuple(r for r in before if r is not None)
             except CardbusError as e:
-                futures.append(e)
+                results.append(e)
                 requests.append(None)
                 continue
-            future: asyncio.Future[list[Envelope]] = loop.create_future()
-            r = _Request(a.stream, list(a.events), a.expected_version, future, after=after)
-            r.joined = bool(requests) and any(q is not None for q in requests)
+            r = _Request(a.stream, list(a.events), a.expected_version, call, after=after)
+            r.joined = call.left > 0
+            call.left += 1
             self._queue.append(r)
             requests.append(r)
-            futures.append(future)
+            results.append(r)
         if self._queue:
             self._idle.clear()
             if not self._kick_scheduled:
                 self._kick_scheduled = True
                 loop.call_soon(self._kick)
-        pending = [f for f in futures if isinstance(f, asyncio.Future)]
-        if pending:
-            await _all_done(pending)
-        return [f if isinstance(f, Exception) else _outcome(f) for f in futures]
+        if call.left:
+            await call.future
+        return [r if isinstance(r, Exception) else cast(Outcome, r.outcome) for r in results]
 
     def _kick(self) -> None:
         """Hand queued requests to the writer thread, keeping at most two batches in flight.
@@ -666,8 +704,7 @@ class SqliteEventStore(EventStore):
             if err is not e:
                 err.__cause__ = e
             for r in batch:
-                if not r.future.done():
-                    r.future.set_exception(err)
+                r.resolve(err)
             self._kick()
             return
         waiters: list[asyncio.Future[bool]] = []
@@ -679,17 +716,13 @@ class SqliteEventStore(EventStore):
         for r, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
                 self._queue.append(r)
-            elif r.future.done():
-                continue
-            elif isinstance(outcome, CardbusError):
-                r.future.set_exception(outcome)
             else:
-                r.future.set_result(outcome)
+                r.resolve(outcome)
         if waiters:
             # The appenders first, the live subscribers two turns of the loop later. An
             # appender (the orchestrator's commit, which then sends the next card) resumes
-            # two callbacks after its future is set (``_all_done``), a subscriber one after
-            # its waiter: woken at once, the follower and the memory keeper ran before the
+            # one callback after its call's future is set, a subscriber one after its
+            # waiter: woken at once, the follower and the memory keeper ran before the
             # commit went on, and before the agent it sent a card to began, on the
             # critical path of every step. They miss nothing: ``_last_committed`` is
             # already past what they wait for.

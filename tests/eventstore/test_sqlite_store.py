@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cardbus.eventstore import (
+    Append,
     ConcurrencyError,
     ConfigError,
     Envelope,
@@ -191,6 +192,22 @@ async def test_stale_caches_across_connections_are_caught(tmp_path: Path) -> Non
         assert await b.verify() == []
 
 
+@pytest.mark.parametrize("size", [3, 700])  # one INSERT (autocommit), or a transaction
+async def test_a_batch_planned_on_a_stale_end_is_redone_whole(tmp_path: Path, size: int) -> None:
+    """The writer plans outside any transaction: a batch whose planned positions another
+    process took meanwhile is undone whole and redone from the file, gap-free."""
+    path = tmp_path / "log.db"
+    async with opened(path) as a, opened(path) as b:
+        await a.append("first", [created()], 0)  # a caches the log's end: position 1
+        await b.append("theirs", [created(), started()], 0)  # b takes positions 2, 3
+        out = await asyncio.gather(*(a.append(f"s{i}", [created()], 0) for i in range(size)))
+        assert sorted(e.position for [e] in out) == list(range(4, 4 + size))
+        log = await b.read_all(0, 1000)
+        assert [e.position for e in log] == list(range(1, 4 + size))
+        assert await b.verify() == []
+        assert (await b.audit())[0] == []  # the log chain too
+
+
 async def test_contention_across_connections_exactly_one_wins(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     async with opened(path) as a, opened(path) as b:
@@ -248,6 +265,49 @@ async def test_a_failing_request_fails_alone_in_its_batch(sqlite_store: SqliteEv
     assert all(isinstance(r, list) for r in results[:10])
     assert isinstance(results[10], ConcurrencyError)
     assert await sqlite_store.last_position() == 11
+
+
+async def test_append_many_answers_every_append_once_all_are_settled(
+    sqlite_store: SqliteEventStore,
+) -> None:
+    """One call, one answer: its appends settled in different batches (one queued again
+    behind a same-id append of another caller) and one refused are all in it, in order."""
+    await sqlite_store.append("busy", [created()], 0)
+    shared = [created()]
+    other, mine = await asyncio.gather(
+        sqlite_store.append("t", shared, 0),
+        sqlite_store.append_many(
+            [
+                Append("fresh", [created()], 0),
+                Append("t", shared, 0),  # the same ids in the same batch: queued again
+                Append("busy", [started()], 0),  # wrong version
+            ]
+        ),
+    )
+    fresh, again, refused = mine
+    assert isinstance(fresh, list) and fresh[0].stream == "fresh"
+    assert again == other
+    assert isinstance(refused, ConcurrencyError)
+    assert await sqlite_store.last_position() == 3
+
+
+async def test_a_cancelled_append_many_is_still_written_and_its_batch_answered(
+    sqlite_store: SqliteEventStore,
+) -> None:
+    cancelled = asyncio.ensure_future(
+        sqlite_store.append_many([Append("a", [created()], 0), Append("b", [created()], 0)])
+    )
+    bystander = asyncio.ensure_future(sqlite_store.append("c", [created()], 0))
+    await asyncio.sleep(0)  # both queued for the same commit
+    cancelled.cancel()
+    assert len(await bystander) == 1
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    # what the cancelled caller queued was written all the same (cancelling the wait
+    # cancels no append), and the store goes on
+    await sqlite_store.append_many([Append("a", [started()], 1), Append("b", [started()], 1)])
+    assert await sqlite_store.last_position() == 5
+    assert await sqlite_store.verify() == []
 
 
 async def test_a_retry_inside_a_batch_of_new_events(sqlite_store: SqliteEventStore) -> None:
