@@ -303,6 +303,7 @@ class AgentStatsFold:
         latency: MemoryTable = self.model["proj_agent_latency"]
         self._samples = latency.samples
         self._context: MemoryTable = self.model["proj_agent_ctx"]
+        self._stats_table: MemoryTable = self.model["proj_agent_stats"]
 
     def apply(self, env: Envelope) -> None:
         if type(env.data) in _HANDLES:
@@ -352,3 +353,14 @@ class AgentStatsFold:
     def all(self) -> list[AgentStat]:
         stats: MemoryTable = self.model["proj_agent_stats"]
         return [_stat(a, c, r, self._sorted((a, c))) for (a, c), r in sorted(stats.data.items())]
+
+    def for_selection(self, agent_id: str, capability: str) -> tuple[int, float, float | None]:
+        """``runs``, ``success_rate`` and ``p50_s`` of :meth:`get` (the same numbers), alone:
+        what agent selection reads on every dispatch, without the p95 and the counts."""
+        key = (agent_id, capability)
+        p50 = percentile(self._sorted(key), 0.5)
+        row = self._stats_table.data.get(key)
+        if row is None:
+            return 0, 0.0, p50
+        runs = row["successes"] + row["failures"]
+        return runs, row["successes"] / runs if runs else 0.0, p50

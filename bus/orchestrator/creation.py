@@ -91,7 +91,7 @@ class Creating(Committing):
             )
             for s, x in creates
         ]
-        decider = self._decider(now)
+        decider = self._decider(now, awaits=False)  # no await until it has decided
         try:
             with self.state.tentatively(drafts):
                 decider.advance(self.state.open[root_id])

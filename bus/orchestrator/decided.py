@@ -7,6 +7,7 @@ in the order ``commit_order`` gives) appends them and sends.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ class Decisions:
     events: dict[str, list[ev.Event]] = field(default_factory=dict)  # stream -> new events
     sends: dict[str, list[tuple[str, TaskCard]]] = field(default_factory=dict)  # stream -> cards
     deferred: list[Reply] = field(default_factory=list)  # replies for a task already touched
-    busy: frozenset[str] = frozenset()  # streams with an append still in flight
+    busy: Set[str] = frozenset()  # streams with an append still in flight (read only)
     unroutable: list[ResultCard] = field(default_factory=list)  # results for no known task
     origins: dict[str, ResultCard] = field(default_factory=dict)  # stream -> result it records
     # Completions decided in this step, and the streams whose decisions rest on them:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Set
 
 import msgspec
 
@@ -60,7 +60,7 @@ class Decider(Replies, Dispatching, PlanningRounds):
         now: float,
         embedder: Embedder | None = None,
         rng: random.Random | None = None,
-        busy: frozenset[str] = frozenset(),
+        busy: Set[str] = frozenset(),
         event_limit: int = DEFAULT_MAX_EVENT_BYTES - 8192,
         leases: Leases | None = None,
         lost_attempts: dict[tuple[str, int], str] | None = None,

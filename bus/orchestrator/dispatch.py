@@ -226,16 +226,22 @@ class Dispatching(Attempts):
         """(the first dependency whose end cancels ``task``, or None; whether every
         dependency completed, or, an optional one, ended with its output absent).
 
-        One list of the deps for both answers, not one each: a pending task is looked at
-        on every step its run is (1,000 runs in flight: about 5 looks per step)."""
-        deps = self._deps(task)
-        for d in deps:
-            if optional.blocks(d):  # an optional one that ended leaves its output absent
+        One pass over the deps for both answers, with no list or generator made: a pending
+        task is looked at on every step its run is (1,000 runs in flight: about 4 looks
+        per step, 2.5 us each in place before)."""
+        tasks, done = self.state.tasks, self.d.completed
+        ready = True  # so far: every dependency known and completed (or absent)
+        for dep_id in task.created.deps:
+            d = tasks.get(dep_id)
+            if d is None:  # not folded here (yet): not done
+                ready = False
+            elif optional.blocks(d):  # an optional one that ended leaves its output absent
                 return d.task_id, False
-        done = self.d.completed
-        return None, len(deps) == len(task.created.deps) and all(
-            d.state is S.COMPLETED or d.task_id in done or optional.is_absent(d) for d in deps
-        )
+            elif ready and not (
+                d.state is S.COMPLETED or d.task_id in done or optional.is_absent(d)
+            ):
+                ready = False
+        return None, ready
 
     def _halt(self, run: RunView, reason: str, detail: str) -> None:
         # a completion decided in this step stands; the halt is written after it

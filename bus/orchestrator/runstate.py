@@ -203,10 +203,10 @@ class RunState:
     # -- statistics read by selection ---------------------------------------
 
     def get(self, agent_id: str, capability: str) -> AgentStat:
-        s = self._stats.get(agent_id, capability)
-        if s.runs == 0:  # no outcome yet: selection's prior, with any latency seen
-            return AgentStat(p50_s=s.p50_s)
-        return AgentStat(runs=s.runs, success_rate=s.success_rate, p50_s=s.p50_s)
+        runs, success_rate, p50_s = self._stats.for_selection(agent_id, capability)
+        if runs == 0:  # no outcome yet: selection's prior, with any latency seen
+            return AgentStat(p50_s=p50_s)
+        return AgentStat(runs=runs, success_rate=success_rate, p50_s=p50_s)
 
     def failure_penalty(
         self, agent_id: str, capability: str, now: float, half_life_s: float

@@ -136,3 +136,49 @@ def test_a_bounded_window_s_percentiles_are_those_of_its_latest_samples(
         restored.restore_latencies("a", "c", latest)
         got = restored.get("a", "c")
         assert (got.p50_s, got.p95_s) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    outcomes=st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["ok", "failed", "silent"])),
+        max_size=20,
+    )
+)
+def test_the_numbers_selection_reads_are_those_of_get(
+    outcomes: list[tuple[str, str]],
+) -> None:
+    """``for_selection`` (read on every dispatch) answers what ``get`` does, for agents with
+    outcomes, with results but no outcome yet, and never seen."""
+    from cardbus.eventstore.envelope import Envelope
+
+    fold = AgentStatsFold()
+    for i, (agent, outcome) in enumerate(outcomes):
+        t = f"t{i}"
+        events: list[tuple[ev.Event, float]] = [
+            (ev.TaskCreated(root_id="r", capability="c"), 0.0),
+            (ev.TaskDispatched(attempt=1, agent_id=agent), 10.0),
+            (ev.TaskResultSubmitted(attempt=1, agent_id=agent, status="completed"), 10.0 + i),
+        ]
+        if outcome == "ok":
+            events.append((ev.TaskCompleted(attempt=1, agent_id=agent), 10.0 + i))
+        elif outcome == "failed":
+            events.append((ev.TaskFailed(reason="agent_error"), 10.0 + i))
+        for version, (data, at) in enumerate(events, 1):
+            fold.apply(
+                Envelope(
+                    event_id=f"{t}-{version}",
+                    stream=t,
+                    version=version,
+                    recorded_at=at,
+                    correlation_id="r",
+                    data=data,
+                )
+            )
+    for agent, capability in (("a", "c"), ("b", "c"), ("a", "other"), ("nobody", "c")):
+        full = fold.get(agent, capability)
+        assert fold.for_selection(agent, capability) == (
+            full.runs,
+            full.success_rate,
+            full.p50_s,
+        )
