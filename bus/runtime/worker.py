@@ -50,7 +50,6 @@ import socket
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -71,7 +70,6 @@ from cardbus.bus.runtime.tools_served import (
     with_specs,
     worker_tools,
 )
-from cardbus.bus.transport.inprocess import InProcessBus
 from cardbus.bus.transport.interface import Bus
 from cardbus.eventstore.errors import BusError, ConfigError
 from cardbus.eventstore.ids import new_id
@@ -166,11 +164,6 @@ class AgentWorker:
         self._order = itertools.count()
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at = 0.0
-        # the in-process bus's reply is a queue put: a Started is put from the sweep itself,
-        # not from a task made for it (unless a subclass changed what a reply does)
-        self._reply_now: Callable[[Started], None] | None = None
-        if isinstance(bus, InProcessBus) and type(bus).reply is InProcessBus.reply:
-            self._reply_now = bus.reply_now
 
     def _announce_card(self) -> AgentCard:
         if self._card is None:
@@ -530,19 +523,6 @@ class AgentWorker:
         heapq.heappush(self._deadlines, (deadline, next(self._order), watch))
         self._arm(loop, deadline)
 
-    def _report(self, loop: asyncio.AbstractEventLoop, started: Started) -> asyncio.Future[None]:
-        """Send ``started``; the future ends as the send did (awaited before the answer)."""
-        if self._reply_now is None:
-            return loop.create_task(self.bus.reply(started))
-        sent: asyncio.Future[None] = loop.create_future()
-        try:
-            self._reply_now(started)
-        except Exception as e:  # the bus closed: as the task would have ended
-            sent.set_exception(e)
-        else:
-            sent.set_result(None)
-        return sent
-
     def _sweep_due(self, loop: asyncio.AbstractEventLoop) -> None:
         """Send Started for the cards running past ``started_after_s`` and cancel those
         past their deadline; then sleep until the next such moment, if a card is running.
@@ -556,7 +536,8 @@ class AgentWorker:
             watch = dues.popleft()
             if not watch.ended and watch.due is not None:
                 watch.due = None
-                watch.reported.append(self._report(loop, self._started(watch.card)))
+                started = self._started(watch.card)
+                watch.reported.append(loop.create_task(self.bus.reply(started)))
         deadlines = self._deadlines
         while deadlines and (deadlines[0][2].ended or deadlines[0][0] <= now):
             at, _, watch = heapq.heappop(deadlines)
@@ -628,7 +609,7 @@ class _Watch:
         self.task: asyncio.Task[object] | None = task  # None once its handler ended
         self.expired = False
         self.ended = False  # its handler is done: nothing left to send or cancel
-        self.reported: list[asyncio.Future[None]] = []
+        self.reported: list[asyncio.Task[None]] = []
         # model calls waiting for their provider's limit, and the run time left when the
         # first began: the deadline stops meanwhile (``bus.orchestrator.limit_waits``)
         self.paused = 0
@@ -638,6 +619,6 @@ class _Watch:
         return self.deadline if self.due is None else min(self.due, self.deadline)
 
 
-def _retrieve(task: asyncio.Future[None]) -> None:
+def _retrieve(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()

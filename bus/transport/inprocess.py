@@ -183,12 +183,6 @@ class InProcessBus(Bus):
         self._put(agent_id, data, 0)
 
     async def reply(self, message: Reply) -> None:
-        self.reply_now(message)
-
-    def reply_now(self, message: Reply) -> None:
-        """``reply`` without a coroutine to run: a queue put. A worker's ``Started`` goes
-        out from a timer (``AgentWorker._sweep_due``), where ``reply`` needed a task of its
-        own per card (issue 34: one task a step at 1,000 in flight)."""
         if self._closed:
             raise BusError("the bus is closed")
         self._replies.put_nowait(encode(message))
