@@ -31,6 +31,7 @@ from pipeline_bench import AGENTS, pipeline_plan
 
 _NAMES = (
     "Folding",
+    "read_again_after_failure",
     "_renew",
     "_pump_replies",
     "NatsBus._serve",
