@@ -155,3 +155,33 @@ async def test_an_append_unheard_before_the_member_went_idle_is_found_by_its_fir
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
+
+
+async def test_a_partition_taken_while_the_member_waits_is_rung_for_too(nats_url: str) -> None:
+    async with (
+        await NatsEventStore.connect(nats_url, heartbeat=HEARTBEAT, partitions=PARTITIONS) as mine,
+        await NatsEventStore.connect(nats_url, partitions=PARTITIONS) as other,
+    ):
+        watched = _Watched(mine)
+        member = MemberLog(mine)
+        member.hold([3])
+        await member.read_all()
+        got: list[Envelope] = []
+        follower = asyncio.ensure_future(_follow(member, got))
+        try:
+            await _until(lambda: watched.reads >= 4, 5)  # listening, and its first read done
+            b = _root_in(6)
+            written = await other.append(b, [_started(b)], 0)  # not its partition yet
+            await asyncio.sleep(3 * HEARTBEAT)  # idle, waiting on the server
+            assert got == []
+            member.hold([3, 6])  # a lease round gave it partition 6: caught up, then followed
+            await _until(lambda: len(got) == 1 and member.folded == {3, 6}, 5)
+            await asyncio.sleep(3 * HEARTBEAT)
+            watched.zero()
+            watched.hearing = False
+            written += await other.append(b, [_started(b)], 1)
+            await _until(lambda: len(got) == 2, 1.5)
+            assert got == written and (watched.reads, watched.ends) == (1, 0)
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
