@@ -11,9 +11,12 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from natsserver import NatsServer
+
 from cardbus.bus.runtime.members import MemberLog
 from cardbus.eventstore import Envelope, NewEvent, new_id
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.errors import StoreUnavailable
 from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.subjects import partition_of
 
@@ -181,6 +184,52 @@ async def test_a_partition_taken_while_the_member_waits_is_rung_for_too(nats_url
             watched.hearing = False
             written += await other.append(b, [_started(b)], 1)
             await _until(lambda: len(got) == 2, 1.5)
+            assert got == written and (watched.reads, watched.ends) == (1, 0)
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+
+
+async def test_a_member_whose_doorbell_went_with_a_server_restart_reads_and_is_rung_again(
+    nats_server: NatsServer,
+) -> None:
+    """Its doorbell (a consumer in the server's memory) is gone with the restart: the
+    reconnect wakes the member, which reads its partitions, arms again and is rung by the
+    next append it does not hear."""
+    url = nats_server.url
+    async with (
+        await NatsEventStore.connect(
+            url, heartbeat=HEARTBEAT, partitions=PARTITIONS, request_timeout=2.0
+        ) as mine,
+        await NatsEventStore.connect(url, partitions=PARTITIONS, request_timeout=2.0) as other,
+    ):
+        watched = _Watched(mine)
+        watched.hearing = False  # nothing heard at all: the doorbell and the reconnect only
+        member = MemberLog(mine)
+        member.hold([3])
+        await member.read_all()
+        got: list[Envelope] = []
+        follower = asyncio.ensure_future(_follow(member, got))
+        try:
+            await _until(lambda: watched.reads >= 4, 5)
+            await asyncio.sleep(3 * HEARTBEAT)  # armed
+            nats_server.restart()
+            b = _root_in(3)
+            written: list[Envelope] = []
+            for _ in range(200):
+                try:
+                    written += await other.append(b, [_started(b)], 0)
+                    break
+                except StoreUnavailable:
+                    await asyncio.sleep(0.05)
+            assert len(written) == 1
+            await _until(lambda: len(got) == 1, 10)
+            async with asyncio.timeout(10):  # armed again: its consumer on the new server
+                while (await other._js.stream_info(other.stream_name)).state.consumer_count < 1:
+                    await asyncio.sleep(0.05)
+            watched.zero()
+            written += await other.append(b, [_started(b)], 1)
+            await _until(lambda: len(got) == 2, 3)
             assert got == written and (watched.reads, watched.ends) == (1, 0)
         finally:
             follower.cancel()
