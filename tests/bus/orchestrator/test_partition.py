@@ -387,3 +387,31 @@ async def test_a_member_alone_counts_the_members_only_when_the_bucket_changed(
         assert a.members == 1 and len(a.held) == 8
     finally:
         await a.stop()
+
+
+async def test_a_joiner_killed_after_a_member_counted_alone_has_its_partitions_taken_back(
+    connections: list[Client],
+) -> None:
+    """The member alone that stopped counting counts again once another joins, so that
+    one's death is seen: its keys lapse and everything comes back, as with two all along."""
+    lease = 1.0
+    a = Partitions(connections[0].jetstream(), 8, lease, member="a")
+    await a.start()
+    try:
+        for _ in range(3):
+            await a.round()  # alone: counting only when the bucket changed
+        b = Partitions(connections[1].jetstream(), 8, lease, member="b")
+        await b.start()
+        deadline = time.monotonic() + 20
+        while not (len(a.held) == 4 and len(b.held) == 4):
+            assert time.monotonic() < deadline, (sorted(a.held), sorted(b.held))
+            await asyncio.sleep(0.05)
+        assert a.members == 2
+        b._loop.cancel()  # type: ignore[union-attr]
+        await connections[1].close()  # b dies: no release, no renewal
+        while len(a.held) < 8:
+            assert time.monotonic() < deadline + 20, sorted(a.held)
+            await asyncio.sleep(0.05)
+        assert a.members == 1
+    finally:
+        await a.stop()
