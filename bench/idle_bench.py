@@ -12,7 +12,9 @@ the pull consumers' idle heartbeats (every 10 s) and 30 s long polls, and the lo
 follower's doorbell (armed once a heartbeat after the last event, then a 30 s long poll:
 ``eventstore/nats/doorbell.py``). ``nats-partitioned`` (not in the default list)
 measures one member of a partitioned orchestrator holding 4 partitions: its partition
-lease rounds (every third of the 6 s lease) come on top.
+lease rounds (every third of the 6 s lease: one batch of renewals and its ack; alone, no
+member count unless something else was stored in the bucket) come on top, and its log
+follower waits on a doorbell over its partitions too (``bus/runtime/member_bell.py``).
 
     .venv/bin/python bench/idle_bench.py [--seconds 3] [--stores memory,sqlite,nats]
 """

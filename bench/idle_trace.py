@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/idle_trace.py                # 10 s after a run, as idle_bench
     .venv/bin/python bench/idle_trace.py --seconds 3 --all   # every loop iteration too
+    .venv/bin/python bench/idle_trace.py --partitions 4      # one partitioned member
 
 Runs ``bench/idle_bench.py``'s NATS case (a 3-step pipeline, then nothing) on asyncio's
 own loop (not uvloop: its loop cannot be watched) with the selector and
@@ -30,6 +31,7 @@ from pipeline_bench import AGENTS, pipeline_plan
 
 _NAMES = (
     "Folding",
+    "read_again_after_failure",
     "_renew",
     "_pump_replies",
     "NatsBus._serve",
@@ -60,7 +62,7 @@ def _what(handle: asyncio.Handle) -> str:
     return repr(cb)[:80]
 
 
-async def trace(seconds: float, show_all: bool) -> None:
+async def trace(seconds: float, show_all: bool, partitions: int | None = None) -> None:
     from cardbus.bus.runtime.nats import LocalNatsServer, NatsRuntime
     from cardbus.eventstore.nats.connection import NatsOptions
 
@@ -70,7 +72,7 @@ async def trace(seconds: float, show_all: bool) -> None:
     t0 = 0.0
     server = LocalNatsServer().start()
     try:
-        async with NatsRuntime(NatsOptions(url=server.url), AGENTS) as rt:
+        async with NatsRuntime(NatsOptions(url=server.url), AGENTS, partitions=partitions) as rt:
             result = await rt.run(pipeline_plan(), timeout=60)
             assert result.status == "completed", result
             loop = asyncio.get_running_loop()
@@ -125,8 +127,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--all", action="store_true", help="print every loop iteration too")
+    ap.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="one member of a partitioned orchestrator holding this many (idle_bench's"
+        " nats-partitioned: 4)",
+    )
     args = ap.parse_args()
-    asyncio.run(trace(args.seconds, args.all))  # asyncio's loop: uvloop's is not watchable
+    # asyncio's loop: uvloop's is not watchable
+    asyncio.run(trace(args.seconds, args.all, args.partitions))
 
 
 if __name__ == "__main__":

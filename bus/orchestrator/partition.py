@@ -36,7 +36,10 @@ holds at most ``ceil(partitions / members)``, releasing what is over its share (
 member joined) and taking free ones up to it. A stopping process deletes its keys (its
 member key purged, so its subject is gone: the others count members by the subjects and
 read the keys only when those change), so the others take over at once rather than after
-the lease.
+the lease. A member alone counts only when something else was stored in the bucket since
+its latest count (its batch's first revision follows the last sequence that count saw,
+or not): a member joining writes its key, and a key of another member that could expire
+was counted; with others, every round counts (their renewals are stored in between).
 
 The partition count and lease are written into the bucket's description: a process
 started with others than the bucket's gets a ``ConfigError`` (two counts would give a
@@ -169,6 +172,10 @@ class Partitions:
         self._kv: KeyValue | None = None
         self._member_names: frozenset[str] | None = None  # member keys seen last round
         self._live = 1  # of which live (not deleted)
+        # the bucket's last sequence when the members were counted (and after this member's
+        # batches stored right after it): nothing else stored since, the count holds
+        self._counted_to: int | None = None
+        self._batch: tuple[int, int] | None = None  # the latest round's batch: revisions
         self._atomic = False  # the bucket's stream takes atomic batches: one renewal batch
         self._batches = 0
         self._batch_prefix = f"lease-{new_id()[:8]}-"
@@ -309,10 +316,12 @@ class Partitions:
         sent = time.monotonic()
         held = sorted(self._revision)
         # the members are counted while the renewals go (one round trip, not two), but
-        # only once this member's own key is there (a first round counts after it)
+        # only once this member's own key is there (a first round counts after it); alone,
+        # only if the batch's revisions show something else stored (then after them)
+        alone = self._live == 1 and self._counted_to is not None and self._atomic and bool(held)
         counting = (
             asyncio.ensure_future(self._live_members(kv))
-            if self._member_names is not None
+            if self._member_names is not None and not alone
             else None
         )
         try:
@@ -339,7 +348,13 @@ class Partitions:
             if counting is not None:
                 counting.cancel()
             raise announced
-        self.members = max(1, await (counting or self._live_members(kv)))
+        if counting is not None:
+            self.members = max(1, await counting)
+        elif not self._only_ours_since_count():
+            self.members = max(1, await self._live_members(kv))
+        if self._only_ours_since_count():
+            assert self._batch is not None
+            self._counted_to = self._batch[1]
         share = -(-self.partitions // self.members)
         mine = [p for p in self._order if p in self._revision]
         # over the share (a member joined): the last ones go
@@ -351,10 +366,16 @@ class Partitions:
         if acquired and self.on_acquired is not None:
             self.on_acquired()  # their runs are looked at now
 
+    def _only_ours_since_count(self) -> bool:
+        """Whether this round's batch is stored right after what the member count saw."""
+        batch, counted = self._batch, self._counted_to
+        return batch is not None and counted is not None and batch[0] == counted + 1
+
     async def _renewals(
         self, kv: KeyValue, held: list[int], me: bytes
     ) -> list[int | BaseException]:
         """The member key's and each held key's new revision (or why not), in that order."""
+        self._batch = None
         together = await self._renew_together(held, me) if self._atomic and held else None
         if together is not None:
             return together
@@ -392,6 +413,7 @@ class Partitions:
         except _KV_ERRORS as e:  # the server away: the leases lapse unless renewed
             return [e for _ in messages]
         first = ack.seq - len(messages) + 1  # a batch is stored in one piece, in order
+        self._batch = (first, ack.seq)
         return list(range(first, first + len(messages)))
 
     async def _take(self, kv: KeyValue, share: int) -> bool:
@@ -435,6 +457,7 @@ class Partitions:
             f"KV_{self.bucket}", subjects_filter=f"$KV.{self.bucket}.member.>"
         )
         names = frozenset(s.rsplit(".", 1)[1] for s in (info.state.subjects or {}))
+        self._counted_to = int(info.state.last_seq or 0)
         if names == self._member_names:
             # The same keys as last round: the same members. A member that stops purges
             # its key (its subject is gone) and a dead one's expires, so a change shows

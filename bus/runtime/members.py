@@ -46,6 +46,7 @@ from cardbus.agents import requests as rq
 from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.run_result import result_of
 from cardbus.bus.orchestrator.runstate import RunState
+from cardbus.bus.runtime.member_bell import MemberBell
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StoreUnavailable
@@ -208,7 +209,7 @@ class MemberLog:
         tries: dict[str, int] = {}
         subs: dict[str, Any] = {}
         read_from: dict[str, int] = {}  # partition token -> where its next read starts
-        yielded: dict[int, None] = {}  # positions yielded since the oldest read_from
+        yielded: dict[int, str] = {}  # position -> partition token, since the oldest read_from
         reconnects = store.nc.stats.get("reconnects", 0)
         idle_since = loop.time()
         # the wait before reading every partition with nothing heard: it doubles while
@@ -217,7 +218,12 @@ class MemberLog:
         # held partition was most of an idle member's messages
         quiet_s = store.heartbeat
         idle_read = False
-        log_end = 0  # the log's last position at the latest idle look that read it all
+        # every followed partition is read through this position (the log's last position
+        # at the latest idle look that read them all, or where their doorbell was armed)
+        read_to = 0
+        # idle: wait on the server (member_bell.py) rather than look at the log's end
+        bell = MemberBell(store, wake)
+        active = False  # appends handed over or partitions changed: disarm, look later
         unhook = on_reconnected(store.nc, wake.set)
 
         async def on_hint(msg: Any) -> None:
@@ -245,6 +251,12 @@ class MemberLog:
                 hints.setdefault(tok, set())
                 due[tok] = 0.0
 
+        def handed(start: int) -> tuple[int, int]:
+            """How many events of the followed partitions at ``start`` or after were
+            handed over, and the last one's position (the doorbell's count)."""
+            mine = [p for p, tok in yielded.items() if p >= start and tok in read_from]
+            return len(mine), max(mine, default=start - 1)
+
         try:
             first = [SHARED, *(str(p) for p in sorted(self.following))]
             await listen(first)
@@ -255,6 +267,7 @@ class MemberLog:
                 for marker in self._changes():
                     yield marker
                 for tok in [t for t in read_from if t != SHARED and int(t) not in self.following]:
+                    active = True
                     del read_from[tok]
                     hints.pop(tok, None)
                     sub = subs.pop(tok, None)
@@ -268,12 +281,13 @@ class MemberLog:
                     envs = await self._read(sorted(gained), 1, None)
                     self.following |= gained
                     self.folded_events += len(envs)
+                    n = self.partitions
                     for env in envs:
-                        yielded[env.position] = None
+                        yielded[env.position] = partition_token(env.correlation_id, n)
                         yield env
+                    active = True
                     for p in gained:  # what is stored after its read, or was heard, next
                         tok = str(p)
-                        n = self.partitions
                         read = [
                             e.position for e in envs if partition_token(e.correlation_id, n) == tok
                         ]
@@ -285,29 +299,50 @@ class MemberLog:
                         env = own.own.pop(pos)
                         if pos in yielded or not followed(env):
                             continue
-                        yielded[pos] = None
+                        yielded[pos] = partition_token(env.correlation_id, self.partitions)
                         self.last_yielded = max(self.last_yielded, pos)
                         self.folded_events += 1
                         yield env
                     idle_since = loop.time()
                     quiet_s = store.heartbeat
+                    active = True
                     continue
                 now = loop.time()
-                if store.nc.stats.get("reconnects", 0) != reconnects:
+                reconnected = store.nc.stats.get("reconnects", 0) != reconnects
+                if bell.armed and (active or hints or reconnected or bell.answered(now)):
+                    # awake anyway, or the server answered: a message stored where nothing
+                    # was heard is read (after own work, the next look counts instead);
+                    # the request over without one: armed again at once
+                    rung, again = await bell.stop(now)
+                    tokens = (rung or "")[len(prefix) + 1 :].split(".", 2)
+                    if rung and not active and len(tokens) >= 2:
+                        hints.setdefault(tokens[1], set())
+                    elif again:
+                        idle_since = now - quiet_s
+                active = False
+                if reconnected:
                     reconnects = store.nc.stats.get("reconnects", 0)
                     read_all_again()  # others' publishes while away were not heard
-                elif now - idle_since >= quiet_s:
-                    # nothing for a while: anything not heard? Only if the log grew since
-                    # the last such look (one request instead of a read per partition);
-                    # whatever was stored before it has been read then
+                elif now - idle_since >= quiet_s and not hints and not bell.armed:
+                    # nothing for a while: anything not heard? The doorbell counts what is
+                    # stored after what was read (nothing: it waits for the server to ring)
                     idle_since = now
+                    start = max(read_to + 1, min(read_from.values()))
+                    looked = await bell.look(self._filters(read_from), start, handed)
+                    if looked is not None:
+                        armed, through = looked
+                        read_to = max(read_to, through)
+                        if armed:
+                            continue
+                    # Without one, or it counted more than was handed over: the log's end,
+                    # and every partition read if it grew since the last such look
                     try:
                         last = await store._last_position()
                     except _READ_ERRORS:
                         last = -1
-                    if last < 0 or last > log_end:
+                    if last < 0 or last > read_to:
                         read_all_again()
-                        log_end = max(last, log_end)
+                        read_to = max(last, read_to)
                         idle_read = True
                     else:  # nothing anywhere: the next look waits twice as long
                         quiet_s = min(quiet_s * 2, IDLE_READ_MAX_HEARTBEATS * store.heartbeat)
@@ -316,11 +351,14 @@ class MemberLog:
                 for tok in [t for t in hints if t not in read_from]:
                     del hints[tok]
                 if not ready:
-                    waits = [idle_since + quiet_s - now]
+                    waits = [bell.deadline - now if bell.armed else idle_since + quiet_s - now]
                     waits += [due.get(t, 0.0) - now for t in hints]
                     wake.clear()
+                    # (asyncio.timeout: wait_for runs the wait as a task of its own, two
+                    # more loop iterations at each wake-up)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), max(min(waits), 0.0005))
+                        async with asyncio.timeout(max(min(waits), 0.0005)):
+                            await wake.wait()
                     continue
                 found = False
                 for tok in ready:
@@ -344,7 +382,7 @@ class MemberLog:
                         if m.seq in yielded:
                             continue
                         env = envelope_of(m)
-                        yielded[m.seq] = None
+                        yielded[m.seq] = tok
                         self.last_yielded = max(self.last_yielded, m.seq)
                         self.folded_events += 1
                         yield env
@@ -372,6 +410,8 @@ class MemberLog:
                         break
                     del yielded[pos]
         finally:
+            with contextlib.suppress(Exception):
+                await bell.close()
             if unhook is not None:
                 unhook()
             self._wake = self._quiet = None

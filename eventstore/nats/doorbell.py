@@ -16,12 +16,17 @@ disarms it (the consumer is deleted, fire and forget: no answer to wait for); th
 request's expiry (30 heartbeats, the old idle read's longest wait) or any answer that
 is not a message re-arms it, so a ring lost in transit costs at most that, as a lost
 hint did before. A reconnect wakes the follower, which reads and re-arms later.
+
+A partitioned orchestrator member (``bus.runtime.member_bell``) arms one over several
+filters (its shared and held partitions: ``filter_subjects``); ``subject`` tells where
+the message that rang it is stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -58,17 +63,19 @@ class Doorbell:
         "filt",
         "rang",
         "store",
+        "subject",
         "wake",
     )
 
-    def __init__(self, store: StoreBase, filt: str, wake: asyncio.Event) -> None:
+    def __init__(self, store: StoreBase, filt: str | Sequence[str], wake: asyncio.Event) -> None:
         self.store = store
-        self.filt = filt
+        self.filt = filt  # (several: a member's partitions; set before an arming)
         self.wake = wake
         self.consumer: str | None = None
         self.armed_at = 0.0
         self.rang = False  # a message is stored at or after the armed position
         self.ended = False  # the request ended without one (expiry, consumer gone...)
+        self.subject = ""  # where the message that rang is stored
         self._sub: Any = None
         self._inbox = ""
         self._token = 0  # answers to an earlier arming are ignored
@@ -92,7 +99,11 @@ class Doorbell:
             "deliver_policy": "by_start_sequence",
             "opt_start_seq": max(start, 1),
             "ack_policy": "none",
-            "filter_subject": self.filt,
+            **(
+                {"filter_subject": self.filt}
+                if isinstance(self.filt, str)
+                else {"filter_subjects": list(self.filt)}
+            ),
             "headers_only": True,
             "mem_storage": True,
             "num_replicas": 1,
@@ -136,7 +147,7 @@ class Doorbell:
         if status(msg) is None:
             if f".{consumer}." not in (msg.reply or ""):
                 return
-            self.rang = True
+            self.rang, self.subject = True, msg.subject
         else:
             if msg.subject != f"{self._inbox}.{self._token}":
                 return

@@ -78,6 +78,7 @@ __all__ = [
     "EphemeralConsumer",
     "Follows",
     "OwnAppends",
+    "consumer_refused",
     "echoes",
     "offer_appended",
 ]
@@ -316,7 +317,7 @@ def echoes(nc: Any) -> bool:
     return not (getattr(nc, "options", None) or {}).get("no_echo")
 
 
-def _refused(nc: Any) -> bool:
+def consumer_refused(nc: Any) -> bool:
     """Whether the server refused this connection a consumer (its user may not create one:
     the request times out, the refusal comes as the connection's last error)."""
     err = str(getattr(nc, "last_error", None) or "").lower()
@@ -456,7 +457,7 @@ class Follows(StoreBase):
                         idle_read, read = False, True  # something is there already
                     except Exception as e:  # the read below looks instead
                         self._check_open()
-                        if not is_transient(e) or _refused(self.nc):
+                        if not is_transient(e) or consumer_refused(self.nc):
                             log.info("following %s without a doorbell (%r)", filt, e)
                             await bell.close()
                             bell = None

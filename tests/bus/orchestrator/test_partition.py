@@ -345,3 +345,73 @@ async def test_a_stopped_member_is_counted_out_by_its_keys_subject(
         assert a.members == 1 and len(a.held) == 8
     finally:
         await a.stop()
+
+
+async def test_a_member_alone_counts_the_members_only_when_the_bucket_changed(
+    connections: list[Client],
+) -> None:
+    """Alone, a round's batch stored right after what the latest count saw means nothing
+    else was written: no count (a stream info each round was a third of an idle member's
+    round). A member joining writes its key: the next round counts it and gives half away."""
+    js = connections[0].jetstream()
+    infos = 0
+    stream_info = js.stream_info
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal infos
+        infos += 1
+        return await stream_info(*args, **kwargs)
+
+    js.stream_info = counted  # type: ignore[method-assign]
+    a = Partitions(js, 8, 30.0, member="a")
+    await a.start()
+    try:
+        assert a._atomic and len(a.held) == 8
+        await a.round()  # (its first round's creates were stored after its count)
+        infos = 0
+        for _ in range(5):
+            await a.round()
+        assert infos == 0 and a.members == 1 and len(a.held) == 8
+        b = Partitions(connections[1].jetstream(), 8, 30.0, member="b")
+        await b.start()
+        try:
+            await a.round()
+            assert infos == 1 and a.members == 2 and len(a.held) == 4
+            await b.round()
+            assert len(b.held) == 4 and a.held.isdisjoint(b.held)
+            await a.round()  # with another member, every round counts
+            assert infos == 2 and a.members == 2
+        finally:
+            await b.stop()
+        await a.round()
+        assert a.members == 1 and len(a.held) == 8
+    finally:
+        await a.stop()
+
+
+async def test_a_joiner_killed_after_a_member_counted_alone_has_its_partitions_taken_back(
+    connections: list[Client],
+) -> None:
+    """The member alone that stopped counting counts again once another joins, so that
+    one's death is seen: its keys lapse and everything comes back, as with two all along."""
+    lease = 1.0
+    a = Partitions(connections[0].jetstream(), 8, lease, member="a")
+    await a.start()
+    try:
+        for _ in range(3):
+            await a.round()  # alone: counting only when the bucket changed
+        b = Partitions(connections[1].jetstream(), 8, lease, member="b")
+        await b.start()
+        deadline = time.monotonic() + 20
+        while not (len(a.held) == 4 and len(b.held) == 4):
+            assert time.monotonic() < deadline, (sorted(a.held), sorted(b.held))
+            await asyncio.sleep(0.05)
+        assert a.members == 2
+        b._loop.cancel()  # type: ignore[union-attr]
+        await connections[1].close()  # b dies: no release, no renewal
+        while len(a.held) < 8:
+            assert time.monotonic() < deadline + 20, sorted(a.held)
+            await asyncio.sleep(0.05)
+        assert a.members == 1
+    finally:
+        await a.stop()
