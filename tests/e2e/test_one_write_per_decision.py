@@ -123,12 +123,21 @@ class Writes:
 async def test_embedded_each_decision_is_one_transaction(tmp_path: Path) -> None:
     store = await SqliteEventStore.open(tmp_path / "log.db")
     commits = 0
+    in_transaction = False
     lock = threading.Lock()
 
     def traced(sql: str) -> None:  # called by SQLite in the writer thread, statement by statement
-        nonlocal commits
-        if sql.strip().upper() == "COMMIT":
-            with lock:
+        # A commit is a COMMIT, or a write outside BEGIN ... COMMIT: the store writes a
+        # batch as one INSERT that SQLite commits on its own (autocommit)
+        nonlocal commits, in_transaction
+        statement = sql.strip().upper()
+        with lock:
+            if statement.startswith("BEGIN"):
+                in_transaction = True
+            elif statement in ("COMMIT", "ROLLBACK"):
+                commits += statement == "COMMIT"
+                in_transaction = False
+            elif statement.startswith(("INSERT", "UPDATE", "DELETE")) and not in_transaction:
                 commits += 1
 
     store._writer.conn.set_trace_callback(traced)  # the store's one write connection
