@@ -115,6 +115,13 @@ class MemberLog:
         self.last_yielded = 0  # the highest position the follower handed over
         self._wake: asyncio.Event | None = None  # the echo-free follower's
         self._quiet: Callable[[], bool] | None = None  # it has nothing waiting
+        self._yielded: dict[int, str] = {}  # its handed positions kept (``remembered``)
+
+    @property
+    def remembered(self) -> int:
+        """How many handed positions the echo-free follower keeps so as to hand none twice
+        (what a read could still return again, and what the doorbell counts)."""
+        return len(self._yielded)
 
     # -- what is folded ----------------------------------------------------------
 
@@ -209,7 +216,10 @@ class MemberLog:
         tries: dict[str, int] = {}
         subs: dict[str, Any] = {}
         read_from: dict[str, int] = {}  # partition token -> where its next read starts
-        yielded: dict[int, str] = {}  # position -> partition token, since the oldest read_from
+        # position -> partition token of what was handed over, from the oldest read_from
+        # on: what a read could return again, and what the doorbell's look counts
+        yielded: dict[int, str] = {}
+        self._yielded = yielded
         reconnects = store.nc.stats.get("reconnects", 0)
         idle_since = loop.time()
         # the wait before reading every partition with nothing heard: it doubles while
@@ -250,6 +260,18 @@ class MemberLog:
             for tok in read_from:
                 hints.setdefault(tok, set())
                 due[tok] = 0.0
+
+        def read_through(pos: int) -> None:
+            """Every followed partition's events up to ``pos`` are handed over (a look
+            found nothing missed, and the reads it scheduled are done): none is read below
+            it again, and what was kept for those reads is let go. A partition that gets
+            no event (often the shared one) or only this member's own otherwise kept its
+            read position, and every position handed since was kept for the member's life."""
+            for tok in read_from:
+                read_from[tok] = max(read_from[tok], pos + 1)
+            floor = min(read_from.values(), default=0)
+            for p in [p for p, tok in yielded.items() if p < floor or tok not in read_from]:
+                del yielded[p]
 
         def handed(start: int) -> tuple[int, int]:
             """How many events of the followed partitions at ``start`` or after were
@@ -297,9 +319,12 @@ class MemberLog:
                 if own.own:  # this member's appends, in order
                     for pos in sorted(own.own):
                         env = own.own.pop(pos)
-                        if pos in yielded or not followed(env):
+                        tok = partition_token(env.correlation_id, self.partitions)
+                        # (below its partition's read position: a read handed it over,
+                        # its append's answer came after the read's)
+                        if pos in yielded or not followed(env) or pos < read_from.get(tok, 0):
                             continue
-                        yielded[pos] = partition_token(env.correlation_id, self.partitions)
+                        yielded[pos] = tok
                         self.last_yielded = max(self.last_yielded, pos)
                         self.folded_events += 1
                         yield env
@@ -327,11 +352,14 @@ class MemberLog:
                     # nothing for a while: anything not heard? The doorbell counts what is
                     # stored after what was read (nothing: it waits for the server to ring)
                     idle_since = now
-                    start = max(read_to + 1, min(read_from.values()))
+                    # (nothing waits to be read: the reads a look scheduled are done)
+                    read_through(read_to)
+                    start = min(read_from.values())
                     looked = await bell.look(self._filters(read_from), start, handed)
                     if looked is not None:
                         armed, through = looked
                         read_to = max(read_to, through)
+                        read_through(read_to)
                         if armed:
                             continue
                     # Without one, or it counted more than was handed over: the log's end,
