@@ -328,7 +328,7 @@ class LongTermMemory:
 _MAX_OBSERVED = 10_000  # runs observed and not settled yet, at most
 
 
-@dataclass
+@dataclass(slots=True)  # one per open task: no __dict__ each (about 100 bytes)
 class _TaskFacts:
     created: ev.TaskCreated
     agent_id: str = ""

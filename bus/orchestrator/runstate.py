@@ -60,7 +60,9 @@ class TaskView:
     # agents an attempt of this task failed on (a reason with a failure weight): within the
     # run each counts as a full recent failure for the retries (selection's penalty)
     failed_on: frozenset[str] = frozenset()
-    rejections: list[str] = field(default_factory=list)  # "agent: reason (detail)", latest 5
+    # Tuples, replaced (never changed) on a write like the frozensets: a waiting task has
+    # none of them, and the shared empty tuple costs nothing where a list each was 56 bytes
+    rejections: tuple[str, ...] = ()  # "agent: reason (detail)", latest 5
     not_before: float = 0.0
     output: Any = None
     reason: str = ""
@@ -70,7 +72,7 @@ class TaskView:
     cancel_cause: str = ""
     cancelled_by: str = ""  # task.cancelled's actor (who cancelled it)
     review_round: int = 0
-    review: list[ev.ReviewIssue] = field(default_factory=list)
+    review: tuple[ev.ReviewIssue, ...] = ()
     under_review: str | None = None  # reviewer task id while a review runs
     output_in_review: Any = None
     supplement: Any = None
@@ -82,7 +84,7 @@ class TaskView:
     has_proposal: bool = False  # an approval asked about an output in hand (a fan-out tie)
     previous_output: Any = None  # the output the latest revision was asked to improve
     quality_met: bool = True  # from task.completed: False if its review never passed
-    open_issues: list[ev.ReviewIssue] = field(default_factory=list)
+    open_issues: tuple[ev.ReviewIssue, ...] = ()
     delivered: int = 0  # the highest delivery count recorded for the current attempt
     # the current attempt's limit from its start (0: its dispatch's deadline is the one),
     # and the agents that took its card (task.started, or a result): ``deadlines``
@@ -579,7 +581,7 @@ def _rejected(
 ) -> None:
     task.excluded |= {data.agent_id}
     why = f"{data.agent_id}: {data.reason}" + (f" ({data.detail})" if data.detail else "")
-    task.rejections = [*task.rejections[-4:], why[:500]]
+    task.rejections = (*task.rejections[-4:], why[:500])
     task.settled |= {data.attempt}
 
 
@@ -625,7 +627,7 @@ def _revision_requested(
     task.settled |= {task.attempt}
     task.previous_output = task.output_in_review
     task.review_round = data.round
-    task.review = list(data.issues)
+    task.review = tuple(data.issues)
     task.under_review = None
 
 
@@ -669,7 +671,7 @@ def _completed(
     task.settled |= {task.attempt}
     task.output = data.output
     task.quality_met = data.quality_met
-    task.open_issues = list(data.open_issues)
+    task.open_issues = tuple(data.open_issues)
     task.under_review = None
 
 

@@ -537,7 +537,11 @@ class AgentWorker:
             if not watch.ended and watch.due is not None:
                 watch.due = None
                 started = self._started(watch.card)
-                watch.reported.append(loop.create_task(self.bus.reply(started)))
+                sending = loop.create_task(self.bus.reply(started))
+                watch.reported.append(sending)
+                # once sent it is nothing to wait for: the list kept each done task for as
+                # long as its agent worked (about 500 bytes a waiting card)
+                sending.add_done_callback(functools.partial(_forget_sent, watch.reported))
         deadlines = self._deadlines
         while deadlines and (deadlines[0][2].ended or deadlines[0][0] <= now):
             at, _, watch = heapq.heappop(deadlines)
@@ -617,6 +621,14 @@ class _Watch:
 
     def first(self) -> float:
         return self.deadline if self.due is None else min(self.due, self.deadline)
+
+
+def _forget_sent(reported: list[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+    """A Started reply sent: off its watch's list (one that failed or was cancelled stays,
+    so the answer still waits for it and sees how it ended)."""
+    if not task.cancelled() and task.exception() is None:
+        with contextlib.suppress(ValueError):
+            reported.remove(task)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
