@@ -8,31 +8,17 @@ a slow consumer loses them)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from memberkit import PARTITIONS, follow, root_in, started, until
 from natsserver import NatsServer
 
 from cardbus.bus.runtime.members import MemberLog
-from cardbus.eventstore import Envelope, NewEvent, new_id
-from cardbus.eventstore import events as ev
+from cardbus.eventstore import Envelope
 from cardbus.eventstore.errors import StoreUnavailable
 from cardbus.eventstore.nats import NatsEventStore
-from cardbus.eventstore.nats.subjects import partition_of
 
-PARTITIONS = 8
 HEARTBEAT = 0.2  # the member looks after this long with nothing heard
-
-
-def _root_in(p: int) -> str:
-    root = new_id()
-    while partition_of(root, PARTITIONS) != p:
-        root = new_id()
-    return root
-
-
-def _started(root: str) -> NewEvent:
-    return NewEvent(data=ev.TaskStarted(attempt=1, agent_id="a1"), correlation_id=root)
 
 
 class _Watched:
@@ -71,21 +57,6 @@ class _Watched:
         self.reads = self.ends = 0
 
 
-async def _follow(member: MemberLog, got: list[Envelope]) -> None:
-    it: AsyncIterator[Any] = member.subscribe(1)
-    async for item in it:
-        if isinstance(item, Envelope):
-            got.append(item)
-        else:
-            item()  # a marker: run in the decision loop, here at once
-
-
-async def _until(check: Callable[[], bool], within: float) -> None:
-    async with asyncio.timeout(within):
-        while not check():
-            await asyncio.sleep(0.005)
-
-
 async def test_an_idle_member_reads_nothing_and_is_rung_by_an_append_it_did_not_hear(
     nats_url: str,
 ) -> None:
@@ -98,29 +69,29 @@ async def test_an_idle_member_reads_nothing_and_is_rung_by_an_append_it_did_not_
         member.hold([3])
         await member.read_all()
         got: list[Envelope] = []
-        follower = asyncio.ensure_future(_follow(member, got))
+        follower = asyncio.ensure_future(follow(member, got))
         try:
             # listening, and its first read done (read_all's, then the follower's, of the
             # shared partition and its own): a publish is heard, not found by that read
-            await _until(lambda: watched.reads >= 4, 5)
+            await until(lambda: watched.reads >= 4, 5)
             # work: its own appends and another writer's, heard, in its partition
-            a, b, c = _root_in(3), _root_in(3), _root_in(5)
-            written = await mine.append(a, [_started(a)], 0)
-            written += await other.append(b, [_started(b)], 0)
-            written += await mine.append(a, [_started(a)], 1)
-            await _until(lambda: len(got) == 3, 5)
+            a, b, c = root_in(3), root_in(3), root_in(5)
+            written = await mine.append(a, [started(a)], 0)
+            written += await other.append(b, [started(b)], 0)
+            written += await mine.append(a, [started(a)], 1)
+            await until(lambda: len(got) == 3, 5)
             watched.zero()
             # idle: 17 heartbeats (before, it looked at the log's end after 1, 3, 7 and
             # 15, and read its partitions at the first look after work), with another
             # member's partition written meanwhile (not its own: no answer)
             await asyncio.sleep(HEARTBEAT)
-            await other.append(c, [_started(c)], 0)
+            await other.append(c, [started(c)], 0)
             await asyncio.sleep(16 * HEARTBEAT)
             assert (watched.reads, watched.ends) == (0, 0)
             # an append in its partition it does not hear: the server rings, at once
             watched.hearing = False
-            written += await other.append(b, [_started(b)], 1)
-            await _until(lambda: len(got) == 4, 1.5)
+            written += await other.append(b, [started(b)], 1)
+            await until(lambda: len(got) == 4, 1.5)
             assert watched.reads == 1  # the partition that rang, nothing else
             assert sorted(got, key=lambda e: e.position) == written
             await asyncio.sleep(2 * HEARTBEAT)
@@ -142,16 +113,16 @@ async def test_an_append_unheard_before_the_member_went_idle_is_found_by_its_fir
         member.hold([3, 6])
         await member.read_all()
         got: list[Envelope] = []
-        follower = asyncio.ensure_future(_follow(member, got))
+        follower = asyncio.ensure_future(follow(member, got))
         try:
-            await _until(lambda: watched.reads >= 6, 5)  # listening, and its first read done
-            a, b = _root_in(3), _root_in(6)
-            written = await mine.append(a, [_started(a)], 0)
+            await until(lambda: watched.reads >= 6, 5)  # listening, and its first read done
+            a, b = root_in(3), root_in(6)
+            written = await mine.append(a, [started(a)], 0)
             watched.hearing = False
             # unheard, while the member is busy with its own: no doorbell armed yet
-            written += await other.append(b, [_started(b)], 0)
-            written += await mine.append(a, [_started(a)], 1)
-            await _until(lambda: len(got) == 3, 4 * HEARTBEAT + 1.0)
+            written += await other.append(b, [started(b)], 0)
+            written += await mine.append(a, [started(a)], 1)
+            await until(lambda: len(got) == 3, 4 * HEARTBEAT + 1.0)
             assert sorted(got, key=lambda e: e.position) == written
             await asyncio.sleep(4 * HEARTBEAT)
             assert len(got) == 3  # nothing twice
@@ -170,20 +141,20 @@ async def test_a_partition_taken_while_the_member_waits_is_rung_for_too(nats_url
         member.hold([3])
         await member.read_all()
         got: list[Envelope] = []
-        follower = asyncio.ensure_future(_follow(member, got))
+        follower = asyncio.ensure_future(follow(member, got))
         try:
-            await _until(lambda: watched.reads >= 4, 5)  # listening, and its first read done
-            b = _root_in(6)
-            written = await other.append(b, [_started(b)], 0)  # not its partition yet
+            await until(lambda: watched.reads >= 4, 5)  # listening, and its first read done
+            b = root_in(6)
+            written = await other.append(b, [started(b)], 0)  # not its partition yet
             await asyncio.sleep(3 * HEARTBEAT)  # idle, waiting on the server
             assert got == []
             member.hold([3, 6])  # a lease round gave it partition 6: caught up, then followed
-            await _until(lambda: len(got) == 1 and member.folded == {3, 6}, 5)
+            await until(lambda: len(got) == 1 and member.folded == {3, 6}, 5)
             await asyncio.sleep(3 * HEARTBEAT)
             watched.zero()
             watched.hearing = False
-            written += await other.append(b, [_started(b)], 1)
-            await _until(lambda: len(got) == 2, 1.5)
+            written += await other.append(b, [started(b)], 1)
+            await until(lambda: len(got) == 2, 1.5)
             assert got == written and (watched.reads, watched.ends) == (1, 0)
         finally:
             follower.cancel()
@@ -209,27 +180,27 @@ async def test_a_member_whose_doorbell_went_with_a_server_restart_reads_and_is_r
         member.hold([3])
         await member.read_all()
         got: list[Envelope] = []
-        follower = asyncio.ensure_future(_follow(member, got))
+        follower = asyncio.ensure_future(follow(member, got))
         try:
-            await _until(lambda: watched.reads >= 4, 5)
+            await until(lambda: watched.reads >= 4, 5)
             await asyncio.sleep(3 * HEARTBEAT)  # armed
             nats_server.restart()
-            b = _root_in(3)
+            b = root_in(3)
             written: list[Envelope] = []
             for _ in range(200):
                 try:
-                    written += await other.append(b, [_started(b)], 0)
+                    written += await other.append(b, [started(b)], 0)
                     break
                 except StoreUnavailable:
                     await asyncio.sleep(0.05)
             assert len(written) == 1
-            await _until(lambda: len(got) == 1, 10)
+            await until(lambda: len(got) == 1, 10)
             async with asyncio.timeout(10):  # armed again: its consumer on the new server
                 while (await other._js.stream_info(other.stream_name)).state.consumer_count < 1:
                     await asyncio.sleep(0.05)
             watched.zero()
-            written += await other.append(b, [_started(b)], 1)
-            await _until(lambda: len(got) == 2, 3)
+            written += await other.append(b, [started(b)], 1)
+            await until(lambda: len(got) == 2, 3)
             assert got == written and (watched.reads, watched.ends) == (1, 0)
         finally:
             follower.cancel()

@@ -24,6 +24,7 @@ from typing import Any
 
 import nats
 import pytest
+from memberkit import root_in
 from natsserver import NatsServer
 
 from cardbus.agents.requests import AgentRequest, AgentResponse
@@ -31,7 +32,6 @@ from cardbus.bus.runtime import members
 from cardbus.bus.runtime.members import MemberLog
 from cardbus.eventstore import Envelope, new_id
 from cardbus.eventstore import events as ev
-from cardbus.eventstore.nats.subjects import partition_of
 
 PARTITIONS = 8
 
@@ -74,13 +74,6 @@ def _member() -> tuple[MemberLog, _Orchestrator]:
     return m, o
 
 
-def _root_in(p: int) -> str:
-    root = new_id()
-    while partition_of(root, PARTITIONS) != p:
-        root = new_id()
-    return root
-
-
 def _started(root: str) -> Envelope:
     return Envelope(
         event_id=new_id(),
@@ -96,7 +89,7 @@ def _started(root: str) -> Envelope:
 def test_a_run_created_in_a_partition_still_being_caught_up_is_kept() -> None:
     m, o = _member()
     m.hold([3])  # leased here; its catch-up not done (not followed, not folded)
-    root = _root_in(3)
+    root = root_in(3)
     m.observe(_started(root))
     o.step()  # the decision loop gets to it before the partition's marker
     assert o.state.forgotten == []
@@ -110,7 +103,7 @@ def test_a_run_created_in_another_members_partition_is_dropped() -> None:
     m, o = _member()
     m.hold([3])
     m.following = m.folded = m.want
-    root = _root_in(4)
+    root = root_in(4)
     m.observe(_started(root))
     o.step()
     assert o.state.forgotten == [root]
@@ -119,7 +112,7 @@ def test_a_run_created_in_another_members_partition_is_dropped() -> None:
 def test_a_run_kept_for_a_partition_let_go_before_it_was_followed_is_dropped() -> None:
     m, o = _member()
     m.hold([3])
-    root = _root_in(3)
+    root = root_in(3)
     m.observe(_started(root))
     o.state.runs[root] = object()
     o.step()
@@ -132,7 +125,7 @@ def test_a_run_kept_for_a_partition_let_go_before_it_was_followed_is_dropped() -
 def test_a_partition_let_go_and_taken_again_before_the_step_keeps_its_runs() -> None:
     m, o = _member()
     m.hold([3])
-    root = _root_in(3)
+    root = root_in(3)
     m.observe(_started(root))
     o.state.runs[root] = object()
     m.hold([])
@@ -179,11 +172,11 @@ async def test_a_handed_request_gets_its_members_answer_however_long_its_work_ta
         await owner._syncing  # it serves p's handed-over requests
         await nc_owner.flush()
         handle = other.route(answered_here, nc_other)
-        response = await handle(_request(_root_in(p)))
+        response = await handle(_request(root_in(p)))
         assert (response.ok, response.result) == (True, "from the owner")
         assert here == [] and other.handed_over == 1
         # nobody serves partition 5: "unavailable" once _HAND_S is up, nothing done here
-        response = await handle(_request(_root_in(5)))
+        response = await handle(_request(root_in(5)))
         assert (response.ok, response.error_type) == (False, "unavailable")
         assert response.error is not None and "partition 5" in response.error
         assert here == []
@@ -222,7 +215,7 @@ async def test_a_member_that_let_the_partition_go_passes_requests_on_and_none_is
             await nc.flush()
         gone.folded = frozenset()  # let go: its subscription not dropped yet
         handle = other.route(answering("here"), conns[2])
-        responses = [await handle(_request(_root_in(p))) for _ in range(12)]
+        responses = [await handle(_request(root_in(p))) for _ in range(12)]
         assert [r.result for r in responses] == ["owner"] * 12
         assert done == Counter(owner=12)
     finally:

@@ -8,43 +8,15 @@ the log."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+
+from memberkit import PARTITIONS, follow, root_in, started, until
 
 from cardbus.bus.runtime.members import MemberLog
-from cardbus.eventstore import Envelope, NewEvent, new_id
-from cardbus.eventstore import events as ev
+from cardbus.eventstore import Envelope
 from cardbus.eventstore.nats import NatsEventStore
-from cardbus.eventstore.nats.subjects import SHARED, partition_of, partition_token
+from cardbus.eventstore.nats.subjects import SHARED, partition_token
 
-PARTITIONS = 8
 HEARTBEAT = 0.2  # the member looks after this long with nothing heard
-
-
-def _root_in(p: int) -> str:
-    root = new_id()
-    while partition_of(root, PARTITIONS) != p:
-        root = new_id()
-    return root
-
-
-def _started(root: str) -> NewEvent:
-    return NewEvent(data=ev.TaskStarted(attempt=1, agent_id="a1"), correlation_id=root)
-
-
-async def _follow(member: MemberLog, got: list[Envelope]) -> None:
-    it: AsyncIterator[Any] = member.subscribe(1)
-    async for item in it:
-        if isinstance(item, Envelope):
-            got.append(item)
-        else:
-            item()  # a marker: run in the decision loop, here at once
-
-
-async def _until(check: Callable[[], bool], within: float) -> None:
-    async with asyncio.timeout(within):
-        while not check():
-            await asyncio.sleep(0.005)
 
 
 async def _followed_in_log(store: NatsEventStore, parts: set[str]) -> list[Envelope]:
@@ -68,26 +40,26 @@ async def test_a_member_keeps_no_position_its_partitions_were_read_through(
         member.hold([3])
         await member.read_all()
         got: list[Envelope] = []
-        follower = asyncio.ensure_future(_follow(member, got))
+        follower = asyncio.ensure_future(follow(member, got))
         try:
             await asyncio.sleep(2 * HEARTBEAT)  # listening, its first reads done
             for rnd in range(2):
                 # the shared partition gets no event; partition 3 this member's own
                 # appends and another writer's (heard, read), partition 5 another's
-                own = [_root_in(3) for _ in range(20)]
-                others = [_root_in(3) for _ in range(20)]
-                elsewhere = [_root_in(5) for _ in range(5)]
+                own = [root_in(3) for _ in range(20)]
+                others = [root_in(3) for _ in range(20)]
+                elsewhere = [root_in(5) for _ in range(5)]
                 for version in range(3):
                     await asyncio.gather(
-                        *(mine.append(r, [_started(r)], version) for r in own),
-                        *(other.append(r, [_started(r)], version) for r in others),
-                        *(other.append(r, [_started(r)], version) for r in elsewhere),
+                        *(mine.append(r, [started(r)], version) for r in own),
+                        *(other.append(r, [started(r)], version) for r in others),
+                        *(other.append(r, [started(r)], version) for r in elsewhere),
                     )
                 want = await _followed_in_log(other, {SHARED, "3"})
                 assert len(want) == 120 * (rnd + 1)
-                await _until(lambda want=want: len(got) >= len(want), 10)
+                await until(lambda want=want: len(got) >= len(want), 10)
                 # idle: the look finds nothing missed, and what was kept is let go
-                await _until(lambda: member.remembered == 0, 15)  # (a wait, not a speed target)
+                await until(lambda: member.remembered == 0, 15)  # (a wait, not a speed target)
                 assert sorted(got, key=lambda e: e.position) == want
                 assert len({e.position for e in got}) == len(got)  # nothing twice
             await asyncio.sleep(3 * HEARTBEAT)

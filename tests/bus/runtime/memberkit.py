@@ -1,0 +1,45 @@
+"""What the partitioned member's tests share (``bus.runtime.members``): a root in a
+given partition, an event for it, a follower that collects what the member hands over,
+and a wait for a condition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from cardbus.bus.runtime.members import MemberLog
+from cardbus.eventstore import Envelope, NewEvent, new_id
+from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats.subjects import partition_of
+
+PARTITIONS = 8
+
+
+def root_in(p: int, partitions: int = PARTITIONS) -> str:
+    """A new root id that falls in partition ``p``."""
+    root = new_id()
+    while partition_of(root, partitions) != p:
+        root = new_id()
+    return root
+
+
+def started(root: str) -> NewEvent:
+    return NewEvent(data=ev.TaskStarted(attempt=1, agent_id="a1"), correlation_id=root)
+
+
+async def follow(member: MemberLog, got: list[Envelope]) -> None:
+    """Collect what ``member`` hands over from position 1; a marker runs at once (as the
+    decision loop would run it)."""
+    it: AsyncIterator[Any] = member.subscribe(1)
+    async for item in it:
+        if isinstance(item, Envelope):
+            got.append(item)
+        else:
+            item()
+
+
+async def until(check: Callable[[], bool], within: float) -> None:
+    async with asyncio.timeout(within):
+        while not check():
+            await asyncio.sleep(0.005)
