@@ -19,6 +19,7 @@ they resemble, so ``except ValueError`` keeps working::
     │   ├── StreamNotFound        reading a stream that has no events
     │   │   └── IdNotFound        no task or run id matches what a user typed
     │   ├── StoreUnavailable      the backend (file, server) cannot be reached
+    │   │   └── StoreClosed       closed by its owner: it will not be reachable again
     │   ├── PrerequisiteNotStored an append_many part whose ``after`` was not stored
     │   └── SubjectLayoutError    a JetStream stream written in another subject layout
     ├── IllegalTransition         the task state machine refuses (state, event)
@@ -108,6 +109,7 @@ __all__ = [
     "PlanConflict",
     "PrerequisiteNotStored",
     "StoreError",
+    "StoreClosed",
     "StoreUnavailable",
     "StreamNotFound",
     "UnknownEventType",
@@ -196,6 +198,11 @@ class IdNotFound(StreamNotFound):
 
 class StoreUnavailable(StoreError):
     """The backend cannot be reached (missing file, server down)."""
+
+
+class StoreClosed(StoreUnavailable):
+    """The store (or its NATS connection) was closed: unlike a server that is down, it
+    will not come back, so waiting to try again is pointless."""
 
 
 class PrerequisiteNotStored(StoreError):

@@ -76,6 +76,7 @@ from cardbus.eventstore.envelope import (
 from cardbus.eventstore.errors import (
     CardbusError,
     PrerequisiteNotStored,
+    StoreClosed,
     StoreError,
     StoreUnavailable,
     ValidationError,
@@ -607,7 +608,7 @@ class SqliteEventStore(EventStore):
     ) -> list[Envelope]:
         check_append_args(stream, events, expected_version)
         if self._closed:
-            raise StoreUnavailable("the event store is closed")
+            raise StoreClosed("the event store is closed")
         loop = asyncio.get_running_loop()
         call = _Call(loop.create_future())
         call.left = 1
@@ -626,7 +627,7 @@ class SqliteEventStore(EventStore):
     async def append_many(self, appends: Sequence[Append]) -> list[list[Envelope] | Exception]:
         # Queued together, so they share a commit; one future for the call, no task each.
         if self._closed:
-            raise StoreUnavailable("the event store is closed")
+            raise StoreClosed("the event store is closed")
         check_after(appends)
         loop = asyncio.get_running_loop()
         call = _Call(loop.create_future())
@@ -773,7 +774,7 @@ class SqliteEventStore(EventStore):
 
     async def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         if self._closed:
-            raise StoreUnavailable(f"event store {self.path!r} is closed")
+            raise StoreClosed(f"event store {self.path!r} is closed")
         try:
             return list(await self._reader.execute_fetchall(sql, args))
         except UnicodeEncodeError:

@@ -82,6 +82,7 @@ EXPECTED = {
     "RunResult",
     "SqliteEventStore",
     "StoreError",
+    "StoreClosed",
     "StoreUnavailable",
     "StreamNotFound",
     "SubjectLayoutError",

@@ -9,6 +9,9 @@ loses nothing: the log follower resumes after the last event it handed on; an
 unpartitioned NATS reply consumer delivers again whatever was not acked (its acks
 wait for those first, ``ReplyAcks``), and the in-process bus's replies wait in one
 queue whoever reads them.
+
+A closed store is the one failure not read again: it will not open again, and reading
+each second would only repeat the same traceback until the orchestrator stops.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+
+from cardbus.eventstore.errors import StoreClosed
 
 __all__ = ["read_again_after_failure", "reader_task"]
 
@@ -30,13 +35,17 @@ async def read_again_after_failure(
     what: str, read: Callable[[], Awaitable[None]], pause_s: float = PAUSE_S
 ) -> None:
     """Await ``read()``; if it raises, log it and call it again after ``pause_s``. Ends
-    when ``read()`` returns (its source closed) or the task is cancelled."""
+    when ``read()`` returns (its source closed), raises :class:`StoreClosed`, or the
+    task is cancelled."""
     while True:
         try:
             await read()
             return
         except asyncio.CancelledError:
             raise
+        except StoreClosed as e:
+            log.warning("%s ended: %s", what, e)
+            return
         except Exception:
             log.exception("%s failed; reading again in %.1f s", what, pause_s)
             await asyncio.sleep(pause_s)

@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.api import Header, StatusCode
 
 from cardbus.eventstore.envelope import Envelope, decode_body
-from cardbus.eventstore.errors import DecodeError, StoreUnavailable
+from cardbus.eventstore.errors import DecodeError, StoreClosed
 from cardbus.eventstore.nats.connection import retry_transient
 
 __all__ = [
@@ -328,9 +328,9 @@ class StoreBase:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreUnavailable("the event store is closed")
+            raise StoreClosed("the event store is closed")
         if self.nc.is_closed:
-            raise StoreUnavailable("the NATS connection is closed")
+            raise StoreClosed("the NATS connection is closed")
 
 
 def envelope_of(msg: Stored) -> Envelope:
