@@ -43,3 +43,13 @@ async def until(check: Callable[[], bool], within: float) -> None:
     async with asyncio.timeout(within):
         while not check():
             await asyncio.sleep(0.005)
+
+
+async def stop(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` until it is done: on Python 3.11 a cancellation that meets a NATS
+    request completing at that moment is lost inside ``asyncio.wait_for``, and the
+    follower would go on (its next look a heartbeat away) while the test waits for it."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    await asyncio.gather(task, return_exceptions=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from memberkit import PARTITIONS, follow, root_in, started, until
+from memberkit import PARTITIONS, follow, root_in, started, stop, until
 from natsserver import NatsServer
 
 from cardbus.bus.runtime.members import MemberLog
@@ -97,8 +97,7 @@ async def test_an_idle_member_reads_nothing_and_is_rung_by_an_append_it_did_not_
             await asyncio.sleep(2 * HEARTBEAT)
             assert len(got) == 4
         finally:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+            await stop(follower)
 
 
 async def test_an_append_unheard_before_the_member_went_idle_is_found_by_its_first_look(
@@ -127,8 +126,7 @@ async def test_an_append_unheard_before_the_member_went_idle_is_found_by_its_fir
             await asyncio.sleep(4 * HEARTBEAT)
             assert len(got) == 3  # nothing twice
         finally:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+            await stop(follower)
 
 
 async def test_a_partition_taken_while_the_member_waits_is_rung_for_too(nats_url: str) -> None:
@@ -157,8 +155,7 @@ async def test_a_partition_taken_while_the_member_waits_is_rung_for_too(nats_url
             await until(lambda: len(got) == 2, 1.5)
             assert got == written and (watched.reads, watched.ends) == (1, 0)
         finally:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+            await stop(follower)
 
 
 async def test_a_member_whose_doorbell_went_with_a_server_restart_reads_and_is_rung_again(
@@ -203,5 +200,4 @@ async def test_a_member_whose_doorbell_went_with_a_server_restart_reads_and_is_r
             await until(lambda: len(got) == 2, 3)
             assert got == written and (watched.reads, watched.ends) == (1, 0)
         finally:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+            await stop(follower)
