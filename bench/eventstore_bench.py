@@ -109,13 +109,20 @@ async def store_appends(path: Path, n_events: int, appenders: int, synchronous: 
     """events/s of ``appenders`` concurrent writers, each appending 3 events at a time."""
     per_appender = n_events // appenders // EVENTS_PER_APPEND
     appends_per_task = 3  # each task gets 3 appends (9 events), then a new task
-    work: list[list[list[NewEvent]]] = [
-        [
-            [make_event(f"root-{a}", i * EVENTS_PER_APPEND + k) for k in range(EVENTS_PER_APPEND)]
-            for i in range(per_appender)
-        ]
-        for a in range(appenders)
-    ]
+    # Made append by append across the appenders, as a running system makes them (an
+    # event's id is made with it, just before its append), so one commit's ids are
+    # neighbours in the event_id index. Made appender by appender, a commit's 192 ids
+    # were 64 ranges apart: 64 more index pages written per commit, 1.68 WAL pages an
+    # event at 192 rows a commit instead of 1.12 (0.64 instead of 0.46 at 1000).
+    work: list[list[list[NewEvent]]] = [[] for _ in range(appenders)]
+    for i in range(per_appender):
+        for a in range(appenders):
+            work[a].append(
+                [
+                    make_event(f"root-{a}", i * EVENTS_PER_APPEND + k)
+                    for k in range(EVENTS_PER_APPEND)
+                ]
+            )
     store = await SqliteEventStore.open(path, synchronous=synchronous)
     commits_before = store.commits
 

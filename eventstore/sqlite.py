@@ -738,6 +738,11 @@ class SqliteEventStore(EventStore):
         ever holds a gap-free run of positions, so a subscriber served from it
         misses nothing (it reads the file for anything before the cache).
         """
+        if not self._live:
+            # Nobody follows this store: whatever is kept would be dropped below at once
+            # (needed = top + 1), after a list and a deque walk of every event committed.
+            self._recent.clear()
+            return
         first = top - written + 1
         new: list[Envelope | None] = [None] * written
         for o in outcomes:
