@@ -13,9 +13,11 @@ A commit whose stored events on a stream are all ``task.started`` (an agent's ``
 reply, the only write of its own on a model-like agent's path: 200 ms agents, one write
 in three) has neither reason on that stream, unless a step passed over it. Folded, a
 start moves the attempt to running and its deadline to the start plus the task's limit
-(``deadlines``), and that new deadline wakes the loop by itself (``RunState._wake``). No
-other decision reads whether an attempt has started. So such a stream's run is looked at
-again only if a step passed over the stream while it was busy.
+(``deadlines``), and that new deadline wakes the loop by itself (``RunState._wake``); the
+other decisions that read whether an attempt started (a deadline's reason, the resend of
+untaken cards) are woken by their own items (``DUE``, ``RESEND``), never by this look. So
+such a stream's run is looked at again only if a step passed over the stream while it
+was busy.
 
 The passes are noted by ``NotedBusy``, the busy set a ``Decider`` reads: each read that
 finds a stream busy (every ``touched`` and every ``in d.busy``) notes it. A decider made
