@@ -127,8 +127,8 @@ class Committing(Sending):
                 elif not write.is_child(stream):  # a refused child speaks through its parent
                     self._unstorable(d, stream, error)
             stored = [s for s, error in outcomes.items() if error is None]
-            quiet = started_only(d, stored)
             await self._send_then_fold(d, stored, lambda: self._fold_stored(d, folds))
+            quiet = started_only(d, stored)  # folded: else (it raised) every run is looked at
         finally:
             self._busy.difference_update(streams)
             versions = self.state.versions
