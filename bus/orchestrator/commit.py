@@ -24,6 +24,7 @@ from cardbus.bus.orchestrator import commit_order
 from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.loop_items import Changed, Record
+from cardbus.bus.orchestrator.second_look import NotedBusy, looked_again, started_only
 from cardbus.bus.orchestrator.sending import Sending
 from cardbus.bus.orchestrator.store_trouble import StoreTrouble
 from cardbus.bus.transport.interface import Bus
@@ -66,19 +67,28 @@ class Committing(Sending):
     _refused_runs: set[str]
     _sent: set[tuple[str, int]]
     _lost_attempts: dict[tuple[str, int], str]
+    # busy streams a decider passed over, for the look after their commit (second_look);
+    # the instance's own set is made by its first decider
+    _passed: set[str] | None = None
 
     def _decider(self, now: float, awaits: bool = True) -> Decider:
         """``awaits``: the caller may await before it is done deciding (appends settle
         meanwhile), so the decider reads a copy of the streams busy now; a caller that
         decides without awaiting (a new run's first step) lets it read the set itself:
-        the copy was O(appends in flight) per submitted run (370 at 1,000 in flight)."""
+        the copy was O(appends in flight) per submitted run (370 at 1,000 in flight).
+        Either way each busy stream it finds is noted (``second_look``)."""
+        if self._passed is None:
+            self._passed = set()
+        busy = NotedBusy(
+            frozenset(self._busy) if awaits else self._busy, self._busy, self._passed, self._late
+        )
         decider = Decider(
             self.state,
             self.policy,
             now,
             self.embedder,
             self.rng,
-            frozenset(self._busy) if awaits else self._busy,
+            busy,
             event_limit=self._event_limit,
             leases=self.leases,
             lost_attempts=self._lost_attempts,
@@ -101,6 +111,7 @@ class Committing(Sending):
         retried, rather than waiting forever.
         """
         streams = list(d.events)
+        quiet: set[str] = set()  # stored streams with nothing to look at again (second_look)
         try:
             write = commit_order.plan_write(d, streams)
             folds: list[tuple[str, list[Envelope]]] = []  # stored: folded as the cards leave
@@ -117,6 +128,7 @@ class Committing(Sending):
                     self._unstorable(d, stream, error)
             stored = [s for s, error in outcomes.items() if error is None]
             await self._send_then_fold(d, stored, lambda: self._fold_stored(d, folds))
+            quiet = started_only(d, stored)  # folded: else (it raised) every run is looked at
         finally:
             self._busy.difference_update(streams)
             versions = self.state.versions
@@ -136,7 +148,15 @@ class Committing(Sending):
                 self._queue.put_nowait(reply)
             # Not a tick: a tick looks at every open run, and this happens after
             # every commit; the clock's own ticks still catch deadlines everywhere.
-            self._queue.put_nowait(Changed(frozenset(self._root_of(s) for s in streams)))
+            # Not for a stream that only recorded a start, unless a step passed it over.
+            again = looked_again(streams, quiet, self._passed or set())
+            if again:
+                self._queue.put_nowait(Changed(frozenset(self._root_of(s) for s in again)))
+
+    def _late(self, stream: str) -> None:
+        """A decider passed over ``stream`` on a copy of the busy streams taken before its
+        commit settled: that commit's look went before the pass; look at its run now."""
+        self._queue.put_nowait(Changed(frozenset([self._root_of(stream)])))
 
     async def _append_streams(
         self,
