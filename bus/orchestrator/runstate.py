@@ -12,8 +12,7 @@ import collections
 import contextlib
 import heapq
 import logging
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from cardbus.bus.orchestrator import budget as _budget
 from cardbus.bus.orchestrator import limit_waits as _limit_waits
 from cardbus.bus.orchestrator import loop_pause as _loop_pause
 from cardbus.bus.orchestrator import waits as _waits
+from cardbus.bus.orchestrator.empties import EMPTY, empty, plus, with_item
 from cardbus.bus.orchestrator.hostloss import is_host_loss
 from cardbus.bus.orchestrator.selection import AgentStat
 from cardbus.eventstore import Envelope, TaskState, transition
@@ -47,11 +47,12 @@ class TaskView:
     attempt: int = 0  # number of the latest dispatched attempt
     failures: int = 0  # attempts that failed, timed out or broke the output schema
     host_losses: int = 0  # attempts that died with the runtime's process (``hostloss``)
-    dispatched_to: dict[str, float] = field(default_factory=dict)  # agent -> deadline (current)
-    # Sets as frozensets, replaced (never changed) on a write: most tasks of a waiting
-    # run are never dispatched, and one shared empty frozenset is no set of its own
+    # Mappings and sets are values (``empties``), replaced (never changed) on a write:
+    # most tasks of a waiting run are never dispatched, and the shared empty mapping or
+    # frozenset, or the shared set of one agent, is no object of its own
+    dispatched_to: Mapping[str, float] = field(default_factory=empty)  # agent -> deadline
     assigned: frozenset[str] = frozenset()  # every agent any attempt was sent to
-    results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
+    results: Mapping[str, ev.TaskResultSubmitted] = field(default_factory=empty)  # this attempt
     # every result recorded, as (attempt, agent, replica, delivery): the same reply delivered
     # again is known as such (``repeats``)
     answered: frozenset[tuple[int, str, str, int]] = frozenset()
@@ -99,11 +100,11 @@ class TaskView:
     child_end: tuple[str, Any, str] | None = None
     # agent -> (its run time left, its calls waiting) while model calls wait for the
     # provider's limit: the deadline stops meanwhile (``limit_waits``)
-    limit_waits: dict[str, tuple[float, int]] = field(default_factory=dict)
+    limit_waits: Mapping[str, tuple[float, int]] = field(default_factory=empty)
     # a person's word awaited, with its deadline and who may answer (``waits``), and the
     # tool calls held for review, call -> (tool, arguments), a policy may answer
     wait: _waits.Waiting | None = None
-    held: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    held: Mapping[str, tuple[str, Any]] = field(default_factory=empty)
 
     @property
     def terminal(self) -> bool:
@@ -117,19 +118,21 @@ class RunView:
     tasks: list[str] = field(default_factory=list)  # task ids in creation order
     names: dict[str, str] = field(default_factory=dict)  # plan task id -> task id
     tokens: int = 0
-    loop_counts: Counter[str] = field(default_factory=Counter)  # hash -> distinct tasks
+    # Like TaskView's: values replaced on a write; a waiting run plans nothing and starts
+    # no child, and its empty mappings and tuples are the shared ones
+    loop_counts: Mapping[str, int] = field(default_factory=empty)  # hash -> distinct tasks
     loop_seen: frozenset[tuple[str, str]] = frozenset()  # replaced on a write (TaskView)
     finished: str | None = None  # "completed" | "failed" | "halted" | "cancelled"
     finish_event: Any = None
     # a run planned from a goal (started.planning): its planning rounds, from the log
-    planners: list[str] = field(default_factory=list)  # planning task ids, by round
-    proposals: dict[int, ev.PlanProposed] = field(default_factory=dict)  # round -> proposal
-    refusals: dict[int, ev.PlanRefused] = field(default_factory=dict)
-    accepted: list[ev.PlanAccepted] = field(default_factory=list)
-    expected: list[str] = field(default_factory=list)  # task ids the plan(s) will create
+    planners: tuple[str, ...] = ()  # planning task ids, by round
+    proposals: Mapping[int, ev.PlanProposed] = field(default_factory=empty)  # round -> it
+    refusals: Mapping[int, ev.PlanRefused] = field(default_factory=empty)
+    accepted: tuple[ev.PlanAccepted, ...] = ()
+    expected: tuple[str, ...] = ()  # task ids the plan(s) will create
     position: int = 0  # of its run.started in the log: the order of admission (admission)
     budget: _budget.Ledger | None = None  # what it spent and holds, if it has budgets
-    children: list[str] = field(default_factory=list)  # child runs its tasks started
+    children: tuple[str, ...] = ()  # child runs its tasks started
     # a run paused for a person (``loop_pause``): the pause while open, who stopped it,
     # and the tasks a person let go on past the loop that paused it
     paused: ev.RunPaused | None = None
@@ -361,14 +364,14 @@ class RunState:
         if run is None:
             return
         if isinstance(data, ev.PlanProposed):
-            run.proposals[data.round] = data
+            run.proposals = with_item(run.proposals, data.round, data)
         elif isinstance(data, ev.PlanRefused):
-            run.refusals[data.round] = data
+            run.refusals = with_item(run.refusals, data.round, data)
         else:
-            run.accepted.append(data)
+            run.accepted += (data,)
             gone = set(data.superseded)
             run.names = {n: t for n, t in run.names.items() if t not in gone}
-            run.expected.extend(data.task_ids.values())
+            run.expected += tuple(data.task_ids.values())
 
     def _anomaly(self, what: str) -> None:
         """An event the fold cannot use (the log is written by others too): kept and logged."""
@@ -380,7 +383,7 @@ class RunState:
             root_id,
             data,
             tasks=[],
-            expected=list(data.task_ids),
+            expected=tuple(data.task_ids),
             position=position,
             budget=_budget.new_ledger(data),
         )
@@ -408,7 +411,7 @@ class RunState:
                 if data.plan_id:
                     run.names[data.plan_id] = env.stream
                 elif data.role == "plan":
-                    run.planners.append(env.stream)
+                    run.planners += (env.stream,)
             parent = self.tasks.get(data.parent_id or "")
             if parent is not None and data.role == "review":
                 parent.under_review = env.stream
@@ -502,19 +505,19 @@ def _dispatched(
 ) -> None:
     if data.attempt != task.attempt:
         task.attempt = data.attempt
-        task.dispatched_to = {}
-        task.results = {}
+        task.dispatched_to = task.results = task.limit_waits = EMPTY
         task.delivered = 0
         task.started = frozenset()
-        task.limit_waits = {}
     task.start_to_close_s = data.timeout_s
-    task.dispatched_to[data.agent_id] = data.deadline
-    task.assigned |= {data.agent_id}
+    task.dispatched_to = with_item(task.dispatched_to, data.agent_id, data.deadline)
+    task.assigned = plus(task.assigned, data.agent_id)
     state._wake(data.deadline, task.created.root_id)
     key = (data.loop_hash, env.stream)
     if run is not None and data.loop_hash and key not in run.loop_seen:
         run.loop_seen |= {key}
-        run.loop_counts[data.loop_hash] += 1
+        run.loop_counts = with_item(
+            run.loop_counts, data.loop_hash, run.loop_counts.get(data.loop_hash, 0) + 1
+        )
 
 
 def _started(
@@ -529,8 +532,10 @@ def _started(
         agent = data.agent_id
         if task.start_to_close_s > 0 and agent in task.dispatched_to and agent not in task.started:
             # taken: the deadline is now its start plus the task's limit (``deadlines``)
-            task.started |= {agent}
-            task.dispatched_to[agent] = env.recorded_at + task.start_to_close_s
+            task.started = plus(task.started, agent)
+            task.dispatched_to = with_item(
+                task.dispatched_to, agent, env.recorded_at + task.start_to_close_s
+            )
             state._wake(task.dispatched_to[agent], task.created.root_id)
 
 
@@ -544,8 +549,8 @@ def _result(
     if data.replica_id:
         task.answered |= {(data.attempt, data.agent_id, data.replica_id, data.delivery)}
     if data.attempt == task.attempt:
-        task.results[data.agent_id] = data
-        task.started |= {data.agent_id}
+        task.results = with_item(task.results, data.agent_id, data)
+        task.started = plus(task.started, data.agent_id)
         task.delivered = max(task.delivered, data.delivery)
     if run is not None:
         # a negative count from a broken agent must not buy budget back
@@ -560,8 +565,7 @@ def _child_started(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.ChildRunStarted
 ) -> None:
     task.attempt = data.attempt
-    task.dispatched_to = {}
-    task.results = {}
+    task.dispatched_to = task.results = EMPTY
     task.delivered = 0
     task.started = frozenset()
     task.child_root = data.child_root
@@ -571,7 +575,7 @@ def _child_started(
     if child is not None and child.finished:  # it ended before this was folded (a crash)
         state._child_ended(child)
     if run is not None and data.child_root not in run.children:
-        run.children.append(data.child_root)
+        run.children += (data.child_root,)
     if data.deadline:
         state._wake(data.deadline, task.created.root_id)
 
@@ -579,16 +583,16 @@ def _child_started(
 def _rejected(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskRejected
 ) -> None:
-    task.excluded |= {data.agent_id}
+    task.excluded = plus(task.excluded, data.agent_id)
     why = f"{data.agent_id}: {data.reason}" + (f" ({data.detail})" if data.detail else "")
     task.rejections = (*task.rejections[-4:], why[:500])
-    task.settled |= {data.attempt}
+    task.settled = plus(task.settled, data.attempt)
 
 
 def _retry_scheduled(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskRetryScheduled
 ) -> None:
-    task.settled |= {task.attempt}
+    task.settled = plus(task.settled, task.attempt)
     if is_host_loss(data.reason):  # not the agent's: spends no attempt (``hostloss``)
         task.host_losses += 1
     else:
@@ -596,20 +600,21 @@ def _retry_scheduled(
     task.not_before = data.not_before
     task.reason = data.reason
     if _FAILURE_WEIGHT.get(data.reason.split(":", 1)[0].strip(), 0.0) > 0:
-        task.failed_on |= frozenset(task.dispatched_to)
+        for agent in task.dispatched_to:
+            task.failed_on = plus(task.failed_on, agent)
     state._wake(data.not_before, task.created.root_id)
 
 
 def _timed_out(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskTimedOut
 ) -> None:
-    task.settled |= {data.attempt}
+    task.settled = plus(task.settled, data.attempt)
 
 
 def _needs_input(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskNeedsInput
 ) -> None:
-    task.settled |= {data.attempt}
+    task.settled = plus(task.settled, data.attempt)
     task.waiting_for = data.supplementary_task_id
     task.needs_input_rounds += 1
 
@@ -624,7 +629,7 @@ def _input_provided(
 def _revision_requested(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.RevisionRequested
 ) -> None:
-    task.settled |= {task.attempt}
+    task.settled = plus(task.settled, task.attempt)
     task.previous_output = task.output_in_review
     task.review_round = data.round
     task.review = tuple(data.issues)
@@ -668,7 +673,7 @@ def _denied(
 def _completed(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskCompleted
 ) -> None:
-    task.settled |= {task.attempt}
+    task.settled = plus(task.settled, task.attempt)
     task.output = data.output
     task.quality_met = data.quality_met
     task.open_issues = tuple(data.open_issues)
@@ -682,7 +687,7 @@ def _ended(
     env: Envelope,
     data: ev.TaskFailed | ev.TaskCancelled | ev.TaskHalted,
 ) -> None:
-    task.settled |= {task.attempt}
+    task.settled = plus(task.settled, task.attempt)
     task.reason = data.reason
     task.error = data.error if isinstance(data, ev.TaskFailed) else ""
     if isinstance(data, ev.TaskCancelled):
