@@ -177,7 +177,9 @@ class RunState:
         # output-schema mismatch is a failure, a rejection is not a run
         bounded = retain_finished is not None
         self._stats = AgentStatsFold(
-            latency_window=1000 if bounded else None, forget_finished=bounded
+            latency_window=1000 if bounded else None,
+            forget_finished=bounded,
+            capability_of=self._open_capability,  # no row per task until its dispatch
         )
         self.anomalies: collections.deque[str] = collections.deque(maxlen=1000)
         # failure reasons recorded in long-term memory, per (agent, capability): the latest
@@ -206,6 +208,13 @@ class RunState:
             self._wake_limit = 2 * len(self.wakeups) + 1000
 
     # -- statistics read by selection ---------------------------------------
+
+    def _open_capability(self, task_id: str) -> str | None:
+        """The statistics' view of a task: its capability while it is known and open."""
+        task = self.tasks.get(task_id)
+        if task is None or task.state in TERMINAL:
+            return None
+        return task.created.capability
 
     def get(self, agent_id: str, capability: str) -> AgentStat:
         runs, success_rate, p50_s = self._stats.for_selection(agent_id, capability)
