@@ -14,7 +14,7 @@ import heapq
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
@@ -35,6 +35,82 @@ from cardbus.projections.agent_stats import AgentStatsFold
 __all__ = ["RunState", "RunView", "TaskView"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TaskExtra:
+    """The part of a ``TaskView`` few tasks ever have, each field read and written as the
+    view's own (``task.under_review``): made at the first write of one of them."""
+
+    # who cancelled it, when that stops its dependents too (``optional``): "run" for the
+    # whole run's cancel, the dependency's task id for a cascade; "" otherwise
+    cancel_cause: str = ""
+    cancelled_by: str = ""  # task.cancelled's actor (who cancelled it)
+    review_round: int = 0
+    review: tuple[ev.ReviewIssue, ...] = ()
+    under_review: str | None = None  # reviewer task id while a review runs
+    output_in_review: Any = None
+    supplement: Any = None
+    waiting_for: str | None = None  # supplementary task id while it runs
+    needs_input_rounds: int = 0
+    approved: bool = False
+    proposed_output: Any = None
+    proposed_agent: str = ""
+    has_proposal: bool = False  # an approval asked about an output in hand (a fan-out tie)
+    previous_output: Any = None  # the output the latest revision was asked to improve
+    quality_met: bool = True  # from task.completed: False if its review never passed
+    open_issues: tuple[ev.ReviewIssue, ...] = ()
+    # a child-run task: the child run of its current attempt and that attempt's deadline
+    # (``task.child_started``; ``bus.orchestrator.child_runs``)
+    child_root: str = ""
+    child_deadline: float = 0.0
+    # how that child ended, once it has: (finished, its outputs, its detail), kept here so
+    # a child retired from memory, or left out of a snapshot, still settles the task
+    child_end: tuple[str, Any, str] | None = None
+    # agent -> (its run time left, its calls waiting) while model calls wait for the
+    # provider's limit: the deadline stops meanwhile (``limit_waits``)
+    limit_waits: Mapping[str, tuple[float, int]] = field(default_factory=empty)
+    # a person's word awaited, with its deadline and who may answer (``waits``), and the
+    # tool calls held for review, call -> (tool, arguments), a policy may answer
+    wait: _waits.Waiting | None = None
+    held: Mapping[str, tuple[str, Any]] = field(default_factory=empty)
+
+
+T = TypeVar("T")
+
+
+class _Rare(Generic[T]):
+    """A ``TaskView`` field kept in its ``TaskExtra``: its default while the view has none,
+    which a write of anything but that very default makes."""
+
+    __slots__ = ("default", "name")
+
+    def __init__(self, default: T) -> None:
+        self.default = default
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, view: None, owner: type) -> _Rare[T]: ...
+
+    @overload
+    def __get__(self, view: TaskView, owner: type) -> T: ...
+
+    def __get__(self, view: TaskView | None, owner: type) -> T | _Rare[T]:
+        if view is None:
+            return self
+        extra = view.extra
+        return self.default if extra is None else getattr(extra, self.name)
+
+    def __set__(self, view: TaskView, value: T) -> None:
+        extra = view.extra
+        if extra is None:
+            if value is self.default:  # None, "", 0, False, (), EMPTY: nothing to keep
+                return
+            extra = view.extra = TaskExtra()
+        setattr(extra, self.name, value)
 
 
 # slots: thousands of open tasks and runs are held at once; an instance without a
@@ -68,43 +144,38 @@ class TaskView:
     output: Any = None
     reason: str = ""
     error: str = ""  # what the failure says beyond its reason (task.failed's error)
-    # who cancelled it, when that stops its dependents too (``optional``): "run" for the
-    # whole run's cancel, the dependency's task id for a cascade; "" otherwise
-    cancel_cause: str = ""
-    cancelled_by: str = ""  # task.cancelled's actor (who cancelled it)
-    review_round: int = 0
-    review: tuple[ev.ReviewIssue, ...] = ()
-    under_review: str | None = None  # reviewer task id while a review runs
-    output_in_review: Any = None
-    supplement: Any = None
-    waiting_for: str | None = None  # supplementary task id while it runs
-    needs_input_rounds: int = 0
-    approved: bool = False
-    proposed_output: Any = None
-    proposed_agent: str = ""
-    has_proposal: bool = False  # an approval asked about an output in hand (a fan-out tie)
-    previous_output: Any = None  # the output the latest revision was asked to improve
-    quality_met: bool = True  # from task.completed: False if its review never passed
-    open_issues: tuple[ev.ReviewIssue, ...] = ()
     delivered: int = 0  # the highest delivery count recorded for the current attempt
     # the current attempt's limit from its start (0: its dispatch's deadline is the one),
     # and the agents that took its card (task.started, or a result): ``deadlines``
     start_to_close_s: float = 0.0
     started: frozenset[str] = frozenset()
-    # a child-run task: the child run of its current attempt and that attempt's deadline
-    # (``task.child_started``; ``bus.orchestrator.child_runs``)
-    child_root: str = ""
-    child_deadline: float = 0.0
-    # how that child ended, once it has: (finished, its outputs, its detail), kept here so
-    # a child retired from memory, or left out of a snapshot, still settles the task
-    child_end: tuple[str, Any, str] | None = None
-    # agent -> (its run time left, its calls waiting) while model calls wait for the
-    # provider's limit: the deadline stops meanwhile (``limit_waits``)
-    limit_waits: Mapping[str, tuple[float, int]] = field(default_factory=empty)
-    # a person's word awaited, with its deadline and who may answer (``waits``), and the
-    # tool calls held for review, call -> (tool, arguments), a policy may answer
-    wait: _waits.Waiting | None = None
-    held: Mapping[str, tuple[str, Any]] = field(default_factory=empty)
+    # what few tasks ever have (a review, a question, an approval, a child run, a person's
+    # wait, a cancel's cause): in one object made at the first such write, read through the
+    # fields below (``TaskExtra``); None for a waiting run's tasks, 170 bytes less each
+    extra: TaskExtra | None = None
+
+    cancel_cause = _Rare[str]("")
+    cancelled_by = _Rare[str]("")
+    review_round = _Rare[int](0)
+    review = _Rare[tuple[ev.ReviewIssue, ...]](())
+    under_review = _Rare[str | None](None)
+    output_in_review = _Rare[Any](None)
+    supplement = _Rare[Any](None)
+    waiting_for = _Rare[str | None](None)
+    needs_input_rounds = _Rare[int](0)
+    approved = _Rare[bool](False)
+    proposed_output = _Rare[Any](None)
+    proposed_agent = _Rare[str]("")
+    has_proposal = _Rare[bool](False)
+    previous_output = _Rare[Any](None)
+    quality_met = _Rare[bool](True)
+    open_issues = _Rare[tuple[ev.ReviewIssue, ...]](())
+    child_root = _Rare[str]("")
+    child_deadline = _Rare[float](0.0)
+    child_end = _Rare[tuple[str, Any, str] | None](None)
+    limit_waits = _Rare[Mapping[str, tuple[float, int]]](EMPTY)
+    wait = _Rare[_waits.Waiting | None](None)
+    held = _Rare[Mapping[str, tuple[str, Any]]](EMPTY)
 
     @property
     def terminal(self) -> bool:
