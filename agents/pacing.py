@@ -39,7 +39,7 @@ import tomllib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cardbus.eventstore.errors import ConfigError, LLMRateLimited
 
@@ -173,14 +173,16 @@ CALL_QUEUE_WATCH: contextvars.ContextVar[QueueWatch | None] = contextvars.Contex
 )
 
 
-@dataclass(frozen=True)
-class RunClock:
+class RunClock(Protocol):
     """The worker's clock of a task's run time: ``pause(bound_s)`` when a call starts
     waiting for its limit (the wait is at most ``bound_s``), ``resume(waited_s)`` when it
-    stops waiting (its slot came, or it gave up). Calls waiting at once pause it once."""
+    stops waiting (its slot came, or it gave up). Calls waiting at once pause it once.
+    A protocol: the worker's watch over the card is the clock, no object of its own per
+    card (a thousand cards waiting at once)."""
 
-    pause: Callable[[float], None]
-    resume: Callable[[float], None]
+    def pause(self, bound_s: float) -> None: ...
+
+    def resume(self, waited_s: float) -> None: ...
 
 
 #: set by the agent worker around a handler (None: no run time is counted here)

@@ -31,7 +31,7 @@ import bisect
 import collections
 import math
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -284,13 +284,26 @@ class AgentStatsFold:
 
     handles = _HANDLES
 
-    def __init__(self, latency_window: int | None = None, forget_finished: bool = False) -> None:
+    def __init__(
+        self,
+        latency_window: int | None = None,
+        forget_finished: bool = False,
+        capability_of: Callable[[str], str | None] | None = None,
+    ) -> None:
         """By default the same numbers as the projection, from every event ever.
 
         A long-lived reader (the orchestrator) bounds its memory instead:
         ``latency_window`` keeps only the latest N latency samples per (agent,
         capability), so p50/p95 are of recent attempts; ``forget_finished``
         drops a task's bookkeeping once it completes or fails for good.
+
+        ``capability_of`` (with ``forget_finished``): the reader's own view of its
+        tasks, ``task id -> capability`` while the task is known and not finished
+        (None otherwise). The fold then keeps no row per task from its creation: a
+        task's row is made at its first event after it, from that view. Most tasks
+        of a waiting run are not dispatched yet, and a row (its dict, its key, its
+        open attempts) was ~300 bytes each of them. The numbers are the same: a row
+        made at creation would hold that capability and no open attempt.
         """
         self.model = Model.in_memory(AgentStats.tables)
         self.latency_window = latency_window
@@ -304,9 +317,12 @@ class AgentStatsFold:
         self._samples = latency.samples
         self._context: MemoryTable = self.model["proj_agent_ctx"]
         self._stats_table: MemoryTable = self.model["proj_agent_stats"]
+        self._capability_of = capability_of if forget_finished else None
 
     def apply(self, env: Envelope) -> None:
         if type(env.data) in _HANDLES:
+            if self._capability_of is not None and not self._row_for(env):
+                return
             _fold(self.model, env)
             if self._samples:  # move new latency samples into per-key windows
                 for a, c, x in self._samples:
@@ -314,6 +330,23 @@ class AgentStatsFold:
                 self._samples.clear()
             if self.forget_finished and isinstance(env.data, _FINAL):
                 self._context.data.pop((env.stream,), None)
+
+    def _row_for(self, env: Envelope) -> bool:
+        """With ``capability_of``: whether ``env`` has a row to fold into (made now, as
+        its ``task.created`` would have, when the task is known and not finished)."""
+        key = (env.stream,)
+        rows = self._context.data
+        if type(env.data) is ev.TaskCreated:
+            rows.pop(key, None)  # a fresh row, as task.created's: made at the next event
+            return False
+        if key in rows:
+            return True
+        assert self._capability_of is not None
+        capability = self._capability_of(env.stream)
+        if capability is None:  # unknown, or finished (its row was dropped then)
+            return False
+        rows[key] = {"task_id": env.stream, "capability": capability, "open": {}}
+        return True
 
     def _add_sample(self, key: tuple[str, str], x: float) -> None:
         window = self._latency.get(key)

@@ -13,6 +13,7 @@ revision, or completes it with its open issues.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -137,7 +138,7 @@ class Attempts:
             return ""
         return "; ".join(schema_errors(output, spec.output_schema)[:5])
 
-    def _settle_fanout(self, task: TaskView, results: dict[str, ev.TaskResultSubmitted]) -> None:
+    def _settle_fanout(self, task: TaskView, results: Mapping[str, ev.TaskResultSubmitted]) -> None:
         good = []
         for r in results.values():
             if r.status == "completed" and not self._output_problem(task, r.agent_id, r.output):

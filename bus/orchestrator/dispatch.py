@@ -97,7 +97,7 @@ class Dispatching(Attempts):
         )
         if (h, task.task_id) not in run.loop_seen and task.task_id not in run.loop_pass:
             # tasks with this hash in the log, and those dispatched earlier in this step
-            count = run.loop_counts[h] + self._loop_here[(run.root_id, h)] + 1
+            count = run.loop_counts.get(h, 0) + self._loop_here[(run.root_id, h)] + 1
             if count > self.policy.loop_threshold:
                 detail = f"{c.capability} with the same inputs on {count} tasks"
                 if self.policy.on_loop == "pause":  # a person decides (loop_pause)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cardbus.bus.orchestrator.empties import plus, with_item, without
 from cardbus.eventstore import events as ev
 
 if TYPE_CHECKING:
@@ -34,22 +35,26 @@ def fold(state: RunState, task: TaskView, env: Envelope) -> None:
     if data.attempt != task.attempt or agent not in task.dispatched_to:
         return  # an earlier attempt's call: its deadline is no longer the one
     now = env.recorded_at
+    # the views' mappings are values, replaced on a write (``empties``)
     if isinstance(data, ev.ModelQueued):
+        deadline = task.dispatched_to[agent]
         if task.start_to_close_s > 0 and agent not in task.started:
             # a call proves the card was taken: its time runs from here (as a Started)
-            task.started |= {agent}
-            task.dispatched_to[agent] = now + task.start_to_close_s
+            task.started = plus(task.started, agent)
+            deadline = now + task.start_to_close_s
         left, waiting = task.limit_waits.get(agent, (0.0, 0))
         if waiting == 0:
-            left = max(0.0, task.dispatched_to[agent] - now)
-        task.limit_waits[agent] = (left, waiting + 1)
-        task.dispatched_to[agent] = max(task.dispatched_to[agent], now + left + data.max_wait_s)
+            left = max(0.0, deadline - now)
+        task.limit_waits = with_item(task.limit_waits, agent, (left, waiting + 1))
+        deadline = max(deadline, now + left + data.max_wait_s)
     else:
         if agent not in task.limit_waits:
             return
-        left, waiting = task.limit_waits.pop(agent)
+        left, waiting = task.limit_waits[agent]
         if waiting > 1:  # another call still waits: the clock stays stopped
-            task.limit_waits[agent] = (left, waiting - 1)
+            task.limit_waits = with_item(task.limit_waits, agent, (left, waiting - 1))
             return
-        task.dispatched_to[agent] = now + left
+        task.limit_waits = without(task.limit_waits, agent)
+        deadline = now + left
+    task.dispatched_to = with_item(task.dispatched_to, agent, deadline)
     state._wake(task.dispatched_to[agent], task.created.root_id)

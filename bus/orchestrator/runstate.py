@@ -12,10 +12,9 @@ import collections
 import contextlib
 import heapq
 import logging
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
@@ -24,6 +23,7 @@ from cardbus.bus.orchestrator import budget as _budget
 from cardbus.bus.orchestrator import limit_waits as _limit_waits
 from cardbus.bus.orchestrator import loop_pause as _loop_pause
 from cardbus.bus.orchestrator import waits as _waits
+from cardbus.bus.orchestrator.empties import EMPTY, empty, plus, with_item
 from cardbus.bus.orchestrator.hostloss import is_host_loss
 from cardbus.bus.orchestrator.selection import AgentStat
 from cardbus.eventstore import Envelope, TaskState, transition
@@ -37,36 +37,11 @@ __all__ = ["RunState", "RunView", "TaskView"]
 log = logging.getLogger(__name__)
 
 
-# slots: thousands of open tasks and runs are held at once; an instance without a
-# __dict__ is a quarter of the size and its fields are quicker to read
 @dataclass(slots=True)
-class TaskView:
-    task_id: str
-    created: ev.TaskCreated
-    state: TaskState | None = None
-    attempt: int = 0  # number of the latest dispatched attempt
-    failures: int = 0  # attempts that failed, timed out or broke the output schema
-    host_losses: int = 0  # attempts that died with the runtime's process (``hostloss``)
-    dispatched_to: dict[str, float] = field(default_factory=dict)  # agent -> deadline (current)
-    # Sets as frozensets, replaced (never changed) on a write: most tasks of a waiting
-    # run are never dispatched, and one shared empty frozenset is no set of its own
-    assigned: frozenset[str] = frozenset()  # every agent any attempt was sent to
-    results: dict[str, ev.TaskResultSubmitted] = field(default_factory=dict)  # current attempt
-    # every result recorded, as (attempt, agent, replica, delivery): the same reply delivered
-    # again is known as such (``repeats``)
-    answered: frozenset[tuple[int, str, str, int]] = frozenset()
-    settled: frozenset[int] = frozenset()  # attempts already decided
-    excluded: frozenset[str] = frozenset()  # agents that rejected this task
-    # agents an attempt of this task failed on (a reason with a failure weight): within the
-    # run each counts as a full recent failure for the retries (selection's penalty)
-    failed_on: frozenset[str] = frozenset()
-    # Tuples, replaced (never changed) on a write like the frozensets: a waiting task has
-    # none of them, and the shared empty tuple costs nothing where a list each was 56 bytes
-    rejections: tuple[str, ...] = ()  # "agent: reason (detail)", latest 5
-    not_before: float = 0.0
-    output: Any = None
-    reason: str = ""
-    error: str = ""  # what the failure says beyond its reason (task.failed's error)
+class TaskExtra:
+    """The part of a ``TaskView`` few tasks ever have, each field read and written as the
+    view's own (``task.under_review``): made at the first write of one of them."""
+
     # who cancelled it, when that stops its dependents too (``optional``): "run" for the
     # whole run's cancel, the dependency's task id for a cascade; "" otherwise
     cancel_cause: str = ""
@@ -85,11 +60,6 @@ class TaskView:
     previous_output: Any = None  # the output the latest revision was asked to improve
     quality_met: bool = True  # from task.completed: False if its review never passed
     open_issues: tuple[ev.ReviewIssue, ...] = ()
-    delivered: int = 0  # the highest delivery count recorded for the current attempt
-    # the current attempt's limit from its start (0: its dispatch's deadline is the one),
-    # and the agents that took its card (task.started, or a result): ``deadlines``
-    start_to_close_s: float = 0.0
-    started: frozenset[str] = frozenset()
     # a child-run task: the child run of its current attempt and that attempt's deadline
     # (``task.child_started``; ``bus.orchestrator.child_runs``)
     child_root: str = ""
@@ -99,11 +69,113 @@ class TaskView:
     child_end: tuple[str, Any, str] | None = None
     # agent -> (its run time left, its calls waiting) while model calls wait for the
     # provider's limit: the deadline stops meanwhile (``limit_waits``)
-    limit_waits: dict[str, tuple[float, int]] = field(default_factory=dict)
+    limit_waits: Mapping[str, tuple[float, int]] = field(default_factory=empty)
     # a person's word awaited, with its deadline and who may answer (``waits``), and the
     # tool calls held for review, call -> (tool, arguments), a policy may answer
     wait: _waits.Waiting | None = None
-    held: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    held: Mapping[str, tuple[str, Any]] = field(default_factory=empty)
+
+
+T = TypeVar("T")
+
+
+class _Rare(Generic[T]):
+    """A ``TaskView`` field kept in its ``TaskExtra``: its default while the view has none,
+    which a write of anything but that very default makes."""
+
+    __slots__ = ("default", "name")
+
+    def __init__(self, default: T) -> None:
+        self.default = default
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, view: None, owner: type) -> _Rare[T]: ...
+
+    @overload
+    def __get__(self, view: TaskView, owner: type) -> T: ...
+
+    def __get__(self, view: TaskView | None, owner: type) -> T | _Rare[T]:
+        if view is None:
+            return self
+        extra = view.extra
+        return self.default if extra is None else getattr(extra, self.name)
+
+    def __set__(self, view: TaskView, value: T) -> None:
+        extra = view.extra
+        if extra is None:
+            if value is self.default:  # None, "", 0, False, (), EMPTY: nothing to keep
+                return
+            extra = view.extra = TaskExtra()
+        setattr(extra, self.name, value)
+
+
+# slots: thousands of open tasks and runs are held at once; an instance without a
+# __dict__ is a quarter of the size and its fields are quicker to read
+@dataclass(slots=True)
+class TaskView:
+    task_id: str
+    created: ev.TaskCreated
+    state: TaskState | None = None
+    attempt: int = 0  # number of the latest dispatched attempt
+    failures: int = 0  # attempts that failed, timed out or broke the output schema
+    host_losses: int = 0  # attempts that died with the runtime's process (``hostloss``)
+    # Mappings and sets are values (``empties``), replaced (never changed) on a write:
+    # most tasks of a waiting run are never dispatched, and the shared empty mapping or
+    # frozenset, or the shared set of one agent, is no object of its own
+    dispatched_to: Mapping[str, float] = field(default_factory=empty)  # agent -> deadline
+    assigned: frozenset[str] = frozenset()  # every agent any attempt was sent to
+    results: Mapping[str, ev.TaskResultSubmitted] = field(default_factory=empty)  # this attempt
+    # every result recorded, as (attempt, agent, replica, delivery): the same reply delivered
+    # again is known as such (``repeats``)
+    answered: frozenset[tuple[int, str, str, int]] = frozenset()
+    settled: frozenset[int] = frozenset()  # attempts already decided
+    excluded: frozenset[str] = frozenset()  # agents that rejected this task
+    # agents an attempt of this task failed on (a reason with a failure weight): within the
+    # run each counts as a full recent failure for the retries (selection's penalty)
+    failed_on: frozenset[str] = frozenset()
+    # Tuples, replaced (never changed) on a write like the frozensets: a waiting task has
+    # none of them, and the shared empty tuple costs nothing where a list each was 56 bytes
+    rejections: tuple[str, ...] = ()  # "agent: reason (detail)", latest 5
+    not_before: float = 0.0
+    output: Any = None
+    reason: str = ""
+    error: str = ""  # what the failure says beyond its reason (task.failed's error)
+    delivered: int = 0  # the highest delivery count recorded for the current attempt
+    # the current attempt's limit from its start (0: its dispatch's deadline is the one),
+    # and the agents that took its card (task.started, or a result): ``deadlines``
+    start_to_close_s: float = 0.0
+    started: frozenset[str] = frozenset()
+    # what few tasks ever have (a review, a question, an approval, a child run, a person's
+    # wait, a cancel's cause): in one object made at the first such write, read through the
+    # fields below (``TaskExtra``); None for a waiting run's tasks, 170 bytes less each
+    extra: TaskExtra | None = None
+
+    cancel_cause = _Rare[str]("")
+    cancelled_by = _Rare[str]("")
+    review_round = _Rare[int](0)
+    review = _Rare[tuple[ev.ReviewIssue, ...]](())
+    under_review = _Rare[str | None](None)
+    output_in_review = _Rare[Any](None)
+    supplement = _Rare[Any](None)
+    waiting_for = _Rare[str | None](None)
+    needs_input_rounds = _Rare[int](0)
+    approved = _Rare[bool](False)
+    proposed_output = _Rare[Any](None)
+    proposed_agent = _Rare[str]("")
+    has_proposal = _Rare[bool](False)
+    previous_output = _Rare[Any](None)
+    quality_met = _Rare[bool](True)
+    open_issues = _Rare[tuple[ev.ReviewIssue, ...]](())
+    child_root = _Rare[str]("")
+    child_deadline = _Rare[float](0.0)
+    child_end = _Rare[tuple[str, Any, str] | None](None)
+    limit_waits = _Rare[Mapping[str, tuple[float, int]]](EMPTY)
+    wait = _Rare[_waits.Waiting | None](None)
+    held = _Rare[Mapping[str, tuple[str, Any]]](EMPTY)
 
     @property
     def terminal(self) -> bool:
@@ -117,19 +189,21 @@ class RunView:
     tasks: list[str] = field(default_factory=list)  # task ids in creation order
     names: dict[str, str] = field(default_factory=dict)  # plan task id -> task id
     tokens: int = 0
-    loop_counts: Counter[str] = field(default_factory=Counter)  # hash -> distinct tasks
+    # Like TaskView's: values replaced on a write; a waiting run plans nothing and starts
+    # no child, and its empty mappings and tuples are the shared ones
+    loop_counts: Mapping[str, int] = field(default_factory=empty)  # hash -> distinct tasks
     loop_seen: frozenset[tuple[str, str]] = frozenset()  # replaced on a write (TaskView)
     finished: str | None = None  # "completed" | "failed" | "halted" | "cancelled"
     finish_event: Any = None
     # a run planned from a goal (started.planning): its planning rounds, from the log
-    planners: list[str] = field(default_factory=list)  # planning task ids, by round
-    proposals: dict[int, ev.PlanProposed] = field(default_factory=dict)  # round -> proposal
-    refusals: dict[int, ev.PlanRefused] = field(default_factory=dict)
-    accepted: list[ev.PlanAccepted] = field(default_factory=list)
-    expected: list[str] = field(default_factory=list)  # task ids the plan(s) will create
+    planners: tuple[str, ...] = ()  # planning task ids, by round
+    proposals: Mapping[int, ev.PlanProposed] = field(default_factory=empty)  # round -> it
+    refusals: Mapping[int, ev.PlanRefused] = field(default_factory=empty)
+    accepted: tuple[ev.PlanAccepted, ...] = ()
+    expected: tuple[str, ...] = ()  # task ids the plan(s) will create
     position: int = 0  # of its run.started in the log: the order of admission (admission)
     budget: _budget.Ledger | None = None  # what it spent and holds, if it has budgets
-    children: list[str] = field(default_factory=list)  # child runs its tasks started
+    children: tuple[str, ...] = ()  # child runs its tasks started
     # a run paused for a person (``loop_pause``): the pause while open, who stopped it,
     # and the tasks a person let go on past the loop that paused it
     paused: ev.RunPaused | None = None
@@ -174,7 +248,9 @@ class RunState:
         # output-schema mismatch is a failure, a rejection is not a run
         bounded = retain_finished is not None
         self._stats = AgentStatsFold(
-            latency_window=1000 if bounded else None, forget_finished=bounded
+            latency_window=1000 if bounded else None,
+            forget_finished=bounded,
+            capability_of=self._open_capability,  # no row per task until its dispatch
         )
         self.anomalies: collections.deque[str] = collections.deque(maxlen=1000)
         # failure reasons recorded in long-term memory, per (agent, capability): the latest
@@ -203,6 +279,13 @@ class RunState:
             self._wake_limit = 2 * len(self.wakeups) + 1000
 
     # -- statistics read by selection ---------------------------------------
+
+    def _open_capability(self, task_id: str) -> str | None:
+        """The statistics' view of a task: its capability while it is known and open."""
+        task = self.tasks.get(task_id)
+        if task is None or task.state in TERMINAL:
+            return None
+        return task.created.capability
 
     def get(self, agent_id: str, capability: str) -> AgentStat:
         runs, success_rate, p50_s = self._stats.for_selection(agent_id, capability)
@@ -361,14 +444,14 @@ class RunState:
         if run is None:
             return
         if isinstance(data, ev.PlanProposed):
-            run.proposals[data.round] = data
+            run.proposals = with_item(run.proposals, data.round, data)
         elif isinstance(data, ev.PlanRefused):
-            run.refusals[data.round] = data
+            run.refusals = with_item(run.refusals, data.round, data)
         else:
-            run.accepted.append(data)
+            run.accepted += (data,)
             gone = set(data.superseded)
             run.names = {n: t for n, t in run.names.items() if t not in gone}
-            run.expected.extend(data.task_ids.values())
+            run.expected += tuple(data.task_ids.values())
 
     def _anomaly(self, what: str) -> None:
         """An event the fold cannot use (the log is written by others too): kept and logged."""
@@ -380,7 +463,7 @@ class RunState:
             root_id,
             data,
             tasks=[],
-            expected=list(data.task_ids),
+            expected=tuple(data.task_ids),
             position=position,
             budget=_budget.new_ledger(data),
         )
@@ -408,7 +491,7 @@ class RunState:
                 if data.plan_id:
                     run.names[data.plan_id] = env.stream
                 elif data.role == "plan":
-                    run.planners.append(env.stream)
+                    run.planners += (env.stream,)
             parent = self.tasks.get(data.parent_id or "")
             if parent is not None and data.role == "review":
                 parent.under_review = env.stream
@@ -502,19 +585,19 @@ def _dispatched(
 ) -> None:
     if data.attempt != task.attempt:
         task.attempt = data.attempt
-        task.dispatched_to = {}
-        task.results = {}
+        task.dispatched_to = task.results = task.limit_waits = EMPTY
         task.delivered = 0
         task.started = frozenset()
-        task.limit_waits = {}
     task.start_to_close_s = data.timeout_s
-    task.dispatched_to[data.agent_id] = data.deadline
-    task.assigned |= {data.agent_id}
+    task.dispatched_to = with_item(task.dispatched_to, data.agent_id, data.deadline)
+    task.assigned = plus(task.assigned, data.agent_id)
     state._wake(data.deadline, task.created.root_id)
     key = (data.loop_hash, env.stream)
     if run is not None and data.loop_hash and key not in run.loop_seen:
         run.loop_seen |= {key}
-        run.loop_counts[data.loop_hash] += 1
+        run.loop_counts = with_item(
+            run.loop_counts, data.loop_hash, run.loop_counts.get(data.loop_hash, 0) + 1
+        )
 
 
 def _started(
@@ -529,8 +612,10 @@ def _started(
         agent = data.agent_id
         if task.start_to_close_s > 0 and agent in task.dispatched_to and agent not in task.started:
             # taken: the deadline is now its start plus the task's limit (``deadlines``)
-            task.started |= {agent}
-            task.dispatched_to[agent] = env.recorded_at + task.start_to_close_s
+            task.started = plus(task.started, agent)
+            task.dispatched_to = with_item(
+                task.dispatched_to, agent, env.recorded_at + task.start_to_close_s
+            )
             state._wake(task.dispatched_to[agent], task.created.root_id)
 
 
@@ -544,8 +629,8 @@ def _result(
     if data.replica_id:
         task.answered |= {(data.attempt, data.agent_id, data.replica_id, data.delivery)}
     if data.attempt == task.attempt:
-        task.results[data.agent_id] = data
-        task.started |= {data.agent_id}
+        task.results = with_item(task.results, data.agent_id, data)
+        task.started = plus(task.started, data.agent_id)
         task.delivered = max(task.delivered, data.delivery)
     if run is not None:
         # a negative count from a broken agent must not buy budget back
@@ -560,8 +645,7 @@ def _child_started(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.ChildRunStarted
 ) -> None:
     task.attempt = data.attempt
-    task.dispatched_to = {}
-    task.results = {}
+    task.dispatched_to = task.results = EMPTY
     task.delivered = 0
     task.started = frozenset()
     task.child_root = data.child_root
@@ -571,7 +655,7 @@ def _child_started(
     if child is not None and child.finished:  # it ended before this was folded (a crash)
         state._child_ended(child)
     if run is not None and data.child_root not in run.children:
-        run.children.append(data.child_root)
+        run.children += (data.child_root,)
     if data.deadline:
         state._wake(data.deadline, task.created.root_id)
 
@@ -579,16 +663,16 @@ def _child_started(
 def _rejected(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskRejected
 ) -> None:
-    task.excluded |= {data.agent_id}
+    task.excluded = plus(task.excluded, data.agent_id)
     why = f"{data.agent_id}: {data.reason}" + (f" ({data.detail})" if data.detail else "")
     task.rejections = (*task.rejections[-4:], why[:500])
-    task.settled |= {data.attempt}
+    task.settled = plus(task.settled, data.attempt)
 
 
 def _retry_scheduled(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskRetryScheduled
 ) -> None:
-    task.settled |= {task.attempt}
+    task.settled = plus(task.settled, task.attempt)
     if is_host_loss(data.reason):  # not the agent's: spends no attempt (``hostloss``)
         task.host_losses += 1
     else:
@@ -596,20 +680,21 @@ def _retry_scheduled(
     task.not_before = data.not_before
     task.reason = data.reason
     if _FAILURE_WEIGHT.get(data.reason.split(":", 1)[0].strip(), 0.0) > 0:
-        task.failed_on |= frozenset(task.dispatched_to)
+        for agent in task.dispatched_to:
+            task.failed_on = plus(task.failed_on, agent)
     state._wake(data.not_before, task.created.root_id)
 
 
 def _timed_out(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskTimedOut
 ) -> None:
-    task.settled |= {data.attempt}
+    task.settled = plus(task.settled, data.attempt)
 
 
 def _needs_input(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskNeedsInput
 ) -> None:
-    task.settled |= {data.attempt}
+    task.settled = plus(task.settled, data.attempt)
     task.waiting_for = data.supplementary_task_id
     task.needs_input_rounds += 1
 
@@ -624,7 +709,7 @@ def _input_provided(
 def _revision_requested(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.RevisionRequested
 ) -> None:
-    task.settled |= {task.attempt}
+    task.settled = plus(task.settled, task.attempt)
     task.previous_output = task.output_in_review
     task.review_round = data.round
     task.review = tuple(data.issues)
@@ -668,7 +753,7 @@ def _denied(
 def _completed(
     state: RunState, task: TaskView, run: RunView | None, env: Envelope, data: ev.TaskCompleted
 ) -> None:
-    task.settled |= {task.attempt}
+    task.settled = plus(task.settled, task.attempt)
     task.output = data.output
     task.quality_met = data.quality_met
     task.open_issues = tuple(data.open_issues)
@@ -682,7 +767,7 @@ def _ended(
     env: Envelope,
     data: ev.TaskFailed | ev.TaskCancelled | ev.TaskHalted,
 ) -> None:
-    task.settled |= {task.attempt}
+    task.settled = plus(task.settled, task.attempt)
     task.reason = data.reason
     task.error = data.error if isinstance(data, ev.TaskFailed) else ""
     if isinstance(data, ev.TaskCancelled):

@@ -57,7 +57,7 @@ import msgspec
 from cardbus.agents.agent import HANDLER_EXECUTOR, Agent
 from cardbus.agents.cards import AgentCard, Announce, CancelNotice, ResultCard, Started, TaskCard
 from cardbus.agents.llm import LLM
-from cardbus.agents.pacing import RUN_CLOCK, RunClock
+from cardbus.agents.pacing import RUN_CLOCK
 from cardbus.agents.requests import LOCAL_TOOLS, REQUESTER, TOOL_SPECS, AgentRequest
 from cardbus.agents.schema import capability_schema_problems
 from cardbus.agents.streaming import CHUNK_SINK, ChunkSink
@@ -371,14 +371,10 @@ class AgentWorker:
                 await self.bus.reply(self._started(card))
             now = loop.time()
             due = now + self.started_after_s if self.started_after_s > 0 else None
-            watch = _Watch(card, due, now + limit, task, now)
-            # a wait for the provider's limit is not the task's run time (``pacing``)
-            RUN_CLOCK.set(
-                RunClock(
-                    functools.partial(self._pause, loop, watch),
-                    functools.partial(self._resume, loop, watch),
-                )
-            )
+            watch = _Watch(card, due, now + limit, task, now, self, loop)
+            # a wait for the provider's limit is not the task's run time (``pacing``): the
+            # watch is the clock (no RunClock and two partials per card: ~400 B a card)
+            RUN_CLOCK.set(watch)
             # as asyncio.timeout does: a cancel from elsewhere while expiring is not ours
             cancelling = task.cancelling()
             try:
@@ -591,10 +587,12 @@ class _Watch:
         "ended",
         "expired",
         "left",
+        "loop",
         "paused",
         "reported",
         "stopped",
         "task",
+        "worker",
     )
 
     def __init__(
@@ -604,8 +602,12 @@ class _Watch:
         deadline: float,
         task: asyncio.Task[object],
         begun: float = 0.0,
+        worker: AgentWorker | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.card = card
+        self.worker = worker  # whose deadlines move while its model calls wait (RunClock)
+        self.loop = loop
         self.begun = begun  # when its handler began (the loop's clock)
         self.stopped = ""  # why its handler was cancelled on its task's end (a notice)
         self.due = due
@@ -621,6 +623,15 @@ class _Watch:
 
     def first(self) -> float:
         return self.deadline if self.due is None else min(self.due, self.deadline)
+
+    # the card's RunClock (``cardbus.agents.pacing``)
+    def pause(self, bound_s: float) -> None:
+        if self.worker is not None and self.loop is not None:
+            self.worker._pause(self.loop, self, bound_s)
+
+    def resume(self, waited_s: float) -> None:
+        if self.worker is not None and self.loop is not None:
+            self.worker._resume(self.loop, self, waited_s)
 
 
 def _forget_sent(reported: list[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
