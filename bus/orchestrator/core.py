@@ -197,13 +197,10 @@ class Orchestrator(Creating, Resuming, Intake):
         self.admission = Admission(self.policy.max_runs_in_flight)  # runs in flight, queued
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         # the clock sleeps until the next moment something may be due; a new wakeup
-        # earlier than that, or a run opened, wakes it
+        # earlier than that, a lease, a run opened or the last one ended wakes it
         self.clock = Clock(
             self.policy, self.state, self.leases, self._queue.put_nowait, (TICK, DUE, LAPSED)
         )
-        self.state.on_wake = self.clock.wake_at
-        self.state.on_open = self.clock.run_opened
-        self.leases.on_lease = self.clock.wake_at
         self._loops: list[asyncio.Task[None]] = []
         self._waiters: dict[str, list[asyncio.Future[RunResult]]] = {}
         # reads of a retired run's result for its waiters (kept referenced while they run)
@@ -246,6 +243,7 @@ class Orchestrator(Creating, Resuming, Intake):
         self.observers: list[Callable[[Envelope], None]] = [
             CancelNotices(bus, self.state).observe,
             RunMetrics(owns, self.state).observe,
+            self.clock.observe,
         ]
         # a webhook told when a person's word is awaited: best effort (``notify``)
         self.notifier = (

@@ -7,6 +7,7 @@ Each test drives the public API (``Orchestrator``, ``EmbeddedRuntime``,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -364,6 +365,25 @@ async def test_with_no_run_open_the_clock_sleeps_until_a_run_opens() -> None:
     assert orch.clock._event.is_set()
     orch.state.open["root"] = None  # type: ignore[assignment]
     assert orch.clock.delay(time.monotonic()) <= FAST.sweep_s
+
+
+async def test_the_last_run_ending_puts_the_clock_to_sleep_at_once() -> None:
+    """Once the last open run ends, the clock sleeps until something can come due (here
+    nothing: the runtime's agents are pinned), at once rather than after the sweep that
+    run had set: an idle process woke a sweep after its work for nothing. The deadlines
+    the run's tasks left behind are not slept until either."""
+    store = MemoryEventStore()
+    slow_sweep = dataclasses.replace(FAST, sweep_s=60.0)
+    async with EmbeddedRuntime(store, [X], slow_sweep) as rt:
+        clock = rt.orchestrator.clock
+        tasks = [task(n, goal=GOAL, timeout_s=30.0) for n in ("a", "b")]
+        r = await rt.run(plan(*tasks), timeout=10)
+        assert r.status == "completed"
+        deadline = time.monotonic() + 2.0  # (the sweep is a minute away, the deadlines 30 s)
+        while clock.due != math.inf and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert clock.due == math.inf
+        assert not rt.orchestrator.state.wakeups
 
 
 async def test_a_lease_given_while_the_clock_sleeps_wakes_it() -> None:
