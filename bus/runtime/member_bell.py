@@ -8,7 +8,7 @@ of every idle spell. Now it arms a doorbell (``eventstore.nats.doorbell``) over 
 partitions it follows (``filter_subjects``), from the first position it has not read
 them all through: the server answers when anything is stored there, whoever wrote it,
 and the member reads nothing until then (or the request's expiry, 30 heartbeats, then
-armed again).
+asked again: ``Doorbell.again``).
 
 Arming tells how many events of those partitions are stored from that position on
 (``num_pending``). The member knows the positions it has handed over there (heard and
@@ -65,6 +65,24 @@ class MemberBell:
         bell = self.bell
         assert bell is not None
         return bell.rang or bell.ended or now >= self.deadline
+
+    def expired(self, now: float) -> bool:
+        """(Armed.) Whether its request expired with nothing stored, in time: ``again``."""
+        bell = self.bell
+        assert bell is not None
+        return bell.expired and not bell.rang and now < self.deadline
+
+    async def again(self) -> bool:
+        """(Armed, ``expired``.) Ask the same consumer again; False if that failed (then
+        disarmed: a look arms it anew)."""
+        bell = self.bell
+        assert bell is not None
+        try:
+            await bell.again(self.expires)
+        except Exception as e:
+            log.debug("doorbell not asked again (%r): armed anew", e)
+            return False
+        return True
 
     async def stop(self, now: float) -> tuple[str | None, bool]:
         """Disarm: the subject of the message that rang it (None: none), and whether to

@@ -340,7 +340,13 @@ class MemberLog:
                     continue
                 now = loop.time()
                 reconnected = store.nc.stats.get("reconnects", 0) != reconnects
-                if bell.armed and (active or hints or reconnected or bell.answered(now)):
+                quiet = not (active or hints or reconnected)
+                if bell.armed and quiet and bell.expired(now):
+                    # its request expired with nothing stored: asked again as it is
+                    if await bell.again():
+                        continue
+                    idle_since = now - quiet_s  # (not asked, disarmed: a look at once)
+                elif bell.armed and (not quiet or bell.answered(now)):
                     # awake anyway, or the server answered: a message stored where nothing
                     # was heard is read (after own work, the next look counts instead);
                     # the request over without one: armed again at once

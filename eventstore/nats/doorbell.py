@@ -15,7 +15,11 @@ wrote it, and says nothing before. Creating it tells what is stored there alread
 disarms it (the consumer is deleted, fire and forget: no answer to wait for); the
 request's expiry (30 heartbeats, the old idle read's longest wait) or any answer that
 is not a message re-arms it, so a ring lost in transit costs at most that, as a lost
-hint did before. A reconnect wakes the follower, which reads and re-arms later.
+hint did before. A request that expired (``408``, nothing stored) is only asked again
+(``again``: one pull request on the same consumer, still at the same position, since it
+delivered nothing), where re-arming was a delete, a creation's round trip and a request:
+one wake-up of an idle process every 30 heartbeats instead of two. A reconnect wakes the
+follower, which reads and re-arms later.
 
 A partitioned orchestrator member (``bus.runtime.member_bell``) arms one over several
 filters (its shared and held partitions: ``filter_subjects``); ``subject`` tells where
@@ -48,6 +52,9 @@ class _Created(msgspec.Struct):
 
 _CREATED = msgspec.json.Decoder(_Created)
 
+#: the status of a pull request that expired with nothing delivered
+EXPIRED = "408"
+
 
 class Doorbell:
     """One follower's doorbell: ``arm``, then ``wake`` is set when the server answers
@@ -60,6 +67,7 @@ class Doorbell:
         "armed_at",
         "consumer",
         "ended",
+        "expired",
         "filt",
         "rang",
         "store",
@@ -75,6 +83,7 @@ class Doorbell:
         self.armed_at = 0.0
         self.rang = False  # a message is stored at or after the armed position
         self.ended = False  # the request ended without one (expiry, consumer gone...)
+        self.expired = False  # ...by its expiry alone (408): ``again`` asks once more
         self.subject = ""  # where the message that rang is stored
         self._sub: Any = None
         self._inbox = ""
@@ -120,23 +129,35 @@ class Doorbell:
             raise nats.js.errors.APIError.from_error(info.error or {"description": "no name"})
         self._token += 1
         self.consumer = info.name
-        self.rang = self.ended = False
+        self.rang = self.ended = self.expired = False
         self.armed_at = asyncio.get_running_loop().time()
         pending = info.num_pending
         if pending:
             await self.disarm()
             return pending
+        await self._ask(expires)
+        return 0
+
+    async def again(self, expires: float) -> None:
+        """(Armed, ``expired``) Ask the same consumer again: it delivered nothing, so it
+        still waits at the armed position; no new consumer, no round trip."""
+        self._token += 1  # (a late answer to the expired request is not for this one)
+        self.ended = self.expired = False
+        self.armed_at = asyncio.get_running_loop().time()
+        await self._ask(expires)
+
+    async def _ask(self, expires: float) -> None:
+        """The pull request for one message, answered to this arming's own inbox."""
         body = msgspec.json.encode({"batch": 1, "expires": int(expires * 1e9)})
         try:
-            await nc.publish(
-                f"$JS.API.CONSUMER.MSG.NEXT.{store.stream_name}.{info.name}",
+            await self.store.nc.publish(
+                f"$JS.API.CONSUMER.MSG.NEXT.{self.store.stream_name}.{self.consumer}",
                 body,
                 reply=f"{self._inbox}.{self._token}",
             )
         except BaseException:
             await self.disarm()  # not armed: no request waits on the server
             raise
-        return 0
 
     async def _on_answer(self, msg: Msg) -> None:
         consumer = self.consumer
@@ -144,7 +165,8 @@ class Doorbell:
             return
         # (an answer to an arming disarmed since is not for us: a message names its
         # consumer in its ack subject, a status comes to the arming's own inbox)
-        if status(msg) is None:
+        code = status(msg)
+        if code is None:
             if f".{consumer}." not in (msg.reply or ""):
                 return
             self.rang, self.subject = True, msg.subject
@@ -152,13 +174,14 @@ class Doorbell:
             if msg.subject != f"{self._inbox}.{self._token}":
                 return
             self.ended = True  # 408 expired, 409 consumer deleted, ...: arm again
+            self.expired = code == EXPIRED
         self.wake.set()
 
     async def disarm(self) -> None:
         """Stop waiting: the consumer is deleted (no answer asked for)."""
         consumer, self.consumer = self.consumer, None
         self._token += 1
-        self.rang = self.ended = False
+        self.rang = self.ended = self.expired = False
         nc = self.store.nc
         if consumer is not None and not nc.is_closed:
             # (no reply: nothing to wait for; a delete lost, it expires by itself)

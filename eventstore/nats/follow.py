@@ -438,7 +438,14 @@ class Follows(StoreBase):
                 armed = bell is not None and bell.armed
                 if bell is not None and armed:
                     overdue = now - bell.armed_at > bell_expires + 2 * self.heartbeat
-                    if read or offered or f.hints or bell.rang or bell.ended or overdue:
+                    if bell.expired and not (read or offered or f.hints or bell.rang or overdue):
+                        # its request expired with nothing stored: asked again as it is
+                        with contextlib.suppress(Exception):  # (else disarmed: armed anew)
+                            await bell.again(bell_expires)
+                        if bell.armed:
+                            continue
+                        armed, arm_now = False, True
+                    elif read or offered or f.hints or bell.rang or bell.ended or overdue:
                         # stored (rang): read; activity: awake anyway; the request over
                         # without a message (expiry): armed again at once
                         rang, again = bell.rang, bell.ended or overdue

@@ -240,6 +240,49 @@ async def test_an_idle_follower_waits_on_the_server_instead_of_reading(
         await it.aclose()  # type: ignore[attr-defined]
 
 
+async def test_an_idle_followers_doorbell_is_asked_again_when_its_request_expires(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its request expires (408) with nothing stored: the same consumer, which delivered
+    nothing and so waits where it was armed, is asked again (one pull request), not
+    deleted and made anew (a round trip more each 30 heartbeats of idleness); it still
+    rings for another writer's append."""
+
+    async def deaf(self: object, msg: object) -> None:
+        return None
+
+    monkeypatch.setattr(follow_module._Follower, "on_hint", deaf)
+    arms: list[int] = []
+    asked: list[str | None] = []
+    arm, again = doorbell_module.Doorbell.arm, doorbell_module.Doorbell.again
+
+    async def counted_arm(self: doorbell_module.Doorbell, start: int, expires: float) -> int:
+        arms.append(start)
+        return await arm(self, start, expires)
+
+    async def counted_again(self: doorbell_module.Doorbell, expires: float) -> None:
+        asked.append(self.consumer)
+        await again(self, expires)
+
+    monkeypatch.setattr(doorbell_module.Doorbell, "arm", counted_arm)
+    monkeypatch.setattr(doorbell_module.Doorbell, "again", counted_again)
+    # a heartbeat of 0.04 s: the doorbell's request expires every 1.2 s
+    async with (
+        await NatsEventStore.connect(nats_url, heartbeat=0.04) as mine,
+        await NatsEventStore.connect(nats_url) as other,
+    ):
+        await other.append("before", [started("r1")], 0)
+        it = mine.subscribe()
+        assert [e.position for e in await take(it, 1)] == [1]
+        pending = asyncio.ensure_future(anext(it))
+        await asyncio.sleep(3.2)  # armed once, then two expiries
+        assert arms == [2]
+        assert len(asked) >= 2 and len(set(asked)) == 1 and asked[0] is not None
+        theirs = await other.append("theirs", [started("r2")], 0)
+        assert [await asyncio.wait_for(pending, 1.0)] == theirs
+        await it.aclose()  # type: ignore[attr-defined]
+
+
 async def test_an_idle_follower_finds_what_was_appended_across_a_server_restart(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

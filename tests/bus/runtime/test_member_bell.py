@@ -201,3 +201,52 @@ async def test_a_member_whose_doorbell_went_with_a_server_restart_reads_and_is_r
             assert got == written and (watched.reads, watched.ends) == (1, 0)
         finally:
             await stop(follower)
+
+
+async def test_a_member_asks_its_doorbell_again_when_its_request_expires(
+    nats_url: str, monkeypatch: Any
+) -> None:
+    """The doorbell's request expires (408) with nothing stored: the same consumer is
+    asked again (``Doorbell.again``), not deleted and made anew with a look; an append the
+    member does not hear still rings it."""
+    from cardbus.eventstore.nats import doorbell
+
+    arms: list[int] = []
+    asked: list[str | None] = []
+    arm, again = doorbell.Doorbell.arm, doorbell.Doorbell.again
+
+    async def counted_arm(self: doorbell.Doorbell, start: int, expires: float) -> int:
+        arms.append(start)
+        return await arm(self, start, expires)
+
+    async def counted_again(self: doorbell.Doorbell, expires: float) -> None:
+        asked.append(self.consumer)
+        await again(self, expires)
+
+    monkeypatch.setattr(doorbell.Doorbell, "arm", counted_arm)
+    monkeypatch.setattr(doorbell.Doorbell, "again", counted_again)
+    heartbeat = 0.04  # the request expires every 30 heartbeats: 1.2 s
+    async with (
+        await NatsEventStore.connect(nats_url, heartbeat=heartbeat, partitions=PARTITIONS) as mine,
+        await NatsEventStore.connect(nats_url, partitions=PARTITIONS) as other,
+    ):
+        watched = _Watched(mine)
+        member = MemberLog(mine)
+        member.hold([3])
+        await member.read_all()
+        got: list[Envelope] = []
+        follower = asyncio.ensure_future(follow(member, got))
+        try:
+            await until(lambda: len(arms) >= 1, 5)  # idle: armed
+            await asyncio.sleep(0.2)
+            armed = len(arms)
+            await asyncio.sleep(3.0)  # two expiries at least
+            assert len(arms) == armed  # not armed anew
+            assert len(asked) >= 2 and len(set(asked)) == 1 and asked[0] is not None
+            watched.hearing = False
+            b = root_in(3)
+            written = await other.append(b, [started(b)], 0)
+            await until(lambda: len(got) == 1, 1.5)
+            assert got == written
+        finally:
+            await stop(follower)
