@@ -21,11 +21,12 @@ partition is read, as the old look did.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 from cardbus.eventstore.nats import NatsEventStore
-from cardbus.eventstore.nats.connection import is_transient
+from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS, is_transient
 from cardbus.eventstore.nats.doorbell import Doorbell
 from cardbus.eventstore.nats.follow import IDLE_READ_MAX_HEARTBEATS, consumer_refused
 
@@ -49,6 +50,13 @@ class MemberBell:
         # answer lost): armed again
         self.overdue_s = self.expires + 2 * store.heartbeat
         self._off_until = 0.0  # after a transient failure to arm: the old looks until then
+
+    async def listen(self) -> None:
+        """Subscribe to the doorbell's answers now, not as the first idle spell begins
+        (``Doorbell.listen``); a failure leaves it to the first arming."""
+        if self.bell is not None:
+            with contextlib.suppress(*TRANSPORT_ERRORS):
+                await self.bell.listen()
 
     @property
     def armed(self) -> bool:

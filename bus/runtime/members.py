@@ -286,6 +286,7 @@ class MemberLog:
             return len(mine), max(mine, default=start - 1)
 
         try:
+            await bell.listen()
             first = [SHARED, *(str(p) for p in sorted(self.following))]
             await listen(first)
             for tok in first:

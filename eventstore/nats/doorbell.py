@@ -93,15 +93,22 @@ class Doorbell:
     def armed(self) -> bool:
         return self.consumer is not None
 
+    async def listen(self) -> None:
+        """Subscribe to the armings' answers, once: its owner does so as it starts, so
+        that the first arming, as an idle spell begins, is no subscription (its message
+        and task) but the creation and the request alone."""
+        if self._sub is None:
+            nc = self.store.nc
+            inbox = nc.new_inbox()
+            self._sub = await nc.subscribe(f"{inbox}.*", cb=self._on_answer)
+            self._inbox = inbox
+
     async def arm(self, start: int, expires: float) -> int:
         """Ask for an answer when anything is stored at ``start`` or after; how many
         messages are there already (then no request is made: read them)."""
         store = self.store
-        nc = store.nc
         if self._sub is None:
-            inbox = nc.new_inbox()
-            self._sub = await nc.subscribe(f"{inbox}.*", cb=self._on_answer)
-            self._inbox = inbox
+            await self.listen()
         # (through the store's request mux, the answer decoded for the two fields used:
         # nats-py's add_consumer parses the whole consumer info, a third of the arming)
         config = {

@@ -407,6 +407,8 @@ class Follows(StoreBase):
         bell_off_until = 0.0
         arm_now = False
         try:
+            with contextlib.suppress(*TRANSPORT_ERRORS):  # (else at its first arming)
+                await bell.listen()
             while True:
                 while own:  # what this connection appended, in order
                     env = own.pop(f.next, None)
