@@ -402,13 +402,13 @@ class Follows(StoreBase):
         limit = 1000
         # idle: wait on the server (doorbell.py) rather than read; None: it cannot (then
         # the idle reads, backing off, as before)
-        bell: Doorbell | None = Doorbell(self, filt, f.wake)
+        bell: Doorbell | None = (doorbell := Doorbell(self, filt, f.wake))
         bell_expires = IDLE_READ_MAX_HEARTBEATS * self.heartbeat
         bell_off_until = 0.0
         arm_now = False
         try:
             with contextlib.suppress(*TRANSPORT_ERRORS):  # (else at its first arming)
-                await bell.listen()
+                await doorbell.listen()
             while True:
                 while own:  # what this connection appended, in order
                     env = own.pop(f.next, None)
