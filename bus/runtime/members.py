@@ -84,10 +84,6 @@ _OWNER_QUEUE = "cardbus-orch-req"
 _NOT_HERE = "Cardbus-Not-Here"
 _READ_ERRORS: tuple[type[BaseException], ...] = (StoreUnavailable, *TRANSPORT_ERRORS)
 _HINT_TRIES = 8  # reads for another writer's event heard, not stored yet: 1 ms doubling
-# handed positions kept (``yielded``) past which a busy member reads every followed
-# partition through the log's end to let them go: the idle look that does it otherwise
-# never comes while work keeps arriving (about 100 bytes a position)
-BUSY_LOOK_AFTER = 20_000
 _HAND_S = 10.0  # how long a request waits for its run's partition to have an owner
 # how long a request handed to its run's member waits for the answer: longer than an agent
 # waits for any (``NatsBus.request``: 30 s), so the agent's own bound speaks first
@@ -238,8 +234,6 @@ class MemberLog:
         # idle: wait on the server (member_bell.py) rather than look at the log's end
         bell = MemberBell(store, wake)
         active = False  # appends handed over or partitions changed: disarm, look later
-        # a busy look: the log's last position then, and the partitions not read since
-        busy_look: tuple[int, set[str]] | None = None
         unhook = on_reconnected(store.nc, wake.set)
 
         async def on_hint(msg: Any) -> None:
@@ -388,12 +382,6 @@ class MemberLog:
                     else:  # nothing anywhere: the next look waits twice as long
                         quiet_s = min(quiet_s * 2, IDLE_READ_MAX_HEARTBEATS * store.heartbeat)
                         continue
-                if busy_look is None and len(yielded) > BUSY_LOOK_AFTER:
-                    try:
-                        busy_look = (await store._last_position(), set(read_from))
-                        read_all_again()
-                    except _READ_ERRORS:
-                        pass  # the next pass tries again
                 ready = [t for t in hints if due.get(t, 0.0) <= now and t in read_from]
                 for tok in [t for t in hints if t not in read_from]:
                     del hints[tok]
@@ -423,8 +411,6 @@ class MemberLog:
                         due[tok] = loop.time() + 0.1
                         continue
                     found = found or bool(page)
-                    if busy_look is not None:
-                        busy_look[1].discard(tok)
                     for m in page:
                         heard.discard(m.msg_id)
                         read_from[tok] = max(read_from[tok], m.seq + 1)
@@ -452,10 +438,6 @@ class MemberLog:
                     else store.heartbeat
                 )
                 idle_read = False
-                if busy_look is not None and not busy_look[1] & read_from.keys():
-                    read_to = max(read_to, busy_look[0])  # every partition read since
-                    read_through(read_to)
-                    busy_look = None
                 oldest = min(read_from.values(), default=0)
                 while yielded:
                     pos = next(iter(yielded))

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from memberkit import PARTITIONS, follow, root_in, started, stop, until
 
-from cardbus.bus.runtime import members
 from cardbus.bus.runtime.members import MemberLog
 from cardbus.eventstore import Envelope
 from cardbus.eventstore.nats import NatsEventStore
@@ -66,51 +64,5 @@ async def test_a_member_keeps_no_position_its_partitions_were_read_through(
                 assert len({e.position for e in got}) == len(got)  # nothing twice
             await asyncio.sleep(3 * HEARTBEAT)
             assert len(got) == 240  # nothing handed again later
-        finally:
-            await stop(follower)
-
-
-async def test_a_busy_member_lets_go_of_positions_without_an_idle_look(
-    nats_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Work that keeps arriving means no idle look (a heartbeat of 60 s here): past
-    ``BUSY_LOOK_AFTER`` positions kept, the member reads its partitions through the log's
-    end and lets them go, instead of keeping every position handed over while busy."""
-    monkeypatch.setattr(members, "BUSY_LOOK_AFTER", 60)
-    async with (
-        await NatsEventStore.connect(nats_url, heartbeat=60, partitions=PARTITIONS) as mine,
-        await NatsEventStore.connect(nats_url, partitions=PARTITIONS) as other,
-    ):
-        member = MemberLog(mine)
-        member.hold([3])
-        await member.read_all()
-        got: list[Envelope] = []
-        kept: list[int] = []  # what the member kept, at each event it handed over
-
-        async def follow_and_count() -> None:
-            async for item in member.subscribe(1):
-                if isinstance(item, Envelope):
-                    got.append(item)
-                    kept.append(member.remembered)
-                else:
-                    item()
-
-        follower = asyncio.ensure_future(follow_and_count())
-        try:
-            for _ in range(10):  # 400 events of partition 3, none in the shared one
-                own = [root_in(3) for _ in range(10)]
-                others = [root_in(3) for _ in range(10)]
-                for version in range(2):
-                    await asyncio.gather(
-                        *(mine.append(r, [started(r)], version) for r in own),
-                        *(other.append(r, [started(r)], version) for r in others),
-                    )
-            want = await _followed_in_log(other, {SHARED, "3"})
-            assert len(want) == 400
-            await until(lambda: len(got) >= len(want), 10)
-            assert sorted(got, key=lambda e: e.position) == want
-            assert len({e.position for e in got}) == len(got)  # nothing twice
-            # without the busy look: 400 (every position since following began)
-            assert max(kept) < 200, max(kept)
         finally:
             await stop(follower)
