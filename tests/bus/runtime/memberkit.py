@@ -5,12 +5,14 @@ and a wait for a condition."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from cardbus.bus.runtime.members import MemberLog
 from cardbus.eventstore import Envelope, NewEvent, new_id
 from cardbus.eventstore import events as ev
+from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.subjects import partition_of
 
 PARTITIONS = 8
@@ -53,3 +55,35 @@ async def stop(task: asyncio.Future[Any]) -> None:
         task.cancel()
         await asyncio.wait({task}, timeout=0.5)
     await asyncio.gather(task, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def two_stores(
+    url: str, heartbeat: float, **connect: Any
+) -> AsyncIterator[tuple[NatsEventStore, NatsEventStore]]:
+    """The member's store (looking after ``heartbeat`` seconds with nothing heard) and
+    another writer's, on one server."""
+    async with (
+        await NatsEventStore.connect(
+            url, heartbeat=heartbeat, partitions=PARTITIONS, **connect
+        ) as mine,
+        await NatsEventStore.connect(url, partitions=PARTITIONS, **connect) as other,
+    ):
+        yield mine, other
+
+
+@contextlib.asynccontextmanager
+async def following(
+    store: NatsEventStore, partitions: list[int]
+) -> AsyncIterator[tuple[MemberLog, list[Envelope]]]:
+    """A member on ``store`` holding ``partitions``, caught up, followed from position 1
+    (``follow``) while the block runs: the member and what it handed over so far."""
+    member = MemberLog(store)
+    member.hold(partitions)
+    await member.read_all()
+    got: list[Envelope] = []
+    follower = asyncio.ensure_future(follow(member, got))
+    try:
+        yield member, got
+    finally:
+        await stop(follower)

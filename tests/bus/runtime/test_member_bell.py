@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from memberkit import PARTITIONS, follow, root_in, started, stop, until
+from memberkit import following, root_in, started, two_stores, until
 from natsserver import NatsServer
 
-from cardbus.bus.runtime.members import MemberLog
 from cardbus.eventstore import Envelope
 from cardbus.eventstore.errors import StoreUnavailable
 from cardbus.eventstore.nats import NatsEventStore
@@ -60,17 +59,9 @@ class _Watched:
 async def test_an_idle_member_reads_nothing_and_is_rung_by_an_append_it_did_not_hear(
     nats_url: str,
 ) -> None:
-    async with (
-        await NatsEventStore.connect(nats_url, heartbeat=HEARTBEAT, partitions=PARTITIONS) as mine,
-        await NatsEventStore.connect(nats_url, partitions=PARTITIONS) as other,
-    ):
+    async with two_stores(nats_url, HEARTBEAT) as (mine, other):
         watched = _Watched(mine)
-        member = MemberLog(mine)
-        member.hold([3])
-        await member.read_all()
-        got: list[Envelope] = []
-        follower = asyncio.ensure_future(follow(member, got))
-        try:
+        async with following(mine, [3]) as (_member, got):
             # listening, and its first read done (read_all's, then the follower's, of the
             # shared partition and its own): a publish is heard, not found by that read
             await until(lambda: watched.reads >= 4, 5)
@@ -96,24 +87,14 @@ async def test_an_idle_member_reads_nothing_and_is_rung_by_an_append_it_did_not_
             assert sorted(got, key=lambda e: e.position) == written
             await asyncio.sleep(2 * HEARTBEAT)
             assert len(got) == 4
-        finally:
-            await stop(follower)
 
 
 async def test_an_append_unheard_before_the_member_went_idle_is_found_by_its_first_look(
     nats_url: str,
 ) -> None:
-    async with (
-        await NatsEventStore.connect(nats_url, heartbeat=HEARTBEAT, partitions=PARTITIONS) as mine,
-        await NatsEventStore.connect(nats_url, partitions=PARTITIONS) as other,
-    ):
+    async with two_stores(nats_url, HEARTBEAT) as (mine, other):
         watched = _Watched(mine)
-        member = MemberLog(mine)
-        member.hold([3, 6])
-        await member.read_all()
-        got: list[Envelope] = []
-        follower = asyncio.ensure_future(follow(member, got))
-        try:
+        async with following(mine, [3, 6]) as (_member, got):
             await until(lambda: watched.reads >= 6, 5)  # listening, and its first read done
             a, b = root_in(3), root_in(6)
             written = await mine.append(a, [started(a)], 0)
@@ -125,22 +106,12 @@ async def test_an_append_unheard_before_the_member_went_idle_is_found_by_its_fir
             assert sorted(got, key=lambda e: e.position) == written
             await asyncio.sleep(4 * HEARTBEAT)
             assert len(got) == 3  # nothing twice
-        finally:
-            await stop(follower)
 
 
 async def test_a_partition_taken_while_the_member_waits_is_rung_for_too(nats_url: str) -> None:
-    async with (
-        await NatsEventStore.connect(nats_url, heartbeat=HEARTBEAT, partitions=PARTITIONS) as mine,
-        await NatsEventStore.connect(nats_url, partitions=PARTITIONS) as other,
-    ):
+    async with two_stores(nats_url, HEARTBEAT) as (mine, other):
         watched = _Watched(mine)
-        member = MemberLog(mine)
-        member.hold([3])
-        await member.read_all()
-        got: list[Envelope] = []
-        follower = asyncio.ensure_future(follow(member, got))
-        try:
+        async with following(mine, [3]) as (member, got):
             await until(lambda: watched.reads >= 4, 5)  # listening, and its first read done
             b = root_in(6)
             written = await other.append(b, [started(b)], 0)  # not its partition yet
@@ -154,8 +125,6 @@ async def test_a_partition_taken_while_the_member_waits_is_rung_for_too(nats_url
             written += await other.append(b, [started(b)], 1)
             await until(lambda: len(got) == 2, 1.5)
             assert got == written and (watched.reads, watched.ends) == (1, 0)
-        finally:
-            await stop(follower)
 
 
 async def test_a_member_whose_doorbell_went_with_a_server_restart_reads_and_is_rung_again(
@@ -165,20 +134,10 @@ async def test_a_member_whose_doorbell_went_with_a_server_restart_reads_and_is_r
     reconnect wakes the member, which reads its partitions, arms again and is rung by the
     next append it does not hear."""
     url = nats_server.url
-    async with (
-        await NatsEventStore.connect(
-            url, heartbeat=HEARTBEAT, partitions=PARTITIONS, request_timeout=2.0
-        ) as mine,
-        await NatsEventStore.connect(url, partitions=PARTITIONS, request_timeout=2.0) as other,
-    ):
+    async with two_stores(url, HEARTBEAT, request_timeout=2.0) as (mine, other):
         watched = _Watched(mine)
         watched.hearing = False  # nothing heard at all: the doorbell and the reconnect only
-        member = MemberLog(mine)
-        member.hold([3])
-        await member.read_all()
-        got: list[Envelope] = []
-        follower = asyncio.ensure_future(follow(member, got))
-        try:
+        async with following(mine, [3]) as (_member, got):
             await until(lambda: watched.reads >= 4, 5)
             await asyncio.sleep(3 * HEARTBEAT)  # armed
             nats_server.restart()
@@ -199,8 +158,6 @@ async def test_a_member_whose_doorbell_went_with_a_server_restart_reads_and_is_r
             written += await other.append(b, [started(b)], 1)
             await until(lambda: len(got) == 2, 3)
             assert got == written and (watched.reads, watched.ends) == (1, 0)
-        finally:
-            await stop(follower)
 
 
 async def test_a_member_asks_its_doorbell_again_when_its_request_expires(
@@ -226,17 +183,9 @@ async def test_a_member_asks_its_doorbell_again_when_its_request_expires(
     monkeypatch.setattr(doorbell.Doorbell, "arm", counted_arm)
     monkeypatch.setattr(doorbell.Doorbell, "again", counted_again)
     heartbeat = 0.04  # the request expires every 30 heartbeats: 1.2 s
-    async with (
-        await NatsEventStore.connect(nats_url, heartbeat=heartbeat, partitions=PARTITIONS) as mine,
-        await NatsEventStore.connect(nats_url, partitions=PARTITIONS) as other,
-    ):
+    async with two_stores(nats_url, heartbeat) as (mine, other):
         watched = _Watched(mine)
-        member = MemberLog(mine)
-        member.hold([3])
-        await member.read_all()
-        got: list[Envelope] = []
-        follower = asyncio.ensure_future(follow(member, got))
-        try:
+        async with following(mine, [3]) as (_member, got):
             await until(lambda: len(arms) >= 1, 5)  # idle: armed
             await asyncio.sleep(0.2)
             armed = len(arms)
@@ -248,5 +197,3 @@ async def test_a_member_asks_its_doorbell_again_when_its_request_expires(
             written = await other.append(b, [started(b)], 0)
             await until(lambda: len(got) == 1, 1.5)
             assert got == written
-        finally:
-            await stop(follower)

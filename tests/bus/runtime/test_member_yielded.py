@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from memberkit import PARTITIONS, follow, root_in, started, stop, until
+from memberkit import PARTITIONS, following, root_in, started, two_stores, until
 
-from cardbus.bus.runtime.members import MemberLog
 from cardbus.eventstore import Envelope
 from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.subjects import SHARED, partition_token
@@ -33,36 +32,28 @@ async def test_a_member_keeps_no_position_its_partitions_were_read_through(
     nats_url: str,
 ) -> None:
     async with (
-        await NatsEventStore.connect(nats_url, heartbeat=HEARTBEAT, partitions=PARTITIONS) as mine,
-        await NatsEventStore.connect(nats_url, partitions=PARTITIONS) as other,
+        two_stores(nats_url, HEARTBEAT) as (mine, other),
+        following(mine, [3]) as (member, got),
     ):
-        member = MemberLog(mine)
-        member.hold([3])
-        await member.read_all()
-        got: list[Envelope] = []
-        follower = asyncio.ensure_future(follow(member, got))
-        try:
-            await asyncio.sleep(2 * HEARTBEAT)  # listening, its first reads done
-            for rnd in range(2):
-                # the shared partition gets no event; partition 3 this member's own
-                # appends and another writer's (heard, read), partition 5 another's
-                own = [root_in(3) for _ in range(20)]
-                others = [root_in(3) for _ in range(20)]
-                elsewhere = [root_in(5) for _ in range(5)]
-                for version in range(3):
-                    await asyncio.gather(
-                        *(mine.append(r, [started(r)], version) for r in own),
-                        *(other.append(r, [started(r)], version) for r in others),
-                        *(other.append(r, [started(r)], version) for r in elsewhere),
-                    )
-                want = await _followed_in_log(other, {SHARED, "3"})
-                assert len(want) == 120 * (rnd + 1)
-                await until(lambda want=want: len(got) >= len(want), 10)
-                # idle: the look finds nothing missed, and what was kept is let go
-                await until(lambda: member.remembered == 0, 15)  # (a wait, not a speed target)
-                assert sorted(got, key=lambda e: e.position) == want
-                assert len({e.position for e in got}) == len(got)  # nothing twice
-            await asyncio.sleep(3 * HEARTBEAT)
-            assert len(got) == 240  # nothing handed again later
-        finally:
-            await stop(follower)
+        await asyncio.sleep(2 * HEARTBEAT)  # listening, its first reads done
+        for rnd in range(2):
+            # the shared partition gets no event; partition 3 this member's own
+            # appends and another writer's (heard, read), partition 5 another's
+            own = [root_in(3) for _ in range(20)]
+            others = [root_in(3) for _ in range(20)]
+            elsewhere = [root_in(5) for _ in range(5)]
+            for version in range(3):
+                await asyncio.gather(
+                    *(mine.append(r, [started(r)], version) for r in own),
+                    *(other.append(r, [started(r)], version) for r in others),
+                    *(other.append(r, [started(r)], version) for r in elsewhere),
+                )
+            want = await _followed_in_log(other, {SHARED, "3"})
+            assert len(want) == 120 * (rnd + 1)
+            await until(lambda want=want: len(got) >= len(want), 10)
+            # idle: the look finds nothing missed, and what was kept is let go
+            await until(lambda: member.remembered == 0, 15)  # (a wait, not a speed target)
+            assert sorted(got, key=lambda e: e.position) == want
+            assert len({e.position for e in got}) == len(got)  # nothing twice
+        await asyncio.sleep(3 * HEARTBEAT)
+        assert len(got) == 240  # nothing handed again later
