@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 
 import nats
 import pytest
+from doorbellkit import count_doorbell
 from natsserver import NatsCluster, NatsServer
 
 from cardbus.eventstore import Envelope, NewEvent
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import ConcurrencyError, StoreUnavailable, ValidationError
 from cardbus.eventstore.nats import NatsEventStore
-from cardbus.eventstore.nats import doorbell as doorbell_module
 from cardbus.eventstore.nats import follow as follow_module
 from cardbus.eventstore.nats.connection import NatsOptions
 from cardbus.testing import EventStoreContract
@@ -207,20 +207,14 @@ async def test_an_idle_follower_waits_on_the_server_instead_of_reading(
 
     monkeypatch.setattr(follow_module._Follower, "on_hint", deaf)
     reads: list[int] = []
-    arms: list[int] = []
     read_direct = NatsEventStore._read_direct
-    arm = doorbell_module.Doorbell.arm
 
     async def counted_read(self: NatsEventStore, *args: object, **kw: object) -> object:
         reads.append(1)
         return await read_direct(self, *args, **kw)  # type: ignore[arg-type]
 
-    async def counted_arm(self: doorbell_module.Doorbell, start: int, expires: float) -> int:
-        arms.append(start)
-        return await arm(self, start, expires)
-
     monkeypatch.setattr(NatsEventStore, "_read_direct", counted_read)
-    monkeypatch.setattr(doorbell_module.Doorbell, "arm", counted_arm)
+    arms = count_doorbell(monkeypatch).arms
     async with (
         await NatsEventStore.connect(nats_url, heartbeat=0.2) as mine,
         await NatsEventStore.connect(nats_url) as other,
@@ -252,20 +246,8 @@ async def test_an_idle_followers_doorbell_is_asked_again_when_its_request_expire
         return None
 
     monkeypatch.setattr(follow_module._Follower, "on_hint", deaf)
-    arms: list[int] = []
-    asked: list[str | None] = []
-    arm, again = doorbell_module.Doorbell.arm, doorbell_module.Doorbell.again
-
-    async def counted_arm(self: doorbell_module.Doorbell, start: int, expires: float) -> int:
-        arms.append(start)
-        return await arm(self, start, expires)
-
-    async def counted_again(self: doorbell_module.Doorbell, expires: float) -> None:
-        asked.append(self.consumer)
-        await again(self, expires)
-
-    monkeypatch.setattr(doorbell_module.Doorbell, "arm", counted_arm)
-    monkeypatch.setattr(doorbell_module.Doorbell, "again", counted_again)
+    bell = count_doorbell(monkeypatch)
+    arms, asked = bell.arms, bell.asked
     # a heartbeat of 0.04 s: the doorbell's request expires every 1.2 s
     async with (
         await NatsEventStore.connect(nats_url, heartbeat=0.04) as mine,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from doorbellkit import count_doorbell
 from memberkit import following, root_in, started, two_stores, until
 from natsserver import NatsServer
 
@@ -166,22 +167,8 @@ async def test_a_member_asks_its_doorbell_again_when_its_request_expires(
     """The doorbell's request expires (408) with nothing stored: the same consumer is
     asked again (``Doorbell.again``), not deleted and made anew with a look; an append the
     member does not hear still rings it."""
-    from cardbus.eventstore.nats import doorbell
-
-    arms: list[int] = []
-    asked: list[str | None] = []
-    arm, again = doorbell.Doorbell.arm, doorbell.Doorbell.again
-
-    async def counted_arm(self: doorbell.Doorbell, start: int, expires: float) -> int:
-        arms.append(start)
-        return await arm(self, start, expires)
-
-    async def counted_again(self: doorbell.Doorbell, expires: float) -> None:
-        asked.append(self.consumer)
-        await again(self, expires)
-
-    monkeypatch.setattr(doorbell.Doorbell, "arm", counted_arm)
-    monkeypatch.setattr(doorbell.Doorbell, "again", counted_again)
+    bell = count_doorbell(monkeypatch)
+    arms, asked = bell.arms, bell.asked
     heartbeat = 0.04  # the request expires every 30 heartbeats: 1.2 s
     async with two_stores(nats_url, heartbeat) as (mine, other):
         watched = _Watched(mine)
