@@ -102,6 +102,8 @@ async def main(args: argparse.Namespace) -> None:
             await latency.closed_loop(run_one, 3, 1, "warm-")
             collector.reset()
             writer_profile.clear()
+            counts = getattr(rt.orchestrator, "reply_counts", None)  # none before it existed
+            before = dict(vars(counts)) if counts is not None else {}
             cpu, busy = time.process_time(), store.writer_busy_s
             if args.profile:
                 loop_profile.enable()
@@ -110,6 +112,7 @@ async def main(args: argparse.Namespace) -> None:
             cpu = time.process_time() - cpu
             busy = store.writer_busy_s - busy
             tracked = len(gc.get_objects())
+            looked = {k: v - before[k] for k, v in vars(counts).items()} if counts else {}
         await store.close()
     gc.callbacks.remove(collector)
     steps = args.runs * len(latency.STEPS)
@@ -119,6 +122,12 @@ async def main(args: argparse.Namespace) -> None:
         f" ms/step, {args.runs / wall:.1f} runs/s, load {os.getloadavg()[0]:.1f}"
         + (" (profiled: slower)" if args.profile else "")
     )
+    if looked:  # each result should be decided on once: a step per result, not two
+        print(
+            f"results per step: decided {looked['results_decided'] / steps:.2f}"
+            f" (of which deferred {looked['results_deferred'] / steps:.2f}),"
+            f" held for a busy stream {looked['results_held'] / steps:.2f}"
+        )
     gcs = collector.by_generation
     print(
         "garbage collector: "

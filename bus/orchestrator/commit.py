@@ -24,6 +24,7 @@ from cardbus.bus.orchestrator import commit_order
 from cardbus.bus.orchestrator.budget import Budgets
 from cardbus.bus.orchestrator.decisions import Decider, Decisions
 from cardbus.bus.orchestrator.loop_items import Changed, Record
+from cardbus.bus.orchestrator.reply_intake import HeldForStream
 from cardbus.bus.orchestrator.second_look import NotedBusy, looked_again, started_only
 from cardbus.bus.orchestrator.sending import Sending
 from cardbus.bus.orchestrator.store_trouble import StoreTrouble
@@ -63,6 +64,7 @@ class Committing(Sending):
     _stopping: bool
     _expected: dict[str, int]
     _parked: list[object]
+    _held_for: HeldForStream
     _records: dict[str, list[Record]]
     _refused_runs: set[str]
     _sent: set[tuple[str, int]]
@@ -143,7 +145,8 @@ class Committing(Sending):
                 for rec in self._records.pop(stream, []):  # never appended (e.g. blocked)
                     if not rec.done.done():
                         rec.done.set_exception(BusError(f"not recorded on {stream}"))
-            parked, self._parked = self._parked, []
+            # held for these streams (reply_intake), then what waited for any commit
+            parked, self._parked = self._held_for.release(streams) + self._parked, []
             for reply in parked:
                 self._queue.put_nowait(reply)
             # Not a tick: a tick looks at every open run, and this happens after

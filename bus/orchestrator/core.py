@@ -18,6 +18,8 @@ inherits, each a sibling module, lowest first:
   when a run ends, the log followed, snapshots kept;
 * ``intake`` (``Intake``): whose a reply is, replicas proved alive, what the
   bus refused or could not read;
+* ``reply_intake`` (``ReplyTaking``): a reply or record decided in the step, or held
+  until its stream's append in flight is settled;
 * ``commit`` (``Committing``): a step's decisions appended in one write and
   folded, then their cards sent;
 * ``creation`` (``Creating``): a submitted run's creation written, with its
@@ -58,7 +60,6 @@ from cardbus.bus.orchestrator.clock import Clock
 from cardbus.bus.orchestrator.creation import Creating
 from cardbus.bus.orchestrator.digest import plan_digest
 from cardbus.bus.orchestrator.gaps import fill_gap
-from cardbus.bus.orchestrator.intake import Intake
 from cardbus.bus.orchestrator.liveness import Leases
 from cardbus.bus.orchestrator.loop_guard import reader_task
 from cardbus.bus.orchestrator.loop_items import DUE, LAPSED, RESEND, TICK, Changed, Record
@@ -73,6 +74,7 @@ from cardbus.bus.orchestrator.plan import (
 from cardbus.bus.orchestrator.policy import Policy
 from cardbus.bus.orchestrator.registry import AgentGrants, check_registrable
 from cardbus.bus.orchestrator.repeats import UnknownReplies
+from cardbus.bus.orchestrator.reply_intake import HeldForStream, ReplyCounts, ReplyTaking
 from cardbus.bus.orchestrator.resend import untaken_cards
 from cardbus.bus.orchestrator.resume import Resuming
 from cardbus.bus.orchestrator.reuse import ResultIndex, ReusePolicy
@@ -104,7 +106,7 @@ __all__ = ["Orchestrator", "RunResult", "answer_approval"]
 log = logging.getLogger(__name__)
 
 
-class Orchestrator(Creating, Resuming, Intake):
+class Orchestrator(Creating, Resuming, ReplyTaking):
     def __init__(
         self,
         store: EventStore,
@@ -207,7 +209,9 @@ class Orchestrator(Creating, Resuming, Intake):
         self._answering: set[asyncio.Task[None]] = set()
         self._busy: set[str] = set()  # streams with an append in flight
         self._expected: dict[str, int] = {}  # busy stream -> its version when decided
-        self._parked: list[object] = []  # replies waiting for a busy stream
+        self._parked: list[object] = []  # items to decide again after the next commit
+        self._held_for = HeldForStream()  # items waiting for their busy stream's commit
+        self.reply_counts = ReplyCounts()
         # the log's events for a stream busy with our append: folded once it is settled
         self._held: dict[str, list[Envelope]] = {}
         self._commits: set[asyncio.Task[None]] = set()
@@ -603,19 +607,9 @@ class Orchestrator(Creating, Resuming, Intake):
                 except CardbusError as e:  # a bad announcement: dead-lettered, the step goes on
                     self._bad(f"cardbus.announce.{str(item.card.agent_id)[:64]}", str(e)[:500])
             elif isinstance(item, Record):
-                if decider.d.touched(item.stream):
-                    self._parked.append(item)  # after the stream's append in flight
-                else:
-                    decider.d.add(item.stream, *item.events)
-                    self._records.setdefault(item.stream, []).append(item)
-            elif self.owns is not None and not self._reply_owned(item):
-                self.foreign_replies.append((time.monotonic(), item))  # another decides it
-            else:
-                self._alive(item)
-                # no advance for it (but for a completion, below): the reply's events
-                # change the state only once appended, and their commit marks the run
-                decider.on_reply(item)  # type: ignore[arg-type]
-                handled.append(item)
+                self._take_record(decider, item)
+            else:  # a reply: decided, or held while its stream is written (reply_intake)
+                self._take_reply(decider, item, handled)
         # a completion decided just now lets its run go on in this same step
         dirty.update(self._root_of(t) for t in decider.d.completed)
         dirty |= related_roots(self.state, dirty)  # a child's parent, a parent's children
@@ -627,7 +621,6 @@ class Orchestrator(Creating, Resuming, Intake):
             if run is not None and owned and self.admission.admits(root):
                 decider.advance(run)
         d = decider.d
-        self._parked.extend(d.deferred)
         self.unknown.look_again(d.unroutable)  # bad if still unknown once caught up
         if d:
             # Commits run in the background so the next step can decide on other
@@ -640,6 +633,7 @@ class Orchestrator(Creating, Resuming, Intake):
             commit = asyncio.create_task(self._commit(d))
             self._commits.add(commit)
             commit.add_done_callback(self._commits.discard)
+        self._hold_deferred(d.deferred)  # once the commit made their streams busy
         settle_after(self.bus, handled, d.deferred, commit if d else None)
 
     # -- snapshots (see bus.orchestrator.snapshot) ---------------------------
