@@ -140,8 +140,10 @@ class AgentWorker:
                 f"{agent.agent_id}: cancel_check_s must be >= 0, got {cancel_check_s!r}"
             )
         self.cancel_check_s = float(cancel_check_s)
-        self._checking: asyncio.Task[None] | None = None
-        self._handling = asyncio.Event()  # set when a handler begins (_check_live waits)
+        self._checking: asyncio.Task[None] | None = None  # an attempt.live round asking
+        # the next round's timer: set as a handler begins, cancelled when none runs
+        self._check_at: asyncio.TimerHandle | None = None
+        self._checks = self.cancel_check_s > 0  # (False once stopped)
         self.stopped = 0  # handlers stopped because their task was cancelled or halted
         # notices for attempts not running here (yet): a card that arrives after its
         # cancel (redelivered, or still queued) is stopped as it begins
@@ -208,10 +210,6 @@ class AgentWorker:
         await self.bus.consume_many(self.agent.agent_id, handler, self.concurrency)
         if self.lease_s > 0:
             self._renewing = asyncio.create_task(self._renew(), name=f"lease-{self.agent.agent_id}")
-        if self.cancel_check_s > 0:
-            self._checking = asyncio.create_task(
-                self._check_live(), name=f"cancels-{self.agent.agent_id}"
-            )
 
     def _on_notice(self, notice: CancelNotice) -> None:
         """Cancel the handler of the notice's attempt, if it runs here."""
@@ -236,19 +234,35 @@ class AgentWorker:
             task_id=card.task_id, attempt=card.attempt, agent_id=agent_id, reason=reason, by=by
         )
 
-    async def _check_live(self) -> None:
-        """Every ``cancel_check_s``: ask whether each handler running that long is still
-        wanted, and stop those whose task ended (a cancel notice may have been lost)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._watched:  # no handler running: nothing to ask about (no polling)
-                self._handling.clear()
-                await self._handling.wait()
-            await asyncio.sleep(self.cancel_check_s)
-            since = loop.time() - self.cancel_check_s
-            old = [w for w in self._watched.values() if w.begun <= since and not w.stopped]
-            if old and not await self._ask_live(old):
-                return  # this bus carries no requests: the notices are all there is
+    def _check_soon(self) -> None:
+        """(A handler began) The next ``attempt.live`` round in ``cancel_check_s``, unless
+        one is set or asking. A timer, not a task's sleep: the last handler ending cancels
+        it, so an idle worker is not woken once more after its work (it was, 5 s on)."""
+        if self._check_at is None and self._checking is None and self._checks:
+            loop = asyncio.get_running_loop()
+            self._check_at = loop.call_later(self.cancel_check_s, self._check_live)
+
+    def _check_live(self) -> None:
+        """Ask whether each handler running ``cancel_check_s`` or longer is still wanted,
+        and stop those whose task ended (a cancel notice may have been lost)."""
+        self._check_at = None
+        since = asyncio.get_running_loop().time() - self.cancel_check_s
+        old = [w for w in self._watched.values() if w.begun <= since and not w.stopped]
+        if not old:
+            if self._watched:
+                self._check_soon()
+            return
+        self._checking = asyncio.create_task(
+            self._ask_round(old), name=f"cancels-{self.agent.agent_id}"
+        )
+
+    async def _ask_round(self, watches: list[_Watch]) -> None:
+        carried = await self._ask_live(watches)
+        self._checking = None
+        if not carried:  # this bus carries no requests: the notices are all there is
+            self._checks = False
+        elif self._watched:
+            self._check_soon()
 
     async def _ask_live(self, watches: list[_Watch]) -> bool:
         async def ask(watch: _Watch) -> None:
@@ -302,6 +316,10 @@ class AgentWorker:
         """Stop renewing the lease and (``announce``) say the agent is going offline."""
         renewing, self._renewing = self._renewing, None
         checking, self._checking = self._checking, None
+        self._checks = False
+        if self._check_at is not None:
+            self._check_at.cancel()
+            self._check_at = None
         if self._sweep is not None and not self._watched:  # nothing left to watch
             self._sweep.cancel()
             self._sweep = None
@@ -405,6 +423,9 @@ class AgentWorker:
                     task.uncancel()
             finally:
                 self._watched.pop(key, None)
+                if not self._watched and self._check_at is not None:
+                    self._check_at.cancel()  # nothing left to ask about
+                    self._check_at = None
                 watch.ended = True
                 # its heap entry stays until its deadline (or a compaction): it must not
                 # keep the task, whose context holds RUN_CLOCK -> this watch (a cycle the
@@ -489,7 +510,7 @@ class AgentWorker:
 
     def _watch(self, watch: _Watch) -> None:
         self._watched[(watch.card.task_id, watch.card.attempt)] = watch
-        self._handling.set()
+        self._check_soon()
         if watch.due is not None:
             self._dues.append(watch)
         heapq.heappush(self._deadlines, (watch.deadline, next(self._order), watch))

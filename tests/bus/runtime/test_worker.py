@@ -114,6 +114,23 @@ async def test_renews_its_lease_every_third_of_it(bus: InProcessBus) -> None:
     await worker.stop(announce=False)
 
 
+async def test_a_handler_that_ended_leaves_no_cancel_check_to_wake_the_worker(
+    bus: InProcessBus,
+) -> None:
+    # the attempt.live round was a task's sleep: an idle worker woke once more,
+    # cancel_check_s after its last card began; the last handler ending now cancels it
+    worker = AgentWorker(bus, Counting, lease_s=0, started_after_s=1.0, cancel_check_s=5.0)
+    replies = bus.replies()
+    await worker.start()
+    await take(replies, 1)  # the announcement
+    await bus.send_task("counting", card())
+    (result,) = await take(replies, 1)
+    assert isinstance(result, ResultCard) and result.status == "completed"
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("cancels-")]
+    assert getattr(worker, "_check_at", None) is None  # no timer either
+    await worker.stop(announce=False)
+
+
 class Gated(Agent):
     """Answers only once its gate opens: running as long as the test wants."""
 
