@@ -13,7 +13,7 @@ import msgspec
 from natsserver import NatsServer
 
 from cardbus.agents.cards import AgentCard, Announce, TaskCard
-from cardbus.bus.runtime.worker import renewal_wait
+from cardbus.bus.runtime.renewals import renewal_wait
 from cardbus.bus.transport.nats import NatsBus
 from cardbus.bus.transport.nats_pulls import LeaseWatch, PullClock
 
