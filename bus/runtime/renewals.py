@@ -12,7 +12,10 @@ A worker joins the round of its period as it starts and renews first on the firs
 instant at least half a period later (at most half the lease after its announcement,
 so it does not renew a lease it has just taken); it leaves as it stops, and the task
 ends with the last one. A renewal that fails is left to the next instant (the lease has
-room for two more); a worker whose bus is closed leaves.
+room for two more); a worker whose bus is closed leaves. The members renew one after
+the other: a publish that waits in its bus (nats-py only when its outgoing buffer is
+full) holds the round's next ones that long. A worker stopping while its renewal is on
+its way says it goes offline only once that renewal is out.
 """
 
 from __future__ import annotations

@@ -152,6 +152,7 @@ class AgentWorker:
         self.pid = os.getpid()
         self.replica_id = f"{self.host}-{self.pid}-{uuid.uuid4().hex[:6]}"
         self._renewing: RenewalRound | None = None  # the round it renews in (lease_s > 0)
+        self._renewal_out = False  # a renewal being sent (stop waits for it)
         self._announced = 0  # announcements sent (Announce.renewal)
         self._card: AgentCard | None = None
         self.handled = 0
@@ -292,6 +293,7 @@ class AgentWorker:
     async def _renew(self) -> bool:
         """Announce again (the renewal round calls it every third of the lease); False
         once the bus is closed."""
+        self._renewal_out = True
         try:
             await self.bus.reply(self._announce())
         except BusError as e:
@@ -299,6 +301,8 @@ class AgentWorker:
                 return False
         except Exception:  # a hiccup: the next renewal may pass (the lease has room)
             pass
+        finally:
+            self._renewal_out = False
         return True
 
     async def stop(self, announce: bool = True) -> None:
@@ -319,6 +323,10 @@ class AgentWorker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await checking
         if announce:
+            # a renewal on its way (the round's task waits in the bus) goes out first,
+            # not after the offline announcement (it would make the agent live again)
+            while self._renewal_out:
+                await asyncio.sleep(0.005)
             with contextlib.suppress(Exception):
                 await self.bus.reply(self._announce(online=False))
 
