@@ -5,15 +5,15 @@
     .venv/bin/python bench/idle_trace.py --partitions 4      # one partitioned member
 
 Runs ``bench/idle_bench.py``'s NATS case (a 3-step pipeline, then nothing) on asyncio's
-own loop (not uvloop: its loop cannot be watched) with the selector and
-``Handle._run`` wrapped, and prints, for the idle window, each burst of loop
-iterations (those less than 4 ms apart): when, the main thread's CPU it took, how
-many iterations, and the names of what ran (the log follower's ``Folding``, the
-agents' lease ``_renew``, the pull loops' ``NatsBus._serve``, nats-py's ``_read_loop``
-and ``_flusher``...). A burst of ``_read_loop`` and ``_flusher`` alone about 2 s after
-the runtime connected is nats-server's first PING to each connection (it measures the
-round trip once). The wrappers cost CPU of their own: compare bursts with each other,
-not the total with ``idle_bench.py``.
+own loop (not uvloop: its loop cannot be watched) with the selector and ``Handle._run``
+wrapped, and prints, for the idle window, each burst of loop iterations (those less than
+4 ms apart): when, the main thread's CPU it took, how many iterations, and the names of
+what ran (the log follower's ``Folding``, the agents' lease renewals ``RenewalRound``,
+the pull loops' ``NatsBus._serve``, nats-py's ``_read_loop`` and ``_flusher``...). A
+burst of ``_read_loop`` and ``_flusher`` alone about 2 s after the runtime connected is
+nats-server's first PING to each connection (it measures the round trip once). The
+wrappers cost CPU of their own: compare bursts with each other, not the total with
+``idle_bench.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pipeline_bench import AGENTS, pipeline_plan
 _NAMES = (
     "Folding",
     "read_again_after_failure",
-    "_renew",
+    "RenewalRound",
     "_pump_replies",
     "NatsBus._serve",
     "ReplyAcks",

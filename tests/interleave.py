@@ -302,8 +302,8 @@ TIMED = frozenset(
         "subscribe/_subscribe_echo_free>_read",
         "subscribe/_subscribe_echo_free>last_position",
         # a worker's lease renewal: on its process's grid, so the first may fall within
-        # a trial or not (bus.runtime.worker.renewal_wait)
-        "_renew>reply",
+        # a trial or not (bus.runtime.renewals.renewal_wait)
+        "_run/_renew>reply",
     }
 )
 

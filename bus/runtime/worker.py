@@ -28,8 +28,8 @@ handler belongs in a sync ``def handle`` (``Agent.run`` runs it in a
 thread), so it stalls neither the other cards of this worker nor other agents.
 
 Liveness: the worker announces with a lease (``lease_s``, 10 s by default) and
-announces again every ``lease_s / 3``, the workers of a process at the same moments
-(``renewal_wait``); ``stop()`` announces it offline. Every
+announces again every ``lease_s / 3``, the workers of a process at the same moments,
+from one task (``bus.runtime.renewals``); ``stop()`` announces it offline. Every
 ``Started`` and ``ResultCard`` it sends says who ran the card: its
 ``replica_id`` (host, pid and a random part), ``host``, ``pid``, and the
 card's delivery count (2 or more: a redelivery).
@@ -45,7 +45,6 @@ import heapq
 import itertools
 import math
 import os
-import random
 import socket
 import time
 import uuid
@@ -64,6 +63,7 @@ from cardbus.agents.streaming import CHUNK_SINK, ChunkSink
 from cardbus.agents.tools import ToolRegistry
 from cardbus.bus import telemetry
 from cardbus.bus.orchestrator.cancel_notices import CANCELLED_REASON
+from cardbus.bus.runtime.renewals import RenewalRound, renewal_round
 from cardbus.bus.runtime.tools_served import (
     WorkerTools,
     specs_wanted,
@@ -140,8 +140,10 @@ class AgentWorker:
                 f"{agent.agent_id}: cancel_check_s must be >= 0, got {cancel_check_s!r}"
             )
         self.cancel_check_s = float(cancel_check_s)
-        self._checking: asyncio.Task[None] | None = None
-        self._handling = asyncio.Event()  # set when a handler begins (_check_live waits)
+        self._checking: asyncio.Task[None] | None = None  # an attempt.live round asking
+        # the next round's timer: set as a handler begins, cancelled when none runs
+        self._check_at: asyncio.TimerHandle | None = None
+        self._checks = self.cancel_check_s > 0  # (False once stopped)
         self.stopped = 0  # handlers stopped because their task was cancelled or halted
         # notices for attempts not running here (yet): a card that arrives after its
         # cancel (redelivered, or still queued) is stopped as it begins
@@ -149,7 +151,8 @@ class AgentWorker:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.replica_id = f"{self.host}-{self.pid}-{uuid.uuid4().hex[:6]}"
-        self._renewing: asyncio.Task[None] | None = None
+        self._renewing: RenewalRound | None = None  # the round it renews in (lease_s > 0)
+        self._renewal_out = False  # a renewal being sent (stop waits for it)
         self._announced = 0  # announcements sent (Announce.renewal)
         self._card: AgentCard | None = None
         self.handled = 0
@@ -207,11 +210,8 @@ class AgentWorker:
         handler = telemetry.traced_handler(self._on_card, self.bus, self.agent.agent_id)
         await self.bus.consume_many(self.agent.agent_id, handler, self.concurrency)
         if self.lease_s > 0:
-            self._renewing = asyncio.create_task(self._renew(), name=f"lease-{self.agent.agent_id}")
-        if self.cancel_check_s > 0:
-            self._checking = asyncio.create_task(
-                self._check_live(), name=f"cancels-{self.agent.agent_id}"
-            )
+            self._renewing = renewal_round(self.lease_s / 3)
+            self._renewing.join(self, self._renew)
 
     def _on_notice(self, notice: CancelNotice) -> None:
         """Cancel the handler of the notice's attempt, if it runs here."""
@@ -236,19 +236,35 @@ class AgentWorker:
             task_id=card.task_id, attempt=card.attempt, agent_id=agent_id, reason=reason, by=by
         )
 
-    async def _check_live(self) -> None:
-        """Every ``cancel_check_s``: ask whether each handler running that long is still
-        wanted, and stop those whose task ended (a cancel notice may have been lost)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._watched:  # no handler running: nothing to ask about (no polling)
-                self._handling.clear()
-                await self._handling.wait()
-            await asyncio.sleep(self.cancel_check_s)
-            since = loop.time() - self.cancel_check_s
-            old = [w for w in self._watched.values() if w.begun <= since and not w.stopped]
-            if old and not await self._ask_live(old):
-                return  # this bus carries no requests: the notices are all there is
+    def _check_soon(self) -> None:
+        """(A handler began) The next ``attempt.live`` round in ``cancel_check_s``, unless
+        one is set or asking. A timer, not a task's sleep: the last handler ending cancels
+        it, so an idle worker is not woken once more after its work (it was, 5 s on)."""
+        if self._check_at is None and self._checking is None and self._checks:
+            loop = asyncio.get_running_loop()
+            self._check_at = loop.call_later(self.cancel_check_s, self._check_live)
+
+    def _check_live(self) -> None:
+        """Ask whether each handler running ``cancel_check_s`` or longer is still wanted,
+        and stop those whose task ended (a cancel notice may have been lost)."""
+        self._check_at = None
+        since = asyncio.get_running_loop().time() - self.cancel_check_s
+        old = [w for w in self._watched.values() if w.begun <= since and not w.stopped]
+        if not old:
+            if self._watched:
+                self._check_soon()
+            return
+        self._checking = asyncio.create_task(
+            self._ask_round(old), name=f"cancels-{self.agent.agent_id}"
+        )
+
+    async def _ask_round(self, watches: list[_Watch]) -> None:
+        carried = await self._ask_live(watches)
+        self._checking = None
+        if not carried:  # this bus carries no requests: the notices are all there is
+            self._checks = False
+        elif self._watched:
+            self._check_soon()
 
     async def _ask_live(self, watches: list[_Watch]) -> bool:
         async def ask(watch: _Watch) -> None:
@@ -274,43 +290,43 @@ class AgentWorker:
             isinstance(o, BusError) and "does not carry agent requests" in str(o) for o in outcomes
         )
 
-    async def _renew(self) -> None:
-        """Announce again every third of the lease, until stopped or the bus closes.
-
-        The renewals fall on one grid of the process's for every worker with the same
-        lease (``renewal_wait``): the agents served here renew in one wakeup, their
-        announcements leave in one write and reach the orchestrator together (an idle
-        runtime's CPU is mostly its wakeups). A renewal comes at most a third of the
-        lease (and a millisecond) after the one before. The first comes on the first
-        grid instant at least half a period after the announcement (at most half the
-        lease after it): a worker just started says nothing more for a while, as it
-        did before the grid, and does not renew a lease it has just taken."""
-        loop = asyncio.get_running_loop()
-        period = self.lease_s / 3
-        await asyncio.sleep(period / 2 + renewal_wait(loop.time() + period / 2, period))
-        while True:
-            try:
-                await self.bus.reply(self._announce())
-            except BusError as e:
-                if "closed" in str(e):
-                    return
-            except Exception:  # a hiccup: the next renewal may pass (the lease has room)
-                pass
-            await asyncio.sleep(renewal_wait(loop.time(), period))
+    async def _renew(self) -> bool:
+        """Announce again (the renewal round calls it every third of the lease); False
+        once the bus is closed."""
+        self._renewal_out = True
+        try:
+            await self.bus.reply(self._announce())
+        except BusError as e:
+            if "closed" in str(e):
+                return False
+        except Exception:  # a hiccup: the next renewal may pass (the lease has room)
+            pass
+        finally:
+            self._renewal_out = False
+        return True
 
     async def stop(self, announce: bool = True) -> None:
         """Stop renewing the lease and (``announce``) say the agent is going offline."""
         renewing, self._renewing = self._renewing, None
+        if renewing is not None:
+            renewing.leave(self)
         checking, self._checking = self._checking, None
+        self._checks = False
+        if self._check_at is not None:
+            self._check_at.cancel()
+            self._check_at = None
         if self._sweep is not None and not self._watched:  # nothing left to watch
             self._sweep.cancel()
             self._sweep = None
-        for running in (renewing, checking):
-            if running is not None:
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await running
+        if checking is not None:
+            checking.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await checking
         if announce:
+            # a renewal on its way (the round's task waits in the bus) goes out first,
+            # not after the offline announcement (it would make the agent live again)
+            while self._renewal_out:
+                await asyncio.sleep(0.005)
             with contextlib.suppress(Exception):
                 await self.bus.reply(self._announce(online=False))
 
@@ -405,6 +421,9 @@ class AgentWorker:
                     task.uncancel()
             finally:
                 self._watched.pop(key, None)
+                if not self._watched and self._check_at is not None:
+                    self._check_at.cancel()  # nothing left to ask about
+                    self._check_at = None
                 watch.ended = True
                 # its heap entry stays until its deadline (or a compaction): it must not
                 # keep the task, whose context holds RUN_CLOCK -> this watch (a cycle the
@@ -489,7 +508,7 @@ class AgentWorker:
 
     def _watch(self, watch: _Watch) -> None:
         self._watched[(watch.card.task_id, watch.card.attempt)] = watch
-        self._handling.set()
+        self._check_soon()
         if watch.due is not None:
             self._dues.append(watch)
         heapq.heappush(self._deadlines, (watch.deadline, next(self._order), watch))
@@ -551,20 +570,6 @@ class AgentWorker:
         )
         if soonest < math.inf:
             self._arm(loop, soonest)
-
-
-#: this process's place on the renewal grid (``renewal_wait``): the workers of one
-#: process renew together, those of different processes not all at the same moment
-_RENEWAL_PHASE = random.random()
-
-
-def renewal_wait(now: float, period: float) -> float:
-    """How long from ``now`` (the loop's clock) to this process's next renewal instant
-    of ``period``, the same instant for every worker renewing as often. A wakeup a
-    hair early (the loop runs timers up to its clock's resolution ahead) does not renew
-    twice: under a millisecond to go counts as this instant, the next one is waited for."""
-    wait = (_RENEWAL_PHASE * period - now) % period
-    return wait if wait > 1e-3 else wait + period
 
 
 #: how long a worker waits for its orchestrator's tool specs (once) before going on without

@@ -159,7 +159,7 @@ from cardbus.bus.transport.nats_chunks import (
     WATCHING_SUBJECT,
     NatsChunks,
 )
-from cardbus.bus.transport.nats_pulls import PullClock, next_within
+from cardbus.bus.transport.nats_pulls import LeaseWatch, PullClock, next_within
 from cardbus.bus.transport.nats_replies import (
     ANNOUNCE_PREFIX,
     ORCHESTRATOR_DURABLE,
@@ -442,6 +442,9 @@ class NatsBus(Bus):
         #: (``bus.transport.nats_pulls``: how a lost request is noticed)
         self.fetch_wait = fetch_wait
         self.pull_heartbeat = pull_heartbeat
+        #: the leases announced on the reply consumer: its requests are given up as lost
+        #: before one of them could lapse for want of its renewals
+        self._leases = LeaseWatch()
         self.reply_batch = reply_batch
         self.reply_ack_wait = reply_ack_wait
         self.reply_durable = reply_durable
@@ -959,6 +962,9 @@ class NatsBus(Bus):
                 if refusal is not None:
                     problem = f"{refusal.kind} refused: {refusal.reason}"
         if not problem:
+            if isinstance(reply, Announce):
+                now = asyncio.get_running_loop().time()
+                self._leases.announced(reply.card.agent_id, reply.lease_s, reply.online, now)
             return reply
         if acks is None:
             await self._reject(msg, problem)
@@ -1026,8 +1032,9 @@ class NatsBus(Bus):
         kept outstanding, topped up when half is used: each message is handed
         on the moment it arrives (nats-py's ``fetch`` would wait for a whole
         batch). A request lost is made again at once after a reconnect, or when
-        two of its idle heartbeats (or its expiry) did not come
-        (``bus.transport.nats_pulls``).
+        two of its idle heartbeats (or its expiry) did not come; on the consumer the
+        agents' renewals come on, also when three quarters of the shortest lease
+        announced passed without a word (``bus.transport.nats_pulls``).
         """
         queue: asyncio.Queue[Msg | None] = asyncio.Queue()  # None: a reconnect
 
@@ -1036,7 +1043,11 @@ class NatsBus(Bus):
 
         loop = asyncio.get_running_loop()
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
-        clock = PullClock(self.fetch_wait, self.pull_heartbeat)
+        # (the consumer the agents' renewals come on: bounded by their leases)
+        carries_renewals = stream == REPLY_STREAM and durable == self.reply_durable
+        clock = PullClock(
+            self.fetch_wait, self.pull_heartbeat, self._leases if carries_renewals else None
+        )
         inbox = self.nc.new_inbox()
         sub = await self._until_done(
             lambda: self.nc.subscribe(inbox, cb=on_msg), f"subscribe to {inbox}"
@@ -1059,7 +1070,7 @@ class NatsBus(Bus):
                     clock.asked = now
                     pause = 0.05
                 try:
-                    msg = await next_within(queue, clock.lost_after)
+                    msg = await next_within(queue, clock.wait(loop.time()))
                 except TimeoutError:
                     pending = 0
                     continue

@@ -114,6 +114,65 @@ async def test_renews_its_lease_every_third_of_it(bus: InProcessBus) -> None:
     await worker.stop(announce=False)
 
 
+async def test_a_handler_that_ended_leaves_no_cancel_check_to_wake_the_worker(
+    bus: InProcessBus,
+) -> None:
+    # the attempt.live round was a task's sleep: an idle worker woke once more,
+    # cancel_check_s after its last card began; the last handler ending now cancels it
+    worker = AgentWorker(bus, Counting, lease_s=0, started_after_s=1.0, cancel_check_s=5.0)
+    replies = bus.replies()
+    await worker.start()
+    await take(replies, 1)  # the announcement
+    await bus.send_task("counting", card())
+    (result,) = await take(replies, 1)
+    assert isinstance(result, ResultCard) and result.status == "completed"
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("cancels-")]
+    assert getattr(worker, "_check_at", None) is None  # no timer either
+    await worker.stop(announce=False)
+
+
+class SlowRenewals(InProcessBus):
+    """A bus whose lease renewals wait in it until let go (a renewal on its way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.let_go = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def reply(self, message: Reply) -> None:
+        if isinstance(message, Announce) and message.online and message.renewal > 1:
+            self.waiting.set()
+            await self.let_go.wait()
+        await super().reply(message)
+
+
+async def test_a_renewal_on_its_way_goes_out_before_the_offline_announcement() -> None:
+    # another worker keeps the round (and its task) going: the renewal held in the bus is
+    # sent, and the stopping worker's offline announcement only after it
+    bus = SlowRenewals()
+    worker = AgentWorker(bus, Counting, lease_s=0.3)
+    other = AgentWorker(bus, Gated, lease_s=0.3)
+    replies = bus.replies()
+    try:
+        await worker.start()
+        await other.start()
+        await asyncio.wait_for(bus.waiting.wait(), 2)  # the first renewal, held in the bus
+        stopping = asyncio.ensure_future(worker.stop())
+        await asyncio.sleep(0.05)
+        assert not stopping.done()  # it waits for the renewal on its way
+        bus.let_go.set()
+        await asyncio.wait_for(stopping, 2)
+        said = [a for a in await take(replies, 6) if a.card.agent_id == "counting"]  # type: ignore[union-attr]
+        assert [(a.online, a.renewal) for a in said] == [  # type: ignore[union-attr]
+            (True, 1),
+            (True, 2),
+            (False, 3),
+        ]
+        await other.stop(announce=False)
+    finally:
+        await bus.close()
+
+
 class Gated(Agent):
     """Answers only once its gate opens: running as long as the test wants."""
 
