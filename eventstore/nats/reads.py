@@ -9,12 +9,18 @@ matching message and goes on until it has come (a replica may answer a few ms
 behind), so it sees every append acknowledged before it began. Without direct
 get (an older server, a user not allowed to use it) a read pulls an
 ephemeral consumer (``follow.py``) to that sequence instead.
+
+``_counts`` counts instead of reading (a busy partitioned member's look,
+``bus.runtime.member_busy``): the log's last position, then how many messages of
+each filter are stored from a start on, direct gets sent together that the server
+answers in that order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -283,6 +289,52 @@ class Reads(StoreBase):
         finally:
             del self._direct_calls[token]
         return call.msgs, pending
+
+    async def _counts(
+        self, known: int, filters: Sequence[tuple[str, int]]
+    ) -> tuple[int, list[int]]:
+        """(An R1 stream with direct get.) A position ``last`` of the log, and for each
+        ``(filter, start)`` how many messages matching ``filter`` are stored at ``start``
+        or after, counted when everything up to ``last`` was stored (and perhaps more);
+        ``known``: a position stored already (what is read at ``last``'s look).
+
+        One direct get for ``last`` (the message at ``known`` and how many follow it), then
+        one per filter (its first message from ``start`` and how many more match), sent
+        together: nats-server serves one connection's direct gets one after the other in
+        the order sent (in its read loop, or the stream's queue when routed), each apart
+        from writes (the stream's isolation lock), so every count is taken after ``last``.
+        Gaps (deleted messages) only make ``last`` lower. Three messages a filter."""
+        loop = asyncio.get_running_loop()
+        requests: list[dict[str, Any]] = [{"seq": max(known, 1), "batch": 1}]
+        requests += [{"seq": max(start, 1), "next_by_subj": f, "batch": 1} for f, start in filters]
+        calls: list[tuple[str, _DirectCall]] = []
+        for _ in requests:
+            self._direct_next += 1
+            calls.append((str(self._direct_next), _DirectCall(loop)))
+        self._direct_calls.update(calls)
+        try:
+            with translated("cannot count the log", error=transient, refused=transient):
+                for (token, _), request in zip(calls, requests, strict=True):
+                    await self.nc.publish(
+                        f"$JS.API.DIRECT.GET.{self.stream_name}",
+                        msgspec.json.encode(request),
+                        reply=f"{self._direct_prefix}.{token}",
+                    )
+                try:
+                    async with asyncio.timeout(self.request_timeout):
+                        pending = [await call.done for _, call in calls]
+                except TimeoutError as e:
+                    raise transient("no answer to a count of the log") from e
+        finally:
+            for token, call in calls:
+                del self._direct_calls[token]
+                if not call.done.done():
+                    call.done.cancel()
+                elif not call.done.cancelled():
+                    call.done.exception()  # (one not awaited after another's failure)
+        first = calls[0][1].msgs
+        last = first[-1].seq + pending[0] if first else 0
+        return last, [len(c.msgs) + n for (_, c), n in zip(calls[1:], pending[1:], strict=True)]
 
     async def _on_direct(self, msg: Msg) -> None:
         call = self._direct_calls.get(msg.subject[len(self._direct_prefix) + 1 :])
