@@ -88,6 +88,7 @@ class BusyLook:
                 known, [(partition_filter(prefix, tok), start) for tok, start in starts.items()]
             )
         except _LOOK_ERRORS:
+            store._check_open()  # (closed: StoreClosed, as a read raises it)
             self._counts.clear()
             return False  # (a later look)
         # (nothing was handed over meanwhile: the follower waited for these answers)

@@ -124,3 +124,52 @@ async def test_a_busy_member_lets_go_of_positions_by_count_without_reading_them_
             assert read.get(partition_filter(prefix, SHARED), 0) == 0
         finally:
             await stop(follower)
+
+
+async def test_a_busy_look_never_takes_an_unheard_event_for_handed_over(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer's event in partition 3 whose publish the member does not hear (a
+    hint lost) is counted and never handed while the member is busy with its own: the
+    look keeps partition 3 where it was (below that event) while it moves the others,
+    and the member's first idle look finds it. Nothing lost, nothing twice."""
+    monkeypatch.setattr(member_busy, "BUSY_LOOK_AFTER", 20)
+    monkeypatch.setattr(member_busy, "BUSY_LOOK_S", 0.01)
+    async with two_stores(nats_url, 0.4) as (mine, other):
+        deaf = False
+        subscribe = mine.nc.subscribe
+        three = partition_filter(mine.subject_prefix, 3)
+
+        async def hearing(subject: str, **kw: Any) -> Any:  # partition 3's hints, unless deaf
+            if subject == three:
+                cb = kw["cb"]
+
+                async def heard(msg: Any) -> None:
+                    if not deaf:
+                        await cb(msg)
+
+                kw["cb"] = heard
+            return await subscribe(subject, **kw)
+
+        monkeypatch.setattr(mine.nc, "subscribe", hearing)
+        async with following(mine, [3, 4]) as (member, got):
+            await asyncio.sleep(0.3)  # listening, its first reads (of an empty log) done
+            deaf = True
+            lost = root_in(3)
+            unheard = (await other.append(lost, [started(lost)], 0))[0].position
+            await asyncio.sleep(0.05)  # (its publish has come, and gone unheard)
+            deaf = False
+            busy = member._busy
+            assert busy is not None
+            for _ in range(12):  # busy with its own: 240 events, no 0.4 s without one
+                own = [root_in(3) for _ in range(10)] + [root_in(4) for _ in range(10)]
+                await asyncio.gather(*(mine.append(r, [started(r)], 0) for r in own))
+                await asyncio.sleep(0.02)
+                assert busy.read_from["3"] <= unheard  # never past what was not handed
+                assert unheard not in {e.position for e in got}
+            assert busy.moved > 0  # (the other partitions were let go of meanwhile)
+            want = await _followed_in_log(other, {SHARED, "3", "4"})
+            assert len(want) == 241
+            await until(lambda: len(got) >= len(want), 10)  # the idle look finds it
+            assert sorted(got, key=lambda e: e.position) == want
+            assert len({e.position for e in got}) == len(got)  # nothing twice
