@@ -34,6 +34,8 @@ leader): there the kept positions wait for an idle look, as before.
 
 from __future__ import annotations
 
+import asyncio
+
 from cardbus.eventstore.errors import StoreUnavailable
 from cardbus.eventstore.nats import NatsEventStore
 from cardbus.eventstore.nats.connection import TRANSPORT_ERRORS
@@ -64,21 +66,23 @@ class BusyLook:
         self._counts: dict[str, list[int]] = {}
         self._starts: dict[str, int] = {}  # partition token -> its read position counted from
 
-    def due(self, kept: int, now: float) -> bool:
+    def due(self, kept: int) -> bool:
         """Whether to look now: past ``BUSY_LOOK_AFTER`` kept and none in the last
-        ``BUSY_LOOK_S`` (its counts not settled yet are given up)."""
+        ``BUSY_LOOK_S`` (its counts not settled yet are given up). (Each pass of the
+        follower: the clock is read only past that many.)"""
+        if kept <= BUSY_LOOK_AFTER:
+            return False
         store = self.store
         return (
-            kept > BUSY_LOOK_AFTER
-            and now >= self._next
+            asyncio.get_running_loop().time() >= self._next
             and store._direct_reads
             and store._replicas == 1
         )
 
-    async def look(self, yielded: dict[int, str], known: int, now: float) -> bool:
+    async def look(self, yielded: dict[int, str], known: int) -> bool:
         """Count (see the module docstring); whether a read position moved already.
         ``known``: a position stored (the last handed over)."""
-        self._next = now + BUSY_LOOK_S
+        self._next = asyncio.get_running_loop().time() + BUSY_LOOK_S
         self.looks += 1
         store = self.store
         starts = dict(self.read_from)

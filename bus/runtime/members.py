@@ -333,9 +333,7 @@ class MemberLog:
                         read_from[tok] = max([end, *read]) + 1
                     yield lambda gained=gained: self._acquired(gained)  # type: ignore[misc]
                     continue
-                if busy.due(len(yielded), loop.time()) and await busy.look(
-                    yielded, self.last_yielded, loop.time()
-                ):
+                if busy.due(len(yielded)) and await busy.look(yielded, self.last_yielded):
                     let_go()
                 if own.own:  # this member's appends, in order
                     for pos in sorted(own.own):
