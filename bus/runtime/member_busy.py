@@ -10,12 +10,13 @@ the member is busy, and only the idle look (``member_bell.py``) lets go of what 
 kept: under work that never stops, about 100 bytes a position without bound.
 
 Past ``BUSY_LOOK_AFTER`` positions kept (and at most once in ``BUSY_LOOK_S``) the
-member looks by count, reading no event: a position ``last`` of the log, then for
-each followed partition how many of its events are stored from its read position
-``start`` on (``NatsEventStore._counts``: direct gets the server answers in the order
-sent, each apart from writes). Counted after ``last`` was stored, that count holds
-every event of the partition in ``[start, last]``, and any stored after ``last`` and
-before the count (rare: the server answers them within microseconds of each other).
+member looks by count, reading no event: for each followed partition a position
+``last`` of the log, then how many of the partition's events are stored from its
+read position ``start`` on (``NatsEventStore._counts``: direct gets the server answers
+in the order sent, each apart from writes). Counted after ``last`` was stored, that
+count holds every event of the partition in ``[start, last]``, and any stored after
+``last`` and before the count (the server answers one just after the other: a few
+milliseconds for 20,000 events, the count walking their subjects).
 The member has handed over some of those, each stored, never one twice: once as many
 in ``[start, last]`` are handed over as were counted (at once, or as those on their
 way come: appends acknowledged, others' events heard and read), every event of the
@@ -25,9 +26,10 @@ An event stored between ``last`` and the count (or one never heard) keeps the co
 above what is handed: that partition stays where it was until a later look counts
 again. Nothing is read again, nothing is taken for handed over that was not.
 
-A look is three messages and three a partition (the request, the partition's first
-message, the end of the batch with how many more match), about 55 for a member of
-16 of 32 partitions, once every 20,000 events handed over while busy. A replicated
+A look is six messages a partition (two requests, each answered with a message and
+the end of its batch, which says how many more match), about 100 for a member of 16
+of 32 partitions (and the shared one), once every 20,000 events handed over while
+busy; on the server, the counts walk the subjects of those events once a partition. A replicated
 stream is not counted this way (a replica may answer a direct get, behind the
 leader): there the kept positions wait for an idle look, as before.
 """
@@ -59,7 +61,7 @@ class BusyLook:
         self.looks = 0  # looks made (tests, bench)
         self.moved = 0  # partitions whose read position a look moved (tests, bench)
         self._next = 0.0  # no look before this (loop time)
-        self._last = 0  # the log's last position at the look
+        self._lasts: dict[str, int] = {}  # partition token -> the log's position it counted at
         # partition token -> [its events counted in [start, last] and after, handed in
         # [start, last]], while some are still on their way (or one was stored after
         # ``last``: then until the next look)
@@ -88,7 +90,7 @@ class BusyLook:
         starts = dict(self.read_from)
         prefix = store.subject_prefix
         try:
-            last, counts = await store._counts(
+            counted = await store._counts(
                 known, [(partition_filter(prefix, tok), start) for tok, start in starts.items()]
             )
         except _LOOK_ERRORS:
@@ -96,19 +98,20 @@ class BusyLook:
             self._counts.clear()
             return False  # (a later look)
         # (nothing was handed over meanwhile: the follower waited for these answers)
+        lasts = {tok: last for tok, (last, _) in zip(starts, counted, strict=True)}
         handed = dict.fromkeys(starts, 0)
         for pos, tok in yielded.items():
-            if tok in handed and starts[tok] <= pos <= last:
+            if tok in handed and starts[tok] <= pos <= lasts[tok]:
                 handed[tok] += 1
-        self._last, self._starts = last, starts
-        self._counts = {tok: [n, handed[tok]] for tok, n in zip(starts, counts, strict=True)}
+        self._lasts, self._starts = lasts, starts
+        self._counts = {tok: [n, handed[tok]] for tok, (_, n) in zip(starts, counted, strict=True)}
         return any([self._settle(tok) for tok in list(self._counts)])
 
     def handed(self, pos: int, tok: str) -> bool:
         """(The follower handed ``pos`` of partition ``tok`` over.) Whether a read
         position moved."""
         c = self._counts.get(tok)
-        if c is None or not self._starts[tok] <= pos <= self._last:
+        if c is None or not self._starts[tok] <= pos <= self._lasts[tok]:
             return False
         c[1] += 1
         return self._settle(tok)
@@ -126,8 +129,9 @@ class BusyLook:
         del self._counts[tok]
         if handed > counted or tok not in self.read_from:  # (neither can be: let it be)
             return False
-        if self.read_from[tok] > self._last:
+        last = self._lasts[tok]
+        if self.read_from[tok] > last:
             return False
-        self.read_from[tok] = self._last + 1
+        self.read_from[tok] = last + 1
         self.moved += 1
         return True

@@ -11,9 +11,9 @@ get (an older server, a user not allowed to use it) a read pulls an
 ephemeral consumer (``follow.py``) to that sequence instead.
 
 ``_counts`` counts instead of reading (a busy partitioned member's look,
-``bus.runtime.member_busy``): the log's last position, then how many messages of
-each filter are stored from a start on, direct gets sent together that the server
-answers in that order.
+``bus.runtime.member_busy``): for each filter the log's last position, then how
+many messages of it are stored from a start on, direct gets sent together that the
+server answers in that order.
 """
 
 from __future__ import annotations
@@ -292,21 +292,26 @@ class Reads(StoreBase):
 
     async def _counts(
         self, known: int, filters: Sequence[tuple[str, int]]
-    ) -> tuple[int, list[int]]:
-        """(An R1 stream with direct get.) A position ``last`` of the log, and for each
-        ``(filter, start)`` how many messages matching ``filter`` are stored at ``start``
-        or after, counted when everything up to ``last`` was stored (and perhaps more);
-        ``known``: a position stored already (what is read at ``last``'s look).
+    ) -> list[tuple[int, int]]:
+        """(An R1 stream with direct get.) For each ``(filter, start)``: a position ``last``
+        of the log, and how many messages matching ``filter`` are stored at ``start`` or
+        after, counted when everything up to ``last`` was stored (and perhaps more);
+        ``known``: a position stored already.
 
-        One direct get for ``last`` (the message at ``known`` and how many follow it), then
-        one per filter (its first message from ``start`` and how many more match), sent
-        together: nats-server serves one connection's direct gets one after the other in
-        the order sent (in its read loop, or the stream's queue when routed), each apart
-        from writes (the stream's isolation lock), so every count is taken after ``last``.
-        Gaps (deleted messages) only make ``last`` lower. Three messages a filter."""
+        Two direct gets a filter, all sent together: the message at ``known`` and how many
+        follow it (``last``: the server's count of every message, no filter to match), then
+        the filter's first message from ``start`` and how many more match. nats-server
+        serves one connection's direct gets one after the other in the order sent (in its
+        read loop, or the stream's queue when routed), each apart from writes (the stream's
+        isolation lock), so each count is taken just after its ``last`` (a count walks the
+        subjects stored from ``start``: counts one after the other would leave the later
+        ones further from a single ``last``). Gaps (deleted messages) only make ``last``
+        lower. Six messages a filter."""
         loop = asyncio.get_running_loop()
-        requests: list[dict[str, Any]] = [{"seq": max(known, 1), "batch": 1}]
-        requests += [{"seq": max(start, 1), "next_by_subj": f, "batch": 1} for f, start in filters]
+        requests: list[dict[str, Any]] = []
+        for f, start in filters:
+            requests.append({"seq": max(known, 1), "batch": 1})
+            requests.append({"seq": max(start, 1), "next_by_subj": f, "batch": 1})
         calls: list[tuple[str, _DirectCall]] = []
         for _ in requests:
             self._direct_next += 1
@@ -332,9 +337,12 @@ class Reads(StoreBase):
                     call.done.cancel()
                 elif not call.done.cancelled():
                     call.done.exception()  # (one not awaited after another's failure)
-        first = calls[0][1].msgs
-        last = first[-1].seq + pending[0] if first else 0
-        return last, [len(c.msgs) + n for (_, c), n in zip(calls[1:], pending[1:], strict=True)]
+        out = []
+        for i in range(0, len(calls), 2):
+            at, counted = calls[i][1].msgs, calls[i + 1][1].msgs
+            last = at[-1].seq + pending[i] if at else 0
+            out.append((last, len(counted) + pending[i + 1]))
+        return out
 
     async def _on_direct(self, msg: Msg) -> None:
         call = self._direct_calls.get(msg.subject[len(self._direct_prefix) + 1 :])
