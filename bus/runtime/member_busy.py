@@ -29,9 +29,12 @@ again. Nothing is read again, nothing is taken for handed over that was not.
 A look is six messages a partition (two requests, each answered with a message and
 the end of its batch, which says how many more match), about 100 for a member of 16
 of 32 partitions (and the shared one), once every 20,000 events handed over while
-busy; on the server, the counts walk the subjects of those events once a partition. A replicated
-stream is not counted this way (a replica may answer a direct get, behind the
-leader): there the kept positions wait for an idle look, as before.
+busy. On the server each count walks the subjects stored from its start: about 60 ms
+of nats-server CPU for such a look over 20,000 events (3 us an event, load 5), served
+in the member's connection's read loop, so its appends sent meanwhile wait that long
+once a look. A replicated stream is not counted this way (a replica may answer a
+direct get, behind the leader): there the kept positions wait for an idle look, as
+before.
 """
 
 from __future__ import annotations
