@@ -47,6 +47,7 @@ from cardbus.bus.orchestrator.core import Orchestrator, RunResult
 from cardbus.bus.orchestrator.run_result import result_of
 from cardbus.bus.orchestrator.runstate import RunState
 from cardbus.bus.runtime.member_bell import MemberBell
+from cardbus.bus.runtime.member_busy import BusyLook
 from cardbus.eventstore import Envelope
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.errors import StoreUnavailable
@@ -116,6 +117,7 @@ class MemberLog:
         self._wake: asyncio.Event | None = None  # the echo-free follower's
         self._quiet: Callable[[], bool] | None = None  # it has nothing waiting
         self._yielded: dict[int, str] = {}  # its handed positions kept (``remembered``)
+        self._busy: BusyLook | None = None  # its looks by count while busy
 
     @property
     def remembered(self) -> int:
@@ -233,6 +235,8 @@ class MemberLog:
         read_to = 0
         # idle: wait on the server (member_bell.py) rather than look at the log's end
         bell = MemberBell(store, wake)
+        # busy: past so many kept, a look by count lets go of them (member_busy.py)
+        busy = self._busy = BusyLook(store, read_from)
         active = False  # appends handed over or partitions changed: disarm, look later
         unhook = on_reconnected(store.nc, wake.set)
 
@@ -273,6 +277,16 @@ class MemberLog:
             for p in [p for p, tok in yielded.items() if p < floor or tok not in read_from]:
                 del yielded[p]
 
+        def let_go() -> None:
+            """The kept positions below every partition's read position, oldest first (as
+            they were handed: one handed out of order waits for a later call)."""
+            oldest = min(read_from.values(), default=0)
+            while yielded:
+                pos = next(iter(yielded))
+                if pos >= oldest:
+                    break
+                del yielded[pos]
+
         def handed(start: int) -> tuple[int, int]:
             """How many events of the followed partitions at ``start`` or after were
             handed over, and the last one's position (the doorbell's count)."""
@@ -291,6 +305,7 @@ class MemberLog:
                     yield marker
                 for tok in [t for t in read_from if t != SHARED and int(t) not in self.following]:
                     active = True
+                    busy.forget()
                     del read_from[tok]
                     hints.pop(tok, None)
                     sub = subs.pop(tok, None)
@@ -299,6 +314,7 @@ class MemberLog:
                             await sub.unsubscribe()
                 gained = self.want - self.following
                 if gained:
+                    busy.forget()
                     await listen(str(p) for p in gained)
                     end = await store.last_position()
                     envs = await self._read(sorted(gained), 1, None)
@@ -317,6 +333,8 @@ class MemberLog:
                         read_from[tok] = max([end, *read]) + 1
                     yield lambda gained=gained: self._acquired(gained)  # type: ignore[misc]
                     continue
+                if busy.due(len(yielded)) and await busy.look(yielded, self.last_yielded):
+                    let_go()
                 if own.own:  # this member's appends, in order
                     for pos in sorted(own.own):
                         env = own.own.pop(pos)
@@ -328,6 +346,8 @@ class MemberLog:
                         yielded[pos] = tok
                         self.last_yielded = max(self.last_yielded, pos)
                         self.folded_events += 1
+                        if busy.handed(pos, tok):
+                            let_go()
                         yield env
                     idle_since = loop.time()
                     quiet_s = store.heartbeat
@@ -359,6 +379,7 @@ class MemberLog:
                     # nothing for a while: anything not heard? The doorbell counts what is
                     # stored after what was read (nothing: it waits for the server to ring)
                     idle_since = now
+                    busy.forget()  # (this look reads them all through)
                     # (nothing waits to be read: the reads a look scheduled are done)
                     read_through(read_to)
                     start = min(read_from.values())
@@ -420,6 +441,7 @@ class MemberLog:
                         yielded[m.seq] = tok
                         self.last_yielded = max(self.last_yielded, m.seq)
                         self.folded_events += 1
+                        busy.handed(m.seq, tok)  # (let go below, after this read)
                         yield env
                     if heard:  # heard, not stored yet (or refused): looked at again
                         tries[tok] = tries.get(tok, 0) + 1
@@ -438,12 +460,7 @@ class MemberLog:
                     else store.heartbeat
                 )
                 idle_read = False
-                oldest = min(read_from.values(), default=0)
-                while yielded:
-                    pos = next(iter(yielded))
-                    if pos >= oldest:
-                        break
-                    del yielded[pos]
+                let_go()
         finally:
             with contextlib.suppress(Exception):
                 await bell.close()

@@ -9,12 +9,18 @@ matching message and goes on until it has come (a replica may answer a few ms
 behind), so it sees every append acknowledged before it began. Without direct
 get (an older server, a user not allowed to use it) a read pulls an
 ephemeral consumer (``follow.py``) to that sequence instead.
+
+``_counts`` counts instead of reading (a busy partitioned member's look,
+``bus.runtime.member_busy``): for each filter the log's last position, then how
+many messages of it are stored from a start on, direct gets sent together that the
+server answers in that order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -283,6 +289,60 @@ class Reads(StoreBase):
         finally:
             del self._direct_calls[token]
         return call.msgs, pending
+
+    async def _counts(
+        self, known: int, filters: Sequence[tuple[str, int]]
+    ) -> list[tuple[int, int]]:
+        """(An R1 stream with direct get.) For each ``(filter, start)``: a position ``last``
+        of the log, and how many messages matching ``filter`` are stored at ``start`` or
+        after, counted when everything up to ``last`` was stored (and perhaps more);
+        ``known``: a position stored already.
+
+        Two direct gets a filter, all sent together: the message at ``known`` and how many
+        follow it (``last``: the server's count of every message, no filter to match), then
+        the filter's first message from ``start`` and how many more match. nats-server
+        serves one connection's direct gets one after the other in the order sent (in its
+        read loop, or the stream's queue when routed), each apart from writes (the stream's
+        isolation lock), so each count is taken just after its ``last`` (a count walks the
+        subjects stored from ``start``: counts one after the other would leave the later
+        ones further from a single ``last``). Gaps (deleted messages) only make ``last``
+        lower. Six messages a filter."""
+        loop = asyncio.get_running_loop()
+        requests: list[dict[str, Any]] = []
+        for f, start in filters:
+            requests.append({"seq": max(known, 1), "batch": 1})
+            requests.append({"seq": max(start, 1), "next_by_subj": f, "batch": 1})
+        calls: list[tuple[str, _DirectCall]] = []
+        for _ in requests:
+            self._direct_next += 1
+            calls.append((str(self._direct_next), _DirectCall(loop)))
+        self._direct_calls.update(calls)
+        try:
+            with translated("cannot count the log", error=transient, refused=transient):
+                for (token, _), request in zip(calls, requests, strict=True):
+                    await self.nc.publish(
+                        f"$JS.API.DIRECT.GET.{self.stream_name}",
+                        msgspec.json.encode(request),
+                        reply=f"{self._direct_prefix}.{token}",
+                    )
+                try:
+                    async with asyncio.timeout(self.request_timeout):
+                        pending = [await call.done for _, call in calls]
+                except TimeoutError as e:
+                    raise transient("no answer to a count of the log") from e
+        finally:
+            for token, call in calls:
+                del self._direct_calls[token]
+                if not call.done.done():
+                    call.done.cancel()
+                elif not call.done.cancelled():
+                    call.done.exception()  # (one not awaited after another's failure)
+        out = []
+        for i in range(0, len(calls), 2):
+            at, counted = calls[i][1].msgs, calls[i + 1][1].msgs
+            last = at[-1].seq + pending[i] if at else 0
+            out.append((last, len(counted) + pending[i + 1]))
+        return out
 
     async def _on_direct(self, msg: Msg) -> None:
         call = self._direct_calls.get(msg.subject[len(self._direct_prefix) + 1 :])
