@@ -84,6 +84,7 @@ from cardbus.eventstore.errors import (
 from cardbus.eventstore.events import EVENT_TYPES, tag_of
 from cardbus.eventstore.loghead import LOG_GENESIS, LogHead, link
 from cardbus.eventstore.sqlite_follow import WalMark, backoff
+from cardbus.eventstore.sqlite_memory import READER_CACHE_KIB, WRITER_CACHE_KIB, cache_pragmas
 from cardbus.eventstore.store import Append, EventStore, check_after
 
 __all__ = ["SqliteEventStore"]
@@ -256,6 +257,8 @@ class _Writer:
             raise StoreUnavailable(f"{path!r} is not a cardbus log: it holds no tables")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
+        for pragma in cache_pragmas(WRITER_CACHE_KIB):  # what it reads again (sqlite_memory)
+            conn.execute(pragma)
         if kind == "empty":
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
@@ -586,6 +589,8 @@ class SqliteEventStore(EventStore):
                 reader = await _daemon(aiosqlite.connect(path, isolation_level=None))
                 await reader.execute("PRAGMA busy_timeout=10000")
                 await reader.execute("PRAGMA query_only=1")
+                for pragma in cache_pragmas(READER_CACHE_KIB):  # one query's pages
+                    await reader.execute(pragma)
             except BaseException:
                 await loop.run_in_executor(executor, writer.close)
                 if reader is not None:
