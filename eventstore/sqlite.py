@@ -84,6 +84,7 @@ from cardbus.eventstore.errors import (
 from cardbus.eventstore.events import EVENT_TYPES, tag_of
 from cardbus.eventstore.loghead import LOG_GENESIS, LogHead, link
 from cardbus.eventstore.sqlite_follow import WalMark, backoff
+from cardbus.eventstore.sqlite_heads import StreamHeads
 from cardbus.eventstore.sqlite_memory import READER_CACHE_KIB, WRITER_CACHE_KIB, cache_pragmas
 from cardbus.eventstore.store import Append, EventStore, check_after
 
@@ -218,7 +219,7 @@ class _Writer:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-        self.heads: dict[str, tuple[int, str]] = {}  # stream -> (version, hash)
+        self.heads = StreamHeads()  # stream -> (version, hash), packed (sqlite_heads)
         self.top = -1  # MAX(position) after our last commit; -1: unknown
         self.top_log = LOG_GENESIS  # the log hash at ``top``
         self.busy_s = 0.0  # time spent in write(): checking, sealing, inserting, committing
