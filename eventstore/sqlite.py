@@ -84,6 +84,8 @@ from cardbus.eventstore.errors import (
 from cardbus.eventstore.events import EVENT_TYPES, tag_of
 from cardbus.eventstore.loghead import LOG_GENESIS, LogHead, link
 from cardbus.eventstore.sqlite_follow import WalMark, backoff
+from cardbus.eventstore.sqlite_heads import StreamHeads
+from cardbus.eventstore.sqlite_memory import READER_CACHE_KIB, WRITER_CACHE_KIB, cache_pragmas
 from cardbus.eventstore.store import Append, EventStore, check_after
 
 __all__ = ["SqliteEventStore"]
@@ -217,7 +219,7 @@ class _Writer:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-        self.heads: dict[str, tuple[int, str]] = {}  # stream -> (version, hash)
+        self.heads = StreamHeads()  # stream -> (version, hash), packed (sqlite_heads)
         self.top = -1  # MAX(position) after our last commit; -1: unknown
         self.top_log = LOG_GENESIS  # the log hash at ``top``
         self.busy_s = 0.0  # time spent in write(): checking, sealing, inserting, committing
@@ -256,6 +258,8 @@ class _Writer:
             raise StoreUnavailable(f"{path!r} is not a cardbus log: it holds no tables")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
+        for pragma in cache_pragmas(WRITER_CACHE_KIB):  # what it reads again (sqlite_memory)
+            conn.execute(pragma)
         if kind == "empty":
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
@@ -586,6 +590,8 @@ class SqliteEventStore(EventStore):
                 reader = await _daemon(aiosqlite.connect(path, isolation_level=None))
                 await reader.execute("PRAGMA busy_timeout=10000")
                 await reader.execute("PRAGMA query_only=1")
+                for pragma in cache_pragmas(READER_CACHE_KIB):  # one query's pages
+                    await reader.execute(pragma)
             except BaseException:
                 await loop.run_in_executor(executor, writer.close)
                 if reader is not None:
