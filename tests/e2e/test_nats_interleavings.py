@@ -28,6 +28,7 @@ from interleave import (
     check_dispatched_once,
     check_folded_once,
     explore,
+    folded_log,
     instrument,
     report,
 )
@@ -145,8 +146,7 @@ async def _trial(points: Points, url: str, write: Write, takeover: bool) -> Tria
             end: tuple[str, ...] = (result.status, result.reason)
         except TimeoutError:
             end = ("still waiting",)
-        await second.orchestrator.caught_up(10)
-        log = await foreign.read_all(0, 100_000)
+        log = await folded_log(foreign, second.orchestrator)
         problems += check_folded_once(ledger, log)
         problems += check_dispatched_once(log)
     finally:
@@ -258,8 +258,7 @@ async def _reconnect_trial(points: Points, server: NatsServer, write: Write) -> 
             end: tuple[str, ...] = (result.status, result.reason)
         except TimeoutError:
             end = ("still waiting",)
-        await runtime.orchestrator.caught_up(10)
-        log = await foreign.read_all(0, 100_000)
+        log = await folded_log(foreign, runtime.orchestrator)
         problems += check_folded_once(ledger, log)
         problems += check_dispatched_once(log)
     finally:

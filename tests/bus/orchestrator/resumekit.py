@@ -6,10 +6,8 @@ A trial opens the log twice (the orchestrator's connection, instrumented with th
 and a *foreign* one: another process, which writes the scenario's event and reads the
 log for the checks), starts an orchestrator with its workers, lets the scenario run,
 then checks what every trial must hold: every event of the log folded exactly once and
-no attempt dispatched twice. The log is read *before* waiting for the orchestrator to be
-caught up: ``caught_up`` folds through the log as it is when asked, and a late event (a
-slow task's answer after its run ended, ``task.result_ignored``) may be appended after
-that, which a read made afterwards would call "folded 0 times" on a busy machine.
+no attempt dispatched twice (the log read as ``folded_log`` says: before the
+orchestrator is asked to be caught up).
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from interleave import (
     Points,
     check_dispatched_once,
     check_folded_once,
+    folded_log,
     instrument,
 )
 from orchkit import FAST
@@ -114,8 +113,7 @@ class LogTrial:
     async def check(self) -> list[Envelope]:
         """The log as it ends, after the checks every trial makes (``self.problems``):
         each event folded once (past the start's snapshot), each attempt dispatched once."""
-        log = await self.foreign.read_all(0, 100_000)  # first: see the module's doc
-        await self.orch.caught_up(10)
+        log = await folded_log(self.foreign, self.orch)
         self.problems += check_folded_once(self.ledger, log, self.orch.snapshot_position)
         self.problems += check_dispatched_once(log)
         return log
