@@ -140,6 +140,8 @@ class Committing(Sending):
                         self._queue.put_nowait(env)
                     else:  # our own append's, folded with it: what the step would conclude
                         self._unfolded.discard(env.position)
+            if self.state.retire_at <= self._followed:  # (what held it back may be settled)
+                self._retire_folded()
             for stream in streams:
                 self._expected.pop(stream, None)
                 for rec in self._records.pop(stream, []):  # never appended (e.g. blocked)

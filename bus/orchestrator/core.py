@@ -196,6 +196,7 @@ class Orchestrator(Creating, Resuming, ReplyTaking):
         self.embedder = embedder
         self.rng = rng or random.Random()
         self.state = RunState(retain_finished=self.policy.retain_finished_runs)
+        self.state.folded_floor = 0  # no follower yet (``_replay``, ``_follow_log`` move it)
         self.admission = Admission(self.policy.max_runs_in_flight)  # runs in flight, queued
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         # the clock sleeps until the next moment something may be due; a new wakeup

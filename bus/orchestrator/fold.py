@@ -132,7 +132,8 @@ class Folding:
                     future.set_exception(error)
 
     async def _follow_log(self) -> None:
-        versions = self.state.versions
+        state = self.state
+        versions = state.versions
         busy = self._busy
         # From where the start's fold ended, not from ``state.position``: the start's own
         # appends (orchestrator.started, run.resumed) moved that past whatever another
@@ -148,15 +149,23 @@ class Folding:
             # (PrerequisiteNotStored, a store error) reads nothing back, and a dropped
             # event of another writer left a gap the next one was folded across (a
             # member then saw a dispatched task as pending and dispatched attempt 1 again).
-            self._followed = env.position
+            self._followed = position = env.position
             if env.version > versions.get(env.stream, 0):
-                self._unfolded.add(env.position)
+                self._unfolded.add(position)
                 if env.stream not in busy:
                     self._queue.put_nowait(env)
                 else:
                     self._held.setdefault(env.stream, []).append(env)
             else:
                 self._maybe_snapshot()
+            if position >= state.retire_at:  # (after the look: this event may be its end)
+                self._retire_folded()
+
+    def _retire_folded(self) -> None:
+        """Let the finished runs past ``retain_finished_runs`` go whose end is folded with
+        everything before it: the follower has handed it on, and nothing it handed on up
+        to there waits in the queue or on a busy stream (``RunState.folded_floor``)."""
+        self.state.retire_through(min(self._unfolded, default=self._followed + 1) - 1)
 
     def _folded_through(self, target: int) -> bool:
         """Every event up to ``target`` is folded: the follower has seen it and none it saw

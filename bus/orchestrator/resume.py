@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -47,6 +48,7 @@ class Resuming(Committing):
         """Fold the log into the state (what follows the snapshot, when there is one);
         returns each open run's ``run.started`` traceparent, for its trace to rejoin."""
         started: dict[str, str | None] = {}  # root -> its run.started's traceparent
+        self.state.folded_floor = math.inf  # folded in log order here: runs retire as they end
         loaded = (
             await _snapshot.load(self.snapshot_path, self.store) if self.snapshot_path else None
         )
@@ -65,7 +67,8 @@ class Resuming(Committing):
                     started.pop(env.stream, None)
             if len(page) < 5000:
                 break
-        self._followed = self.state.position
+        # from here on the follower hands the log on (and our appends are folded ahead of it)
+        self._followed = self.state.folded_floor = self.state.position
         if self.results is not None:  # the memory stream whole: a snapshot skips it
             await self.results.build(self.store)
         return started

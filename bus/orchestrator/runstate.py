@@ -12,6 +12,7 @@ import collections
 import contextlib
 import heapq
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
@@ -227,7 +228,17 @@ class RunState:
         long-lived orchestrator; older ones are dropped with their tasks (the log has
         them). ``None`` keeps everything."""
         self.retain_finished = retain_finished
-        self._finished: collections.deque[str] = collections.deque()
+        # finished runs, oldest first, with the position of the event that finished each
+        self._finished: collections.deque[tuple[str, int]] = collections.deque()
+        # Every event up to here is folded (the orchestrator's, as its log follower hands
+        # the log on): a finished run leaves memory only once its end is at or below it.
+        # Forgotten sooner, its events coming back from a follower behind looked new
+        # (their versions went with it) and were folded again: the run open again with no
+        # tasks, every event of its tasks an anomaly (10,000 of them at 1,000 runs in
+        # flight, the follower 26,000 positions behind). A state folded in log order (no
+        # follower) has folded everything it was given: infinity.
+        self.folded_floor: float = math.inf
+        self.retire_at: float = math.inf  # the floor at which the next run is due to go
         self._plan_streams: dict[str, str] = {}  # root -> its plan's stream
         self.runs: dict[str, RunView] = {}
         self.open: dict[str, RunView] = {}  # runs not finished yet, in start order
@@ -420,7 +431,7 @@ class RunState:
                 self.open.pop(env.stream, None)
                 self.runs_changed += 1
                 self._child_ended(run)
-                self._retire(env.stream)
+                self._retire(env.stream, env.position)
         elif isinstance(data, ev.MemoryWritten):
             if data.kind == "failure":
                 self._failure_record(env.recorded_at, data)
@@ -524,13 +535,23 @@ class RunState:
                 if above.budget is not None:
                     _budget.fold(above.budget, above, task, env)
 
-    def _retire(self, root_id: str) -> None:
-        """Past ``retain_finished``, drop the oldest finished run and its tasks."""
+    def _retire(self, root_id: str, position: int) -> None:
+        """Past ``retain_finished``, drop the oldest finished runs and their tasks (those
+        ended at or below ``folded_floor``: ``retire_through``)."""
         if self.retain_finished is None:
             return
-        self._finished.append(root_id)
-        while len(self._finished) > self.retain_finished:
-            self.forget(self._finished.popleft())
+        self._finished.append((root_id, position))
+        self.retire_through(self.folded_floor)
+
+    def retire_through(self, floor: float) -> None:
+        """Everything up to ``floor`` is folded: forget the oldest finished runs past
+        ``retain_finished`` that ended at or below it; ``retire_at`` is then the floor at
+        which the next one is due."""
+        self.folded_floor = floor
+        finished, keep = self._finished, self.retain_finished or 0
+        while len(finished) > keep and finished[0][1] <= floor:
+            self.forget(finished.popleft()[0])
+        self.retire_at = finished[0][1] if len(finished) > keep else math.inf
 
     def forget(self, root_id: str) -> None:
         """Drop a run and its tasks (retired, or its partition went to another member);

@@ -87,6 +87,8 @@ HANDLED = frozenset(
     {
         "retain_finished",
         "_finished",
+        "folded_floor",  # the orchestrator's: set anew as it starts
+        "retire_at",
         "_plan_streams",
         "runs",
         "open",
