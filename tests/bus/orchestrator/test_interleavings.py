@@ -163,11 +163,15 @@ async def test_a_write_at_any_await_point_of_a_resume_is_folded_once(
     assert len(trials) >= 10
 
 
-async def _follow(points: Points, folder: Path, write: Write) -> Trial:
+async def _follow(points: Points, folder: Path, write: Write, retire: bool = False) -> Trial:
     """One trial of the follow path: an orchestrator is running a three-task run while
-    another process answers (or cancels) a second run that waits for approval."""
+    another process answers (or cancels) a second run that waits for approval.
+    ``retire``: no finished run is kept in memory (``retain_finished_runs=0``), so each
+    run leaves it as it ends, wherever the follower then is."""
     points.active = False  # until the waiting run is set up
     async with LogTrial(points, trial_folder(folder) / "cardbus.db", snapshot=None) as t:
+        if retire:
+            t.orch.state.retain_finished = 0
         await t.start([ECHO])
         waiting = await t.orch.submit(plan(task("gate", requires_approval=True)))
         gate = tid(waiting, "gate")
@@ -189,12 +193,15 @@ async def _follow(points: Points, folder: Path, write: Write) -> Trial:
     return Trial(tuple(ends), points, t.problems)
 
 
-@pytest.mark.parametrize("write", ["approve", "cancel", "member+approve"])
+@pytest.mark.parametrize(
+    ("write", "retire"),
+    [("approve", False), ("cancel", False), ("member+approve", False), ("approve", True)],
+)
 async def test_a_write_at_any_await_point_while_following_is_folded_once(
-    tmp_path: Path, write: str
+    tmp_path: Path, write: str, retire: bool
 ) -> None:
     async def scenario(points: Points) -> Trial:
-        return await _follow(points, tmp_path, WRITES[write])
+        return await _follow(points, tmp_path, WRITES[write], retire)
 
     reference, trials = await explore(scenario, seed=7)
     problems, injected, reached = report(reference, trials)
