@@ -86,6 +86,7 @@ from cardbus.eventstore.loghead import LOG_GENESIS, LogHead, link
 from cardbus.eventstore.sqlite_follow import WalMark, backoff
 from cardbus.eventstore.sqlite_heads import StreamHeads
 from cardbus.eventstore.sqlite_memory import READER_CACHE_KIB, WRITER_CACHE_KIB, cache_pragmas
+from cardbus.eventstore.sqlite_pages import decoded, packed
 from cardbus.eventstore.store import Append, EventStore, check_after
 
 __all__ = ["SqliteEventStore"]
@@ -795,27 +796,39 @@ class SqliteEventStore(EventStore):
         except ValueError as e:  # aiosqlite: connection closed
             raise StoreUnavailable(f"cannot read {self.path!r}: {e}") from e
 
+    async def _read_events(self, rows_sql: str, args: Sequence[Any]) -> list[Envelope]:
+        """The events ``rows_sql`` selects (``position, body, hash``), read as one row
+        of SQLite (``sqlite_pages``: a row at a time, each waited for while the loop is
+        busy), or row by row if that cannot be."""
+        try:
+            page = await self._query(packed(rows_sql), args)
+        except StoreUnavailable as e:
+            if not isinstance(e.__cause__, sqlite3.DataError):  # not "too big": a real fault
+                raise
+            page = []
+        envelopes = decoded(page[0]) if page else None
+        if envelopes is None:
+            return decode_stored(await self._query(rows_sql, args))
+        return envelopes
+
     async def read_stream(self, stream: str, from_version: int = 1) -> list[Envelope]:
-        rows = await self._query(
+        return await self._read_events(
             "SELECT position, body, hash FROM events WHERE stream = ? AND version >= ?"
             " ORDER BY version",
             (stream, from_version),
         )
-        return decode_stored(rows)
 
     async def read_all(self, from_position: int = 0, limit: int = 1000) -> list[Envelope]:
-        rows = await self._query(
+        return await self._read_events(
             "SELECT position, body, hash FROM events WHERE position >= ? ORDER BY position LIMIT ?",
             (from_position, limit),
         )
-        return decode_stored(rows)
 
     async def read_correlation(self, correlation_id: str) -> list[Envelope]:
-        rows = await self._query(
+        return await self._read_events(
             "SELECT position, body, hash FROM events WHERE correlation_id = ? ORDER BY position",
             (correlation_id,),
         )
-        return decode_stored(rows)
 
     async def stream_version(self, stream: str) -> int:
         rows = await self._query("SELECT MAX(version) FROM events WHERE stream = ?", (stream,))
