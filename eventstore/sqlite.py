@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import aiosqlite
+import msgspec
 
 from cardbus.eventstore.audit import LogAudit, StoredRow, audit, audit_stream
 from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
@@ -174,6 +175,7 @@ _MAX_INFLIGHT = 2  # batches handed to the writer thread at once (a two-stage pi
 _MAX_CACHED_HEADS = 100_000
 _IN_CHUNK = 500  # bound on "IN (?, ...)" parameters per statement
 _PAGE = 2000  # events per read while a subscription catches up
+_heads_decoder = msgspec.json.Decoder(list[tuple[str, int, str]])
 # Committed envelopes kept for live subscribers in this process: at most this many,
 # and only those a live subscriber has not read yet (see _remember)
 _RECENT = 8192
@@ -469,12 +471,15 @@ class _Writer:
         for i in range(0, len(streams), _IN_CHUNK):
             chunk = streams[i : i + _IN_CHUNK]
             marks = ",".join("?" * len(chunk))
-            # SQLite returns the bare column (hash) from the row that has the MAX.
+            # SQLite returns the bare column (hash) from the row that has the MAX; the
+            # rows as one JSON array, one step of the statement (see sqlite_pages)
             sql = (
-                "SELECT stream, MAX(version), hash FROM events"
-                f" WHERE stream IN ({marks}) GROUP BY stream"
+                "SELECT CAST(json_group_array(json_array(stream, v, hash)) AS BLOB) FROM"
+                f" (SELECT stream, MAX(version) AS v, hash FROM events"
+                f" WHERE stream IN ({marks}) GROUP BY stream)"
             )
-            for stream, version, h in self.conn.execute(sql, chunk):
+            (packed_heads,) = self.conn.execute(sql, chunk).fetchone()
+            for stream, version, h in _heads_decoder.decode(packed_heads):
                 found[stream] = (version, h)
         return found
 

@@ -208,6 +208,29 @@ async def test_a_batch_planned_on_a_stale_end_is_redone_whole(tmp_path: Path, si
         assert (await b.audit())[0] == []  # the log chain too
 
 
+ODD_NAMES = ['a"b', "back\\slash", "com,ma", "line\nbreak", "ünï ☃ 🚀", '["json"]', "\u2028"]
+
+
+async def test_heads_looked_up_after_another_process_wrote_keep_every_stream_name(
+    tmp_path: Path,
+) -> None:
+    """Another process's write makes a writer forget its streams' heads and look them up
+    in the file (one JSON array for many streams): names of any kind come back whole."""
+    path = tmp_path / "log.db"
+    names = ODD_NAMES + [f"s{i}" for i in range(600)]  # more than one IN (...) chunk
+    async with opened(path) as a, opened(path) as b:
+        await asyncio.gather(*(a.append(n, [created()], 0) for n in names))
+        await b.append("theirs", [created()], 0)
+        await a.append("mine", [created()], 0)  # redone from the file: a's heads forgotten
+        with pytest.raises(ConcurrencyError) as info:
+            await a.append(ODD_NAMES[0], [started(1)], 0)
+        assert info.value.actual == 1
+        out = await asyncio.gather(*(a.append(n, [started(1)], 1) for n in names))
+        assert [[(e.stream, e.version) for e in envs] for envs in out] == [[(n, 2)] for n in names]
+        assert await b.verify() == []
+        assert [e.stream for e in await b.read_stream(ODD_NAMES[4])] == [ODD_NAMES[4]] * 2
+
+
 async def test_contention_across_connections_exactly_one_wins(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     async with opened(path) as a, opened(path) as b:
