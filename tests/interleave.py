@@ -225,11 +225,13 @@ async def folded_log(reader: Any, orchestrator: Any, timeout: float = 10) -> lis
     acknowledgement still on the way) can be stored after that; a log read afterwards
     holds it unfolded, and a busy machine called it "folded 0 times" (1 run in 24 of the
     NATS reconnection trial beside two busy loops). Read first, every event returned is at
-    or before ``caught_up``'s target; an event the orchestrator never folds is still
-    reported (``caught_up`` gives up after ``timeout``, the check then counts 0).
+    or before ``caught_up``'s target. An orchestrator that has not folded that far after
+    ``timeout`` fails here, saying so (the check that follows would count 0 folds).
     """
     log: list[Envelope] = await reader.read_all(0, 100_000)
-    await orchestrator.caught_up(timeout)
+    if await orchestrator.caught_up(timeout) is False:
+        last = log[-1].position if log else 0
+        raise AssertionError(f"the orchestrator had not folded the log up to {last} in {timeout} s")
     return log
 
 

@@ -230,7 +230,7 @@ class RequestBroker:
         memory: LongTermMemory | None = None,
         policy: AccessPolicy | None = None,
         store: EventStore | None = None,
-        catch_up: Callable[[], Awaitable[None]] | None = None,
+        catch_up: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         """``store``: where the journal reads a task's recorded calls (None: no replay).
         ``catch_up``: waits until the state holds what the log held when called; asked

@@ -526,14 +526,18 @@ class Orchestrator(Creating, Resuming, ReplyTaking):
         queued after ``fn``; so ``fn`` decides on what the state holds then."""
         self._queue.put_nowait(fn)
 
-    async def caught_up(self, timeout: float = 2.0) -> None:
-        """Return once the state holds every event the log held when asked (or after
-        ``timeout``: the caller then decides on what it has). The log as this process
-        reads it (``log``): a partitioned member's ends at its partitions' last event."""
+    async def caught_up(self, timeout: float = 2.0) -> bool:
+        """Return once the state holds every event the log held when asked: True; or
+        False after ``timeout`` (the caller then decides on what it has). The log as this
+        process reads it (``log``): a partitioned member's ends at its partitions' last
+        event."""
         target = await self.log.last_position()
         deadline = time.monotonic() + timeout
-        while not self._folded_through(target) and time.monotonic() < deadline:
+        while not self._folded_through(target):
+            if time.monotonic() >= deadline:
+                return False
             await asyncio.sleep(0.005)  # the follower folds meanwhile; a rare wait
+        return True
 
     async def record(self, stream: str, events: list[ev.Event]) -> list[Envelope]:
         """Append an agent request's events to ``stream`` through the decision loop (so

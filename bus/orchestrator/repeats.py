@@ -60,7 +60,7 @@ class UnknownReplies:
 
     def __init__(
         self,
-        caught_up: Callable[[], Awaitable[None]],
+        caught_up: Callable[[], Awaitable[object]],
         offer: Callable[[object], None],
         bad: Callable[[str, str], None],
     ) -> None:

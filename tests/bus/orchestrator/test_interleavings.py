@@ -31,6 +31,7 @@ from cardbus.bus.orchestrator.cancel import cancel_run
 from cardbus.bus.orchestrator.reviews import answer_review
 from cardbus.bus.orchestrator.scheduler import Scheduler, create_schedule
 from cardbus.bus.orchestrator.schedules import fold, plan_id_of, stream_of
+from cardbus.bus.runtime.embedded import EmbeddedRuntime
 from cardbus.bus.runtime.worker import AgentWorker
 from cardbus.eventstore import ConcurrencyError, Envelope, NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
@@ -556,14 +557,38 @@ async def test_the_log_a_trial_checks_is_read_before_the_orchestrator_catches_up
         class LateAnswer:  # its target taken, a late event is stored, then it is caught up
             asked: list[float] = []
 
-            async def caught_up(self, timeout: float) -> None:
+            async def caught_up(self, timeout: float) -> bool:
                 self.asked.append(timeout)
                 await store.append("o", [NewEvent(data=late, correlation_id="o")], 1)
+                return True
 
         orch = LateAnswer()
         log = await folded_log(store, orch, timeout=3)
         assert orch.asked == [3]
         assert [e.type for e in log] == ["orchestrator.started.v1"]
         assert [e.type for e in await store.read_all(0, 10)][-1] == "task.result_ignored.v1"
+
+        class NeverCaughtUp:  # its fold never reaches the log's end
+            async def caught_up(self, timeout: float) -> bool:
+                return False
+
+        with pytest.raises(AssertionError, match="had not folded the log up to 2 in 3 s"):
+            await folded_log(store, NeverCaughtUp(), timeout=3)
+    finally:
+        await store.close()
+
+
+async def test_caught_up_says_whether_the_fold_reached_the_log_s_end(tmp_path: Path) -> None:
+    """True once every event the log held when asked is folded; False after the timeout
+    while one is not (here: held back, as an event on a stream busy with an append)."""
+    store = await SqliteEventStore.open(tmp_path / "log.db")
+    try:
+        async with EmbeddedRuntime(store, []) as rt:
+            orch = rt.orchestrator
+            assert await orch.caught_up(5) is True
+            orch._unfolded.add(orch._followed)  # as if the follower's last were still held
+            assert await orch.caught_up(0.05) is False
+            orch._unfolded.clear()
+            assert await orch.caught_up(5) is True
     finally:
         await store.close()

@@ -62,7 +62,7 @@ async def test_a_start_beside_a_live_process_leaves_its_attempt_to_it(db_path: P
                 assert started.lost_attempts == []  # A lives: its attempt is not lost
                 _Gate.release.set()
                 r = await a_rt.orchestrator.wait(root, 30)
-                await b_rt.orchestrator.caught_up()
+                assert await b_rt.orchestrator.caught_up(30)
         assert r.status == "completed" and r.outputs["a"] == {"text": "A"}
         log = await run_log(store_a, root)
         (resumed,) = log.of(ev.RunResumed)

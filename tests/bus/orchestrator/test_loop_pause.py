@@ -99,7 +99,7 @@ async def test_tasks_sent_together_hold_the_looping_one_on_sqlite(tmp_path):
                 store,
                 lambda e, n=name: isinstance(e.data, ev.TaskCompleted) and e.stream == tid(root, n),
             )
-        await rt.orchestrator.caught_up()
+        assert await rt.orchestrator.caught_up(30)
         log = await run_log(store, root)
         assert not log.of(ev.TaskDispatched, tid(root, "four")), log.summary()
         evidence = log.first(ev.RunPaused).data.tasks

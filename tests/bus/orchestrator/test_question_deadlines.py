@@ -144,7 +144,7 @@ async def test_a_restart_across_the_expiry_answers_it_once(db_path):
         try:
             if first:
                 assert (await rt.orch.wait(root, 10)).status == "completed"
-            await rt.orch.caught_up()
+            assert await rt.orch.caught_up(30)
             await asyncio.sleep(3 * FAST.tick_s + 0.05)
         finally:
             await rt.stop()

@@ -25,7 +25,7 @@ async def test_with_no_finished_run_kept_a_waiter_still_gets_its_result(make_run
     result = await rt.run(plan(task("a", text="x"), task("b", deps=["a"], text="y")), 10)
     assert result.status == "completed"
     assert set(result.outputs) == {"a", "b"}
-    await rt.orch.caught_up()  # retired once the log follower has passed its end
+    assert await rt.orch.caught_up(30)  # retired once the log follower has passed its end
     assert result.root_id not in rt.orch.state.runs  # it was retired, yet answered
 
 
@@ -58,7 +58,7 @@ async def test_a_run_finished_ahead_of_the_log_follower_is_not_folded_again(
     ]
     assert [r.status for r in results] == ["completed", "completed"]
     held.set()
-    await rt.orch.caught_up(10)
+    assert await rt.orch.caught_up(30)
     state = rt.orch.state
     assert not state.anomalies, list(state.anomalies)[:3]
     assert not state.open and not state.runs and not state.tasks  # retired, not reopened
@@ -75,7 +75,7 @@ async def test_finished_runs_past_the_limit_leave_memory_not_the_log(make_runtim
         )
         for i in range(8)
     ]
-    await rt.orch.caught_up()  # (runs leave once the log follower has passed their end)
+    assert await rt.orch.caught_up(30)  # (runs leave once the log follower has passed their end)
     state = rt.orch.state
     assert [r.status for r in results] == ["completed"] * 8
     kept = {r.root_id for r in results[-3:]}

@@ -105,7 +105,7 @@ async def test_a_restart_across_an_expiry_applies_it_once(db_path):
         rt = await Runtime(store, agents).start()
         try:
             await wait_for(store, lambda e: isinstance(e.data, ev.WaitExpired), timeout=10)
-            await rt.orch.caught_up()
+            assert await rt.orch.caught_up(30)
             await asyncio.sleep(3 * FAST.tick_s + 0.05)
         finally:
             await rt.stop()
