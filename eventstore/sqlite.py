@@ -475,7 +475,7 @@ class _Writer:
             # rows as one JSON array, one step of the statement (see sqlite_pages)
             sql = (
                 "SELECT CAST(json_group_array(json_array(stream, v, hash)) AS BLOB) FROM"
-                f" (SELECT stream, MAX(version) AS v, hash FROM events"
+                " (SELECT stream, MAX(version) AS v, hash FROM events"
                 f" WHERE stream IN ({marks}) GROUP BY stream)"
             )
             (packed_heads,) = self.conn.execute(sql, chunk).fetchone()
@@ -802,9 +802,9 @@ class SqliteEventStore(EventStore):
             raise StoreUnavailable(f"cannot read {self.path!r}: {e}") from e
 
     async def _read_events(self, rows_sql: str, args: Sequence[Any]) -> list[Envelope]:
-        """The events ``rows_sql`` selects (``position, body, hash``), read as one row
-        of SQLite (``sqlite_pages``: a row at a time, each waited for while the loop is
-        busy), or row by row if that cannot be."""
+        """The events ``rows_sql`` selects (``position, body, hash``), read as one row of
+        SQLite rather than one row an event, each of which waits for the GIL while the
+        event loop is busy (``sqlite_pages``); row by row where that cannot be."""
         try:
             page = await self._query(packed(rows_sql), args)
         except StoreUnavailable as e:
