@@ -62,7 +62,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import aiosqlite
-import msgspec
 
 from cardbus.eventstore.audit import LogAudit, StoredRow, audit, audit_stream
 from cardbus.eventstore.batch import check_append_args, check_replay, seal_batch
@@ -175,7 +174,6 @@ _MAX_INFLIGHT = 2  # batches handed to the writer thread at once (a two-stage pi
 _MAX_CACHED_HEADS = 100_000
 _IN_CHUNK = 500  # bound on "IN (?, ...)" parameters per statement
 _PAGE = 2000  # events per read while a subscription catches up
-_heads_decoder = msgspec.json.Decoder(list[tuple[str, int, str]])
 # Committed envelopes kept for live subscribers in this process: at most this many,
 # and only those a live subscriber has not read yet (see _remember)
 _RECENT = 8192
@@ -471,16 +469,23 @@ class _Writer:
         for i in range(0, len(streams), _IN_CHUNK):
             chunk = streams[i : i + _IN_CHUNK]
             marks = ",".join("?" * len(chunk))
-            # SQLite returns the bare column (hash) from the row that has the MAX; the
-            # rows as one JSON array, one step of the statement (see sqlite_pages)
+            # SQLite returns the bare column (hash) from the row that has the MAX. The
+            # rows as one, one step of the statement (see sqlite_pages): names and hashes
+            # in hex, so that no character of theirs is taken for a separator
             sql = (
-                "SELECT CAST(json_group_array(json_array(stream, v, hash)) AS BLOB) FROM"
-                " (SELECT stream, MAX(version) AS v, hash FROM events"
-                f" WHERE stream IN ({marks}) GROUP BY stream)"
+                "SELECT count(*), group_concat(hex(stream)), group_concat(v),"
+                " group_concat(hex(hash)) FROM (SELECT stream, MAX(version) AS v, hash"
+                f" FROM events WHERE stream IN ({marks}) GROUP BY stream)"
             )
-            (packed_heads,) = self.conn.execute(sql, chunk).fetchone()
-            for stream, version, h in _heads_decoder.decode(packed_heads):
-                found[stream] = (version, h)
+            count, streams_hex, versions, hashes_hex = self.conn.execute(sql, chunk).fetchone()
+            if count:
+                for stream_hex, version, hash_hex in zip(
+                    streams_hex.split(","), versions.split(","), hashes_hex.split(","), strict=True
+                ):
+                    found[bytes.fromhex(stream_hex).decode()] = (
+                        int(version),
+                        bytes.fromhex(hash_hex).decode(),
+                    )
         return found
 
     def _lookup(self, ids: list[str]) -> dict[str, Envelope]:
