@@ -11,10 +11,11 @@ as the run ended; ``bench/busy_read_bench.py`` reads a page both ways beside a b
 ``packed`` asks for the rows of a ``SELECT position, body, hash`` as one row of three
 JSON arrays, their positions, hashes and bodies (each body is a JSON object: the
 bodies joined by commas are an array), made in one aggregate pass, so in one order;
-``decoded`` decodes each array in one call and puts the envelopes in position order.
-A body edited by hand so that it is not one JSON object makes the decoding fail or the
-counts disagree, and ``decoded`` says so (None), as when the arrays are too long for
-SQLite: the caller then reads row by row, whose decoding names the bad row.
+``decoded`` decodes each array in one call. A body edited by hand so that it is not one
+JSON object makes the decoding fail or the counts disagree, and rows out of position
+order (SQLite does not promise the order of a concatenation) are not taken either:
+``decoded`` says so (None), as when the arrays are too long for SQLite, and the caller
+reads row by row, whose decoding names a bad row.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def packed(rows_sql: str) -> str:
 
 
 def decoded(row: tuple[Any, ...]) -> list[Envelope] | None:
-    """The envelopes of a ``packed`` row in position order, or None if its bodies are
-    not one JSON object each."""
+    """The envelopes of a ``packed`` row, or None if its bodies are not one JSON object
+    each or its positions do not ascend."""
     count, positions, hashes, bodies = row
     if not count:
         return []
@@ -68,11 +69,12 @@ def decoded(row: tuple[Any, ...]) -> list[Envelope] | None:
             gc.enable()
     if not (len(envelopes) == len(position_list) == len(hash_list) == count):
         return None
+    # SQLite concatenates in the order its subquery yields rows, the order asked for
+    # (positions ascending, in every read here); its documentation does not promise it,
+    # so it is checked, and the rows read one by one if it does not hold
+    if position_list != sorted(position_list):  # (positions are unique: a primary key)
+        return None
     for env, position, digest in zip(envelopes, position_list, hash_list, strict=True):
         _set(env, "position", position)
         _set(env, "hash", digest)
-    # SQLite concatenates in the order its subquery yields rows, the order asked for;
-    # its documentation does not promise it, so it is checked
-    if position_list != sorted(position_list):
-        envelopes.sort(key=lambda e: e.position)
     return envelopes

@@ -152,13 +152,14 @@ def seal(i: int) -> Envelope:
     )
 
 
-def test_decoded_puts_envelopes_in_position_order_and_refuses_what_is_not_one_object_each() -> None:
+def test_decoded_refuses_what_is_not_one_object_each_or_out_of_position_order() -> None:
     bodies = [msgspec.json.encode(seal(i)) for i in (1, 2)]
     array = b"[" + b",".join(bodies) + b"]"
     assert decoded((0, None, None, None)) == []
-    got = decoded((2, b"[7,3]", b'["h7","h3"]', array))
+    got = decoded((2, b"[3,7]", b'["h3","h7"]', array))
     assert got is not None
-    assert [(e.position, e.hash, e.event_id) for e in got] == [(3, "h3", "e2"), (7, "h7", "e1")]
+    assert [(e.position, e.hash, e.event_id) for e in got] == [(3, "h3", "e1"), (7, "h7", "e2")]
+    assert decoded((2, b"[7,3]", b'["h7","h3"]', array)) is None  # out of order: row by row
     assert decoded((3, b"[1,2]", b'["a","b"]', array)) is None  # a body of two objects
     assert decoded((2, b"[1,2]", b'["a","b"]', array[:-2])) is None  # not JSON
     assert decoded((2, b"[1,2]", b'["a","b"]', b"[" + bodies[0] + b",1]")) is None
