@@ -10,10 +10,11 @@ reordering breaks the chain and ``verify`` names the event where it breaks.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -28,6 +29,7 @@ __all__ = [
     "Envelope",
     "NewEvent",
     "ChainProblem",
+    "collection_paused",
     "decode_body",
     "decode_stored",
     "encode_body",
@@ -149,6 +151,24 @@ def decode_body(
     return env
 
 
+@contextlib.contextmanager
+def collection_paused(rows: int) -> Iterator[None]:
+    """The cyclic collector paused while a page of ``rows`` events is decoded.
+
+    Decoding a page allocates many payload structs the collector tracks; a collection
+    every few hundred of them costs more than the decoding (and more the larger the
+    heap). None of them can be garbage while the page is built, so collection is
+    paused for the page and resumes at once."""
+    pause = gc.isenabled() and rows >= _GC_PAUSE_ROWS
+    if pause:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if pause:
+            gc.enable()
+
+
 def decode_stored(rows: Sequence[tuple[int, bytes, str]]) -> list[Envelope]:
     """Decode stored ``(position, body, hash)`` rows: the fast path of every read.
 
@@ -156,20 +176,11 @@ def decode_stored(rows: Sequence[tuple[int, bytes, str]]) -> list[Envelope]:
     applies here; a body that does not decode still raises ``DecodeError``.
     """
     dec = _decoder.decode
-    # Decoding a page allocates many payload structs the collector tracks; a
-    # collection every few hundred of them costs more than the decoding (and
-    # more the larger the heap). None of them can be garbage while we build
-    # the page, so collection is paused for the page and resumes at once.
-    pause = gc.isenabled() and len(rows) >= _GC_PAUSE_ROWS
-    if pause:
-        gc.disable()
     try:
-        return [_replace(dec(body), position=position, hash=h) for position, body, h in rows]
+        with collection_paused(len(rows)):
+            return [_replace(dec(body), position=position, hash=h) for position, body, h in rows]
     except msgspec.DecodeError:
         pass
-    finally:
-        if pause:
-            gc.enable()
     # Slow path, only to name the bad row with a typed error.
     return [decode_body(body, position, h, max_bytes=1 << 62) for position, body, h in rows]
 

@@ -20,12 +20,11 @@ reads row by row, whose decoding names a bad row.
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import msgspec
 
-from cardbus.eventstore.envelope import Envelope
+from cardbus.eventstore.envelope import Envelope, collection_paused
 
 __all__ = ["decoded", "packed"]
 
@@ -34,7 +33,6 @@ _positions = msgspec.json.Decoder(list[int])
 _hashes = msgspec.json.Decoder(list[str])
 # the envelopes were just decoded here: nobody else holds them (as in ``seal_batch``)
 _set = msgspec.structs.force_setattr
-_GC_PAUSE_ROWS = 256  # as ``decode_stored``: a page's structs are garbage to nobody
 
 
 def packed(rows_sql: str) -> str:
@@ -55,18 +53,13 @@ def decoded(row: tuple[Any, ...]) -> list[Envelope] | None:
     count, positions, hashes, bodies = row
     if not count:
         return []
-    pause = gc.isenabled() and count >= _GC_PAUSE_ROWS
-    if pause:
-        gc.disable()
     try:
-        envelopes = _envelopes.decode(bodies)
+        with collection_paused(count):
+            envelopes = _envelopes.decode(bodies)
         position_list = _positions.decode(positions)
         hash_list = _hashes.decode(hashes)
     except msgspec.DecodeError:
         return None
-    finally:
-        if pause:
-            gc.enable()
     if not (len(envelopes) == len(position_list) == len(hash_list) == count):
         return None
     # SQLite concatenates in the order its subquery yields rows, the order asked for

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from cardbus.eventstore import CardbusError, Envelope, NewEvent, SqliteEventStore
 from cardbus.eventstore import events as ev
 from cardbus.eventstore.envelope import decode_stored
-from cardbus.eventstore.sqlite_pages import decoded
+from cardbus.eventstore.sqlite_pages import decoded, packed
+
+ROWS_SQL = "SELECT position, body, hash FROM events WHERE position >= ? ORDER BY position LIMIT ?"
 
 
 def started(root: str, attempt: int) -> NewEvent:
@@ -136,6 +138,8 @@ async def test_a_page_too_long_for_one_sqlite_value_is_read_row_by_row(tmp_path:
     try:
         reader = store._reader
         await reader._execute(reader._conn.setlimit, sqlite3.SQLITE_LIMIT_LENGTH, 2000)
+        with pytest.raises(sqlite3.DataError):  # the page of 15 events is too long now
+            await reader.execute_fetchall(packed(ROWS_SQL), (0, 1000))
         assert await reads(store) == expected(path)
     finally:
         await store.close()
