@@ -21,9 +21,12 @@ records how long it waited, so for each run:
   by their number; each in a fresh process (100 in flight and more).
 
 The same workload on LangGraph + AsyncSqliteSaver (the ``bench`` extra),
-measured in the same run: each node waits the same way. Targets: at 1,000 in
-flight, added p50 <= 2 ms per step (issue 17), CPU <= 0.4 ms per step and
-throughput >= 50% of ideal (issue 34; issue 17 asked 90%, printed beside it);
+measured in the same run: each node waits the same way. At one in flight LangGraph
+runs twice: at its default ``durability="async"`` (a step's checkpoint written while
+the next step runs: the target's peer) and with ``durability="sync"`` (written before
+it, as cardbus writes each dispatch before its card leaves: printed beside, no target).
+Targets: at 1,000 in flight, added p50 <= 2 ms per step (issue 17), CPU <= 0.4 ms per
+step and throughput >= 50% of ideal (issue 34; issue 17 asked 90%, printed beside it);
 at one in flight, added p50 per step at most LangGraph's in the same run (issue
 34); <= 20 KiB RSS per waiting run. Figures also go to ``--json`` as JSON lines
 (``bench/summary.py``).
@@ -253,7 +256,15 @@ def rss_in_fresh_process(system: str, inflight: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-async def bench_langgraph(tmp: Path, inflight: int, runs: int, park_only: bool = False) -> Figures:
+SYNC_PEER = "LangGraph durability=sync"  # each step's checkpoint written before the next
+
+
+async def bench_langgraph(
+    tmp: Path, inflight: int, runs: int, park_only: bool = False, durability: str = "async"
+) -> Figures:
+    """LangGraph + AsyncSqliteSaver; ``durability="async"`` (its default) writes a step's
+    checkpoint while the next step runs, ``"sync"`` before it, as cardbus writes a dispatch
+    before its card leaves."""
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
     from langgraph.graph import END, START, StateGraph
 
@@ -274,18 +285,23 @@ async def bench_langgraph(tmp: Path, inflight: int, runs: int, park_only: bool =
     for a, b in itertools.pairwise(STEPS):
         graph.add_edge(a, b)
     graph.add_edge(STEPS[-1], END)
-    async with AsyncSqliteSaver.from_conn_string(str(tmp / f"lg-{inflight}.db")) as saver:
+    db = tmp / f"lg-{inflight}-{durability}.db"
+    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
         app = graph.compile(checkpointer=saver)
 
         async def run_one(marker: str) -> None:
-            out = await app.ainvoke({"text": marker}, {"configurable": {"thread_id": marker}})
+            config: Any = {"configurable": {"thread_id": marker}}
+            out = await app.ainvoke({"text": marker}, config, durability=durability)
             assert out["text"].endswith("|review")
 
-        await closed_loop(run_one, 3, 1, f"lgwarm{inflight}-")
+        await closed_loop(run_one, 3, 1, f"lgwarm{durability}{inflight}-")
         gc.collect()
         before = rss_bytes()
         WAITS.gate, WAITS.parked = asyncio.Event(), 0
-        parked = [asyncio.create_task(run_one(f"lgpark{inflight}-{i}")) for i in range(inflight)]
+        parked = [
+            asyncio.create_task(run_one(f"lgpark{durability}{inflight}-{i}"))
+            for i in range(inflight)
+        ]
         deadline = time.monotonic() + 120
         while WAITS.parked < inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -297,9 +313,12 @@ async def bench_langgraph(tmp: Path, inflight: int, runs: int, park_only: bool =
         if park_only:
             return _parked("LangGraph", inflight, rss)
         cpu0 = time.process_time()
-        wall, walls, markers = await closed_loop(run_one, runs, inflight, f"lg{inflight}-")
+        wall, walls, markers = await closed_loop(
+            run_one, runs, inflight, f"lg{durability}{inflight}-"
+        )
         cpu = time.process_time() - cpu0
-    return figures("LangGraph", inflight, wall, walls, markers, cpu, rss)
+    system = "LangGraph" if durability == "async" else SYNC_PEER
+    return figures(system, inflight, wall, walls, markers, cpu, rss)
 
 
 CPU_TARGET_MS = 0.4  # CPU per step at 1,000 in flight (issue 34)
@@ -318,7 +337,12 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def report(f: Figures, peer: Figures | None, json_path: str | None) -> None:
+def report(
+    f: Figures, peer: Figures | None, json_path: str | None, sync_peer: Figures | None = None
+) -> None:
+    """Print ``f``'s line and record its figures; ``peer`` is LangGraph at its default
+    durability, ``sync_peer`` LangGraph writing each checkpoint before the next step (the
+    promise cardbus keeps: no target, what the default's lead is made of)."""
     share = f.throughput / f.ideal
     line = (
         f"{f.system:>9} {f.inflight:>6} in flight, {f.runs} runs:"
@@ -360,6 +384,11 @@ def report(f: Figures, peer: Figures | None, json_path: str | None) -> None:
                 )
                 + " (>1x: cardbus ahead)"
             )
+        if sync_peer is not None:
+            line += (
+                "\n" + " " * 10 + f"vs {SYNC_PEER} (a step durable before the next, as here):"
+                f" added p50 {_x(sync_peer.added_p50_ms, f.added_p50_ms)}"
+            )
     print(line, flush=True)
     if json_path is None and not os.environ.get("CARDBUS_BENCH_JSON"):
         return
@@ -387,6 +416,17 @@ def report(f: Figures, peer: Figures | None, json_path: str | None) -> None:
         met=added_met,
         **ratio(f.added_p50_ms, peer and peer.added_p50_ms, False),
     )
+    if sync_peer is not None and f.system == "cardbus":
+        record(
+            json_path,
+            BENCH,
+            f"added per step p50 against {SYNC_PEER}, {name}",
+            f.added_p50_ms,
+            "ms",
+            ratio=sync_peer.added_p50_ms / f.added_p50_ms if f.added_p50_ms else 0.0,
+            ratio_of=f"{SYNC_PEER} (>1: ahead)",
+            peer=sync_peer.added_p50_ms,
+        )
     record(
         json_path,
         BENCH,
@@ -478,14 +518,19 @@ async def main() -> None:
         for n in levels:
             runs = max(args.min_runs, n * args.runs_per_slot)
             peer = await bench_langgraph(tmp, n, runs) if peers else None
+            # at one in flight, also LangGraph keeping cardbus's promise (see SYNC_PEER)
+            sync_peer = (
+                await bench_langgraph(tmp, n, runs, durability="sync") if peers and n == 1 else None
+            )
             mine = await bench_cardbus(tmp, n, runs)
             if n >= 100:
                 mine.rss_per_waiting_kib = rss_in_fresh_process("cardbus", n)
                 if peer is not None:
                     peer.rss_per_waiting_kib = rss_in_fresh_process("LangGraph", n)
-            report(mine, peer, args.json)
-            if peer is not None:
-                report(peer, None, args.json)
+            report(mine, peer, args.json, sync_peer)
+            for other in (peer, sync_peer):
+                if other is not None:
+                    report(other, None, args.json)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from typing import Any
 __all__ = ["ISSUE_34", "closing", "figures_document", "record", "render", "summary_path", "table"]
 
 DEFAULT = "bench/.figures.jsonl"
-PEERS = ("LangGraph", "DBOS")
+PEERS = ("LangGraph", "LangGraph durability=sync", "DBOS")
 
 #: issue 34's targets (its section Targets): each is met when a row of ``bench`` whose
 #: figure starts with the prefix has a target; one without such a row was not measured

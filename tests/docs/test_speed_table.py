@@ -51,6 +51,13 @@ def test_make_bench_writes_the_figures_the_page_renders(tmp_path: Path) -> None:
     summary.record(
         str(jsonl), "pipeline", "3-step pipeline, LangGraph, 1 in flight", 106.0, "runs/s"
     )  # a peer's own row: in the ratios only
+    summary.record(
+        str(jsonl),
+        "agent latency",
+        "added per step p50, LangGraph durability=sync, 1 in flight",
+        2.9,
+        "ms",
+    )  # so is the second LangGraph's (each checkpoint written before the next step)
     out = tmp_path / "speed-figures.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "summary.py"), str(jsonl), "--write", str(out)],
