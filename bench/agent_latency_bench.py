@@ -395,11 +395,13 @@ def report(
     name = f"{f.system}, {f.inflight:,} in flight"
     is_target = f.system == "cardbus" and f.inflight == 1000
 
-    def ratio(mine: float, theirs: float | None, higher_better: bool) -> dict[str, Any]:
-        if peer is None or theirs is None or f.system != "cardbus" or not mine:
+    def ratio(
+        mine: float, theirs: float | None, higher_better: bool, of: str = "LangGraph"
+    ) -> dict[str, Any]:
+        if theirs is None or f.system != "cardbus" or not mine:
             return {}
         r = mine / theirs if higher_better else theirs / mine
-        return {"ratio": r, "ratio_of": "LangGraph (>1: ahead)", "peer": theirs}
+        return {"ratio": r, "ratio_of": f"{of} (>1: ahead)", "peer": theirs}
 
     added_target, added_met = "", None
     if is_target:
@@ -423,9 +425,7 @@ def report(
             f"added per step p50 against {SYNC_PEER}, {name}",
             f.added_p50_ms,
             "ms",
-            ratio=sync_peer.added_p50_ms / f.added_p50_ms if f.added_p50_ms else 0.0,
-            ratio_of=f"{SYNC_PEER} (>1: ahead)",
-            peer=sync_peer.added_p50_ms,
+            **ratio(f.added_p50_ms, sync_peer.added_p50_ms, False, of=SYNC_PEER),
         )
     record(
         json_path,
