@@ -136,6 +136,10 @@ async def main() -> None:
             "ms/s",
             target=f"<= {TARGET_MS_S:g} ms/s",
             met=steady <= TARGET_MS_S,
+            why=(
+                f"{steady:.2f} ms of CPU a second over {seconds:g} s with nothing to do;"
+                " what wakes it: `.venv/bin/python bench/idle_trace.py --seconds 3`"
+            ),
         )
         record(args.json, "idle", f"CPU in the {after:g} s after a run, {where}", first, "ms/s")
 

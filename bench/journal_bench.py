@@ -443,6 +443,14 @@ def save(f: Figure, json_path: str | None) -> None:
         "ms",
         target=target,
         met=met,
+        why=(
+            f"p50 {f.on_p50_ms:.2f} ms a call journaled against {f.off_p50_ms:.2f} ms not, the"
+            f" process's CPU {f.on_cpu_ms - f.off_cpu_ms:.2f} ms more a call; how a call is"
+            " journaled and what it waits for: docs/explanation/speed.md, 'What the journal"
+            " costs a call'"
+        )
+        if f.has_target
+        else "",
         ratio=f.on_p50_ms / f.off_p50_ms if f.off_p50_ms else None,
         ratio_of="on/off p50",
         peer=f.off_p50_ms,  # the same call without the journal, in the same run

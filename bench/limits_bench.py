@@ -110,8 +110,19 @@ def report(
         print(f"  {'met   ' if ok else 'MISSED'} {text}")
     (_, ok429), (_, okrate), (_, okfair) = checks
     bench = "limits"
+    why = (
+        f"{share_429:.2%} of calls answered 429, {rate / LIMIT_RPM:.0%} of the limit reached,"
+        f" the longest run waited {worst / mean:.2f}x the mean"
+    )
     record(
-        None, bench, f"{case}: calls answered 429", share_429 * 100, "%", target="<= 1", met=ok429
+        None,
+        bench,
+        f"{case}: calls answered 429",
+        share_429 * 100,
+        "%",
+        target="<= 1",
+        met=ok429,
+        why=why,
     )
     record(
         None,
@@ -121,6 +132,7 @@ def report(
         "%",
         target=">= 90",
         met=okrate,
+        why=why,
     )
     record(
         None,
@@ -130,6 +142,7 @@ def report(
         "x",
         target="<= 3",
         met=okfair,
+        why=why,
     )
     return all(ok for _, ok in checks)
 

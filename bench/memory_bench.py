@@ -88,6 +88,8 @@ async def main() -> None:
         "runs",
         target="<= 1000 (retain_finished_runs)",
         met=held <= 1000,
+        why=f"{held:,} runs kept after {done:,}: finished ones past `retain_finished_runs`"
+        " (1,000) are retired once everything up to their end is folded",
     )
 
 

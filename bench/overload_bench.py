@@ -110,9 +110,21 @@ def _report(
         "runs",
         target=target,
         met=met,
+        why=(
+            f"{len(done)} completed, {len(raised)} raised, {timed_out} task.timed_out"
+            + (f"; the first raised: {raised[0]!r}" if raised else "")
+        ),
     )
     record(
-        None, bench, f"{backend}: tasks completed twice", twice, "tasks", target="0", met=twice == 0
+        None,
+        bench,
+        f"{backend}: tasks completed twice",
+        twice,
+        "tasks",
+        target="0",
+        met=twice == 0,
+        why=f"{twice} of the {len(completions)} tasks completed more than once; a task's"
+        " timeline: `cardbus replay`",
     )
     record(None, bench, f"{backend}: task.timed_out", timed_out, "events")
     record(None, bench, f"{backend}: wall time for {runs} runs", wall, "s")

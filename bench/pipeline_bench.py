@@ -337,10 +337,24 @@ async def main() -> None:
                 "runs/s",
                 target=f">= 10x {peer} (median of pairs)" if top else "",
                 met=(peer_ratio >= 10) if top else None,
+                why=_cpu_bound(cb, cpu, busy, conc, 10 * peer_rate, peer) if top else "",
                 ratio=peer_ratio,
                 ratio_of=peer,
                 peer=peer_rate,
             )
+
+
+def _cpu_bound(rate: float, cpu_us: float, busy: float, conc: int, goal: float, peer: str) -> str:
+    """Why the pipeline runs as fast as it does: the CPU a run, on the one core the GIL
+    allows (the writer thread's commits aside)."""
+    return (
+        f"CPU-bound: {cpu_us:,.0f} us of process CPU a run at {rate:,.0f} runs/s is"
+        f" {rate * cpu_us / 1e6:.2f} of a core (one GIL: decisions, folds, agents and the"
+        f" writer's Python), the SQLite writer busy {100 * busy:.0f}% of the wall; 10x"
+        f" {peer} is {goal:,.0f} runs/s, at most {1e6 / goal:,.0f} us a run on one core;"
+        " where a run's CPU goes, per thread and function:"
+        f" `.venv/bin/python bench/step_profile.py --inflight {conc} --agent-ms 0`"
+    )
 
 
 if __name__ == "__main__":

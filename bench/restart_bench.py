@@ -329,6 +329,12 @@ def main() -> None:
                 "ms",
                 target="<= 2x empty" if size == largest else "",
                 met=(ratio <= 2) if size == largest else None,
+                why=(
+                    f"{_ms(m['snap'])} from the snapshot, of which the state's rebuild"
+                    f" {_ms(m['rebuild'])}, against {_ms(base['snap'])} with no history"
+                )
+                if size == largest
+                else "",
                 ratio=ratio,
                 ratio_of="empty log",
             )

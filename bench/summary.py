@@ -6,8 +6,10 @@ empties that file first, runs every bench, then runs this module, which
 prints one Markdown table: bench, figure, value, target, ``met``/``MISSED``,
 the peer or baseline it was measured against in the same run (the ratio, and the
 peer's own figure where the bench gives it), and the 1-minute load when it was
-measured; then the count: ``N met, M MISSED: <the missed figures>``, and the
-targets of issue 34 that no row measured in this run (``ISSUE_34``).
+measured; then the count: ``N met, M MISSED: <the missed figures>``, the targets
+of issue 34 that no row measured in this run (``ISSUE_34``), and why each missed
+target was missed (``reasons``): what the bench recorded with the row (``why``),
+from the figures of the same run, and the command that shows where the time goes.
 
     .venv/bin/python bench/summary.py [FILE] [--compact] [--write FIGURES.json]
 
@@ -31,7 +33,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ISSUE_34", "closing", "figures_document", "record", "render", "summary_path", "table"]
+__all__ = [
+    "ISSUE_34",
+    "closing",
+    "figures_document",
+    "reasons",
+    "record",
+    "render",
+    "summary_path",
+    "table",
+]
 
 DEFAULT = "bench/.figures.jsonl"
 PEERS = ("LangGraph", "LangGraph durability=sync", "DBOS")
@@ -82,11 +93,14 @@ def record(
     ratio: float | None = None,
     ratio_of: str = "",
     peer: float | None = None,
+    why: str = "",
 ) -> None:
     """Append one figure (no-op without a file: neither ``path`` nor the variable).
 
     ``ratio`` is to ``ratio_of`` (a peer or a baseline measured in the same run);
-    ``peer``, that one's own figure, in ``unit``."""
+    ``peer``, that one's own figure, in ``unit``. ``why``: what makes the figure what
+    it is, said with this run's own figures and the command that shows where the time
+    goes; printed when the target is missed (every row with a target gives one)."""
     path = summary_path(path)
     if path is None:
         return
@@ -100,6 +114,7 @@ def record(
         "ratio": ratio,
         "ratio_of": ratio_of,
         "peer": peer,
+        "why": why,
         "load": os.getloadavg()[0],
         "at": time.time(),
     }
@@ -153,6 +168,15 @@ def closing(rows: list[dict[str, Any]]) -> str:
     if absent:
         line += "\nissue 34 targets not measured in this run: " + "; ".join(absent)
     return line
+
+
+def reasons(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per missed target: the figure, then why, as the bench measured it."""
+    return [
+        f"- {r['bench']}: {r['figure']}: {r.get('why') or 'the bench recorded no reason'}"
+        for r in rows
+        if r.get("met") is False
+    ]
 
 
 def _compact(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -218,8 +242,12 @@ def render(doc: dict[str, Any]) -> str:
         "",
         table(rows),
         "",
-        f"{missed} target(s) MISSED." if missed else "Every target met.",
+        f"{missed} target(s) MISSED, each with why, from the same run:"
+        if missed
+        else "Every target met.",
     ]
+    if missed:
+        lines += ["", *reasons(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -247,6 +275,10 @@ def main() -> None:
     )
     print(table(shown))
     print(closing(shown))
+    why = reasons(shown)
+    if why:
+        print("\nWhy each missed target is missed (this run's figures; where the time goes):")
+        print("\n".join(why))
     if write is not None:
         write.write_text(json.dumps(figures_document(rows, compact=True), indent=1) + "\n")
         print(f"wrote {write} (the docs' speed table)")

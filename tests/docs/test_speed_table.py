@@ -4,6 +4,7 @@ docs build runs no benchmark."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -47,6 +48,7 @@ def test_make_bench_writes_the_figures_the_page_renders(tmp_path: Path) -> None:
         "events/s",
         target=">= 30% raw",
         met=False,
+        why="3 cores' worth of CPU a run on 2",
     )
     summary.record(
         str(jsonl), "pipeline", "3-step pipeline, LangGraph, 1 in flight", 106.0, "runs/s"
@@ -82,7 +84,9 @@ def test_make_bench_writes_the_figures_the_page_renders(tmp_path: Path) -> None:
         f"| nats | events/s in the log | 2,949 events/s | >= 30% raw | MISSED |  | {load[1]} |"
         in page
     )
-    assert "1 target(s) MISSED." in page and "LangGraph" not in page
+    assert "1 target(s) MISSED, each with why, from the same run:" in page
+    assert "- nats: events/s in the log: 3 cores' worth of CPU a run on 2" in page
+    assert "LangGraph" not in page
 
 
 def test_the_committed_figures_render_into_the_speed_page() -> None:
@@ -163,11 +167,58 @@ def test_the_closing_line_counts_and_names_the_missed_and_the_unmeasured() -> No
     assert summary.closing(whole) == f"{len(whole)} met, 0 MISSED"
 
 
+def test_each_missed_target_is_printed_with_why() -> None:
+    summary = _load("_bench_summary_reasons", REPO / "bench" / "summary.py")
+    rows = [
+        _row("idle", "CPU of an idle SQLite runtime", 1.5, False, why="the WAL's stat, 40/s"),
+        _row("idle", "CPU of an idle NATS runtime", 0.5, True, why="not shown: met"),
+        _row("nats", "server messages per run", 38, False),  # an older figures file
+        _row("nats", "3-step pipeline", 90, None, why="no target: not shown"),
+    ]
+    assert summary.reasons(rows) == [
+        "- idle: CPU of an idle SQLite runtime: the WAL's stat, 40/s",
+        "- nats: server messages per run: the bench recorded no reason",
+    ]
+
+
+def _record_calls() -> list[tuple[str, int, set[str]]]:
+    """Every ``record(...)`` call in the benches: (file, line, its keywords)."""
+    calls = []
+    for path in sorted((REPO / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "record"
+            ):
+                calls.append((path.name, node.lineno, {k.arg or "**" for k in node.keywords}))
+    return calls
+
+
+def test_every_bench_target_comes_with_why_it_would_be_missed() -> None:
+    calls = _record_calls()
+    with_target = [(name, line) for name, line, keywords in calls if "target" in keywords]
+    assert len(with_target) >= 25  # the benches' targets are found: the walk looks
+    missing = [
+        f"{name}:{line}"
+        for name, line, keywords in calls
+        if "target" in keywords and "why" not in keywords
+    ]
+    assert not missing, f"a target without why it would be missed: {missing}"
+
+
 def test_make_bench_prints_the_closing_count(tmp_path: Path) -> None:
     summary = _load("_bench_summary_main", REPO / "bench" / "summary.py")
     jsonl = tmp_path / "figures.jsonl"
     summary.record(
-        str(jsonl), "idle", "CPU of an idle NATS runtime", 1.6, "ms/s", target="<= 1", met=False
+        str(jsonl),
+        "idle",
+        "CPU of an idle NATS runtime",
+        1.6,
+        "ms/s",
+        target="<= 1",
+        met=False,
+        why="a 20 ms poll",
     )
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "summary.py"), str(jsonl)],
@@ -177,6 +228,7 @@ def test_make_bench_prints_the_closing_count(tmp_path: Path) -> None:
     )
     lines = proc.stdout.splitlines()
     assert "0 met, 1 MISSED: idle: CPU of an idle NATS runtime" in lines
+    assert lines[-1] == "- idle: CPU of an idle NATS runtime: a 20 ms poll"
     (row,) = [line for line in lines if line.startswith("| idle |")]
     load = float(row.rstrip(" |").rsplit("|", 1)[1])  # the load column: a number
     assert load >= 0
