@@ -347,15 +347,17 @@ def _added_met(f: Figures, peer: Figures) -> bool:
 def _cpu_bound(f: Figures) -> str:
     """Why a figure of many runs in flight is what it is: the one process's CPU."""
     write = (
-        f", of which the SQLite writer {f.write_ms_per_step:.2f} ms"
+        f"; the SQLite writer was busy {f.write_ms_per_step:.2f} ms a step (wall time, its"
+        " fsyncs in it)"
         if f.write_ms_per_step is not None
         else ""
     )
     return (
-        f"CPU-bound: the process used {f.cpu_share:.0%} of one core while measuring (one"
-        f" GIL for the orchestrator, the SQLite writer and the in-process agents),"
-        f" {f.cpu_per_step_ms:.2f} ms of CPU a step{write}; where it goes, per thread and"
-        f" function: `.venv/bin/python bench/step_profile.py --inflight {f.inflight}`"
+        f"CPU-bound: the process used {f.cpu_share:.0%} of one core while measuring (the"
+        " orchestrator and the in-process agents share one GIL, the SQLite writer's C work"
+        f" runs beside it), {f.cpu_per_step_ms:.2f} ms of CPU a step{write}; where the CPU"
+        " goes, per thread and function:"
+        f" `.venv/bin/python bench/step_profile.py --inflight {f.inflight}`"
     )
 
 

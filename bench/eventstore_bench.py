@@ -384,7 +384,7 @@ async def main() -> None:
         why=(
             f"each commit carries every appender's events (192 rows), and SQLite alone in"
             f" batches of 192 is {raw_small / raw_rate:.2f}x raw-1000 (each event's stream"
-            f" and root index pages); the store is {many / raw_small:.2f}x raw-192; the"
+            f" and root index pages); the store is {many / raw_small:.2f}x raw-192;"
             f" its {len(ratios)} runs gave {min(ratios):.2f}x to {max(ratios):.2f}x the raw"
             " run beside each; an event's"
             " microseconds by thread and part: `.venv/bin/python bench/append_profile.py`"
