@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).parent))
 from agent_latency_bench import (  # the same workload, in processes
@@ -339,47 +339,60 @@ def _cpu_text(cpu: dict[str, float]) -> str:
     )
 
 
-def _split(one_ms: float, two_ms: float) -> tuple[float, float]:
-    """(paid in each member, shared among them), in CPU ms per run. Each member folds and
-    decides its own partitions' runs, and pays for what every member reads (every reply,
-    the shared partition): per run, that much in each process, plus the rest, shared
-    among k: 1 process: each + shared = one_ms; 2 processes: 2 each + shared = two_ms."""
-    fold = max(0.0, two_ms - one_ms)
-    return fold, max(0.0, one_ms - fold)
+class _CpuModel(NamedTuple):
+    """What the CPU per run says about more cores. Each member folds and decides its own
+    partitions' runs, and pays for what every member reads (every reply, the shared
+    partition): per run, that much in each process (``each``), plus the rest, shared
+    among k (``shared``): 1 process: each + shared = one_ms; 2: 2 each + shared = two_ms."""
+
+    one_ms: float
+    two_ms: float
+    each: float
+    shared: float
+    rest: float  # agents + nats-server, CPU ms per run
+    cores: int
+
+    @classmethod
+    def of(cls, one_ms: float, two_ms: float, rest_ms: list[float]) -> _CpuModel:
+        each = max(0.0, two_ms - one_ms)
+        rest = statistics.median(rest_ms)
+        return cls(one_ms, two_ms, each, max(0.0, one_ms - each), rest, os.cpu_count() or 1)
+
+    def cap(self, orchestrator_ms: float) -> float:
+        """Runs/s this machine cannot pass: every core busy."""
+        return self.cores * 1000 / (orchestrator_ms + self.rest)
+
+    def per_process(self, k: int) -> float:
+        """CPU ms per run in each of k orchestrators, with cores to spare."""
+        return self.each + self.shared / k
 
 
-def _project(one_ms: float, two_ms: float, rest_ms: list[float]) -> None:
-    """What the CPU per run says about more cores (``_split``)."""
-    fold, decide = _split(one_ms, two_ms)
-    rest = statistics.median(rest_ms)
-    cores = os.cpu_count() or 1
+def _project(m: _CpuModel) -> None:
     print(
-        f"# CPU per run: orchestrators {one_ms:.1f} ms with 1, {two_ms:.1f} ms with 2"
-        f" (so about {fold:.1f} ms paid in each, {decide:.1f} ms shared);"
-        f" agents + nats-server {rest:.1f} ms"
+        f"# CPU per run: orchestrators {m.one_ms:.1f} ms with 1, {m.two_ms:.1f} ms with 2"
+        f" (so about {m.each:.1f} ms paid in each, {m.shared:.1f} ms shared);"
+        f" agents + nats-server {m.rest:.1f} ms"
     )
     print(
-        f"# this machine ({cores} cores) cannot pass about {cores * 1000 / (one_ms + rest):.0f}"
-        f" runs/s with 1 orchestrator, {cores * 1000 / (two_ms + rest):.0f} with 2 (all CPU"
-        " used);"
+        f"# this machine ({m.cores} cores) cannot pass about {m.cap(m.one_ms):.0f}"
+        f" runs/s with 1 orchestrator, {m.cap(m.two_ms):.0f} with 2 (all CPU used);"
     )
-    each = {k: fold + decide / k for k in (1, 2, 4, 8)}  # CPU ms per run in each process
-    line = ", ".join(f"{k}: {1000 / ms:.0f} runs/s ({each[1] / ms:.2f}x)" for k, ms in each.items())
+    line = ", ".join(
+        f"{k}: {1000 / m.per_process(k):.0f} runs/s ({m.per_process(1) / m.per_process(k):.2f}x)"
+        for k in (1, 2, 4, 8)
+    )
     print(f"# with cores to spare for agents and nats-server, k orchestrators reach about {line}")
 
 
-def _cores_why(one_rate: float, one_ms: float, two_ms: float, rest_ms: list[float]) -> str:
+def _cores_why(one_rate: float, m: _CpuModel) -> str:
     """Why a second orchestrator adds what it does: the machine's cores, all used."""
-    fold, decide = _split(one_ms, two_ms)
-    rest = statistics.median(rest_ms)
-    cores = os.cpu_count() or 1
     return (
-        f"one orchestrator ran {one_rate:,.0f} runs/s at {one_ms:.2f} ms of CPU a run, and the"
-        f" agents and nats-server {rest:.2f} ms: {one_rate * (one_ms + rest) / 1000:.2f} of"
-        f" the machine's {cores} cores; {cores} cores cannot pass about"
-        f" {cores * 1000 / (two_ms + rest):,.0f} runs/s with two; with cores to spare two"
-        f" reach about {(fold + decide) / (fold + decide / 2):.2f}x one; the model: the"
-        " '#' lines of `.venv/bin/python bench/nats_scale_bench.py`"
+        f"one orchestrator ran {one_rate:,.0f} runs/s at {m.one_ms:.2f} ms of CPU a run, and"
+        f" the agents and nats-server {m.rest:.2f} ms: {one_rate * (m.one_ms + m.rest) / 1000:.2f}"
+        f" of the machine's {m.cores} cores; {m.cores} cores cannot pass about"
+        f" {m.cap(m.two_ms):,.0f} runs/s with two; with cores to spare two reach about"
+        f" {m.per_process(1) / m.per_process(2):.2f}x one; the model: the '#' lines of"
+        " `.venv/bin/python bench/nats_scale_bench.py`"
     )
 
 
@@ -550,7 +563,8 @@ def main() -> None:
         ratio = two / one if one else 0.0
         print(f"2 orchestrator processes vs 1 (best of each): {ratio:.2f}x (target >= 1.5x)")
         one_ms, two_ms = statistics.median(orch_ms[1]), statistics.median(orch_ms[2])
-        _project(one_ms, two_ms, rest_ms)
+        model = _CpuModel.of(one_ms, two_ms, rest_ms)
+        _project(model)
         for k, ms in ((1, one_ms), (2, two_ms)):
             record(args.json, BENCH, f"orchestrator CPU per run, {k} process(es) summed", ms, "ms")
         record(
@@ -561,7 +575,7 @@ def main() -> None:
             "x",
             target=">= 1.5x one orchestrator",
             met=ratio >= 1.5,
-            why=_cores_why(one, one_ms, two_ms, rest_ms),
+            why=_cores_why(one, model),
             ratio=round(ratio, 2),
             ratio_of="1 orchestrator process",
         )
