@@ -39,6 +39,7 @@ import asyncio
 import gc
 import os
 import random
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -151,6 +152,7 @@ class Figures(msgspec.Struct):
     cpu_share: float = 0.0  # the process's CPU over the wall time: 1.0 is one core's worth
     write_ms_per_step: float | None = None  # cardbus: its SQLite writer's time, a step
     ms_per_commit: float | None = None  # cardbus: the writer's time a commit (fsync in it)
+    raw_commit_ms: float | None = None  # one raw sqlite3 commit as far apart (one in flight)
 
 
 async def closed_loop(
@@ -248,6 +250,31 @@ async def bench_cardbus(tmp: Path, inflight: int, runs: int, park_only: bool = F
         assert not rt.orchestrator.state.anomalies, list(rt.orchestrator.state.anomalies)[:3]
     await store.close()
     return figures("cardbus", inflight, wall, walls, markers, cpu, rss, writer)
+
+
+def raw_commit_ms(tmp: Path, gap_s: float, commits: int = 30) -> float:
+    """Mean ms of one raw sqlite3 commit of 3 rows (WAL, synchronous FULL, as the store
+    writes), each ``gap_s`` after the one before: what an fsync'd commit costs on this disk
+    when it does not follow another closely, as at one run in flight (measured on the VM:
+    0.86 ms 60 or 200 ms apart, 0.36-0.43 ms 2 ms apart)."""
+    path = tmp / "raw-commits.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE e (id INTEGER PRIMARY KEY, stream TEXT, body BLOB)")
+        body = os.urandom(400)
+        took = []
+        for _ in range(commits):
+            time.sleep(gap_s)
+            t = time.perf_counter()
+            conn.execute(
+                "INSERT INTO e (stream, body) VALUES (?, ?), (?, ?), (?, ?)", ("a", body) * 3
+            )
+            took.append(time.perf_counter() - t)
+    finally:
+        conn.close()
+    return statistics.fmean(took) * 1000
 
 
 def _parked(system: str, inflight: int, rss: float) -> Figures:
@@ -366,6 +393,12 @@ def _write_on_path(f: Figures, peer: Figures | None, sync_peer: Figures | None) 
     if f.ms_per_commit is None:
         return ""
     commits = len(STEPS) + 1  # the run's creation, then each result with what follows it
+    raw = (
+        f" (a raw sqlite3 commit of 3 rows on the same disk, as far apart:"
+        f" {f.raw_commit_ms:.2f} ms)"
+        if f.raw_commit_ms is not None
+        else ""
+    )
     on_path = f.ms_per_commit * commits / len(STEPS)
     same_promise = (
         f"; {SYNC_PEER} (each checkpoint written before the next node, cardbus's promise)"
@@ -377,7 +410,7 @@ def _write_on_path(f: Figures, peer: Figures | None, sync_peer: Figures | None) 
     return (
         f"a run waits for {commits} fsync'd commits (its creation, then each result with"
         " the next dispatch: each written before the card it logs leaves, invariant 2),"
-        f" the SQLite writer {f.ms_per_commit:.2f} ms each, {on_path:.2f} ms a step;"
+        f" the SQLite writer {f.ms_per_commit:.2f} ms each{raw}, {on_path:.2f} ms a step;"
         " LangGraph's default writes its checkpoint while the next node runs;"
         f" less the commits, cardbus adds {f.added_p50_ms - on_path:.2f} ms a step"
         f"{theirs}{same_promise}; each phase of a step:"
@@ -472,6 +505,17 @@ def report(
         why=added_why,
         **ratio(f.added_p50_ms, peer and peer.added_p50_ms, False),
     )
+    if f.ms_per_commit is not None and f.raw_commit_ms:
+        record(
+            json_path,
+            BENCH,
+            f"SQLite writer's time a commit, {name}",
+            f.ms_per_commit,
+            "ms",
+            ratio=f.ms_per_commit / f.raw_commit_ms,
+            ratio_of="raw sqlite3 commit of 3 rows as far apart",
+            peer=f.raw_commit_ms,
+        )
     if sync_peer is not None and f.system == "cardbus":
         record(
             json_path,
@@ -588,6 +632,8 @@ async def main() -> None:
                 await bench_langgraph(tmp, n, runs, durability="sync") if peers and n == 1 else None
             )
             mine = await bench_cardbus(tmp, n, runs)
+            if n == 1:  # the floor under its commits, on the same disk, as far apart
+                mine.raw_commit_ms = raw_commit_ms(tmp, WAITS.agent_s / 2)
             if n >= 100:
                 mine.rss_per_waiting_kib = rss_in_fresh_process("cardbus", n)
                 if peer is not None:
